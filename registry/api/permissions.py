@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from rest_framework import authentication, exceptions, permissions
+
+from registry.roles import can_operate
+
+
+class IsOperatorOrReadOnly(permissions.BasePermission):
+    """Any signed-in user reads; only operators and admins change anything."""
+
+    message = "your role may only read: operators and admins make changes"
+
+    def has_permission(self, request, view) -> bool:
+        if not request.user or not request.user.is_authenticated:
+            return False
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        return can_operate(request.user)
+
+
+class WorkerUser:
+    """The identity of a serving worker that presented the shared worker token."""
+
+    is_authenticated = True
+    is_active = True
+    is_superuser = False
+    is_worker = True
+    pk = None
+    username = "serving-worker"
+
+
+class WorkerTokenAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer <SERVING_WORKER_TOKEN>``, for workers only."""
+
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("malformed Bearer header")
+        if not hmac.compare_digest(header[1], settings.SERVING_WORKER_TOKEN.encode()):
+            raise exceptions.AuthenticationFailed("invalid worker token")
+        return WorkerUser(), None
+
+    def authenticate_header(self, request) -> str:
+        return self.keyword
+
+
+class IsWorkerOrStaff(permissions.BasePermission):
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        return bool(getattr(user, "is_worker", False) or (user and user.is_authenticated and user.is_staff))
+
+
+class IsWorkerOrReader(permissions.BasePermission):
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated and request.method in permissions.SAFE_METHODS)

@@ -1,0 +1,156 @@
+"""REST API for traffic, drills, workers and the audit timeline; rules live in
+``registry.releases``, ``registry.drills`` and ``registry.fleet``."""
+
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, serializers as drf_serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from registry import drills, fleet, live, releases
+from registry.api import serializers
+from registry.api.errors import error_response
+from registry.api.permissions import IsWorkerOrStaff, WorkerTokenAuthentication
+from registry.models import AuditEvent, Drill, Worker
+from registry.models import RegisteredModel
+
+
+def get_model(name: str) -> RegisteredModel:
+    return get_object_or_404(RegisteredModel, name=name)
+
+
+def release_body(model: RegisteredModel) -> dict:
+    release = model.current_release()
+    body = {"model": model.name, "release": None if release is None else serializers.ReleaseSerializer(release).data}
+    body.update(fleet.convergence(release))
+    return body
+
+
+class ReleaseAction(APIView):
+    """Base for the POST actions: run one release function, answer the new state."""
+
+    request_serializer = serializers.ReasonSerializer
+
+    def act(self, model, data):
+        raise NotImplementedError
+
+    @extend_schema(responses={201: dict})
+    def post(self, request, name: str):
+        model = get_model(name)
+        form = self.request_serializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            self.act(model, form.validated_data)
+        except releases.ReleaseError as error:
+            return error_response(error.message, error.status)
+        return Response(release_body(model), status=status.HTTP_201_CREATED)
+
+
+class CurrentRelease(ReleaseAction):
+    request_serializer = serializers.SetRoutesSerializer
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, name: str):
+        return Response(release_body(get_model(name)))
+
+    @extend_schema(request=serializers.SetRoutesSerializer, responses={201: dict})
+    def post(self, request, name: str):
+        return super().post(request, name)
+
+    def act(self, model, data):
+        return releases.set_routes(model, data["routes"], self.request.user, data["reason"])
+
+
+class Promote(ReleaseAction):
+    def act(self, model, data):
+        return releases.promote(model, self.request.user, data["reason"])
+
+
+class Rollback(ReleaseAction):
+    def act(self, model, data):
+        return releases.rollback(model, self.request.user, data["reason"])
+
+
+class Restore(ReleaseAction):
+    request_serializer = serializers.RestoreSerializer
+
+    def act(self, model, data):
+        return releases.restore(model, data["generation"], self.request.user, data["reason"])
+
+
+class Drills(generics.ListAPIView):
+    serializer_class = serializers.DrillSerializer
+
+    def get_queryset(self):
+        return get_model(self.kwargs["name"]).drills.select_related("model", "actor")
+
+    @extend_schema(request=serializers.DrillRequestSerializer, responses={201: serializers.DrillSerializer})
+    def post(self, request, name: str):
+        model = get_model(name)
+        form = serializers.DrillRequestSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            drill = drills.run_drill(model, request.user, roll_forward=form.validated_data["roll_forward"])
+        except releases.ReleaseError as error:
+            return error_response(error.message, error.status)
+        return Response(serializers.DrillSerializer(drill).data, status=status.HTTP_201_CREATED)
+
+
+class AllDrills(generics.ListAPIView):
+    serializer_class = serializers.DrillSerializer
+    queryset = Drill.objects.select_related("model", "actor")
+
+
+class Audit(generics.ListAPIView):
+    serializer_class = serializers.AuditEventSerializer
+
+    def get_queryset(self):
+        return AuditEvent.objects.filter(model=get_model(self.kwargs["name"])).select_related("actor")
+
+
+class Workers(generics.ListAPIView):
+    serializer_class = serializers.WorkerSerializer
+
+    def get_queryset(self):
+        return fleet.live_workers() if self.request.query_params.get("all") != "1" else Worker.objects.all()
+
+
+class AckSerializer(drf_serializers.Serializer):
+    worker = drf_serializers.CharField(max_length=100)
+    generation = drf_serializers.IntegerField(min_value=0)
+    ok = drf_serializers.BooleanField()
+    error = drf_serializers.CharField(required=False, allow_blank=True, allow_null=True)
+    load_ms = drf_serializers.FloatField(required=False, default=0.0)
+
+
+class WorkerAcks(APIView):
+    """Workers ack each desired-state generation they applied (or failed to)."""
+
+    authentication_classes = [WorkerTokenAuthentication]
+    permission_classes = [IsWorkerOrStaff]
+
+    @extend_schema(request=AckSerializer, responses={204: None})
+    def post(self, request):
+        form = AckSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        fleet.record_ack(form.validated_data)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class WorkerReports(APIView):
+    """Workers report about once a second; figures are relayed live to browsers."""
+
+    authentication_classes = [WorkerTokenAuthentication]
+    permission_classes = [IsWorkerOrStaff]
+
+    @extend_schema(request=dict, responses={204: None})
+    def post(self, request):
+        report = request.data
+        identity = report.get("worker") if isinstance(report, dict) else None
+        if not isinstance(identity, dict) or not isinstance(identity.get("id"), str):
+            return error_response("a report needs worker.id", status.HTTP_400_BAD_REQUEST)
+        worker = fleet.record_report(report)
+        live.ingest_report(worker, report)
+        return Response(status=status.HTTP_204_NO_CONTENT)

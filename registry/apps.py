@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RegistryConfig(AppConfig):
+    name = "registry"
+    verbose_name = "Model registry"

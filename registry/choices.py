@@ -1,0 +1,34 @@
+"""Status values, reused by models, API and UI badges."""
+
+from django.db import models
+
+
+class VersionStatus(models.TextChoices):
+    VALIDATING = "validating", "Validating"
+    READY = "ready", "Ready"
+    REJECTED = "rejected", "Rejected"
+    ARCHIVED = "archived", "Archived"
+
+
+class ReleaseAction(models.TextChoices):
+    INITIAL = "initial", "First version routed"
+    SET_ROUTES = "set_routes", "Traffic split changed"
+    PROMOTE = "promote", "Canary promoted"
+    ROLLBACK = "rollback", "Rolled back"
+    RESTORE = "restore", "Earlier release restored"
+
+
+class AuditKind(models.TextChoices):
+    MODEL_CREATED = "model_created", "Model registered"
+    VERSION_UPLOADED = "version_uploaded", "Version uploaded"
+    UPLOAD_REFUSED = "upload_refused", "Upload refused"
+    VERSION_ARCHIVED = "version_archived", "Version archived"
+    RELEASE = "release", "Traffic changed"
+    DRILL = "drill", "Rollback drill"
+
+
+class DrillStatus(models.TextChoices):
+    RUNNING = "running", "Running"
+    PASSED = "passed", "Passed"
+    FAILED = "failed", "Failed"
+    ERROR = "error", "Error"

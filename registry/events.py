@@ -1,0 +1,60 @@
+"""Audit events: one tiny function per kind, so the timeline reads the same everywhere."""
+
+from __future__ import annotations
+
+from registry.choices import AuditKind
+from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release
+
+
+def _actor(user):
+    return user if user is not None and user.is_authenticated else None
+
+
+def model_created(model: RegisteredModel, user) -> AuditEvent:
+    return AuditEvent.objects.create(model=model, kind=AuditKind.MODEL_CREATED, actor=_actor(user), message=f"Model {model.name} registered")
+
+
+def version_uploaded(version: ModelVersion, user) -> AuditEvent:
+    return AuditEvent.objects.create(
+        model=version.model,
+        kind=AuditKind.VERSION_UPLOADED,
+        actor=_actor(user),
+        message=f"Version {version.number} uploaded and validated ({version.size_bytes} bytes, sha256 {version.sha256[:12]})",
+        data={"version": version.number, "sha256": version.sha256},
+    )
+
+
+def upload_refused(model: RegisteredModel, user, reason: str, sha256: str = "") -> AuditEvent:
+    return AuditEvent.objects.create(
+        model=model, kind=AuditKind.UPLOAD_REFUSED, actor=_actor(user), message=f"Upload refused: {reason}", data={"sha256": sha256}
+    )
+
+
+def version_archived(version: ModelVersion) -> AuditEvent:
+    return AuditEvent.objects.create(
+        model=version.model, kind=AuditKind.VERSION_ARCHIVED, message=f"Version {version.number} archived by retention; artifact deleted", data={"version": version.number}
+    )
+
+
+def release_made(release: Release, message: str) -> AuditEvent:
+    return AuditEvent.objects.create(
+        model=release.model,
+        kind=AuditKind.RELEASE,
+        actor=release.actor,
+        message=message,
+        data={"generation": release.generation, "routes": release.routes, "action": release.action},
+    )
+
+
+def drill_finished(drill: Drill) -> AuditEvent:
+    return AuditEvent.objects.create(
+        model=drill.model,
+        kind=AuditKind.DRILL,
+        actor=drill.actor,
+        message=f"Rollback drill {drill.status}: last ack {_seconds(drill.last_ack_s)}, {drill.failed_requests or 0} failed requests",
+        data={"drill": drill.pk, "status": drill.status},
+    )
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:.3f} s"

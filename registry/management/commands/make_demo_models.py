@@ -1,0 +1,50 @@
+"""Build the demo classifiers offline and register them (idempotent)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+from django.core.management.base import BaseCommand
+
+from registry import demo, events, uploads
+from registry.models import RegisteredModel
+
+
+class Command(BaseCommand):
+    help = "Train the digits demo classifiers, export them to ONNX and register them. Safe to run twice."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--versions", type=int, default=None, help="register only the first N demo versions")
+        parser.add_argument("--export-dir", type=Path, default=None, help="also write every demo version's .onnx file here")
+
+    def handle(self, *args, versions=None, export_dir=None, **options):
+        built = demo.build_demo_versions()
+        if export_dir is not None:
+            self._export(built, export_dir)
+        model = self._model()
+        for number, candidate in enumerate(built[:versions], start=1):
+            self._register(model, number, candidate)
+
+    def _model(self) -> RegisteredModel:
+        model, created = RegisteredModel.objects.get_or_create(name=demo.demo_model_name, defaults={"description": demo.demo_model_description})
+        if created:
+            events.model_created(model, None)
+        return model
+
+    def _register(self, model: RegisteredModel, number: int, candidate) -> None:
+        sha256 = hashlib.sha256(candidate.artifact).hexdigest()
+        existing = model.versions.filter(sha256=sha256).first()
+        if existing is not None:
+            self.stdout.write(f"{model.name} demo {number}: already registered as version {existing.number}")
+            return
+        version = uploads.register_stream(model, io.BytesIO(candidate.artifact), uploaded_by=None, description=candidate.description, metrics=candidate.metrics)
+        self.stdout.write(f"{model.name} demo {number}: registered as version {version.number} (accuracy {candidate.metrics['accuracy']:.3f})")
+
+    def _export(self, built, export_dir: Path) -> None:
+        export_dir.mkdir(parents=True, exist_ok=True)
+        for number, candidate in enumerate(built, start=1):
+            path = export_dir / f"{demo.demo_model_name}-demo-{number}.onnx"
+            path.write_bytes(candidate.artifact)
+            self.stdout.write(f"wrote {path}")

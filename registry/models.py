@@ -1,0 +1,185 @@
+"""The registry's truth: models, versions, releases, drills, workers and the audit trail."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from registry.choices import AuditKind, DrillStatus, ReleaseAction, VersionStatus
+
+
+class RegisteredModel(models.Model):
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Batching policy sent to workers with the desired state; null means the default.
+    max_batch_size = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1024)])
+    max_queue_delay_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
+    latency_target_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0001)])
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def current_release(self) -> Release | None:
+        return self.releases.order_by("-generation").first()
+
+
+class VersionQuerySet(models.QuerySet):
+    def ready(self):
+        """Versions that can be routed."""
+        return self.filter(status=VersionStatus.READY)
+
+    def with_artifact(self):
+        """Versions whose artifact is still in the store."""
+        return self.exclude(status=VersionStatus.ARCHIVED)
+
+
+class ModelVersion(models.Model):
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    sha256 = models.CharField(max_length=64, db_index=True)
+    size_bytes = models.BigIntegerField()
+    status = models.CharField(max_length=16, choices=VersionStatus.choices, default=VersionStatus.VALIDATING)
+    status_reason = models.TextField(blank=True)
+    signature = models.JSONField(default=dict)
+    opset = models.PositiveIntegerField(null=True, blank=True)
+    producer = models.CharField(max_length=200, blank=True)
+    validation_report = models.JSONField(default=dict)
+    description = models.TextField(blank=True)
+    metrics = models.JSONField(default=dict, blank=True)
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    archived_at = models.DateTimeField(null=True, blank=True)
+
+    objects = VersionQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["model", "-number"]
+        constraints = [models.UniqueConstraint(fields=["model", "number"], name="unique_version_number_per_model")]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} v{self.number}"
+
+
+class ServingGeneration(models.Model):
+    """One row: the generation of the whole desired state, bumped by every traffic change.
+
+    Locking this row serialises all traffic changes, which keeps generations gap-free.
+    """
+
+    generation = models.PositiveBigIntegerField(default=0)
+
+
+class Release(models.Model):
+    """One appended row per traffic change; the history is the audit trail."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="releases")
+    generation = models.PositiveBigIntegerField(unique=True)
+    routes = models.JSONField()  # [{"version": 3, "weight": 90}, {"version": 4, "weight": 10, ...}]
+    stable_version = models.PositiveIntegerField()
+    action = models.CharField(max_length=16, choices=ReleaseAction.choices)
+    # The release a rollback from this one returns to: walking this chain is "undo".
+    rollback_target = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-generation"]
+        indexes = [models.Index(fields=["model", "-generation"])]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} gen {self.generation}"
+
+    def routed_versions(self) -> list[int]:
+        return [route["version"] for route in self.routes]
+
+
+class Drill(models.Model):
+    """A timed rollback: when the operator acted, when each worker followed, what failed."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="drills")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    status = models.CharField(max_length=16, choices=DrillStatus.choices, default=DrillStatus.RUNNING)
+    roll_forward = models.BooleanField(default=False)
+    from_generation = models.PositiveBigIntegerField(null=True, blank=True)
+    to_generation = models.PositiveBigIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    first_ack_s = models.FloatField(null=True, blank=True)
+    last_ack_s = models.FloatField(null=True, blank=True)
+    confirmed_s = models.FloatField(null=True, blank=True)
+    failed_requests = models.PositiveIntegerField(null=True, blank=True)
+    target_s = models.FloatField()
+    workers = models.JSONField(default=list)  # [{"worker", "ack_s", "ok", "confirmed", "error"}]
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+
+
+class Worker(models.Model):
+    """The console's view of one serving worker, refreshed by its reports."""
+
+    worker_id = models.CharField(max_length=100, unique=True)
+    host = models.CharField(max_length=200)
+    pid = models.PositiveIntegerField(null=True)
+    url = models.CharField(max_length=300, blank=True)
+    device = models.CharField(max_length=50, blank=True)
+    generation = models.PositiveBigIntegerField(default=0)
+    ok = models.BooleanField(default=True)
+    error = models.TextField(blank=True)
+    loaded = models.JSONField(default=list)  # [{"model", "version", "warm": bool}]
+    last_report = models.JSONField(default=dict)
+    started_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["worker_id"]
+
+
+class WorkerAck(models.Model):
+    """A worker's answer to one desired-state generation."""
+
+    worker_id = models.CharField(max_length=100)
+    generation = models.PositiveBigIntegerField()
+    ok = models.BooleanField()
+    error = models.TextField(blank=True)
+    load_ms = models.FloatField(default=0.0)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["worker_id", "generation"], name="one_ack_per_worker_generation")]
+
+
+class VersionMetricMinute(models.Model):
+    """Per-minute roll-up of what workers reported for one version."""
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="metric_minutes")
+    minute = models.DateTimeField()
+    requests = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)
+    latency_sum_s = models.FloatField(default=0.0)
+    latency_buckets = models.JSONField(default=dict)  # {"le": count}, cumulative like Prometheus
+    batch_size_buckets = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["minute"]
+        constraints = [models.UniqueConstraint(fields=["version", "minute"], name="one_rollup_per_version_minute")]
+
+
+class AuditEvent(models.Model):
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="audit_events")
+    kind = models.CharField(max_length=32, choices=AuditKind.choices)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    message = models.TextField()
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

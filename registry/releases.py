@@ -1,0 +1,177 @@
+"""Traffic changes: the only module that writes ``Release`` rows.
+
+Each change is one transaction that locks the serving generation (so changes to any
+model serialise and generations stay gap-free), checks the request, appends a
+``Release`` and publishes the whole desired state to the workers after commit.
+
+Rollback is "undo": every release remembers the release a rollback from it returns
+to (``rollback_target``), so rolling back twice walks back twice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from registry import events
+from registry.choices import ReleaseAction
+from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration
+from registry.routes import InvalidRoutes, Route, check_routes, routes_to_json
+
+logger = logging.getLogger(__name__)
+
+
+class ReleaseError(Exception):
+    """A traffic change that cannot be made; ``status`` is the HTTP answer."""
+
+    status = 400
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class ReleaseConflict(ReleaseError):
+    status = 409
+
+
+def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = "") -> Release:
+    with transaction.atomic():
+        _lock_generation()
+        current = model.current_release()
+        try:
+            parsed = check_routes(routes, _ready_numbers(model))
+        except InvalidRoutes as error:
+            raise ReleaseError(str(error)) from None
+        stable = _stable_for(parsed, current)
+        release = _append(model, parsed, stable, ReleaseAction.SET_ROUTES, current, actor, reason)
+        events.release_made(release, f"Traffic set to {_describe(parsed)} (generation {release.generation})")
+    return release
+
+
+def promote(model: RegisteredModel, actor, reason: str = "") -> Release:
+    with transaction.atomic():
+        _lock_generation()
+        current = _require_current(model)
+        canary = _only_canary(current)
+        _check_still_ready(model, [canary])
+        routes = [Route(version=canary, weight=100)]
+        release = _append(model, routes, canary, ReleaseAction.PROMOTE, current, actor, reason)
+        events.release_made(release, f"Version {canary} promoted to stable at 100% (generation {release.generation})")
+    return release
+
+
+def rollback(model: RegisteredModel, actor, reason: str = "") -> Release:
+    with transaction.atomic():
+        _lock_generation()
+        current = _require_current(model)
+        target = current.rollback_target
+        if target is None:
+            raise ReleaseConflict(f"nothing to roll back to: generation {current.generation} is the first release of {model.name}")
+        routes = [Route.from_json(route) for route in target.routes]
+        _check_still_ready(model, [route.version for route in routes])
+        note = reason or f"rollback of generation {current.generation}, back to the routes of generation {target.generation}"
+        release = _append(model, routes, target.stable_version, ReleaseAction.ROLLBACK, target.rollback_target, actor, note)
+        events.release_made(release, f"Rolled back generation {current.generation}: traffic back to {_describe(routes)} (generation {release.generation})")
+    return release
+
+
+def restore(model: RegisteredModel, generation: int, actor, reason: str = "") -> Release:
+    with transaction.atomic():
+        _lock_generation()
+        earlier = model.releases.filter(generation=generation).first()
+        if earlier is None:
+            raise ReleaseError(f"model {model.name} has no release with generation {generation}")
+        routes = [Route.from_json(route) for route in earlier.routes]
+        _check_still_ready(model, [route.version for route in routes])
+        note = reason or f"restore of generation {generation}"
+        release = _append(model, routes, earlier.stable_version, ReleaseAction.RESTORE, model.current_release(), actor, note)
+        events.release_made(release, f"Restored generation {generation}: traffic {_describe(routes)} (generation {release.generation})")
+    return release
+
+
+def route_first_version(version: ModelVersion, actor) -> Release | None:
+    """The first ready version of a model becomes its stable route at 100%."""
+    with transaction.atomic():
+        _lock_generation()
+        if version.model.releases.exists():
+            return None
+        routes = [Route(version=version.number, weight=100)]
+        release = _append(version.model, routes, version.number, ReleaseAction.INITIAL, None, actor, "first ready version")
+        events.release_made(release, f"Version {version.number} routed as stable at 100% (generation {release.generation})")
+    return release
+
+
+def _lock_generation() -> ServingGeneration:
+    # A migration creates the row; get_or_create covers a flushed test database (a
+    # racing insert raises IntegrityError, which get_or_create answers with a get).
+    ServingGeneration.objects.get_or_create(pk=1)
+    return ServingGeneration.objects.select_for_update().get(pk=1)
+
+
+def _append(model, routes: list[Route], stable: int, action: str, rollback_target, actor, reason: str) -> Release:
+    counter = ServingGeneration.objects.select_for_update().get(pk=1)
+    counter.generation += 1
+    counter.save(update_fields=["generation"])
+    release = Release.objects.create(
+        model=model,
+        generation=counter.generation,
+        routes=routes_to_json(routes),
+        stable_version=stable,
+        action=action,
+        rollback_target=rollback_target,
+        actor=actor if actor is not None and actor.is_authenticated else None,
+        reason=reason,
+    )
+    transaction.on_commit(_publish)
+    return release
+
+
+def _publish() -> None:
+    # Imported here: publishing needs the channel layer, which the module's pure
+    # checks do not; a failed publish is only logged because workers reconcile.
+    from registry.publish import publish_desired_state
+
+    publish_desired_state()
+
+
+def _ready_numbers(model: RegisteredModel) -> set[int]:
+    return set(model.versions.ready().values_list("number", flat=True))
+
+
+def _check_still_ready(model: RegisteredModel, numbers: list[int]) -> None:
+    missing = sorted(set(numbers) - _ready_numbers(model))
+    if missing:
+        raise ReleaseConflict(f"version(s) {missing} of {model.name} are no longer ready (archived or rejected)")
+
+
+def _require_current(model: RegisteredModel) -> Release:
+    current = model.current_release()
+    if current is None:
+        raise ReleaseConflict(f"model {model.name} has no release yet: upload a version first")
+    return current
+
+
+def _stable_for(routes: list[Route], current: Release | None) -> int:
+    """A single route at 100% is the new stable; a split keeps the current stable."""
+    weighted = [route for route in routes if route.weight > 0]
+    if len(weighted) == 1:
+        return weighted[0].version
+    if current is None or current.stable_version not in {route.version for route in weighted}:
+        stable = "none" if current is None else f"version {current.stable_version}"
+        raise ReleaseError(f"a canary needs a stable: a split must include the current stable ({stable}) with a weight above 0")
+    return current.stable_version
+
+
+def _only_canary(current: Release) -> int:
+    canaries = [route["version"] for route in current.routes if route["weight"] > 0 and route["version"] != current.stable_version]
+    if not canaries:
+        raise ReleaseConflict(f"nothing to promote: generation {current.generation} routes only the stable version {current.stable_version}")
+    if len(canaries) > 1:
+        raise ReleaseConflict(f"more than one canary ({canaries}); set the routes explicitly")
+    return canaries[0]
+
+
+def _describe(routes: list[Route]) -> str:
+    return ", ".join(route.describe() for route in routes)

@@ -1,0 +1,92 @@
+"""Routes: which versions get how much of a model's traffic, and their checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Route:
+    version: int
+    weight: int
+    shadow: float | None = None
+
+    @classmethod
+    def from_json(cls, data: dict) -> Route:
+        return cls(version=data["version"], weight=data["weight"], shadow=data.get("shadow"))
+
+    def to_json(self) -> dict:
+        data = {"version": self.version, "weight": self.weight}
+        if self.shadow is not None:
+            data["shadow"] = self.shadow
+        return data
+
+    def describe(self) -> str:
+        if self.shadow is not None:
+            return f"v{self.version} shadow {self.shadow:.0%}"
+        return f"v{self.version} {self.weight}%"
+
+
+class InvalidRoutes(ValueError):
+    pass
+
+
+def routes_to_json(routes: list[Route]) -> list[dict]:
+    return [route.to_json() for route in routes]
+
+
+def check_routes(raw: object, ready_versions: set[int]) -> list[Route]:
+    """Parse and check a routes list; raise InvalidRoutes naming the first problem."""
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRoutes("routes must be a non-empty list of {version, weight} objects")
+    routes = [_parse_route(index, item) for index, item in enumerate(raw)]
+    _check_unique(routes)
+    _check_ready(routes, ready_versions)
+    total = sum(route.weight for route in routes)
+    if total != 100:
+        raise InvalidRoutes(f"weights must sum to 100, got {total}")
+    return routes
+
+
+def _parse_route(index: int, item: object) -> Route:
+    if not isinstance(item, dict):
+        raise InvalidRoutes(f"routes[{index}] must be an object")
+    unknown = set(item) - {"version", "weight", "shadow"}
+    if unknown:
+        raise InvalidRoutes(f"routes[{index}] has unknown field(s) {sorted(unknown)}")
+    version = item.get("version")
+    if not _is_int(version) or version < 1:
+        raise InvalidRoutes(f"routes[{index}].version must be a positive integer")
+    if "shadow" in item:
+        return _parse_shadow(index, version, item)
+    weight = item.get("weight")
+    if not _is_int(weight) or not 0 <= weight <= 100:
+        raise InvalidRoutes(f"routes[{index}].weight must be an integer from 0 to 100")
+    return Route(version=version, weight=weight)
+
+
+def _parse_shadow(index: int, version: int, item: dict) -> Route:
+    shadow = item["shadow"]
+    if isinstance(shadow, bool) or not isinstance(shadow, (int, float)) or not 0 < shadow <= 1:
+        raise InvalidRoutes(f"routes[{index}].shadow must be a fraction above 0 and at most 1")
+    if item.get("weight", 0) != 0:
+        raise InvalidRoutes(f"routes[{index}] is a shadow: its weight must be 0 (it never answers clients)")
+    return Route(version=version, weight=0, shadow=float(shadow))
+
+
+def _check_unique(routes: list[Route]) -> None:
+    seen: set[int] = set()
+    for route in routes:
+        if route.version in seen:
+            raise InvalidRoutes(f"version {route.version} appears twice in routes")
+        seen.add(route.version)
+
+
+def _check_ready(routes: list[Route], ready_versions: set[int]) -> None:
+    for route in routes:
+        if route.version not in ready_versions:
+            raise InvalidRoutes(f"version {route.version} does not exist or is not ready")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

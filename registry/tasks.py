@@ -1,0 +1,10 @@
+"""Celery tasks: small arguments, idempotent, translating to registry functions."""
+
+from celery import shared_task
+
+from registry import retention
+
+
+@shared_task(name="registry.tasks.apply_retention")
+def apply_retention() -> int:
+    return len(retention.apply_retention())

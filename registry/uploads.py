@@ -1,0 +1,104 @@
+"""Registering model versions: a version is registered whole or not at all.
+
+Bytes are staged and hashed (``storage``), inspected in a child process
+(``inspection``), moved into the content-addressed store, and only then recorded.
+A refused upload leaves no file and no row, only an audit event saying why.
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+
+from registry import events, releases, storage
+from registry.choices import VersionStatus
+from registry.inspection import InspectionError, inspect_artifact
+from registry.models import ModelVersion, RegisteredModel
+
+
+class UploadRefused(Exception):
+    """An upload that is not registered; ``status`` is the HTTP answer."""
+
+    def __init__(self, reason: str, status: int = 422):
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+def register_stream(model: RegisteredModel, source: BinaryIO, *, uploaded_by, description: str = "", metrics: dict | None = None) -> ModelVersion:
+    """Stage bytes from any file-like object, then register them."""
+    try:
+        staged = storage.stage_stream(source)
+    except storage.UploadTooLarge as error:
+        raise UploadRefused(str(error), status=413) from None
+    return register_staged(model, staged, uploaded_by=uploaded_by, description=description, metrics=metrics)
+
+
+def register_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, uploaded_by, description: str = "", metrics: dict | None = None) -> ModelVersion:
+    try:
+        report = _inspect(model, staged, uploaded_by)
+        created_file = storage.commit(staged)
+    finally:
+        storage.discard(staged)
+    try:
+        version = _record(model, staged, report, uploaded_by, description, metrics or {})
+    except BaseException:
+        if created_file:
+            _forget_unreferenced(staged.sha256)
+        raise
+    releases.route_first_version(version, uploaded_by)
+    return version
+
+
+def _inspect(model: RegisteredModel, staged: storage.StagedArtifact, uploaded_by):
+    if staged.size_bytes == 0:
+        _refuse(model, uploaded_by, "the artifact is empty", 400, staged.sha256)
+    try:
+        return inspect_artifact(staged.path, timeout_s=settings.INSPECTION_TIMEOUT_S, memory_limit_bytes=settings.INSPECTION_MEMORY_LIMIT_BYTES)
+    except InspectionError as error:
+        _refuse(model, uploaded_by, error.reason, error.status, staged.sha256)
+
+
+def _refuse(model, uploaded_by, reason: str, status: int, sha256: str):
+    events.upload_refused(model, uploaded_by, reason, sha256)
+    raise UploadRefused(reason, status)
+
+
+def _record(model, staged, report, uploaded_by, description: str, metrics: dict) -> ModelVersion:
+    for _ in range(5):
+        try:
+            return _insert_next(model, staged, report, uploaded_by, description, metrics)
+        except IntegrityError:
+            # Two uploads took the same number (SQLite has no row lock); try the next one.
+            continue
+    raise UploadRefused("too many concurrent uploads for this model; try again", status=409)
+
+
+@transaction.atomic
+def _insert_next(model, staged, report, uploaded_by, description: str, metrics: dict) -> ModelVersion:
+    locked = RegisteredModel.objects.select_for_update().get(pk=model.pk)
+    number = (locked.versions.aggregate(top=Max("number"))["top"] or 0) + 1
+    version = ModelVersion.objects.create(
+        model=locked,
+        number=number,
+        sha256=staged.sha256,
+        size_bytes=staged.size_bytes,
+        status=VersionStatus.READY,
+        signature=report.signature,
+        opset=report.opset,
+        producer=report.producer,
+        validation_report=report.report,
+        description=description,
+        metrics=metrics,
+        uploaded_by=uploaded_by if uploaded_by is not None and uploaded_by.is_authenticated else None,
+    )
+    events.version_uploaded(version, uploaded_by)
+    return version
+
+
+def _forget_unreferenced(sha256: str) -> None:
+    if not ModelVersion.objects.with_artifact().filter(sha256=sha256).exists():
+        storage.delete(sha256)

@@ -1,0 +1,407 @@
+"""Dynamic batching: one bounded FIFO queue per version and non-batch shape.
+
+`next_batch` is the policy, a pure function of the queue, the clock, whether the engine
+is idle and the learned latency model, in the manner of Triton's GetDynamicBatch: it
+says which requests to drop (past their deadline), how many to send now and how long to
+wait otherwise. `Batcher` only waits on an asyncio Event (with a timer, never a poll)
+and hands batches to an executor thread, where ONNX Runtime runs without the GIL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+import orjson
+
+from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull
+
+logger = logging.getLogger("serving.batcher")
+
+Outputs = tuple[np.ndarray, ...]
+RunFn = Callable[[Outputs], Sequence[np.ndarray]]  # model inputs in order -> outputs in order
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    inputs: Outputs  # one array per model input, batch axis first
+    rows: int
+    enqueued_s: float  # monotonic clock
+    deadline_s: float  # monotonic clock
+    future: asyncio.Future
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    max_batch_size: int = 32
+    max_queue_delay_s: float = 0.002
+    max_queue_size: int = 1024
+    latency_target_s: float | None = None  # per-model target; None = only the deadline
+
+
+class LatencyModel:
+    """Batch time ≈ per_row_s·rows + fixed_s, least squares over the last `window` batches.
+
+    Running sums make `observe` O(1); before two distinct batch sizes are seen the
+    model is proportional (fixed_s = 0), and before any sample it predicts 0.
+    """
+
+    def __init__(self, window: int = 128):
+        self._samples: deque[tuple[int, float]] = deque()
+        self._window = window
+        self._sum_n = self._sum_t = self._sum_nn = self._sum_nt = 0.0
+        self.per_row_s = 0.0
+        self.fixed_s = 0.0
+
+    @property
+    def is_known(self) -> bool:
+        return bool(self._samples)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if len(self._samples) == self._window:
+            self._add(*self._samples.popleft(), sign=-1.0)
+        self._samples.append((rows, seconds))
+        self._add(rows, seconds, sign=1.0)
+        self._fit()
+
+    def predict_s(self, rows: int) -> float:
+        return self.per_row_s * rows + self.fixed_s
+
+    def _add(self, rows: int, seconds: float, sign: float) -> None:
+        self._sum_n += sign * rows
+        self._sum_t += sign * seconds
+        self._sum_nn += sign * rows * rows
+        self._sum_nt += sign * rows * seconds
+
+    def _fit(self) -> None:
+        count = len(self._samples)
+        variance = count * self._sum_nn - self._sum_n**2
+        if variance > 1e-9 * max(1.0, self._sum_nn):
+            slope = (count * self._sum_nt - self._sum_n * self._sum_t) / variance
+            self.per_row_s = max(slope, 0.0)
+            self.fixed_s = max((self._sum_t - self.per_row_s * self._sum_n) / count, 0.0)
+        else:  # one batch size only: no way to split fixed from per-row cost
+            self.per_row_s = max(self._sum_t / max(self._sum_n, 1.0), 0.0)
+            self.fixed_s = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    dropped: tuple[int, ...] = ()  # queue indices that cannot make their deadline: 504, not computed
+    send_count: int = 0  # after removing `dropped`, send this many from the front now
+    wait_s: float | None = None  # else wait this long (None: until an arrival or the engine frees)
+
+
+def next_batch(
+    queue: Sequence[PendingRequest],
+    now_s: float,
+    is_engine_idle: bool,
+    policy: BatchPolicy,
+    latency: LatencyModel,
+    expected_gap_s: float = math.inf,
+) -> Decision:
+    """The batching policy. Pure: the same arguments always give the same decision.
+
+    Scans the queue front to back, only as far as the next batch could reach.
+    `expected_gap_s` is the expected time to the next arrival (inf: nothing is coming).
+    """
+    dropped, rows, count, is_full, wake_s = [], 0, 0, False, math.inf
+    for index, request in enumerate(queue):
+        finish_alone_s = now_s + latency.predict_s(request.rows)
+        if request.deadline_s <= finish_alone_s:
+            dropped.append(index)
+            continue
+        if rows + request.rows > policy.max_batch_size:
+            is_full = True
+            break
+        rows += request.rows
+        count += 1
+        wake_s = min(wake_s, request.deadline_s - latency.predict_s(request.rows) - now_s)
+        if rows == policy.max_batch_size:
+            is_full = True
+            break
+    if count == 0:
+        return Decision(tuple(dropped))
+    if not is_engine_idle:
+        # Wait for the engine; wake in time to drop whoever would miss its deadline.
+        return Decision(tuple(dropped), 0, wake_s if wake_s != math.inf else None)
+    wait_s = 0.0 if is_full else _worth_waiting_s(queue, dropped, rows, now_s, policy, latency, expected_gap_s)
+    return Decision(tuple(dropped), count if wait_s <= 0.0 else 0, wait_s if wait_s > 0.0 else None)
+
+
+def _worth_waiting_s(queue, dropped, rows, now_s, policy, latency, expected_gap_s) -> float:
+    """How long waiting for more rows still pays for the oldest request (0 = send now)."""
+    oldest = queue[next(index for index in range(len(queue)) if index not in dropped)]
+    remaining_s = oldest.enqueued_s + policy.max_queue_delay_s - now_s
+    if remaining_s <= 0.0 or expected_gap_s >= remaining_s:
+        return 0.0  # window over, or the next request would not arrive within it
+    finish_with_one_more_s = latency.predict_s(rows + 1)
+    budget_s = oldest.deadline_s - now_s - finish_with_one_more_s
+    if policy.latency_target_s is not None:
+        budget_s = min(budget_s, oldest.enqueued_s + policy.latency_target_s - now_s - finish_with_one_more_s)
+    return max(min(remaining_s, budget_s), 0.0)
+
+
+def admission_delay_s(
+    queued_rows: int, rows: int, busy_remaining_s: float, policy: BatchPolicy, latency: LatencyModel
+) -> float:
+    """Predicted time from now until a new request of `rows` rows is answered."""
+    total_rows = queued_rows + rows
+    batches = math.ceil(total_rows / policy.max_batch_size)
+    full_batch_rows = min(total_rows, policy.max_batch_size)
+    return busy_remaining_s + batches * latency.predict_s(full_batch_rows)
+
+
+def run_batch(run: RunFn, requests: Sequence[PendingRequest]) -> tuple[list[Outputs], float]:
+    """Concatenate along the batch axis, one run, slice the outputs back (views, no copies)."""
+    if len(requests) == 1:
+        feeds = requests[0].inputs
+    else:
+        feeds = tuple(np.concatenate(parts) for parts in zip(*(request.inputs for request in requests)))
+    started_s = time.perf_counter()
+    outputs = run(feeds)
+    compute_s = time.perf_counter() - started_s
+    results, start = [], 0
+    for request in requests:
+        stop = start + request.rows
+        results.append(tuple(output[start:stop] for output in outputs))
+        start = stop
+    return results, compute_s
+
+
+class EngineGate:
+    """How many batches of one engine are in flight, shared by its shape queues."""
+
+    def __init__(self, max_in_flight: int = 1):
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+        self.waiters: list[asyncio.Event] = []
+
+    @property
+    def is_idle(self) -> bool:
+        return self.in_flight < self.max_in_flight
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        for event in self.waiters:
+            event.set()
+
+
+@dataclass(eq=False)
+class BatchObserver:
+    """Hooks for metrics and logs; the default does nothing (tests, benchmarks)."""
+
+    model_name: str = ""
+    version: int = 0
+    metrics: object | None = None
+    counts: dict = field(default_factory=lambda: {"batches": 0, "rows": 0, "max_rows": 0})
+
+    def on_batch(self, requests: Sequence[PendingRequest], started_s: float, compute_s: float, depth: int) -> None:
+        rows = sum(request.rows for request in requests)
+        self.counts["batches"] += 1
+        self.counts["rows"] += rows
+        self.counts["max_rows"] = max(self.counts["max_rows"], rows)
+        if self.metrics is not None:
+            self._record(requests, started_s, compute_s, rows, depth)
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(orjson.dumps({
+                "event": "batch", "model": self.model_name, "version": self.version, "rows": rows,
+                "compute_ms": round(compute_s * 1000, 3), "request_ids": [r.request_id for r in requests],
+            }).decode())
+
+    def _record(self, requests, started_s, compute_s, rows, depth) -> None:
+        self.metrics.batch_size.observe(rows)
+        self.metrics.compute_time.observe(compute_s)
+        self.metrics.queue_depth.set(depth)
+        for request in requests:
+            self.metrics.queue_time.observe(started_s - request.enqueued_s)
+
+
+class Batcher:
+    """The queue and loop of one (version, non-batch shape)."""
+
+    def __init__(
+        self,
+        run: RunFn,
+        policy: BatchPolicy,
+        executor: Executor,
+        gate: EngineGate,
+        latency: LatencyModel,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        observer: BatchObserver | None = None,
+    ):
+        self.policy = policy
+        self.latency = latency
+        self._run, self._executor, self._gate, self._clock = run, executor, gate, clock
+        self._observer = observer or BatchObserver()
+        self._queue: deque[PendingRequest] = deque()
+        self._queued_rows = 0
+        self._in_flight = 0
+        self._busy_since_s = 0.0
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._last_arrival_s = -math.inf
+        self._gap_ewma_s = math.inf
+        self._arrivals_while_busy = 0
+        self._was_arrival_while_busy = False
+        gate.waiters.append(self._wake)
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def submit(self, inputs: Outputs, rows: int, deadline_s: float, request_id: str = "") -> asyncio.Future:
+        """Enqueue a request; refuse at once what the queue or the deadline cannot take."""
+        now_s = self._clock()
+        self._admit(rows, deadline_s, now_s)
+        self._note_arrival(now_s)
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(PendingRequest(inputs, rows, now_s, deadline_s, future, request_id))
+        self._queued_rows += rows
+        self._drained.clear()
+        self._wake.set()
+        return future
+
+    def _admit(self, rows: int, deadline_s: float, now_s: float) -> None:
+        if self._task.done():
+            raise NotReady("this version is unloading")
+        if rows > self.policy.max_batch_size:
+            raise BadRequest(f"batch of {rows} rows exceeds max_batch_size {self.policy.max_batch_size}")
+        if len(self._queue) >= self.policy.max_queue_size:
+            raise QueueFull(f"queue full ({self.policy.max_queue_size} requests)")
+        if not self.latency.is_known:
+            return
+        busy_remaining_s = 0.0
+        if self._in_flight:
+            busy_remaining_s = max(self.latency.predict_s(self.policy.max_batch_size) - (now_s - self._busy_since_s), 0.0)
+        delay_s = admission_delay_s(self._queued_rows, rows, busy_remaining_s, self.policy, self.latency)
+        limit_s = deadline_s - now_s
+        if self.policy.latency_target_s is not None:
+            limit_s = min(limit_s, self.policy.latency_target_s)
+        if delay_s > limit_s:
+            raise QueueFull(f"overloaded: predicted {delay_s * 1000:.1f} ms exceeds the {limit_s * 1000:.1f} ms allowed")
+
+    def _note_arrival(self, now_s: float) -> None:
+        gap_s = now_s - self._last_arrival_s
+        self._last_arrival_s = now_s
+        self._gap_ewma_s = gap_s if self._gap_ewma_s == math.inf else 0.8 * self._gap_ewma_s + 0.2 * gap_s
+        if self._in_flight:
+            self._arrivals_while_busy += 1
+
+    def expected_gap_s(self) -> float:
+        """Expected time to the next arrival; inf when nothing arrived during the last batch
+        (closed-loop or low load: the next request waits for our answer, so don't wait for it)."""
+        return self._gap_ewma_s if self._was_arrival_while_busy else math.inf
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                decision = next_batch(
+                    self._queue, self._clock(), self._gate.is_idle, self.policy, self.latency, self.expected_gap_s()
+                )
+                self._apply(decision)
+            except Exception:  # a bug here must not strand every queued request
+                logger.exception("batcher loop failed; failing queued requests")
+                self._fail_all(ModelFailed("batching failed"))
+                continue
+            if decision.send_count:
+                continue
+            await self._wait(decision.wait_s)
+
+    def _apply(self, decision: Decision) -> None:
+        if decision.dropped:
+            self._drop(decision.dropped)
+        if decision.send_count:
+            self._dispatch([self._queue.popleft() for _ in range(decision.send_count)])
+        self._note_drained()
+
+    async def _wait(self, wait_s: float | None) -> None:
+        if wait_s is None:
+            await self._wake.wait()
+            return
+        timer = asyncio.get_running_loop().call_later(wait_s, self._wake.set)
+        try:
+            await self._wake.wait()
+        finally:
+            timer.cancel()
+
+    def _drop(self, indices: tuple[int, ...]) -> None:
+        doomed = set(indices)
+        kept = deque()
+        for index, request in enumerate(self._queue):
+            if index in doomed:
+                self._queued_rows -= request.rows
+                _fail(request, DeadlineExceeded())
+            else:
+                kept.append(request)
+        self._queue = kept
+
+    def _dispatch(self, batch: list[PendingRequest]) -> None:
+        self._queued_rows -= sum(request.rows for request in batch)
+        self._gate.in_flight += 1
+        self._in_flight += 1
+        self._busy_since_s = started_s = self._clock()
+        self._arrivals_while_busy = 0
+        future = asyncio.get_running_loop().run_in_executor(self._executor, run_batch, self._run, batch)
+        future.add_done_callback(partial(self._complete, batch, started_s))
+
+    def _complete(self, batch: list[PendingRequest], started_s: float, future: asyncio.Future) -> None:
+        self._gate.release()
+        self._in_flight -= 1
+        self._was_arrival_while_busy = self._arrivals_while_busy > 0
+        error = future.exception() if not future.cancelled() else asyncio.CancelledError()
+        if error is not None:
+            logger.error("batch of %d requests failed: %s", len(batch), error)
+            for request in batch:
+                _fail(request, ModelFailed("model execution failed"))
+        else:
+            results, compute_s = future.result()
+            self.latency.observe(sum(request.rows for request in batch), compute_s)
+            for request, outputs in zip(batch, results):
+                if not request.future.done():
+                    request.future.set_result(outputs)
+            self._observer.on_batch(batch, started_s, compute_s, len(self._queue))
+        self._note_drained()
+
+    def _note_drained(self) -> None:
+        if not self._queue and not self._in_flight:
+            self._drained.set()
+
+    def _fail_all(self, error: Exception) -> None:
+        while self._queue:
+            _fail(self._queue.popleft(), error)
+        self._queued_rows = 0
+        self._note_drained()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until nothing is queued or running; False if `timeout_s` passed first."""
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    def close(self) -> None:
+        """Stop the loop and fail whatever is still queued (after a drain, nothing)."""
+        self._task.cancel()
+        if self._wake in self._gate.waiters:
+            self._gate.waiters.remove(self._wake)
+        self._fail_all(NotReady("this version was unloaded"))
+
+
+def _fail(request: PendingRequest, error: Exception) -> None:
+    if not request.future.done():
+        request.future.set_exception(error)

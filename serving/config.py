@@ -1,0 +1,131 @@
+"""Every setting of a serving worker, read once from the environment.
+
+Each setting is one line through a small helper that refuses a bad value loudly at
+start, so a typo in a deployment fails the process instead of serving with a default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A setting in the environment has a value the worker cannot use."""
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default).strip()
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = env_str(name, default).lower()
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env_str(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value}: must be >= {minimum}")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = env_str(name, str(default))
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a number") from None
+    if not value >= minimum or value == float("inf"):
+        raise ConfigError(f"{name}={value}: must be a finite number >= {minimum}")
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = env_str(name, "true" if default else "false").lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected true or false")
+
+
+def env_secret(name: str, default: str = "") -> str:
+    """A secret from NAME, or from the file named by NAME_FILE (container secrets)."""
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{name}_FILE={path!r}: {exc.strerror}") from None
+    return env_str(name, default)
+
+
+@dataclass(frozen=True, slots=True)
+class ServingConfig:
+    """Settings of one worker process. Documented in docs/serving-settings.md."""
+
+    device: str = "auto"
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    graph_optimization: str = "all"
+    execution_mode: str = "sequential"
+    memory_pattern: bool = True
+    allow_spinning: bool = False
+    cuda_device_id: int = 0
+    gpu_mem_limit_bytes: int = 0
+    cudnn_conv_algo_search: str = "heuristic"
+    max_batch_size: int = 32
+    max_queue_delay_s: float = 0.002
+    max_queue_size: int = 1024
+    max_batches_in_flight: int = 1
+    max_shape_queues: int = 16
+    request_timeout_s: float = 10.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_elements: int = 16 * 1024 * 1024
+    executor_threads: int = 2
+    drain_timeout_s: float = 30.0
+    cache_dir: str = "var/serving-cache"
+    worker_token: str = ""
+    console_url: str = "http://127.0.0.1:8000"
+    console_timeout_s: float = 10.0
+    log_level: str = "info"
+
+    @classmethod
+    def from_env(cls) -> ServingConfig:
+        return cls(
+            device=env_choice("SERVING_DEVICE", "auto", ("auto", "cpu", "cuda")),
+            intra_op_threads=env_int("SERVING_INTRA_OP_THREADS", 0),
+            inter_op_threads=env_int("SERVING_INTER_OP_THREADS", 0),
+            graph_optimization=env_choice("SERVING_GRAPH_OPTIMIZATION", "all", ("disable", "basic", "extended", "all")),
+            execution_mode=env_choice("SERVING_EXECUTION_MODE", "sequential", ("sequential", "parallel")),
+            memory_pattern=env_bool("SERVING_MEMORY_PATTERN", True),
+            allow_spinning=env_bool("SERVING_ALLOW_SPINNING", False),
+            cuda_device_id=env_int("SERVING_CUDA_DEVICE_ID", 0),
+            gpu_mem_limit_bytes=env_int("SERVING_GPU_MEM_LIMIT_BYTES", 0),
+            cudnn_conv_algo_search=env_choice(
+                "SERVING_CUDNN_CONV_ALGO_SEARCH", "heuristic", ("exhaustive", "heuristic", "default")
+            ),
+            max_batch_size=env_int("SERVING_MAX_BATCH_SIZE", 32, minimum=1),
+            max_queue_delay_s=env_float("SERVING_MAX_QUEUE_DELAY_S", 0.002),
+            max_queue_size=env_int("SERVING_MAX_QUEUE_SIZE", 1024, minimum=1),
+            max_batches_in_flight=env_int("SERVING_MAX_BATCHES_IN_FLIGHT", 1, minimum=1),
+            max_shape_queues=env_int("SERVING_MAX_SHAPE_QUEUES", 16, minimum=1),
+            request_timeout_s=env_float("SERVING_REQUEST_TIMEOUT_S", 10.0, minimum=0.001),
+            max_body_bytes=env_int("SERVING_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
+            max_elements=env_int("SERVING_MAX_ELEMENTS", 16 * 1024 * 1024, minimum=1),
+            executor_threads=env_int("SERVING_EXECUTOR_THREADS", 2, minimum=1),
+            drain_timeout_s=env_float("SERVING_DRAIN_TIMEOUT_S", 30.0),
+            cache_dir=env_str("SERVING_CACHE_DIR", "var/serving-cache"),
+            worker_token=env_secret("SERVING_WORKER_TOKEN"),
+            console_url=env_str("CONSOLE_URL", "http://127.0.0.1:8000").rstrip("/"),
+            console_timeout_s=env_float("SERVING_CONSOLE_TIMEOUT_S", 10.0, minimum=0.1),
+            log_level=env_choice("SERVING_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
+        )

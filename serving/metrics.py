@@ -1,0 +1,107 @@
+"""Prometheus metrics of a serving worker: module-level, base units, bounded labels.
+
+Labels are (model, version) of *loaded* versions only, plus the status code; a request
+for an unknown model is counted under model="" so clients cannot grow the label set.
+The hot path uses a `VersionMetrics` that caches the labelled children once per version.
+"""
+
+from __future__ import annotations
+
+import resource
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.5, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+REQUESTS = Counter("modelops_requests", "Inference requests answered, by status code.", ["model", "version", "code"])
+REQUEST_LATENCY = Histogram(
+    "modelops_request_duration_seconds", "Time from request read to response.", ["model", "version"],
+    buckets=LATENCY_BUCKETS_S,
+)
+QUEUE_TIME = Histogram(
+    "modelops_queue_duration_seconds", "Time a request waited in the batch queue.", ["model", "version"],
+    buckets=LATENCY_BUCKETS_S,
+)
+COMPUTE_TIME = Histogram(
+    "modelops_compute_duration_seconds", "Time of one batch in ONNX Runtime.", ["model", "version"],
+    buckets=LATENCY_BUCKETS_S,
+)
+BATCH_SIZE = Histogram("modelops_batch_size", "Rows per executed batch.", ["model", "version"], buckets=BATCH_BUCKETS)
+QUEUE_DEPTH = Gauge("modelops_queue_depth", "Requests waiting in batch queues.", ["model", "version"])
+LOADED_VERSIONS = Gauge("modelops_loaded_versions", "Model versions loaded and warm in this worker.")
+DEVICE_MEMORY = Gauge("modelops_device_memory_used_bytes", "Memory in use on the inference device.", ["device"])
+
+
+class VersionMetrics:
+    """The labelled children of one loaded version, looked up once."""
+
+    def __init__(self, model_name: str, version: int):
+        labels = (model_name, str(version))
+        self.labels = labels
+        self.request_latency = REQUEST_LATENCY.labels(*labels)
+        self.queue_time = QUEUE_TIME.labels(*labels)
+        self.compute_time = COMPUTE_TIME.labels(*labels)
+        self.batch_size = BATCH_SIZE.labels(*labels)
+        self.queue_depth = QUEUE_DEPTH.labels(*labels)
+        self._requests_by_code: dict[int, Counter] = {}
+
+    def count(self, code: int) -> None:
+        child = self._requests_by_code.get(code)
+        if child is None:
+            child = self._requests_by_code[code] = REQUESTS.labels(*self.labels, str(code))
+        child.inc()
+
+    def remove(self) -> None:
+        """Forget the series of an unloaded version so labels stay bounded."""
+        for metric in (REQUEST_LATENCY, QUEUE_TIME, COMPUTE_TIME, BATCH_SIZE, QUEUE_DEPTH):
+            _remove_quietly(metric, self.labels)
+        for code in self._requests_by_code:
+            _remove_quietly(REQUESTS, (*self.labels, str(code)))
+
+
+def _remove_quietly(metric, labels) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass
+
+
+_UNROUTED_BY_CODE: dict[int, Counter] = {}
+
+
+def count_unrouted(code: int) -> None:
+    """Count a request that never reached a version (unknown model, bad body...)."""
+    child = _UNROUTED_BY_CODE.get(code)
+    if child is None:
+        child = _UNROUTED_BY_CODE[code] = REQUESTS.labels("", "", str(code))
+    child.inc()
+
+
+def update_device_memory(device: str) -> None:
+    """Called on scrape: NVML on a GPU; the process resident memory on CPU."""
+    if device.startswith("cuda:"):
+        used = _nvml_used_bytes(int(device.split(":", 1)[1]))
+        if used is not None:
+            DEVICE_MEMORY.labels(device).set(used)
+        return
+    DEVICE_MEMORY.labels(device).set(_resident_bytes())
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _nvml_used_bytes(index: int) -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    except Exception:  # NVML missing or driver mismatch: the gauge just stays unset
+        return None

@@ -1,0 +1,333 @@
+"""KServe V2 (Open Inference Protocol) and /predict codecs, validated against the model.
+
+Decoding turns a body into NumPy arrays in the model's input order, or raises
+BadRequest naming the input and the problem. Binary tensors (the `binary_tensor_data`
+extension, tritonclient's default) are zero-copy views over the request body.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from serving.engine import TensorSpec
+from serving.errors import BadRequest
+
+NUMPY_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIO:
+    """What the codec needs to know about a loaded version."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    is_batchable: bool
+    max_elements: int
+
+
+@dataclass(slots=True)
+class Decoded:
+    """A validated request: arrays in model input order, and how to answer it."""
+
+    tensors: tuple[np.ndarray, ...]
+    rows: int
+    outputs: tuple[tuple[int, bool], ...] = ()  # (output index, as binary)
+    id: str | None = None
+    timeout_s: float | None = None
+    is_single_row: bool = False
+
+    @property
+    def shape_key(self) -> tuple:
+        """Requests batch together only when every non-batch dimension matches."""
+        return tuple(tensor.shape[1:] for tensor in self.tensors)
+
+
+def _json_default(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError
+
+
+def dumps(document) -> bytes:
+    return orjson.dumps(document, default=_json_default, option=NUMPY_OPTIONS)
+
+
+def load_object(body: bytes | memoryview, what: str = "request body") -> dict:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"{what} is not valid JSON: {exc.msg}") from None
+    if not isinstance(document, dict):
+        raise BadRequest(f"{what} must be a JSON object")
+    return document
+
+
+# ---- validation shared by both codecs -------------------------------------------------
+
+
+def check_shape(spec: TensorSpec, shape: Sequence[int], io: ModelIO) -> int:
+    """Validate `shape` against the spec; return its element count."""
+    if len(shape) != len(spec.shape):
+        raise BadRequest(f"input '{spec.name}': expected rank {len(spec.shape)}, got shape {list(shape)}")
+    for axis, (got, want) in enumerate(zip(shape, spec.shape)):
+        if want is not None and got != want:
+            raise BadRequest(f"input '{spec.name}': dimension {axis} must be {want}, got {got}")
+        if got < 1:
+            raise BadRequest(f"input '{spec.name}': dimension {axis} must be at least 1, got {got}")
+    count = math.prod(shape)
+    if count > io.max_elements:
+        raise BadRequest(f"input '{spec.name}': {count} elements exceed the limit of {io.max_elements}")
+    return count
+
+
+def spec_dtype(spec: TensorSpec) -> np.dtype:
+    dtype = spec.dtype
+    if dtype is None:
+        raise BadRequest(f"input '{spec.name}': datatype {spec.datatype} is not supported by this server")
+    return dtype
+
+
+def array_from_list(spec: TensorSpec, data: object) -> np.ndarray:
+    if not isinstance(data, list):
+        raise BadRequest(f"input '{spec.name}': data must be a list")
+    try:
+        return np.array(data, dtype=spec_dtype(spec))
+    except (ValueError, TypeError, OverflowError):
+        raise BadRequest(f"input '{spec.name}': data is not a rectangular array of {spec.datatype} values") from None
+
+
+def rows_of(tensors: Sequence[np.ndarray], io: ModelIO) -> int:
+    if not io.is_batchable:
+        return 1
+    rows = tensors[0].shape[0]
+    for spec, tensor in zip(io.inputs, tensors):
+        if tensor.shape[0] != rows:
+            raise BadRequest(f"input '{spec.name}': batch dimension {tensor.shape[0]} differs from {rows}")
+    return rows
+
+
+# ---- KServe V2 request ----------------------------------------------------------------
+
+
+def split_binary(body: bytes, header_length: int | None) -> tuple[memoryview, memoryview]:
+    """(JSON part, binary part) per the Inference-Header-Content-Length header."""
+    view = memoryview(body)
+    if header_length is None:
+        return view, view[:0]
+    if not 0 < header_length <= len(body):
+        raise BadRequest(f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes")
+    return view[:header_length], view[header_length:]
+
+
+def decode_v2(body: bytes, header_length: int | None, io: ModelIO) -> Decoded:
+    json_part, binary = split_binary(body, header_length)
+    document = load_object(json_part)
+    items = document.get("inputs")
+    if not isinstance(items, list) or not items:
+        raise BadRequest("'inputs' must be a non-empty list")
+    by_name = _v2_tensors(items, binary, io)
+    tensors = tuple(_required(by_name, spec) for spec in io.inputs)
+    return Decoded(
+        tensors=tensors,
+        rows=rows_of(tensors, io),
+        outputs=_requested_outputs(document, io),
+        id=_request_id(document.get("id")),
+        timeout_s=_timeout_s(document.get("parameters")),
+    )
+
+
+def _v2_tensors(items: list, binary: memoryview, io: ModelIO) -> dict[str, np.ndarray]:
+    specs = {spec.name: spec for spec in io.inputs}
+    by_name, offset = {}, 0
+    for item in items:
+        if not isinstance(item, dict):
+            raise BadRequest("each entry of 'inputs' must be an object")
+        spec = _input_spec(item.get("name"), specs, by_name)
+        shape = _v2_shape(spec, item)
+        count = check_shape(spec, shape, io)
+        array, offset = _v2_array(spec, item, shape, count, binary, offset)
+        by_name[spec.name] = array
+    if offset != len(binary):
+        raise BadRequest(f"binary data has {len(binary) - offset} bytes not claimed by any input")
+    return by_name
+
+
+def _input_spec(name: object, specs: dict[str, TensorSpec], seen: dict) -> TensorSpec:
+    if not isinstance(name, str):
+        raise BadRequest("each input needs a string 'name'")
+    spec = specs.get(name)
+    if spec is None:
+        raise BadRequest(f"input '{name}': the model has no such input (expected {', '.join(specs)})")
+    if name in seen:
+        raise BadRequest(f"input '{name}': given twice")
+    return spec
+
+
+def _v2_shape(spec: TensorSpec, item: dict) -> list[int]:
+    datatype, shape = item.get("datatype"), item.get("shape")
+    if datatype != spec.datatype:
+        raise BadRequest(f"input '{spec.name}': datatype must be {spec.datatype}, got {datatype!r}")
+    if not isinstance(shape, list) or not all(type(dim) is int for dim in shape):
+        raise BadRequest(f"input '{spec.name}': shape must be a list of integers")
+    return shape
+
+
+def _v2_array(spec, item, shape, count, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
+    size = _binary_size(spec, item.get("parameters"))
+    if size is None:
+        array = array_from_list(spec, item.get("data"))
+        if array.size != count:
+            raise BadRequest(f"input '{spec.name}': data has {array.size} elements, shape {shape} needs {count}")
+        return array.reshape(shape), offset
+    dtype = spec_dtype(spec)
+    if size != count * dtype.itemsize or offset + size > len(binary):
+        raise BadRequest(
+            f"input '{spec.name}': binary_data_size {size} does not match shape {shape} of {spec.datatype} "
+            f"({count * dtype.itemsize} bytes) or the {len(binary) - offset} bytes left"
+        )
+    array = np.frombuffer(binary, dtype=dtype, count=count, offset=offset).reshape(shape)
+    return array, offset + size
+
+
+def _binary_size(spec: TensorSpec, parameters: object) -> int | None:
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        raise BadRequest(f"input '{spec.name}': parameters must be an object")
+    size = parameters.get("binary_data_size")
+    if size is not None and (type(size) is not int or size < 0):
+        raise BadRequest(f"input '{spec.name}': binary_data_size must be a non-negative integer")
+    return size
+
+
+def _required(by_name: dict[str, np.ndarray], spec: TensorSpec) -> np.ndarray:
+    array = by_name.get(spec.name)
+    if array is None:
+        raise BadRequest(f"input '{spec.name}': missing")
+    return array
+
+
+def _requested_outputs(document: dict, io: ModelIO) -> tuple[tuple[int, bool], ...]:
+    parameters = document.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise BadRequest("'parameters' must be an object")
+    default_binary = parameters.get("binary_data_output") is True
+    requested = document.get("outputs")
+    if requested is None:
+        return tuple((index, default_binary) for index in range(len(io.outputs)))
+    if not isinstance(requested, list):
+        raise BadRequest("'outputs' must be a list")
+    return tuple(_output_choice(item, io, default_binary) for item in requested)
+
+
+def _output_choice(item: object, io: ModelIO, default_binary: bool) -> tuple[int, bool]:
+    name = item.get("name") if isinstance(item, dict) else None
+    for index, spec in enumerate(io.outputs):
+        if spec.name == name:
+            parameters = item.get("parameters") or {}
+            if not isinstance(parameters, dict):
+                raise BadRequest(f"output '{name}': parameters must be an object")
+            return index, bool(parameters.get("binary_data", default_binary))
+    raise BadRequest(f"output {name!r}: the model has no such output")
+
+
+def _request_id(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 256:
+        raise BadRequest("'id' must be a string of at most 256 characters")
+    return value
+
+
+def _timeout_s(parameters: object) -> float | None:
+    """V2 `parameters.timeout` is in microseconds, as tritonclient sends it."""
+    if not isinstance(parameters, dict) or parameters.get("timeout") is None:
+        return None
+    timeout_us = parameters["timeout"]
+    if type(timeout_us) not in (int, float) or not timeout_us > 0:
+        raise BadRequest("parameters.timeout must be a positive number of microseconds")
+    return timeout_us / 1e6
+
+
+# ---- KServe V2 response ---------------------------------------------------------------
+
+
+def encode_v2(model_name: str, version: int, decoded: Decoded, outputs: Sequence[np.ndarray], io: ModelIO) -> tuple[bytes, int | None]:
+    """(body, JSON header length if any tensor went binary, else None)."""
+    entries, blobs = [], []
+    for index, is_binary in decoded.outputs:
+        spec, array = io.outputs[index], np.ascontiguousarray(outputs[index])
+        entry = {"name": spec.name, "datatype": spec.datatype, "shape": array.shape}
+        if is_binary:
+            entry["parameters"] = {"binary_data_size": array.nbytes}
+            blobs.append(array.data)
+        else:
+            entry["data"] = array.reshape(-1)
+        entries.append(entry)
+    document = {"model_name": model_name, "model_version": str(version), "outputs": entries}
+    if decoded.id is not None:
+        document["id"] = decoded.id
+    header = dumps(document)
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)
+
+
+# ---- /predict -------------------------------------------------------------------------
+
+
+def predict_target(document: dict) -> tuple[str, int | None]:
+    """(model_name, version or None) of a /predict body."""
+    model_name, version = document.get("model_name"), document.get("version")
+    if not isinstance(model_name, str) or not model_name:
+        raise BadRequest("'model_name' must be a non-empty string")
+    if version is not None and (type(version) is not int or version < 1):
+        raise BadRequest("'version' must be a positive integer")
+    return model_name, version
+
+
+def decode_predict(document: dict, io: ModelIO) -> Decoded:
+    """`inputs`: one row or a list of rows (single-input model), else a dict by input name."""
+    given = document.get("inputs")
+    if len(io.inputs) == 1 and isinstance(given, list):
+        given = {io.inputs[0].name: given}
+    if not isinstance(given, dict):
+        raise BadRequest("'inputs' must be a list of rows (single-input model) or an object by input name")
+    unknown = set(given) - {spec.name for spec in io.inputs}
+    if unknown:
+        raise BadRequest(f"input '{sorted(unknown)[0]}': the model has no such input")
+    arrays = [_predict_array(spec, given.get(spec.name), io) for spec in io.inputs]
+    single = {is_single for _, is_single in arrays}
+    if len(single) != 1:
+        raise BadRequest("inputs mix a single row with lists of rows")
+    tensors = tuple(array for array, _ in arrays)
+    outputs = tuple((index, False) for index in range(len(io.outputs)))
+    return Decoded(tensors, rows_of(tensors, io), outputs, is_single_row=single.pop())
+
+
+def _predict_array(spec: TensorSpec, data: object, io: ModelIO) -> tuple[np.ndarray, bool]:
+    if data is None:
+        raise BadRequest(f"input '{spec.name}': missing")
+    array = array_from_list(spec, data)
+    is_single_row = io.is_batchable and array.ndim == len(spec.shape) - 1
+    if is_single_row:
+        array = array[np.newaxis]
+    check_shape(spec, array.shape, io)
+    return array, is_single_row
+
+
+def encode_predict(request_id: str, model_name: str, version: int, decoded: Decoded, outputs, io: ModelIO, latency_ms: float) -> bytes:
+    by_name = {}
+    for spec, array in zip(io.outputs, outputs):
+        by_name[spec.name] = np.ascontiguousarray(array[0] if decoded.is_single_row else array)
+    return dumps({
+        "request_id": request_id, "model_name": model_name, "model_version": version,
+        "outputs": by_name, "latency_ms": round(latency_ms, 3),
+    })

@@ -1,0 +1,378 @@
+"""Loaded versions, and `apply(desired_state)` that converges on the console's state.
+
+Converging: fetch and verify each new version's artifact, load and warm it, *then* swap
+the routing table (one reference assignment), then drain and unload versions neither
+routed nor kept warm. If anything fails to load, nothing is swapped: the previous
+routes keep serving and the result says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+import orjson
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+from serving import metrics
+from serving.batcher import Batcher, BatchObserver, BatchPolicy, EngineGate, LatencyModel
+from serving.config import ServingConfig
+from serving.console_client import ArtifactError
+from serving.engine import Engine
+from serving.errors import LoadError, QueueFull
+from serving.protocol import Decoded, ModelIO
+from serving.router import Router, RoutingTable, build_routes
+
+logger = logging.getLogger("serving.repository")
+
+ORT_ERRORS = (ort_errors.Fail, ort_errors.InvalidArgument, ort_errors.InvalidProtobuf, ort_errors.InvalidGraph,
+              ort_errors.NoSuchFile, ort_errors.NotImplemented, ort_errors.RuntimeException, RuntimeError)
+FetchFn = Callable[[str, str, Path], Path]  # (artifact_url, sha256, cache path) -> verified file
+
+
+class StateInvalid(ValueError):
+    """The desired state does not follow docs/contracts.md."""
+
+
+# ---- desired state --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSpec:
+    model_name: str
+    version: int
+    sha256: str
+    artifact_url: str
+    signature: str  # canonical JSON, so specs compare by value
+    policy: BatchPolicy
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.model_name, self.version
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredState:
+    versions: tuple[VersionSpec, ...]  # routed and warm ones, each once
+    warm_keys: tuple[tuple[str, int], ...]  # warm by number only: kept if loaded, never fetched
+    weights: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]  # model -> ((version, weight), ...)
+
+
+def parse_state(state: object, config: ServingConfig) -> tuple[int, DesiredState]:
+    if not isinstance(state, dict) or type(state.get("generation")) is not int:
+        raise StateInvalid("state needs an integer 'generation'")
+    models = state.get("models")
+    if not isinstance(models, dict):
+        raise StateInvalid("state needs a 'models' object")
+    specs, warm_keys, weights = [], [], []
+    for model_name, model in sorted(models.items()):
+        model_specs, model_warm, model_weights = _parse_model(model_name, model, config)
+        specs.extend(model_specs)
+        warm_keys.extend((model_name, version) for version in model_warm)
+        weights.append((model_name, model_weights))
+    return state["generation"], DesiredState(tuple(specs), tuple(warm_keys), tuple(weights))
+
+
+def _parse_model(model_name: str, model: object, config: ServingConfig):
+    if not isinstance(model, dict) or not isinstance(model.get("routes", []), list):
+        raise StateInvalid(f"model '{model_name}': needs a 'routes' list")
+    policy = _policy(model_name, model.get("batching") or {}, config)
+    specs, warm, weights = {}, [], []
+    for route in model.get("routes", []):
+        spec = _version_spec(model_name, route, policy)
+        weight = route.get("weight", 0)
+        if type(weight) is not int or not 0 <= weight <= 100:
+            raise StateInvalid(f"model '{model_name}' version {spec.version}: weight must be an integer 0..100")
+        specs[spec.version] = spec
+        weights.append((spec.version, weight))
+    for entry in model.get("warm", []) or []:
+        # Contract lists warm versions by number; an entry may also be a full route
+        # object, so a worker that never saw that version can still load it.
+        if isinstance(entry, dict):
+            spec = _version_spec(model_name, entry, policy)
+            specs.setdefault(spec.version, spec)
+        elif type(entry) is int:
+            warm.append(entry)
+        else:
+            raise StateInvalid(f"model '{model_name}': 'warm' entries must be version numbers or route objects")
+    return tuple(specs.values()), tuple(v for v in warm if v not in specs), tuple(weights)
+
+
+def _version_spec(model_name: str, route: object, policy: BatchPolicy) -> VersionSpec:
+    if not isinstance(route, dict):
+        raise StateInvalid(f"model '{model_name}': each route must be an object")
+    version, sha256, url = route.get("version"), route.get("sha256"), route.get("artifact_url")
+    if type(version) is not int or not isinstance(sha256, str) or len(sha256) != 64 or not isinstance(url, str):
+        raise StateInvalid(f"model '{model_name}': each route needs version (int), sha256 (64 hex), artifact_url")
+    signature = route.get("signature") or {}
+    return VersionSpec(model_name, version, sha256.lower(), url,
+                       orjson.dumps(signature, option=orjson.OPT_SORT_KEYS).decode(), policy)
+
+
+def _policy(model_name: str, batching: object, config: ServingConfig) -> BatchPolicy:
+    if not isinstance(batching, dict):
+        raise StateInvalid(f"model '{model_name}': 'batching' must be an object")
+    try:
+        policy = BatchPolicy(
+            max_batch_size=int(batching.get("max_batch_size") or config.max_batch_size),
+            max_queue_delay_s=float(batching.get("max_queue_delay_s", config.max_queue_delay_s)),
+            max_queue_size=int(batching.get("max_queue_size") or config.max_queue_size),
+            latency_target_s=None if batching.get("latency_target_s") is None else float(batching["latency_target_s"]),
+        )
+    except (TypeError, ValueError):
+        raise StateInvalid(f"model '{model_name}': batching values must be numbers") from None
+    if policy.max_batch_size < 1 or policy.max_queue_size < 1 or policy.max_queue_delay_s < 0:
+        raise StateInvalid(f"model '{model_name}': batching values out of range")
+    return policy
+
+
+# ---- a loaded version -----------------------------------------------------------------
+
+
+class LoadedVersion:
+    """An engine plus its per-shape batch queues; what the router routes to."""
+
+    def __init__(self, spec: VersionSpec, engine: Engine, config: ServingConfig, executor: Executor):
+        self.spec = spec
+        self.model_name, self.version = spec.model_name, spec.version
+        self.engine = engine
+        self.io = ModelIO(engine.inputs, engine.outputs, engine.is_batchable, config.max_elements)
+        self.policy = spec.policy if engine.is_batchable else BatchPolicy(1, 0.0, spec.policy.max_queue_size, spec.policy.latency_target_s)
+        self.version_header = str(spec.version).encode()
+        self.metrics = metrics.VersionMetrics(spec.model_name, spec.version)
+        self.latency = LatencyModel()
+        self._gate = EngineGate(config.max_batches_in_flight)
+        self._executor = executor
+        self._max_shape_queues = config.max_shape_queues
+        self._batchers: dict[tuple, Batcher] = {}
+        self._observer = BatchObserver(spec.model_name, spec.version, self.metrics)
+
+    def submit(self, decoded: Decoded, deadline_s: float, request_id: str) -> asyncio.Future:
+        batcher = self._batchers.get(decoded.shape_key) or self._new_batcher(decoded.shape_key)
+        return batcher.submit(decoded.tensors, decoded.rows, deadline_s, request_id)
+
+    def _new_batcher(self, shape_key: tuple) -> Batcher:
+        if len(self._batchers) >= self._max_shape_queues:
+            raise QueueFull(f"too many distinct input shapes in flight (limit {self._max_shape_queues})")
+        batcher = Batcher(self.engine.run, self.policy, self._executor, self._gate, self.latency, observer=self._observer)
+        self._batchers[shape_key] = batcher
+        return batcher
+
+    def set_policy(self, policy: BatchPolicy) -> None:
+        self.policy = policy
+        for batcher in self._batchers.values():
+            batcher.policy = policy
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(batcher.depth for batcher in self._batchers.values())
+
+    async def drain(self, timeout_s: float) -> bool:
+        results = await asyncio.gather(*(batcher.drain(timeout_s) for batcher in self._batchers.values()))
+        return all(results)
+
+    def close(self) -> None:
+        for batcher in self._batchers.values():
+            batcher.close()
+        self._batchers.clear()
+        self.metrics.remove()
+
+    def metadata(self, versions: list[str] | None = None) -> dict:
+        return {
+            "name": self.model_name,
+            "versions": versions or [str(self.version)],
+            "platform": "onnxruntime_onnx",
+            "inputs": [_tensor_metadata(spec) for spec in self.io.inputs],
+            "outputs": [_tensor_metadata(spec) for spec in self.io.outputs],
+        }
+
+
+def _tensor_metadata(spec) -> dict:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": spec.metadata_shape}
+
+
+# ---- the repository -------------------------------------------------------------------
+
+
+@dataclass
+class ApplyResult:
+    generation: int
+    ok: bool
+    load_ms: float = 0.0
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        result = {"generation": self.generation, "ok": self.ok, "load_ms": round(self.load_ms, 1)}
+        if self.error is not None:
+            result["error"] = self.error
+        return result
+
+
+@dataclass
+class Repository:
+    config: ServingConfig
+    device: str
+    fetch: FetchFn
+    executor: Executor
+    router: Router = field(default_factory=Router)
+    generation: int | None = None
+    is_ready: bool = False
+    _loaded: dict = field(default_factory=dict)  # (model, version) -> LoadedVersion
+    _desired: DesiredState | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def loaded(self) -> MappingProxyType:
+        return MappingProxyType(self._loaded)
+
+    async def apply(self, state: object) -> dict:
+        """Converge on `state`; returns {generation, ok, error?, load_ms} for the ack."""
+        async with self._lock:
+            started_s = time.perf_counter()
+            result = await self._apply(state)
+            result.load_ms = (time.perf_counter() - started_s) * 1000
+            log = logger.info if result.ok else logger.error
+            log("apply generation %s: %s", result.generation, result.as_dict())
+            return result.as_dict()
+
+    async def _apply(self, state: object) -> ApplyResult:
+        try:
+            generation, desired = parse_state(state, self.config)
+        except StateInvalid as exc:
+            raw = state.get("generation") if isinstance(state, dict) else None
+            return ApplyResult(raw if type(raw) is int else -1, False, error=str(exc))
+        if desired == self._desired:
+            self._set_generation(generation)
+            return ApplyResult(generation, True)
+        try:
+            loaded = await self._converge_versions(desired)
+        except LoadError as exc:
+            return ApplyResult(generation, False, error=str(exc))
+        retired = [version for key, version in self._loaded.items() if loaded.get(key) is not version]
+        self._loaded, self._desired, self.generation = loaded, desired, generation
+        self.router.swap(self._table(generation, desired))
+        self.is_ready = True
+        metrics.LOADED_VERSIONS.set(len(loaded))
+        await self._retire(retired)
+        return ApplyResult(generation, True)
+
+    def _set_generation(self, generation: int) -> None:
+        if generation != self.generation:
+            self.generation = generation
+            self.router.swap(self._table(generation, self._desired))
+
+    async def _converge_versions(self, desired: DesiredState) -> dict:
+        """Every desired version loaded and warm; on failure, unload what this call loaded."""
+        loaded, fresh = {}, []
+        try:
+            for spec in desired.versions:
+                current = self._loaded.get(spec.key)
+                if current is not None and current.spec.sha256 == spec.sha256:
+                    await self._update_policy(current, spec.policy)
+                    loaded[spec.key] = current
+                else:
+                    loaded[spec.key] = await self._load(spec)
+                    fresh.append(loaded[spec.key])
+        except LoadError:
+            for version in fresh:
+                version.close()
+            raise
+        for key in desired.warm_keys:
+            if key in self._loaded:
+                loaded[key] = self._loaded[key]
+            else:
+                logger.warning("%s v%s: listed warm but not loaded here and no artifact given; skipped", *key)
+        return loaded
+
+    async def _load(self, spec: VersionSpec) -> LoadedVersion:
+        loop = asyncio.get_running_loop()
+        try:
+            model_bytes = await loop.run_in_executor(None, self._fetch_verified, spec)
+            engine = await loop.run_in_executor(None, Engine, model_bytes, self.config, self.device)
+            _check_signature(spec, engine)
+            version = LoadedVersion(spec, engine, self.config, self.executor)
+            samples = await loop.run_in_executor(None, engine.warm, version.policy.max_batch_size)
+        except (ArtifactError, OSError) as exc:
+            raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
+        except ORT_ERRORS as exc:
+            raise LoadError(f"{spec.model_name} v{spec.version}: ONNX Runtime refused the model: {exc}") from None
+        for rows, seconds in samples:
+            version.latency.observe(rows, seconds)
+        return version
+
+    def _fetch_verified(self, spec: VersionSpec) -> bytes:
+        path = self.fetch(spec.artifact_url, spec.sha256, Path(self.config.cache_dir) / f"{spec.sha256}.onnx")
+        model_bytes = path.read_bytes()
+        # Hash what we load, not just what we fetched: the file could change in between.
+        if hashlib.sha256(model_bytes).hexdigest() != spec.sha256:
+            raise ArtifactError(f"sha256 of {path} changed after verification")
+        return model_bytes
+
+    async def _update_policy(self, version: LoadedVersion, policy: BatchPolicy) -> None:
+        if not version.engine.is_batchable or policy == version.policy:
+            return
+        if policy.max_batch_size > version.policy.max_batch_size:  # warm the new sizes first
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, version.engine.warm, policy.max_batch_size, version.policy.max_batch_size + 1)
+        version.set_policy(policy)
+
+    def _table(self, generation: int, desired: DesiredState) -> RoutingTable:
+        models = {}
+        for model_name, weights in desired.weights:
+            targets = {version: loaded for (name, version), loaded in self._loaded.items() if name == model_name}
+            models[model_name] = build_routes(dict(weights), targets)
+        return RoutingTable(generation, MappingProxyType(models))
+
+    async def _retire(self, retired: list[LoadedVersion]) -> None:
+        for version in retired:
+            if not await version.drain(self.config.drain_timeout_s):
+                logger.warning("%s v%s: drain timed out; failing what is left", version.model_name, version.version)
+            version.close()
+
+    # ---- read side for /health and metadata -----------------------------------------
+
+    def versions_of(self, model_name: str) -> list[LoadedVersion]:
+        return sorted((v for (name, _), v in self._loaded.items() if name == model_name), key=lambda v: v.version)
+
+    def health(self) -> dict:
+        table = self.router.table
+        return {
+            "status": "ready" if self.is_ready else "loading",
+            "device": self.device,
+            "generation": self.generation,
+            "models": {
+                name: {
+                    "routes": [{"version": v, "weight": w} for v, w in zip(routes.versions, routes.weights)],
+                    "loaded": sorted(routes.targets),
+                    "queue_depth": {str(v): t.queue_depth for v, t in routes.targets.items()},
+                }
+                for name, routes in table.models.items()
+            },
+        }
+
+    async def close(self) -> None:
+        for version in self._loaded.values():
+            version.close()
+        self._loaded.clear()
+        metrics.LOADED_VERSIONS.set(0)
+
+
+def _check_signature(spec: VersionSpec, engine: Engine) -> None:
+    """The console's signature, when given, must name the model's own inputs and outputs."""
+    signature = orjson.loads(spec.signature)
+    for side, actual in (("inputs", engine.inputs), ("outputs", engine.outputs)):
+        declared = signature.get(side) if isinstance(signature, dict) else None
+        if not declared:
+            continue
+        declared_names = [item.get("name") for item in declared if isinstance(item, dict)]
+        actual_names = [tensor.name for tensor in actual]
+        if declared_names != actual_names:
+            raise LoadError(f"{spec.model_name} v{spec.version}: signature {side} {declared_names} "
+                            f"do not match the model's {actual_names}")

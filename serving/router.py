@@ -1,0 +1,91 @@
+"""Which loaded version serves a request: an immutable table swapped by reference.
+
+The request path reads `router.table` once and never locks: a swap assigns a new
+`RoutingTable`, and a request that already read the old one finishes on it (the
+repository drains a retired version before unloading it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass, field
+from hashlib import blake2b
+from types import MappingProxyType
+from typing import Generic, Mapping, TypeVar
+
+from serving.errors import ModelNotFound, NotReady, VersionNotFound
+
+BUCKETS = 10_000  # weights are percentages; 10k buckets give 0.01% resolution
+
+V = TypeVar("V")  # whatever the repository routes to (a loaded version)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoutes(Generic[V]):
+    """The split of one model: routed versions with their cumulative bucket bounds."""
+
+    versions: tuple[int, ...]
+    weights: tuple[int, ...]
+    bounds: tuple[int, ...]  # bounds[i] = first bucket *after* versions[i]
+    targets: Mapping[int, V]  # routed and warm versions, by number (pinned requests)
+
+    def choose(self, routing_key: str | None) -> int:
+        if not self.versions:
+            raise NotReady("no version of this model is routed")
+        bucket = bucket_of(routing_key) if routing_key else random.randrange(BUCKETS)
+        return self.versions[bisect.bisect_right(self.bounds, bucket)]
+
+
+def bucket_of(routing_key: str) -> int:
+    """A stable bucket in 0..BUCKETS-1: the same key lands in the same bucket everywhere."""
+    digest = blake2b(routing_key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % BUCKETS
+
+
+def build_routes(weights_by_version: Mapping[int, int], targets: Mapping[int, V]) -> ModelRoutes[V]:
+    """Routes from {version: weight%}; weight-0 versions stay pinnable but get no traffic."""
+    routed = [(version, weight) for version, weight in sorted(weights_by_version.items()) if weight > 0]
+    total = sum(weight for _, weight in routed)
+    bounds, running = [], 0
+    for _, weight in routed:
+        running += weight
+        bounds.append(running * BUCKETS // total)
+    return ModelRoutes(
+        versions=tuple(version for version, _ in routed),
+        weights=tuple(weight for _, weight in routed),
+        bounds=tuple(bounds),
+        targets=MappingProxyType(dict(targets)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingTable(Generic[V]):
+    generation: int = 0
+    models: Mapping[str, ModelRoutes[V]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def model(self, model_name: str) -> ModelRoutes[V]:
+        routes = self.models.get(model_name)
+        if routes is None:
+            raise ModelNotFound(model_name)
+        return routes
+
+    def resolve(self, model_name: str, version: int | None, routing_key: str | None = None) -> V:
+        """The target for a request: pinned `version` if given, else by weights/key."""
+        routes = self.model(model_name)
+        if version is None:
+            version = routes.choose(routing_key)
+        target = routes.targets.get(version)
+        if target is None:
+            raise VersionNotFound(model_name, version)
+        return target
+
+
+class Router(Generic[V]):
+    """Holds the current table; `swap` is one reference assignment."""
+
+    def __init__(self) -> None:
+        self.table: RoutingTable[V] = RoutingTable()
+
+    def swap(self, table: RoutingTable[V]) -> None:
+        self.table = table

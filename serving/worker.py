@@ -1,0 +1,97 @@
+"""A serving worker process: repository + ASGI app under uvicorn (uvloop, httptools).
+
+The initial state (from the console, or a JSON file) is applied in the ASGI lifespan
+startup, so uvicorn accepts no connection before every routed version is warm.
+The control plane (serving/control.py) plugs in through `Worker.on_startup` /
+`Worker.on_shutdown` hooks and `Worker.apply(state)`.
+
+    python -m serving.worker --host 127.0.0.1 --port 8001 [--state-file state.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import uvicorn
+
+from serving.app import ServingApp
+from serving.config import ServingConfig
+from serving.console_client import ConsoleClient, StateError, read_state_file
+from serving.engine import resolve_device
+from serving.repository import Repository
+
+logger = logging.getLogger("serving.worker")
+
+
+class Worker:
+    """Everything one process serves with; build it, add hooks, then `serve()`."""
+
+    def __init__(self, config: ServingConfig, state_file: str | Path | None = None):
+        self.config = config
+        self.state_file = state_file
+        self.device = resolve_device(config)
+        self.console = ConsoleClient(config.console_url, config.worker_token, config.console_timeout_s)
+        self.executor = ThreadPoolExecutor(config.executor_threads, thread_name_prefix="onnx")
+        self.repository = Repository(config, self.device, self.console.fetch_artifact, self.executor)
+        self.app = ServingApp(self.repository, config.request_timeout_s, config.max_body_bytes)
+        self.on_startup = self.app.on_startup  # async callables, run in order before serving
+        self.on_shutdown = self.app.on_shutdown
+        self.on_startup.append(self.load_initial_state)
+        self.on_shutdown.append(self.close)
+
+    async def apply(self, state: dict) -> dict:
+        """Converge on a desired state; returns the ack body {generation, ok, error?, load_ms}."""
+        return await self.repository.apply(state)
+
+    async def load_initial_state(self) -> None:
+        """The state file if given (its failure is fatal), else the console (retried later
+        by the control plane: until then the worker stays not-ready)."""
+        if self.state_file is not None:
+            result = await self.apply(read_state_file(self.state_file))
+            if not result["ok"]:
+                raise RuntimeError(f"cannot apply {self.state_file}: {result['error']}")
+            return
+        try:
+            state = await asyncio.get_running_loop().run_in_executor(None, self.console.fetch_state)
+        except StateError as exc:
+            logger.error("%s; serving nothing until the control plane delivers a state", exc)
+            return
+        await self.apply(state)
+
+    async def close(self) -> None:
+        await self.repository.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def serve(self, host: str, port: int) -> None:
+        server = uvicorn.Server(uvicorn.Config(
+            self.app, host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
+            access_log=False, log_level=self.config.log_level, workers=1,
+        ))
+        server.run()
+
+
+def run(config: ServingConfig, host: str, port: int, state_file: str | Path | None = None) -> None:
+    configure_logging(config.log_level)
+    Worker(config, state_file).serve(host, port)
+
+
+def configure_logging(level: str) -> None:
+    # Our records are JSON lines already; the formatter adds only time and level.
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m serving.worker", description="Run a model serving worker.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--state-file", help="desired-state JSON to serve instead of asking the console")
+    args = parser.parse_args(argv)
+    run(ServingConfig.from_env(), args.host, args.port, args.state_file)
+
+
+if __name__ == "__main__":
+    main()

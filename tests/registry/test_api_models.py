@@ -1,0 +1,107 @@
+"""Models, authentication, the schema and error bodies."""
+
+from __future__ import annotations
+
+import pytest
+
+from registry.models import AuditEvent, RegisteredModel
+
+pytestmark = pytest.mark.django_db
+
+
+def test_anonymous_request_gets_401_as_json(stranger_client):
+    response = stranger_client.get("/api/models/")
+
+    assert response.status_code == 401
+    assert response["Content-Type"] == "application/json"
+    assert "credentials" in response.json()["error"].lower()
+
+
+def test_bad_token_gets_401(stranger_client):
+    stranger_client.credentials(HTTP_AUTHORIZATION="Token nope")
+
+    response = stranger_client.get("/api/models/")
+
+    assert response.status_code == 401
+    assert response.json()["error"] == "Invalid token."
+
+
+def test_session_authentication_works(client, operator):
+    client.force_login(operator)
+
+    assert client.get("/api/models/").status_code == 200
+
+
+def test_schema_endpoint_describes_the_api(operator_client):
+    response = operator_client.get("/api/schema/", HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    assert "/api/models/{name}/versions/" in paths
+    assert "/api/models/{name}/release/rollback/" in paths
+
+
+def test_operator_creates_a_model(operator_client):
+    response = operator_client.post("/api/models/", {"name": "fraud", "description": "cards"}, format="json")
+
+    assert response.status_code == 201
+    assert response.json()["name"] == "fraud"
+    assert response.json()["current_release"] is None
+    assert AuditEvent.objects.filter(kind="model_created", model__name="fraud").count() == 1
+
+
+def test_model_name_must_be_a_slug(operator_client):
+    response = operator_client.post("/api/models/", {"name": "no spaces!"}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("name:")
+    assert RegisteredModel.objects.count() == 0
+
+
+def test_duplicate_model_name_is_refused(operator_client):
+    operator_client.post("/api/models/", {"name": "fraud"}, format="json")
+
+    response = operator_client.post("/api/models/", {"name": "fraud"}, format="json")
+
+    assert response.status_code == 400
+    assert "already exists" in response.json()["error"]
+    assert RegisteredModel.objects.count() == 1
+
+
+def test_viewer_cannot_create_a_model(viewer_client):
+    response = viewer_client.post("/api/models/", {"name": "fraud"}, format="json")
+
+    assert response.status_code == 403
+    assert "only read" in response.json()["error"]
+    assert RegisteredModel.objects.count() == 0
+
+
+def test_unknown_model_is_a_json_404(operator_client):
+    response = operator_client.get("/api/models/nope/")
+
+    assert response.status_code == 404
+    assert response.json()["error"]
+
+
+def test_unknown_api_path_is_a_json_404(operator_client):
+    response = operator_client.get("/api/nothing-here/")
+
+    assert response.status_code == 404
+    assert response.json()["error"].startswith("no such resource")
+
+
+def test_malformed_json_is_a_400_naming_the_problem(operator_client):
+    response = operator_client.post("/api/models/", "{not json", content_type="application/json")
+
+    assert response.status_code == 400
+    assert "JSON parse error" in response.json()["error"]
+
+
+def test_serving_state_needs_the_worker_token(client, settings):
+    assert client.get("/api/serving/state").status_code == 401
+    assert client.get("/api/serving/state", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+
+    response = client.get("/api/serving/state", HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
+
+    assert response.status_code == 200
+    assert response.json() == {"generation": 0, "models": {}}

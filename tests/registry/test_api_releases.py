@@ -1,0 +1,176 @@
+"""Traffic changes through the API: split, promote, roll back, restore, and who may."""
+
+from __future__ import annotations
+
+import pytest
+
+from registry.models import Release
+from registry.state import desired_state
+
+pytestmark = pytest.mark.django_db
+
+RELEASE = "/api/models/digits/release/"
+
+
+def split(client, routes, reason=""):
+    return client.post(RELEASE, {"routes": routes, "reason": reason}, format="json")
+
+
+def current_routes(model):
+    return model.current_release().routes
+
+
+def test_operator_sets_a_canary_split(operator_client, three_versions):
+    response = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], "try v2")
+
+    assert response.status_code == 201, response.content
+    release = response.json()["release"]
+    assert release["routes"] == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
+    assert release["generation"] == 2
+    assert release["stable_version"] == 1
+    assert release["actor"] == "olivia"
+    assert release["reason"] == "try v2"
+
+
+@pytest.mark.parametrize(
+    ("routes", "words"),
+    [
+        ([{"version": 1, "weight": 90}, {"version": 2, "weight": 20}], "sum to 100, got 110"),
+        ([{"version": 1, "weight": 50}, {"version": 9, "weight": 50}], "version 9 does not exist"),
+        ([{"version": 1, "weight": 50.5}, {"version": 2, "weight": 49.5}], "weight must be an integer"),
+        ([{"version": 2, "weight": 50}, {"version": 3, "weight": 50}], "a canary needs a stable"),
+        ([{"version": 1, "weight": 100}, {"version": 1, "weight": 0}], "appears twice"),
+        ([{"version": 1, "weight": 100, "colour": "red"}], "unknown field"),
+        ([], "routes"),
+    ],
+)
+def test_invalid_split_is_refused_and_nothing_changes(operator_client, three_versions, routes, words):
+    response = split(operator_client, routes)
+
+    assert response.status_code == 400
+    assert words in response.json()["error"]
+    assert Release.objects.count() == 1
+
+
+def test_promote_makes_the_canary_stable_at_full_weight(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+
+    response = operator_client.post(RELEASE + "promote/", {}, format="json")
+
+    assert response.status_code == 201
+    assert response.json()["release"]["routes"] == [{"version": 2, "weight": 100}]
+    assert response.json()["release"]["stable_version"] == 2
+
+
+def test_promote_without_a_canary_is_a_conflict(operator_client, three_versions):
+    response = operator_client.post(RELEASE + "promote/", {}, format="json")
+
+    assert response.status_code == 409
+    assert "nothing to promote" in response.json()["error"]
+    assert Release.objects.count() == 1
+
+
+def test_rollback_restores_the_previous_split(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+
+    response = operator_client.post(RELEASE + "rollback/", {}, format="json")
+
+    assert response.status_code == 201
+    assert response.json()["release"]["routes"] == [{"version": 1, "weight": 100}]
+    assert response.json()["release"]["action"] == "rollback"
+    assert "rollback of generation 2" in response.json()["release"]["reason"]
+
+
+def test_rolling_back_twice_walks_back_twice(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+
+    operator_client.post(RELEASE + "rollback/", {}, format="json")
+    assert current_routes(three_versions) == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
+    operator_client.post(RELEASE + "rollback/", {}, format="json")
+    assert current_routes(three_versions) == [{"version": 1, "weight": 100}]
+
+
+def test_rollback_of_the_first_release_is_a_conflict(operator_client, three_versions):
+    response = operator_client.post(RELEASE + "rollback/", {}, format="json")
+
+    assert response.status_code == 409
+    assert "nothing to roll back to" in response.json()["error"]
+    assert Release.objects.count() == 1
+
+
+def test_restore_brings_back_any_earlier_generation(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    split(operator_client, [{"version": 3, "weight": 100}])
+
+    response = operator_client.post(RELEASE + "restore/", {"generation": 2}, format="json")
+
+    assert response.status_code == 201
+    assert response.json()["release"]["routes"] == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
+    assert response.json()["release"]["action"] == "restore"
+
+
+def test_restore_of_an_unknown_generation_is_refused(operator_client, three_versions):
+    response = operator_client.post(RELEASE + "restore/", {"generation": 99}, format="json")
+
+    assert response.status_code == 400
+    assert "no release with generation 99" in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("", {"routes": [{"version": 2, "weight": 100}]}), ("promote/", {}), ("rollback/", {}), ("restore/", {"generation": 1})],
+)
+def test_viewer_cannot_change_traffic(viewer_client, three_versions, path, body):
+    response = viewer_client.post(RELEASE + path, body, format="json")
+
+    assert response.status_code == 403
+    assert Release.objects.count() == 1
+
+
+def test_viewer_reads_the_current_release(viewer_client, three_versions):
+    response = viewer_client.get(RELEASE)
+
+    assert response.status_code == 200
+    assert response.json()["release"]["routes"] == [{"version": 1, "weight": 100}]
+    assert response.json()["workers"] == []
+    assert response.json()["converged"] is False
+
+
+def test_history_lists_every_change_newest_first(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    operator_client.post(RELEASE + "rollback/", {}, format="json")
+
+    history = operator_client.get("/api/models/digits/releases/").json()
+
+    assert [entry["action"] for entry in history] == ["rollback", "set_routes", "initial"]
+    assert [entry["generation"] for entry in history] == [3, 2, 1]
+
+
+def test_desired_state_routes_the_split_and_keeps_the_rollback_target_warm(operator_client, three_versions):
+    split(operator_client, [{"version": 2, "weight": 100}])
+
+    state = desired_state()
+
+    digits = state["models"]["digits"]
+    assert state["generation"] == 2
+    assert [(route["version"], route["weight"]) for route in digits["routes"]] == [(2, 100)]
+    assert [entry["version"] for entry in digits["warm"]] == [1]
+    assert digits["routes"][0]["artifact_url"] == "/api/models/digits/versions/2/artifact"
+    assert digits["routes"][0]["signature"]["inputs"][0]["name"] == "input"
+
+
+def test_audit_timeline_joins_uploads_and_traffic_changes(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    operator_client.post(RELEASE + "rollback/", {}, format="json")
+
+    kinds = [event["kind"] for event in operator_client.get("/api/models/digits/audit/").json()]
+
+    assert kinds == ["release", "release", "version_uploaded", "version_uploaded", "release", "version_uploaded"]
+
+
+def test_shadow_route_is_accepted_with_zero_weight(operator_client, three_versions):
+    response = split(operator_client, [{"version": 1, "weight": 100}, {"version": 3, "weight": 0, "shadow": 0.1}])
+
+    assert response.status_code == 201
+    assert response.json()["release"]["routes"][1] == {"version": 3, "weight": 0, "shadow": 0.1}

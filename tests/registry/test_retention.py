@@ -1,0 +1,119 @@
+"""Retention archives old versions and deletes their artifacts, never a routed one."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.contrib.auth.models import AnonymousUser
+from django.core.management import call_command
+
+from registry import releases, storage, uploads
+from registry.models import ModelVersion
+from registry.onnx_build import random_mlp, to_bytes
+from registry.retention import apply_retention
+
+pytestmark = pytest.mark.django_db
+
+
+def add_versions(model, seeds):
+    return [uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([8, 4], seed=seed))), uploaded_by=None) for seed in seeds]
+
+
+def statuses(model):
+    return dict(model.versions.values_list("number", "status"))
+
+
+def test_only_the_newest_versions_keep_their_artifacts(three_versions, settings):
+    settings.RETENTION_ROLLBACK_DEPTH = 1
+    add_versions(three_versions, [10])
+    releases.set_routes(three_versions, [{"version": 4, "weight": 100}], AnonymousUser())
+    releases.set_routes(three_versions, [{"version": 3, "weight": 100}], AnonymousUser())
+    releases.set_routes(three_versions, [{"version": 4, "weight": 100}], AnonymousUser())
+
+    archived = apply_retention(keep=2)
+
+    assert [version.number for version in archived] == [1, 2]
+    assert statuses(three_versions) == {1: "archived", 2: "archived", 3: "ready", 4: "ready"}
+
+
+def test_retention_never_deletes_a_routed_version(three_versions):
+    add_versions(three_versions, [10, 11])  # versions 4 and 5; version 1 stays stable
+
+    apply_retention(keep=1)
+
+    version_one = ModelVersion.objects.get(model=three_versions, number=1)
+    assert version_one.status == "ready"
+    assert storage.exists(version_one.sha256)
+    assert statuses(three_versions) == {1: "ready", 2: "archived", 3: "archived", 4: "archived", 5: "ready"}
+
+
+def test_versions_a_few_rollbacks_away_are_kept(three_versions):
+    actor = AnonymousUser()
+    releases.set_routes(three_versions, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}], actor)
+    releases.promote(three_versions, actor)  # 2 at 100%; rollback returns to 1+2, then to 1
+    add_versions(three_versions, [10])
+
+    apply_retention(keep=1)
+
+    assert statuses(three_versions) == {1: "ready", 2: "ready", 3: "archived", 4: "ready"}
+    releases.rollback(three_versions, actor)
+    releases.rollback(three_versions, actor)
+    assert three_versions.current_release().routes == [{"version": 1, "weight": 100}]
+
+
+def test_archived_version_keeps_its_metadata_and_loses_its_file(three_versions, operator_client):
+    add_versions(three_versions, [10])
+    version_two = ModelVersion.objects.get(model=three_versions, number=2)
+
+    apply_retention(keep=1)
+
+    version_two.refresh_from_db()
+    assert version_two.status == "archived"
+    assert version_two.archived_at is not None
+    assert version_two.signature["inputs"][0]["name"] == "input"
+    assert not storage.exists(version_two.sha256)
+    assert operator_client.get("/api/models/digits/versions/2/artifact").status_code == 410
+
+
+def test_shared_bytes_stay_while_any_version_needs_them(three_versions):
+    same = ModelVersion.objects.get(model=three_versions, number=2)
+    uploads.register_stream(three_versions, io.BytesIO(to_bytes(random_mlp([8, 4], seed=1))), uploaded_by=None)  # v4 = v2's bytes
+
+    apply_retention(keep=1)
+
+    assert ModelVersion.objects.get(model=three_versions, number=2).status == "archived"
+    assert storage.exists(same.sha256)
+
+
+def test_archived_version_cannot_be_routed(three_versions, operator_client):
+    add_versions(three_versions, [10])
+    apply_retention(keep=1)
+
+    response = operator_client.post("/api/models/digits/release/", {"routes": [{"version": 2, "weight": 100}]}, format="json")
+
+    assert response.status_code == 400
+    assert "version 2 does not exist or is not ready" in response.json()["error"]
+
+
+def test_management_command_reports_what_it_archived(three_versions, capsys):
+    add_versions(three_versions, [10])
+
+    call_command("apply_retention", "--keep", "1")
+
+    assert "2 version(s) archived" in capsys.readouterr().out
+
+
+def test_versions_beyond_the_rollback_depth_may_go(three_versions, settings):
+    settings.RETENTION_ROLLBACK_DEPTH = 1
+    actor = AnonymousUser()
+    add_versions(three_versions, [10])
+    for number in (2, 3, 4):
+        releases.set_routes(three_versions, [{"version": number, "weight": 100}], actor)
+
+    apply_retention(keep=1)
+
+    assert statuses(three_versions) == {1: "archived", 2: "archived", 3: "ready", 4: "ready"}
+    releases.rollback(three_versions, actor)
+    with pytest.raises(releases.ReleaseConflict, match="no longer ready"):
+        releases.rollback(three_versions, actor)

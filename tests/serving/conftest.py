@@ -1,0 +1,60 @@
+"""Fixtures for the serving tests: real ONNX files, desired states, real workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from registry.onnx_build import random_mlp
+from serving_testkit import ThreadedWorker, make_config, relu_any_width, route, state, write_model, write_state
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def mlp_v1(model_dir):
+    return write_model(model_dir, "mlp_v1", random_mlp([64, 128, 10], seed=1))
+
+
+@pytest.fixture(scope="session")
+def mlp_v2(model_dir):
+    return write_model(model_dir, "mlp_v2", random_mlp([64, 128, 10], seed=2))
+
+
+@pytest.fixture(scope="session")
+def relu_model(model_dir):
+    return write_model(model_dir, "relu", relu_any_width())
+
+
+@pytest.fixture
+def start_worker(tmp_path):
+    """start_worker(desired_state, **config_overrides) -> a started ThreadedWorker."""
+    started = []
+
+    def start(desired: dict, **overrides) -> ThreadedWorker:
+        state_file = write_state(tmp_path / f"state{len(started)}.json", desired)
+        worker = ThreadedWorker(make_config(tmp_path, **overrides), state_file).start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def digits_worker(start_worker, mlp_v1, mlp_v2):
+    """digits v1 routed 100%, v2 warm (pinnable, unrouted)."""
+    v1, v2 = route(1, 100, *mlp_v1), route(2, 0, *mlp_v2)
+    return start_worker(state(1, {"digits": {"routes": [v1, v2]}}))
+
+
+@pytest.fixture
+def client():
+    with httpx.Client(timeout=10.0) as http:
+        yield http

@@ -1,0 +1,166 @@
+"""Helpers for the serving tests: real ONNX files, desired states, real workers.
+
+A plain module (not conftest) so test modules can import it by name."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+
+import uvicorn
+from onnx import TensorProto, helper
+
+from registry.onnx_build import random_mlp, to_bytes
+from serving.config import ServingConfig
+from serving.worker import Worker
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_model(directory: Path, name: str, model: onnx.ModelProto) -> tuple[Path, str]:
+    """Write `model` and return (path, sha256)."""
+    path = directory / f"{name}.onnx"
+    data = to_bytes(model)
+    path.write_bytes(data)
+    return path, hashlib.sha256(data).hexdigest()
+
+
+def relu_any_width() -> onnx.ModelProto:
+    """input [batch, width] -> Relu: batchable, with a free non-batch dimension."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["input"], ["output"])], "relu",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", "width"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", "width"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def route(version: int, weight: int, path: Path, sha256: str) -> dict:
+    return {"version": version, "weight": weight, "sha256": sha256, "artifact_url": str(path), "signature": {}}
+
+
+def state(generation: int, models: dict, **batching) -> dict:
+    """A desired state; `models` maps name -> list of routes (and optional 'warm')."""
+    defaults = {"max_batch_size": 16, "max_queue_delay_s": 0.002, "max_queue_size": 256, "latency_target_s": None}
+    return {
+        "generation": generation,
+        "models": {
+            name: {"routes": spec["routes"], "warm": spec.get("warm", []), "batching": {**defaults, **batching}}
+            for name, spec in models.items()
+        },
+    }
+
+
+def make_config(tmp_path: Path, **overrides) -> ServingConfig:
+    base = ServingConfig(
+        device="cpu", intra_op_threads=1, executor_threads=2, cache_dir=str(tmp_path / "cache"),
+        request_timeout_s=5.0, max_body_bytes=1024 * 1024, max_elements=100_000, log_level="warning",
+        drain_timeout_s=5.0,
+    )
+    return replace(base, **overrides)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ThreadedWorker:
+    """A real worker (uvicorn + our ASGI app) in a background thread of this process."""
+
+    def __init__(self, config: ServingConfig, state_file: Path | None):
+        self.worker = Worker(config, state_file)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(
+            self.worker.app, host="127.0.0.1", port=self.port, loop="asyncio", http="httptools",
+            lifespan="on", access_log=False, log_level="warning",
+        ))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self.server.serve(),), daemon=True)
+
+    def start(self) -> ThreadedWorker:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("worker did not start")
+            time.sleep(0.02)
+        return self
+
+    def apply(self, desired: dict) -> dict:
+        return asyncio.run_coroutine_threadsafe(self.worker.apply(desired), self.loop).result(timeout=60)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def write_state(path: Path, desired: dict) -> Path:
+    import orjson
+
+    path.write_bytes(orjson.dumps(desired))
+    return path
+
+
+def ort_reference(path: Path, batch: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: batch})[0]
+
+
+def v2_body(batch: np.ndarray, name: str = "input") -> dict:
+    return {"inputs": [{"name": name, "shape": list(batch.shape), "datatype": "FP32", "data": batch.ravel().tolist()}]}
+
+
+class SubprocessWorker:
+    """`python -m serving.worker` as its own process, as deployed."""
+
+    def __init__(self, state_file: Path, tmp_path: Path, **env):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        environment = {
+            **os.environ, "SERVING_DEVICE": "cpu", "SERVING_INTRA_OP_THREADS": "1", "SERVING_LOG_LEVEL": "warning",
+            "SERVING_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO_ROOT), **env,
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "serving.worker", "--port", str(self.port), "--state-file", str(state_file)],
+            cwd=REPO_ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+
+    def wait_ready(self, timeout_s: float = 30.0) -> SubprocessWorker:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(self.process.stderr.read().decode())
+            try:
+                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("worker not ready in time")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
