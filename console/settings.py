@@ -84,19 +84,18 @@ TEMPLATES = [
 def _database() -> dict:
     url = env_str("DATABASE_URL")
     if url:
-        return dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE_S", 0))
-    # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock at BEGIN
-    # so two writers queue on the busy timeout instead of failing mid-transaction.
-    return {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": DATA_DIR / "db.sqlite3",
-        "OPTIONS": {
+        database = dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE_S", 0))
+    else:
+        database = {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "db.sqlite3", "TEST": {"NAME": DATA_DIR / "test-db.sqlite3"}}
+    if database["ENGINE"].endswith("sqlite3"):
+        # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock at
+        # BEGIN so two writers queue on the busy timeout instead of failing mid-way.
+        database["OPTIONS"] = {
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             "transaction_mode": "IMMEDIATE",
             "timeout": env_int("SQLITE_BUSY_TIMEOUT_S", 20, minimum=1),
-        },
-        "TEST": {"NAME": DATA_DIR / "test-db.sqlite3"},
-    }
+        }
+    return database
 
 
 DATABASES = {"default": _database()}
@@ -137,6 +136,7 @@ SERVING_WORKER_TOKEN = _secret("SERVING_WORKER_TOKEN", "worker_token")
 SERVING_DEFAULT_MAX_BATCH_SIZE = env_int("SERVING_MAX_BATCH_SIZE", 32, minimum=1)
 SERVING_DEFAULT_MAX_QUEUE_DELAY_S = env_float("SERVING_MAX_QUEUE_DELAY_S", 0.002, minimum=0.0)
 SERVING_DEFAULT_MAX_QUEUE_SIZE = env_int("SERVING_MAX_QUEUE_SIZE", 1024, minimum=1)
+SERVING_PUBLIC_URL = env_str("SERVING_PUBLIC_URL", "http://127.0.0.1:8001")
 WORKER_GONE_AFTER_S = env_float("WORKER_GONE_AFTER_S", 5.0, minimum=1.0)
 DRILL_TARGET_S = env_float("DRILL_TARGET_S", 60.0, minimum=0.1)
 DRILL_ACK_TIMEOUT_S = env_float("DRILL_ACK_TIMEOUT_S", 10.0, minimum=0.1)

@@ -1,11 +1,52 @@
-"""Web console pages."""
+"""Web console pages.
+
+Views translate: a request becomes a call to a registry function (``releases``,
+``uploads``, ``drills``), its answer becomes a page, a message or a fragment. The rules
+live in ``registry``. Every state change is a POST page twin (act, message, redirect);
+the page's JavaScript may send the same POST with ``Accept: application/json`` and gets
+``{"level", "message"}`` back instead of a redirect, so charts keep their history.
+Each page renders its parts from fragments, and ``?fragment=NAME`` answers one of them
+alone: the same template on page load and on a live update.
+"""
 
 from __future__ import annotations
 
-from django.http import JsonResponse
-from django.shortcuts import render
+import json
+import time
+from datetime import timedelta
+from functools import wraps
 
+import httpx
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
+
+from console import forms
+from registry import drills, fleet, releases, storage, uploads
 from registry.api.errors import json_not_found, json_server_error
+from registry.choices import DrillStatus, VersionStatus
+from registry.models import Drill, ModelVersion, RegisteredModel, Release, Worker
+from registry.roles import can_operate
+from registry.routes import Route
+from registry.state import current_generation, warm_versions
+from registry.upload_handler import StagedUploadedFile
+
+ERROR_RATE_WARNING = 0.01  # above this share of 5xx answers a model's row turns red
+WORKERS_SHOWN_FOR = timedelta(hours=1)  # gone workers stay listed (faded) this long
+ROLLUP_WINDOW = timedelta(hours=6)
+TRY_TIMEOUT_S = 10.0
+AUDIT_EVENTS_SHOWN = 50
+DRILLS_SHOWN = 200
+
+
+# ---------------------------------------------------------------- errors and health
 
 
 def not_found(request, exception=None):
@@ -22,3 +63,475 @@ def server_error(request):
 
 def healthz(request):
     return JsonResponse({"status": "ok"})
+
+
+# ---------------------------------------------------------------- plumbing
+
+
+def operator_required(view):
+    """Signed in first; then a role that may only read gets 403 and nothing runs."""
+
+    @login_required
+    @wraps(view)
+    def guarded(request, *args, **kwargs):
+        if not can_operate(request.user):
+            raise PermissionDenied("your role may only read: operators and admins make changes")
+        return view(request, *args, **kwargs)
+
+    return guarded
+
+
+def _wants_json(request) -> bool:
+    return "application/json" in request.headers.get("Accept", "")
+
+
+def _answer(request, model_name: str, level: str, text: str, *, status: int = 200, **extra):
+    """A fetch gets JSON; a plain form post gets a message and a redirect to the model."""
+    if _wants_json(request):
+        return JsonResponse({"level": level, "message": text, **extra}, status=status)
+    messages.add_message(request, messages.SUCCESS if level == "success" else messages.ERROR, text)
+    return redirect("model", name=model_name)
+
+
+def _page(request, template: str, context: dict, fragments: dict[str, str]):
+    """The whole page, or one of its fragments when ``?fragment=`` names it."""
+    fragment = fragments.get(request.GET.get("fragment", ""))
+    return render(request, fragment or template, context)
+
+
+def _first_error(form) -> str:
+    for field, errors in form.errors.items():
+        label = "" if field == "__all__" else f"{form.fields[field].label or field}: "
+        return label + errors[0]
+    return "invalid form"
+
+
+def _model(name: str) -> RegisteredModel:
+    return get_object_or_404(RegisteredModel, name=name)
+
+
+def describe_routes(routes: list[dict]) -> str:
+    return ", ".join(Route.from_json(route).describe() for route in routes)
+
+
+# ---------------------------------------------------------------- live figures
+
+
+def live_figures(workers) -> dict[tuple[str, int], dict]:
+    """The latest report of each live worker, summed per (model, version): the same
+    figures the live feed shows, so a page load and the next second agree. Workers'
+    quantiles cannot be merged exactly; the worst worker's is shown, which errs
+    towards showing a problem."""
+    figures: dict[tuple[str, int], dict] = {}
+    for worker in workers:
+        for entry in (worker.last_report or {}).get("versions") or []:
+            total = figures.setdefault((entry.get("model"), entry.get("version")), _empty_figures())
+            for field in ("requests_per_s", "requests", "errors", "queue_depth"):
+                total[field] += entry.get(field) or 0
+            for field in ("p50_ms", "p99_ms"):
+                total[field] = _worst(total[field], entry.get(field))
+    for total in figures.values():
+        total["error_rate"] = total["errors"] / total["requests"] if total["requests"] else None
+    return figures
+
+
+def _empty_figures() -> dict:
+    return {"requests_per_s": 0.0, "requests": 0, "errors": 0, "queue_depth": 0, "p50_ms": None, "p99_ms": None}
+
+
+def _worst(current, new):
+    return new if current is None else current if new is None else max(current, new)
+
+
+def model_figures(figures: dict, model_name: str) -> dict:
+    """One model's figures over all its versions."""
+    mine = [entry for (model, _), entry in figures.items() if model == model_name]
+    total = _empty_figures()
+    for entry in mine:
+        for field in ("requests_per_s", "requests", "errors", "queue_depth"):
+            total[field] += entry[field]
+        total["p99_ms"] = _worst(total["p99_ms"], entry["p99_ms"])
+    total["error_rate"] = total["errors"] / total["requests"] if total["requests"] else None
+    total["reporting"] = bool(mine)
+    return total
+
+
+# ---------------------------------------------------------------- release summaries
+
+
+def split_segments(release: Release | None) -> list[dict]:
+    """The split as bar segments, stable first: ``[{version, weight, role, shadow}]``."""
+    if release is None:
+        return []
+    ordered = sorted(release.routes, key=lambda route: (route["version"] != release.stable_version, route["version"]))
+    return [{**route, "role": _role_in(release, route)} for route in ordered]
+
+
+def _role_in(release: Release, route: dict) -> str:
+    if route["version"] == release.stable_version:
+        return "stable"
+    return "shadow" if route.get("shadow") else "canary"
+
+
+def canary_route(release: Release | None) -> dict | None:
+    """The one weighted non-stable route, when there is exactly one."""
+    if release is None:
+        return None
+    canaries = [route for route in release.routes if route["weight"] > 0 and route["version"] != release.stable_version]
+    return canaries[0] if len(canaries) == 1 else None
+
+
+def version_roles(release: Release | None) -> dict[int, str]:
+    """stable / canary / shadow for routed versions, warm for the rollback target's."""
+    if release is None:
+        return {}
+    roles = {number: "warm" for number in warm_versions(release)}
+    roles.update({segment["version"]: segment["role"] for segment in split_segments(release)})
+    return roles
+
+
+def health(release: Release | None, convergence: dict, figures: dict) -> tuple[str, str]:
+    """(level, words) answering "is anything wrong with this model?" at a glance."""
+    if release is None:
+        return "idle", "No version routed yet"
+    rows = convergence["workers"]
+    if not rows:
+        return "warn", "No live workers"
+    failed = [row for row in rows if not row["ok"]]
+    if failed:
+        return "bad", f"{len(failed)} of {len(rows)} workers failed to apply: {failed[0]['error'] or 'unknown error'}"
+    behind = [row for row in rows if not row["converged"]]
+    if behind:
+        return "warn", f"{len(behind)} of {len(rows)} workers converging to generation {release.generation}"
+    if figures["error_rate"] is not None and figures["error_rate"] > ERROR_RATE_WARNING:
+        return "bad", f"Errors {figures['error_rate']:.1%} of requests"
+    return "ok", "Healthy"
+
+
+# ---------------------------------------------------------------- models page
+
+
+@login_required
+def models_page(request):
+    context = {"nav": "models", "rows": _model_rows(), "gone_after_s": settings.WORKER_GONE_AFTER_S}
+    return _page(request, "console/models.html", context, {"models-table": "console/fragments/models_table.html"})
+
+
+def _model_rows() -> list[dict]:
+    figures = live_figures(list(fleet.live_workers()))
+    return [_model_row(model, figures) for model in RegisteredModel.objects.prefetch_related("versions")]
+
+
+def _model_row(model: RegisteredModel, figures: dict) -> dict:
+    release = model.current_release()
+    convergence = fleet.convergence(release)
+    totals = model_figures(figures, model.name)
+    level, words = health(release, convergence, totals)
+    return {
+        "model": model, "release": release, "segments": split_segments(release), "canary": canary_route(release),
+        "convergence": convergence, "figures": totals, "health_level": level, "health": words,
+        "versions_count": len(model.versions.all()),
+    }
+
+
+# ---------------------------------------------------------------- model page
+
+MODEL_FRAGMENTS = {
+    "release-panel": "console/fragments/release_panel.html",
+    "live-figures": "console/fragments/live_figures.html",
+    "versions-table": "console/fragments/versions_table.html",
+    "audit": "console/fragments/audit.html",
+    "drills": "console/fragments/model_drills.html",
+}
+
+
+@login_required
+def model_page(request, name: str):
+    return _page(request, "console/model.html", model_context(_model(name)), MODEL_FRAGMENTS)
+
+
+def model_context(model: RegisteredModel) -> dict:
+    release = model.current_release()
+    figures = live_figures(list(fleet.live_workers()))
+    roles = version_roles(release)
+    versions = list(model.versions.select_related("uploaded_by"))
+    return {
+        "nav": "models",
+        "model": model,
+        "release": release,
+        **_release_panel_context(model, release, versions),
+        "versions": [{"version": version, "role": roles.get(version.number, "")} for version in versions],
+        "live_rows": _live_rows(model, roles, figures),
+        "audit_events": model.audit_events.select_related("actor")[:AUDIT_EVENTS_SHOWN],
+        "drills": model.drills.select_related("model", "actor")[:5],
+        "upload_form": forms.UploadForm(),
+        "live_config": {"model": model.name, "gone_after_s": settings.WORKER_GONE_AFTER_S},
+    }
+
+
+def _release_panel_context(model: RegisteredModel, release: Release | None, versions: list[ModelVersion]) -> dict:
+    target = release.rollback_target if release else None
+    canary = canary_route(release)
+    choices = [v.number for v in versions if v.status == VersionStatus.READY and (release is None or v.number != release.stable_version)]
+    return {
+        "segments": split_segments(release),
+        "current_summary": describe_routes(release.routes) if release else "",
+        "canary": canary,
+        "rollback_target": target,
+        "rollback_summary": describe_routes(target.routes) if target else "",
+        "convergence": fleet.convergence(release),
+        "split_form": _split_form(release, choices, canary),
+        "presets": forms.PRESET_WEIGHTS,
+        "last_drill": model.drills.select_related("actor").first(),
+    }
+
+
+def _split_form(release: Release | None, choices: list[int], canary: dict | None) -> forms.SplitForm:
+    chosen = canary["version"] if canary else (max(choices) if choices else None)
+    initial = {"canary_version": chosen, "weight": canary["weight"] if canary else None}
+    return forms.SplitForm(initial=initial, canary_choices=choices, stable_version=release.stable_version if release else None)
+
+
+def _live_rows(model: RegisteredModel, roles: dict[int, str], figures: dict) -> list[dict]:
+    """Versions that serve or could: routed, warm, or seen in a live report."""
+    numbers = set(roles) | {version for (name, version), _ in figures.items() if name == model.name}
+    order = {"stable": 0, "canary": 1, "shadow": 2, "warm": 3}
+    ordered = sorted(numbers, key=lambda number: (order.get(roles.get(number, ""), 4), -number))
+    return [{"version": number, "role": roles.get(number, ""), "figures": figures.get((model.name, number))} for number in ordered]
+
+
+# ---------------------------------------------------------------- traffic actions
+
+
+@require_POST
+@operator_required
+def set_split(request, name: str):
+    model = _model(name)
+    release = model.current_release()
+    versions = list(model.versions.all())
+    choices = [v.number for v in versions if v.status == VersionStatus.READY and (release is None or v.number != release.stable_version)]
+    form = forms.SplitForm(request.POST, canary_choices=choices, stable_version=release.stable_version if release else None)
+    if not form.is_valid():
+        return _answer(request, name, "error", _first_error(form), status=400)
+    return _release(request, model, lambda: releases.set_routes(model, form.routes(), request.user, form.cleaned_data["reason"]))
+
+
+@require_http_methods(["GET", "POST"])
+@operator_required
+def promote(request, name: str):
+    model = _model(name)
+    if request.method == "GET":
+        return _confirm(request, model, "console/fragments/confirm_promote.html")
+    reason = _reason(request)
+    return _release(request, model, lambda: releases.promote(model, request.user, reason))
+
+
+@require_http_methods(["GET", "POST"])
+@operator_required
+def rollback(request, name: str):
+    model = _model(name)
+    if request.method == "GET":
+        return _confirm(request, model, "console/fragments/confirm_rollback.html")
+    reason = _reason(request)
+    return _release(request, model, lambda: releases.rollback(model, request.user, reason))
+
+
+def _reason(request) -> str:
+    form = forms.ReasonForm(request.POST)
+    return form.cleaned_data["reason"] if form.is_valid() else ""
+
+
+def _release(request, model: RegisteredModel, change):
+    try:
+        release = change()
+    except releases.ReleaseError as error:
+        return _answer(request, model.name, "error", error.message, status=error.status)
+    text = f"Generation {release.generation}: traffic is now {describe_routes(release.routes)}. Workers are converging."
+    return _answer(request, model.name, "success", text, generation=release.generation)
+
+
+def _confirm(request, model: RegisteredModel, fragment: str):
+    """The confirmation a dialog shows, as a page of its own for browsers without JS."""
+    release = model.current_release()
+    context = {"nav": "models", "model": model, "release": release, "confirm_fragment": fragment}
+    context.update(_release_panel_context(model, release, list(model.versions.all())))
+    return render(request, "console/confirm.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@operator_required
+def drill(request, name: str):
+    model = _model(name)
+    if request.method == "GET":
+        return _confirm(request, model, "console/fragments/confirm_drill.html")
+    form = forms.DrillForm(request.POST)
+    roll_forward = form.is_valid() and form.cleaned_data["roll_forward"]
+    try:
+        result = drills.run_drill(model, request.user, roll_forward=roll_forward)
+    except releases.ReleaseError as error:
+        return _answer(request, name, "error", f"Drill not run: {error.message}", status=error.status)
+    level = "success" if result.status == DrillStatus.PASSED else "error"
+    return _answer(request, name, level, _drill_words(result), drill=result.pk, status_name=result.status)
+
+
+def _drill_words(result: Drill) -> str:
+    last_ack = "no ack from every worker" if result.last_ack_s is None else f"last ack after {result.last_ack_s:.3f} s"
+    return f"Drill #{result.pk} {result.get_status_display().lower()}: {last_ack}, {result.failed_requests or 0} failed requests."
+
+
+# ---------------------------------------------------------------- upload
+
+
+@require_POST
+def upload_version(request, name: str):
+    # Django stages the file while it parses the form (even for a refused role), so the
+    # staged bytes are discarded here whatever happens; registered ones were moved.
+    try:
+        return _upload(request, name)
+    finally:
+        _discard_staged(request)
+
+
+@operator_required
+def _upload(request, name: str):
+    model = _model(name)
+    if getattr(request, "upload_too_large", False):
+        return _answer(request, name, "error", str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), status=413)
+    form = forms.UploadForm(request.POST, request.FILES)
+    if not form.is_valid() or not isinstance(form.cleaned_data["artifact"], StagedUploadedFile):
+        return _answer(request, name, "error", "choose an .onnx file to upload" if form.is_valid() else _first_error(form), status=400)
+    try:
+        version = uploads.register_staged(model, form.cleaned_data["artifact"].staged, uploaded_by=request.user, description=form.cleaned_data["description"])
+    except uploads.UploadRefused as refusal:
+        return _answer(request, name, "error", f"Upload refused: {refusal.reason}", status=refusal.status)
+    return _answer(request, name, "success", f"Version {version.number} validated and registered.", version=version.number)
+
+
+def _discard_staged(request) -> None:
+    files = getattr(request, "_files", None)
+    for _, values in files.lists() if files is not None else []:
+        for uploaded in values:
+            if isinstance(uploaded, StagedUploadedFile):
+                uploaded.close()
+                storage.discard(uploaded.staged)
+
+
+# ---------------------------------------------------------------- version page
+
+
+@login_required
+def version_page(request, name: str, number: int):
+    version = _version(name, number)
+    return render(request, "console/version.html", version_context(version))
+
+
+def _version(name: str, number: int) -> ModelVersion:
+    return get_object_or_404(ModelVersion.objects.select_related("model", "uploaded_by"), model__name=name, number=number)
+
+
+def version_context(version: ModelVersion, **extra) -> dict:
+    report = dict(version.validation_report or {})
+    checks = report.pop("checks", [])
+    since = timezone.now() - ROLLUP_WINDOW
+    rollup = [
+        {"t": row.minute.timestamp(), "requests": row.requests, "errors": row.errors, "latency_sum_s": row.latency_sum_s,
+         "latency_buckets": row.latency_buckets, "batch_size_buckets": row.batch_size_buckets}
+        for row in version.metric_minutes.filter(minute__gte=since)
+    ]
+    release = version.model.current_release()
+    context = {
+        "nav": "models", "model": version.model, "version": version, "version_role": version_roles(release).get(version.number, ""),
+        "signature": version.signature or {}, "checks": checks, "report_facts": report, "rollup": rollup,
+        "download_url": reverse("api-version-artifact", kwargs={"name": version.model.name, "number": version.number}),
+        "try_form": forms.TryForm(initial={"inputs": example_inputs(version.signature or {})}),
+        "worker_url": worker_url_for(version),
+    }
+    context.update(extra)
+    return context
+
+
+def example_inputs(signature: dict) -> str:
+    """A request body to start from: one row of zeros shaped like each input."""
+    inputs = signature.get("inputs") or []
+    rows = {spec["name"]: _zeros(spec) for spec in inputs}
+    value = next(iter(rows.values())) if len(rows) == 1 else rows
+    return json.dumps(value)
+
+
+def _zeros(spec: dict):
+    shape = list(spec.get("shape") or [])
+    if shape and not isinstance(shape[0], int):
+        shape = shape[1:]  # the batch dimension: /predict takes a single row without it
+    fill = {"BOOL": False, "BYTES": ""}.get(spec.get("datatype"), 0)
+    value = fill
+    for size in reversed(shape):
+        value = [value] * (size if isinstance(size, int) and size > 0 else 1)
+    return value
+
+
+def worker_url_for(version: ModelVersion) -> str:
+    """A live worker that has the version loaded, else any live worker, else the setting."""
+    workers = [worker for worker in fleet.live_workers() if worker.url]
+    for worker in workers:
+        if any(entry.get("model") == version.model.name and entry.get("version") == version.number for entry in worker.loaded):
+            return worker.url.rstrip("/")
+    if workers:
+        return workers[0].url.rstrip("/")
+    return getattr(settings, "SERVING_PUBLIC_URL", "http://127.0.0.1:8001").rstrip("/")
+
+
+@require_POST
+@login_required
+def try_version(request, name: str, number: int):
+    """Reading a prediction changes nothing, so every signed-in role may try."""
+    version = _version(name, number)
+    form = forms.TryForm(request.POST)
+    result = ask_worker(version, form.cleaned_data["inputs"]) if form.is_valid() else {"ok": False, "error": _first_error(form)}
+    if _wants_json(request):
+        html = render_to_string("console/fragments/try_result.html", {"result": result}, request=request)
+        return JsonResponse({**result, "html": html})
+    return render(request, "console/version.html", version_context(version, try_form=form, try_result=result))
+
+
+def ask_worker(version: ModelVersion, inputs) -> dict:
+    """POST {worker}/predict on the console's side, so the browser needs no CORS."""
+    url = worker_url_for(version)
+    body = {"model_name": version.model.name, "version": version.number, "inputs": inputs}
+    started = time.monotonic()
+    try:
+        response = httpx.post(f"{url}/predict", json=body, timeout=TRY_TIMEOUT_S)
+    except httpx.HTTPError as error:
+        return {"ok": False, "worker_url": url, "error": f"no answer from the worker at {url}: {error}"}
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = {"error": response.text[:500]}
+    round_trip_ms = round((time.monotonic() - started) * 1000, 1)
+    return {"ok": response.status_code == 200, "status": response.status_code, "worker_url": url, "round_trip_ms": round_trip_ms, "answer": answer}
+
+
+# ---------------------------------------------------------------- workers and drills
+
+
+@login_required
+def workers_page(request):
+    return _page(request, "console/workers.html", {"nav": "workers", **workers_context()}, {"workers-table": "console/fragments/workers_table.html"})
+
+
+def workers_context() -> dict:
+    now = timezone.now()
+    live_after = now - timedelta(seconds=settings.WORKER_GONE_AFTER_S)
+    generation = current_generation()
+    rows = [
+        {"worker": worker, "is_live": worker.last_seen_at >= live_after, "is_behind": worker.generation < generation,
+         "requests_per_s": sum(entry.get("requests_per_s") or 0 for entry in (worker.last_report or {}).get("versions") or [])}
+        for worker in Worker.objects.filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR)
+    ]
+    rows.sort(key=lambda row: (not row["is_live"], row["worker"].worker_id))
+    return {"rows": rows, "generation": generation, "gone_after_s": settings.WORKER_GONE_AFTER_S}
+
+
+@login_required
+def drills_page(request):
+    context = {"nav": "drills", "drills": Drill.objects.select_related("model", "actor")[:DRILLS_SHOWN], "show_model": True}
+    return _page(request, "console/drills.html", context, {"drills-table": "console/fragments/drills_table.html"})

@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import resource
-import signal
 import subprocess
 import sys
 import time

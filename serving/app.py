@@ -22,6 +22,7 @@ from serving.errors import (
     BadRequest, DeadlineExceeded, InternalError, MethodNotAllowed, NotFound, NotReady, PayloadTooLarge,
     ServingError, VersionNotFound,
 )
+from serving.reports import failed_total
 from serving.repository import LoadedVersion, Repository
 
 logger = logging.getLogger("serving.app")
@@ -105,7 +106,7 @@ class ServingApp:
             "/v2/health/live": lambda: Response(200, b'{"live":true}'),
             "/v2/health/ready": self._server_ready,
             "/v2": lambda: Response(200, SERVER_METADATA),
-            "/health": lambda: Response(200, orjson.dumps(self.repository.health())),
+            "/health": self._health,
             "/metrics": self._metrics,
         }
 
@@ -198,6 +199,10 @@ class ServingApp:
         if self.repository.is_ready:
             return Response(200, b'{"ready":true}')
         return Response(503, b'{"ready":false}', NotReady.headers)
+
+    def _health(self) -> Response:
+        # Drills read the failure total before and after a rollback to count failures.
+        return Response(200, orjson.dumps({**self.repository.health(), "requests_failed_total": failed_total()}))
 
     def _metrics(self) -> Response:
         metrics.update_device_memory(self.repository.device)

@@ -239,11 +239,13 @@ class Batcher:
         *,
         clock: Callable[[], float] = time.monotonic,
         observer: BatchObserver | None = None,
+        inline_max_s: float = 0.0,
     ):
         self.policy = policy
         self.latency = latency
         self._run, self._executor, self._gate, self._clock = run, executor, gate, clock
         self._observer = observer or BatchObserver()
+        self._inline_max_s = inline_max_s
         self._queue: deque[PendingRequest] = deque()
         self._queued_rows = 0
         self._in_flight = 0
@@ -287,11 +289,11 @@ class Batcher:
         if self._in_flight:
             busy_remaining_s = max(self.latency.predict_s(self.policy.max_batch_size) - (now_s - self._busy_since_s), 0.0)
         delay_s = admission_delay_s(self._queued_rows, rows, busy_remaining_s, self.policy, self.latency)
-        limit_s = deadline_s - now_s
-        if self.policy.latency_target_s is not None:
-            limit_s = min(limit_s, self.policy.latency_target_s)
-        if delay_s > limit_s:
-            raise QueueFull(f"overloaded: predicted {delay_s * 1000:.1f} ms exceeds the {limit_s * 1000:.1f} ms allowed")
+        if delay_s > deadline_s - now_s:  # the client's own deadline cannot be met
+            raise DeadlineExceeded(f"cannot answer within the deadline (predicted {delay_s * 1000:.1f} ms)")
+        target_s = self.policy.latency_target_s
+        if target_s is not None and delay_s > target_s:  # our latency target: shed load, retry later
+            raise QueueFull(f"overloaded: predicted {delay_s * 1000:.1f} ms exceeds the {target_s * 1000:.1f} ms target")
 
     def _note_arrival(self, now_s: float) -> None:
         gap_s = now_s - self._last_arrival_s
@@ -350,25 +352,47 @@ class Batcher:
         self._queue = kept
 
     def _dispatch(self, batch: list[PendingRequest]) -> None:
-        self._queued_rows -= sum(request.rows for request in batch)
+        rows = sum(request.rows for request in batch)
+        self._queued_rows -= rows
+        started_s = self._clock()
+        if self._inline_max_s and self.latency.is_known and self.latency.predict_s(rows) <= self._inline_max_s:
+            self._run_inline(batch, started_s)
+            return
         self._gate.in_flight += 1
         self._in_flight += 1
-        self._busy_since_s = started_s = self._clock()
+        self._busy_since_s = started_s
         self._arrivals_while_busy = 0
         future = asyncio.get_running_loop().run_in_executor(self._executor, run_batch, self._run, batch)
         future.add_done_callback(partial(self._complete, batch, started_s))
+
+    def _run_inline(self, batch: list[PendingRequest], started_s: float) -> None:
+        """A batch predicted to take less than a thread hand-off (futex wake + GIL transfer
+        + loop wake-up) runs on the loop thread: handing it off would cost more than it saves."""
+        try:
+            outcome = run_batch(self._run, batch)
+        except Exception as exc:  # ORT raises its own classes; all of them fail this batch only
+            self._finish(batch, started_s, exc, None)
+            return
+        self._finish(batch, started_s, None, outcome)
 
     def _complete(self, batch: list[PendingRequest], started_s: float, future: asyncio.Future) -> None:
         self._gate.release()
         self._in_flight -= 1
         self._was_arrival_while_busy = self._arrivals_while_busy > 0
-        error = future.exception() if not future.cancelled() else asyncio.CancelledError()
+        if future.cancelled():
+            self._finish(batch, started_s, asyncio.CancelledError(), None)
+        elif future.exception() is not None:
+            self._finish(batch, started_s, future.exception(), None)
+        else:
+            self._finish(batch, started_s, None, future.result())
+
+    def _finish(self, batch, started_s: float, error: BaseException | None, outcome) -> None:
         if error is not None:
             logger.error("batch of %d requests failed: %s", len(batch), error)
             for request in batch:
                 _fail(request, ModelFailed("model execution failed"))
         else:
-            results, compute_s = future.result()
+            results, compute_s = outcome
             self.latency.observe(sum(request.rows for request in batch), compute_s)
             for request, outputs in zip(batch, results):
                 if not request.future.done():

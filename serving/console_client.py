@@ -54,16 +54,17 @@ def read_state_file(path: str | Path) -> dict:
 
 
 class ConsoleClient:
-    def __init__(self, base_url: str, token: str, timeout_s: float = 10.0):
+    def __init__(self, base_url: str, token: str, timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None):
         self.base_url = base_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         # Connect fast, but allow a slow big download between chunks.
-        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0))
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0))
+        self._http = httpx.Client(headers=headers, timeout=timeout, transport=transport)
 
     def fetch_state(self) -> dict:
         """GET {console}/api/serving/state; StateError on any failure (retryable)."""
         try:
-            response = httpx.get(f"{self.base_url}/api/serving/state", headers=self._headers, timeout=self._timeout)
+            response = self._http.get(f"{self.base_url}/api/serving/state")
             response.raise_for_status()
             document = response.json()
         except (httpx.HTTPError, ValueError) as exc:
@@ -87,7 +88,7 @@ class ConsoleClient:
         partial = dest.with_name(f"{dest.name}.{os.getpid()}.part")
         digest = hashlib.sha256()
         try:
-            with httpx.stream("GET", absolute, headers=self._headers, timeout=self._timeout) as response:
+            with self._http.stream("GET", absolute) as response:
                 response.raise_for_status()
                 with partial.open("wb") as out:
                     for chunk in response.iter_bytes(CHUNK_BYTES):
@@ -101,6 +102,9 @@ class ConsoleClient:
             raise ArtifactError(f"sha256 mismatch for {absolute}: got {digest.hexdigest()}, expected {sha256}")
         partial.replace(dest)  # atomic: a reader never sees a half-written cache entry
         return dest
+
+    def close(self) -> None:
+        self._http.close()
 
 
 def _verified(path: Path, sha256: str) -> Path:

@@ -151,6 +151,7 @@ class LoadedVersion:
         self._gate = EngineGate(config.max_batches_in_flight)
         self._executor = executor
         self._max_shape_queues = config.max_shape_queues
+        self._inline_max_s = config.inline_batch_max_s
         self._batchers: dict[tuple, Batcher] = {}
         self._observer = BatchObserver(spec.model_name, spec.version, self.metrics)
 
@@ -161,7 +162,8 @@ class LoadedVersion:
     def _new_batcher(self, shape_key: tuple) -> Batcher:
         if len(self._batchers) >= self._max_shape_queues:
             raise QueueFull(f"too many distinct input shapes in flight (limit {self._max_shape_queues})")
-        batcher = Batcher(self.engine.run, self.policy, self._executor, self._gate, self.latency, observer=self._observer)
+        batcher = Batcher(self.engine.run, self.policy, self._executor, self._gate, self.latency,
+                          observer=self._observer, inline_max_s=self._inline_max_s)
         self._batchers[shape_key] = batcher
         return batcher
 

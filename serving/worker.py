@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -76,12 +77,16 @@ class Worker:
 
 def run(config: ServingConfig, host: str, port: int, state_file: str | Path | None = None) -> None:
     configure_logging(config.log_level)
+    # How soon a thread back from ONNX Runtime gets the GIL from the busy event loop.
+    sys.setswitchinterval(config.switch_interval_s)
     Worker(config, state_file).serve(host, port)
 
 
 def configure_logging(level: str) -> None:
     # Our records are JSON lines already; the formatter adds only time and level.
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # httpx logs every control-plane call at INFO: one line a second per worker is noise.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> None:

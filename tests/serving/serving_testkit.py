@@ -18,16 +18,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import onnx
-
+import orjson
 import uvicorn
 from onnx import TensorProto, helper
 
-from registry.onnx_build import random_mlp, to_bytes
+from registry.onnx_build import to_bytes
 from serving.config import ServingConfig
 from serving.worker import Worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def write_model(directory: Path, name: str, model: onnx.ModelProto) -> tuple[Path, str]:
     """Write `model` and return (path, sha256)."""
@@ -35,7 +34,6 @@ def write_model(directory: Path, name: str, model: onnx.ModelProto) -> tuple[Pat
     data = to_bytes(model)
     path.write_bytes(data)
     return path, hashlib.sha256(data).hexdigest()
-
 
 def relu_any_width() -> onnx.ModelProto:
     """input [batch, width] -> Relu: batchable, with a free non-batch dimension."""
@@ -48,10 +46,8 @@ def relu_any_width() -> onnx.ModelProto:
     model.ir_version = 8
     return model
 
-
 def route(version: int, weight: int, path: Path, sha256: str) -> dict:
     return {"version": version, "weight": weight, "sha256": sha256, "artifact_url": str(path), "signature": {}}
-
 
 def state(generation: int, models: dict, **batching) -> dict:
     """A desired state; `models` maps name -> list of routes (and optional 'warm')."""
@@ -64,7 +60,6 @@ def state(generation: int, models: dict, **batching) -> dict:
         },
     }
 
-
 def make_config(tmp_path: Path, **overrides) -> ServingConfig:
     base = ServingConfig(
         device="cpu", intra_op_threads=1, executor_threads=2, cache_dir=str(tmp_path / "cache"),
@@ -73,12 +68,10 @@ def make_config(tmp_path: Path, **overrides) -> ServingConfig:
     )
     return replace(base, **overrides)
 
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
 
 class ThreadedWorker:
     """A real worker (uvicorn + our ASGI app) in a background thread of this process."""
@@ -110,13 +103,9 @@ class ThreadedWorker:
         self.server.should_exit = True
         self.thread.join(timeout=10)
 
-
 def write_state(path: Path, desired: dict) -> Path:
-    import orjson
-
     path.write_bytes(orjson.dumps(desired))
     return path
-
 
 def ort_reference(path: Path, batch: np.ndarray) -> np.ndarray:
     import onnxruntime as ort
@@ -124,10 +113,8 @@ def ort_reference(path: Path, batch: np.ndarray) -> np.ndarray:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return session.run(None, {session.get_inputs()[0].name: batch})[0]
 
-
 def v2_body(batch: np.ndarray, name: str = "input") -> dict:
     return {"inputs": [{"name": name, "shape": list(batch.shape), "datatype": "FP32", "data": batch.ravel().tolist()}]}
-
 
 class SubprocessWorker:
     """`python -m serving.worker` as its own process, as deployed."""

@@ -159,3 +159,18 @@ async def test_drain_waits_for_queued_and_running_batches(executor):
 
     assert await batcher.drain(timeout_s=2.0) is True
     assert all(future.done() for future in futures)
+
+
+async def test_tiny_batches_can_run_on_the_loop_thread_when_allowed(executor):
+    latency = LatencyModel()
+    latency.observe(1, 0.00001)
+    model = FakeModel()
+    batcher = Batcher(model, BatchPolicy(), executor, EngineGate(1), latency, inline_max_s=0.001)
+    threads = []
+    original = model.__call__
+    batcher._run = lambda feeds: threads.append(threading.get_ident()) or original(feeds)
+
+    result = await batcher.submit(row(2), 1, deadline())
+
+    assert float(result[0][0, 0]) == 4.0
+    assert threads == [threading.get_ident()]

@@ -56,3 +56,12 @@ def test_warm_up_runs_every_batch_size_and_returns_timing_samples(engine):
 
     assert {rows for rows, _ in samples} == {1, 4, 8}
     assert all(seconds > 0 for _, seconds in samples)
+
+
+def test_warm_up_runs_every_batch_size_the_batcher_can_emit(engine, monkeypatch):
+    seen, original = [], engine.run
+    monkeypatch.setattr(engine, "run", lambda feeds: seen.append(feeds[0].shape[0]) or original(feeds))
+
+    engine.warm(8)
+
+    assert set(seen) == set(range(1, 9))

@@ -1,10 +1,16 @@
-"""`manage.py serve`: run a serving worker. Thin on purpose: no ORM, no Django views;
-everything it serves lives in serving.worker, which never imports Django."""
+"""`manage.py serve`: run a serving worker with its control plane. Thin on purpose: no
+ORM, no Django views; Django only supplies defaults (the worker token, Redis URL)."""
 
+from __future__ import annotations
+
+import dataclasses
+
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from serving.config import ServingConfig
-from serving.worker import run
+from serving.config import ServingConfig, env_float
+from serving.control import ControlPlane
+from serving.worker import Worker, configure_logging
 
 
 class Command(BaseCommand):
@@ -13,7 +19,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8001)
-        parser.add_argument("--state-file", help="serve this desired-state JSON instead of asking the console")
+        parser.add_argument("--state-file", help="serve this desired-state JSON instead of asking the console (no control plane)")
+        parser.add_argument("--public-url", help="URL the console uses to probe this worker (default http://HOST:PORT)")
 
-    def handle(self, *args, host, port, state_file, **options):
-        run(ServingConfig.from_env(), host, port, state_file)
+    def handle(self, *args, host, port, state_file, public_url, **options):
+        config = ServingConfig.from_env()
+        if not config.worker_token:
+            config = dataclasses.replace(config, worker_token=settings.SERVING_WORKER_TOKEN)
+        configure_logging(config.log_level)
+        worker = Worker(config, state_file)
+        if state_file is None:
+            ControlPlane(
+                worker,
+                redis_url=settings.REDIS_URL,
+                public_url=public_url or f"http://{host}:{port}",
+                reconcile_interval_s=env_float("SERVING_RECONCILE_INTERVAL_S", 3.0, minimum=0.1),
+                report_interval_s=env_float("SERVING_REPORT_INTERVAL_S", 1.0, minimum=0.05),
+            )
+        worker.serve(host, port)

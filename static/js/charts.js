@@ -1,0 +1,138 @@
+// Chart helpers for the model page (live, per second) and the version page (per
+// minute): uPlot line charts, a small SVG grouped-bar chart for batch sizes, and the
+// histogram arithmetic both need.
+"use strict";
+
+window.Charts = (function () {
+  const ROLE_COLORS = { stable: "#2f6fdf", canary: "#e8590c", shadow: "#8b5cf6", warm: "#64748b" };
+  const SPARE_COLORS = ["#0d9488", "#a21caf", "#ca8a04", "#475569", "#be123c"];
+  const HEIGHT = 170;
+  const AXIS = { stroke: "#5d6875", grid: { stroke: "#eef1f4", width: 1 }, ticks: { stroke: "#dce1e7", width: 1 } };
+
+  function colorFor(role, index) {
+    return ROLE_COLORS[role] || SPARE_COLORS[index % SPARE_COLORS.length];
+  }
+
+  // A uPlot line chart whose width follows its container; y starts at 0.
+  function line(container, series, { format = (v) => String(v), time = true, windowS = null } = {}) {
+    container.innerHTML = "";
+    const options = {
+      width: Math.max(container.clientWidth, 200),
+      height: HEIGHT,
+      scales: {
+        // A live chart shows a fixed window ending now, so it scrolls and is never blank-dated.
+        x: windowS ? { time, range: () => { const now = Date.now() / 1000; return [now - windowS, now]; } } : { time },
+        y: { range: (u, min, max) => [0, max > 0 ? max * 1.15 : 1] } },
+      axes: [{ ...AXIS }, { ...AXIS, size: 52, values: (u, values) => values.map(format) }],
+      series: [
+        { value: (u, v) => (v == null ? "—" : new Date(v * 1000).toLocaleTimeString()) },
+        ...series.map((s) => ({
+          label: s.label, stroke: s.color, width: s.width || 2, dash: s.dash, spanGaps: false,
+          points: { show: false }, value: (u, v) => (v == null ? "—" : format(v)),
+        })),
+      ],
+      cursor: { drag: { x: false, y: false } },
+      legend: { live: true },
+    };
+    const data = [[], ...series.map(() => [])];
+    const chart = new uPlot(options, data, container);
+    const observer = new ResizeObserver(() => chart.setSize({ width: Math.max(container.clientWidth, 200), height: HEIGHT }));
+    observer.observe(container);
+    return { chart, destroy: () => { observer.disconnect(); chart.destroy(); } };
+  }
+
+  // Cumulative Prometheus-style {le: count} -> ascending [{bound, count}] per bucket.
+  function bucketCounts(cumulative) {
+    const entries = Object.entries(cumulative || {})
+      .map(([le, count]) => [le === "+Inf" ? Infinity : Number(le), Number(count)])
+      .sort((a, b) => a[0] - b[0]);
+    let previous = 0;
+    return entries.map(([bound, count]) => {
+      const own = Math.max(count - previous, 0);
+      previous = Math.max(count, previous);
+      return { bound, count: own };
+    });
+  }
+
+  // Upper bound (ms) of the bucket holding quantile q: the workers' own method.
+  function quantileMs(cumulative, q) {
+    const entries = Object.entries(cumulative || {})
+      .map(([le, count]) => [le === "+Inf" ? Infinity : Number(le), Number(count)])
+      .sort((a, b) => a[0] - b[0]);
+    const total = entries.length ? entries[entries.length - 1][1] : 0;
+    if (total <= 0) return null;
+    let previousBound = 0;
+    for (const [bound, count] of entries) {
+      if (count >= q * total) return (bound === Infinity ? previousBound : bound) * 1000;
+      previousBound = bound;
+    }
+    return null;
+  }
+
+  function addBuckets(total, cumulative) {
+    for (const [le, count] of Object.entries(cumulative || {})) total[le] = (total[le] || 0) + Number(count);
+    return total;
+  }
+
+  // Batch-size bucket (previous, bound] as words: "1", "3-4", ">256".
+  function bucketLabel(bound, previous) {
+    if (bound === Infinity) return `>${previous}`;
+    const lower = Math.floor(previous) + 1;
+    return lower >= bound ? String(bound) : `${lower}–${bound}`;
+  }
+
+  // Grouped bars in SVG: groups along x (buckets), one bar per series; values 0..1.
+  function bars(container, labels, series) {
+    const width = Math.max(container.clientWidth, 200);
+    const pad = { left: 40, right: 8, top: 10, bottom: 24 };
+    const plotW = width - pad.left - pad.right;
+    const plotH = HEIGHT - pad.top - pad.bottom;
+    if (!labels.length || !series.length) {
+      container.innerHTML = '<div class="chart-empty">No batches yet</div>';
+      return;
+    }
+    const groupW = plotW / labels.length;
+    const barW = Math.max(Math.min((groupW * 0.8) / series.length, 28), 2);
+    const parts = [];
+    for (const tick of [0, 0.5, 1]) {
+      const y = pad.top + plotH * (1 - tick);
+      parts.push(`<line x1="${pad.left}" x2="${width - pad.right}" y1="${y}" y2="${y}" stroke="#eef1f4"/>`);
+      parts.push(`<text x="${pad.left - 6}" y="${y + 4}" text-anchor="end">${tick * 100}%</text>`);
+    }
+    labels.forEach((label, g) => {
+      const groupX = pad.left + g * groupW + (groupW - barW * series.length) / 2;
+      series.forEach((s, i) => {
+        const value = s.values[g] || 0;
+        const h = plotH * value;
+        const x = groupX + i * barW;
+        parts.push(`<rect x="${x.toFixed(1)}" y="${(pad.top + plotH - h).toFixed(1)}" width="${(barW - 1).toFixed(1)}" height="${h.toFixed(1)}" fill="${s.color}"><title>${escapeText(s.label)}, batch ${label}: ${(value * 100).toFixed(1)}%</title></rect>`);
+      });
+      parts.push(`<text x="${(pad.left + g * groupW + groupW / 2).toFixed(1)}" y="${HEIGHT - 6}" text-anchor="middle">${label}</text>`);
+    });
+    const legend = series.map((s) => `<span><i style="background:${s.color}"></i>${escapeText(s.label)}</span>`).join("");
+    container.innerHTML = `<svg class="bars" width="${width}" height="${HEIGHT}" role="img" aria-label="Batch size distribution">${parts.join("")}</svg><div class="bars-legend">${legend}</div>`;
+  }
+
+  // Share of batches per bucket for each series; trailing buckets no series used are cut.
+  function shares(countsBySeries) {
+    const bounds = [...new Set(countsBySeries.flatMap((counts) => counts.map((b) => b.bound)))].sort((a, b) => a - b);
+    const used = bounds.filter((bound) => countsBySeries.some((counts) => counts.some((b) => b.bound === bound && b.count > 0)));
+    const last = used.length ? bounds.indexOf(used[used.length - 1]) : -1;
+    const shown = bounds.slice(0, last + 1);
+    const labels = shown.map((bound, i) => bucketLabel(bound, i ? shown[i - 1] : 0));
+    const values = countsBySeries.map((counts) => {
+      const total = counts.reduce((sum, b) => sum + b.count, 0);
+      return shown.map((bound) => {
+        const bucket = counts.find((b) => b.bound === bound);
+        return total && bucket ? bucket.count / total : 0;
+      });
+    });
+    return { labels, values };
+  }
+
+  function escapeText(text) {
+    return String(text).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+  }
+
+  return { colorFor, line, bars, shares, bucketCounts, quantileMs, addBuckets };
+})();

@@ -1,0 +1,239 @@
+// Shared by every signed-in page: the live feed, fragment refreshes, dialogs,
+// enhanced forms and relative times. Pages add their own small file on top.
+"use strict";
+
+window.ModelOps = (function () {
+  const liveStatus = document.getElementById("live-status");
+  const csrfToken = document.querySelector("meta[name=csrf-token]").content;
+
+  // ---- fragments: the server renders the same template on load and on refresh.
+  const pending = new Set();
+
+  async function refresh(element) {
+    // Never pull the rug from under someone typing or choosing: retry when they leave.
+    const active = document.activeElement;
+    const busy = element.contains(active) && active.matches("input, select, textarea");
+    if (busy || element.querySelector("dialog[open]")) {
+      if (!pending.has(element)) {
+        pending.add(element);
+        element.addEventListener("focusout", () => setTimeout(() => retry(element), 50), { once: true });
+        element.addEventListener("close", () => retry(element), { once: true, capture: true });
+      }
+      return;
+    }
+    const url = new URL(location.href);
+    url.searchParams.set("fragment", element.dataset.fragment);
+    const response = await fetch(url, { headers: { Accept: "text/html" }, credentials: "same-origin" });
+    if (response.ok) {
+      element.innerHTML = await response.text();
+      tickAges(element);
+      element.dispatchEvent(new CustomEvent("modelops:refreshed", { bubbles: true }));
+    } else if (response.status === 401 || response.redirected) {
+      location.reload();  // signed out meanwhile: let the login page say so
+    }
+  }
+
+  function retry(element) {
+    pending.delete(element);
+    refresh(element);
+  }
+
+  function refreshAll(...ids) {
+    return Promise.all(ids.map((id) => document.getElementById(id)).filter(Boolean).map(refresh));
+  }
+
+  // Coalesce bursts (several workers acking within a second) into one request each.
+  const timers = {};
+  function refreshSoon(id, delayMs = 250) {
+    clearTimeout(timers[id]);
+    timers[id] = setTimeout(() => refreshAll(id), delayMs);
+  }
+
+  // ---- the live feed: /ws/live/ sends worker reports and desired-state changes.
+  function live(handlers, { fallback, fallbackEveryMs = 5000 } = {}) {
+    let backoffMs = 500;
+    let poller = null;
+    const startPolling = () => { if (fallback && !poller) poller = setInterval(fallback, fallbackEveryMs); };
+    const stopPolling = () => { clearInterval(poller); poller = null; };
+
+    function connect() {
+      setStatus("connecting", "Live feed connecting");
+      const scheme = location.protocol === "https:" ? "wss" : "ws";
+      const socket = new WebSocket(`${scheme}://${location.host}/ws/live/`);
+      socket.onopen = () => {
+        backoffMs = 500;
+        stopPolling();
+        setStatus("on", "Live");
+        if (handlers.open) handlers.open();
+      };
+      socket.onmessage = (event) => {
+        const message = JSON.parse(event.data);
+        const handler = handlers[message.kind];
+        if (handler) handler(message);
+      };
+      socket.onclose = () => {
+        if (handlers.close) handlers.close();
+        setStatus("off", "Live feed off: refreshing every few seconds");
+        startPolling();
+        setTimeout(connect, backoffMs);
+        backoffMs = Math.min(backoffMs * 2, 15000);
+      };
+    }
+    connect();
+  }
+
+  function setStatus(state, text) {
+    if (!liveStatus) return;
+    liveStatus.hidden = false;
+    liveStatus.dataset.state = state;
+    liveStatus.textContent = text;
+  }
+
+  // ---- messages
+  function flash(level, text) {
+    const box = document.getElementById("messages");
+    const line = document.createElement("p");
+    line.className = `message message-${level}`;
+    line.setAttribute("role", level === "error" ? "alert" : "status");
+    line.textContent = text;
+    box.prepend(line);
+    while (box.children.length > 3) box.lastElementChild.remove();
+    if (level === "success") setTimeout(() => line.remove(), 12000);
+  }
+
+  // ---- POST with the session's CSRF token; JSON answers from the page twins.
+  async function post(url, body) {
+    const response = await fetch(url, {
+      method: "POST", body, credentials: "same-origin",
+      headers: { Accept: "application/json", "X-CSRFToken": csrfToken },
+    });
+    let data;
+    try {
+      data = await response.json();
+    } catch (error) {
+      data = { level: "error", message: response.status === 403 ? "Your role may not do this." : `The console answered ${response.status}.` };
+    }
+    return { ok: response.ok, status: response.status, data };
+  }
+
+  // ---- dialogs: a link to a confirmation page opens the same content in place.
+  document.addEventListener("click", (event) => {
+    const opener = event.target.closest("[data-dialog]");
+    if (opener) {
+      const dialog = document.getElementById(opener.dataset.dialog);
+      if (dialog && dialog.showModal) {
+        event.preventDefault();
+        dialog.showModal();
+      }
+      return;
+    }
+    const closer = event.target.closest("[data-close]");
+    if (closer && closer.closest("dialog")) {
+      event.preventDefault();
+      closer.closest("dialog").close();
+    }
+  });
+
+  // ---- enhanced forms: same POST, answered in place, so live charts keep their history.
+  document.addEventListener("submit", async (event) => {
+    const form = event.target;
+    if (!form.matches("form[data-enhance]")) return;
+    event.preventDefault();
+    const body = new FormData(form, event.submitter);  // before disabling: a disabled submitter sends nothing
+    const buttons = form.querySelectorAll("button");
+    buttons.forEach((button) => { button.disabled = true; });
+    const dialog = form.closest("dialog");
+    if (dialog) dialog.close();
+    form.dispatchEvent(new CustomEvent("modelops:submitting", { bubbles: true, detail: { form } }));
+    const answer = await post(form.action, body);
+    buttons.forEach((button) => { button.disabled = false; });
+    flash(answer.data.level || (answer.ok ? "success" : "error"), answer.data.message);
+    form.dispatchEvent(new CustomEvent("modelops:changed", { bubbles: true, detail: { form, answer } }));
+  });
+
+  // ---- "12 s ago", kept current without a reload.
+  function ago(date) {
+    const seconds = Math.max(0, (Date.now() - date.getTime()) / 1000);
+    if (seconds < 60) return `${Math.floor(seconds)} s ago`;
+    if (seconds < 3600) return `${Math.floor(seconds / 60)} min ago`;
+    if (seconds < 86400) return `${Math.floor(seconds / 3600)} h ago`;
+    return `${Math.floor(seconds / 86400)} d ago`;
+  }
+
+  function tickAges(root = document) {
+    root.querySelectorAll("time[data-ago]").forEach((element) => {
+      element.textContent = ago(new Date(element.getAttribute("datetime")));
+    });
+  }
+  setInterval(tickAges, 1000);
+
+  // ---- number formats shared by the live tables (the templates' filters, in JS).
+  const format = {
+    rate: (value) => (value == null ? "—" : value < 10 ? value.toFixed(1) : value.toFixed(0)),
+    ms: (value) => (value == null ? "—" : value < 100 ? `${value.toFixed(1)} ms` : `${value.toFixed(0)} ms`),
+    percent: (fraction) => {
+      if (fraction == null) return "—";
+      const value = fraction * 100;
+      return Number.isInteger(value) ? `${value}%` : `${value.toFixed(2)}%`;
+    },
+    count: (value) => (value == null ? "—" : String(Math.round(value))),
+  };
+
+  // ---- live figures: the latest report of each worker, summed per (model, version);
+  // the server's live_figures() does the same for the first render. Quantiles of
+  // different workers cannot be merged exactly, so the worst worker's is shown.
+  function reportBook(goneAfterS) {
+    const latest = new Map();
+
+    function add(message) {
+      const previous = latest.get(message.worker);
+      latest.set(message.worker, { ...message, receivedAt: Date.now() });
+      return previous;
+    }
+
+    function fresh() {
+      const cutoff = Date.now() - goneAfterS * 1000;
+      return [...latest.values()].filter((report) => report.receivedAt >= cutoff);
+    }
+
+    function figures(modelName) {
+      const totals = new Map();
+      for (const report of fresh()) {
+        for (const entry of report.versions || []) {
+          if (modelName && entry.model !== modelName) continue;
+          const key = modelName ? entry.version : entry.model;
+          totals.set(key, addFigures(totals.get(key), entry));
+        }
+      }
+      totals.forEach((total) => { total.error_rate = total.requests ? total.errors / total.requests : null; });
+      return totals;
+    }
+
+    return { add, fresh, figures, latest };
+  }
+
+  function addFigures(total, entry) {
+    total = total || { requests_per_s: 0, requests: 0, errors: 0, queue_depth: 0, p50_ms: null, p99_ms: null };
+    for (const field of ["requests_per_s", "requests", "errors", "queue_depth"]) total[field] += entry[field] || 0;
+    for (const field of ["p50_ms", "p99_ms"]) {
+      if (entry[field] != null) total[field] = total[field] == null ? entry[field] : Math.max(total[field], entry[field]);
+    }
+    return total;
+  }
+
+  // Write figures into cells marked data-field="name" under a row.
+  function fillRow(row, figures) {
+    const text = {
+      requests_per_s: figures ? format.rate(figures.requests_per_s) : "—",
+      p50_ms: format.ms(figures && figures.p50_ms),
+      p99_ms: format.ms(figures && figures.p99_ms),
+      error_rate: format.percent(figures && figures.error_rate),
+      queue_depth: figures ? format.count(figures.queue_depth) : "—",
+    };
+    row.querySelectorAll("[data-field]").forEach((cell) => {
+      if (cell.dataset.field in text) cell.textContent = text[cell.dataset.field];
+    });
+  }
+
+  return { refresh, refreshAll, refreshSoon, live, flash, post, format, ago, csrfToken, reportBook, fillRow };
+})();

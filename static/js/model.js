@@ -1,0 +1,287 @@
+// Model page: live figures and charts per version from the worker reports, fragments
+// re-rendered when the release changes, the drill timer, and the upload with progress.
+"use strict";
+
+(function () {
+  const M = window.ModelOps;
+  const C = window.Charts;
+  const config = JSON.parse(document.getElementById("live-config").textContent);
+  const book = M.reportBook(config.gone_after_s);
+  const HISTORY_S = 120;
+  const BATCH_WINDOW_S = 60;
+  const RELEASE_PARTS = ["release-panel", "live-figures", "versions-table", "audit"];
+
+  const history = { t: [], series: new Map() };  // version -> {requests_per_s: [], ...}
+  const batches = new Map();  // version -> [{at, buckets}]
+  let charts = null;
+  let chartKey = "";
+  let liveSince = 0;
+  window.modelPage = { history };  // what the charts draw, for the browser tests and curious humans
+
+  // ---- what the page currently shows (the server-rendered fragments are the truth)
+  function currentGeneration() {
+    const element = document.querySelector("#release-panel [data-generation]");
+    return element ? Number(element.dataset.generation) : 0;
+  }
+
+  function versionRows() {
+    return [...document.querySelectorAll("#live-table tr[data-version]")].map((row) => ({
+      version: Number(row.dataset.version), role: row.dataset.role, row,
+    }));
+  }
+
+  function refreshRelease() {
+    RELEASE_PARTS.forEach((id) => M.refreshSoon(id));
+  }
+
+  // ---- the live feed
+  M.live({
+    report(message) {
+      const previous = book.add(message);
+      for (const entry of message.versions || []) {
+        if (entry.model === config.model) addBatches(entry.version, entry.batch_size_buckets);
+      }
+      // A worker moved to another generation: convergence and roles changed.
+      if (previous && previous.generation !== message.generation) M.refreshSoon("release-panel");
+    },
+    state(message) {
+      const mine = message.models && message.models[config.model];
+      if (!mine || mine.generation !== currentGeneration()) refreshRelease();
+      drill.sawState(mine);
+    },
+    open() {
+      liveSince = Date.now();
+      refreshRelease();  // catch up on whatever happened while the feed was off
+    },
+    close() { liveSince = 0; },
+  }, { fallback: () => M.refreshAll(...RELEASE_PARTS, "model-drills") });
+
+  // ---- once a second: table cells, history, charts
+  function tick() {
+    const rows = versionRows();
+    // Until reports had time to arrive, the server's figures are better than nothing.
+    if (!liveSince || Date.now() - liveSince < 1500) {
+      draw(rows);
+      return;
+    }
+    const figures = book.figures(config.model);
+    const workers = book.fresh().length;
+    document.getElementById("live-note").textContent = workers
+      ? `per second, summed over ${workers} live worker${workers === 1 ? "" : "s"}`
+      : "no worker is reporting";
+    if ([...figures.keys()].some((version) => !rows.some((row) => row.version === version))) M.refreshSoon("live-figures");
+    rows.forEach((row) => M.fillRow(row.row, figures.get(row.version)));
+    record(figures, rows);
+    draw(rows);
+  }
+  setInterval(tick, 1000);
+  tick();
+
+  function record(figures, rows) {
+    const versions = new Set([...rows.map((row) => row.version), ...figures.keys(), ...history.series.keys()]);
+    history.t.push(Date.now() / 1000);
+    for (const version of versions) {
+      if (!history.series.has(version)) history.series.set(version, emptySeries(history.t.length - 1));
+      const figure = figures.get(version);
+      const series = history.series.get(version);
+      series.requests_per_s.push(figure ? figure.requests_per_s : null);
+      series.p50_ms.push(figure ? figure.p50_ms : null);
+      series.p99_ms.push(figure ? figure.p99_ms : null);
+      series.error_rate.push(figure && figure.error_rate != null ? figure.error_rate * 100 : null);
+      series.queue_depth.push(figure ? figure.queue_depth : null);
+    }
+    if (history.t.length > HISTORY_S) {
+      history.t.shift();
+      history.series.forEach((series) => Object.values(series).forEach((values) => values.shift()));
+    }
+  }
+
+  function emptySeries(length) {
+    const gap = () => new Array(length).fill(null);
+    return { requests_per_s: gap(), p50_ms: gap(), p99_ms: gap(), error_rate: gap(), queue_depth: gap() };
+  }
+
+  function addBatches(version, cumulative) {
+    const now = Date.now();
+    const window = batches.get(version) || [];
+    window.push({ at: now, buckets: cumulative || {} });
+    while (window.length && window[0].at < now - BATCH_WINDOW_S * 1000) window.shift();
+    batches.set(version, window);
+  }
+
+  // ---- charts: rebuilt when the set of versions or their roles change
+  function draw(rows) {
+    const key = rows.map((row) => `${row.version}:${row.role}`).join(",");
+    if (key !== chartKey) {
+      if (charts) charts.forEach((chart) => chart.destroy());
+      charts = buildCharts(rows);
+      chartKey = key;
+    }
+    const column = (field) => rows.map((row) => (history.series.get(row.version) || {})[field] || []);
+    charts.get("requests_per_s").chart.setData([history.t, ...column("requests_per_s")]);
+    charts.get("latency").chart.setData([history.t, ...rows.flatMap((row) => {
+      const series = history.series.get(row.version) || {};
+      return [series.p50_ms || [], series.p99_ms || []];
+    })]);
+    charts.get("error_rate").chart.setData([history.t, ...column("error_rate")]);
+    charts.get("queue_depth").chart.setData([history.t, ...column("queue_depth")]);
+    drawBatches(rows);
+  }
+
+  function buildCharts(rows) {
+    const label = (row) => `v${row.version}${row.role ? " " + row.role : ""}`;
+    const each = rows.map((row, index) => ({ label: label(row), color: C.colorFor(row.role, index) }));
+    const latency = rows.flatMap((row, index) => [
+      { label: `${label(row)} p50`, color: C.colorFor(row.role, index), dash: [5, 4], width: 1.5 },
+      { label: `${label(row)} p99`, color: C.colorFor(row.role, index) },
+    ]);
+    const chart = (name) => document.querySelector(`#charts [data-chart="${name}"]`);
+    return new Map([
+      ["requests_per_s", C.line(chart("requests_per_s"), each, { format: M.format.rate, windowS: HISTORY_S })],
+      ["latency", C.line(chart("latency"), latency, { format: (v) => (v < 10 ? v.toFixed(1) : v.toFixed(0)), windowS: HISTORY_S })],
+      ["error_rate", C.line(chart("error_rate"), each, { format: (v) => `${+v.toFixed(2)}`, windowS: HISTORY_S })],
+      ["queue_depth", C.line(chart("queue_depth"), each, { format: (v) => String(Math.round(v * 10) / 10), windowS: HISTORY_S })],
+    ]);
+  }
+
+  function drawBatches(rows) {
+    const counts = rows.map((row) => {
+      const total = {};
+      (batches.get(row.version) || []).forEach((entry) => C.addBuckets(total, entry.buckets));
+      return C.bucketCounts(total);
+    });
+    const { labels, values } = C.shares(counts);
+    const series = rows.map((row, index) => ({ label: `v${row.version}${row.role ? " " + row.role : ""}`, color: C.colorFor(row.role, index), values: values[index] }))
+      .filter((s) => s.values.some((value) => value > 0));
+    C.bars(document.querySelector('#charts [data-chart="batch_sizes"]'), labels, series);
+  }
+
+  // ---- traffic actions answered in place (console.js posts them)
+  document.addEventListener("modelops:submitting", (event) => {
+    if (event.detail.form.dataset.enhance === "drill") drill.start();
+  });
+  document.addEventListener("modelops:changed", (event) => {
+    if (event.detail.form.dataset.enhance === "drill") drill.finish(event.detail.answer);
+    refreshRelease();
+    M.refreshSoon("model-drills");
+  });
+
+  // ---- the drill: a timer while the server waits for every worker's ack
+  const drill = (function () {
+    const box = document.getElementById("drill-status");
+    let started = 0;
+    let timer = null;
+    let target = null;
+
+    function start() {
+      started = performance.now();
+      target = null;
+      box.hidden = false;
+      box.classList.remove("done");
+      timer = setInterval(render, 100);
+      render();
+    }
+
+    function sawState(mine) {
+      if (timer && mine && target === null) target = mine.generation;
+    }
+
+    function render() {
+      const elapsed = ((performance.now() - started) / 1000).toFixed(1);
+      const workers = book.fresh();
+      const acked = target === null ? 0 : workers.filter((report) => report.generation >= target).length;
+      const waiting = target === null ? "rolling back…" : `${acked} of ${workers.length} workers report generation ${target}`;
+      box.innerHTML = `<span class="timer">${elapsed} s</span> Drill running: ${waiting}`;
+    }
+
+    function finish(answer) {
+      clearInterval(timer);
+      timer = null;
+      const elapsed = ((performance.now() - started) / 1000).toFixed(2);
+      box.classList.add("done");
+      box.textContent = `Drill finished after ${elapsed} s in this browser. ${answer.data.message || ""}`;
+    }
+
+    return { start, sawState, finish };
+  })();
+
+  // ---- upload: drag and drop or the file picker, with progress and the verdict
+  const form = document.getElementById("upload-form");
+  if (form) setUpUpload(form);
+
+  function setUpUpload(form) {
+    const zone = document.getElementById("dropzone");
+    const input = document.getElementById("id_artifact");
+    input.addEventListener("change", () => { if (input.files.length) upload(input.files[0]); });
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      if (input.files.length) upload(input.files[0]);
+    });
+    ["dragenter", "dragover"].forEach((name) => zone.addEventListener(name, (event) => {
+      event.preventDefault();
+      zone.classList.add("dragging");
+    }));
+    ["dragleave", "drop"].forEach((name) => zone.addEventListener(name, () => zone.classList.remove("dragging")));
+    zone.addEventListener("drop", (event) => {
+      event.preventDefault();
+      if (event.dataTransfer.files.length) upload(event.dataTransfer.files[0]);
+    });
+
+    function upload(file) {
+      const body = new FormData();
+      body.append("artifact", file, file.name);
+      body.append("description", form.elements.description.value);
+      const request = new XMLHttpRequest();
+      request.open("POST", form.dataset.api);
+      request.setRequestHeader("X-CSRFToken", M.csrfToken);
+      request.setRequestHeader("Accept", "application/json");
+      request.upload.onprogress = (event) => progress(file, event);
+      request.upload.onload = () => verdict("working", [`Sent ${file.name}. Validating in ONNX Runtime…`]);
+      request.onload = () => answered(request);
+      request.onerror = () => verdict("refused", ["The upload was interrupted: the console could not be reached."]);
+      verdict("working", [`Sending ${file.name}…`]);
+      request.send(body);
+    }
+
+    function progress(file, event) {
+      const box = document.getElementById("upload-progress");
+      box.hidden = false;
+      const percent = event.lengthComputable ? Math.round((event.loaded / event.total) * 100) : 0;
+      box.querySelector("progress").value = percent;
+      document.getElementById("upload-progress-text").textContent = `${percent}% of ${(file.size / 1024).toFixed(0)} KiB`;
+    }
+
+    function answered(request) {
+      document.getElementById("upload-progress").hidden = true;
+      form.reset();
+      let body = {};
+      try { body = JSON.parse(request.responseText); } catch (error) { body = {}; }
+      if (request.status === 201) {
+        verdict("ok", describeVersion(body), body);
+        refreshRelease();
+      } else {
+        verdict("refused", [`Refused (HTTP ${request.status}): ${body.error || "the console gave no reason"}`]);
+        M.refreshSoon("audit");
+      }
+    }
+  }
+
+  function describeVersion(version) {
+    const spec = (items) => (items || []).map((item) => `${item.name} ${item.datatype} [${(item.shape || []).map((d) => (d == null ? "?" : d)).join(", ")}]`).join(", ");
+    const checks = ((version.validation_report || {}).checks || []).filter((check) => check.ok).length;
+    return [
+      `✓ v${version.number} is ready: validated and registered.`,
+      `Inputs ${spec(version.signature && version.signature.inputs)} → outputs ${spec(version.signature && version.signature.outputs)}; opset ${version.opset}; ${checks} checks passed; sha256 ${String(version.sha256).slice(0, 12)}.`,
+    ];
+  }
+
+  function verdict(kind, lines, version) {
+    const box = document.getElementById("upload-result");
+    box.className = `upload-result ${kind}`;
+    box.replaceChildren(...lines.map((text) => Object.assign(document.createElement("p"), { textContent: text })));
+    if (version && version.number) {
+      const link = Object.assign(document.createElement("a"), { href: `versions/${version.number}/`, textContent: `Open v${version.number}` });
+      box.append(link);
+    }
+  }
+})();

@@ -1,0 +1,40 @@
+// Workers page: each report refreshes its worker's age and requests/s; a worker that
+// stops reporting fades out; a new worker or a generation change re-renders the table.
+"use strict";
+
+(function () {
+  const M = window.ModelOps;
+  const goneAfterS = JSON.parse(document.getElementById("gone-after-s").textContent);
+  const book = M.reportBook(goneAfterS);
+
+  M.live({
+    report(message) {
+      const previous = book.add(message);
+      const row = findRow(message.worker);
+      if (!row || row.classList.contains("gone") || (previous && previous.generation !== message.generation)) {
+        M.refreshSoon("workers-table");
+        return;
+      }
+      if (Number(row.dataset.generation) !== message.generation) M.refreshSoon("workers-table");
+      row.querySelector("[data-field=age] time").setAttribute("datetime", message.at);
+      const rate = (message.versions || []).reduce((sum, entry) => sum + (entry.requests_per_s || 0), 0);
+      row.querySelector("[data-field=requests_per_s]").textContent = M.format.rate(rate);
+    },
+    state() { M.refreshSoon("workers-table", 1500); },  // let workers ack first
+  }, { fallback: () => M.refreshAll("workers-table") });
+
+  function findRow(workerId) {
+    return [...document.querySelectorAll("#workers-table tr[data-worker]")].find((row) => row.dataset.worker === workerId);
+  }
+
+  // Fade a worker out as soon as its last report is too old.
+  setInterval(() => {
+    document.querySelectorAll("#workers-table tr[data-worker]").forEach((row) => {
+      const seen = new Date(row.querySelector("[data-field=age] time").getAttribute("datetime"));
+      if (Date.now() - seen.getTime() > goneAfterS * 1000 && !row.classList.contains("gone")) {
+        row.classList.add("gone");
+        row.querySelector("[data-field=requests_per_s]").textContent = "—";
+      }
+    });
+  }, 1000);
+})();

@@ -1,0 +1,76 @@
+"""Pages are tested with Django's test client, signed in as each persona."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from registry import releases
+from registry.choices import VersionStatus
+from registry.models import ModelVersion, RegisteredModel, Worker
+
+SIGNATURE = {
+    "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 4]}],
+    "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": ["batch", 3]}],
+    "opset": 17,
+    "producer": "tests",
+}
+
+
+def signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def operator_page(operator) -> Client:
+    return signed_in(operator)
+
+
+@pytest.fixture
+def viewer_page(viewer) -> Client:
+    return signed_in(viewer)
+
+
+@pytest.fixture
+def admin_page(admin_user) -> Client:
+    return signed_in(admin_user)
+
+
+def add_version(model: RegisteredModel, number: int, **fields) -> ModelVersion:
+    """A ready version row; pages only read rows, so no artifact is needed."""
+    defaults = {
+        "sha256": f"{number:064x}", "size_bytes": 1000 * number, "status": VersionStatus.READY, "signature": SIGNATURE,
+        "opset": 17, "producer": "tests", "metrics": {"accuracy": 0.9 + number / 100},
+        "validation_report": {"checks": [{"name": "parse", "ok": True, "message": "parsed", "elapsed_ms": 0.3}], "provider": "CPUExecutionProvider"},
+    }
+    return ModelVersion.objects.create(model=model, number=number, **{**defaults, **fields})
+
+
+@pytest.fixture
+def digits(db, operator) -> RegisteredModel:
+    """Model ``digits``: v1 stable at 100% (generation 1), v2 ready and unrouted."""
+    model = RegisteredModel.objects.create(name="digits", description="test digits")
+    releases.route_first_version(add_version(model, 1), operator)
+    add_version(model, 2)
+    return model
+
+
+@pytest.fixture
+def canary_digits(digits, operator) -> RegisteredModel:
+    """``digits`` with v2 as a 10% canary (its rollback target is v1 at 100%)."""
+    releases.set_routes(digits, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], operator)
+    return digits
+
+
+def report_from(worker_id: str, *, generation: int, versions: list[dict], seconds_ago: float = 0.0, url: str = "http://worker.test") -> Worker:
+    """A worker row as its latest report left it."""
+    seen = timezone.now() - timezone.timedelta(seconds=seconds_ago)
+    report = {"worker": {"id": worker_id}, "generation": generation, "versions": versions}
+    loaded = [{"model": entry["model"], "version": entry["version"], "routed": True} for entry in versions]
+    return Worker.objects.create(
+        worker_id=worker_id, host="host-a", pid=42, url=url, device="cpu", generation=generation,
+        loaded=loaded, last_report=report, last_seen_at=seen,
+    )

@@ -1,0 +1,198 @@
+"""POST page twins: act through the registry, say what happened, and refuse readers."""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+import pytest
+from django.contrib.messages import get_messages
+
+from registry.models import AuditEvent, Drill, ModelVersion, Release
+from registry.onnx_build import random_mlp, to_bytes
+from tests.fixtures.store import stored_files
+
+CHANGES = [
+    ("/models/digits/split/", {"canary_version": "2", "preset": "50"}),
+    ("/models/digits/promote/", {}),
+    ("/models/digits/rollback/", {}),
+    ("/models/digits/drill/", {}),
+]
+
+
+def staged_files(root) -> list:
+    """Uploads still waiting in the store's staging folder (should be none after a request)."""
+    return [path for path in stored_files(root) if path.relative_to(root).parts[0] == "tmp"]
+
+
+def messages_of(response) -> list[str]:
+    return [str(message) for message in get_messages(response.wsgi_request)]
+
+
+def snapshot() -> tuple:
+    return (list(Release.objects.values_list("generation", "routes")), ModelVersion.objects.count(), AuditEvent.objects.count(), Drill.objects.count())
+
+
+@pytest.mark.parametrize(("path", "body"), CHANGES)
+def test_viewer_post_is_refused_and_nothing_changes(viewer_page, canary_digits, path, body):
+    before = snapshot()
+
+    response = viewer_page.post(path, body)
+
+    assert response.status_code == 403
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("path", ["/models/digits/promote/", "/models/digits/rollback/", "/models/digits/drill/"])
+def test_viewer_cannot_open_confirmations(viewer_page, canary_digits, path):
+    assert viewer_page.get(path).status_code == 403
+
+
+def test_viewer_upload_is_refused_and_leaves_no_file(viewer_page, digits, artifact_root):
+    before = snapshot()
+    upload = io.BytesIO(to_bytes(random_mlp([4, 3], seed=9)))
+    upload.name = "forged.onnx"
+
+    response = viewer_page.post("/models/digits/upload/", {"artifact": upload})
+
+    assert response.status_code == 403
+    assert snapshot() == before
+    assert staged_files(artifact_root) == []
+
+
+def test_stranger_post_goes_to_sign_in_and_nothing_changes(client, canary_digits):
+    before = snapshot()
+
+    response = client.post("/models/digits/rollback/")
+
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize(("body", "routes"), [
+    ({"canary_version": "2", "preset": "10", "weight": "33"}, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]),
+    ({"canary_version": "2", "weight": "33"}, [{"version": 1, "weight": 67}, {"version": 2, "weight": 33}]),
+    ({"canary_version": "2", "preset": "100"}, [{"version": 2, "weight": 100}]),
+    ({"canary_version": "2", "weight": "0"}, [{"version": 1, "weight": 100}]),
+])
+def test_operator_sets_the_canary_share(operator_page, digits, body, routes):
+    response = operator_page.post("/models/digits/split/", body)
+
+    assert response.status_code == 302 and response["Location"] == "/models/digits/"
+    assert digits.current_release().routes == routes
+    assert messages_of(response)[0].startswith("Generation 2: traffic is now")
+
+
+def test_split_without_a_share_is_refused_with_a_reason(operator_page, digits):
+    response = operator_page.post("/models/digits/split/", {"canary_version": "2"}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 400
+    assert response.json() == {"level": "error", "message": "choose a preset or type the canary's share (0-100%)"}
+    assert digits.current_release().generation == 1
+
+
+def test_split_answers_a_fetch_with_json(operator_page, digits):
+    response = operator_page.post("/models/digits/split/", {"canary_version": "2", "preset": "1"}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 200
+    assert response.json() == {"level": "success", "message": "Generation 2: traffic is now v1 99%, v2 1%. Workers are converging.", "generation": 2}
+
+
+def test_rollback_returns_to_the_previous_split_and_is_audited(operator_page, canary_digits):
+    response = operator_page.post("/models/digits/rollback/", {"reason": "p99 regressed"})
+
+    release = canary_digits.current_release()
+    assert release.routes == [{"version": 1, "weight": 100}]
+    assert release.action == "rollback" and release.reason == "p99 regressed"
+    assert messages_of(response) == ["Generation 3: traffic is now v1 100%. Workers are converging."]
+    assert AuditEvent.objects.filter(kind="release", data__generation=3).exists()
+
+
+def test_rollback_of_a_first_release_says_why(operator_page, digits):
+    response = operator_page.post("/models/digits/rollback/")
+
+    assert messages_of(response) == ["nothing to roll back to: generation 1 is the first release of digits"]
+    assert digits.current_release().generation == 1
+
+
+def test_promote_makes_the_canary_stable(operator_page, canary_digits):
+    operator_page.post("/models/digits/promote/")
+
+    release = canary_digits.current_release()
+    assert (release.action, release.stable_version, release.routes) == ("promote", 2, [{"version": 2, "weight": 100}])
+
+
+def test_drill_runs_and_reports_its_result(operator_page, canary_digits):
+    response = operator_page.post("/models/digits/drill/", HTTP_ACCEPT="application/json")
+
+    drill = Drill.objects.get()
+    assert response.json()["drill"] == drill.pk
+    assert response.json()["level"] == "error"  # no live worker followed it
+    assert response.json()["message"] == f"Drill #{drill.pk} failed: no ack from every worker, 0 failed requests."
+    assert canary_digits.current_release().routes == [{"version": 1, "weight": 100}]
+
+
+def test_operator_upload_registers_a_version(operator_page, digits, artifact_root):
+    upload = io.BytesIO(to_bytes(random_mlp([4, 3], seed=11)))
+    upload.name = "v3.onnx"
+
+    response = operator_page.post("/models/digits/upload/", {"artifact": upload, "description": "bigger"})
+
+    assert messages_of(response) == ["Version 3 validated and registered."]
+    assert digits.versions.get(number=3).description == "bigger"
+    assert staged_files(artifact_root) == []
+
+
+def test_refused_upload_says_why_and_leaves_nothing(operator_page, digits, artifact_root):
+    upload = io.BytesIO(b"this is not an onnx model")
+    upload.name = "broken.onnx"
+
+    response = operator_page.post("/models/digits/upload/", {"artifact": upload}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 400
+    assert response.json()["message"].startswith("Upload refused: ")
+    assert AuditEvent.objects.filter(kind="upload_refused").count() == 1
+    assert digits.versions.count() == 2
+    assert stored_files(artifact_root) == []
+
+
+class FakeResponse:
+    def __init__(self, status_code: int, body: dict):
+        self.status_code, self._body, self.text = status_code, body, str(body)
+
+    def json(self):
+        return self._body
+
+
+def test_try_it_forwards_to_a_worker_and_shows_the_answer(viewer_page, digits, monkeypatch):
+    sent = {}
+
+    def fake_post(url, json, timeout):
+        sent.update(url=url, body=json)
+        return FakeResponse(200, {"request_id": "r1", "model_version": 1, "outputs": {"probabilities": [0.1, 0.2, 0.7]}, "latency_ms": 1.25})
+
+    monkeypatch.setattr(httpx, "post", fake_post)
+
+    response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": "[1, 2, 3, 4]"}, HTTP_ACCEPT="application/json")
+
+    assert sent == {"url": "http://127.0.0.1:8001/predict", "body": {"model_name": "digits", "version": 1, "inputs": [1, 2, 3, 4]}}
+    assert response.json()["ok"] is True
+    assert "Answered by v1 in 1.25 ms at the worker" in response.json()["html"]
+
+
+def test_try_it_names_an_unreachable_worker(viewer_page, digits, monkeypatch):
+    def refuse(url, json, timeout):
+        raise httpx.ConnectError("connection refused")
+
+    monkeypatch.setattr(httpx, "post", refuse)
+
+    html = viewer_page.post("/models/digits/versions/1/try/", {"inputs": "[1, 2, 3, 4]"}).content.decode()
+
+    assert "no answer from the worker at http://127.0.0.1:8001: connection refused" in html
+
+
+def test_try_it_refuses_bad_json_before_sending(viewer_page, digits):
+    response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": "[1, 2"}, HTTP_ACCEPT="application/json")
+
+    assert response.json()["ok"] is False
+    assert response.json()["error"].startswith("Inputs (JSON): not valid JSON")

@@ -1,0 +1,154 @@
+"""Every page renders for every role, shows the truth, and offers only what a role may do."""
+
+from __future__ import annotations
+
+import pytest
+
+from registry.models import Drill
+from tests.console.conftest import report_from
+
+PAGES = ["/", "/models/digits/", "/models/digits/versions/1/", "/workers/", "/drills/"]
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_pages_send_strangers_to_sign_in(client, digits, path):
+    response = client.get(path)
+
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/?next=")
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_every_page_renders_for_a_viewer(viewer_page, canary_digits, path):
+    response = viewer_page.get(path)
+
+    assert response.status_code == 200
+    assert b"victor" in response.content
+
+
+def test_sign_in_page_signs_in_and_lands_on_models(client, operator, digits):
+    page = client.get("/login/")
+    response = client.post("/login/", {"username": "olivia", "password": "pw-olivia"})
+
+    assert page.status_code == 200
+    assert b'for="id_username"' in page.content and b'for="id_password"' in page.content
+    assert response.status_code == 302 and response["Location"] == "/"
+
+
+def test_models_page_shows_stable_canary_split_and_live_figures(viewer_page, canary_digits):
+    report_from("w1", generation=2, versions=[
+        {"model": "digits", "version": 1, "requests": 90, "requests_per_s": 90.0, "errors": 0, "p99_ms": 4.0},
+        {"model": "digits", "version": 2, "requests": 10, "requests_per_s": 10.0, "errors": 1, "p99_ms": 16.0},
+    ])
+
+    html = viewer_page.get("/").content.decode()
+
+    assert 'class="tag tag-stable">v1</a>' in html
+    assert 'class="tag tag-canary">v2</a> <span class="muted">10%</span>' in html
+    assert "v1 · 90%" in html and "v2 · 10%" in html
+    assert '<td class="num" data-field="requests_per_s">100</td>' in html
+    assert '<td class="num" data-field="p99_ms">16.0 ms</td>' in html
+    assert '<td class="num" data-field="error_rate">1%</td>' in html
+    assert "✓ 1/1 converged" in html
+
+
+def test_models_page_says_what_is_wrong(viewer_page, canary_digits):
+    report_from("w1", generation=1, versions=[])
+
+    html = viewer_page.get("/").content.decode()
+
+    assert "1 of 1 workers converging to generation 2" in html
+    assert "pill-warn" in html
+
+
+def test_models_page_turns_red_on_errors(viewer_page, canary_digits):
+    report_from("w1", generation=2, versions=[{"model": "digits", "version": 2, "requests": 50, "requests_per_s": 50.0, "errors": 5}])
+
+    html = viewer_page.get("/").content.decode()
+
+    assert "Errors 10.0% of requests" in html
+
+
+def test_model_page_lists_versions_with_status_uploader_size_and_metrics(viewer_page, canary_digits):
+    html = viewer_page.get("/models/digits/").content.decode()
+
+    assert 'data-version="2" data-status="ready"' in html
+    assert "Ready" in html
+    assert "1.95 KiB" in html  # v2 is 2000 bytes
+    assert "<code title=\"" + f"{2:064x}" + "\">" + f"{2:064x}"[:12] in html
+    assert '<span class="metric-key">accuracy</span> 0.92' in html
+
+
+def test_model_page_offers_operators_every_traffic_control(operator_page, canary_digits):
+    html = operator_page.get("/models/digits/").content.decode()
+
+    assert 'action="/models/digits/split/"' in html
+    assert "⟲ Roll back to v1 100%" in html
+    assert 'href="/models/digits/promote/"' in html
+    assert 'href="/models/digits/drill/"' in html
+    assert 'id="upload-form"' in html
+    for weight in (1, 10, 50, 100):
+        assert f'name="preset" value="{weight}"' in html
+
+
+def test_model_page_offers_viewers_no_controls(viewer_page, canary_digits):
+    html = viewer_page.get("/models/digits/").content.decode()
+
+    for control in ("/models/digits/split/", "/models/digits/rollback/", "/models/digits/promote/", "/models/digits/drill/", "upload-form", 'name="preset"'):
+        assert control not in html
+    assert "operators change traffic" in html
+
+
+def test_rollback_confirmation_says_what_it_returns_to(operator_page, canary_digits):
+    html = operator_page.get("/models/digits/rollback/").content.decode()
+
+    assert "Traffic returns to <strong>v1 100%</strong>, the split of generation 1." in html
+    assert "Now: v1 90%, v2 10% (generation 2)." in html
+
+
+def test_a_fragment_answers_alone(viewer_page, canary_digits):
+    response = viewer_page.get("/models/digits/?fragment=release-panel")
+
+    assert response.status_code == 200
+    assert b"<html" not in response.content
+    assert b'data-generation="2"' in response.content
+
+
+def test_version_page_shows_signature_report_metrics_and_download(viewer_page, digits):
+    html = viewer_page.get("/models/digits/versions/1/").content.decode()
+
+    assert "<code>input</code></td><td>FP32</td><td><code>[batch, 4]</code>" in html
+    assert "<code>probabilities</code></td><td>FP32</td><td><code>[batch, 3]</code>" in html
+    assert "<strong>parse</strong> parsed" in html
+    assert 'href="/api/models/digits/versions/1/artifact"' in html
+    assert "[0, 0, 0, 0]" in html  # the try-it example: one row of zeros
+
+
+def test_workers_page_highlights_a_worker_behind_and_fades_a_gone_one(viewer_page, canary_digits):
+    report_from("current", generation=2, versions=[{"model": "digits", "version": 1, "requests_per_s": 12.0}])
+    report_from("lagging", generation=1, versions=[])
+    report_from("departed", generation=2, versions=[], seconds_ago=120)
+
+    html = viewer_page.get("/workers/").content.decode()
+
+    assert 'data-worker="current" data-generation="2" class="">' in html
+    assert 'data-worker="lagging" data-generation="1" class=" behind">' in html
+    assert 'data-worker="departed" data-generation="2" class="gone">' in html
+    assert "1 · behind" in html
+
+
+def test_drills_page_lists_every_drill_with_its_result(viewer_page, canary_digits, operator):
+    from django.utils import timezone
+
+    started = timezone.now()
+    Drill.objects.create(model=canary_digits, actor=operator, status="passed", started_at=started, finished_at=started + timezone.timedelta(seconds=0.5),
+                         last_ack_s=0.142, confirmed_s=0.2, failed_requests=0, target_s=60.0, from_generation=2, to_generation=3, workers=[{"worker": "w1"}])
+
+    html = viewer_page.get("/drills/").content.decode()
+
+    assert "badge-passed" in html and "0.142 s" in html and "0.500 s" in html and "2 → 3" in html
+
+
+def test_admins_get_the_user_admin_link(admin_page, viewer_page, digits):
+    assert b"/admin/auth/user/" in admin_page.get("/").content
+    assert b"/admin/auth/user/" not in viewer_page.get("/").content

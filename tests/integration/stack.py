@@ -1,0 +1,139 @@
+"""A live stack for integration tests: the console under uvicorn (ASGI, Channels) on the
+test database and the real Redis, and serving workers as `manage.py serve` processes.
+
+A plain module (not a conftest) so the browser tests can reuse it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def database_url(settings_dict: dict) -> str:
+    """The URL of the database pytest-django created, for the child processes."""
+    if settings_dict["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{settings_dict['NAME']}"
+    user = settings_dict.get("USER") or "postgres"
+    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+    return f"postgres://{user}{password}@{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}/{settings_dict['NAME']}"
+
+
+@dataclass
+class Process:
+    name: str
+    url: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+
+
+@dataclass
+class Stack:
+    env: dict
+    work_dir: Path
+    console: Process | None = None
+    workers: list[Process] = field(default_factory=list)
+
+    def start_console(self, **extra_env) -> Process:
+        port = free_port()
+        command = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+        self.console = self._spawn("console", command, f"http://127.0.0.1:{port}", extra_env)
+        self.env["CONSOLE_URL"] = self.console.url
+        wait_http(self.console, "/healthz")
+        return self.console
+
+    def start_worker(self, *, wait_ready: bool = True, **extra_env) -> Process:
+        port = free_port()
+        index = len(self.workers)
+        env = {"SERVING_WORKER_ID": f"worker-{index}", "SERVING_CACHE_DIR": str(self.work_dir / f"cache-{index}"), **extra_env}
+        command = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        worker = self._spawn(f"worker-{index}", command, f"http://127.0.0.1:{port}", env)
+        self.workers.append(worker)
+        wait_http(worker, "/v2/health/ready" if wait_ready else "/v2/health/live")
+        return worker
+
+    def stop(self) -> None:
+        for process in [*self.workers, self.console]:
+            if process is not None:
+                process.stop()
+
+    def _spawn(self, name: str, command: list[str], url: str, extra_env: dict) -> Process:
+        log_path = self.work_dir / f"{name}.log"
+        log = open(log_path, "wb")
+        popen = subprocess.Popen(command, cwd=REPO_ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return Process(name, url, popen, log_path)
+
+
+def make_stack(work_dir: Path, settings, db_settings: dict, **env) -> Stack:
+    base = {
+        **os.environ,
+        "DATABASE_URL": database_url(db_settings),
+        "DATA_DIR": str(work_dir / "data"),
+        "ARTIFACT_ROOT": str(settings.ARTIFACT_ROOT),
+        "SERVING_WORKER_TOKEN": settings.SERVING_WORKER_TOKEN,
+        "WORKER_GONE_AFTER_S": "5",
+        "SERVING_RECONCILE_INTERVAL_S": "2",
+        "SERVING_REPORT_INTERVAL_S": "0.5",
+        "SERVING_MAX_BATCH_SIZE": "8",
+        "SERVING_DEVICE": "cpu",
+        **env,
+    }
+    return Stack(env=base, work_dir=work_dir)
+
+
+def wait_http(process: Process, path: str, timeout_s: float = START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{process.log()}")
+        try:
+            if httpx.get(process.url + path, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{process.name} did not answer {path} within {timeout_s} s:\n{process.log()}")
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy; return it (or None)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    return None

@@ -1,0 +1,50 @@
+"""Settings come from the environment and bad values fail loudly at start."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.config import ConfigError, ServingConfig
+
+
+def test_defaults_without_environment(monkeypatch):
+    for name in ("SERVING_MAX_BATCH_SIZE", "SERVING_DEVICE", "CONSOLE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+    config = ServingConfig.from_env()
+
+    assert (config.device, config.max_batch_size, config.console_url) == ("auto", 32, "http://127.0.0.1:8000")
+
+
+def test_values_are_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SERVING_MAX_QUEUE_DELAY_S", "0.005")
+    monkeypatch.setenv("SERVING_MEMORY_PATTERN", "off")
+    monkeypatch.setenv("CONSOLE_URL", "http://console:8000/")
+
+    config = ServingConfig.from_env()
+
+    assert (config.max_queue_delay_s, config.memory_pattern, config.console_url) == (0.005, False, "http://console:8000")
+
+
+def test_worker_token_can_come_from_a_file(monkeypatch, tmp_path):
+    (tmp_path / "token").write_text("abc\n")
+    monkeypatch.setenv("SERVING_WORKER_TOKEN_FILE", str(tmp_path / "token"))
+
+    assert ServingConfig.from_env().worker_token == "abc"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("SERVING_MAX_BATCH_SIZE", "0", "must be >= 1"),
+        ("SERVING_MAX_BATCH_SIZE", "many", "expected an integer"),
+        ("SERVING_DEVICE", "tpu", "expected one of auto, cpu, cuda"),
+        ("SERVING_MAX_QUEUE_DELAY_S", "-1", "must be a finite number >= 0"),
+        ("SERVING_MEMORY_PATTERN", "maybe", "expected true or false"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_setting(monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+
+    with pytest.raises(ConfigError, match=f"{name}.*{message}"):
+        ServingConfig.from_env()

@@ -1,0 +1,76 @@
+"""Fetching the desired state and artifacts: bearer token, sha256 verification, local URLs."""
+
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+import pytest
+
+from serving.console_client import ArtifactError, ConsoleClient, StateError, read_state_file
+
+PAYLOAD = b"model bytes"
+SHA256 = hashlib.sha256(PAYLOAD).hexdigest()
+
+
+def console(handler) -> ConsoleClient:
+    return ConsoleClient("http://console.test", "s3cret", 2.0, transport=httpx.MockTransport(handler))
+
+
+def test_fetch_state_sends_the_worker_token():
+    seen = []
+
+    def handler(request):
+        seen.append((request.url.path, request.headers["authorization"]))
+        return httpx.Response(200, json={"generation": 3, "models": {}})
+
+    assert console(handler).fetch_state() == {"generation": 3, "models": {}}
+    assert seen == [("/api/serving/state", "Bearer s3cret")]
+
+
+def test_fetch_state_failure_is_a_state_error():
+    with pytest.raises(StateError, match="cannot fetch the serving state"):
+        console(lambda request: httpx.Response(503)).fetch_state()
+
+
+def test_artifact_is_downloaded_verified_and_cached_by_sha256(tmp_path):
+    calls = []
+
+    def handler(request):
+        calls.append(str(request.url))
+        return httpx.Response(200, content=PAYLOAD)
+
+    client = console(handler)
+    dest = tmp_path / f"{SHA256}.onnx"
+
+    assert client.fetch_artifact("/api/models/m/versions/1/artifact", SHA256, dest) == dest
+    assert client.fetch_artifact("/api/models/m/versions/1/artifact", SHA256, dest) == dest
+    assert dest.read_bytes() == PAYLOAD
+    assert calls == ["http://console.test/api/models/m/versions/1/artifact"]
+
+
+def test_artifact_with_the_wrong_sha256_is_refused_and_not_cached(tmp_path):
+    dest = tmp_path / f"{'0' * 64}.onnx"
+
+    with pytest.raises(ArtifactError, match="sha256 mismatch"):
+        console(lambda request: httpx.Response(200, content=PAYLOAD)).fetch_artifact("/a", "0" * 64, dest)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_local_artifact_urls_are_read_in_place_and_verified(tmp_path):
+    source = tmp_path / "model.onnx"
+    source.write_bytes(PAYLOAD)
+    client = console(lambda request: httpx.Response(500))
+
+    assert client.fetch_artifact(f"file://{source}", SHA256, tmp_path / "x") == source
+    assert client.fetch_artifact(str(source), SHA256, tmp_path / "x") == source
+    with pytest.raises(ArtifactError):
+        client.fetch_artifact(str(source), "1" * 64, tmp_path / "x")
+
+
+def test_state_file_must_hold_an_object(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text("[]")
+
+    with pytest.raises(StateError, match="does not hold a JSON object"):
+        read_state_file(path)

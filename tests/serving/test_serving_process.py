@@ -1,0 +1,65 @@
+"""The worker as deployed: its own process (`python -m serving.worker`), driven by tritonclient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from serving_testkit import SubprocessWorker, ort_reference, route, state, write_state
+
+
+@pytest.fixture(scope="module")
+def process_worker(tmp_path_factory, mlp_v1):
+    tmp_path = tmp_path_factory.mktemp("process")
+    state_file = write_state(tmp_path / "state.json", state(4, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}))
+    worker = SubprocessWorker(state_file, tmp_path).wait_ready()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def triton_client(process_worker):
+    client = triton.InferenceServerClient(process_worker.url.removeprefix("http://"))
+    yield client
+    client.close()
+
+
+def test_tritonclient_reads_server_and_model_metadata(triton_client):
+    assert triton_client.is_server_live() and triton_client.is_server_ready()
+    assert triton_client.is_model_ready("digits")
+    metadata = triton_client.get_model_metadata("digits")
+
+    assert metadata["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
+    assert metadata["parameters"]["generation"] == 4
+    assert "binary_tensor_data" in triton_client.get_server_metadata()["extensions"]
+
+
+def test_tritonclient_infers_with_binary_data_by_default(triton_client, mlp_v1):
+    batch = np.random.default_rng(5).standard_normal((4, 64), dtype=np.float32)
+    tensor = triton.InferInput("input", list(batch.shape), "FP32")
+    tensor.set_data_from_numpy(batch)  # binary_data=True is tritonclient's default
+
+    result = triton_client.infer("digits", [tensor], outputs=[triton.InferRequestedOutput("probabilities")])
+
+    np.testing.assert_allclose(result.as_numpy("probabilities"), ort_reference(mlp_v1[0], batch), atol=1e-5)
+    assert result.get_response()["model_version"] == "1"
+
+
+def test_tritonclient_infers_with_json_data_and_a_timeout(triton_client, mlp_v1):
+    batch = np.ones((2, 64), np.float32)
+    tensor = triton.InferInput("input", [2, 64], "FP32")
+    tensor.set_data_from_numpy(batch, binary_data=False)
+
+    result = triton_client.infer("digits", [tensor], model_version="1", timeout=5_000_000)
+
+    np.testing.assert_allclose(result.as_numpy("probabilities"), ort_reference(mlp_v1[0], batch), atol=1e-5)
+
+
+def test_tritonclient_sees_server_errors_as_exceptions(triton_client):
+    tensor = triton.InferInput("input", [1, 3], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 3), np.float32))
+
+    with pytest.raises(triton.InferenceServerException, match="dimension 1 must be 64"):
+        triton_client.infer("digits", [tensor])
+

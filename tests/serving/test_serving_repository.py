@@ -1,0 +1,121 @@
+"""Converging on a desired state: load and warm first, swap, drain, unload; refuse bad artifacts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from serving.console_client import ConsoleClient
+from serving.protocol import Decoded
+from serving.repository import Repository
+from serving_testkit import make_config, route, state
+
+
+@pytest.fixture
+def repository(tmp_path):
+    executor = ThreadPoolExecutor(2)
+    client = ConsoleClient("http://127.0.0.1:9", "", 1.0)
+    yield Repository(make_config(tmp_path), "cpu", client.fetch_artifact, executor)
+    executor.shutdown()
+
+
+def digits(generation: int, *routes, warm=()) -> dict:
+    return state(generation, {"digits": {"routes": list(routes), "warm": list(warm)}})
+
+
+async def infer(repository: Repository, version: int | None = None) -> int:
+    target = repository.router.table.resolve("digits", version)
+    batch = np.zeros((1, 64), np.float32)
+    await target.submit(Decoded((batch,), 1), time.monotonic() + 5, "test")
+    return target.version
+
+
+async def test_apply_loads_warms_and_routes(repository, mlp_v1):
+    result = await repository.apply(digits(1, route(1, 100, *mlp_v1)))
+
+    assert (result["generation"], result["ok"]) == (1, True)
+    assert repository.is_ready and repository.generation == 1
+    assert await infer(repository) == 1
+
+
+async def test_applying_the_same_state_twice_changes_nothing(repository, mlp_v1):
+    desired = digits(1, route(1, 100, *mlp_v1))
+    await repository.apply(desired)
+    table, loaded = repository.router.table, dict(repository.loaded)
+
+    result = await repository.apply(desired)
+
+    assert result["ok"] is True
+    assert repository.router.table is table
+    assert dict(repository.loaded) == loaded
+
+
+async def test_bad_sha256_is_refused_and_previous_routes_keep_serving(repository, mlp_v1, mlp_v2):
+    await repository.apply(digits(1, route(1, 100, *mlp_v1)))
+    table = repository.router.table
+    forged = route(2, 100, mlp_v2[0], "0" * 64)
+
+    result = await repository.apply(digits(2, route(1, 0, *mlp_v1), forged))
+
+    assert result["ok"] is False
+    assert result["generation"] == 2
+    assert "sha256 mismatch" in result["error"]
+    assert repository.router.table is table
+    assert repository.generation == 1
+    assert set(repository.loaded) == {("digits", 1)}
+    assert await infer(repository) == 1
+
+
+async def test_unloadable_model_is_refused_with_the_runtime_reason(repository, tmp_path):
+    import hashlib
+
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+
+    result = await repository.apply(digits(1, route(1, 100, junk, hashlib.sha256(b"not a model").hexdigest())))
+
+    assert result["ok"] is False
+    assert "ONNX Runtime refused the model" in result["error"]
+    assert not repository.is_ready
+
+
+async def test_retired_version_is_unloaded_and_warm_version_kept(repository, mlp_v1, mlp_v2):
+    await repository.apply(digits(1, route(1, 100, *mlp_v1)))
+
+    await repository.apply(digits(2, route(2, 100, *mlp_v2), warm=[1]))
+    assert set(repository.loaded) == {("digits", 1), ("digits", 2)}
+    assert await infer(repository, 1) == 1
+
+    await repository.apply(digits(3, route(2, 100, *mlp_v2)))
+    assert set(repository.loaded) == {("digits", 2)}
+
+
+async def test_requests_in_flight_on_a_retired_version_complete_before_unload(repository, mlp_v1, mlp_v2):
+    await repository.apply(digits(1, route(1, 100, *mlp_v1)))
+    in_flight = [asyncio.ensure_future(infer(repository)) for _ in range(50)]
+
+    await repository.apply(digits(2, route(2, 100, *mlp_v2)))
+
+    assert await asyncio.gather(*in_flight) == [1] * 50
+    assert await infer(repository) == 2
+
+
+async def test_invalid_state_is_refused_without_changes(repository):
+    result = await repository.apply({"generation": "x"})
+
+    assert result["ok"] is False
+    assert repository.router.table.generation == 0
+
+
+async def test_new_generation_with_the_same_routes_only_bumps_the_generation(repository, mlp_v1):
+    await repository.apply(digits(1, route(1, 100, *mlp_v1)))
+    loaded = dict(repository.loaded)
+
+    await repository.apply(digits(5, route(1, 100, *mlp_v1)))
+
+    assert repository.router.table.generation == 5
+    assert dict(repository.loaded) == loaded
