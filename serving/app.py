@@ -23,6 +23,7 @@ from serving.errors import (
     ServingError, VersionNotFound,
 )
 from serving.reports import failed_total
+from serving.shadow import ShadowMirror
 from serving.repository import LoadedVersion, Repository
 
 logger = logging.getLogger("serving.app")
@@ -102,6 +103,7 @@ class ServingApp:
         self.on_startup: list[Hook] = []
         self.on_shutdown: list[Hook] = []
         self._ids = RequestIds()
+        self.shadow = ShadowMirror()
         self._simple_routes: dict[str, Callable[[], Response]] = {
             "/v2/health/live": lambda: Response(200, b'{"live":true}'),
             "/v2/health/ready": self._server_ready,
@@ -230,6 +232,8 @@ class ServingApp:
         except ServingError as exc:
             exc.version = target
             raise
+        if version is None:
+            self._mirror(name, target, decoded, outputs)
         if json_length is None:
             return Response(200, payload, (), target)
         return Response(200, payload, _binary_headers(json_length), target, b"application/octet-stream")
@@ -244,9 +248,16 @@ class ServingApp:
         except ServingError as exc:
             exc.version = target
             raise
+        if version is None:
+            self._mirror(name, target, decoded, outputs)
         latency_ms = (time.monotonic() - started_s) * 1000
         body = protocol.encode_predict(request_id.decode(), name, target.version, decoded, outputs, target.io, latency_ms)
         return Response(200, body, (), target)
+
+    def _mirror(self, name: str, served: LoadedVersion, decoded, outputs) -> None:
+        routes = self.repository.router.table.models.get(name)
+        if routes is not None and routes.shadows:
+            self.shadow.after_response(routes, served, decoded, outputs)
 
     def _resolve(self, name: str, version: int | None, routing_key: str | None) -> LoadedVersion:
         if not self.repository.is_ready:
@@ -299,6 +310,7 @@ class ServingApp:
             "generation": self.repository.router.table.generation,
             "routes": [{"version": v, "weight": w} for v, w in zip(routes.versions, routes.weights)],
             "warm": sorted(set(routes.targets) - set(routes.versions)),
+            "shadows": [{"version": v, "shadow": f} for v, f in routes.shadows],
             "default_version": default.version,
         }
         return Response(200, orjson.dumps(document))

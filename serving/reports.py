@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 
 from serving import metrics
+from serving.shadow import COMPARISONS
 
 Key = tuple[str, str]  # (model, version) as the metric labels spell them
 
@@ -39,6 +40,18 @@ def snapshot() -> dict[Key, dict]:
 def failed_total() -> int:
     """Requests answered with a server-side failure (5xx) since the worker started."""
     return int(sum(sample.value for sample in _samples(metrics.REQUESTS, "modelops_requests_total") if int(sample.labels["code"]) >= 500))
+
+
+def shadow_totals() -> list[dict]:
+    """Cumulative shadow comparisons per shadow version: compared, agreed, errors, dropped."""
+    totals: dict[Key, dict] = defaultdict(lambda: {"agree": 0, "disagree": 0, "error": 0, "dropped": 0})
+    for sample in _samples(COMPARISONS, "modelops_shadow_comparisons_total"):
+        totals[_key(sample)][sample.labels["result"]] = int(sample.value)
+    return [
+        {"model": model, "version": int(version), "compared": counts["agree"] + counts["disagree"], "agreed": counts["agree"],
+         "errors": counts["error"], "dropped": counts["dropped"]}
+        for (model, version), counts in sorted(totals.items())
+    ]
 
 
 def quantile_ms(buckets: dict[str, float], q: float) -> float | None:
@@ -73,6 +86,7 @@ class ReportBuilder:
             "interval_s": round(interval_s, 3),
             "versions": versions,
             "requests_failed_total": failed_total(),
+            "shadow": shadow_totals(),
         }
 
     def _delta(self, key: Key, figures: dict, interval_s: float) -> dict:

@@ -63,6 +63,7 @@ class DesiredState:
     versions: tuple[VersionSpec, ...]  # routed and warm ones, each once
     warm_keys: tuple[tuple[str, int], ...]  # warm by number only: kept if loaded, never fetched
     weights: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]  # model -> ((version, weight), ...)
+    shadows: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()  # model -> ((version, fraction), ...)
 
 
 def parse_state(state: object, config: ServingConfig) -> tuple[int, DesiredState]:
@@ -71,13 +72,27 @@ def parse_state(state: object, config: ServingConfig) -> tuple[int, DesiredState
     models = state.get("models")
     if not isinstance(models, dict):
         raise StateInvalid("state needs a 'models' object")
-    specs, warm_keys, weights = [], [], []
+    specs, warm_keys, weights, shadows = [], [], [], []
     for model_name, model in sorted(models.items()):
         model_specs, model_warm, model_weights = _parse_model(model_name, model, config)
         specs.extend(model_specs)
         warm_keys.extend((model_name, version) for version in model_warm)
         weights.append((model_name, model_weights))
-    return state["generation"], DesiredState(tuple(specs), tuple(warm_keys), tuple(weights))
+        shadows.append((model_name, _shadows(model_name, model)))
+    return state["generation"], DesiredState(tuple(specs), tuple(warm_keys), tuple(weights), tuple(shadows))
+
+
+def _shadows(model_name: str, model: dict) -> tuple[tuple[int, float], ...]:
+    """Routes with a ``shadow`` fraction: mirrored after the answer, never answering."""
+    found = []
+    for route in model.get("routes", []):
+        fraction = route.get("shadow")
+        if fraction is None:
+            continue
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise StateInvalid(f"model '{model_name}' version {route.get('version')}: shadow must be a fraction in (0, 1]")
+        found.append((route["version"], float(fraction)))
+    return tuple(found)
 
 
 def _parse_model(model_name: str, model: object, config: ServingConfig):
@@ -327,9 +342,10 @@ class Repository:
 
     def _table(self, generation: int, desired: DesiredState) -> RoutingTable:
         models = {}
+        shadows = dict(desired.shadows)
         for model_name, weights in desired.weights:
             targets = {version: loaded for (name, version), loaded in self._loaded.items() if name == model_name}
-            models[model_name] = build_routes(dict(weights), targets)
+            models[model_name] = build_routes(dict(weights), targets, shadows.get(model_name, ()))
         return RoutingTable(generation, MappingProxyType(models))
 
     async def _retire(self, retired: list[LoadedVersion]) -> None:

@@ -29,6 +29,7 @@ class ModelRoutes(Generic[V]):
     weights: tuple[int, ...]
     bounds: tuple[int, ...]  # bounds[i] = first bucket *after* versions[i]
     targets: Mapping[int, V]  # routed and warm versions, by number (pinned requests)
+    shadows: tuple[tuple[int, float], ...] = ()  # (version, fraction of requests mirrored)
 
     def choose(self, routing_key: str | None) -> int:
         if not self.versions:
@@ -43,7 +44,7 @@ def bucket_of(routing_key: str) -> int:
     return int.from_bytes(digest, "big") % BUCKETS
 
 
-def build_routes(weights_by_version: Mapping[int, int], targets: Mapping[int, V]) -> ModelRoutes[V]:
+def build_routes(weights_by_version: Mapping[int, int], targets: Mapping[int, V], shadows=()) -> ModelRoutes[V]:
     """Routes from {version: weight%}; weight-0 versions stay pinnable but get no traffic."""
     routed = [(version, weight) for version, weight in sorted(weights_by_version.items()) if weight > 0]
     total = sum(weight for _, weight in routed)
@@ -56,6 +57,7 @@ def build_routes(weights_by_version: Mapping[int, int], targets: Mapping[int, V]
         weights=tuple(weight for _, weight in routed),
         bounds=tuple(bounds),
         targets=MappingProxyType(dict(targets)),
+        shadows=tuple((version, fraction) for version, fraction in shadows if version in targets),
     )
 
 

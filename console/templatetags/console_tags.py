@@ -112,3 +112,19 @@ def filesize(size_bytes) -> str:
 @register.filter
 def pretty_json(value) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+@register.filter
+def likeliest(answer) -> str:
+    """For an answer whose one output is a probability vector: 'class 7 (74.3%)'.
+    Anything else (several outputs, logits, a batch) gets '' rather than a guess."""
+    outputs = answer.get("outputs") if isinstance(answer, dict) else None
+    if not isinstance(outputs, dict) or len(outputs) != 1:
+        return ""
+    values = next(iter(outputs.values()))
+    if not isinstance(values, list) or len(values) < 2 or not all(isinstance(value, (int, float)) for value in values):
+        return ""
+    if min(values) < 0 or abs(sum(values) - 1) > 0.01:
+        return ""
+    best = max(range(len(values)), key=values.__getitem__)
+    return f"class {best} ({values[best]:.1%})"

@@ -23,22 +23,30 @@ window.Charts = (function () {
         // A live chart shows a fixed window ending now, so it scrolls and is never blank-dated.
         x: windowS ? { time, range: () => { const now = Date.now() / 1000; return [now - windowS, now]; } } : { time },
         y: { range: (u, min, max) => [0, max > 0 ? max * 1.15 : 1] } },
-      axes: [{ ...AXIS }, { ...AXIS, size: 52, values: (u, values) => values.map(format) }],
+      axes: [
+        windowS ? { ...AXIS, space: 70, values: (u, ticks) => ticks.map(clockTime) } : { ...AXIS },
+        { ...AXIS, size: 52, values: (u, values) => values.map(format) },
+      ],
       series: [
         { value: (u, v) => (v == null ? "—" : new Date(v * 1000).toLocaleTimeString()) },
         ...series.map((s) => ({
-          label: s.label, stroke: s.color, width: s.width || 2, dash: s.dash, spanGaps: false,
-          points: { show: false }, value: (u, v) => (v == null ? "—" : format(v)),
+          // uPlot's default shows points only where data is sparse (a lone minute).
+          label: s.label, stroke: s.color, width: s.width || 2, dash: s.dash, spanGaps: false, value: (u, v) => (v == null ? "—" : format(v)),
         })),
       ],
       cursor: { drag: { x: false, y: false } },
-      legend: { live: true },
+      // The figures table beside the charts carries the numbers; the legend names the lines.
+      legend: { live: false },
     };
     const data = [[], ...series.map(() => [])];
     const chart = new uPlot(options, data, container);
     const observer = new ResizeObserver(() => chart.setSize({ width: Math.max(container.clientWidth, 200), height: HEIGHT }));
     observer.observe(container);
     return { chart, destroy: () => { observer.disconnect(); chart.destroy(); } };
+  }
+
+  function clockTime(seconds) {
+    return new Date(seconds * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
   }
 
   // Cumulative Prometheus-style {le: count} -> ascending [{bound, count}] per bucket.

@@ -144,11 +144,12 @@ window.ModelOps = (function () {
     buttons.forEach((button) => { button.disabled = true; });
     const dialog = form.closest("dialog");
     if (dialog) dialog.close();
-    form.dispatchEvent(new CustomEvent("modelops:submitting", { bubbles: true, detail: { form } }));
+    // Announced on the document: a live refresh may replace the form while it is posted.
+    document.dispatchEvent(new CustomEvent("modelops:submitting", { detail: { form } }));
     const answer = await post(form.action, body);
     buttons.forEach((button) => { button.disabled = false; });
     flash(answer.data.level || (answer.ok ? "success" : "error"), answer.data.message);
-    form.dispatchEvent(new CustomEvent("modelops:changed", { bubbles: true, detail: { form, answer } }));
+    document.dispatchEvent(new CustomEvent("modelops:changed", { detail: { form, answer } }));
   });
 
   // ---- "12 s ago", kept current without a reload.

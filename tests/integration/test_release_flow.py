@@ -79,6 +79,7 @@ def test_both_workers_ack_a_split_within_two_seconds_and_serve_it(stack, api):
     assert body is not None, api.get("/api/models/tiny/release/").json()
     assert time.monotonic() - started < 2.0
     assert body["converged"] is True
+    assert wait_until(lambda: api.get("/api/models/tiny/release/").json()["rollback_ready"], 3)  # v1 alone, warm everywhere
     for worker in workers:
         assert routes_of(worker) == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
         counts = served_versions(worker, 400)

@@ -241,7 +241,7 @@ def test_model_metadata_reports_routes_warm_versions_and_generation(digits_worke
     assert document["versions"] == ["1", "2"]
     assert document["platform"] == "onnxruntime_onnx"
     assert document["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
-    assert document["parameters"] == {"generation": 1, "routes": [{"version": 1, "weight": 100}], "warm": [2],
+    assert document["parameters"] == {"generation": 1, "routes": [{"version": 1, "weight": 100}], "warm": [2], "shadows": [],
                                       "default_version": 1}
 
 
