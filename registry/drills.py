@@ -3,8 +3,10 @@ worker acking and serving the restored routes, with the failed requests counted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from django.conf import settings
@@ -27,7 +29,8 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = False) -> D
         model=model, actor=actor if actor.is_authenticated else None, started_at=timezone.now(), target_s=settings.DRILL_TARGET_S,
         roll_forward=roll_forward, from_generation=current.generation if current else None,
     )
-    failed_before = {worker.worker_id: failed_total(worker) for worker in workers}
+    with ThreadPoolExecutor(max_workers=max(len(workers), 1)) as pool:
+        failed_before = dict(zip([worker.worker_id for worker in workers], pool.map(failed_total, workers)))
     drill.started_at = timezone.now()  # the operator's click, after the probes above
     try:
         release = releases.rollback(model, actor, f"rollback drill #{drill.pk}")
@@ -51,21 +54,24 @@ def failed_total(worker: Worker) -> int | None:
 def _measure(drill: Drill, workers: list[Worker], release: Release, failed_before: dict) -> list[dict]:
     deadline = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S
     acks = wait_for_acks([worker.worker_id for worker in workers], release.generation, deadline)
-    rows = []
-    for worker in workers:
-        ack = acks.get(worker.worker_id)
-        confirmed_s = _confirm(drill, worker, release, deadline) if ack and ack.ok else None
-        after = failed_total(worker)
-        before = failed_before.get(worker.worker_id)
-        rows.append({
-            "worker": worker.worker_id,
-            "ack_s": _since(drill, ack.received_at) if ack else None,
-            "ok": ack.ok if ack else None,
-            "error": (ack.error if ack else "no ack before the timeout"),
-            "confirmed_s": confirmed_s,
-            "failed_requests": None if before is None or after is None else max(after - before, 0),
-        })
+    # Probe every worker at once: a slow one must not delay the others' confirmation.
+    with ThreadPoolExecutor(max_workers=max(len(workers), 1)) as pool:
+        rows = list(pool.map(lambda worker: _worker_row(drill, worker, release, acks.get(worker.worker_id), failed_before, deadline), workers))
     return rows
+
+
+def _worker_row(drill: Drill, worker: Worker, release: Release, ack: WorkerAck | None, failed_before: dict, deadline: float) -> dict:
+    confirmed_s = _confirm(drill, worker, release, deadline) if ack and ack.ok else None
+    after = failed_total(worker)
+    before = failed_before.get(worker.worker_id)
+    return {
+        "worker": worker.worker_id,
+        "ack_s": _since(drill, ack.received_at) if ack else None,
+        "ok": ack.ok if ack else None,
+        "error": (ack.error if ack else "no ack before the timeout"),
+        "confirmed_s": confirmed_s,
+        "failed_requests": None if before is None or after is None else max(after - before, 0),
+    }
 
 
 def wait_for_acks(worker_ids: list[str], generation: int, deadline: float) -> dict[str, WorkerAck]:
@@ -99,10 +105,17 @@ def _probe(worker: Worker, path: str) -> dict | None:
     if not worker.url:
         return None
     try:
-        response = httpx.get(worker.url.rstrip("/") + path, timeout=PROBE_TIMEOUT_S)
+        response = _probe_client().get(worker.url.rstrip("/") + path)
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
+
+
+@functools.cache
+def _probe_client() -> httpx.Client:
+    """One pooled client for every probe: building a client (its TLS context) per call
+    costs tens of milliseconds, which would show up as drill time."""
+    return httpx.Client(timeout=PROBE_TIMEOUT_S, limits=httpx.Limits(max_connections=64))
 
 
 def _judge(drill: Drill, rows: list[dict]) -> None:

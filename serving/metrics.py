@@ -3,11 +3,20 @@
 Labels are (model, version) of *loaded* versions only, plus the status code; a request
 for an unknown model is counted under model="" so clients cannot grow the label set.
 The hot path uses a `VersionMetrics` that caches the labelled children once per version.
+
+Per-request figures (status count, request latency) are not written to prometheus-client
+one by one: each costs two to three lock round trips and a Python scan of the buckets
+(~3 % of the event loop at 3k req/s). `record` appends to a pending list instead, and
+`flush_pending()` folds it in, one `inc` per touched bucket and code. Every reader
+flushes first (`/metrics`, `/health`, the worker report), and a list flushes itself at
+`PENDING_LIMIT` entries, so readers always see every answered request.
 """
 
 from __future__ import annotations
 
 import resource
+from bisect import bisect_left
+from collections import Counter as Tally
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -33,6 +42,23 @@ LOADED_VERSIONS = Gauge("modelops_loaded_versions", "Model versions loaded and w
 DEVICE_MEMORY = Gauge("modelops_device_memory_used_bytes", "Memory in use on the inference device.", ["device"])
 
 
+PENDING_LIMIT = 2048
+_WITH_PENDING: set = set()  # VersionMetrics (and the unrouted tally) holding unflushed records
+
+
+def observe_many(child, values) -> None:
+    """`child.observe(v)` for every v, with one lock round trip per touched bucket."""
+    bounds, buckets, total = getattr(child, "_upper_bounds", None), getattr(child, "_buckets", None), getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None:  # another prometheus-client layout
+        for value in values:
+            child.observe(value)
+        return
+    counts = Tally(bisect_left(bounds, value) for value in values)
+    for index, count in counts.items():
+        buckets[index].inc(count)
+    total.inc(sum(values))
+
+
 class VersionMetrics:
     """The labelled children of one loaded version, looked up once."""
 
@@ -45,15 +71,41 @@ class VersionMetrics:
         self.batch_size = BATCH_SIZE.labels(*labels)
         self.queue_depth = QUEUE_DEPTH.labels(*labels)
         self._requests_by_code: dict[int, Counter] = {}
+        self._codes: list[int] = []  # pending, not yet in prometheus-client
+        self._latencies_s: list[float] = []
 
     def count(self, code: int) -> None:
+        self._child(code).inc()
+
+    def record(self, code: int, latency_s: float) -> None:
+        """One answered request: its status and its latency (folded in on the next flush)."""
+        self._codes.append(code)
+        self._latencies_s.append(latency_s)
+        if len(self._codes) == 1:
+            _WITH_PENDING.add(self)
+        elif len(self._codes) >= PENDING_LIMIT:
+            self.flush()
+
+    def flush(self) -> None:
+        codes, latencies_s = self._codes, self._latencies_s
+        if not codes:
+            return
+        self._codes, self._latencies_s = [], []
+        _WITH_PENDING.discard(self)
+        for code, count in Tally(codes).items():
+            self._child(code).inc(count)
+        observe_many(self.request_latency, latencies_s)
+
+    def _child(self, code: int) -> Counter:
         child = self._requests_by_code.get(code)
         if child is None:
             child = self._requests_by_code[code] = REQUESTS.labels(*self.labels, str(code))
-        child.inc()
+        return child
 
     def remove(self) -> None:
         """Forget the series of an unloaded version so labels stay bounded."""
+        self._codes, self._latencies_s = [], []
+        _WITH_PENDING.discard(self)
         for metric in (REQUEST_LATENCY, QUEUE_TIME, COMPUTE_TIME, BATCH_SIZE, QUEUE_DEPTH):
             _remove_quietly(metric, self.labels)
         for code in self._requests_by_code:
@@ -76,6 +128,12 @@ def count_unrouted(code: int) -> None:
     if child is None:
         child = _UNROUTED_BY_CODE[code] = REQUESTS.labels("", "", str(code))
     child.inc()
+
+
+def flush_pending() -> None:
+    """Fold every pending per-request record into prometheus-client (call before reading)."""
+    for pending in list(_WITH_PENDING):
+        pending.flush()
 
 
 def update_device_memory(device: str) -> None:

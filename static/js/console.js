@@ -9,33 +9,52 @@ window.ModelOps = (function () {
   // ---- fragments: the server renders the same template on load and on refresh.
   const pending = new Set();
 
-  async function refresh(element) {
-    // Never pull the rug from under someone typing or choosing: retry when they leave.
+  // Never pull the rug from under someone typing, choosing or confirming.
+  function isBusy(element) {
     const active = document.activeElement;
-    const busy = element.contains(active) && active.matches("input, select, textarea");
-    if (busy || element.querySelector("dialog[open]")) {
-      if (!pending.has(element)) {
-        pending.add(element);
-        element.addEventListener("focusout", () => setTimeout(() => retry(element), 50), { once: true });
-        element.addEventListener("close", () => retry(element), { once: true, capture: true });
-      }
+    return Boolean(element.querySelector("dialog[open]")) || (element.contains(active) && active.matches("input, select, textarea"));
+  }
+
+  async function refresh(element) {
+    if (isBusy(element)) {
+      pending.add(element);  // retried below once they are done
       return;
     }
     const url = new URL(location.href);
     url.searchParams.set("fragment", element.dataset.fragment);
-    const response = await fetch(url, { headers: { Accept: "text/html" }, credentials: "same-origin" });
-    if (response.ok) {
+    const ticket = (element.refreshTicket = (element.refreshTicket || 0) + 1);
+    let response;
+    try {
+      response = await fetch(url, { headers: { Accept: "text/html" }, credentials: "same-origin" });
+    } catch (error) {
+      return;  // the console is unreachable: the live-feed light already says so
+    }
+    if (ticket !== element.refreshTicket) return;  // a newer refresh overtook this one
+    if (response.redirected) {
+      location.reload();  // signed out meanwhile: let the login page say so
+    } else if (response.ok) {
+      const focused = focusSelector(element);
       element.innerHTML = await response.text();
       tickAges(element);
-      element.dispatchEvent(new CustomEvent("modelops:refreshed", { bubbles: true }));
-    } else if (response.status === 401 || response.redirected) {
-      location.reload();  // signed out meanwhile: let the login page say so
+      const again = focused && element.querySelector(focused);
+      if (again) again.focus();  // keyboard users keep their place
     }
   }
 
-  function retry(element) {
-    pending.delete(element);
-    refresh(element);
+  setInterval(() => pending.forEach((element) => {
+    if (!isBusy(element)) {
+      pending.delete(element);
+      refresh(element);
+    }
+  }), 500);
+
+  function focusSelector(element) {
+    const active = document.activeElement;
+    if (!element.contains(active) || active === element) return null;
+    if (active.id) return `#${CSS.escape(active.id)}`;
+    if (!active.name) return null;
+    const value = active.value ? `[value="${CSS.escape(active.value)}"]` : "";
+    return `${active.tagName.toLowerCase()}[name="${CSS.escape(active.name)}"]${value}`;
   }
 
   function refreshAll(...ids) {
@@ -103,10 +122,15 @@ window.ModelOps = (function () {
 
   // ---- POST with the session's CSRF token; JSON answers from the page twins.
   async function post(url, body) {
-    const response = await fetch(url, {
-      method: "POST", body, credentials: "same-origin",
-      headers: { Accept: "application/json", "X-CSRFToken": csrfToken },
-    });
+    let response;
+    try {
+      response = await fetch(url, {
+        method: "POST", body, credentials: "same-origin",
+        headers: { Accept: "application/json", "X-CSRFToken": csrfToken },
+      });
+    } catch (error) {
+      return { ok: false, status: 0, data: { level: "error", message: "The console could not be reached: reload to see what happened." } };
+    }
     let data;
     try {
       data = await response.json();

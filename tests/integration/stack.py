@@ -105,7 +105,7 @@ def make_stack(work_dir: Path, settings, db_settings: dict, **env) -> Stack:
         "ARTIFACT_ROOT": str(settings.ARTIFACT_ROOT),
         "SERVING_WORKER_TOKEN": settings.SERVING_WORKER_TOKEN,
         "WORKER_GONE_AFTER_S": "5",
-        "SERVING_RECONCILE_INTERVAL_S": "2",
+        "SERVING_RECONCILE_INTERVAL_S": "30",  # pushes must do the work; reconcile is the safety net
         "SERVING_REPORT_INTERVAL_S": "0.5",
         "SERVING_MAX_BATCH_SIZE": "8",
         "SERVING_DEVICE": "cpu",
