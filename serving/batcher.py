@@ -31,6 +31,7 @@ from functools import partial
 import numpy as np
 import orjson
 
+from serving.metrics import observe_many
 from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull
 
 logger = logging.getLogger("serving.batcher")
@@ -278,8 +279,7 @@ class BatchObserver:
         self.metrics.batch_size.observe(rows)
         self.metrics.compute_time.observe(compute_s)
         self.metrics.queue_depth.set(depth)
-        for request in requests:
-            self.metrics.queue_time.observe(started_s - request.enqueued_s)
+        observe_many(self.metrics.queue_time, [started_s - request.enqueued_s for request in requests])
 
 
 class Batcher:

@@ -91,6 +91,9 @@ class ServingConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     max_elements: int = 16 * 1024 * 1024
     executor_threads: int = 2
+    dispatch: str = "thread"
+    compute_nice: int = 0
+    max_in_flight: int = 0
     inline_batch_max_s: float = 0.0
     switch_interval_s: float = 0.005
     drain_timeout_s: float = 30.0
@@ -124,6 +127,9 @@ class ServingConfig:
             max_body_bytes=env_int("SERVING_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
             max_elements=env_int("SERVING_MAX_ELEMENTS", 16 * 1024 * 1024, minimum=1),
             executor_threads=env_int("SERVING_EXECUTOR_THREADS", 2, minimum=1),
+            dispatch=env_choice("SERVING_DISPATCH", "thread", ("thread", "executor")),
+            compute_nice=env_int("SERVING_COMPUTE_NICE", 0),
+            max_in_flight=env_int("SERVING_MAX_IN_FLIGHT", 0),
             inline_batch_max_s=env_float("SERVING_INLINE_BATCH_MAX_S", 0.0),
             switch_interval_s=env_float("SERVING_SWITCH_INTERVAL_S", 0.005, minimum=0.0001),
             drain_timeout_s=env_float("SERVING_DRAIN_TIMEOUT_S", 30.0),

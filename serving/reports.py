@@ -18,6 +18,7 @@ Key = tuple[str, str]  # (model, version) as the metric labels spell them
 
 def snapshot() -> dict[Key, dict]:
     """Cumulative figures per (model, version) from the worker's metrics."""
+    metrics.flush_pending()
     figures: dict[Key, dict] = defaultdict(lambda: {"requests": 0.0, "errors": 0.0, "client_errors": 0.0, "latency_sum_s": 0.0,
                                                    "latency_buckets": {}, "batch_size_buckets": {}, "queue_depth": 0.0})
     for sample in _samples(metrics.REQUESTS, "modelops_requests_total"):
@@ -39,6 +40,7 @@ def snapshot() -> dict[Key, dict]:
 
 def failed_total() -> int:
     """Requests answered with a server-side failure (5xx) since the worker started."""
+    metrics.flush_pending()
     return int(sum(sample.value for sample in _samples(metrics.REQUESTS, "modelops_requests_total") if int(sample.labels["code"]) >= 500))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -22,7 +23,7 @@ import orjson
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from serving import metrics
-from serving.batcher import Batcher, BatchObserver, BatchPolicy, EngineGate, LatencyModel
+from serving.batcher import Batcher, BatchObserver, BatchPolicy, DispatchThreads, EngineGate, LatencyModel, lower_priority
 from serving.config import ServingConfig
 from serving.console_client import ArtifactError
 from serving.engine import Engine
@@ -164,7 +165,12 @@ class LoadedVersion:
         self.metrics = metrics.VersionMetrics(spec.model_name, spec.version)
         self.latency = LatencyModel()
         self._gate = EngineGate(config.max_batches_in_flight)
-        self._executor = executor
+        # One long-lived thread per batch in flight, owned by this version (not a shared pool).
+        self._dispatch = None
+        if config.dispatch == "thread":
+            self._dispatch = DispatchThreads(f"onnx-{spec.model_name}-v{spec.version}", config.max_batches_in_flight,
+                                             config.compute_nice)
+        self._executor = self._dispatch or executor
         self._max_shape_queues = config.max_shape_queues
         self._inline_max_s = config.inline_batch_max_s
         self._batchers: dict[tuple, Batcher] = {}
@@ -199,6 +205,8 @@ class LoadedVersion:
         for batcher in self._batchers.values():
             batcher.close()
         self._batchers.clear()
+        if self._dispatch is not None:
+            self._dispatch.close()
         self.metrics.remove()
 
     def metadata(self, versions: list[str] | None = None) -> dict:
@@ -312,10 +320,14 @@ class Repository:
         loop = asyncio.get_running_loop()
         try:
             model_bytes = await loop.run_in_executor(None, self._fetch_verified, spec)
-            engine = await loop.run_in_executor(None, Engine, model_bytes, self.config, self.device)
+            engine = await loop.run_in_executor(None, _build_engine, model_bytes, self.config, self.device)
             _check_signature(spec, engine)
             version = LoadedVersion(spec, engine, self.config, self.executor)
-            samples = await loop.run_in_executor(None, engine.warm, version.policy.max_batch_size)
+            try:
+                samples = await loop.run_in_executor(None, engine.warm, version.policy.max_batch_size)
+            except BaseException:
+                version.close()
+                raise
         except (ArtifactError, OSError) as exc:
             raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
         except ORT_ERRORS as exc:
@@ -380,6 +392,28 @@ class Repository:
             version.close()
         self._loaded.clear()
         metrics.LOADED_VERSIONS.set(0)
+
+
+def _build_engine(model_bytes: bytes, config: ServingConfig, device: str) -> Engine:
+    """The session, created in a thread at the compute priority when SERVING_COMPUTE_NICE
+    is set: ONNX Runtime's intra-op threads start with (inherit) the creator's priority."""
+    if config.compute_nice <= 0:
+        return Engine(model_bytes, config, device)
+    outcome: dict = {}
+
+    def build() -> None:
+        lower_priority(config.compute_nice)
+        try:
+            outcome["engine"] = Engine(model_bytes, config, device)
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=build, name="onnx-load")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["engine"]
 
 
 def _check_signature(spec: VersionSpec, engine: Engine) -> None:
