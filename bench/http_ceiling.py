@@ -6,6 +6,7 @@ Starts, one after another on 127.0.0.1, each as its own process under uvicorn (u
 httptools, access log off, log level warning):
 
   raw       a bare ASGI handler: read the POST body, answer a fixed small JSON
+  raw1write the same, with uvicorn's protocol wrapped so head and body leave in one write
   batcher   the same plus a minimal asyncio batcher: orjson body -> np.array -> a queue
             drained by one loop task into ONE run_in_executor(session.run) per batch
             (the small MLP, same session options as the worker) -> orjson answer
@@ -102,6 +103,10 @@ def batcher_app(model_path: str):
                     return
         message = await receive()
         body = message.get("body", b"")
+        if not body:  # the readiness probe (GET /)
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
         document = orjson.loads(body)
         row = np.array(document["inputs"][0]["data"], dtype=np.float32).reshape(1, WIDTH)
         future = state["loop"].create_future()
@@ -117,11 +122,51 @@ def batcher_app(model_path: str):
     return app
 
 
+def coalescing_protocol():
+    """uvicorn's httptools protocol with the response head and body leaving in one write.
+
+    uvicorn writes `http.response.start` and `http.response.body` with one
+    `transport.write` (one send syscall, one loopback segment) each; this wrapper joins
+    the writes made in one loop iteration. Measured here only (target a2): using it in
+    the worker means passing it as `uvicorn.Config(http=...)` in serving/worker.py.
+    """
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class CoalescingTransport:
+        def __init__(self, transport, loop):
+            self._transport, self._loop, self._pending = transport, loop, []
+
+        def write(self, data) -> None:
+            if not self._pending:
+                self._loop.call_soon(self.flush)
+            self._pending.append(data)
+
+        def flush(self) -> None:
+            if self._pending:
+                data, self._pending = b"".join(self._pending), []
+                if not self._transport.is_closing():
+                    self._transport.write(data)
+
+        def close(self) -> None:
+            self.flush()
+            self._transport.close()
+
+        def __getattr__(self, name):
+            return getattr(self._transport, name)
+
+    class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(CoalescingTransport(transport, self.loop))
+
+    return CoalescingHttpToolsProtocol
+
+
 def serve(kind: str, port: int, model_path: str) -> None:
     import uvicorn
 
-    app = raw_app() if kind == "raw" else batcher_app(model_path)
-    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", access_log=False,
+    app = batcher_app(model_path) if kind == "batcher" else raw_app()
+    http = coalescing_protocol() if kind == "raw1write" else "httptools"
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http=http, access_log=False,
                 log_level="warning", lifespan="on" if kind == "batcher" else "off")
 
 
@@ -206,6 +251,7 @@ def compare(args, workdir: Path) -> list[dict]:
     worker_env = dict(item.split("=", 1) for item in args.worker_env)
     targets = [  # (label, server kind, path, script)
         ("a. raw ASGI, fixed JSON", "raw", "/", v2_script),
+        ("a2. raw ASGI, head+body in one write", "raw1write", "/", v2_script),
         ("b. raw ASGI + minimal batcher + ORT", "batcher", "/", v2_script),
         ("c. worker GET /v2/health/live", "worker", "/v2/health/live", None),
         ("d. worker POST /v2/models/small/infer", "worker", "/v2/models/small/infer", v2_script),
@@ -262,7 +308,7 @@ def main() -> None:
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--baseline-dir", type=Path, help="also run the worker from DIR/serving (before/after)")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--serve", choices=("raw", "batcher"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=("raw", "raw1write", "batcher"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()

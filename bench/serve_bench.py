@@ -192,14 +192,15 @@ def desired_state(models: dict[str, tuple[Path, str]], latency_target_s: float |
 
 class WorkerProcess:
     extra_env: dict[str, str] = {}  # --worker-env settings, for every worker the bench starts
+    source_dir: Path = ROOT  # --worker-dir: run the serving package of another checkout (before/after)
 
     def __init__(self, state_file: Path, cache_dir: Path):
         self.port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "SERVING_LOG_LEVEL": "warning", "SERVING_DEVICE": "cpu",
+        env = {**os.environ, "PYTHONPATH": str(self.source_dir), "SERVING_LOG_LEVEL": "warning", "SERVING_DEVICE": "cpu",
                "SERVING_CACHE_DIR": str(cache_dir), **self.extra_env}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "serving.worker", "--port", str(self.port), "--state-file", str(state_file)],
-            cwd=ROOT, env=env,
+            cwd=self.source_dir, env=env,
         )
 
     def __enter__(self) -> WorkerProcess:
@@ -288,8 +289,11 @@ def main() -> None:
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a SERVING_* setting for the worker under test (repeatable)")
     parser.add_argument("--skip-overload", action="store_true")
+    parser.add_argument("--worker-dir", type=Path, default=ROOT,
+                        help="directory holding the serving/ package to run (default: this checkout)")
     args = parser.parse_args()
     WorkerProcess.extra_env = dict(item.split("=", 1) for item in args.worker_env)
+    WorkerProcess.source_dir = args.worker_dir.resolve()
     if args.client == "auto":
         args.client = "wrk" if shutil.which("wrk") else "python"
     try:
@@ -320,6 +324,7 @@ def bench(args, workdir: Path) -> dict:
     print_table(rows)
     by_key = {(row["model"], row["concurrency"]): row for row in rows}
     report = {"cores": os.cpu_count(), "client": args.client, "worker_env": WorkerProcess.extra_env,
+              "worker_dir": str(WorkerProcess.source_dir), "load_average": os.getloadavg(),
               "ceilings": ceilings, "closed": rows}
     if args.skip_overload:
         return report

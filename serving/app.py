@@ -29,6 +29,9 @@ from serving.repository import LoadedVersion, Repository
 logger = logging.getLogger("serving.app")
 
 JSON = b"application/json"
+SHED_BODY = orjson.dumps({"error": "overloaded: too many requests in flight; retry later"})
+SHED_HEADERS = ((b"content-type", JSON), (b"content-length", str(len(SHED_BODY)).encode()), (b"retry-after", b"1"))
+SHED_BODY_MESSAGE = {"type": "http.response.body", "body": SHED_BODY}
 SERVER_METADATA = orjson.dumps({"name": "modelops-serving", "version": "1", "extensions": ["binary_tensor_data"]})
 MAX_REQUEST_ID_CHARS = 128
 Hook = Callable[[], Awaitable[None]]
@@ -102,6 +105,10 @@ class ServingApp:
         self.max_body_bytes = max_body_bytes
         self.on_startup: list[Hook] = []
         self.on_shutdown: list[Hook] = []
+        # Inference requests between arrival and answer; past the cap, a canned 503 before
+        # the body is read or parsed (SERVING_MAX_IN_FLIGHT, 0 = no cap).
+        self.max_in_flight = getattr(repository.config, "max_in_flight", 0) or math.inf
+        self.in_flight = 0
         self._ids = RequestIds()
         self.shadow = ShadowMirror()
         self._simple_routes: dict[str, Callable[[], Response]] = {
@@ -134,6 +141,13 @@ class ServingApp:
                 return
 
     async def _http(self, scope, receive, send) -> None:
+        path = scope["path"]
+        is_inference = path.endswith("/infer") or path == "/predict"
+        if is_inference:
+            if self.in_flight >= self.max_in_flight:
+                await self._shed(scope, send)
+                return
+            self.in_flight += 1
         started_s = time.monotonic()
         request_id = None
         try:
@@ -146,8 +160,23 @@ class ServingApp:
             request_id = request_id or self._ids.pick(None)
             logger.exception("unhandled error (request id %s)", request_id.decode())
             response = self._error(InternalError(request_id.decode()), request_id)
+        finally:
+            if is_inference:
+                self.in_flight -= 1
         await self._send(send, response, request_id or self._ids.pick(None))
-        self._account(scope, response, request_id, started_s)
+        self._account(path, is_inference, response, request_id, started_s)
+
+    async def _shed(self, scope, send) -> None:
+        """Over the in-flight cap: 503 + Retry-After, without reading or parsing the body."""
+        given = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                given = value
+                break
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [*SHED_HEADERS, (b"x-request-id", self._ids.pick(given))]})
+        await send(SHED_BODY_MESSAGE)
+        metrics.count_unrouted(503)
 
     def _error(self, exc: ServingError, request_id: bytes | None) -> Response:
         version = exc.version
@@ -157,27 +186,27 @@ class ServingApp:
         return Response(exc.status, exc.body(), exc.headers, version)
 
     async def _send(self, send, response: Response, request_id: bytes) -> None:
-        headers = [
-            (b"content-type", response.content_type),
-            (b"content-length", str(len(response.body)).encode()),
-            (b"x-request-id", request_id),
-            *response.headers,
-        ]
+        # One start + one body message (no more_body): uvicorn writes the head and the
+        # body with one transport.write each, and finishes the response on the second.
+        body = response.body
+        headers = [(b"content-type", response.content_type), (b"content-length", b"%d" % len(body)),
+                   (b"x-request-id", request_id)]
+        if response.headers:
+            headers += response.headers
         if response.version is not None:
             headers.append((b"x-model-version", response.version.version_header))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
-        await send({"type": "http.response.body", "body": response.body})
+        await send({"type": "http.response.body", "body": body})
 
-    def _account(self, scope, response: Response, request_id, started_s: float) -> None:
+    def _account(self, path: str, is_inference: bool, response: Response, request_id, started_s: float) -> None:
         version = response.version
         if version is not None:
-            version.metrics.count(response.status)
-            version.metrics.request_latency.observe(time.monotonic() - started_s)
-        elif scope["path"].endswith(("/infer", "/predict")):
+            version.metrics.record(response.status, time.monotonic() - started_s)
+        elif is_inference:
             metrics.count_unrouted(response.status)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(orjson.dumps({
-                "event": "request", "request_id": request_id.decode() if request_id else None, "path": scope["path"],
+                "event": "request", "request_id": request_id.decode() if request_id else None, "path": path,
                 "status": response.status, "version": version.version if version else None,
                 "ms": round((time.monotonic() - started_s) * 1000, 3),
             }).decode())
@@ -207,6 +236,7 @@ class ServingApp:
         return Response(200, orjson.dumps({**self.repository.health(), "requests_failed_total": failed_total()}))
 
     def _metrics(self) -> Response:
+        metrics.flush_pending()
         metrics.update_device_memory(self.repository.device)
         return Response(200, generate_latest(), content_type=CONTENT_TYPE_LATEST.encode())
 

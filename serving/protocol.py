@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
@@ -28,6 +28,17 @@ class ModelIO:
     outputs: tuple[TensorSpec, ...]
     is_batchable: bool
     max_elements: int
+    # Derived once per version, so the request path does not rebuild them.
+    specs: dict = field(init=False, repr=False, compare=False)
+    default_outputs: tuple = field(init=False, repr=False, compare=False)
+    json_outputs: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "specs", {spec.name: spec for spec in self.inputs})
+        object.__setattr__(self, "json_outputs", tuple((index, False) for index in range(len(self.outputs))))
+        object.__setattr__(self, "default_outputs", {
+            False: self.json_outputs, True: tuple((index, True) for index in range(len(self.outputs))),
+        })
 
 
 @dataclass(slots=True)
@@ -107,6 +118,8 @@ def rows_of(tensors: Sequence[np.ndarray], io: ModelIO) -> int:
     if not io.is_batchable:
         return 1
     rows = tensors[0].shape[0]
+    if len(tensors) == 1:
+        return rows
     for spec, tensor in zip(io.inputs, tensors):
         if tensor.shape[0] != rows:
             raise BadRequest(f"input '{spec.name}': batch dimension {tensor.shape[0]} differs from {rows}")
@@ -126,25 +139,36 @@ def split_binary(body: bytes, header_length: int | None) -> tuple[memoryview, me
     return view[:header_length], view[header_length:]
 
 
+_NO_BINARY = memoryview(b"")
+
+
 def decode_v2(body: bytes, header_length: int | None, io: ModelIO) -> Decoded:
-    json_part, binary = split_binary(body, header_length)
-    document = load_object(json_part)
+    if header_length is None:  # all JSON: parse the bytes as they are (no memoryview)
+        document, binary = load_object(body), _NO_BINARY
+    else:
+        json_part, binary = split_binary(body, header_length)
+        document = load_object(json_part)
     items = document.get("inputs")
     if not isinstance(items, list) or not items:
         raise BadRequest("'inputs' must be a non-empty list")
     by_name = _v2_tensors(items, binary, io)
-    tensors = tuple(_required(by_name, spec) for spec in io.inputs)
+    if len(io.inputs) == 1:
+        tensors = (_required(by_name, io.inputs[0]),)
+    else:
+        tensors = tuple(_required(by_name, spec) for spec in io.inputs)
+    parameters = document.get("parameters")
+    request_id = document.get("id")
     return Decoded(
-        tensors=tensors,
-        rows=rows_of(tensors, io),
-        outputs=_requested_outputs(document, io),
-        id=_request_id(document.get("id")),
-        timeout_s=_timeout_s(document.get("parameters")),
+        tensors,
+        rows_of(tensors, io),
+        _requested_outputs(document, io, parameters),
+        None if request_id is None else _request_id(request_id),
+        None if parameters is None else _timeout_s(parameters),
     )
 
 
 def _v2_tensors(items: list, binary: memoryview, io: ModelIO) -> dict[str, np.ndarray]:
-    specs = {spec.name: spec for spec in io.inputs}
+    specs = io.specs
     by_name, offset = {}, 0
     for item in items:
         if not isinstance(item, dict):
@@ -214,14 +238,16 @@ def _required(by_name: dict[str, np.ndarray], spec: TensorSpec) -> np.ndarray:
     return array
 
 
-def _requested_outputs(document: dict, io: ModelIO) -> tuple[tuple[int, bool], ...]:
-    parameters = document.get("parameters") or {}
+def _requested_outputs(document: dict, io: ModelIO, parameters: object = None) -> tuple[tuple[int, bool], ...]:
+    requested = document.get("outputs")
+    if parameters is None and requested is None:  # the common case: every output, as JSON
+        return io.json_outputs
+    parameters = parameters or {}
     if not isinstance(parameters, dict):
         raise BadRequest("'parameters' must be an object")
     default_binary = parameters.get("binary_data_output") is True
-    requested = document.get("outputs")
     if requested is None:
-        return tuple((index, default_binary) for index in range(len(io.outputs)))
+        return io.default_outputs[default_binary]
     if not isinstance(requested, list):
         raise BadRequest("'outputs' must be a list")
     return tuple(_output_choice(item, io, default_binary) for item in requested)
@@ -300,7 +326,7 @@ def decode_predict(document: dict, io: ModelIO) -> Decoded:
         given = {io.inputs[0].name: given}
     if not isinstance(given, dict):
         raise BadRequest("'inputs' must be a list of rows (single-input model) or an object by input name")
-    unknown = set(given) - {spec.name for spec in io.inputs}
+    unknown = [name for name in given if name not in io.specs]
     if unknown:
         raise BadRequest(f"input '{sorted(unknown)[0]}': the model has no such input")
     arrays = [_predict_array(spec, given.get(spec.name), io) for spec in io.inputs]
@@ -308,8 +334,7 @@ def decode_predict(document: dict, io: ModelIO) -> Decoded:
     if len(single) != 1:
         raise BadRequest("inputs mix a single row with lists of rows")
     tensors = tuple(array for array, _ in arrays)
-    outputs = tuple((index, False) for index in range(len(io.outputs)))
-    return Decoded(tensors, rows_of(tensors, io), outputs, is_single_row=single.pop())
+    return Decoded(tensors, rows_of(tensors, io), io.json_outputs, is_single_row=single.pop())
 
 
 def _predict_array(spec: TensorSpec, data: object, io: ModelIO) -> tuple[np.ndarray, bool]:

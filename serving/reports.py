@@ -44,6 +44,15 @@ def failed_total() -> int:
     return int(sum(sample.value for sample in _samples(metrics.REQUESTS, "modelops_requests_total") if int(sample.labels["code"]) >= 500))
 
 
+def device_memory_bytes(device: str) -> int | None:
+    """Memory in use on the inference device (NVML on a GPU, resident memory on CPU)."""
+    metrics.update_device_memory(device)
+    for sample in _samples(metrics.DEVICE_MEMORY, "modelops_device_memory_used_bytes"):
+        if sample.labels["device"] == device:
+            return int(sample.value)
+    return None
+
+
 def shadow_totals() -> list[dict]:
     """Cumulative shadow comparisons per shadow version: compared, agreed, errors, dropped."""
     totals: dict[Key, dict] = defaultdict(lambda: {"agree": 0, "disagree": 0, "error": 0, "dropped": 0})
@@ -89,6 +98,7 @@ class ReportBuilder:
             "versions": versions,
             "requests_failed_total": failed_total(),
             "shadow": shadow_totals(),
+            "device_memory_bytes": device_memory_bytes(repository.device),
         }
 
     def _delta(self, key: Key, figures: dict, interval_s: float) -> dict:

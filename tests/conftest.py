@@ -35,3 +35,10 @@ def pytest_sessionstart(session):
         problems.append(f"Redis at {redis_url!r} is unreachable")
     if problems:
         pytest.exit("; ".join(problems), returncode=3)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Browser tests last: Playwright's sync API keeps an event loop running in the main
+    thread until its session fixture closes, which would break tests using asyncio.run."""
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import reverse
 from rest_framework import serializers
 
-from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, Worker
+from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, VersionMetricMinute, Worker
 
 
 class UserNameField(serializers.RelatedField):
@@ -113,7 +113,13 @@ class DrillSerializer(serializers.ModelSerializer):
 class WorkerSerializer(serializers.ModelSerializer):
     class Meta:
         model = Worker
-        fields = ["worker_id", "host", "pid", "url", "device", "generation", "ok", "error", "loaded", "started_at", "last_seen_at"]
+        fields = ["worker_id", "host", "pid", "url", "device", "generation", "ok", "error", "loaded", "started_at", "last_seen_at", "last_report"]
+
+
+class MetricMinuteSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = VersionMetricMinute
+        fields = ["minute", "requests", "errors", "latency_sum_s", "latency_buckets", "batch_size_buckets"]
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

@@ -8,6 +8,7 @@ urlpatterns = [
     path("models/<slug:name>/versions/", views.VersionList.as_view(), name="api-versions"),
     path("models/<slug:name>/versions/<int:number>/", views.VersionDetail.as_view(), name="api-version"),
     path("models/<slug:name>/versions/<int:number>/artifact", views.VersionArtifact.as_view(), name="api-version-artifact"),
+    path("models/<slug:name>/versions/<int:number>/metrics/", views.VersionMetricHistory.as_view(), name="api-version-metrics"),
     path("models/<slug:name>/releases/", views.ReleaseHistory.as_view(), name="api-releases"),
     path("models/<slug:name>/release/", release_views.CurrentRelease.as_view(), name="api-release"),
     path("models/<slug:name>/release/promote/", release_views.Promote.as_view(), name="api-release-promote"),

@@ -84,6 +84,16 @@ class VersionDetail(generics.RetrieveAPIView):
         return get_object_or_404(ModelVersion.objects.select_related("model"), model__name=self.kwargs["name"], number=self.kwargs["number"])
 
 
+class VersionMetricHistory(generics.ListAPIView):
+    """Per-minute roll-ups of what workers reported for this version, oldest first."""
+
+    serializer_class = serializers.MetricMinuteSerializer
+
+    def get_queryset(self):
+        version = get_object_or_404(ModelVersion, model__name=self.kwargs["name"], number=self.kwargs["number"])
+        return version.metric_minutes.order_by("minute")
+
+
 class VersionArtifact(APIView):
     """The stored ONNX bytes, with their sha256 in ``X-Artifact-SHA256``."""
 

@@ -20,25 +20,34 @@ window.ModelOps = (function () {
       pending.add(element);  // retried below once they are done
       return;
     }
-    const url = new URL(location.href);
-    url.searchParams.set("fragment", element.dataset.fragment);
     const ticket = (element.refreshTicket = (element.refreshTicket || 0) + 1);
-    let response;
+    const html = await fetchFragment(element.dataset.fragment);
+    if (html === null || ticket !== element.refreshTicket) return;  // failed, or overtaken by a newer one
+    if (isBusy(element)) {
+      pending.add(element);  // they opened a dialog or started typing while we fetched
+      return;
+    }
+    swap(element, html);
+  }
+
+  async function fetchFragment(name) {
+    const url = new URL(location.href);
+    url.searchParams.set("fragment", name);
     try {
-      response = await fetch(url, { headers: { Accept: "text/html" }, credentials: "same-origin" });
+      const response = await fetch(url, { headers: { Accept: "text/html" }, credentials: "same-origin" });
+      if (response.redirected) location.reload();  // signed out meanwhile: let the login page say so
+      return response.ok && !response.redirected ? await response.text() : null;
     } catch (error) {
-      return;  // the console is unreachable: the live-feed light already says so
+      return null;  // the console is unreachable: the live-feed light already says so
     }
-    if (ticket !== element.refreshTicket) return;  // a newer refresh overtook this one
-    if (response.redirected) {
-      location.reload();  // signed out meanwhile: let the login page say so
-    } else if (response.ok) {
-      const focused = focusSelector(element);
-      element.innerHTML = await response.text();
-      tickAges(element);
-      const again = focused && element.querySelector(focused);
-      if (again) again.focus();  // keyboard users keep their place
-    }
+  }
+
+  function swap(element, html) {
+    const focused = focusSelector(element);
+    element.innerHTML = html;
+    tickAges(element);
+    const again = focused && element.querySelector(focused);
+    if (again) again.focus();  // keyboard users keep their place
   }
 
   setInterval(() => pending.forEach((element) => {

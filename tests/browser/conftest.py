@@ -34,6 +34,10 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 READY_TIMEOUT_S = 60.0
+# Channels groups ("serving", "live") are global to a Redis database: a worker of any
+# other stack on the same Redis would take this console's states and the other way
+# round, so this stack keeps to a database number of its own.
+REDIS_DATABASE = 11
 STOP_GRACE_S = 10.0
 WORKER_ID = "browser-worker"
 PASSWORDS = {"olivia": "operator", "victor": "viewer"}  # user -> group; password is "pw-<user>"
@@ -128,9 +132,9 @@ def sign_in(page, username: str) -> None:
 def _redis(data_dir: Path):
     """The test command always sets REDIS_URL; a bare `pytest` gets an embedded one."""
     url = os.environ.get("REDIS_URL")
-    if url:
-        return None, url
-    return embedded_redis.start(data_dir / "redis")
+    if not url:
+        return embedded_redis.start(data_dir / "redis")
+    return None, urlunparse(urlparse(url)._replace(path=f"/{REDIS_DATABASE}"))
 
 
 def _database() -> tuple[str | None, callable]:

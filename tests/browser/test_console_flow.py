@@ -20,6 +20,7 @@ from tests.browser.conftest import WORKER_ID, sign_in
 pytestmark = pytest.mark.browser
 
 LIVE_S = 20_000  # ms: anything that waits for a worker's ack or report
+expect.set_options(timeout=10_000)  # two busy cores run the stack and the browser
 
 
 class Traffic:
@@ -58,6 +59,7 @@ def test_operator_releases_a_canary_watches_it_rolls_back_and_drills(page, stack
 
     see_models_page(page, stack)
     page.get_by_role("link", name="digits", exact=True).click()
+    page.wait_for_url("**/models/digits/")  # loaded, scripts included
     upload_is_refused_with_its_reason(page, stack, tmp_path)
     upload_second_version(page, stack)
     set_canary(page, stack, "10%")

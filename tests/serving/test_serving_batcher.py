@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from serving.batcher import Batcher, BatchObserver, BatchPolicy, EngineGate, LatencyModel
+from serving.batcher import Batcher, BatchObserver, BatchPolicy, DispatchThreads, EngineGate, LatencyModel
 from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, QueueFull
 
 
@@ -174,3 +174,53 @@ async def test_tiny_batches_can_run_on_the_loop_thread_when_allowed(executor):
 
     assert float(result[0][0, 0]) == 4.0
     assert threads == [threading.get_ident()]
+
+
+@pytest.fixture
+def dispatch():
+    threads = DispatchThreads("onnx-test", threads=1)
+    yield threads
+    threads.close()
+
+
+async def test_dedicated_dispatch_thread_runs_batches_off_the_loop_and_splits_results(dispatch):
+    model = FakeModel()
+    model.release.clear()
+    names = []
+    batcher = make_batcher(lambda feeds: names.append(threading.current_thread().name) or model(feeds), dispatch)
+    first = batcher.submit(row(0), 1, deadline())
+    await asyncio.sleep(0.01)
+    rest = [batcher.submit(row(value), 1, deadline()) for value in (1, 2)]
+    model.release.set()
+
+    results = await asyncio.gather(first, *rest)
+
+    assert [float(result[0][0, 0]) for result in results] == [0.0, 2.0, 4.0]
+    assert model.batch_rows == [1, 2]
+    assert set(names) == {"onnx-test-0"}
+
+
+async def test_failure_on_the_dispatch_thread_fails_that_batch_only(dispatch):
+    calls = []
+
+    def flaky(feeds):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return [feeds[0] * 2]
+
+    batcher = make_batcher(flaky, dispatch)
+
+    with pytest.raises(ModelFailed):
+        await batcher.submit(row(1), 1, deadline())
+    assert float((await batcher.submit(row(1), 1, deadline()))[0][0, 0]) == 2.0
+
+
+def test_closing_dispatch_threads_ends_them():
+    threads = DispatchThreads("onnx-close", threads=2)
+
+    threads.close()
+
+    for thread in threads._threads:
+        thread.join(timeout=2)
+    assert not any(thread.is_alive() for thread in threads._threads)

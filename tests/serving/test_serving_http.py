@@ -267,3 +267,35 @@ def test_metrics_endpoint_exposes_the_named_series(digits_worker, client):
         "modelops_loaded_versions", 'modelops_device_memory_used_bytes{device="cpu"}',
     ):
         assert series in text, series
+
+
+def test_requests_past_the_in_flight_cap_get_503_before_the_body_is_read(start_worker, mlp_v1):
+    worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}), max_in_flight=1)
+    version = worker.worker.repository.loaded[("digits", 1)]
+    release, original = threading.Event(), version.engine.run
+    version.engine.run = lambda feeds: release.wait(5) and original(feeds)
+    body = orjson.dumps(v2_body(np.zeros((1, 64), np.float32)))
+
+    async def held_and_shed():
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            held = asyncio.ensure_future(http.post(worker.url + INFER, content=body))
+            await asyncio.sleep(0.2)  # the first request now holds the only slot
+            shed = await http.post(worker.url + INFER, content=b"{not even json", headers={"X-Request-ID": "shed-1"})
+            release.set()
+            return await held, shed
+
+    held, shed = asyncio.run(held_and_shed())
+
+    assert held.status_code == 200
+    assert (shed.status_code, shed.headers["retry-after"], shed.headers["x-request-id"]) == (503, "1", "shed-1")
+    assert "in flight" in shed.json()["error"]
+
+
+def test_health_counts_a_failure_as_soon_as_it_is_answered(digits_worker, client):
+    version = digits_worker.worker.repository.loaded[("digits", 1)]
+    version.engine.run = lambda feeds: 1 / 0
+    before = client.get(digits_worker.url + "/health").json()["requests_failed_total"]
+
+    client.post(digits_worker.url + INFER, json=v2_body(np.zeros((1, 64), np.float32)))
+
+    assert client.get(digits_worker.url + "/health").json()["requests_failed_total"] == before + 1
