@@ -353,7 +353,7 @@ def _release(request, model: RegisteredModel, change):
 def _confirm(request, model: RegisteredModel, fragment: str):
     """The confirmation a dialog shows, as a page of its own for browsers without JS."""
     release = model.current_release()
-    context = {"nav": "models", "model": model, "release": release, "confirm_fragment": fragment}
+    context = {"nav": "models", "model": model, "release": release, "confirm_fragment": fragment, "standalone": True}
     context.update(_release_panel_context(model, release, list(model.versions.all())))
     return render(request, "console/confirm.html", context)
 
@@ -477,7 +477,7 @@ def worker_url_for(version: ModelVersion) -> str:
             return worker.url.rstrip("/")
     if workers:
         return workers[0].url.rstrip("/")
-    return getattr(settings, "SERVING_PUBLIC_URL", "http://127.0.0.1:8001").rstrip("/")
+    return settings.SERVING_PUBLIC_URL.rstrip("/")
 
 
 @require_POST

@@ -14,7 +14,7 @@
   const history = { t: [], series: new Map() };  // version -> {requests_per_s: [], ...}
   const batches = new Map();  // version -> [{at, buckets}]
   let charts = null;
-  let chartKey = "";
+  let chartKey = null;
   let liveSince = 0;
   window.modelPage = { history };  // what the charts draw, for the browser tests and curious humans
 

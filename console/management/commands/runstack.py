@@ -30,6 +30,10 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo", action="store_true", help="skip registering the demo models")
 
     def handle(self, *args, host, port, serving_port, no_demo, **options):
+        # Explicit handlers: a shell starting us in the background ignores SIGINT, and
+        # SIGTERM (docker stop, CI) should stop the stack as cleanly as Ctrl-C.
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)
         started = time.monotonic()
         children: list[subprocess.Popen] = []
         env = dict(os.environ)
@@ -84,6 +88,10 @@ class Command(BaseCommand):
                     self.stderr.write(f"{' '.join(map(str, child.args[:4]))} exited with {child.returncode}; stopping")
                     return
             time.sleep(0.5)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _wait_http(url: str, process: subprocess.Popen) -> None:
