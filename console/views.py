@@ -272,7 +272,7 @@ def model_context(model: RegisteredModel) -> dict:
 def _release_panel_context(model: RegisteredModel, release: Release | None, versions: list[ModelVersion]) -> dict:
     target = release.rollback_target if release else None
     canary = canary_route(release)
-    choices = [v.number for v in versions if v.status == VersionStatus.READY and (release is None or v.number != release.stable_version)]
+    choices = canary_choices(release, versions)
     return {
         "segments": split_segments(release),
         "current_summary": describe_routes(release.routes) if release else "",
@@ -284,6 +284,12 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "presets": forms.PRESET_WEIGHTS,
         "last_drill": model.drills.select_related("actor").first(),
     }
+
+
+def canary_choices(release: Release | None, versions) -> list[int]:
+    """Ready versions other than the stable one: what a canary may be."""
+    stable = release.stable_version if release else None
+    return [version.number for version in versions if version.status == VersionStatus.READY and version.number != stable]
 
 
 def _split_form(release: Release | None, choices: list[int], canary: dict | None) -> forms.SplitForm:
@@ -308,8 +314,7 @@ def _live_rows(model: RegisteredModel, roles: dict[int, str], figures: dict) -> 
 def set_split(request, name: str):
     model = _model(name)
     release = model.current_release()
-    versions = list(model.versions.all())
-    choices = [v.number for v in versions if v.status == VersionStatus.READY and (release is None or v.number != release.stable_version)]
+    choices = canary_choices(release, model.versions.all())
     form = forms.SplitForm(request.POST, canary_choices=choices, stable_version=release.stable_version if release else None)
     if not form.is_valid():
         return _answer(request, name, "error", _first_error(form), status=400)

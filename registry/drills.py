@@ -61,14 +61,14 @@ def _measure(drill: Drill, workers: list[Worker], release: Release, failed_befor
 
 
 def _worker_row(drill: Drill, worker: Worker, release: Release, ack: WorkerAck | None, failed_before: dict, deadline: float) -> dict:
-    confirmed_s = _confirm(drill, worker, release, deadline) if ack and ack.ok else None
+    confirmed_s, seen = _confirm(drill, worker, release, deadline) if ack and ack.ok else (None, None)
     after = failed_total(worker)
     before = failed_before.get(worker.worker_id)
     return {
         "worker": worker.worker_id,
         "ack_s": _since(drill, ack.received_at) if ack else None,
         "ok": ack.ok if ack else None,
-        "error": (ack.error if ack else "no ack before the timeout"),
+        "error": _row_error(ack, confirmed_s, seen),
         "confirmed_s": confirmed_s,
         "failed_requests": None if before is None or after is None else max(after - before, 0),
     }
@@ -85,15 +85,28 @@ def wait_for_acks(worker_ids: list[str], generation: int, deadline: float) -> di
         time.sleep(POLL_S)
 
 
-def _confirm(drill: Drill, worker: Worker, release: Release, deadline: float) -> float | None:
-    """Seconds until the worker's own metadata reports the release's routes."""
+def _confirm(drill: Drill, worker: Worker, release: Release, deadline: float) -> tuple[float | None, object]:
+    """Seconds until the worker's own metadata reports the release's routes, and what
+    the last probe saw (kept for the report when it never did)."""
     expected = sorted((route["version"], route["weight"]) for route in release.routes if route["weight"] > 0)
+    seen: object = "no answer"
     while time.monotonic() < deadline:
         body = _probe(worker, f"/v2/models/{release.model.name}")
-        if body is not None and sorted(_routed(body)) == expected:
-            return (timezone.now() - drill.started_at).total_seconds()
+        seen = "no answer" if body is None else sorted(_routed(body))
+        if seen == expected:
+            return (timezone.now() - drill.started_at).total_seconds(), seen
         time.sleep(POLL_S)
-    return None
+    return None, seen
+
+
+def _row_error(ack: WorkerAck | None, confirmed_s: float | None, seen: object) -> str:
+    if ack is None:
+        return "no ack before the timeout"
+    if not ack.ok:
+        return ack.error
+    if confirmed_s is None:
+        return f"acked, but its metadata never showed the new routes (last probe: {seen})"
+    return ""
 
 
 def _routed(metadata: dict) -> list[tuple[int, int]]:

@@ -152,3 +152,15 @@ def test_drills_page_lists_every_drill_with_its_result(viewer_page, canary_digit
 def test_admins_get_the_user_admin_link(admin_page, viewer_page, digits):
     assert b"/admin/auth/user/" in admin_page.get("/").content
     assert b"/admin/auth/user/" not in viewer_page.get("/").content
+
+
+def test_confirmation_page_posts_plainly_without_javascript_enhancement(operator_page, canary_digits):
+    html = operator_page.get("/models/digits/drill/").content.decode()
+
+    assert '<form method="post" action="/models/digits/drill/" class="confirm">' in html
+    assert 'name="roll_forward"' in html
+
+
+def test_models_page_offers_operators_a_rollback_shortcut(operator_page, viewer_page, canary_digits):
+    assert b'href="/models/digits/rollback/"' in operator_page.get("/").content
+    assert b'href="/models/digits/rollback/"' not in viewer_page.get("/").content
