@@ -56,11 +56,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run(workers: int, drills: int) -> None:
-    with tempfile.TemporaryDirectory() as work:
+def run(workers: int, drills: int, work_dir: str | None = None) -> None:
+    with tempfile.TemporaryDirectory() as temporary:
+        work = work_dir or temporary
         redis_process, redis_url = (None, os.environ["REDIS_URL"]) if os.environ.get("REDIS_URL") else embedded_redis.start(Path(work) / "redis")
         env = {**os.environ, "DATA_DIR": work, "REDIS_URL": redis_url, "SERVING_REPORT_INTERVAL_S": "1", "SERVING_DEVICE": "cpu",
-               "DJANGO_SECRET_KEY": "bench", "SERVING_WORKER_TOKEN": "bench-token"}
+               "DJANGO_SECRET_KEY": "bench", "SERVING_WORKER_TOKEN": "bench-token",
+               "CHANNEL_LAYER_PREFIX": f"drill-bench-{os.getpid()}"}
         env.pop("DATABASE_URL", None)
         token = prepare(env)
         stack = Stack(env=env, work_dir=Path(work))
@@ -114,9 +116,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--drills", type=int, default=20)
+    parser.add_argument("--work-dir", help="keep the database and process logs here (an empty folder) instead of a temporary one")
     args = parser.parse_args()
     started = time.monotonic()
-    run(args.workers, args.drills)
+    run(args.workers, args.drills, args.work_dir)
     print(f"\nbench took {time.monotonic() - started:.0f} s")
 
 

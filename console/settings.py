@@ -142,11 +142,14 @@ DRILL_TARGET_S = env_float("DRILL_TARGET_S", 60.0, minimum=0.1)
 DRILL_ACK_TIMEOUT_S = env_float("DRILL_ACK_TIMEOUT_S", 10.0, minimum=0.1)
 
 REDIS_URL = env_str("REDIS_URL")
+# Channels groups ("serving", "live") are global to a Redis database: deployments that
+# share one Redis keep apart by prefix, or one's workers would apply the other's states.
+CHANNEL_LAYER_PREFIX = env_str("CHANNEL_LAYER_PREFIX", "modelops")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30},
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30, "prefix": CHANNEL_LAYER_PREFIX},
         }
     }
 else:

@@ -70,7 +70,7 @@ def env_secret(name: str, default: str = "") -> str:
 
 @dataclass(frozen=True, slots=True)
 class ServingConfig:
-    """Settings of one worker process. Documented in docs/serving-settings.md."""
+    """Settings of one worker process. Documented in the README settings table."""
 
     device: str = "auto"
     intra_op_threads: int = 0

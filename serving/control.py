@@ -49,9 +49,11 @@ def make_identity(public_url: str, device: str) -> Identity:
 class ControlPlane:
     """Plugs into a ``serving.worker.Worker`` through its startup and shutdown hooks."""
 
-    def __init__(self, worker, *, redis_url: str, public_url: str, reconcile_interval_s: float = 3.0, report_interval_s: float = 1.0):
+    def __init__(self, worker, *, redis_url: str, public_url: str, channel_prefix: str = "modelops", reconcile_interval_s: float = 3.0,
+                 report_interval_s: float = 1.0):
         self.worker = worker
         self.redis_url = redis_url
+        self.channel_prefix = channel_prefix
         self.identity = make_identity(public_url, worker.device)
         self.reconcile_interval_s = reconcile_interval_s
         self.report_interval_s = report_interval_s
@@ -139,7 +141,7 @@ class ControlPlane:
     async def _listen_once(self) -> None:
         from channels_redis.core import RedisChannelLayer
 
-        layer = RedisChannelLayer(hosts=[self.redis_url], group_expiry=86400, expiry=30)
+        layer = RedisChannelLayer(hosts=[self.redis_url], prefix=self.channel_prefix, group_expiry=86400, expiry=30)
         channel = await layer.new_channel(prefix="serving-worker.")
         await layer.group_add(SERVING_GROUP, channel)
         try:

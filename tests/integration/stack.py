@@ -7,6 +7,7 @@ A plain module (not a conftest) so the browser tests can reuse it.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -109,6 +110,7 @@ def make_stack(work_dir: Path, settings, db_settings: dict, **env) -> Stack:
         "SERVING_REPORT_INTERVAL_S": "0.5",
         "SERVING_MAX_BATCH_SIZE": "8",
         "SERVING_DEVICE": "cpu",
+        "CHANNEL_LAYER_PREFIX": f"test-{secrets.token_hex(4)}",  # this stack's own groups
         **env,
     }
     return Stack(env=base, work_dir=work_dir)

@@ -32,6 +32,7 @@ class Command(BaseCommand):
             ControlPlane(
                 worker,
                 redis_url=settings.REDIS_URL,
+                channel_prefix=settings.CHANNEL_LAYER_PREFIX,
                 public_url=public_url or f"http://{host}:{port}",
                 reconcile_interval_s=env_float("SERVING_RECONCILE_INTERVAL_S", 3.0, minimum=0.1),
                 report_interval_s=env_float("SERVING_REPORT_INTERVAL_S", 1.0, minimum=0.05),
