@@ -174,3 +174,33 @@ def test_shadow_route_is_accepted_with_zero_weight(operator_client, three_versio
 
     assert response.status_code == 201
     assert response.json()["release"]["routes"][1] == {"version": 3, "weight": 0, "shadow": 0.1}
+
+
+def test_viewer_cannot_run_a_drill(viewer_client, three_versions):
+    from registry.models import Drill
+
+    response = viewer_client.post("/api/models/digits/drills/", {}, format="json")
+
+    assert response.status_code == 403
+    assert Drill.objects.count() == 0
+    assert Release.objects.count() == 1
+
+
+def test_drill_with_nothing_to_roll_back_is_a_conflict_and_recorded(operator_client, three_versions):
+    response = operator_client.post("/api/models/digits/drills/", {}, format="json")
+
+    assert response.status_code == 409
+    assert "nothing to roll back to" in response.json()["error"]
+    drills = operator_client.get("/api/models/digits/drills/").json()
+    assert [(drill["status"], drill["error"].startswith("nothing to roll back to")) for drill in drills] == [("error", True)]
+    assert Release.objects.count() == 1
+
+
+def test_drill_without_live_workers_fails_and_says_why(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+
+    assert drill["status"] == "failed"
+    assert drill["error"] == "no live workers to follow the rollback"
+    assert current_routes(three_versions) == [{"version": 1, "weight": 100}]
