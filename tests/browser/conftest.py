@@ -34,10 +34,6 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 READY_TIMEOUT_S = 60.0
-# Channels groups ("serving", "live") are global to a Redis database: a worker of any
-# other stack on the same Redis would take this console's states and the other way
-# round, so this stack keeps to a database number of its own.
-REDIS_DATABASE = 11
 STOP_GRACE_S = 10.0
 WORKER_ID = "browser-worker"
 PASSWORDS = {"olivia": "operator", "victor": "viewer"}  # user -> group; password is "pw-<user>"
@@ -132,9 +128,9 @@ def sign_in(page, username: str) -> None:
 def _redis(data_dir: Path):
     """The test command always sets REDIS_URL; a bare `pytest` gets an embedded one."""
     url = os.environ.get("REDIS_URL")
-    if not url:
-        return embedded_redis.start(data_dir / "redis")
-    return None, urlunparse(urlparse(url)._replace(path=f"/{REDIS_DATABASE}"))
+    if url:
+        return None, url
+    return embedded_redis.start(data_dir / "redis")
 
 
 def _database() -> tuple[str | None, callable]:
@@ -165,6 +161,9 @@ def _environment(data_dir: Path, redis_url: str, database_url: str | None) -> di
         "REDIS_URL": redis_url,
         "SERVING_WORKER_TOKEN": secrets.token_urlsafe(24),
         "SERVING_WORKER_ID": WORKER_ID,
+        # Channels groups ("serving", "live") are shared by everyone on a Redis database:
+        # a prefix of its own keeps other stacks' states away from this stack's worker.
+        "CHANNEL_LAYER_PREFIX": f"browser-{secrets.token_hex(4)}",
         "SERVING_DEVICE": "cpu",
         "SERVING_CACHE_DIR": str(data_dir / "serving-cache"),
         "PYTHONUNBUFFERED": "1",
