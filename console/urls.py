@@ -2,8 +2,6 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
-from console import views
-
 handler404 = "console.views.not_found"
 handler500 = "console.views.server_error"
 
