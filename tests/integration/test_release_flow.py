@@ -179,3 +179,28 @@ def test_artifact_with_a_wrong_sha256_is_refused_and_reported(stack, api):
     assert row["generation"] < generation
     assert routes_of(worker) == [{"version": 1, "weight": 100}]
     assert predict(worker).json()["model_version"] == 1
+
+
+def test_worker_keeps_serving_without_redis_and_catches_up_after(tmp_path, settings, model, operator):
+    from console import embedded_redis
+    from tests.integration.stack import free_port
+
+    port = free_port()
+    redis_process, redis_url = embedded_redis.start(tmp_path / "redis", port=port)
+    stack = make_stack(tmp_path, settings, connection.settings_dict, REDIS_URL=redis_url)
+    try:
+        stack.start_console()
+        worker = stack.start_worker()
+        token, _ = Token.objects.get_or_create(user=operator)
+        api = httpx.Client(base_url=stack.console.url, headers={"Authorization": f"Token {token.key}"}, timeout=30)
+        embedded_redis.stop(redis_process)
+
+        assert [predict(worker).status_code for _ in range(20)] == [200] * 20
+        assert api.post("/api/models/tiny/release/", json={"routes": [{"version": 2, "weight": 100}]}).status_code == 201
+        redis_process, _ = embedded_redis.start(tmp_path / "redis", port=port)
+
+        assert wait_until(lambda: routes_of(worker) == [{"version": 2, "weight": 100}], 20, 0.2)
+        assert predict(worker).json()["model_version"] == 2
+    finally:
+        stack.stop()
+        embedded_redis.stop(redis_process)
