@@ -25,8 +25,10 @@ browser:
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 		else echo "install Debian's chromium package (sudo apt-get install chromium) for the browser tests"; exit 1; fi; }
 
+# Benchmarks print tables; docs/benchmarks.md records the latest figures.
 bench: $(STAMP)
-	$(BIN)/python bench/serve_bench.py
+	$(BIN)/python -m bench.serve_bench
+	$(BIN)/python -m console.embedded_redis $(BIN)/python -m bench.drill_bench
 
 clean:
 	rm -rf $(VENV) var test-artifacts
