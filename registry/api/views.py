@@ -54,7 +54,17 @@ class VersionList(generics.ListAPIView):
     def get_queryset(self):
         return get_model(self.kwargs["name"]).versions.select_related("model", "uploaded_by")
 
-    @extend_schema(request=serializers.VersionUploadSerializer, responses={201: serializers.VersionSerializer})
+    @extend_schema(
+        request=serializers.VersionUploadSerializer,
+        responses={201: serializers.VersionSerializer},
+        description=(
+            "Upload an ONNX file. It is inspected (ONNX checker, no external data, known operator domains, "
+            "a real ONNX Runtime session run once) before anything is stored. A refused upload creates no "
+            "version and leaves no file: 400 (not an ONNX model, empty), 413 (over MAX_UPLOAD_BYTES) or 422 "
+            "(unusable model), with {\"error\": reason}; the refusal is kept in the model's audit timeline. "
+            "An accepted version is 'ready' at once."
+        ),
+    )
     def post(self, request, name: str):
         model = get_model(name)
         try:
