@@ -6,6 +6,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.db import connections
 from django.contrib.auth.models import AnonymousUser
 from rest_framework.test import APIClient
 
@@ -21,6 +22,14 @@ REPORT = {
     "versions": [{"model": "tiny", "version": 1, "requests": 42, "errors": 1, "latency_sum_s": 0.2,
                   "latency_buckets": {"0.001": 40, "+Inf": 42}, "batch_size_buckets": {"1": 10, "+Inf": 12}, "p50_ms": 1.0, "p99_ms": 8.0}],
 }
+
+
+@pytest.fixture(autouse=True)
+async def close_sync_thread_connections():
+    """sync_to_async runs ORM calls on a worker thread whose connection would outlive
+    the test and stop pytest-django from dropping the test database."""
+    yield
+    await sync_to_async(connections.close_all)()
 
 
 def post_report(report: dict) -> int:
