@@ -13,11 +13,8 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
@@ -25,6 +22,7 @@ from urllib.parse import urlparse, urlunparse
 import pytest
 
 from console import embedded_redis
+from console.processes import stop_all, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -33,8 +31,6 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-READY_TIMEOUT_S = 60.0
-STOP_GRACE_S = 10.0
 WORKER_ID = "browser-worker"
 PASSWORDS = {"olivia": "operator", "victor": "viewer"}  # user -> group; password is "pw-<user>"
 
@@ -84,7 +80,7 @@ def stack(tmp_path_factory):
         _start(stack)
         yield stack
     finally:
-        _stop(stack.processes)
+        stop_all(stack.processes)
         _keep_logs(data_dir)
         if redis_process is not None:
             embedded_redis.stop(redis_process)
@@ -186,9 +182,9 @@ def _start(stack: Stack) -> None:
     stack.worker_url = f"http://127.0.0.1:{worker_port}"
     stack.env.update({"CONSOLE_URL": stack.console_url, "SERVING_PUBLIC_URL": stack.worker_url})
     console = _spawn(stack, "console", [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(console_port), "--no-access-log"])
-    _wait_http(f"{stack.console_url}/healthz", console)
+    wait_http(f"{stack.console_url}/healthz", console)
     worker = _spawn(stack, "worker", [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(worker_port)])
-    _wait_http(f"{stack.worker_url}/v2/health/ready", worker)
+    wait_http(f"{stack.worker_url}/v2/health/ready", worker)
 
 
 def _spawn(stack: Stack, name: str, command: list[str]) -> subprocess.Popen:
@@ -196,34 +192,6 @@ def _spawn(stack: Stack, name: str, command: list[str]) -> subprocess.Popen:
     process = subprocess.Popen(command, cwd=ROOT, env=stack.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     stack.processes.append(process)
     return process
-
-
-def _wait_http(url: str, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args[:4]} exited with {process.returncode} before answering {url}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {READY_TIMEOUT_S} s")
-
-
-def _stop(processes: list[subprocess.Popen]) -> None:
-    """The worker first, then the console, as runstack does."""
-    for process in reversed(processes):
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for process in reversed(processes):
-        try:
-            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _keep_logs(data_dir: Path) -> None:

@@ -8,16 +8,14 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from console import embedded_redis
+from console.processes import stop_all, wait_http
 
-STOP_GRACE_S = 10.0
-READY_TIMEOUT_S = 60.0
 
 
 class Command(BaseCommand):
@@ -43,17 +41,17 @@ class Command(BaseCommand):
             env["SERVING_WORKER_TOKEN"] = settings.SERVING_WORKER_TOKEN
             self._prepare(no_demo)
             children.append(self._spawn([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"], env))
-            _wait_http(f"http://{host}:{port}/healthz", children[-1])
+            wait_http(f"http://{host}:{port}/healthz", children[-1])
             children.append(self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], env))
             children.append(self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--concurrency", "1", "--loglevel", "INFO",
                                          "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env))
-            _wait_http(f"http://{host}:{serving_port}/v2/health/ready", children[-2])
+            wait_http(f"http://{host}:{serving_port}/v2/health/ready", children[-2])
             self._banner(host, port, serving_port, time.monotonic() - started)
             self._wait(children)
         except KeyboardInterrupt:
             pass
         finally:
-            _stop_all(children)
+            stop_all(children)
 
     def _redis(self, children: list) -> str:
         if settings.REDIS_URL:
@@ -92,30 +90,3 @@ class Command(BaseCommand):
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
-
-
-def _wait_http(url: str, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args} exited with {process.returncode} before answering {url}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {READY_TIMEOUT_S} s")
-
-
-def _stop_all(children: list[subprocess.Popen]) -> None:
-    """Newest first: the worker and Celery stop before the console and Redis."""
-    for child in reversed(children):
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for child in reversed(children):
-        try:
-            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            child.kill()

@@ -1,0 +1,41 @@
+"""Child processes of a stack (console, worker, Celery): wait for one to answer, and
+stop them all, newest first. Shared by ``runstack`` and the browser tests."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import urllib.request
+
+READY_TIMEOUT_S = 60.0
+STOP_GRACE_S = 10.0
+
+
+def wait_http(url: str, process: subprocess.Popen, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Until ``url`` answers 200; fail at once if the process exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[:4]} exited with {process.returncode} before answering {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {timeout_s} s")
+
+
+def stop_all(processes: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM newest first (workers before the console, Redis last), then kill stragglers."""
+    for process in reversed(processes):
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for process in reversed(processes):
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
