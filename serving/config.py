@@ -102,6 +102,7 @@ class ServingConfig:
     console_url: str = "http://127.0.0.1:8000"
     console_timeout_s: float = 10.0
     log_level: str = "info"
+    coalesce_writes: bool = True
 
     @classmethod
     def from_env(cls) -> ServingConfig:
@@ -138,4 +139,5 @@ class ServingConfig:
             console_url=env_str("CONSOLE_URL", "http://127.0.0.1:8000").rstrip("/"),
             console_timeout_s=env_float("SERVING_CONSOLE_TIMEOUT_S", 10.0, minimum=0.1),
             log_level=env_choice("SERVING_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
+            coalesce_writes=env_bool("SERVING_COALESCE_WRITES", True),
         )

@@ -21,6 +21,7 @@ import uvicorn
 
 from serving.app import ServingApp
 from serving.config import ServingConfig
+from serving.http_protocol import CoalescingHttpToolsProtocol
 from serving.console_client import ConsoleClient, StateError, read_state_file
 from serving.engine import resolve_device
 from serving.repository import Repository
@@ -69,7 +70,8 @@ class Worker:
 
     def serve(self, host: str, port: int) -> None:
         server = uvicorn.Server(uvicorn.Config(
-            self.app, host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
+            self.app, host=host, port=port, loop="uvloop", lifespan="on",
+            http=CoalescingHttpToolsProtocol if self.config.coalesce_writes else "httptools",
             access_log=False, log_level=self.config.log_level, workers=1,
         ))
         server.run()

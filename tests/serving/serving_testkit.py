@@ -24,6 +24,7 @@ from onnx import TensorProto, helper
 
 from registry.onnx_build import to_bytes
 from serving.config import ServingConfig
+from serving.http_protocol import CoalescingHttpToolsProtocol
 from serving.worker import Worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +82,8 @@ class ThreadedWorker:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(
-            self.worker.app, host="127.0.0.1", port=self.port, loop="asyncio", http="httptools",
+            self.worker.app, host="127.0.0.1", port=self.port, loop="asyncio",
+            http=CoalescingHttpToolsProtocol if config.coalesce_writes else "httptools",  # as the worker serves
             lifespan="on", access_log=False, log_level="warning",
         ))
         self.loop = asyncio.new_event_loop()
