@@ -46,7 +46,11 @@ def record_ack(ack: dict) -> WorkerAck:
             )
     except IntegrityError:
         stored = WorkerAck.objects.get(worker_id=ack["worker"], generation=ack["generation"])
-    Worker.objects.filter(worker_id=ack["worker"]).update(ok=ack["ok"], error=ack.get("error") or "", **({"generation": ack["generation"]} if ack["ok"] else {}))
+    # update_or_create: an ack may arrive before the worker's first report registers it.
+    changes = {"ok": ack["ok"], "error": ack.get("error") or "", "last_seen_at": timezone.now()}
+    if ack["ok"]:
+        changes["generation"] = ack["generation"]
+    Worker.objects.update_or_create(worker_id=ack["worker"], defaults=changes)
     return stored
 
 

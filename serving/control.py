@@ -157,9 +157,9 @@ class ControlPlane:
     # ---- reports ------------------------------------------------------------------
 
     async def _report_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.report_interval_s)
+        while True:  # report first: a new worker is listed at once
             await self.send_report()
+            await asyncio.sleep(self.report_interval_s)
 
     async def send_report(self) -> None:
         report = self.reports.build(self.identity.as_dict(), self.worker.repository)

@@ -139,18 +139,44 @@ class WorkerAcks(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class IdentitySerializer(drf_serializers.Serializer):
+    id = drf_serializers.CharField(max_length=100)
+    host = drf_serializers.CharField(max_length=200, required=False, allow_blank=True)
+    pid = drf_serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    url = drf_serializers.CharField(max_length=300, required=False, allow_blank=True)
+    device = drf_serializers.CharField(max_length=50, required=False, allow_blank=True)
+
+
+class LoadedSerializer(drf_serializers.Serializer):
+    model = drf_serializers.CharField()
+    version = drf_serializers.IntegerField(min_value=1)
+
+
+class ReportSerializer(drf_serializers.Serializer):
+    """The parts of a report the console relies on; the rest is kept as sent."""
+
+    worker = IdentitySerializer()
+    generation = drf_serializers.IntegerField(min_value=0, required=False, default=0)
+    loaded = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list)
+    versions = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list)
+
+    def validate_loaded(self, entries):
+        for entry in entries:
+            LoadedSerializer(data=entry).is_valid(raise_exception=True)
+        return entries
+
+
 class WorkerReports(APIView):
     """Workers report about once a second; figures are relayed live to browsers."""
 
     authentication_classes = [WorkerTokenAuthentication]
     permission_classes = [IsWorkerOrStaff]
 
-    @extend_schema(request=dict, responses={204: None})
+    @extend_schema(request=ReportSerializer, responses={204: None})
     def post(self, request):
-        report = request.data
-        identity = report.get("worker") if isinstance(report, dict) else None
-        if not isinstance(identity, dict) or not isinstance(identity.get("id"), str):
-            return error_response("a report needs worker.id", status.HTTP_400_BAD_REQUEST)
+        form = ReportSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        report = {**request.data, **form.validated_data}
         worker = fleet.record_report(report)
         live.ingest_report(worker, report)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -41,7 +41,20 @@ def test_report_without_identity_is_refused(worker_client):
     response = worker_client.post("/api/serving/reports", {"generation": 1}, format="json")
 
     assert response.status_code == 400
-    assert "worker.id" in response.json()["error"]
+    assert response.json()["error"].startswith("worker:")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"loaded": "everything"}, "loaded"), ({"loaded": [{"model": "digits"}]}, "version"), ({"versions": [3]}, "versions"),
+     ({"generation": "new"}, "generation")],
+)
+def test_malformed_report_is_refused_and_nothing_recorded(worker_client, viewer_client, change, field):
+    response = worker_client.post("/api/serving/reports", report(**change), format="json")
+
+    assert response.status_code == 400
+    assert field in response.content.decode()
+    assert viewer_client.get("/api/workers/").json() == []
 
 
 def test_reports_and_acks_need_the_worker_token(operator_client):
@@ -79,3 +92,12 @@ def test_version_metric_history_lists_the_per_minute_rollups(worker_client, oper
 
     assert len(history) == 1
     assert (history[0]["requests"], history[0]["latency_buckets"]) == (10, {"0.001": 10, "+Inf": 10})
+
+
+def test_an_ack_before_the_first_report_still_shows_the_worker_failing(worker_client, operator_client, three_versions):
+    worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 2, "ok": False, "error": "sha256 mismatch"}, format="json")
+    worker_client.post("/api/serving/reports", report(generation=1), format="json")
+
+    rows = operator_client.get("/api/models/digits/release/").json()["workers"]
+
+    assert [(row["worker_id"], row["ok"], row["error"]) for row in rows] == [("w-1", False, "sha256 mismatch")]
