@@ -122,50 +122,13 @@ def batcher_app(model_path: str):
     return app
 
 
-def coalescing_protocol():
-    """uvicorn's httptools protocol with the response head and body leaving in one write.
-
-    uvicorn writes `http.response.start` and `http.response.body` with one
-    `transport.write` (one send syscall, one loopback segment) each; this wrapper joins
-    the writes made in one loop iteration. Measured here only (target a2): using it in
-    the worker means passing it as `uvicorn.Config(http=...)` in serving/worker.py.
-    """
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    class CoalescingTransport:
-        def __init__(self, transport, loop):
-            self._transport, self._loop, self._pending = transport, loop, []
-
-        def write(self, data) -> None:
-            if not self._pending:
-                self._loop.call_soon(self.flush)
-            self._pending.append(data)
-
-        def flush(self) -> None:
-            if self._pending:
-                data, self._pending = b"".join(self._pending), []
-                if not self._transport.is_closing():
-                    self._transport.write(data)
-
-        def close(self) -> None:
-            self.flush()
-            self._transport.close()
-
-        def __getattr__(self, name):
-            return getattr(self._transport, name)
-
-    class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-        def connection_made(self, transport) -> None:
-            super().connection_made(CoalescingTransport(transport, self.loop))
-
-    return CoalescingHttpToolsProtocol
-
-
 def serve(kind: str, port: int, model_path: str) -> None:
     import uvicorn
 
+    from serving.http_protocol import CoalescingHttpToolsProtocol
+
     app = batcher_app(model_path) if kind == "batcher" else raw_app()
-    http = coalescing_protocol() if kind == "raw1write" else "httptools"
+    http = CoalescingHttpToolsProtocol if kind == "raw1write" else "httptools"
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http=http, access_log=False,
                 log_level="warning", lifespan="on" if kind == "batcher" else "off")
 

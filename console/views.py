@@ -36,7 +36,7 @@ from registry.choices import DrillStatus, VersionStatus
 from registry.models import Drill, ModelVersion, RegisteredModel, Release, Worker
 from registry.roles import can_operate
 from registry.state import current_generation
-from registry.upload_handler import StagedUploadedFile
+from registry.upload_handler import StagedUploadedFile, discard_staged_files
 
 WORKERS_SHOWN_FOR = timedelta(hours=1)  # gone workers stay listed (faded) this long
 ROLLUP_WINDOW = timedelta(hours=6)
@@ -295,7 +295,7 @@ def upload_version(request, name: str):
     try:
         return _upload(request, name)
     finally:
-        _discard_staged(request)
+        discard_staged_files(request)
 
 
 @operator_required
@@ -311,15 +311,6 @@ def _upload(request, name: str):
     except uploads.UploadRefused as refusal:
         return _answer(request, name, "error", f"Upload refused: {refusal.reason}", status=refusal.status)
     return _answer(request, name, "success", f"Version {version.number} validated and registered.", version=version.number)
-
-
-def _discard_staged(request) -> None:
-    files = getattr(request, "_files", None)
-    for _, values in files.lists() if files is not None else []:
-        for uploaded in values:
-            if isinstance(uploaded, StagedUploadedFile):
-                uploaded.close()
-                storage.discard(uploaded.staged)
 
 
 # ---------------------------------------------------------------- version page

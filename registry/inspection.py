@@ -453,7 +453,7 @@ def _run_onnx_checker(model: ModelProto) -> None:
 
 
 def _build_signature(model: ModelProto) -> dict:
-    """The contracts.md signature of a parsed model; raises _Refusal for non-tensors."""
+    """The signature (docs/architecture.md, contract 0) of a parsed model; raises _Refusal for non-tensors."""
     # Since IR 4 an initializer may also be listed as an input (an optional override);
     # clients never send those, so they are not part of the signature.
     initializer_names = {tensor.name for tensor in model.graph.initializer}

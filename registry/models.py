@@ -66,6 +66,15 @@ class ModelVersion(models.Model):
         return f"{self.model.name} v{self.number}"
 
 
+class ServingGenerationManager(models.Manager):
+    def lock(self) -> ServingGeneration:
+        """The counter row, locked until the transaction ends (call inside one)."""
+        # A migration creates the row; get_or_create covers a flushed test database (a
+        # racing insert raises IntegrityError, which get_or_create answers with a get).
+        self.get_or_create(pk=1)
+        return self.select_for_update().get(pk=1)
+
+
 class ServingGeneration(models.Model):
     """One row: the generation of the whole desired state, bumped by every traffic change.
 
@@ -73,6 +82,8 @@ class ServingGeneration(models.Model):
     """
 
     generation = models.PositiveBigIntegerField(default=0)
+
+    objects = ServingGenerationManager()
 
 
 class Release(models.Model):

@@ -38,33 +38,33 @@ class ReleaseConflict(ReleaseError):
 
 def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = "") -> Release:
     with transaction.atomic():
-        _lock_generation()
+        counter = ServingGeneration.objects.lock()
         current = model.current_release()
         try:
             parsed = check_routes(routes, _ready_numbers(model))
         except InvalidRoutes as error:
             raise ReleaseError(str(error)) from None
         stable = _stable_for(parsed, current)
-        release = _append(model, parsed, stable, ReleaseAction.SET_ROUTES, current, actor, reason)
+        release = _append(counter, model, parsed, stable, ReleaseAction.SET_ROUTES, current, actor, reason)
         events.release_made(release, f"Traffic set to {_describe(parsed)} (generation {release.generation})")
     return release
 
 
 def promote(model: RegisteredModel, actor, reason: str = "") -> Release:
     with transaction.atomic():
-        _lock_generation()
+        counter = ServingGeneration.objects.lock()
         current = _require_current(model)
         canary = _only_canary(current)
         _check_still_ready(model, [canary])
         routes = [Route(version=canary, weight=100)]
-        release = _append(model, routes, canary, ReleaseAction.PROMOTE, current, actor, reason)
+        release = _append(counter, model, routes, canary, ReleaseAction.PROMOTE, current, actor, reason)
         events.release_made(release, f"Version {canary} promoted to stable at 100% (generation {release.generation})")
     return release
 
 
 def rollback(model: RegisteredModel, actor, reason: str = "") -> Release:
     with transaction.atomic():
-        _lock_generation()
+        counter = ServingGeneration.objects.lock()
         current = _require_current(model)
         target = current.rollback_target
         if target is None:
@@ -72,21 +72,21 @@ def rollback(model: RegisteredModel, actor, reason: str = "") -> Release:
         routes = [Route.from_json(route) for route in target.routes]
         _check_still_ready(model, [route.version for route in routes])
         note = reason or f"rollback of generation {current.generation}, back to the routes of generation {target.generation}"
-        release = _append(model, routes, target.stable_version, ReleaseAction.ROLLBACK, target.rollback_target, actor, note)
+        release = _append(counter, model, routes, target.stable_version, ReleaseAction.ROLLBACK, target.rollback_target, actor, note)
         events.release_made(release, f"Rolled back generation {current.generation}: traffic back to {_describe(routes)} (generation {release.generation})")
     return release
 
 
 def restore(model: RegisteredModel, generation: int, actor, reason: str = "") -> Release:
     with transaction.atomic():
-        _lock_generation()
+        counter = ServingGeneration.objects.lock()
         earlier = model.releases.filter(generation=generation).first()
         if earlier is None:
             raise ReleaseError(f"model {model.name} has no release with generation {generation}")
         routes = [Route.from_json(route) for route in earlier.routes]
         _check_still_ready(model, [route.version for route in routes])
         note = reason or f"restore of generation {generation}"
-        release = _append(model, routes, earlier.stable_version, ReleaseAction.RESTORE, model.current_release(), actor, note)
+        release = _append(counter, model, routes, earlier.stable_version, ReleaseAction.RESTORE, model.current_release(), actor, note)
         events.release_made(release, f"Restored generation {generation}: traffic {_describe(routes)} (generation {release.generation})")
     return release
 
@@ -94,24 +94,16 @@ def restore(model: RegisteredModel, generation: int, actor, reason: str = "") ->
 def route_first_version(version: ModelVersion, actor) -> Release | None:
     """The first ready version of a model becomes its stable route at 100%."""
     with transaction.atomic():
-        _lock_generation()
+        counter = ServingGeneration.objects.lock()
         if version.model.releases.exists():
             return None
         routes = [Route(version=version.number, weight=100)]
-        release = _append(version.model, routes, version.number, ReleaseAction.INITIAL, None, actor, "first ready version")
+        release = _append(counter, version.model, routes, version.number, ReleaseAction.INITIAL, None, actor, "first ready version")
         events.release_made(release, f"Version {version.number} routed as stable at 100% (generation {release.generation})")
     return release
 
 
-def _lock_generation() -> ServingGeneration:
-    # A migration creates the row; get_or_create covers a flushed test database (a
-    # racing insert raises IntegrityError, which get_or_create answers with a get).
-    ServingGeneration.objects.get_or_create(pk=1)
-    return ServingGeneration.objects.select_for_update().get(pk=1)
-
-
-def _append(model, routes: list[Route], stable: int, action: str, rollback_target, actor, reason: str) -> Release:
-    counter = ServingGeneration.objects.select_for_update().get(pk=1)
+def _append(counter: ServingGeneration, model, routes: list[Route], stable: int, action: str, rollback_target, actor, reason: str) -> Release:
     counter.generation += 1
     counter.save(update_fields=["generation"])
     release = Release.objects.create(

@@ -60,8 +60,7 @@ def _apply_to_model(model_pk: int, keep: int) -> list[ModelVersion]:
     with transaction.atomic():
         # The generation lock stops a traffic change from routing a version while we
         # decide it is unrouted.
-        ServingGeneration.objects.get_or_create(pk=1)
-        ServingGeneration.objects.select_for_update().get(pk=1)
+        ServingGeneration.objects.lock()
         model = RegisteredModel.objects.get(pk=model_pk)
         protected = protected_versions(model, keep)
         doomed = model.versions.with_artifact().exclude(number__in=protected).order_by("pk")

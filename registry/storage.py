@@ -82,10 +82,8 @@ def stage_stream(source: BinaryIO, max_bytes: int | None = None) -> StagedArtifa
     try:
         while chunk := source.read(CHUNK_BYTES):
             writer.write(chunk)
-    except UploadTooLarge:
-        raise
     except BaseException:
-        writer.abort()
+        writer.abort()  # idempotent: a refused write has aborted already
         raise
     return writer.finish()
 

@@ -41,3 +41,14 @@ class HashingUploadHandler(FileUploadHandler):
     def upload_interrupted(self):
         if hasattr(self, "writer"):
             self.writer.abort()
+
+
+def discard_staged_files(request) -> None:
+    """After a view: staged bytes not moved into the store (refused uploads, fields the
+    view did not use) are deleted. ``request`` is Django's HttpRequest."""
+    files = getattr(request, "_files", None)
+    for _, values in files.lists() if files is not None else []:
+        for uploaded in values:
+            if isinstance(uploaded, StagedUploadedFile):
+                uploaded.close()
+                storage.discard(uploaded.staged)

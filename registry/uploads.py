@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import BinaryIO
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Max
 
 from registry import events, releases, storage
@@ -44,7 +44,7 @@ def register_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, u
     finally:
         storage.discard(staged)
     try:
-        version = _record(model, staged, report, uploaded_by, description, metrics or {})
+        version = _insert_next(model, staged, report, uploaded_by, description, metrics or {})
     except BaseException:
         if created_file:
             _forget_unreferenced(staged.sha256)
@@ -67,18 +67,10 @@ def _refuse(model, uploaded_by, reason: str, status: int, sha256: str):
     raise UploadRefused(reason, status)
 
 
-def _record(model, staged, report, uploaded_by, description: str, metrics: dict) -> ModelVersion:
-    for _ in range(5):
-        try:
-            return _insert_next(model, staged, report, uploaded_by, description, metrics)
-        except IntegrityError:
-            # Two uploads took the same number (SQLite has no row lock); try the next one.
-            continue
-    raise UploadRefused("too many concurrent uploads for this model; try again", status=409)
-
-
 @transaction.atomic
 def _insert_next(model, staged, report, uploaded_by, description: str, metrics: dict) -> ModelVersion:
+    # The model's row lock (PostgreSQL) or the write lock taken at BEGIN (SQLite in
+    # IMMEDIATE mode) makes concurrent uploads take numbers one after the other.
     locked = RegisteredModel.objects.select_for_update().get(pk=model.pk)
     number = (locked.versions.aggregate(top=Max("number"))["top"] or 0) + 1
     version = ModelVersion.objects.create(

@@ -152,7 +152,7 @@ class ControlPlane:
                     await self.apply(message.get("state"))
         finally:
             await asyncio.shield(_quietly(layer.group_discard(SERVING_GROUP, channel)))
-            await _quietly(layer.flush_connections() if hasattr(layer, "flush_connections") else asyncio.sleep(0))
+            await _quietly(layer.close_pools())  # a lost connection is replaced, not leaked
 
     # ---- reports ------------------------------------------------------------------
 

@@ -74,9 +74,6 @@ class VersionMetrics:
         self._codes: list[int] = []  # pending, not yet in prometheus-client
         self._latencies_s: list[float] = []
 
-    def count(self, code: int) -> None:
-        self._child(code).inc()
-
     def record(self, code: int, latency_s: float) -> None:
         """One answered request: its status and its latency (folded in on the next flush)."""
         self._codes.append(code)

@@ -39,7 +39,7 @@ FetchFn = Callable[[str, str, Path], Path]  # (artifact_url, sha256, cache path)
 
 
 class StateInvalid(ValueError):
-    """The desired state does not follow docs/contracts.md."""
+    """The desired state does not follow the contract in docs/architecture.md."""
 
 
 # ---- desired state --------------------------------------------------------------------

@@ -20,7 +20,7 @@ def exception_handler(exc, context):
         return None  # Django's handler500 answers, as JSON, below.
     if isinstance(exc, exceptions.ValidationError):
         response.data = {"error": _first_message(exc.detail), "fields": exc.detail}
-    elif isinstance(exc, exceptions.NotAuthenticated) or isinstance(exc, exceptions.AuthenticationFailed):
+    elif isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         response.data = {"error": str(exc.detail)}
         response.status_code = status.HTTP_401_UNAUTHORIZED
     else:

@@ -55,8 +55,3 @@ class IsWorkerOrStaff(permissions.BasePermission):
     def has_permission(self, request, view) -> bool:
         user = request.user
         return bool(getattr(user, "is_worker", False) or (user and user.is_authenticated and user.is_staff))
-
-
-class IsWorkerOrReader(permissions.BasePermission):
-    def has_permission(self, request, view) -> bool:
-        return bool(request.user and request.user.is_authenticated and request.method in permissions.SAFE_METHODS)

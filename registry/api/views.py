@@ -18,7 +18,7 @@ from registry.api.permissions import IsWorkerOrStaff, WorkerTokenAuthentication
 from registry.choices import VersionStatus
 from registry.models import ModelVersion, RegisteredModel
 from registry.state import desired_state
-from registry.upload_handler import StagedUploadedFile
+from registry.upload_handler import StagedUploadedFile, discard_staged_files
 
 
 def get_model(name: str) -> RegisteredModel:
@@ -70,7 +70,7 @@ class VersionList(generics.ListAPIView):
         try:
             return self._upload(request, model)
         finally:
-            _discard_staged_files(request)
+            discard_staged_files(request._request)
 
     def _upload(self, request, model: RegisteredModel) -> Response:
         form = serializers.VersionUploadSerializer(data=request.data)
@@ -137,13 +137,3 @@ class ServingState(APIView):
 
     def get(self, request):
         return Response(desired_state())
-
-
-def _discard_staged_files(request) -> None:
-    """Staged bytes not moved into the store (refused, or an unexpected field) go."""
-    files = getattr(request._request, "_files", None)
-    for _, values in files.lists() if files is not None else []:
-        for uploaded in values:
-            if isinstance(uploaded, StagedUploadedFile):
-                uploaded.close()
-                storage.discard(uploaded.staged)
