@@ -3,21 +3,35 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: run test install browser bench clean
+.PHONY: run test install audit mutation browser bench clean
 
 run: $(STAMP)
 	$(BIN)/python manage.py runstack
 
-test: $(STAMP) browser
+test: $(TEST_STAMP) browser audit
 	$(BIN)/python -m console.embedded_redis $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 install: $(STAMP)
 
+# Runtime packages only: test tools (Playwright, tritonclient, …) never reach `make run`.
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP) requirements-test.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
+	touch $(TEST_STAMP)
+
+# pip-audit over the pinned requirements; see tools/audit_requirements.py.
+audit: $(TEST_STAMP)
+	$(BIN)/python tools/audit_requirements.py
+
+# Mutation testing of the core modules (not in CI: minutes per module); see docs/testing.md.
+mutation: $(TEST_STAMP)
+	nice -n 10 $(BIN)/python tools/mutation.py
 
 # Debian's Chromium for the browser tests (Playwright drives it; no browser download).
 browser:
@@ -31,4 +45,4 @@ bench: $(STAMP)
 	$(BIN)/python -m console.embedded_redis $(BIN)/python -m bench.drill_bench
 
 clean:
-	rm -rf $(VENV) var test-artifacts
+	rm -rf $(VENV) test-artifacts

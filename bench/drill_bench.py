@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -61,7 +62,7 @@ def run(workers: int, drills: int, work_dir: str | None = None) -> None:
         work = work_dir or temporary
         redis_process, redis_url = (None, os.environ["REDIS_URL"]) if os.environ.get("REDIS_URL") else embedded_redis.start(Path(work) / "redis")
         env = {**os.environ, "DATA_DIR": work, "REDIS_URL": redis_url, "SERVING_REPORT_INTERVAL_S": "1", "SERVING_DEVICE": "cpu",
-               "DJANGO_SECRET_KEY": "bench", "SERVING_WORKER_TOKEN": "bench-token",
+               "DJANGO_SECRET_KEY": secrets.token_urlsafe(64), "SERVING_WORKER_TOKEN": "bench-token",
                "CHANNEL_LAYER_PREFIX": f"drill-bench-{os.getpid()}"}
         env.pop("DATABASE_URL", None)
         token = prepare(env)

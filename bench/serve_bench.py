@@ -184,7 +184,8 @@ def write_models(directory: Path) -> dict[str, tuple[Path, str]]:
 def desired_state(models: dict[str, tuple[Path, str]], latency_target_s: float | None) -> dict:
     batching = {"max_batch_size": 64, "max_queue_delay_s": 0.002, "max_queue_size": 1024, "latency_target_s": None}
     return {"generation": 1, "models": {
-        name: {"routes": [{"version": 1, "weight": 100, "sha256": sha, "artifact_url": str(path), "signature": {}}],
+        name: {"routes": [{"version": 1, "weight": 100, "sha256": sha, "artifact_url": str(path),
+                           "signature": {"batchable": True}}],  # MLPs keep rows apart
                "warm": [], "batching": {**batching, "latency_target_s": latency_target_s}}
         for name, (path, sha) in models.items()
     }}

@@ -9,12 +9,17 @@ django_application = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app registry)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from console.body_limit import BodySizeLimit  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_application,
-        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+        # Oversized bodies are refused before Django spools them to disk.
+        "http": BodySizeLimit(django_application),
+        # A page on another site cannot open the live feed with a signed-in user's
+        # cookies: the Origin must be one of ALLOWED_HOSTS.
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

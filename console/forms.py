@@ -10,7 +10,18 @@ from django import forms
 PRESET_WEIGHTS = (1, 10, 50, 100)
 
 
-class SplitForm(forms.Form):
+class SeenGenerationForm(forms.Form):
+    """Every traffic form says which generation the operator saw (a hidden field rendered
+    from the page), so a double submit or a second operator is refused instead of acting
+    twice. Required here: the console always sends it."""
+
+    expected_generation = forms.IntegerField(
+        min_value=0, widget=forms.HiddenInput, label="Generation you saw",
+        error_messages={"required": "missing from the form: reload the page and try again"},
+    )
+
+
+class SplitForm(SeenGenerationForm):
     """A canary version and its share of traffic; the stable version gets the rest."""
 
     canary_version = forms.TypedChoiceField(coerce=int, label="Canary version")
@@ -43,11 +54,11 @@ class SplitForm(forms.Form):
         return [{"version": self.stable_version, "weight": 100 - weight}, {"version": canary, "weight": weight}]
 
 
-class ReasonForm(forms.Form):
+class ReasonForm(SeenGenerationForm):
     reason = forms.CharField(required=False, max_length=500)
 
 
-class DrillForm(forms.Form):
+class DrillForm(SeenGenerationForm):
     roll_forward = forms.BooleanField(required=False, label="Restore the current split after the drill")
 
 

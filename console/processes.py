@@ -3,6 +3,7 @@ stop them all, newest first. Shared by ``runstack`` and the browser tests."""
 
 from __future__ import annotations
 
+import secrets
 import signal
 import subprocess
 import time
@@ -10,6 +11,17 @@ import urllib.request
 
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
+# A serving worker loads models: it never gets the database's credentials or the
+# console's signing key (see worker_environment).
+WORKER_WITHHELD_VARIABLES = ("DATABASE_URL", "DATABASE_URL_FILE", "DJANGO_SECRET_KEY", "DJANGO_SECRET_KEY_FILE")
+
+
+def worker_environment(environment: dict[str, str]) -> dict[str, str]:
+    """``environment`` for a ``manage.py serve`` child: no database URL, and a throwaway
+    Django key, so that importing settings does not read the real one from DATA_DIR."""
+    worker = {name: value for name, value in environment.items() if name not in WORKER_WITHHELD_VARIABLES}
+    worker["DJANGO_SECRET_KEY"] = secrets.token_urlsafe(64)
+    return worker
 
 
 def wait_http(url: str, process: subprocess.Popen, timeout_s: float = READY_TIMEOUT_S) -> None:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
-from console.env import env_bool, env_float, env_int, env_list, env_str
+from console.env import env_bool, env_float, env_int, env_is_set, env_list, env_str
+from serving.model_safety import default_data_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = Path(env_str("DATA_DIR", str(BASE_DIR / "var"))).resolve()
+# Outside the code tree: no process that loads models runs where the secrets live.
+DATA_DIR = Path(env_str("DATA_DIR", str(default_data_dir()))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 
@@ -27,8 +32,33 @@ def _secret(name: str, file_name: str) -> str:
     return path.read_text().strip()
 
 
-SECRET_KEY = _secret("DJANGO_SECRET_KEY", "secret_key")
+# Keys that ship in examples, or too short to resist guessing: whoever knows the key
+# signs sessions, password-reset links and CSRF tokens for any user.
+SECRET_KEY_PLACEHOLDERS = ("change-me", "changeme", "change_me", "django-insecure", "insecure", "placeholder", "secret-key", "secretkey")
+SECRET_KEY_MIN_LENGTH = 50
+
+
+def _refuse_weak_secret_key(value: str) -> None:
+    lowered = value.strip().lower()
+    if not lowered:
+        problem = "empty"
+    elif len(value) < SECRET_KEY_MIN_LENGTH:
+        problem = f"only {len(value)} characters long (at least {SECRET_KEY_MIN_LENGTH} are needed)"
+    elif any(word in lowered for word in SECRET_KEY_PLACEHOLDERS) or len(set(value)) < 5:
+        problem = "a placeholder, not a secret"
+    else:
+        return
+    raise ImproperlyConfigured(
+        f"DJANGO_SECRET_KEY is {problem}. Refusing to start outside DJANGO_DEBUG: set DJANGO_SECRET_KEY to a long "
+        "random value (python -c 'import secrets; print(secrets.token_urlsafe(50))'), or unset it to use the key "
+        "generated once into $DATA_DIR/secret_key."
+    )
+
+
 DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = _secret("DJANGO_SECRET_KEY", "secret_key")
+if not DEBUG:
+    _refuse_weak_secret_key(env_str("DJANGO_SECRET_KEY") if env_is_set("DJANGO_SECRET_KEY") else SECRET_KEY)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -44,6 +74,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "drf_spectacular",
     "channels",
+    "axes",
     "registry",
     "serving",
     "console",
@@ -51,6 +82,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "console.security.LiveFeedCSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -58,6 +90,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes requires
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -102,8 +135,50 @@ DATABASES = {"default": _database()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Login throttling (django-axes): after LOGIN_FAILURE_LIMIT wrong passwords for one user
+# name from one address, that pair is locked out for LOGIN_COOLOFF_S; the login page says so.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_COOLOFF_S", 900, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/login.html"
+
+# Browser-facing hardening (docs/security.md). Cookies are Secure outside debug; `make run`
+# on a loopback address serves plain http, so runstack sets SECURE_COOKIES=false there.
+SECURE_COOKIES = env_bool("SECURE_COOKIES", not DEBUG)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_COOKIES
+# Messages can carry a secret shown once (a new inference API key): keep them server-side,
+# not in a signed-but-readable cookie.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+SESSION_COOKIE_HTTPONLY = True
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# Behind a TLS-terminating proxy: believe its X-Forwarded-Proto, so HSTS and secure
+# redirects see https. Only when the proxy always sets (or strips) that header.
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("TRUST_X_FORWARDED_PROTO", False) else None
+# No inline script or style anywhere; the live feed's ws(s):// origin is added per request.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "frame-ancestors": [NONE],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+    },
+}
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "models"
 LOGOUT_REDIRECT_URL = "login"
@@ -123,11 +198,16 @@ WHITENOISE_AUTOREFRESH = DEBUG
 # Uploads: stream to the artifact store's temporary folder while hashing.
 ARTIFACT_ROOT = Path(env_str("ARTIFACT_ROOT", str(DATA_DIR / "artifacts"))).resolve()
 MAX_UPLOAD_BYTES = env_int("MAX_UPLOAD_BYTES", 2 * 1024**3, minimum=1)
-FILE_UPLOAD_HANDLERS = ["registry.upload_handler.HashingUploadHandler"]
+# No request stages a file part by default: only the upload endpoints, once the caller's
+# role is checked, swap in the staging handler (registry/upload_handler.py).
+FILE_UPLOAD_HANDLERS = ["registry.upload_handler.FileFieldsRefused"]
+STAGING_MAX_AGE_S = env_float("STAGING_MAX_AGE_S", 600.0, minimum=60.0)
 FILE_UPLOAD_TEMP_DIR = str(ARTIFACT_ROOT / "tmp")
 Path(FILE_UPLOAD_TEMP_DIR).mkdir(parents=True, exist_ok=True)
 INSPECTION_TIMEOUT_S = env_float("INSPECTION_TIMEOUT_S", 120.0, minimum=1.0)
 INSPECTION_MEMORY_LIMIT_BYTES = env_int("INSPECTION_MEMORY_LIMIT_BYTES", 0, minimum=0) or None
+INSPECTION_CPU_LIMIT_S = env_float("INSPECTION_CPU_LIMIT_S", INSPECTION_TIMEOUT_S, minimum=1.0)
+INSPECTION_MAX_CONCURRENT = env_int("INSPECTION_MAX_CONCURRENT", 2, minimum=1)
 RETENTION_KEEP_VERSIONS = env_int("RETENTION_KEEP_VERSIONS", 3, minimum=1)
 RETENTION_ROLLBACK_DEPTH = env_int("RETENTION_ROLLBACK_DEPTH", 3, minimum=1)
 
@@ -164,6 +244,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT_S", 600, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "apply-retention": {"task": "registry.tasks.apply_retention", "schedule": env_float("RETENTION_INTERVAL_S", 3600.0, minimum=10.0)},
+    "sweep-staging": {"task": "registry.tasks.sweep_staging", "schedule": env_float("STAGING_SWEEP_INTERVAL_S", 300.0, minimum=10.0)},
 }
 
 REST_FRAMEWORK = {
@@ -187,6 +268,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Registry, gray release and rollback for ONNX models.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema maps every endpoint and field: signed-in users only (401 otherwise).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
 }
 
 LOGGING = {

@@ -26,6 +26,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console import forms
@@ -36,7 +37,7 @@ from registry.choices import DrillStatus, VersionStatus
 from registry.models import Drill, ModelVersion, RegisteredModel, Release, Worker
 from registry.roles import can_operate
 from registry.state import current_generation
-from registry.upload_handler import StagedUploadedFile, discard_staged_files
+from registry.upload_handler import StagedUploadedFile, csrf_failure, csrf_failure_from_headers, declared_too_large, start_staging
 
 WORKERS_SHOWN_FOR = timedelta(hours=1)  # gone workers stay listed (faded) this long
 ROLLUP_WINDOW = timedelta(hours=6)
@@ -219,7 +220,8 @@ def set_split(request, name: str):
     form = forms.SplitForm(request.POST, canary_choices=choices, stable_version=release.stable_version if release else None)
     if not form.is_valid():
         return _answer(request, name, "error", _first_error(form), status=400)
-    return _release(request, model, lambda: releases.set_routes(model, form.routes(), request.user, form.cleaned_data["reason"]))
+    seen = form.cleaned_data["expected_generation"]
+    return _release(request, model, lambda: releases.set_routes(model, form.routes(), request.user, form.cleaned_data["reason"], expected_generation=seen))
 
 
 @require_http_methods(["GET", "POST"])
@@ -228,8 +230,11 @@ def promote(request, name: str):
     model = _model(name)
     if request.method == "GET":
         return _confirm(request, model, "console/fragments/confirm_promote.html")
-    reason = _reason(request)
-    return _release(request, model, lambda: releases.promote(model, request.user, reason))
+    form = forms.ReasonForm(request.POST)
+    if not form.is_valid():
+        return _answer(request, name, "error", _first_error(form), status=400)
+    reason, seen = form.cleaned_data["reason"], form.cleaned_data["expected_generation"]
+    return _release(request, model, lambda: releases.promote(model, request.user, reason, expected_generation=seen))
 
 
 @require_http_methods(["GET", "POST"])
@@ -238,20 +243,18 @@ def rollback(request, name: str):
     model = _model(name)
     if request.method == "GET":
         return _confirm(request, model, "console/fragments/confirm_rollback.html")
-    reason = _reason(request)
-    return _release(request, model, lambda: releases.rollback(model, request.user, reason))
-
-
-def _reason(request) -> str:
     form = forms.ReasonForm(request.POST)
-    return form.cleaned_data["reason"] if form.is_valid() else ""
+    if not form.is_valid():
+        return _answer(request, name, "error", _first_error(form), status=400)
+    reason, seen = form.cleaned_data["reason"], form.cleaned_data["expected_generation"]
+    return _release(request, model, lambda: releases.rollback(model, request.user, reason, expected_generation=seen))
 
 
 def _release(request, model: RegisteredModel, change):
     try:
         release = change()
     except releases.ReleaseError as error:
-        return _answer(request, model.name, "error", error.message, status=error.status)
+        return _answer(request, model.name, "error", error.message, status=error.status, **error.details())
     text = f"Generation {release.generation}: traffic is now {describe_routes(release.routes)}. Workers are converging."
     return _answer(request, model.name, "success", text, generation=release.generation)
 
@@ -271,11 +274,12 @@ def drill(request, name: str):
     if request.method == "GET":
         return _confirm(request, model, "console/fragments/confirm_drill.html")
     form = forms.DrillForm(request.POST)
-    roll_forward = form.is_valid() and form.cleaned_data["roll_forward"]
+    if not form.is_valid():
+        return _answer(request, name, "error", f"Drill not run: {_first_error(form)}", status=400)
     try:
-        result = drills.run_drill(model, request.user, roll_forward=roll_forward)
+        result = drills.run_drill(model, request.user, roll_forward=form.cleaned_data["roll_forward"], expected_generation=form.cleaned_data["expected_generation"])
     except releases.ReleaseError as error:
-        return _answer(request, name, "error", f"Drill not run: {error.message}", status=error.status)
+        return _answer(request, name, "error", f"Drill not run: {error.message}", status=error.status, **error.details())
     level = "success" if result.status == DrillStatus.PASSED else "error"
     return _answer(request, name, level, _drill_words(result), drill=result.pk, status_name=result.status)
 
@@ -288,19 +292,35 @@ def _drill_words(result: Drill) -> str:
 # ---------------------------------------------------------------- upload
 
 
+@csrf_exempt  # the middleware's check would parse (and stage) the body: checked below
 @require_POST
-def upload_version(request, name: str):
-    # Django stages the file while it parses the form (even for a refused role), so the
-    # staged bytes are discarded here whatever happens; registered ones were moved.
-    try:
-        return _upload(request, name)
-    finally:
-        discard_staged_files(request)
-
-
 @operator_required
-def _upload(request, name: str):
+def upload_version(request, name: str):
+    """The body is parsed only after the role check. CSRF: a script's ``X-CSRFToken`` is
+    checked before the body is read; a plain form's token can only be read by parsing,
+    which for a signed-in operator stages the file for the length of this request."""
     model = _model(name)
+    if declared_too_large(request):
+        return _answer(request, name, "error", str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), status=413)
+    token_in_header = settings.CSRF_HEADER_NAME in request.META
+    if token_in_header:
+        _refuse_forgery(csrf_failure_from_headers(request))
+    staging = start_staging(request)
+    try:
+        if not token_in_header:
+            _refuse_forgery(csrf_failure(request))
+        return _upload(request, model)
+    finally:
+        staging.discard()  # whatever happened: registered bytes have moved into the store
+
+
+def _refuse_forgery(reason: str | None) -> None:
+    if reason:
+        raise PermissionDenied(f"CSRF check failed: {reason}")
+
+
+def _upload(request, model: RegisteredModel):
+    name = model.name
     if getattr(request, "upload_too_large", False):
         return _answer(request, name, "error", str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), status=413)
     form = forms.UploadForm(request.POST, request.FILES)
@@ -309,7 +329,10 @@ def _upload(request, name: str):
     try:
         version = uploads.register_staged(model, form.cleaned_data["artifact"].staged, uploaded_by=request.user, description=form.cleaned_data["description"])
     except uploads.UploadRefused as refusal:
-        return _answer(request, name, "error", f"Upload refused: {refusal.reason}", status=refusal.status)
+        response = _answer(request, name, "error", f"Upload refused: {refusal.reason}", status=refusal.status)
+        if refusal.retry_after_s is not None:  # 503: every inspection slot is busy
+            response["Retry-After"] = str(refusal.retry_after_s)
+        return response
     return _answer(request, name, "success", f"Version {version.number} validated and registered.", version=version.number)
 
 
@@ -341,7 +364,7 @@ def version_context(version: ModelVersion, **extra) -> dict:
         "signature": version.signature or {}, "checks": checks, "report_facts": report, "rollup": rollup,
         "download_url": reverse("api-version-artifact", kwargs={"name": version.model.name, "number": version.number}),
         "try_form": forms.TryForm(initial={"inputs": example_inputs(version.signature or {})}),
-        "worker_url": worker_url_for(version),
+        "worker_url": serving_url(),
     }
     context.update(extra)
     return context
@@ -366,14 +389,9 @@ def _zeros(spec: dict):
     return value
 
 
-def worker_url_for(version: ModelVersion) -> str:
-    """A live worker that has the version loaded, else any live worker, else the setting."""
-    workers = [worker for worker in fleet.live_workers() if worker.url]
-    for worker in workers:
-        if any(entry.get("model") == version.model.name and entry.get("version") == version.number for entry in worker.loaded):
-            return worker.url.rstrip("/")
-    if workers:
-        return workers[0].url.rstrip("/")
+def serving_url() -> str:
+    """The configured serving URL, never one a worker reported: anyone holding the worker
+    token could report any URL and have the console post to an internal host."""
     return settings.SERVING_PUBLIC_URL.rstrip("/")
 
 
@@ -392,7 +410,7 @@ def try_version(request, name: str, number: int):
 
 def ask_worker(version: ModelVersion, inputs) -> dict:
     """POST {worker}/predict on the console's side, so the browser needs no CORS."""
-    url = worker_url_for(version)
+    url = serving_url()
     body = {"model_name": version.model.name, "version": version.number, "inputs": inputs}
     started = time.monotonic()
     try:

@@ -1,74 +1,113 @@
 """Rollback drills: a timed rollback, measured from the operator's click to every live
-worker acking and serving the restored routes, with the failed requests counted."""
+worker acking and serving the restored state, with the failed requests counted.
+
+The drill sends no HTTP request: a worker's URL is whatever it reported, and following
+it would let anyone holding the worker token point the console at internal hosts. What
+the console trusts instead is what it checks: acks (stored only when they name a state
+it issued) and reports (the generation, digest and failure counter a worker serves).
+"""
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
-import httpx
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from registry import events, releases
 from registry.choices import DrillStatus
 from registry.fleet import live_workers
-from registry.models import Drill, RegisteredModel, Release, Worker, WorkerAck
+from registry.models import Drill, RegisteredModel, Release, ServingGeneration, Worker, WorkerAck
+from registry.state import issued_digest
 
 logger = logging.getLogger(__name__)
-POLL_S = 0.02
-PROBE_TIMEOUT_S = 2.0
+POLL_S = 0.05
+SHOWN_ERROR_CHARS = 300
 
 
-def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = False) -> Drill:
+def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = False, expected_generation: int | None = None) -> Drill:
+    """Always returns a finished drill (passed or failed, with the reason), or raises the
+    ReleaseError that made the drill impossible (another drill running, a stale view,
+    nothing to roll back to; after the row exists it is recorded as error)."""
     workers = list(live_workers())
-    current = model.current_release()
-    drill = Drill.objects.create(
-        model=model, actor=actor if actor.is_authenticated else None, started_at=timezone.now(), target_s=settings.DRILL_TARGET_S,
-        roll_forward=roll_forward, from_generation=current.generation if current else None,
-    )
-    with ThreadPoolExecutor(max_workers=max(len(workers), 1)) as pool:
-        failed_before = dict(zip([worker.worker_id for worker in workers], pool.map(failed_total, workers)))
-    drill.started_at = timezone.now()  # the operator's click, after the probes above
+    drill = _start(model, actor, roll_forward, expected_generation)
+    failed_before = {worker.worker_id: failed_total(worker.last_report) for worker in workers}
+    drill.started_at = timezone.now()  # the operator's click
     try:
-        release = releases.rollback(model, actor, f"rollback drill #{drill.pk}")
+        # The generation read under the lock is the one rolled back: a change that lands
+        # between the two is a conflict, never a rollback of something else.
+        release = releases.rollback(model, actor, f"rollback drill #{drill.pk}", expected_generation=drill.from_generation or 0)
     except releases.ReleaseError as error:
         _finish(drill, DrillStatus.ERROR, error=error.message)
         raise
     drill.to_generation = release.generation
-    rows = _measure(drill, workers, release, failed_before)
-    _judge(drill, rows)
+    try:
+        _judge(drill, _measure(drill, workers, release, failed_before))
+    except Exception as error:  # noqa: BLE001 - a drill never stays running: what broke is its result
+        logger.exception("drill #%s could not be measured", drill.pk)
+        drill.workers = []
+        _finish(drill, DrillStatus.FAILED, error=f"the drill could not be measured: {error}"[:SHOWN_ERROR_CHARS])
     if roll_forward:
         _roll_forward(drill, model, actor, workers)
     return drill
 
 
-def failed_total(worker: Worker) -> int | None:
-    """Requests the worker answered with a server-side failure since it started."""
-    body = _probe(worker, "/health")
-    return None if body is None else body.get("requests_failed_total")
+def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generation: int | None) -> Drill:
+    """The drill row, created under the generation lock: one running drill per model,
+    and its ``from_generation`` is what the model serves at that instant."""
+    with transaction.atomic():
+        ServingGeneration.objects.lock()
+        current = model.current_release()
+        releases.check_expected_generation(model, current, expected_generation)
+        _abandon_stale_drills(model)
+        running = model.drills.filter(status=DrillStatus.RUNNING).first()
+        if running is not None:
+            raise DrillRunning(f"drill #{running.pk} on {model.name} is still running (started {running.started_at:%H:%M:%S} UTC): one drill at a time")
+        return Drill.objects.create(
+            model=model, actor=actor if actor.is_authenticated else None, started_at=timezone.now(), target_s=settings.DRILL_TARGET_S,
+            roll_forward=roll_forward, from_generation=current.generation if current else None,
+        )
+
+
+class DrillRunning(releases.ReleaseConflict):
+    """Another drill of the same model has not finished."""
+
+
+def _abandon_stale_drills(model: RegisteredModel) -> None:
+    """A drill whose process died (console killed mid-drill) would block every later one:
+    past any time a live drill can take, it is finished as failed."""
+    longest_s = 3 * settings.DRILL_ACK_TIMEOUT_S + 60
+    cutoff = timezone.now() - timedelta(seconds=longest_s)
+    model.drills.filter(status=DrillStatus.RUNNING, started_at__lt=cutoff).update(
+        status=DrillStatus.FAILED, finished_at=timezone.now(), error="abandoned: the process running it stopped before it finished",
+    )
+
+
+def failed_total(report: object) -> int | None:
+    """Requests the worker answered with a server-side failure since it started, as reported."""
+    value = report.get("requests_failed_total") if isinstance(report, dict) else None
+    return value if type(value) is int and value >= 0 else None
 
 
 def _measure(drill: Drill, workers: list[Worker], release: Release, failed_before: dict) -> list[dict]:
     deadline = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S
     acks = wait_for_acks([worker.worker_id for worker in workers], release.generation, deadline)
-    # Probe every worker at once: a slow one must not delay the others' confirmation.
-    with ThreadPoolExecutor(max_workers=max(len(workers), 1)) as pool:
-        rows = list(pool.map(lambda worker: _worker_row(drill, worker, release, acks.get(worker.worker_id), failed_before, deadline), workers))
-    return rows
+    confirmed = wait_for_reports(drill, [worker_id for worker_id, ack in acks.items() if ack.ok], release.generation, deadline)
+    return [_worker_row(drill, worker, acks.get(worker.worker_id), confirmed.get(worker.worker_id), failed_before) for worker in workers]
 
 
-def _worker_row(drill: Drill, worker: Worker, release: Release, ack: WorkerAck | None, failed_before: dict, deadline: float) -> dict:
-    confirmed_s, seen = _confirm(drill, worker, release, deadline) if ack and ack.ok else (None, None)
-    after = failed_total(worker)
+def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: tuple | None, failed_before: dict) -> dict:
+    confirmed_s, report = confirmed or (None, None)
+    after = failed_total(report)
     before = failed_before.get(worker.worker_id)
     return {
         "worker": worker.worker_id,
         "ack_s": _since(drill, ack.received_at) if ack else None,
         "ok": ack.ok if ack else None,
-        "error": _row_error(ack, confirmed_s, seen),
+        "error": _row_error(ack, confirmed_s, drill.to_generation),
         "confirmed_s": confirmed_s,
         "failed_requests": None if before is None or after is None else max(after - before, 0),
     }
@@ -85,50 +124,40 @@ def wait_for_acks(worker_ids: list[str], generation: int, deadline: float) -> di
         time.sleep(POLL_S)
 
 
-def _confirm(drill: Drill, worker: Worker, release: Release, deadline: float) -> tuple[float | None, object]:
-    """Seconds until the worker's own metadata reports the release's routes, and what
-    the last probe saw (kept for the report when it never did)."""
-    expected = sorted((route["version"], route["weight"]) for route in release.routes if route["weight"] > 0)
-    seen: object = "no answer"
-    while time.monotonic() < deadline:
-        body = _probe(worker, f"/v2/models/{release.model.name}")
-        seen = "no answer" if body is None else sorted(_routed(body))
-        if seen == expected:
-            return (timezone.now() - drill.started_at).total_seconds(), seen
+def wait_for_reports(drill: Drill, worker_ids: list[str], generation: int, deadline: float) -> dict[str, tuple[float, dict]]:
+    """Per worker, when a report first showed it serving a state this console issued at
+    ``generation`` or later (seconds since the click), and that report."""
+    pending, found, digests = set(worker_ids), {}, {}
+    while pending:
+        for worker in Worker.objects.filter(worker_id__in=pending):
+            if serves_issued_state(worker.last_report, generation, digests):
+                found[worker.worker_id] = (_since(drill, timezone.now()), worker.last_report)
+                pending.discard(worker.worker_id)
+        if not pending or time.monotonic() >= deadline:
+            break
         time.sleep(POLL_S)
-    return None, seen
+    return found
 
 
-def _row_error(ack: WorkerAck | None, confirmed_s: float | None, seen: object) -> str:
+def serves_issued_state(report: object, generation: int, digests: dict) -> bool:
+    """The report names a generation at or after ``generation`` with the digest this
+    console issued for it (``digests`` caches the issued digests by generation)."""
+    served = report.get("generation") if isinstance(report, dict) else None
+    if type(served) is not int or served < generation:
+        return False
+    if served not in digests:
+        digests[served] = issued_digest(served)
+    return digests[served] is not None and report.get("digest") == digests[served]
+
+
+def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int) -> str:
     if ack is None:
         return "no ack before the timeout"
     if not ack.ok:
-        return ack.error
+        return ack.error[:SHOWN_ERROR_CHARS]
     if confirmed_s is None:
-        return f"acked, but its metadata never showed the new routes (last probe: {seen})"
+        return f"acked, but no report showed it serving generation {generation} or later before the timeout"
     return ""
-
-
-def _routed(metadata: dict) -> list[tuple[int, int]]:
-    routes = (metadata.get("parameters") or {}).get("routes") or []
-    return [(int(route["version"]), int(route["weight"])) for route in routes if route.get("weight", 0) > 0]
-
-
-def _probe(worker: Worker, path: str) -> dict | None:
-    if not worker.url:
-        return None
-    try:
-        response = _probe_client().get(worker.url.rstrip("/") + path)
-        return response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-@functools.cache
-def _probe_client() -> httpx.Client:
-    """One pooled client for every probe: building a client (its TLS context) per call
-    costs tens of milliseconds, which would show up as drill time."""
-    return httpx.Client(timeout=PROBE_TIMEOUT_S, limits=httpx.Limits(max_connections=64))
 
 
 def _judge(drill: Drill, rows: list[dict]) -> None:
@@ -153,7 +182,7 @@ def _finish(drill: Drill, status: str, *, error: str = "") -> None:
 
 
 def _worker_errors(drill: Drill) -> str:
-    return "; ".join(f"{row['worker']}: {row['error']}" for row in drill.workers if row.get("ok") is not True)
+    return "; ".join(f"{row['worker']}: {row['error']}" for row in drill.workers if row.get("error"))
 
 
 def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Worker]) -> None:

@@ -1,4 +1,9 @@
-"""The console's view of the serving fleet: registrations, reports, acks, convergence."""
+"""The console's view of the serving fleet: registrations, reports, acks, convergence.
+
+Every worker holds the same token, so what a worker says is checked against what the
+console knows: an ack must come from a worker that has reported, and name a generation
+and digest this console issued. A refused ack is stored nowhere.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from registry.models import Release, Worker, WorkerAck
-from registry.state import warm_versions
+from registry.state import issued_digest, serving_counter, warm_versions
+
+SHOWN_ID_CHARS = 40
+
+
+class AckRefused(Exception):
+    """An ack the console cannot accept; the message says why (answered with 400)."""
 
 
 def live_workers():
@@ -28,7 +39,7 @@ def record_report(report: dict) -> Worker:
             "pid": identity.get("pid"),
             "url": identity.get("url", ""),
             "device": identity.get("device", ""),
-            "generation": report.get("generation", 0),
+            "generation": served_generation(report),
             "loaded": report.get("loaded", []),
             "last_report": report,
             "last_seen_at": timezone.now(),
@@ -37,8 +48,30 @@ def record_report(report: dict) -> Worker:
     return worker
 
 
+def served_generation(report: dict) -> int:
+    """The generation a report says is served, counted only in this console's epoch: a
+    worker still on another database's states serves none of ours."""
+    epoch = report.get("epoch")
+    if epoch and epoch != serving_counter()[1]:
+        return 0
+    return report.get("generation") or 0
+
+
+def check_ack(ack: dict) -> None:
+    worker_id = ack["worker"]
+    if not Worker.objects.filter(worker_id=worker_id).exists():
+        raise AckRefused(f"worker {worker_id[:SHOWN_ID_CHARS]!r} has not reported: a worker reports before it acks")
+    issued = issued_digest(ack["generation"])
+    if issued is None:
+        raise AckRefused(f"generation {ack['generation']} was never issued by this console")
+    if ack["digest"] != issued:
+        raise AckRefused(f"digest {ack['digest'][:12]}… is not the state this console issued as generation {ack['generation']}")
+
+
 def record_ack(ack: dict) -> WorkerAck:
-    """Idempotent: a repeated ack for the same generation keeps the first."""
+    """Idempotent: a repeated ack for the same generation keeps the first. AckRefused
+    when the ack does not match a reported worker and an issued state."""
+    check_ack(ack)
     try:
         with transaction.atomic():
             stored = WorkerAck.objects.create(
@@ -46,11 +79,10 @@ def record_ack(ack: dict) -> WorkerAck:
             )
     except IntegrityError:
         stored = WorkerAck.objects.get(worker_id=ack["worker"], generation=ack["generation"])
-    # update_or_create: an ack may arrive before the worker's first report registers it.
     changes = {"ok": ack["ok"], "error": ack.get("error") or "", "last_seen_at": timezone.now()}
     if ack["ok"]:
         changes["generation"] = ack["generation"]
-    Worker.objects.update_or_create(worker_id=ack["worker"], defaults=changes)
+    Worker.objects.filter(worker_id=ack["worker"]).update(**changes)
     return stored
 
 

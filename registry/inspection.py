@@ -8,9 +8,18 @@ a fresh exec, never a fork of the server's threads), gives it an address-space l
 a wall-clock timeout, and reads one JSON object from its stdout. A signal, a timeout or
 an exhausted memory limit becomes an ``InspectionError`` with a readable reason.
 
+The child is treated as hostile-code-adjacent: it starts in a fresh empty directory
+(mode 0700, removed afterwards) with a minimal environment (no database URL, no
+secret key, no worker token), and sets its own limits on address space, CPU time,
+open files, file size, processes and core files. ``inspection_slot`` caps how many
+children run at once across every server process (``flock`` on slot files).
+
 The child runs the checks in this order, stopping at the first refusal:
-parse (400) -> no external data -> known operator domains -> onnx checker ->
-tensor-only signature -> ONNX Runtime session -> one smoke run (all 422).
+parse (400) -> no external data anywhere (``serving.model_safety``, the same walk
+the workers repeat) -> known operator domains -> onnx checker -> tensor-only
+signature with sane dimensions -> ONNX Runtime session -> one smoke run -> runs at
+the batch sizes a worker warms (all 422) -> the batchability proof, which never
+refuses but decides ``signature["batchable"]``.
 
 This module imports no Django; the server process never imports onnxruntime.
 """
@@ -18,13 +27,18 @@ This module imports no Django; the server process never imports onnxruntime.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import logging
+import math
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +47,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
+from onnx import ModelProto, TensorProto
+
+from serving.model_safety import UnsafeModel, refuse_external_references, walk_messages
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +65,29 @@ MEMORY_LIMIT_BYTES_PER_MODEL_BYTE = 6
 
 ONNX_RUNTIME_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 MAX_REASON_CHARS = 400
+
+# The child writes nothing but its answer (to a pipe, which RLIMIT_FSIZE does not
+# count) and needs a handful of descriptors once its imports are done.
+CHILD_MAX_FILE_BYTES = 8 * 1024 * 1024
+CHILD_MAX_OPEN_FILES = 64
+# The child needs no new process or thread (one ORT thread, one BLAS thread). Linux
+# counts RLIMIT_NPROC per user over all its processes, so 0 means "fork nothing";
+# root (CAP_SYS_RESOURCE) is exempt, which is one more reason not to run as root.
+CHILD_MAX_PROCESSES = 0
+# Environment variables the child may inherit; everything else (DATABASE_URL,
+# DJANGO_SECRET_KEY, SERVING_WORKER_TOKEN, REDIS_URL, ...) stays with the parent.
+CHILD_INHERITED_VARIABLES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "TZ")
+
+# Declared input dimensions a worker can serve: positive, and no request bigger than
+# a worker's default element limit (SERVING_MAX_ELEMENTS).
+MAX_DIMENSION = 2**20
+MAX_INPUT_ELEMENTS = 16 * 1024 * 1024
+DEFAULT_MAX_BATCH_SIZE = 32
+# Batchability: a row alone and the same row batched with another must agree to
+# within what a different GEMM blocking can change, no more.
+FLOAT_TOLERANCE = {np.float16: (1e-2, 1e-3)}
+DEFAULT_TOLERANCE = (1e-4, 1e-5)  # (rtol, atol)
+RETRY_AFTER_S = 5
 
 V2_DATATYPES = {
     TensorProto.FLOAT: "FP32",
@@ -88,15 +127,17 @@ class InspectionError(Exception):
     """The artifact was refused; ``reason`` is a sentence for the uploader.
 
     ``status`` is 400 when the file is not an ONNX model at all, 422 when it is one
-    but cannot be served, 500 when the inspection itself failed (our bug, logged).
+    but cannot be served, 500 when the inspection itself failed (our bug, logged),
+    503 when no inspection slot is free (``retry_after_s`` says when to try again).
     ``report`` holds the checks run so far.
     """
 
-    def __init__(self, reason: str, *, status: int = 422, report: dict | None = None):
+    def __init__(self, reason: str, *, status: int = 422, report: dict | None = None, retry_after_s: int | None = None):
         super().__init__(reason)
         self.reason = reason
         self.status = status
         self.report = report or {}
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -107,6 +148,19 @@ class InspectionReport:
     report: dict
 
 
+@dataclass(frozen=True)
+class ChildLimits:
+    """What one child may use; ``max_batch_size`` is the largest batch it must run."""
+
+    memory_limit_bytes: int
+    cpu_limit_s: int
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+
+    def arguments(self) -> list[str]:
+        return ["--memory-limit-bytes", str(self.memory_limit_bytes), "--cpu-limit-s", str(self.cpu_limit_s),
+                "--max-batch-size", str(self.max_batch_size)]
+
+
 # ---------------------------------------------------------------- parent side
 
 
@@ -115,17 +169,22 @@ def inspect_artifact(
     *,
     timeout_s: float = 60,
     memory_limit_bytes: int | None = None,
+    cpu_limit_s: float | None = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
 ) -> InspectionReport:
     """Inspect the ONNX file at ``path`` in a child process; raise InspectionError.
 
     ``memory_limit_bytes=None`` sizes the limit from the file (see
-    ``default_memory_limit_bytes``).
+    ``default_memory_limit_bytes``); ``cpu_limit_s=None`` allows the wall-clock
+    timeout's worth of CPU time. ``max_batch_size`` is the largest batch a worker
+    will warm this model at: the child runs it too.
     """
     path = Path(path).resolve()
     if memory_limit_bytes is None:
         memory_limit_bytes = default_memory_limit_bytes(path.stat().st_size)
-    completed = _run_child(path, timeout_s, memory_limit_bytes)
-    return _result_from_child(completed, memory_limit_bytes)
+    limits = ChildLimits(memory_limit_bytes, math.ceil(cpu_limit_s or timeout_s), max(1, max_batch_size))
+    completed = _run_child(path, timeout_s, limits)
+    return _result_from_child(completed, limits)
 
 
 def default_memory_limit_bytes(artifact_size_bytes: int) -> int:
@@ -133,39 +192,74 @@ def default_memory_limit_bytes(artifact_size_bytes: int) -> int:
     return BASE_MEMORY_LIMIT_BYTES + MEMORY_LIMIT_BYTES_PER_MODEL_BYTE * artifact_size_bytes
 
 
-def _child_command(path: Path, memory_limit_bytes: int) -> list[str]:
-    return [sys.executable, "-m", "registry.inspection", str(path), "--memory-limit-bytes", str(memory_limit_bytes)]
+@contextlib.contextmanager
+def inspection_slot(directory: str | os.PathLike, count: int) -> Iterator[int]:
+    """Hold one of ``count`` slots, shared by every process using ``directory``.
+
+    Each slot is an exclusive ``flock`` on a file: the kernel drops it when the holder
+    exits, however it exits, so a crashed server never leaks a slot. Raises
+    InspectionError(status=503) at once when all are taken.
+    """
+    directory = Path(directory)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for index in range(count):
+        handle = open(directory / f"slot-{index}", "ab")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        with handle:
+            yield index
+        return
+    raise InspectionError(f"too many inspections are running (limit {count}); try again shortly",
+                          status=503, retry_after_s=RETRY_AFTER_S)
 
 
-def _child_environment() -> dict[str, str]:
+def _child_command(path: Path, limits: ChildLimits) -> list[str]:
+    # -P: the empty working directory is not put on sys.path; PYTHONPATH names the code.
+    return [sys.executable, "-P", "-m", "registry.inspection", str(path), *limits.arguments()]
+
+
+def _child_environment(private_directory: str) -> dict[str, str]:
+    """Only what the child needs: no secret, no database or Redis URL, no token."""
+    environment = {name: os.environ[name] for name in CHILD_INHERITED_VARIABLES if name in os.environ}
+    environment.setdefault("PATH", os.defpath)
     # Every thread's glibc arena and BLAS buffer counts against RLIMIT_AS, and the
     # inspection needs no parallelism: pin both so the limit measures the model.
-    environment = dict(os.environ)
-    environment.update(MALLOC_ARENA_MAX="2", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    environment.update(
+        MALLOC_ARENA_MAX="2", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+        PYTHONPATH=str(_PROJECT_ROOT), PYTHONDONTWRITEBYTECODE="1",
+        HOME=private_directory, TMPDIR=private_directory,
+    )
     return environment
 
 
-def _run_child(path: Path, timeout_s: float, memory_limit_bytes: int) -> subprocess.CompletedProcess:
-    try:
-        # The child sets its own rlimits first thing: preexec_fn is unsafe in a
-        # threaded parent (it can deadlock between fork and exec).
-        return subprocess.run(
-            _child_command(path, memory_limit_bytes),
-            cwd=_PROJECT_ROOT,
-            env=_child_environment(),
-            capture_output=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        # subprocess.run has already killed and reaped the child.
-        raise InspectionError(f"inspection timed out after {timeout_s:g} s") from None
+def _run_child(path: Path, timeout_s: float, limits: ChildLimits) -> subprocess.CompletedProcess:
+    # A fresh empty directory (mkdtemp: mode 0700) as cwd: a relative path the checks
+    # missed would resolve to nothing, never to the project's var/ or database.
+    with tempfile.TemporaryDirectory(prefix="modelops-inspect-", ignore_cleanup_errors=True) as private_directory:
+        try:
+            # The child sets its own rlimits first thing: preexec_fn is unsafe in a
+            # threaded parent (it can deadlock between fork and exec).
+            return subprocess.run(
+                _child_command(path, limits),
+                cwd=private_directory,
+                env=_child_environment(private_directory),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            # subprocess.run has already killed and reaped the child.
+            raise InspectionError(f"inspection timed out after {timeout_s:g} s") from None
 
 
-def _result_from_child(completed: subprocess.CompletedProcess, memory_limit_bytes: int) -> InspectionReport:
+def _result_from_child(completed: subprocess.CompletedProcess, limits: ChildLimits) -> InspectionReport:
     result = _parse_child_output(completed.stdout)
     if result is None:
-        raise _error_for_failed_child(completed, memory_limit_bytes)
+        raise _error_for_failed_child(completed, limits)
     if not result["ok"]:
         raise InspectionError(result["reason"], status=result["status"], report=result["report"])
     return InspectionReport(
@@ -180,10 +274,12 @@ def _parse_child_output(stdout: bytes) -> dict | None:
         return None
 
 
-def _error_for_failed_child(completed: subprocess.CompletedProcess, memory_limit_bytes: int) -> InspectionError:
+def _error_for_failed_child(completed: subprocess.CompletedProcess, limits: ChildLimits) -> InspectionError:
     stderr = completed.stderr.decode("utf-8", "replace")
     if _mentions_memory_exhaustion(stderr):
-        return InspectionError(_memory_reason(memory_limit_bytes))
+        return InspectionError(_memory_reason(limits.memory_limit_bytes))
+    if completed.returncode == -signal.SIGXCPU:  # the soft RLIMIT_CPU; its default action kills
+        return InspectionError(f"inspection used more than its CPU time limit of {limits.cpu_limit_s} s")
     if completed.returncode < 0:
         return InspectionError(f"ONNX Runtime crashed while loading the model (signal {-completed.returncode})")
     logger.error("inspection child failed with exit code %s: %s", completed.returncode, stderr[-4000:])
@@ -212,9 +308,10 @@ class _Refusal(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     arguments = _parse_arguments(argv)
-    _limit_resources(arguments.memory_limit_bytes)
+    limits = ChildLimits(arguments.memory_limit_bytes, arguments.cpu_limit_s, arguments.max_batch_size)
+    _limit_resources(limits)
     result_stream = _claim_stdout()
-    result = _ChildInspection(Path(arguments.path), arguments.memory_limit_bytes).run()
+    result = _ChildInspection(Path(arguments.path), limits).run()
     result_stream.write(json.dumps(result))
     result_stream.flush()
     return 0
@@ -236,15 +333,41 @@ def _peak_memory() -> dict:
 def _parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m registry.inspection", description="Inspect one ONNX file.")
     parser.add_argument("path")
-    parser.add_argument("--memory-limit-bytes", type=int, default=None)
+    parser.add_argument("--memory-limit-bytes", type=int, default=0)
+    parser.add_argument("--cpu-limit-s", type=int, default=0)
+    parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE)
     return parser.parse_args(argv)
 
 
-def _limit_resources(memory_limit_bytes: int | None) -> None:
+def _limit_resources(limits: ChildLimits) -> None:
     # No core files: a crashing model must not leave gigabytes on the server's disk.
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if memory_limit_bytes:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+    _lower_limit(resource.RLIMIT_CORE, 0)
+    if limits.memory_limit_bytes:
+        _lower_limit(resource.RLIMIT_AS, limits.memory_limit_bytes)
+    if limits.cpu_limit_s:
+        # SIGXCPU (which kills) at the soft limit; SIGKILL at the hard one backs it up.
+        _lower_limit(resource.RLIMIT_CPU, limits.cpu_limit_s, hard=limits.cpu_limit_s + 1)
+    _lower_limit(resource.RLIMIT_NOFILE, CHILD_MAX_OPEN_FILES)
+    _lower_limit(resource.RLIMIT_FSIZE, CHILD_MAX_FILE_BYTES)
+    _lower_limit(resource.RLIMIT_NPROC, CHILD_MAX_PROCESSES)
+
+
+def _lower_limit(kind: int, soft: int, hard: int | None = None) -> None:
+    # Never above the limit inherited: an unprivileged process cannot raise a hard limit.
+    _, inherited = resource.getrlimit(kind)
+    hard = soft if hard is None else hard
+    if inherited != resource.RLIM_INFINITY:
+        soft, hard = min(soft, inherited), min(hard, inherited)
+    resource.setrlimit(kind, (soft, hard))
+
+
+def _resource_limits() -> dict:
+    """The limits this child really runs under, read back from the kernel."""
+    names = {"address_space_bytes": resource.RLIMIT_AS, "cpu_time_s": resource.RLIMIT_CPU,
+             "open_files": resource.RLIMIT_NOFILE, "file_size_bytes": resource.RLIMIT_FSIZE,
+             "processes": resource.RLIMIT_NPROC, "core_file_bytes": resource.RLIMIT_CORE}
+    soft_limits = {name: resource.getrlimit(kind)[0] for name, kind in names.items()}
+    return {name: None if value == resource.RLIM_INFINITY else value for name, value in soft_limits.items()}
 
 
 def _claim_stdout():
@@ -259,16 +382,17 @@ def _claim_stdout():
 class _ChildInspection:
     """One inspection: each ``_check_*`` step returns a message or raises _Refusal."""
 
-    STEPS = ("parse", "external_data", "operator_domains", "checker", "signature", "session", "smoke_run")
+    STEPS = ("parse", "external_data", "operator_domains", "checker", "signature", "session", "smoke_run",
+             "batch_sizes", "batchability")
 
-    def __init__(self, path: Path, memory_limit_bytes: int | None):
+    def __init__(self, path: Path, limits: ChildLimits):
         self.path = path
-        self.memory_limit_bytes = memory_limit_bytes
+        self.limits = limits
         self.data = b""
         self.model: ModelProto | None = None
         self.signature: dict = {}
         self.session = None
-        self.report: dict = {"checks": [], "artifact_size_bytes": None}
+        self.report: dict = {"checks": [], "artifact_size_bytes": None, "limits": _resource_limits()}
 
     def run(self) -> dict:
         try:
@@ -285,7 +409,7 @@ class _ChildInspection:
         try:
             message = getattr(self, f"_check_{step}")()
         except MemoryError:
-            refusal = _Refusal(_memory_reason(self.memory_limit_bytes))
+            refusal = _Refusal(_memory_reason(self.limits.memory_limit_bytes))
         except _Refusal as caught:
             refusal = caught
         else:
@@ -306,8 +430,11 @@ class _ChildInspection:
         return f"parsed ONNX model, IR version {self.model.ir_version}"
 
     def _check_external_data(self) -> str:
-        _refuse_external_data(self.model)
-        return "all tensors are stored inside the file"
+        try:
+            refuse_external_references(self.model)
+        except UnsafeModel as unsafe:
+            raise _Refusal(unsafe.reason) from None
+        return "every tensor, wherever it is in the file, is stored inside the file"
 
     def _check_operator_domains(self) -> str:
         _refuse_unknown_domains(self.model)
@@ -335,6 +462,31 @@ class _ChildInspection:
         self.report["smoke_output_shapes"] = output_shapes
         _refuse_mismatched_outputs(self.signature["outputs"], output_shapes)
         return f"ran once on synthesised inputs in {elapsed_ms:.1f} ms"
+
+    def _check_batch_sizes(self) -> str:
+        # A worker warms every size up to the model's max batch size before routing it;
+        # a model that cannot run those must fail here, not crash-loop every worker.
+        if not _has_batch_axis(self.signature["inputs"]):
+            return "the first dimension is fixed: workers run it one request at a time"
+        sizes = sorted({2, self.limits.max_batch_size})
+        for rows in sizes:
+            feeds = {spec["name"]: _synthetic_input(spec, rows) for spec in self.signature["inputs"]}
+            try:
+                shapes = dict(zip(_output_names(self.session), _run_for_output_shapes(self.session, feeds)))
+            except _onnxruntime_errors() as error:
+                _raise_runtime_refusal(f"ONNX Runtime failed to run the model at batch size {rows}", error)
+            _refuse_mismatched_outputs(self.signature["outputs"], shapes, when=f"at batch size {rows}")
+        self.report["batch_sizes_run"] = [1, *sizes]
+        return f"ran at batch sizes {', '.join(map(str, [1, *sizes]))}"
+
+    def _check_batchability(self) -> str:
+        reason = _batchability_problem(self.session, self.signature)
+        self.signature["batchable"] = reason is None
+        self.report["batchable"] = reason is None
+        if reason is None:
+            return "batchable: two different rows give the same answers alone and batched together"
+        self.report["not_batchable_reason"] = reason
+        return f"not batchable, workers run it one request at a time: {reason}"
 
 
 # -- parse
@@ -365,72 +517,14 @@ def _model_facts(model: ModelProto) -> dict:
     }
 
 
-# -- walking every graph, node and tensor, subgraphs and local functions included
-
-
-def _all_graphs(model: ModelProto) -> Iterator[GraphProto]:
-    yield from _graph_and_subgraphs(model.graph)
-    for training in model.training_info:
-        yield from _graph_and_subgraphs(training.initialization)
-        yield from _graph_and_subgraphs(training.algorithm)
-
-
-def _graph_and_subgraphs(graph: GraphProto) -> Iterator[GraphProto]:
-    yield graph
-    for node in graph.node:
-        for subgraph in _node_subgraphs(node):
-            yield from _graph_and_subgraphs(subgraph)
-
-
-def _node_subgraphs(node) -> Iterator[GraphProto]:
-    for attribute in node.attribute:
-        if attribute.type == AttributeProto.GRAPH:
-            yield attribute.g
-        yield from attribute.graphs
+# -- every node, wherever it is (the same generic walk as the external-data check)
 
 
 def _all_nodes(model: ModelProto) -> Iterator:
-    for graph in _all_graphs(model):
-        yield from graph.node
-    for function in model.functions:
-        for node in function.node:
-            yield node
-            for subgraph in _node_subgraphs(node):
-                for graph in _graph_and_subgraphs(subgraph):
-                    yield from graph.node
+    return (message for message in walk_messages(model) if message.DESCRIPTOR.full_name == "onnx.NodeProto")
 
 
-def _all_tensors(model: ModelProto) -> Iterator[TensorProto]:
-    for graph in _all_graphs(model):
-        yield from graph.initializer
-        for sparse in graph.sparse_initializer:
-            yield from (sparse.values, sparse.indices)
-    for node in _all_nodes(model):
-        for attribute in node.attribute:
-            yield from _attribute_tensors(attribute)
-
-
-def _attribute_tensors(attribute: AttributeProto) -> Iterator[TensorProto]:
-    if attribute.HasField("t"):
-        yield attribute.t
-    yield from attribute.tensors
-    if attribute.HasField("sparse_tensor"):
-        yield from (attribute.sparse_tensor.values, attribute.sparse_tensor.indices)
-    for sparse in attribute.sparse_tensors:
-        yield from (sparse.values, sparse.indices)
-
-
-# -- external data and operator domains
-
-
-def _refuse_external_data(model: ModelProto) -> None:
-    for tensor in _all_tensors(model):
-        if tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data):
-            location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
-            raise _Refusal(
-                f"tensor '{tensor.name}' points at external data '{location}'; external data files "
-                "are not accepted, store every tensor inside the .onnx file"
-            )
+# -- operator domains
 
 
 def _refuse_unknown_domains(model: ModelProto) -> None:
@@ -457,9 +551,11 @@ def _build_signature(model: ModelProto) -> dict:
     # Since IR 4 an initializer may also be listed as an input (an optional override);
     # clients never send those, so they are not part of the signature.
     initializer_names = {tensor.name for tensor in model.graph.initializer}
-    inputs = [value for value in model.graph.input if value.name not in initializer_names]
+    inputs = [_tensor_spec(value, "input") for value in model.graph.input if value.name not in initializer_names]
+    for spec in inputs:
+        _refuse_unservable_dimensions(spec)
     return {
-        "inputs": [_tensor_spec(value, "input") for value in inputs],
+        "inputs": inputs,
         "outputs": [_tensor_spec(value, "output") for value in model.graph.output],
         "opset": _default_opset(model),
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
@@ -485,6 +581,24 @@ def _dimension(dimension) -> int | str | None:
     if dimension.HasField("dim_value"):
         return dimension.dim_value
     return dimension.dim_param or None
+
+
+def _refuse_unservable_dimensions(spec: dict) -> None:
+    """Fixed dimensions must be positive and a request of one row must fit a worker."""
+    name = _short_name(spec["name"])
+    fixed = [dimension for dimension in spec["shape"] if isinstance(dimension, int)]
+    for dimension in fixed:
+        if dimension <= 0:
+            raise _Refusal(f"input '{name}' declares a dimension of {dimension}: dimensions must be positive")
+        if dimension > MAX_DIMENSION:
+            raise _Refusal(f"input '{name}' declares a dimension of {dimension}, more than the limit {MAX_DIMENSION}")
+    elements = math.prod(fixed)
+    if elements > MAX_INPUT_ELEMENTS:
+        raise _Refusal(f"input '{name}' declares {elements} elements per request, more than the limit {MAX_INPUT_ELEMENTS}")
+
+
+def _short_name(name: str) -> str:
+    return name if len(name) <= 80 else name[:77] + "..."
 
 
 def _default_opset(model: ModelProto) -> int:
@@ -555,9 +669,16 @@ def _as_ort_value(onnxruntime, value):
     return onnxruntime.OrtValue.ortvalue_from_numpy(value)
 
 
-def _synthetic_input(spec: dict):
-    """Zeros of the declared dtype; symbolic or unknown dimensions become 1."""
+def _output_names(session) -> list[str]:
+    return [output.name for output in session.get_outputs()]
+
+
+def _synthetic_input(spec: dict, rows: int = 1):
+    """Zeros of the declared dtype; a dynamic first dimension gets ``rows``, every
+    other symbolic or unknown dimension 1."""
     shape = [dimension if isinstance(dimension, int) else 1 for dimension in spec["shape"]]
+    if shape and not isinstance(spec["shape"][0], int):
+        shape[0] = rows
     if spec["datatype"] == "BYTES":
         return np.full(shape, "", dtype=object)
     array = np.zeros(shape, dtype=_NUMPY_DTYPES[spec["datatype"]])
@@ -568,15 +689,96 @@ def _synthetic_input(spec: dict):
     return array
 
 
-def _refuse_mismatched_outputs(output_specs: list[dict], output_shapes: dict) -> None:
+def _refuse_mismatched_outputs(output_specs: list[dict], output_shapes: dict, when: str = "on the smoke run") -> None:
     # Workers split batches along the declared shapes, so a model that returns other
     # shapes than it declares cannot be served correctly.
     for spec in output_specs:
         actual = output_shapes.get(spec["name"])
         if actual is not None and not _shape_matches(spec["shape"], actual):
             raise _Refusal(
-                f"output '{spec['name']}' has shape {actual} on the smoke run, but the model declares {spec['shape']}"
+                f"output '{spec['name']}' has shape {actual} {when}, but the model declares {spec['shape']}"
             )
+
+
+# -- batchability: proven by running, never assumed from a dynamic first dimension
+
+
+def _has_batch_axis(input_specs: list[dict]) -> bool:
+    return bool(input_specs) and all(spec["shape"] and not isinstance(spec["shape"][0], int) for spec in input_specs)
+
+
+def _batchability_problem(session, signature: dict) -> str | None:
+    """None when rows of different requests may share a batch; else why not.
+
+    A dynamic first dimension is only a claim: a model that reduces over it, or a
+    ``[seq, dim]`` model, answers each row with the others' data. So two different
+    rows run alone and together; every output must have one row per input row, and
+    each row of the joint run must equal that row's solo run.
+    """
+    if not signature["inputs"]:
+        return "the model has no inputs"
+    fixed = next((spec for spec in signature["inputs"] if not spec["shape"] or isinstance(spec["shape"][0], int)), None)
+    if fixed is not None:
+        return f"input '{_short_name(fixed['name'])}' has no dynamic first dimension"
+    problem = _unprobeable_tensor(signature)
+    if problem:
+        return problem
+    first, second = zip(*(_distinct_rows(spec) for spec in signature["inputs"]))
+    together = tuple(np.concatenate(pair) for pair in zip(first, second))
+    try:
+        runs = [_run_values(session, signature["inputs"], feeds) for feeds in (first, second, together)]
+    except _onnxruntime_errors() as error:
+        return f"ONNX Runtime could not run two different rows: {_trim(error)}"
+    for name, alone_first, alone_second, joint in zip(_output_names(session), *runs):
+        problem = _row_problem(name, alone_first, alone_second, joint)
+        if problem:
+            return problem
+    return None
+
+
+def _unprobeable_tensor(signature: dict) -> str | None:
+    # NumPy has no BF16, so those values cannot be compared: not proven, not batchable.
+    for spec in signature["inputs"] + signature["outputs"]:
+        if spec["datatype"] == "BF16":
+            return f"'{_short_name(spec['name'])}' is BF16, whose values this check cannot compare"
+    return None
+
+
+def _distinct_rows(spec: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Two one-row inputs that differ everywhere (equal rows would hide a mean over the batch)."""
+    shape = [1] + [dimension if isinstance(dimension, int) else 1 for dimension in spec["shape"][1:]]
+    datatype = spec["datatype"]
+    if datatype == "BYTES":
+        return np.full(shape, "a", dtype=object), np.full(shape, "b", dtype=object)
+    dtype = np.dtype(_NUMPY_DTYPES[datatype])
+    if dtype.kind == "f":
+        rng = np.random.default_rng(0)
+        return rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype) + 1
+    return np.zeros(shape, dtype), np.ones(shape, dtype)
+
+
+def _run_values(session, input_specs: list[dict], arrays: tuple) -> list[np.ndarray]:
+    feeds = {spec["name"]: array for spec, array in zip(input_specs, arrays)}
+    return [np.asarray(value) for value in session.run(None, feeds)]
+
+
+def _row_problem(name: str, alone_first: np.ndarray, alone_second: np.ndarray, joint: np.ndarray) -> str | None:
+    rows = [array.shape[0] if array.ndim else 0 for array in (alone_first, alone_second, joint)]
+    if rows != [1, 1, 2]:
+        return (f"output '{_short_name(name)}' does not follow the batch: {rows[0]} row(s) for one input row, "
+                f"{rows[2]} for two")
+    if not (_same_values(joint[:1], alone_first) and _same_values(joint[1:], alone_second)):
+        return f"output '{_short_name(name)}' changes for one row when another row is batched with it"
+    return None
+
+
+def _same_values(batched: np.ndarray, alone: np.ndarray) -> bool:
+    if batched.shape != alone.shape:
+        return False
+    if batched.dtype.kind not in "fc":
+        return bool(np.array_equal(batched, alone))
+    rtol, atol = FLOAT_TOLERANCE.get(batched.dtype.type, DEFAULT_TOLERANCE)
+    return bool(np.allclose(batched, alone, rtol=rtol, atol=atol, equal_nan=True))
 
 
 def _shape_matches(declared: list, actual: list[int]) -> bool:

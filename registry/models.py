@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -75,13 +77,20 @@ class ServingGenerationManager(models.Manager):
         return self.select_for_update().get(pk=1)
 
 
+def new_epoch() -> str:
+    return secrets.token_hex(8)
+
+
 class ServingGeneration(models.Model):
     """One row: the generation of the whole desired state, bumped by every traffic change.
 
     Locking this row serialises all traffic changes, which keeps generations gap-free.
+    ``epoch`` names this database's counter: a fresh database gets a new one, so a worker
+    that sees a different epoch knows the generation numbers started again.
     """
 
     generation = models.PositiveBigIntegerField(default=0)
+    epoch = models.CharField(max_length=32, default=new_epoch)
 
     objects = ServingGenerationManager()
 
@@ -132,6 +141,11 @@ class Drill(models.Model):
 
     class Meta:
         ordering = ["-started_at"]
+        constraints = [
+            # Drills start under the generation lock, which already keeps this true; the
+            # constraint says it where the data lives.
+            models.UniqueConstraint(fields=["model"], condition=models.Q(status=DrillStatus.RUNNING), name="one_running_drill_per_model"),
+        ]
 
 
 class Worker(models.Model):
@@ -194,3 +208,29 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+
+class InferenceApiKeyQuerySet(models.QuerySet):
+    def active(self):
+        """Keys that are not revoked."""
+        return self.filter(revoked_at__isnull=True)
+
+
+class InferenceApiKey(models.Model):
+    """A client credential for the prediction API. Only the key's sha256 is kept: the
+    key itself is shown once, when it is created."""
+
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, help_text="The key's first characters, to recognise it.")
+    key_sha256 = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = InferenceApiKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

@@ -1,4 +1,8 @@
-"""Publishing the desired state to the ``serving`` group on the channel layer."""
+"""Publishing the desired state to the ``serving`` group on the channel layer.
+
+Every pushed state is signed (``serving.state_signing``): the channel is shared with
+anything that can reach Redis, and workers use only what the console signed.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,22 @@ import logging
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from registry.state import desired_state
+from serving.state_signing import sign_state, signing_key
 
 logger = logging.getLogger(__name__)
 SERVING_GROUP = "serving"
 
 
+def signed_desired_state() -> dict:
+    return sign_state(desired_state(), signing_key(settings.SERVING_WORKER_TOKEN))
+
+
 def publish_desired_state() -> None:
     """Send the whole state; a failure is logged, not raised, since workers reconcile."""
-    state = desired_state()
+    state = signed_desired_state()
     try:
         async_to_sync(get_channel_layer().group_send)(SERVING_GROUP, {"type": "serving.apply", "state": state})
     except Exception:  # noqa: BLE001 - any transport failure: workers catch up by polling

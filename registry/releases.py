@@ -6,6 +6,13 @@ model serialise and generations stay gap-free), checks the request, appends a
 
 Rollback is "undo": every release remembers the release a rollback from it returns
 to (``rollback_target``), so rolling back twice walks back twice.
+
+Every change may carry ``expected_generation``: the generation of the model's newest
+release as the operator saw it (the number on the model page; 0 when the model has no
+release yet). It is compared under the same lock that serialises the change, so a double
+click or two operators acting on the same page make one change, and the other gets a
+``GenerationConflict`` that says which release replaced the one they saw. ``None`` skips
+the comparison (API clients that do not send it keep the old last-writer-wins meaning).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.utils import timezone
 
 from registry import events
 from registry.choices import ReleaseAction
@@ -31,15 +39,39 @@ class ReleaseError(Exception):
         super().__init__(message)
         self.message = message
 
+    def details(self) -> dict:
+        """Fields an answer carries beside ``error``."""
+        return {}
+
 
 class ReleaseConflict(ReleaseError):
     status = 409
 
 
-def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = "") -> Release:
+class GenerationConflict(ReleaseConflict):
+    """The model's traffic changed since the operator looked: nothing was done."""
+
+    def __init__(self, message: str, *, expected_generation: int, current: Release | None):
+        super().__init__(message)
+        self.expected_generation = expected_generation
+        self.current = current
+
+    def details(self) -> dict:
+        current = self.current
+        return {
+            "expected_generation": self.expected_generation,
+            "current_generation": current.generation if current else 0,
+            "current_action": current.action if current else None,
+            "current_actor": _actor_name(current),
+            "current_at": current.created_at.isoformat() if current else None,
+        }
+
+
+def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = "", *, expected_generation: int | None = None) -> Release:
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         current = model.current_release()
+        check_expected_generation(model, current, expected_generation)
         try:
             parsed = check_routes(routes, _ready_numbers(model))
         except InvalidRoutes as error:
@@ -50,9 +82,10 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
     return release
 
 
-def promote(model: RegisteredModel, actor, reason: str = "") -> Release:
+def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None) -> Release:
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
+        check_expected_generation(model, model.current_release(), expected_generation)
         current = _require_current(model)
         canary = _only_canary(current)
         _check_still_ready(model, [canary])
@@ -62,9 +95,10 @@ def promote(model: RegisteredModel, actor, reason: str = "") -> Release:
     return release
 
 
-def rollback(model: RegisteredModel, actor, reason: str = "") -> Release:
+def rollback(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None) -> Release:
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
+        check_expected_generation(model, model.current_release(), expected_generation)
         current = _require_current(model)
         target = current.rollback_target
         if target is None:
@@ -77,9 +111,10 @@ def rollback(model: RegisteredModel, actor, reason: str = "") -> Release:
     return release
 
 
-def restore(model: RegisteredModel, generation: int, actor, reason: str = "") -> Release:
+def restore(model: RegisteredModel, generation: int, actor, reason: str = "", *, expected_generation: int | None = None) -> Release:
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
+        check_expected_generation(model, model.current_release(), expected_generation)
         earlier = model.releases.filter(generation=generation).first()
         if earlier is None:
             raise ReleaseError(f"model {model.name} has no release with generation {generation}")
@@ -101,6 +136,37 @@ def route_first_version(version: ModelVersion, actor) -> Release | None:
         release = _append(counter, version.model, routes, version.number, ReleaseAction.INITIAL, None, actor, "first ready version")
         events.release_made(release, f"Version {version.number} routed as stable at 100% (generation {release.generation})")
     return release
+
+
+def check_expected_generation(model: RegisteredModel, current: Release | None, expected_generation: int | None) -> None:
+    """Refuse a change decided on an older view of the model; call it under the lock."""
+    seen = current.generation if current else 0
+    if expected_generation is None or expected_generation == seen:
+        return
+    raise GenerationConflict(_conflict_message(model, current, expected_generation), expected_generation=expected_generation, current=current)
+
+
+def _conflict_message(model: RegisteredModel, current: Release | None, expected: int) -> str:
+    if current is None:
+        return f"{model.name} has no release yet, but the request was made for generation {expected}: nothing changed"
+    newer = model.releases.filter(generation__gt=expected).count()
+    what = f"generation {current.generation} ({_describe_release(current)})"
+    if expected > current.generation:
+        return f"{model.name} is at {what}, not generation {expected} as the request says: nothing changed; reload and decide again"
+    since = "" if newer == 1 else f", the newest of {newer} changes since then"
+    return f"{what}{since} replaced generation {expected} you saw: nothing changed; reload and decide again"
+
+
+def _describe_release(release: Release) -> str:
+    at = timezone.localtime(release.created_at).strftime("%H:%M:%S %Z")
+    actor = _actor_name(release)
+    return f"{release.get_action_display().lower()}{f' by {actor}' if actor else ''} at {at}"
+
+
+def _actor_name(release: Release | None) -> str | None:
+    if release is None or release.actor is None:
+        return None
+    return release.actor.get_username()
 
 
 def _append(counter: ServingGeneration, model, routes: list[Route], stable: int, action: str, rollback_target, actor, reason: str) -> Release:

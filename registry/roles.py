@@ -1,12 +1,25 @@
 """Roles are Django groups: viewers read; operators upload, change traffic and run
-drills; admins (superusers or the admin group) do everything."""
+drills; admins do everything, including managing users in the Django admin.
+
+What the admin group grants is real Django permissions (``ADMIN_PERMISSION_APPS``) plus
+``is_staff``, the admin site's door, which ``sync_admin_staff`` keeps equal to membership
+(console/signals.py calls it on every change). Nothing is granted by flipping
+``is_superuser``, so leaving the group takes back everything joining gave; users created
+as superusers (``ensure_login``'s first admin) keep their flag.
+"""
 
 from __future__ import annotations
+
+from django.contrib.auth.models import Group, Permission, User
 
 VIEWER = "viewer"
 OPERATOR = "operator"
 ADMIN = "admin"
 ALL_GROUPS = (VIEWER, OPERATOR, ADMIN)
+
+# The Django admin's share of the admin role: users and groups, API tokens, and
+# login lockouts (to unlock someone). Registry data changes only through the console.
+ADMIN_PERMISSION_APPS = ("auth", "authtoken", "axes")
 
 
 def can_operate(user) -> bool:
@@ -23,3 +36,18 @@ def role_of(user) -> str:
     if user.groups.filter(name=OPERATOR).exists():
         return OPERATOR
     return VIEWER
+
+
+def ensure_role_groups() -> None:
+    """The three groups exist and admin holds its permissions; idempotent."""
+    for name in ALL_GROUPS:
+        Group.objects.get_or_create(name=name)
+    admin = Group.objects.get(name=ADMIN)
+    admin.permissions.add(*Permission.objects.filter(content_type__app_label__in=ADMIN_PERMISSION_APPS))
+
+
+def sync_admin_staff(user_ids) -> None:
+    """``is_staff`` follows admin membership for these users; superusers keep it."""
+    users = User.objects.filter(pk__in=list(user_ids), is_superuser=False)
+    users.filter(groups__name=ADMIN).update(is_staff=True)
+    users.exclude(groups__name=ADMIN).update(is_staff=False)

@@ -1,4 +1,10 @@
-"""The desired serving state: the whole truth workers converge to, never a diff."""
+"""The desired serving state: the whole truth workers converge to, never a diff.
+
+A state is a function of its generation: the newest release of each model at or below
+it. Reading the counter first and then only releases up to it gives a consistent state
+without a transaction (generations commit gap-free with their release), and lets the
+console recompute any state it issued to check what a worker acks.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +12,43 @@ from django.conf import settings
 from django.urls import reverse
 
 from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration
+from serving.state_signing import state_digest
 
 
 def current_generation() -> int:
+    return serving_counter()[0]
+
+
+def serving_counter() -> tuple[int, str]:
+    """(generation, epoch) of this database's serving counter."""
     counter = ServingGeneration.objects.filter(pk=1).first()
-    return counter.generation if counter else 0
+    return (counter.generation, counter.epoch) if counter else (0, "")
 
 
 def desired_state() -> dict:
-    """``{generation, models: {name: {routes, warm, batching}}}`` as in docs/architecture.md."""
+    """``{generation, epoch, digest, models: {name: {routes, warm, batching}}}`` as in
+    docs/architecture.md."""
+    generation, epoch = serving_counter()
+    return state_at(generation, epoch)
+
+
+def state_at(generation: int, epoch: str) -> dict:
+    """The state the console issued as ``generation``."""
     models = {}
     for model in RegisteredModel.objects.all():
-        release = model.current_release()
+        release = model.releases.filter(generation__lte=generation).order_by("-generation").first()
         if release is not None:
             models[model.name] = model_state(model, release)
-    return {"generation": current_generation(), "models": models}
+    content = {"generation": generation, "epoch": epoch, "models": models}
+    return {**content, "digest": state_digest(content)}
+
+
+def issued_digest(generation: int) -> str | None:
+    """The digest of the state issued as ``generation`` in this epoch; None if never issued."""
+    current, epoch = serving_counter()
+    if generation > current:
+        return None
+    return state_at(generation, epoch)["digest"]
 
 
 def model_state(model: RegisteredModel, release: Release) -> dict:

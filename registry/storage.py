@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -105,3 +106,26 @@ def discard(staged: StagedArtifact) -> None:
 
 def delete(sha256: str) -> None:
     path_for(sha256).unlink(missing_ok=True)
+
+
+def sweep_staging(max_age_s: float, *, now: float | None = None) -> int:
+    """Delete staged files nobody has written to for ``max_age_s`` (a process killed
+    mid-upload leaves them; live uploads write, or are inspected, well within that).
+    Only ``tmp/`` is swept: stored artifacts are never touched. Returns how many went."""
+    cutoff = (time.time() if now is None else now) - max_age_s
+    removed = 0
+    for path in tmp_dir().iterdir():
+        try:
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:
+            pass  # its upload finished or another sweep got there first
+    return removed
+
+
+def sweep_stale_staging() -> int:
+    """The periodic sweep (Celery beat, and at ``runstack`` start), with the setting."""
+    # Never younger than twice the inspection timeout: a staged file is not written to
+    # while it is inspected, and must not vanish under its inspection.
+    return sweep_staging(max(settings.STAGING_MAX_AGE_S, 2 * settings.INSPECTION_TIMEOUT_S))

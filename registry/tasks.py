@@ -2,9 +2,15 @@
 
 from celery import shared_task
 
-from registry import retention
+from registry import retention, storage
 
 
 @shared_task(name="registry.tasks.apply_retention")
 def apply_retention() -> int:
     return len(retention.apply_retention())
+
+
+
+@shared_task(name="registry.tasks.sweep_staging")
+def sweep_staging() -> int:
+    return storage.sweep_stale_staging()

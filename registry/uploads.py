@@ -3,6 +3,8 @@
 Bytes are staged and hashed (``storage``), inspected in a child process
 (``inspection``), moved into the content-addressed store, and only then recorded.
 A refused upload leaves no file and no row, only an audit event saying why.
+At most ``INSPECTION_MAX_CONCURRENT`` inspections run at once across every console
+process; beyond that an upload is a 503 with ``Retry-After``, and leaves nothing.
 """
 
 from __future__ import annotations
@@ -15,17 +17,18 @@ from django.db.models import Max
 
 from registry import events, releases, storage
 from registry.choices import VersionStatus
-from registry.inspection import InspectionError, inspect_artifact
+from registry.inspection import InspectionError, inspect_artifact, inspection_slot
 from registry.models import ModelVersion, RegisteredModel
 
 
 class UploadRefused(Exception):
     """An upload that is not registered; ``status`` is the HTTP answer."""
 
-    def __init__(self, reason: str, status: int = 422):
+    def __init__(self, reason: str, status: int = 422, retry_after_s: int | None = None):
         super().__init__(reason)
         self.reason = reason
         self.status = status
+        self.retry_after_s = retry_after_s
 
 
 def register_stream(model: RegisteredModel, source: BinaryIO, *, uploaded_by, description: str = "", metrics: dict | None = None) -> ModelVersion:
@@ -57,8 +60,18 @@ def _inspect(model: RegisteredModel, staged: storage.StagedArtifact, uploaded_by
     if staged.size_bytes == 0:
         _refuse(model, uploaded_by, "the artifact is empty", 400, staged.sha256)
     try:
-        return inspect_artifact(staged.path, timeout_s=settings.INSPECTION_TIMEOUT_S, memory_limit_bytes=settings.INSPECTION_MEMORY_LIMIT_BYTES)
+        with inspection_slot(settings.DATA_DIR / "inspection-slots", settings.INSPECTION_MAX_CONCURRENT):
+            return inspect_artifact(
+                staged.path,
+                timeout_s=settings.INSPECTION_TIMEOUT_S,
+                memory_limit_bytes=settings.INSPECTION_MEMORY_LIMIT_BYTES,
+                cpu_limit_s=settings.INSPECTION_CPU_LIMIT_S,
+                # The worker warms every size up to this before routing the version.
+                max_batch_size=model.max_batch_size or settings.SERVING_DEFAULT_MAX_BATCH_SIZE,
+            )
     except InspectionError as error:
+        if error.retry_after_s is not None:  # busy, not a verdict on the model: no audit event
+            raise UploadRefused(error.reason, error.status, error.retry_after_s) from None
         _refuse(model, uploaded_by, error.reason, error.status, staged.sha256)
 
 

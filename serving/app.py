@@ -3,6 +3,11 @@
 The event loop only parses, validates, enqueues and answers; models run in executor
 threads behind the batcher. Every failure is a `ServingError` mapped to its status in
 `serving.errors`; anything else is our bug and answers 500 with the request id only.
+
+What the headers alone can refuse (API key 401, Content-Type 415, Content-Encoding,
+Content-Length 413) is refused before a byte of the body is read; slow or oversized
+clients are cut off below the app, in `serving.http_protocol`. Error messages quote at
+most a short prefix of anything the client sent (`errors.clip`).
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving import metrics, protocol
+from serving.api_keys import ApiKeyRing, worker_token_matches
+from serving.config import ConfigError
 from serving.errors import (
-    BadRequest, DeadlineExceeded, InternalError, MethodNotAllowed, NotFound, NotReady, PayloadTooLarge,
-    ServingError, VersionNotFound,
+    BadRequest, ClientDisconnected, DeadlineExceeded, InternalError, MethodNotAllowed, NotFound, NotReady,
+    PayloadTooLarge, ServingError, Unauthorized, UnsupportedMediaType, VersionNotFound, clip,
 )
 from serving.reports import failed_total
 from serving.shadow import ShadowMirror
@@ -34,17 +41,21 @@ SHED_HEADERS = ((b"content-type", JSON), (b"content-length", str(len(SHED_BODY))
 SHED_BODY_MESSAGE = {"type": "http.response.body", "body": SHED_BODY}
 SERVER_METADATA = orjson.dumps({"name": "modelops-serving", "version": "1", "extensions": ["binary_tensor_data"]})
 MAX_REQUEST_ID_CHARS = 128
+MAX_HEADER_INT_DIGITS = 18  # below 2**63: int() never sees thousands of digits
+OPERATOR_PATHS = frozenset(("/health", "/metrics"))  # behind the worker token when so configured
 Hook = Callable[[], Awaitable[None]]
 
 
 class RequestHeaders:
     """The few request headers the server reads, picked out in one pass."""
 
-    __slots__ = ("content_length", "request_id", "timeout_s", "routing_key", "header_length", "content_encoding")
+    __slots__ = ("content_length", "request_id", "timeout_s", "routing_key", "header_length", "content_encoding",
+                 "content_type", "authorization", "api_key")
 
     def __init__(self, raw: list[tuple[bytes, bytes]]):
         self.content_length = self.header_length = self.timeout_s = None
         self.request_id = self.routing_key = self.content_encoding = None
+        self.content_type = self.authorization = self.api_key = None
         for name, value in raw:
             if name == b"content-length":
                 self.content_length = _header_int(value, "Content-Length")
@@ -58,12 +69,31 @@ class RequestHeaders:
                 self.routing_key = value.decode("latin-1")
             elif name == b"content-encoding":
                 self.content_encoding = value
+            elif name == b"content-type":
+                self.content_type = value
+            elif name == b"authorization":
+                self.authorization = value
+            elif name == b"x-api-key":
+                self.api_key = value
 
 
 def _header_int(value: bytes, name: str) -> int:
-    if not value.isdigit():
-        raise BadRequest(f"header {name} must be a non-negative integer")
+    if not value.isdigit() or len(value) > MAX_HEADER_INT_DIGITS:
+        raise BadRequest(f"header {name} must be a non-negative integer of at most {MAX_HEADER_INT_DIGITS} digits")
     return int(value)
+
+
+def _check_body_type(content_type: bytes | None, allow_binary: bool) -> None:
+    """JSON, or octet-stream for the binary tensor extension; no label is read as JSON (curl
+    and tritonclient send none). Anything else (forms, text/plain) is 415: a browser can
+    send those cross-site without asking first."""
+    if content_type is None:
+        return
+    media = content_type.split(b";", 1)[0].strip().lower()
+    if media == b"application/json" or (allow_binary and media == b"application/octet-stream"):
+        return
+    wanted = "application/json or application/octet-stream" if allow_binary else "application/json"
+    raise UnsupportedMediaType(f"Content-Type '{clip(media.decode('latin-1'))}' is not supported here: send {wanted}")
 
 
 def _header_timeout_s(value: bytes) -> float:
@@ -107,8 +137,12 @@ class ServingApp:
         self.on_shutdown: list[Hook] = []
         # Inference requests between arrival and answer; past the cap, a canned 503 before
         # the body is read or parsed (SERVING_MAX_IN_FLIGHT, 0 = no cap).
-        self.max_in_flight = getattr(repository.config, "max_in_flight", 0) or math.inf
+        config = repository.config
+        self.max_in_flight = getattr(config, "max_in_flight", 0) or math.inf
         self.in_flight = 0
+        # Client keys for /infer and /predict (SERVING_API_KEYS), refreshed from the console.
+        self.api_keys = ApiKeyRing(getattr(config, "api_keys", "off"))
+        self._operator_token = _operator_token(config)
         self._ids = RequestIds()
         self.shadow = ShadowMirror()
         self._simple_routes: dict[str, Callable[[], Response]] = {
@@ -222,8 +256,11 @@ class ServingApp:
             return await self._predict(receive, headers, request_id, started_s)
         handler = self._simple_routes.get(path)
         if handler is None:
-            raise NotFound(f"no such endpoint: {path}")
+            raise NotFound(f"no such endpoint: {clip(path)}")
         _require(method, "GET")
+        if self._operator_token is not None and path in OPERATOR_PATHS:
+            if not worker_token_matches(headers.authorization, self._operator_token):
+                raise Unauthorized(f"{path} needs the worker token (Authorization: Bearer)")
         return handler()
 
     def _server_ready(self) -> Response:
@@ -253,7 +290,7 @@ class ServingApp:
     # ---- inference ----------------------------------------------------------------
 
     async def _infer(self, name, version, receive, headers, request_id, started_s) -> Response:
-        body = await self._read_body(receive, headers)
+        body = await self._read_body(receive, headers, allow_binary=True)
         target = self._resolve(name, version, headers.routing_key)
         try:
             decoded = protocol.decode_v2(body, headers.header_length, target.io)
@@ -269,7 +306,7 @@ class ServingApp:
         return Response(200, payload, _binary_headers(json_length), target, b"application/octet-stream")
 
     async def _predict(self, receive, headers, request_id, started_s) -> Response:
-        document = protocol.load_object(await self._read_body(receive, headers))
+        document = protocol.load_object(await self._read_body(receive, headers, allow_binary=False))
         name, version = protocol.predict_target(document)
         target = self._resolve(name, version, headers.routing_key)
         try:
@@ -305,7 +342,10 @@ class ServingApp:
             raise DeadlineExceeded("deadline passed while the batch ran")
         return outputs
 
-    async def _read_body(self, receive, headers: RequestHeaders) -> bytes:
+    async def _read_body(self, receive, headers: RequestHeaders, allow_binary: bool) -> bytes:
+        """Everything that headers alone can refuse is refused before a byte of the body is read."""
+        self.api_keys.check(headers.api_key, headers.authorization)
+        _check_body_type(headers.content_type, allow_binary)
         if headers.content_encoding not in (None, b"identity"):
             raise BadRequest("Content-Encoding is not supported; send the body uncompressed")
         if headers.content_length is not None and headers.content_length > self.max_body_bytes:
@@ -313,7 +353,7 @@ class ServingApp:
         message = await receive()
         body = message.get("body", b"")
         if not message.get("more_body"):
-            return body
+            return _whole(message, body)
         chunks, size = [body], len(body)
         while message.get("more_body"):
             message = await receive()
@@ -321,7 +361,7 @@ class ServingApp:
             size += len(chunks[-1])
             if size > self.max_body_bytes:
                 raise PayloadTooLarge(f"body exceeds the limit of {self.max_body_bytes} bytes")
-        return b"".join(chunks)
+        return _whole(message, b"".join(chunks))
 
     # ---- metadata -----------------------------------------------------------------
 
@@ -354,6 +394,23 @@ class ServingApp:
         return Response(200, b'{"ready":true}')
 
 
+def _whole(last_message: dict, body: bytes) -> bytes:
+    # A disconnect (or the body deadline, which closes the connection) ends the body early:
+    # a partial body is never decoded, let alone enqueued.
+    if last_message["type"] == "http.disconnect":
+        raise ClientDisconnected("the client went away before its body arrived")
+    return body
+
+
+def _operator_token(config) -> bytes | None:
+    """The worker token when /metrics and /health require it (SERVING_METRICS_TOKEN_REQUIRED)."""
+    if not getattr(config, "metrics_token_required", False):
+        return None
+    if not config.worker_token:
+        raise ConfigError("SERVING_METRICS_TOKEN_REQUIRED=true needs SERVING_WORKER_TOKEN")
+    return config.worker_token.encode()
+
+
 def _model_path(parts: list[str]) -> tuple[str, int | None, str | None]:
     """/v2/models/{name}[/versions/{v}][/ready|/infer] -> (name, version, action)."""
     name, rest = parts[0], parts[1:]
@@ -366,7 +423,7 @@ def _model_path(parts: list[str]) -> tuple[str, int | None, str | None]:
         version = _version_number(name, rest[1])
         rest = rest[2:]
     if rest and rest[0] not in ("ready", "infer") or len(rest) > 1:
-        raise NotFound(f"no such endpoint under model '{name}'")
+        raise NotFound(f"no such endpoint under model '{clip(name)}'")
     return name, version, rest[0] if rest else None
 
 

@@ -6,6 +6,10 @@ says which requests to drop (past their deadline), how many to send now and how 
 wait otherwise. `Batcher` only waits on an asyncio Event (with a timer, never a poll)
 and hands batches to a thread, where ONNX Runtime runs without the GIL.
 
+A batch whose run fails, or whose outputs do not have one row per input row, is split
+in halves and run again (`run_batch`), so one bad request fails alone and the others get
+their answers. A version not proven batchable never has requests concatenated.
+
 The hand-off is a `DispatchThreads`: long-lived threads per loaded version that take
 batches from a queue and deliver each batch's results to the loop in ONE
 `call_soon_threadsafe`. On a 2-core box that round trip costs about half of a
@@ -32,7 +36,7 @@ import numpy as np
 import orjson
 
 from serving.metrics import observe_many
-from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull
+from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull, ServingError
 
 logger = logging.getLogger("serving.batcher")
 
@@ -125,6 +129,7 @@ def next_batch(
     `expected_gap_s` is the expected time to the next arrival (inf: nothing is coming).
     """
     dropped, rows, count, is_full, wake_s = [], 0, 0, False, math.inf
+    oldest, earliest_deadline_s = None, math.inf
     for index, request in enumerate(queue):
         finish_alone_s = now_s + latency.predict_s(request.rows)
         if request.deadline_s <= finish_alone_s:
@@ -135,6 +140,8 @@ def next_batch(
             break
         rows += request.rows
         count += 1
+        oldest = oldest or request
+        earliest_deadline_s = min(earliest_deadline_s, request.deadline_s)
         wake_s = min(wake_s, request.deadline_s - latency.predict_s(request.rows) - now_s)
         if rows == policy.max_batch_size:
             is_full = True
@@ -144,18 +151,20 @@ def next_batch(
     if not is_engine_idle:
         # Wait for the engine; wake in time to drop whoever would miss its deadline.
         return Decision(tuple(dropped), 0, wake_s if wake_s != math.inf else None)
-    wait_s = 0.0 if is_full else _worth_waiting_s(queue, dropped, rows, now_s, policy, latency, expected_gap_s)
+    wait_s = 0.0 if is_full else _worth_waiting_s(oldest, earliest_deadline_s, rows, now_s, policy, latency,
+                                                  expected_gap_s)
     return Decision(tuple(dropped), count if wait_s <= 0.0 else 0, wait_s if wait_s > 0.0 else None)
 
 
-def _worth_waiting_s(queue, dropped, rows, now_s, policy, latency, expected_gap_s) -> float:
-    """How long waiting for more rows still pays for the oldest request (0 = send now)."""
-    oldest = queue[next(index for index in range(len(queue)) if index not in dropped)]
+def _worth_waiting_s(oldest, earliest_deadline_s, rows, now_s, policy, latency, expected_gap_s) -> float:
+    """How long waiting for more rows still pays (0 = send now): never past the window of
+    the oldest request, nor so long that the batch with one more row would finish after
+    the earliest deadline in it (any request's, not only the oldest's)."""
     remaining_s = oldest.enqueued_s + policy.max_queue_delay_s - now_s
     if remaining_s <= 0.0 or expected_gap_s >= remaining_s:
         return 0.0  # window over, or the next request would not arrive within it
     finish_with_one_more_s = latency.predict_s(rows + 1)
-    budget_s = oldest.deadline_s - now_s - finish_with_one_more_s
+    budget_s = earliest_deadline_s - now_s - finish_with_one_more_s
     if policy.latency_target_s is not None:
         budget_s = min(budget_s, oldest.enqueued_s + policy.latency_target_s - now_s - finish_with_one_more_s)
     return max(min(remaining_s, budget_s), 0.0)
@@ -171,8 +180,45 @@ def admission_delay_s(
     return busy_remaining_s + batches * latency.predict_s(full_batch_rows)
 
 
-def run_batch(run: RunFn, requests: Sequence[PendingRequest]) -> tuple[list[Outputs], float]:
-    """Concatenate along the batch axis, one run, slice the outputs back (views, no copies)."""
+class OutputRowsMismatch(Exception):
+    """A run's output does not have one row per input row, so it cannot be sliced back."""
+
+    def __init__(self, output_index: int, rows: int, shape: tuple):
+        super().__init__(f"output {output_index} has shape {list(shape)} for {rows} input rows")
+        self.output_index, self.rows, self.shape = output_index, rows, shape
+
+
+def run_batch(
+    run: RunFn, requests: Sequence[PendingRequest], is_batchable: bool = True
+) -> tuple[list[Outputs | Exception], float | None]:
+    """One run over the requests concatenated along the batch axis, outputs sliced back.
+
+    Returns (results, compute_s). When the run fails, or its outputs do not have one row
+    per input row, the batch is split in halves and each is run again, so one bad request
+    fails alone and the others still get their answers: `results[i]` is then request i's
+    outputs or the exception it failed with on its own, and `compute_s` is None (a split
+    batch's time says nothing about the model's speed).
+    """
+    if len(requests) > 1 and not is_batchable:  # rows of different clients would mix: each runs alone
+        return _run_halves(run, requests, is_batchable), None
+    try:
+        return _run_together(run, requests, is_batchable)
+    except Exception as exc:  # ORT raises its own classes; the split tells whose input it was
+        if len(requests) == 1:
+            return [exc], None
+        return _run_halves(run, requests, is_batchable), None
+
+
+def _run_halves(run: RunFn, requests: Sequence[PendingRequest], is_batchable: bool) -> list[Outputs | Exception]:
+    """Bisect a failed batch: about 2·log2(n) runs find one bad request among n."""
+    middle = len(requests) // 2
+    results: list[Outputs | Exception] = []
+    for half in (requests[:middle], requests[middle:]):
+        results.extend(run_batch(run, half, is_batchable)[0])
+    return results
+
+
+def _run_together(run: RunFn, requests: Sequence[PendingRequest], is_batchable: bool) -> tuple[list[Outputs], float]:
     if len(requests) == 1:
         feeds = requests[0].inputs
     else:
@@ -180,10 +226,16 @@ def run_batch(run: RunFn, requests: Sequence[PendingRequest]) -> tuple[list[Outp
     started_s = time.perf_counter()
     outputs = run(feeds)
     compute_s = time.perf_counter() - started_s
+    if not is_batchable:
+        return [tuple(outputs)], compute_s
+    rows = sum(request.rows for request in requests)
+    for index, output in enumerate(outputs):
+        if output.shape[:1] != (rows,):  # reduced over the batch, or another axis first
+            raise OutputRowsMismatch(index, rows, output.shape)
     results, start = [], 0
     for request in requests:
         stop = start + request.rows
-        results.append(tuple(output[start:stop] for output in outputs))
+        results.append(tuple(output[start:stop] for output in outputs))  # views, no copies
         start = stop
     return results, compute_s
 
@@ -282,8 +334,18 @@ class BatchObserver:
         observe_many(self.metrics.queue_time, [started_s - request.enqueued_s for request in requests])
 
 
+def model_failed(error: Exception) -> ServingError:
+    """The default answer to a request whose run failed on its own: the model's failure."""
+    return ModelFailed("model execution failed")
+
+
 class Batcher:
-    """The queue and loop of one (version, non-batch shape)."""
+    """The queue and loop of one (version, non-batch shape).
+
+    `is_batchable` False: requests are never concatenated and their outputs are returned
+    whole. `classify_error` turns the exception a request failed with, run alone, into
+    its answer (the repository tells ONNX Runtime's refusals of an input from failures).
+    """
 
     def __init__(
         self,
@@ -296,8 +358,13 @@ class Batcher:
         clock: Callable[[], float] = time.monotonic,
         observer: BatchObserver | None = None,
         inline_max_s: float = 0.0,
+        is_batchable: bool = True,
+        output_names: Sequence[str] = (),
+        classify_error: Callable[[Exception], ServingError] = model_failed,
     ):
         self.policy = policy
+        self.is_batchable = is_batchable
+        self._output_names, self._classify_error = tuple(output_names), classify_error
         self.latency = latency
         self._run, self._executor, self._gate, self._clock = run, executor, gate, clock
         self._threads = executor if isinstance(executor, DispatchThreads) else None
@@ -313,14 +380,28 @@ class Batcher:
         self._drained.set()
         self._last_arrival_s = -math.inf
         self._gap_ewma_s = math.inf
-        self._arrivals_while_busy = 0
-        self._was_arrival_while_busy = False
+        self._is_arrival_while_busy = False  # during the batch running now
+        self._was_arrival_while_busy = False  # during the last batch that finished
         gate.waiters.append(self._wake)
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Batches of this queue running now."""
+        return self._in_flight
+
+    @property
+    def is_idle(self) -> bool:
+        """Nothing queued and nothing running: the queue can be closed without loss."""
+        return not self._queue and not self._in_flight
+
+    @property
+    def last_arrival_s(self) -> float:
+        return self._last_arrival_s
 
     def submit(self, inputs: Outputs, rows: int, deadline_s: float, request_id: str = "") -> asyncio.Future:
         """Enqueue a request; refuse at once what the queue or the deadline cannot take."""
@@ -347,7 +428,7 @@ class Batcher:
         if self._in_flight:
             busy_remaining_s = max(self.latency.predict_s(self.policy.max_batch_size) - (now_s - self._busy_since_s), 0.0)
         delay_s = admission_delay_s(self._queued_rows, rows, busy_remaining_s, self.policy, self.latency)
-        if delay_s > deadline_s - now_s:  # the client's own deadline cannot be met
+        if delay_s >= deadline_s - now_s:  # the client's own deadline cannot be met (the policy would drop it)
             raise DeadlineExceeded(f"cannot answer within the deadline (predicted {delay_s * 1000:.1f} ms)")
         target_s = self.policy.latency_target_s
         if target_s is not None and delay_s > target_s:  # our latency target: shed load, retry later
@@ -358,7 +439,7 @@ class Batcher:
         self._last_arrival_s = now_s
         self._gap_ewma_s = gap_s if self._gap_ewma_s == math.inf else 0.8 * self._gap_ewma_s + 0.2 * gap_s
         if self._in_flight:
-            self._arrivals_while_busy += 1
+            self._is_arrival_while_busy = True
 
     def expected_gap_s(self) -> float:
         """Expected time to the next arrival; inf when nothing arrived during the last batch
@@ -419,34 +500,30 @@ class Batcher:
         self._gate.in_flight += 1
         self._in_flight += 1
         self._busy_since_s = started_s
-        self._arrivals_while_busy = 0
+        self._is_arrival_while_busy = False
         if self._threads is not None:
-            self._threads.submit(self._event_loop, run_batch, (self._run, batch), partial(self._delivered, batch, started_s))
+            self._threads.submit(self._event_loop, run_batch, (self._run, batch, self.is_batchable),
+                                 partial(self._delivered, batch, started_s))
             return
-        future = self._event_loop.run_in_executor(self._executor, run_batch, self._run, batch)
+        future = self._event_loop.run_in_executor(self._executor, run_batch, self._run, batch, self.is_batchable)
         future.add_done_callback(partial(self._complete, batch, started_s))
 
     def _run_inline(self, batch: list[PendingRequest], started_s: float) -> None:
         """A batch predicted to take less than a thread hand-off (futex wake + GIL transfer
         + loop wake-up) runs on the loop thread: handing it off would cost more than it saves."""
-        try:
-            outcome = run_batch(self._run, batch)
-        except Exception as exc:  # ORT raises its own classes; all of them fail this batch only
-            self._finish(batch, started_s, exc, None)
-            return
-        self._finish(batch, started_s, None, outcome)
+        self._finish(batch, started_s, None, run_batch(self._run, batch, self.is_batchable))
 
     def _delivered(self, batch: list[PendingRequest], started_s: float, error: BaseException | None, outcome) -> None:
         """A DispatchThreads job came back (on the loop thread)."""
         self._gate.release()
         self._in_flight -= 1
-        self._was_arrival_while_busy = self._arrivals_while_busy > 0
+        self._was_arrival_while_busy = self._is_arrival_while_busy
         self._finish(batch, started_s, error, outcome)
 
     def _complete(self, batch: list[PendingRequest], started_s: float, future: asyncio.Future) -> None:
         self._gate.release()
         self._in_flight -= 1
-        self._was_arrival_while_busy = self._arrivals_while_busy > 0
+        self._was_arrival_while_busy = self._is_arrival_while_busy
         if future.cancelled():
             self._finish(batch, started_s, asyncio.CancelledError(), None)
         elif future.exception() is not None:
@@ -455,18 +532,49 @@ class Batcher:
             self._finish(batch, started_s, None, future.result())
 
     def _finish(self, batch, started_s: float, error: BaseException | None, outcome) -> None:
-        if error is not None:
+        try:
+            self._settle(batch, started_s, error, outcome)
+        except Exception:  # a bug here must not leave the batch's clients waiting forever
+            logger.exception("settling a batch failed; failing its requests")
+            for request in batch:
+                _fail(request, ModelFailed("model execution failed"))
+        self._note_drained()
+
+    def _settle(self, batch, started_s: float, error: BaseException | None, outcome) -> None:
+        if error is not None:  # the hand-off itself failed, not one request's run
             logger.error("batch of %d requests failed: %s", len(batch), error)
             for request in batch:
                 _fail(request, ModelFailed("model execution failed"))
+        elif outcome[1] is None:
+            self._settle_split(batch, outcome[0])
         else:
             results, compute_s = outcome
-            self.latency.observe(sum(request.rows for request in batch), compute_s)
             for request, outputs in zip(batch, results):
                 if not request.future.done():
                     request.future.set_result(outputs)
+            self.latency.observe(sum(request.rows for request in batch), compute_s)
             self._observer.on_batch(batch, started_s, compute_s, len(self._queue))
-        self._note_drained()
+
+    def _settle_split(self, batch, results: list) -> None:
+        """Answer each request of a batch that failed and was split: its outputs, or its own error."""
+        failed = 0
+        for request, result in zip(batch, results):
+            if isinstance(result, Exception):
+                failed += 1
+                logger.warning("request %s failed: %s", request.request_id, result)
+                _fail(request, self._request_error(result))
+            elif not request.future.done():
+                request.future.set_result(result)
+        if len(batch) > 1:
+            logger.warning("batch of %d requests failed; run again in parts, %d failed alone", len(batch), failed)
+
+    def _request_error(self, error: Exception) -> ServingError:
+        if isinstance(error, OutputRowsMismatch):
+            index = error.output_index
+            name = self._output_names[index] if index < len(self._output_names) else str(index)
+            return ModelFailed(f"output '{name}' has shape {list(error.shape)}, not one row per input row "
+                               f"({error.rows}): this version cannot answer this request")
+        return self._classify_error(error)
 
     def _note_drained(self) -> None:
         if not self._queue and not self._in_flight:

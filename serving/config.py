@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving.model_safety import default_data_dir
+
 
 class ConfigError(ValueError):
     """A setting in the environment has a value the worker cannot use."""
@@ -94,6 +96,13 @@ class ServingConfig:
     dispatch: str = "thread"
     compute_nice: int = 0
     max_in_flight: int = 0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_header_bytes: int = 16 * 1024
+    max_connections: int = 1000
+    api_keys: str = "off"
+    api_keys_refresh_s: float = 3.0
+    metrics_token_required: bool = False
     inline_batch_max_s: float = 0.0
     switch_interval_s: float = 0.005
     drain_timeout_s: float = 30.0
@@ -101,8 +110,10 @@ class ServingConfig:
     worker_token: str = ""
     console_url: str = "http://127.0.0.1:8000"
     console_timeout_s: float = 10.0
+    allow_local_artifacts: bool = False  # development only: file:// and local paths in states
     log_level: str = "info"
     coalesce_writes: bool = True
+    allow_pinning_unrouted: bool = False
 
     @classmethod
     def from_env(cls) -> ServingConfig:
@@ -131,13 +142,22 @@ class ServingConfig:
             dispatch=env_choice("SERVING_DISPATCH", "thread", ("thread", "executor")),
             compute_nice=env_int("SERVING_COMPUTE_NICE", 0),
             max_in_flight=env_int("SERVING_MAX_IN_FLIGHT", 0),
+            header_timeout_s=env_float("SERVING_HEADER_TIMEOUT_S", 10.0, minimum=0.01),
+            body_timeout_s=env_float("SERVING_BODY_TIMEOUT_S", 30.0, minimum=0.01),
+            max_header_bytes=env_int("SERVING_MAX_HEADER_BYTES", 16 * 1024, minimum=1024),
+            max_connections=env_int("SERVING_MAX_CONNECTIONS", 1000),
+            api_keys=env_choice("SERVING_API_KEYS", "off", ("off", "optional", "required")),
+            api_keys_refresh_s=env_float("SERVING_API_KEYS_REFRESH_S", 3.0, minimum=0.1),
+            metrics_token_required=env_bool("SERVING_METRICS_TOKEN_REQUIRED", False),
             inline_batch_max_s=env_float("SERVING_INLINE_BATCH_MAX_S", 0.0),
             switch_interval_s=env_float("SERVING_SWITCH_INTERVAL_S", 0.005, minimum=0.0001),
             drain_timeout_s=env_float("SERVING_DRAIN_TIMEOUT_S", 30.0),
-            cache_dir=env_str("SERVING_CACHE_DIR", "var/serving-cache"),
+            cache_dir=env_str("SERVING_CACHE_DIR", str(default_data_dir() / "serving-cache")),
             worker_token=env_secret("SERVING_WORKER_TOKEN"),
             console_url=env_str("CONSOLE_URL", "http://127.0.0.1:8000").rstrip("/"),
             console_timeout_s=env_float("SERVING_CONSOLE_TIMEOUT_S", 10.0, minimum=0.1),
+            allow_local_artifacts=env_bool("SERVING_ALLOW_LOCAL_ARTIFACTS", False),
             log_level=env_choice("SERVING_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
             coalesce_writes=env_bool("SERVING_COALESCE_WRITES", True),
+            allow_pinning_unrouted=env_bool("SERVING_ALLOW_PINNING_UNROUTED", False),
         )

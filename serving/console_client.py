@@ -1,8 +1,11 @@
 """Talks to the console: the desired serving state and version artifacts.
 
 Every call has an explicit timeout. Artifacts are verified against their sha256 before
-anyone loads them; a file:// URL, or an absolute path that exists on this machine, is
-read locally (benchmarks, tests), anything else relative is joined to CONSOLE_URL.
+anyone loads them. The bearer token never leaves the console's origin: artifact URLs
+are relative to CONSOLE_URL or absolute on that same scheme, host and port, and the HTTP
+client refuses any other request (redirects are not followed). Local paths and file://
+URLs are read only with SERVING_ALLOW_LOCAL_ARTIFACTS (development, benchmarks, tests)
+or in ``--state-file`` mode, where no state comes from the network.
 """
 
 from __future__ import annotations
@@ -10,20 +13,61 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import orjson
 
 CHUNK_BYTES = 1024 * 1024
+DEFAULT_PORTS = {"http": 80, "https": 443}
+SHOWN_URL_CHARS = 80
 
 
 class ArtifactError(Exception):
     """The artifact could not be fetched, or its bytes are not the ones promised."""
 
 
+class ArtifactRefused(ArtifactError):
+    """The artifact URL points somewhere the worker must not read from."""
+
+
 class StateError(Exception):
     """The desired state could not be fetched or read."""
+
+
+class ForeignOrigin(httpx.RequestError):
+    """A request to anything but the console: refused before it is sent."""
+
+
+def origin(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an absolute http(s) URL, else None."""
+    try:
+        parts = urlsplit(url)
+        scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+        port = parts.port or DEFAULT_PORTS.get(scheme)
+    except ValueError:  # a port that is not a number
+        return None
+    if scheme not in DEFAULT_PORTS or not host:
+        return None
+    return scheme, host, port
+
+
+def artifact_location(url: object, console_url: str, *, allow_local: bool) -> str:
+    """Where an artifact may be read: an absolute URL on the console's origin, or (with
+    ``allow_local``) a local path. ArtifactRefused names why anything else is refused."""
+    if not isinstance(url, str) or not url:
+        raise ArtifactRefused("artifact_url must be a non-empty string")
+    shown = url[:SHOWN_URL_CHARS]
+    if url.startswith("file://") or (url.startswith("/") and os.path.isfile(url)):
+        if not allow_local:
+            raise ArtifactRefused(f"local artifact {shown!r} refused: local paths need SERVING_ALLOW_LOCAL_ARTIFACTS=true")
+        return str(local_path(url))
+    parts = urlsplit(url)
+    if not parts.scheme and not parts.netloc:
+        return f"{console_url.rstrip('/')}/{url.lstrip('/')}"
+    if origin(url) is None or origin(url) != origin(console_url):
+        raise ArtifactRefused(f"artifact URL {shown!r} is not on the console's origin {console_url}")
+    return url
 
 
 def sha256_of_file(path: Path) -> str:
@@ -37,7 +81,7 @@ def sha256_of_file(path: Path) -> str:
 def local_path(url: str) -> Path | None:
     """The local file an artifact URL names, or None when it must be downloaded."""
     if url.startswith("file://"):
-        return Path(unquote(urlparse(url).path))
+        return Path(unquote(urlsplit(url).path))
     if url.startswith("/") and os.path.isfile(url):
         return Path(url)
     return None
@@ -53,13 +97,36 @@ def read_state_file(path: str | Path) -> dict:
     return document
 
 
+def console_only(console_url: str):
+    """An httpx request hook that refuses every request off the console's origin."""
+    allowed = origin(console_url)
+
+    def check(request: httpx.Request) -> None:
+        if origin(str(request.url)) != allowed:
+            raise ForeignOrigin(f"refused to send a request to {str(request.url)[:SHOWN_URL_CHARS]}: not the console", request=request)
+
+    return check
+
+
+def async_console_only(console_url: str):
+    check = console_only(console_url)
+
+    async def async_check(request: httpx.Request) -> None:
+        check(request)
+
+    return async_check
+
+
 class ConsoleClient:
-    def __init__(self, base_url: str, token: str, timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None):
+    def __init__(self, base_url: str, token: str, timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None, *,
+                 allow_local: bool = False):
         self.base_url = base_url.rstrip("/")
+        self.allow_local = allow_local
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # Connect fast, but allow a slow big download between chunks.
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0))
-        self._http = httpx.Client(headers=headers, timeout=timeout, transport=transport)
+        self._http = httpx.Client(headers=headers, timeout=timeout, transport=transport, follow_redirects=False,
+                                  event_hooks={"request": [console_only(self.base_url)]})
 
     def fetch_state(self) -> dict:
         """GET {console}/api/serving/state; StateError on any failure (retryable)."""
@@ -75,15 +142,14 @@ class ConsoleClient:
 
     def fetch_artifact(self, url: str, sha256: str, dest: Path) -> Path:
         """A verified local copy of the artifact: `dest` (downloaded) or the local file."""
-        source = local_path(url)
-        if source is not None:
-            return _verified(source, sha256)
+        location = artifact_location(url, self.base_url, allow_local=self.allow_local)
+        if origin(location) is None:  # a local path, allowed above
+            return _verified(Path(location), sha256)
         if dest.is_file() and sha256_of_file(dest) == sha256:
             return dest  # cache hit: the cache is keyed by sha256
-        return self._download(url, sha256, dest)
+        return self._download(location, sha256, dest)
 
-    def _download(self, url: str, sha256: str, dest: Path) -> Path:
-        absolute = url if url.startswith(("http://", "https://")) else f"{self.base_url}/{url.lstrip('/')}"
+    def _download(self, absolute: str, sha256: str, dest: Path) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(f"{dest.name}.{os.getpid()}.part")
         digest = hashlib.sha256()

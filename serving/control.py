@@ -1,18 +1,27 @@
 """The worker's control plane: receive desired states, converge, ack, report.
 
 - Desired states arrive on the ``serving`` group of the channel layer (channels-redis),
-  pushed by the console after every traffic change.
-- At start, after every reconnect, and every ``reconcile_interval_s`` the worker also
-  compares its generation with ``GET /api/serving/state``, so a missed push costs
-  seconds, not correctness. Losing Redis never stops serving: the last state stays.
-- Acks (``{worker, generation, ok, error?, load_ms}``) and the once-a-second report go
-  to the console over HTTP with the worker token.
+  pushed by the console after every traffic change. Anything that can reach Redis can
+  publish there, so a push is used only when its signature holds (``state_signing``,
+  a key derived from the worker token); a refused push changes nothing and is logged.
+- A verified push is applied when it is newer than the state served in the same epoch.
+  A push from another epoch (the console's database was replaced) makes the worker
+  reconcile instead: a new epoch is taken from the console over HTTP, never the channel.
+- At start, after every reconnect, and every ``reconcile_interval_s`` the worker reads
+  ``GET /api/serving/state`` (worker token, console origin: trusted by its channel) and
+  adopts it whenever its digest differs from the one applied, even at a lower
+  generation: a counter that went backwards (a restored database) never freezes
+  workers. Losing Redis never stops serving: the last state stays.
+- Acks (``{worker, generation, digest, ok, error?, load_ms}``) and the once-a-second
+  report go to the console over HTTP with the worker token. The first report goes
+  before any ack: the console refuses acks from a worker it has not heard of.
 Nothing here runs per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -21,7 +30,9 @@ from dataclasses import dataclass
 
 import httpx
 
+from serving.console_client import async_console_only
 from serving.reports import ReportBuilder
+from serving.state_signing import SignatureRefused, signing_key, state_digest, verify_state
 
 logger = logging.getLogger("serving.control")
 SERVING_GROUP = "serving"
@@ -40,6 +51,15 @@ class Identity:
         return {"id": self.id, "host": self.host, "pid": self.pid, "url": self.url, "device": self.device}
 
 
+@dataclass(frozen=True)
+class Applied:
+    """The state this worker serves, as last applied through the control plane."""
+
+    generation: int | None = None
+    epoch: str | None = None
+    digest: str | None = None
+
+
 def make_identity(public_url: str, device: str) -> Identity:
     host = socket.gethostname()
     worker_id = os.environ.get("SERVING_WORKER_ID") or f"{host}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
@@ -50,7 +70,7 @@ class ControlPlane:
     """Plugs into a ``serving.worker.Worker`` through its startup and shutdown hooks."""
 
     def __init__(self, worker, *, redis_url: str, public_url: str, channel_prefix: str = "modelops", reconcile_interval_s: float = 3.0,
-                 report_interval_s: float = 1.0):
+                 report_interval_s: float = 1.0, transport: httpx.AsyncBaseTransport | None = None):
         self.worker = worker
         self.redis_url = redis_url
         self.channel_prefix = channel_prefix
@@ -58,22 +78,27 @@ class ControlPlane:
         self.reconcile_interval_s = reconcile_interval_s
         self.report_interval_s = report_interval_s
         self.reports = ReportBuilder()
+        self.applied = Applied()
+        self._key = signing_key(worker.config.worker_token) if worker.config.worker_token else None
+        self._transport = transport
+        self._reported = False
         self._apply_lock = asyncio.Lock()
-        self._last_ok_generation: int | None = None
         self._tasks: list[asyncio.Task] = []
         self._http: httpx.AsyncClient | None = None
         worker.on_startup.append(self.start)
         worker.on_shutdown.insert(0, self.stop)
 
-    async def start(self) -> None:
+    async def start(self, *, run_loops: bool = True) -> None:
         config = self.worker.config
         self._http = httpx.AsyncClient(
-            base_url=config.console_url, headers={"Authorization": f"Bearer {config.worker_token}"}, timeout=httpx.Timeout(5.0, connect=2.0)
+            base_url=config.console_url, headers={"Authorization": f"Bearer {config.worker_token}"}, timeout=httpx.Timeout(5.0, connect=2.0),
+            follow_redirects=False, event_hooks={"request": [async_console_only(config.console_url)]}, transport=self._transport,
         )
-        if self.worker.repository.generation:
-            self._last_ok_generation = self.worker.repository.generation
-        loops = [self._reconcile_forever, self._report_forever] + ([self._listen] if self.redis_url else [])
-        for loop in loops:
+        # The initial state was applied without its digest: the first reconcile confirms and acks it.
+        self.applied = Applied(generation=self.worker.repository.generation)
+        if not run_loops:  # tests drive reconcile, pushes and reports by hand
+            return
+        for loop in [self._reconcile_forever, self._report_forever] + ([self._listen] if self.redis_url else []):
             self._tasks.append(asyncio.create_task(loop(), name=f"control-{loop.__name__}"))
 
     async def stop(self) -> None:
@@ -85,22 +110,71 @@ class ControlPlane:
 
     # ---- desired state ------------------------------------------------------------
 
-    async def apply(self, state: dict) -> dict | None:
-        """Converge on ``state`` unless it is older than what we serve; then ack."""
+    async def receive_push(self, state: object) -> dict | None:
+        """A state from the channel: used only if signed, and newer in the same epoch."""
+        digest = self._verified(state)
+        if digest is None:
+            return None
+        if state.get("epoch") != self.applied.epoch:
+            return await self.reconcile()
         async with self._apply_lock:
-            generation = state.get("generation") if isinstance(state, dict) else None
-            if not isinstance(generation, int):
-                logger.warning('{"event": "state_ignored", "reason": "no generation"}')
+            generation = state.get("generation")
+            if type(generation) is not int or digest == self.applied.digest:
                 return None
-            if self._last_ok_generation is not None and generation <= self._last_ok_generation:
+            if self.applied.generation is not None and generation <= self.applied.generation:
                 return None
-            result = await self.worker.apply(state)
-            if result.get("ok"):
-                self._last_ok_generation = generation
-            await self._ack(result)
-            return result
+            return await self._converge(state, digest)
+
+    def _verified(self, state: object) -> str | None:
+        try:
+            if self._key is None:
+                raise SignatureRefused("this worker has no worker token to verify pushes with")
+            return verify_state(state, self._key)
+        except SignatureRefused as refusal:
+            logger.warning(json.dumps({"event": "push_refused", "reason": str(refusal)}))
+            return None
+
+    async def reconcile(self) -> dict | None:
+        """Adopt the console's state whenever its digest differs from the one applied."""
+        async with self._apply_lock:
+            state = await self._fetch_state()
+            if state is None:
+                return None
+            try:
+                digest = state_digest(state)
+            except ValueError as error:
+                logger.warning(json.dumps({"event": "state_refused", "reason": str(error)}))
+                return None
+            if state.get("digest", digest) != digest:
+                logger.warning(json.dumps({"event": "state_refused", "reason": "the digest does not match the content"}))
+                return None
+            if digest == self.applied.digest:
+                return None
+            return await self._converge(state, digest)
+
+    async def _fetch_state(self) -> dict | None:
+        try:
+            response = await self._http.get("/api/serving/state")
+            response.raise_for_status()
+            state = response.json()
+        except (httpx.HTTPError, ValueError) as error:
+            logger.warning("reconcile: cannot read the desired state: %s", error)
+            return None
+        if not isinstance(state, dict):
+            logger.warning("reconcile: the desired state is not a JSON object")
+            return None
+        return state
+
+    async def _converge(self, state: dict, digest: str) -> dict:
+        result = await self.worker.apply(state)
+        if result.get("ok"):
+            self.applied = Applied(state["generation"], state.get("epoch"), digest)
+        await self._ack({**result, "digest": digest})
+        return result
 
     async def _ack(self, result: dict) -> None:
+        if not self._reported:
+            await self.send_report()
         body = {"worker": self.identity.id, **result}
         try:
             response = await self._http.post("/api/serving/acks", json=body)
@@ -108,18 +182,6 @@ class ControlPlane:
                 logger.warning("ack of generation %s refused: %s %s", result.get("generation"), response.status_code, response.text[:200])
         except httpx.HTTPError as error:
             logger.warning("ack of generation %s not delivered: %s", result.get("generation"), error)
-
-    async def reconcile(self) -> None:
-        """Catch up from the console's state endpoint."""
-        try:
-            response = await self._http.get("/api/serving/state")
-            response.raise_for_status()
-            state = response.json()
-        except (httpx.HTTPError, ValueError) as error:
-            logger.warning("reconcile: cannot read the desired state: %s", error)
-            return
-        if state.get("generation") != self._last_ok_generation:
-            await self.apply(state)
 
     async def _reconcile_forever(self) -> None:
         while True:
@@ -149,7 +211,7 @@ class ControlPlane:
             while True:
                 message = await layer.receive(channel)
                 if message.get("type") == "serving.apply":
-                    await self.apply(message.get("state"))
+                    await self.receive_push(message.get("state"))
         finally:
             await asyncio.shield(_quietly(layer.group_discard(SERVING_GROUP, channel)))
             await _quietly(layer.close_pools())  # a lost connection is replaced, not leaked
@@ -162,11 +224,14 @@ class ControlPlane:
             await asyncio.sleep(self.report_interval_s)
 
     async def send_report(self) -> None:
-        report = self.reports.build(self.identity.as_dict(), self.worker.repository)
+        applied = {"generation": self.applied.generation, "digest": self.applied.digest, "epoch": self.applied.epoch}
+        report = self.reports.build(self.identity.as_dict(), self.worker.repository, applied)
         try:
             response = await self._http.post("/api/serving/reports", json=report)
             if response.status_code >= 400:
                 logger.warning("report refused: %s %s", response.status_code, response.text[:200])
+            else:
+                self._reported = True
         except httpx.HTTPError as error:
             logger.debug("report not delivered: %s", error)
 

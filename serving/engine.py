@@ -5,6 +5,11 @@ reports it in `get_providers()`), else CPU. On CUDA the hot path binds inputs an
 outputs with IOBinding so ORT does one host-to-device and one device-to-host copy per
 batch; on CPU it is a plain `session.run`.
 
+Before any session is created the bytes are parsed and checked for external data
+anywhere in the file (`serving.model_safety`): a worker does not trust that the console
+inspected what it is told to load, and ONNX Runtime would read such a reference
+relative to the process's working directory. Sessions load from bytes, never a path.
+
 Warm-up runs every batch size the batcher can emit (1..max_batch_size), once each, so
 no client pays a first-shape cost (CUDA kernels, cuDNN algorithm search, ORT's memory
 pattern for a new shape). Padding to power-of-two buckets would warm fewer shapes but
@@ -22,6 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from serving.config import ConfigError, ServingConfig
+from serving.model_safety import check_model_bytes
 
 logger = logging.getLogger("serving.engine")
 
@@ -138,9 +144,13 @@ def providers(config: ServingConfig, device: str) -> list:
 
 
 class Engine:
-    """A loaded model: `run(inputs) -> outputs`, both in the model's declared order."""
+    """A loaded model: `run(inputs) -> outputs`, both in the model's declared order.
+
+    Raises `serving.model_safety.UnsafeModel`, before ONNX Runtime sees the bytes,
+    for a file with external data anywhere in it."""
 
     def __init__(self, model_bytes: bytes, config: ServingConfig, device: str):
+        check_model_bytes(model_bytes)
         self.device = device
         self.session = ort.InferenceSession(model_bytes, session_options(config), providers=providers(config, device))
         self.inputs = tuple(tensor_spec(node) for node in self.session.get_inputs())

@@ -8,6 +8,15 @@ from __future__ import annotations
 
 import orjson
 
+CLIENT_TEXT_CHARS = 80  # at most this much of anything a client sent goes into an error
+MAX_MESSAGE_CHARS = 400  # and no error message is longer than this, whatever it quotes
+
+
+def clip(value: object) -> str:
+    """A short prefix of client input, for error messages (never the whole thing)."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= CLIENT_TEXT_CHARS else text[:CLIENT_TEXT_CHARS] + "…"
+
 
 class ServingError(Exception):
     status = 500
@@ -15,6 +24,8 @@ class ServingError(Exception):
     version = None  # the loaded version the request had reached, for its metrics
 
     def __init__(self, message: str):
+        if len(message) > MAX_MESSAGE_CHARS:  # a safety net behind clip()
+            message = message[:MAX_MESSAGE_CHARS] + "…"
         super().__init__(message)
         self.message = message
 
@@ -28,8 +39,28 @@ class BadRequest(ServingError):
     status = 400
 
 
+class Unauthorized(ServingError):
+    """No valid API key (inference) or worker token (/metrics, /health) where one is needed."""
+
+    status = 401
+    headers = ((b"www-authenticate", b'Bearer realm="modelops-serving"'),)
+
+
 class PayloadTooLarge(ServingError):
     status = 413
+
+
+class UnsupportedMediaType(ServingError):
+    """A body labelled neither JSON nor application/octet-stream."""
+
+    status = 415
+
+
+class ClientDisconnected(ServingError):
+    """The client went away (or its body deadline passed) before the body arrived; nothing
+    is computed and nothing can be answered. 499 as nginx counts it, for the metrics."""
+
+    status = 499
 
 
 class NotFound(ServingError):
@@ -44,12 +75,12 @@ class MethodNotAllowed(ServingError):
 
 class ModelNotFound(NotFound):
     def __init__(self, model_name: str):
-        super().__init__(f"unknown model '{model_name}'")
+        super().__init__(f"unknown model '{clip(model_name)}'")
 
 
 class VersionNotFound(NotFound):
     def __init__(self, model_name: str, version: object):
-        super().__init__(f"model '{model_name}' has no loaded version '{version}'")
+        super().__init__(f"model '{clip(model_name)}' has no loaded version '{clip(str(version))}'")
 
 
 class NotReady(ServingError):

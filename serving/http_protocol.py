@@ -1,6 +1,17 @@
-"""uvicorn's httptools protocol, with each response leaving in one socket write.
+"""uvicorn's httptools protocol, guarded against slow and oversized clients, with each
+response leaving in one socket write.
 
-uvicorn writes a response's head (`http.response.start`) and body with one
+Guards (`HttpLimits`, from SERVING_HEADER_TIMEOUT_S, SERVING_BODY_TIMEOUT_S,
+SERVING_MAX_HEADER_BYTES, SERVING_MAX_CONNECTIONS): uvicorn bounds neither how long
+headers or a body may take to arrive nor their size, so a client that declares a
+length and never sends it held its connection and its in-flight slot forever. Here a
+connection past its deadline gets 408 and is closed, and the ASGI app's `receive()`
+returns `http.disconnect`, so the request is dropped and its slot freed; headers past
+the cap get 431; a connection beyond the cap gets 503 and is closed. The deadline timer
+is armed only when a chunk leaves headers or body incomplete, so a request that
+arrives in one read costs no timer.
+
+Coalescing: uvicorn writes a response's head (`http.response.start`) and body with one
 `transport.write` each: two send syscalls and two loopback segments per request. Holding
 the writes made during one event-loop iteration and joining them halves that; measured
 on the 2-core box with `bench/http_ceiling.py` (a bare ASGI handler, 64 connections):
@@ -11,8 +22,155 @@ flow control included, goes straight through.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_header_bytes: int = 16 * 1024
+    max_connections: int = 0  # 0: no cap
+
+
+class HeadersTooLarge(Exception):
+    """Raised from a parser callback; httptools turns it into HttpParserCallbackError."""
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    limits = HttpLimits()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._timer: asyncio.TimerHandle | None = None
+        self._awaiting_headers = True
+        self._raw_header_bytes = 0  # bytes received while headers were incomplete
+        self._parsed_header_bytes = 0  # request line and headers parsed so far
+        self._headers_too_large = False
+        if self.limits.max_connections and len(self.connections) > self.limits.max_connections:
+            self._refuse(503, "too many open connections; retry later", b"retry-after: 1\r\n")
+            return
+        self._arm(self.limits.header_timeout_s, self._on_header_deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's, with our refusals in place of its text/plain 400.
+        self._unset_keepalive_if_required()
+        if self._awaiting_headers:
+            self._raw_header_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._headers_too_large:
+                self._refuse(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
+            else:
+                self.logger.warning("Invalid HTTP request received.")
+                self._refuse(400, "invalid HTTP request")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if self._awaiting_headers and self._raw_header_bytes > self.limits.max_header_bytes:
+            self._refuse(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
+            return
+        self._arm_deadline()
+
+    # ---- parser callbacks -----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._awaiting_headers = True
+        self._parsed_header_bytes = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_headers = False
+        self._raw_header_bytes = 0
+        self._cancel()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._cancel()
+        super().on_message_complete()
+
+    # ---- deadlines and refusals -------------------------------------------------------
+
+    def _count_header_bytes(self, size: int) -> None:
+        # Exact for what completed within one chunk; data_received's raw count catches a
+        # header still arriving (httptools buffers it) at the end of each chunk.
+        self._parsed_header_bytes += size
+        if self._parsed_header_bytes > self.limits.max_header_bytes:
+            self._headers_too_large = True
+            raise HeadersTooLarge
+
+    def _arm_deadline(self) -> None:
+        if self._timer is not None or self.transport.is_closing():
+            return
+        if self._awaiting_headers:
+            self._arm(self.limits.header_timeout_s, self._on_header_deadline)
+        elif self.cycle is not None and self.cycle.more_body:
+            self._arm(self.limits.body_timeout_s, self._on_body_deadline)
+
+    def _arm(self, delay_s: float, callback) -> None:
+        self._cancel()
+        self._timer = self.loop.call_later(delay_s, callback)
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_header_deadline(self) -> None:
+        self._timer = None
+        if not (self._raw_header_bytes or self._parsed_header_bytes) or self._response_in_progress():
+            self.transport.close()  # nothing to answer, or an answer we must not interleave with
+        else:
+            self._refuse(408, f"request headers did not arrive within {self.limits.header_timeout_s:g} s")
+
+    def _on_body_deadline(self) -> None:
+        self._timer = None
+        if self.cycle is not None and not self.cycle.response_started and not self.pipeline:
+            self._refuse(408, f"request body did not arrive within {self.limits.body_timeout_s:g} s")
+        else:
+            self._drop_cycle()
+            self.transport.close()
+
+    def _response_in_progress(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _refuse(self, status: int, message: str, extra_headers: bytes = b"") -> None:
+        """Answer from the protocol (no ASGI app involved) and close the connection."""
+        body = orjson.dumps({"error": message})
+        head = b"%scontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n%s\r\n" % (
+            STATUS_LINE[status], len(body), extra_headers)
+        if not self.transport.is_closing():
+            self.transport.write(head + body)
+        self._drop_cycle()
+        self.transport.close()
+
+    def _drop_cycle(self) -> None:
+        # The app's receive() now returns http.disconnect and its send() does nothing.
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
 
 
 class CoalescingTransport:
@@ -40,6 +198,12 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+class CoalescingHttpToolsProtocol(GuardedHttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
+
+
+def protocol_class(limits: HttpLimits, coalesce_writes: bool) -> type[GuardedHttpToolsProtocol]:
+    """The protocol uvicorn is given: our guards with these limits, coalescing or not."""
+    base = CoalescingHttpToolsProtocol if coalesce_writes else GuardedHttpToolsProtocol
+    return type(base.__name__, (base,), {"limits": limits})

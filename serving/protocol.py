@@ -3,6 +3,14 @@
 Decoding turns a body into NumPy arrays in the model's input order, or raises
 BadRequest naming the input and the problem. Binary tensors (the `binary_tensor_data`
 extension, tritonclient's default) are zero-copy views over the request body.
+
+JSON tensor data is strict: numbers of the declared type only (ints are fine in float
+data; no strings, nulls, booleans or objects; booleans only, in BOOL data; integers in
+range, in integer data), because NumPy would otherwise convert "0.5" or "NaN" silently.
+JSON has no NaN or infinity: a non-finite output element is written as the string
+"NaN", "Infinity" or "-Infinity" (the words Triton writes bare), which keeps the answer
+valid JSON and reads back as the same float with `np.array(data, dtype)`; binary outputs
+carry the IEEE bits unchanged.
 """
 
 from __future__ import annotations
@@ -10,12 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import orjson
 
 from serving.engine import TensorSpec
-from serving.errors import BadRequest
+from serving.errors import BadRequest, clip
 
 NUMPY_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -32,9 +41,11 @@ class ModelIO:
     specs: dict = field(init=False, repr=False, compare=False)
     default_outputs: tuple = field(init=False, repr=False, compare=False)
     json_outputs: tuple = field(init=False, repr=False, compare=False)
+    output_index: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "specs", {spec.name: spec for spec in self.inputs})
+        object.__setattr__(self, "output_index", {spec.name: index for index, spec in enumerate(self.outputs)})
         object.__setattr__(self, "json_outputs", tuple((index, False) for index in range(len(self.outputs))))
         object.__setattr__(self, "default_outputs", {
             False: self.json_outputs, True: tuple((index, True) for index in range(len(self.outputs))),
@@ -74,7 +85,7 @@ def load_object(body: bytes | memoryview, what: str = "request body") -> dict:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"{what} is not valid JSON: {exc.msg}") from None
+        raise BadRequest(f"{what} is not valid JSON: {clip(exc.msg)}") from None
     if not isinstance(document, dict):
         raise BadRequest(f"{what} must be a JSON object")
     return document
@@ -86,7 +97,7 @@ def load_object(body: bytes | memoryview, what: str = "request body") -> dict:
 def check_shape(spec: TensorSpec, shape: Sequence[int], io: ModelIO) -> int:
     """Validate `shape` against the spec; return its element count."""
     if len(shape) != len(spec.shape):
-        raise BadRequest(f"input '{spec.name}': expected rank {len(spec.shape)}, got shape {list(shape)}")
+        raise BadRequest(f"input '{spec.name}': expected rank {len(spec.shape)}, got shape {clip(list(shape))}")
     for axis, (got, want) in enumerate(zip(shape, spec.shape)):
         if want is not None and got != want:
             raise BadRequest(f"input '{spec.name}': dimension {axis} must be {want}, got {got}")
@@ -105,13 +116,43 @@ def spec_dtype(spec: TensorSpec) -> np.dtype:
     return dtype
 
 
+# The JSON value types each NumPy kind accepts (bool is not an int here, though Python says so).
+_JSON_TYPES = {"f": frozenset((int, float)), "i": frozenset((int,)), "u": frozenset((int,)), "b": frozenset((bool,))}
+_JSON_WORDS = {"f": "numbers", "i": "integers", "u": "integers", "b": "booleans (true/false)"}
+_TYPE_WORDS = {str: "a string", type(None): "null", bool: "a boolean", float: "a non-integer number", dict: "an object",
+               list: "a nested list where a value belongs", int: "an integer"}
+_LISTS = frozenset((list,))
+
+
 def array_from_list(spec: TensorSpec, data: object) -> np.ndarray:
     if not isinstance(data, list):
         raise BadRequest(f"input '{spec.name}': data must be a list")
+    dtype = spec_dtype(spec)
+    _check_json_types(spec, dtype, data)
     try:
-        return np.array(data, dtype=spec_dtype(spec))
-    except (ValueError, TypeError, OverflowError):
+        with np.errstate(over="raise"):  # a float beyond FP32/FP16 range would become inf
+            return np.array(data, dtype=dtype)
+    except (OverflowError, FloatingPointError):
+        raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}") from None
+    except (ValueError, TypeError):
         raise BadRequest(f"input '{spec.name}': data is not a rectangular array of {spec.datatype} values") from None
+
+
+def _check_json_types(spec: TensorSpec, dtype: np.dtype, data: list) -> None:
+    """One C-speed pass per nesting level: the set of element types must fit the dtype."""
+    level, types = data, set(map(type, data))
+    allowed = _JSON_TYPES[dtype.kind]
+    if types <= allowed:  # flat data of the right type: the common case
+        return
+    while types == _LISTS:  # rows of rows: look one level down
+        level = list(chain.from_iterable(level))
+        types = set(map(type, level))
+    wrong = types - allowed
+    if wrong:
+        found = _TYPE_WORDS.get(min(wrong, key=lambda kind: kind.__name__), "a value of another type")
+        if list in wrong:
+            raise BadRequest(f"input '{spec.name}': data is not a rectangular array of {spec.datatype} values")
+        raise BadRequest(f"input '{spec.name}': {spec.datatype} data must hold {_JSON_WORDS[dtype.kind]}, found {found}")
 
 
 def rows_of(tensors: Sequence[np.ndarray], io: ModelIO) -> int:
@@ -135,7 +176,7 @@ def split_binary(body: bytes, header_length: int | None) -> tuple[memoryview, me
     if header_length is None:
         return view, view[:0]
     if not 0 < header_length <= len(body):
-        raise BadRequest(f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes")
+        raise BadRequest(f"Inference-Header-Content-Length {clip(str(header_length))} is outside the body of {len(body)} bytes")
     return view[:header_length], view[header_length:]
 
 
@@ -188,16 +229,16 @@ def _input_spec(name: object, specs: dict[str, TensorSpec], seen: dict) -> Tenso
         raise BadRequest("each input needs a string 'name'")
     spec = specs.get(name)
     if spec is None:
-        raise BadRequest(f"input '{name}': the model has no such input (expected {', '.join(specs)})")
+        raise BadRequest(f"input '{clip(name)}': the model has no such input (expected {clip(', '.join(specs))})")
     if name in seen:
-        raise BadRequest(f"input '{name}': given twice")
+        raise BadRequest(f"input '{clip(name)}': given twice")
     return spec
 
 
 def _v2_shape(spec: TensorSpec, item: dict) -> list[int]:
     datatype, shape = item.get("datatype"), item.get("shape")
     if datatype != spec.datatype:
-        raise BadRequest(f"input '{spec.name}': datatype must be {spec.datatype}, got {datatype!r}")
+        raise BadRequest(f"input '{spec.name}': datatype must be {spec.datatype}, got {clip(repr(datatype))}")
     if not isinstance(shape, list) or not all(type(dim) is int for dim in shape):
         raise BadRequest(f"input '{spec.name}': shape must be a list of integers")
     return shape
@@ -250,18 +291,27 @@ def _requested_outputs(document: dict, io: ModelIO, parameters: object = None) -
         return io.default_outputs[default_binary]
     if not isinstance(requested, list):
         raise BadRequest("'outputs' must be a list")
-    return tuple(_output_choice(item, io, default_binary) for item in requested)
+    if len(requested) > len(io.outputs):  # some name repeats or is unknown: find it cheaply
+        requested = requested[:len(io.outputs) + 1]
+    chosen, seen = [], set()
+    for item in requested:
+        index, is_binary = _output_choice(item, io, default_binary)
+        if index in seen:  # each copy would be encoded again: a small request, a huge answer
+            raise BadRequest(f"output '{io.outputs[index].name}': requested more than once")
+        seen.add(index)
+        chosen.append((index, is_binary))
+    return tuple(chosen)
 
 
 def _output_choice(item: object, io: ModelIO, default_binary: bool) -> tuple[int, bool]:
     name = item.get("name") if isinstance(item, dict) else None
-    for index, spec in enumerate(io.outputs):
-        if spec.name == name:
-            parameters = item.get("parameters") or {}
-            if not isinstance(parameters, dict):
-                raise BadRequest(f"output '{name}': parameters must be an object")
-            return index, bool(parameters.get("binary_data", default_binary))
-    raise BadRequest(f"output {name!r}: the model has no such output")
+    index = io.output_index.get(name) if isinstance(name, str) else None
+    if index is None:
+        raise BadRequest(f"output {clip(repr(name))}: the model has no such output")
+    parameters = item.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise BadRequest(f"output '{name}': parameters must be an object")
+    return index, bool(parameters.get("binary_data", default_binary))
 
 
 def _request_id(value: object) -> str | None:
@@ -295,7 +345,7 @@ def encode_v2(model_name: str, version: int, decoded: Decoded, outputs: Sequence
             entry["parameters"] = {"binary_data_size": array.nbytes}
             blobs.append(array.data)
         else:
-            entry["data"] = array.reshape(-1)
+            entry["data"] = json_data(array)
         entries.append(entry)
     document = {"model_name": model_name, "model_version": str(version), "outputs": entries}
     if decoded.id is not None:
@@ -304,6 +354,33 @@ def encode_v2(model_name: str, version: int, decoded: Decoded, outputs: Sequence
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)
+
+
+_NON_FINITE_WORDS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def json_data(array: np.ndarray) -> np.ndarray | list:
+    """Flat output data for JSON; a non-finite float becomes "NaN", "Infinity" or "-Infinity"
+    (JSON has no such numbers: orjson would write null and lose the value)."""
+    flat = array.reshape(-1)
+    if flat.dtype.kind != "f" or np.isfinite(flat).all():
+        return flat
+    return _with_non_finite_words(flat)
+
+
+def _with_non_finite_words(array: np.ndarray) -> list:
+    values = array.tolist()
+    finite = np.isfinite(array).reshape(-1)
+    for index in np.flatnonzero(~finite).tolist():
+        _set_word(values, np.unravel_index(index, array.shape) if array.ndim > 1 else (index,))
+    return values
+
+
+def _set_word(values: list, position: tuple) -> None:
+    holder = values
+    for axis in position[:-1]:
+        holder = holder[axis]
+    holder[position[-1]] = _NON_FINITE_WORDS[str(holder[position[-1]])]
 
 
 # ---- /predict -------------------------------------------------------------------------
@@ -328,7 +405,7 @@ def decode_predict(document: dict, io: ModelIO) -> Decoded:
         raise BadRequest("'inputs' must be a list of rows (single-input model) or an object by input name")
     unknown = [name for name in given if name not in io.specs]
     if unknown:
-        raise BadRequest(f"input '{sorted(unknown)[0]}': the model has no such input")
+        raise BadRequest(f"input '{clip(sorted(unknown)[0])}': the model has no such input")
     arrays = [_predict_array(spec, given.get(spec.name), io) for spec in io.inputs]
     single = {is_single for _, is_single in arrays}
     if len(single) != 1:
@@ -351,7 +428,8 @@ def _predict_array(spec: TensorSpec, data: object, io: ModelIO) -> tuple[np.ndar
 def encode_predict(request_id: str, model_name: str, version: int, decoded: Decoded, outputs, io: ModelIO, latency_ms: float) -> bytes:
     by_name = {}
     for spec, array in zip(io.outputs, outputs):
-        by_name[spec.name] = np.ascontiguousarray(array[0] if decoded.is_single_row else array)
+        array = np.ascontiguousarray(array[0] if decoded.is_single_row else array)
+        by_name[spec.name] = array if array.dtype.kind != "f" or np.isfinite(array).all() else _with_non_finite_words(array)
     return dumps({
         "request_id": request_id, "model_name": model_name, "model_version": version,
         "outputs": by_name, "latency_ms": round(latency_ms, 3),

@@ -1,5 +1,6 @@
 """The once-a-second worker report: what changed in the Prometheus metrics since the
-last report, per loaded version, plus identity, generation and what is loaded.
+last report, per loaded version, plus identity, the generation, digest and epoch served,
+and what is loaded.
 
 Reading the prometheus-client metrics (rather than keeping a second set of counters)
 keeps the request path untouched: the report costs one collect per second.
@@ -84,7 +85,8 @@ class ReportBuilder:
         self._previous: dict[Key, dict] = {}
         self._previous_at = time.monotonic()
 
-    def build(self, identity: dict, repository) -> dict:
+    def build(self, identity: dict, repository, applied: dict | None = None) -> dict:
+        """``applied``: the generation, digest and epoch of the state served, as acked."""
         now = time.monotonic()
         current = snapshot()
         interval_s = max(now - self._previous_at, 1e-6)
@@ -92,7 +94,9 @@ class ReportBuilder:
         self._previous, self._previous_at = current, now
         return {
             "worker": identity,
-            "generation": repository.generation,
+            "generation": (applied or {}).get("generation") or repository.generation or 0,
+            "digest": (applied or {}).get("digest"),
+            "epoch": (applied or {}).get("epoch"),
             "loaded": loaded_versions(repository),
             "interval_s": round(interval_s, 3),
             "versions": versions,

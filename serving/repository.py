@@ -25,11 +25,13 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from serving import metrics
 from serving.batcher import Batcher, BatchObserver, BatchPolicy, DispatchThreads, EngineGate, LatencyModel, lower_priority
 from serving.config import ServingConfig
-from serving.console_client import ArtifactError
+from serving.console_client import ArtifactError, ArtifactRefused, artifact_location
 from serving.engine import Engine
-from serving.errors import LoadError, QueueFull
+from serving.errors import BadRequest, LoadError, ModelFailed, QueueFull, ServingError
+from serving.model_safety import UnsafeModel
 from serving.protocol import Decoded, ModelIO
 from serving.router import Router, RoutingTable, build_routes
+from serving.state_signing import is_hex64
 
 logger = logging.getLogger("serving.repository")
 
@@ -102,7 +104,7 @@ def _parse_model(model_name: str, model: object, config: ServingConfig):
     policy = _policy(model_name, model.get("batching") or {}, config)
     specs, warm, weights = {}, [], []
     for route in model.get("routes", []):
-        spec = _version_spec(model_name, route, policy)
+        spec = _version_spec(model_name, route, policy, config)
         weight = route.get("weight", 0)
         if type(weight) is not int or not 0 <= weight <= 100:
             raise StateInvalid(f"model '{model_name}' version {spec.version}: weight must be an integer 0..100")
@@ -112,7 +114,7 @@ def _parse_model(model_name: str, model: object, config: ServingConfig):
         # Contract lists warm versions by number; an entry may also be a full route
         # object, so a worker that never saw that version can still load it.
         if isinstance(entry, dict):
-            spec = _version_spec(model_name, entry, policy)
+            spec = _version_spec(model_name, entry, policy, config)
             specs.setdefault(spec.version, spec)
         elif type(entry) is int:
             warm.append(entry)
@@ -121,14 +123,19 @@ def _parse_model(model_name: str, model: object, config: ServingConfig):
     return tuple(specs.values()), tuple(v for v in warm if v not in specs), tuple(weights)
 
 
-def _version_spec(model_name: str, route: object, policy: BatchPolicy) -> VersionSpec:
+def _version_spec(model_name: str, route: object, policy: BatchPolicy, config: ServingConfig) -> VersionSpec:
     if not isinstance(route, dict):
         raise StateInvalid(f"model '{model_name}': each route must be an object")
     version, sha256, url = route.get("version"), route.get("sha256"), route.get("artifact_url")
-    if type(version) is not int or not isinstance(sha256, str) or len(sha256) != 64 or not isinstance(url, str):
-        raise StateInvalid(f"model '{model_name}': each route needs version (int), sha256 (64 hex), artifact_url")
+    if type(version) is not int or not is_hex64(sha256) or not isinstance(url, str):
+        raise StateInvalid(f"model '{model_name}': each route needs version (int), sha256 (64 lowercase hex), artifact_url")
+    try:
+        # Judged here, before anything is fetched: a refused URL fails the whole state.
+        location = artifact_location(url, config.console_url, allow_local=config.allow_local_artifacts)
+    except ArtifactRefused as refusal:
+        raise StateInvalid(f"model '{model_name}' version {version}: {refusal}") from None
     signature = route.get("signature") or {}
-    return VersionSpec(model_name, version, sha256.lower(), url,
+    return VersionSpec(model_name, version, sha256, location,
                        orjson.dumps(signature, option=orjson.OPT_SORT_KEYS).decode(), policy)
 
 
@@ -159,8 +166,9 @@ class LoadedVersion:
         self.spec = spec
         self.model_name, self.version = spec.model_name, spec.version
         self.engine = engine
-        self.io = ModelIO(engine.inputs, engine.outputs, engine.is_batchable, config.max_elements)
-        self.policy = spec.policy if engine.is_batchable else BatchPolicy(1, 0.0, spec.policy.max_queue_size, spec.policy.latency_target_s)
+        self.is_batchable = engine.is_batchable and is_declared_batchable(spec.signature)
+        self.io = ModelIO(engine.inputs, engine.outputs, self.is_batchable, config.max_elements)
+        self.policy = spec.policy if self.is_batchable else BatchPolicy(1, 0.0, spec.policy.max_queue_size, spec.policy.latency_target_s)
         self.version_header = str(spec.version).encode()
         self.metrics = metrics.VersionMetrics(spec.model_name, spec.version)
         self.latency = LatencyModel()
@@ -182,11 +190,23 @@ class LoadedVersion:
 
     def _new_batcher(self, shape_key: tuple) -> Batcher:
         if len(self._batchers) >= self._max_shape_queues:
-            raise QueueFull(f"too many distinct input shapes in flight (limit {self._max_shape_queues})")
+            self._reclaim_idle_queue()
         batcher = Batcher(self.engine.run, self.policy, self._executor, self._gate, self.latency,
-                          observer=self._observer, inline_max_s=self._inline_max_s)
+                          observer=self._observer, inline_max_s=self._inline_max_s, is_batchable=self.is_batchable,
+                          output_names=[spec.name for spec in self.io.outputs], classify_error=request_error)
         self._batchers[shape_key] = batcher
         return batcher
+
+    def _reclaim_idle_queue(self) -> None:
+        """Close the least recently used shape queue with nothing queued or running, so the
+        limit bounds the shapes active at once, not every shape ever seen. Only an idle
+        queue goes: no request and no dispatch-thread callback can still reach it."""
+        idle = [(key, batcher) for key, batcher in self._batchers.items() if batcher.is_idle]
+        if not idle:
+            raise QueueFull(f"too many distinct input shapes in flight (limit {self._max_shape_queues})")
+        key, batcher = min(idle, key=lambda item: item[1].last_arrival_s)
+        del self._batchers[key]
+        batcher.close()
 
     def set_policy(self, policy: BatchPolicy) -> None:
         self.policy = policy
@@ -330,6 +350,8 @@ class Repository:
                 raise
         except (ArtifactError, OSError) as exc:
             raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
+        except UnsafeModel as exc:  # the worker's own check, before any session exists
+            raise LoadError(f"{spec.model_name} v{spec.version}: refused to load the model: {exc.reason}") from None
         except ORT_ERRORS as exc:
             raise LoadError(f"{spec.model_name} v{spec.version}: ONNX Runtime refused the model: {exc}") from None
         for rows, seconds in samples:
@@ -345,7 +367,7 @@ class Repository:
         return model_bytes
 
     async def _update_policy(self, version: LoadedVersion, policy: BatchPolicy) -> None:
-        if not version.engine.is_batchable or policy == version.policy:
+        if not version.is_batchable or policy == version.policy:
             return
         if policy.max_batch_size > version.policy.max_batch_size:  # warm the new sizes first
             loop = asyncio.get_running_loop()
@@ -358,7 +380,7 @@ class Repository:
         for model_name, weights in desired.weights:
             targets = {version: loaded for (name, version), loaded in self._loaded.items() if name == model_name}
             models[model_name] = build_routes(dict(weights), targets, shadows.get(model_name, ()))
-        return RoutingTable(generation, MappingProxyType(models))
+        return RoutingTable(generation, MappingProxyType(models), self.config.allow_pinning_unrouted)
 
     async def _retire(self, retired: list[LoadedVersion]) -> None:
         for version in retired:
@@ -414,6 +436,34 @@ def _build_engine(model_bytes: bytes, config: ServingConfig, device: str) -> Eng
     if "error" in outcome:
         raise outcome["error"]
     return outcome["engine"]
+
+
+def is_declared_batchable(signature: str) -> bool:
+    """The console proved this version batchable at inspection (`"batchable": true`).
+
+    A missing flag means not batchable: a dynamic first dimension alone does not show that
+    a model keeps rows apart (it may reduce over them), so an unproven version runs each
+    request alone rather than risk answering one client with another's rows."""
+    declared = orjson.loads(signature)
+    return isinstance(declared, dict) and declared.get("batchable") is True
+
+
+def request_error(error: Exception) -> ServingError:
+    """The answer to a request whose run failed on its own. ONNX Runtime's INVALID_ARGUMENT
+    (an index out of range, a dimension the graph refuses) is about this input: 400. Any
+    other failure is the model's: 500, with the details in the log only."""
+    if isinstance(error, ort_errors.InvalidArgument):
+        return BadRequest(f"the model refused this input: {_ort_reason(error)}")
+    return ModelFailed("model execution failed")
+
+
+def _ort_reason(error: Exception) -> str:
+    message = str(error)
+    for marker in ("Status Message: ", "INVALID_ARGUMENT : "):
+        if marker in message:
+            message = message.split(marker, 1)[1]
+            break
+    return message[:160]
 
 
 def _check_signature(spec: VersionSpec, engine: Engine) -> None:

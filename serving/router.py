@@ -14,11 +14,21 @@ from hashlib import blake2b
 from types import MappingProxyType
 from typing import Generic, Mapping, TypeVar
 
-from serving.errors import ModelNotFound, NotReady, VersionNotFound
+from serving.errors import ModelNotFound, NotFound, NotReady, VersionNotFound
 
 BUCKETS = 10_000  # weights are percentages; 10k buckets give 0.01% resolution
 
 V = TypeVar("V")  # whatever the repository routes to (a loaded version)
+
+
+class VersionNotRouted(NotFound):
+    """A pinned version that is loaded but takes no traffic (warm or shadow only)."""
+
+    def __init__(self, model_name: str, version: int):
+        super().__init__(
+            f"model '{model_name}' version {version} takes no traffic (it is only warm or a shadow); "
+            "pinned requests may name only a routed version"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +75,10 @@ def build_routes(weights_by_version: Mapping[int, int], targets: Mapping[int, V]
 class RoutingTable(Generic[V]):
     generation: int = 0
     models: Mapping[str, ModelRoutes[V]] = field(default_factory=lambda: MappingProxyType({}))
+    # Warm versions (rollback targets) and shadows are loaded for the operators' sake, not
+    # offered to clients: a rolled-back or still-judged version stays out of reach unless
+    # the worker's SERVING_ALLOW_PINNING_UNROUTED says otherwise.
+    allow_pinning_unrouted: bool = False
 
     def model(self, model_name: str) -> ModelRoutes[V]:
         routes = self.models.get(model_name)
@@ -80,6 +94,8 @@ class RoutingTable(Generic[V]):
         target = routes.targets.get(version)
         if target is None:
             raise VersionNotFound(model_name, version)
+        if version not in routes.versions and not self.allow_pinning_unrouted:
+            raise VersionNotRouted(model_name, version)
         return target
 
 

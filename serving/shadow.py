@@ -58,6 +58,15 @@ class ShadowMirror:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait for the mirrors already scheduled; False if some were still running at
+        the timeout. Lets a caller (a test, a shutdown) know every comparison is counted."""
+        pending = set(self._tasks)
+        if not pending:
+            return True
+        _, still_running = await asyncio.wait(pending, timeout=timeout_s)
+        return not still_running
+
     async def _mirror(self, target, decoded, served_outputs) -> None:
         labels = (target.model_name, str(target.version))
         try:

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import uvicorn
 
+from serving.api_keys import KEYS_PATH, ApiKeyRefresher
 from serving.app import ServingApp
 from serving.config import ServingConfig
-from serving.http_protocol import CoalescingHttpToolsProtocol
-from serving.console_client import ConsoleClient, StateError, read_state_file
+from serving.http_protocol import HttpLimits, protocol_class
+from serving.console_client import ConsoleClient, StateError, console_only, read_state_file
 from serving.engine import resolve_device
 from serving.repository import Repository
 
@@ -33,17 +36,44 @@ class Worker:
     """Everything one process serves with; build it, add hooks, then `serve()`."""
 
     def __init__(self, config: ServingConfig, state_file: str | Path | None = None):
+        if state_file is not None:  # the operator's own file names local models; no state comes from the network
+            config = dataclasses.replace(config, allow_local_artifacts=True)
         self.config = config
         self.state_file = state_file
         self.device = resolve_device(config)
-        self.console = ConsoleClient(config.console_url, config.worker_token, config.console_timeout_s)
+        self.console = ConsoleClient(config.console_url, config.worker_token, config.console_timeout_s,
+                                     allow_local=config.allow_local_artifacts)
         self.executor = ThreadPoolExecutor(config.executor_threads, thread_name_prefix="onnx")
         self.repository = Repository(config, self.device, self.console.fetch_artifact, self.executor)
         self.app = ServingApp(self.repository, config.request_timeout_s, config.max_body_bytes)
         self.on_startup = self.app.on_startup  # async callables, run in order before serving
         self.on_shutdown = self.app.on_shutdown
+        self.api_key_refresher = self._api_key_refresher()
         self.on_startup.append(self.load_initial_state)
         self.on_shutdown.append(self.close)
+
+    def _api_key_refresher(self) -> ApiKeyRefresher | None:
+        """With SERVING_API_KEYS on, the console's active keys, fetched before serving and
+        every SERVING_API_KEYS_REFRESH_S (a state-file worker has no console: no key is valid)."""
+        config = self.config
+        if config.api_keys == "off":
+            return None
+        if self.state_file is not None:
+            logger.warning("SERVING_API_KEYS=%s with a state file: no console to fetch keys from", config.api_keys)
+            return None
+        http = httpx.Client(headers={"Authorization": f"Bearer {config.worker_token}"}, follow_redirects=False,
+                            event_hooks={"request": [console_only(config.console_url)]},  # the token stays home
+                            timeout=httpx.Timeout(config.console_timeout_s, connect=min(config.console_timeout_s, 5.0)))
+        refresher = ApiKeyRefresher(self.app.api_keys, http, config.console_url + KEYS_PATH, config.api_keys_refresh_s)
+        self.on_startup.append(refresher.start)
+        self.on_shutdown.append(refresher.stop)
+        return refresher
+
+    def http_protocol(self) -> type:
+        """The uvicorn protocol class, with this worker's connection limits."""
+        config = self.config
+        limits = HttpLimits(config.header_timeout_s, config.body_timeout_s, config.max_header_bytes, config.max_connections)
+        return protocol_class(limits, config.coalesce_writes)
 
     async def apply(self, state: dict) -> dict:
         """Converge on a desired state; returns the ack body {generation, ok, error?, load_ms}."""
@@ -71,7 +101,7 @@ class Worker:
     def serve(self, host: str, port: int) -> None:
         server = uvicorn.Server(uvicorn.Config(
             self.app, host=host, port=port, loop="uvloop", lifespan="on",
-            http=CoalescingHttpToolsProtocol if self.config.coalesce_writes else "httptools",
+            http=self.http_protocol(),
             access_log=False, log_level=self.config.log_level, workers=1,
         ))
         server.run()

@@ -7,6 +7,7 @@ import logging
 import uuid
 
 from django.http import JsonResponse
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -30,6 +31,36 @@ def exception_handler(exc, context):
 
 def error_response(message: str, status_code: int, **extra) -> Response:
     return Response({"error": message, **extra}, status=status_code)
+
+
+# What each refusal means, for the OpenAPI schema: every operation lists the statuses it
+# can answer, so generated clients know every body they may get.
+ERROR_MEANINGS = {
+    400: "The request is invalid; the error names the first problem.",
+    401: "Not signed in: send `Authorization: Token <key>` (or a session cookie).",
+    403: "Signed in, but this role may not do this (viewers only read; the worker token only serves).",
+    404: "No such model, version or resource.",
+    406: "The `Accept` header names no type this endpoint can answer.",
+    409: "The change conflicts with the current state; nothing was changed.",
+    410: "The artifact was deleted by retention.",
+    413: "The upload is larger than MAX_UPLOAD_BYTES.",
+    415: "The body's Content-Type is not one this endpoint reads.",
+    422: "The ONNX file is well formed but cannot be served; nothing was stored.",
+    503: "Busy (too many inspections at once) or a dependency is down: retry after `Retry-After` seconds.",
+}
+
+# Every operation can meet these: authentication, permissions and content negotiation.
+COMMON_ERRORS = (401, 403, 406)
+
+
+def error_responses(*codes: int, conflict=None) -> dict[int, OpenApiResponse]:
+    """The documented refusals of one operation; ``conflict`` replaces 409's body."""
+    from registry.api.serializers import ErrorSerializer  # serializers import models; keep this module light
+
+    responses = {code: OpenApiResponse(ErrorSerializer, description=ERROR_MEANINGS[code]) for code in sorted({*COMMON_ERRORS, *codes})}
+    if conflict is not None and 409 in responses:
+        responses[409] = OpenApiResponse(conflict, description=ERROR_MEANINGS[409])
+    return responses
 
 
 def _first_message(detail) -> str:

@@ -8,13 +8,21 @@ from rest_framework import authentication, exceptions, permissions
 from registry.roles import can_operate
 
 
+def is_worker(user) -> bool:
+    return getattr(user, "is_worker", False) is True
+
+
 class IsOperatorOrReadOnly(permissions.BasePermission):
-    """Any signed-in user reads; only operators and admins change anything."""
+    """Any signed-in person reads; only operators and admins change anything. The worker
+    token is never a person: it is refused here even where a view authenticates it."""
 
     message = "your role may only read: operators and admins make changes"
 
     def has_permission(self, request, view) -> bool:
         if not request.user or not request.user.is_authenticated:
+            return False
+        if is_worker(request.user):
+            self.message = "the worker token only reads state, downloads artifacts, acks and reports"
             return False
         if request.method in permissions.SAFE_METHODS:
             return True
@@ -27,6 +35,7 @@ class WorkerUser:
     is_authenticated = True
     is_active = True
     is_superuser = False
+    is_staff = False
     is_worker = True
     pk = None
     username = "serving-worker"
@@ -52,6 +61,19 @@ class WorkerTokenAuthentication(authentication.BaseAuthentication):
 
 
 class IsWorkerOrStaff(permissions.BasePermission):
+    """Reading what workers read: the worker token, or staff looking into the fleet."""
+
+    message = "only serving workers and staff read this"
+
     def has_permission(self, request, view) -> bool:
         user = request.user
-        return bool(getattr(user, "is_worker", False) or (user and user.is_authenticated and user.is_staff))
+        return bool(is_worker(user) or (user and user.is_authenticated and user.is_staff))
+
+
+class IsWorker(permissions.BasePermission):
+    """What only a worker does (acks, reports, reading API-key digests): never a person."""
+
+    message = "only serving workers (the worker token) may do this"
+
+    def has_permission(self, request, view) -> bool:
+        return is_worker(request.user)

@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers as drf_serializers, status
+from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import drills, fleet, live, releases
 from registry.api import serializers
-from registry.api.errors import error_response
-from registry.api.permissions import IsWorkerOrStaff, WorkerTokenAuthentication
+from registry.api.errors import error_response, error_responses
+from registry.api.permissions import IsWorker, WorkerTokenAuthentication
 from registry.models import AuditEvent, Drill, Worker
 from registry.models import RegisteredModel
 
@@ -28,15 +29,20 @@ def release_body(model: RegisteredModel) -> dict:
     return body
 
 
+TRAFFIC_RESPONSES = {201: serializers.ReleaseStateSerializer, **error_responses(400, 404, 409, 415, conflict=serializers.GenerationConflictSerializer)}
+
+
 class ReleaseAction(APIView):
     """Base for the POST actions: run one release function, answer the new state."""
 
+    # JSON only: routes are a list of objects, which a form encoding cannot carry.
+    parser_classes = [JSONParser]
     request_serializer = serializers.ReasonSerializer
 
     def act(self, model, data):
         raise NotImplementedError
 
-    @extend_schema(responses={201: dict})
+    @extend_schema(request=serializers.ReasonSerializer, responses=TRAFFIC_RESPONSES)
     def post(self, request, name: str):
         model = get_model(name)
         form = self.request_serializer(data=request.data)
@@ -44,65 +50,78 @@ class ReleaseAction(APIView):
         try:
             self.act(model, form.validated_data)
         except releases.ReleaseError as error:
-            return error_response(error.message, error.status)
+            return error_response(error.message, error.status, **error.details())
         return Response(release_body(model), status=status.HTTP_201_CREATED)
 
 
 class CurrentRelease(ReleaseAction):
     request_serializer = serializers.SetRoutesSerializer
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: serializers.ReleaseStateSerializer, **error_responses(404)})
     def get(self, request, name: str):
         return Response(release_body(get_model(name)))
 
-    @extend_schema(request=serializers.SetRoutesSerializer, responses={201: dict})
+    @extend_schema(request=serializers.SetRoutesSerializer, responses=TRAFFIC_RESPONSES)
     def post(self, request, name: str):
         return super().post(request, name)
 
     def act(self, model, data):
-        return releases.set_routes(model, data["routes"], self.request.user, data["reason"])
+        return releases.set_routes(model, data["routes"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
 
 
 class Promote(ReleaseAction):
     def act(self, model, data):
-        return releases.promote(model, self.request.user, data["reason"])
+        return releases.promote(model, self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
 
 
 class Rollback(ReleaseAction):
     def act(self, model, data):
-        return releases.rollback(model, self.request.user, data["reason"])
+        return releases.rollback(model, self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
 
 
 class Restore(ReleaseAction):
     request_serializer = serializers.RestoreSerializer
 
+    @extend_schema(request=serializers.RestoreSerializer, responses=TRAFFIC_RESPONSES)
+    def post(self, request, name: str):
+        return super().post(request, name)
+
     def act(self, model, data):
-        return releases.restore(model, data["generation"], self.request.user, data["reason"])
+        return releases.restore(model, data["generation"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
 
 
+@extend_schema_view(get=extend_schema(responses={200: serializers.DrillSerializer(many=True), **error_responses(404)}))
 class Drills(generics.ListAPIView):
     serializer_class = serializers.DrillSerializer
+    parser_classes = [JSONParser]
 
     def get_queryset(self):
         return get_model(self.kwargs["name"]).drills.select_related("model", "actor")
 
-    @extend_schema(request=serializers.DrillRequestSerializer, responses={201: serializers.DrillSerializer})
+    @extend_schema(
+        request=serializers.DrillRequestSerializer,
+        responses={201: serializers.DrillSerializer, **error_responses(400, 404, 409, 415, conflict=serializers.GenerationConflictSerializer)},
+    )
     def post(self, request, name: str):
         model = get_model(name)
         form = serializers.DrillRequestSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         try:
-            drill = drills.run_drill(model, request.user, roll_forward=form.validated_data["roll_forward"])
+            drill = drills.run_drill(
+                model, request.user, roll_forward=form.validated_data["roll_forward"], expected_generation=form.validated_data.get("expected_generation"),
+            )
         except releases.ReleaseError as error:
-            return error_response(error.message, error.status)
+            return error_response(error.message, error.status, **error.details())
         return Response(serializers.DrillSerializer(drill).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema_view(get=extend_schema(responses={200: serializers.DrillSerializer(many=True), **error_responses()}))
 class AllDrills(generics.ListAPIView):
     serializer_class = serializers.DrillSerializer
     queryset = Drill.objects.select_related("model", "actor")
 
 
+@extend_schema_view(get=extend_schema(responses={200: serializers.AuditEventSerializer(many=True), **error_responses(404)}))
 class Audit(generics.ListAPIView):
     serializer_class = serializers.AuditEventSerializer
 
@@ -110,6 +129,7 @@ class Audit(generics.ListAPIView):
         return AuditEvent.objects.filter(model=get_model(self.kwargs["name"])).select_related("actor")
 
 
+@extend_schema_view(get=extend_schema(responses={200: serializers.WorkerSerializer(many=True), **error_responses()}))
 class Workers(generics.ListAPIView):
     serializer_class = serializers.WorkerSerializer
 
@@ -117,46 +137,56 @@ class Workers(generics.ListAPIView):
         return fleet.live_workers() if self.request.query_params.get("all") != "1" else Worker.objects.all()
 
 
+HEX64 = r"\A[0-9a-f]{64}\Z"  # \Z: "$" would let a trailing newline through
+
+
 class AckSerializer(drf_serializers.Serializer):
-    worker = drf_serializers.CharField(max_length=100)
-    generation = drf_serializers.IntegerField(min_value=0)
-    ok = drf_serializers.BooleanField()
-    error = drf_serializers.CharField(required=False, allow_blank=True, allow_null=True)
-    load_ms = drf_serializers.FloatField(required=False, default=0.0)
+    worker = serializers.StrictCharField(max_length=100)
+    generation = serializers.StrictIntegerField(min_value=0, max_value=serializers.GENERATION_MAX)
+    digest = serializers.StrictRegexField(HEX64, trim_whitespace=False, help_text="sha256 of the state applied (64 lowercase hex)")
+    ok = serializers.StrictBooleanField()
+    error = serializers.StrictCharField(required=False, allow_blank=True, allow_null=True)
+    load_ms = serializers.StrictFloatField(required=False, default=0.0)
 
 
 class WorkerAcks(APIView):
     """Workers ack each desired-state generation they applied (or failed to)."""
 
     authentication_classes = [WorkerTokenAuthentication]
-    permission_classes = [IsWorkerOrStaff]
+    permission_classes = [IsWorker]
+    parser_classes = [JSONParser]
 
-    @extend_schema(request=AckSerializer, responses={204: None})
+    @extend_schema(request=AckSerializer, responses={204: None, **error_responses(400, 415)})
     def post(self, request):
         form = AckSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        fleet.record_ack(form.validated_data)
+        try:
+            fleet.record_ack(form.validated_data)
+        except fleet.AckRefused as refusal:
+            return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class IdentitySerializer(drf_serializers.Serializer):
-    id = drf_serializers.CharField(max_length=100)
-    host = drf_serializers.CharField(max_length=200, required=False, allow_blank=True)
-    pid = drf_serializers.IntegerField(required=False, allow_null=True, min_value=0)
-    url = drf_serializers.CharField(max_length=300, required=False, allow_blank=True)
-    device = drf_serializers.CharField(max_length=50, required=False, allow_blank=True)
+    id = serializers.StrictCharField(max_length=100)
+    host = serializers.StrictCharField(max_length=200, required=False, allow_blank=True)
+    pid = serializers.StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
+    url = serializers.StrictCharField(max_length=300, required=False, allow_blank=True)
+    device = serializers.StrictCharField(max_length=50, required=False, allow_blank=True)
 
 
 class LoadedSerializer(drf_serializers.Serializer):
-    model = drf_serializers.CharField()
-    version = drf_serializers.IntegerField(min_value=1)
+    model = serializers.StrictCharField()
+    version = serializers.StrictIntegerField(min_value=1)
 
 
 class ReportSerializer(drf_serializers.Serializer):
     """The parts of a report the console relies on; the rest is kept as sent."""
 
     worker = IdentitySerializer()
-    generation = drf_serializers.IntegerField(min_value=0, required=False, default=0)
+    generation = serializers.StrictIntegerField(min_value=0, max_value=serializers.GENERATION_MAX, required=False, default=0)
+    digest = serializers.StrictRegexField(HEX64, trim_whitespace=False, required=False, allow_null=True, default=None)
+    epoch = serializers.StrictCharField(max_length=32, required=False, allow_null=True, allow_blank=True, default=None)
     loaded = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list)
     versions = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list)
 
@@ -170,9 +200,10 @@ class WorkerReports(APIView):
     """Workers report about once a second; figures are relayed live to browsers."""
 
     authentication_classes = [WorkerTokenAuthentication]
-    permission_classes = [IsWorkerOrStaff]
+    permission_classes = [IsWorker]
+    parser_classes = [JSONParser]
 
-    @extend_schema(request=ReportSerializer, responses={204: None})
+    @extend_schema(request=ReportSerializer, responses={204: None, **error_responses(400, 415)})
     def post(self, request):
         form = ReportSerializer(data=request.data)
         form.is_valid(raise_exception=True)

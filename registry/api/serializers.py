@@ -2,15 +2,100 @@
 
 from __future__ import annotations
 
+from django.db import models
 from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, VersionMetricMinute, Worker
 
 
+@extend_schema_field({"type": "string", "nullable": True, "description": "The username, or null when nobody (or a deleted user) acted."})
 class UserNameField(serializers.RelatedField):
     def to_representation(self, value):
         return value.get_username()
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every refusal: ``{"error": reason}``; form errors add ``fields``."""
+
+    error = serializers.CharField(help_text="What was wrong, in words.")
+    fields = serializers.DictField(required=False, help_text="Per-field messages, when the body did not validate.")
+
+
+class GenerationConflictSerializer(ErrorSerializer):
+    """A traffic change decided on an older view of the model: nothing was changed."""
+
+    expected_generation = serializers.IntegerField(required=False, help_text="The generation the request was made for.")
+    current_generation = serializers.IntegerField(required=False, help_text="The generation of the model's newest release now (0: none).")
+    current_action = serializers.CharField(required=False, allow_null=True)
+    current_actor = serializers.CharField(required=False, allow_null=True)
+    current_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+# Generations are 64-bit columns: a larger number is refused here rather than by the
+# database (PostgreSQL would fail the query with an out-of-range error).
+GENERATION_MAX = 2**63 - 1
+
+EXPECTED_GENERATION_HELP = (
+    "The generation of the model's newest release as you saw it (0 when it has none). When it is "
+    "sent and the model has moved on, the change is refused with 409 and nothing is changed, so a "
+    "double submit or two operators never act twice. Optional for API clients; the console always sends it."
+)
+
+
+class JSONTypeMixin:
+    """A JSON body's values must already have the declared type: DRF would otherwise
+    read ``false`` as 0.0, ``"5"`` as 5 and 3 as "3", and accept what the schema
+    says is invalid. Each field keeps its own "invalid" message."""
+
+    json_types: tuple[type, ...] = ()
+
+    def to_internal_value(self, data):
+        wants_bool = bool in self.json_types
+        if isinstance(data, bool) != wants_bool or not isinstance(data, self.json_types):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictCharField(JSONTypeMixin, serializers.CharField):
+    json_types = (str,)
+
+
+class StrictSlugField(JSONTypeMixin, serializers.SlugField):
+    json_types = (str,)
+
+
+class StrictRegexField(JSONTypeMixin, serializers.RegexField):
+    json_types = (str,)
+
+
+class StrictIntegerField(JSONTypeMixin, serializers.IntegerField):
+    json_types = (int,)
+
+
+class StrictFloatField(JSONTypeMixin, serializers.FloatField):
+    json_types = (int, float)
+
+
+class StrictBooleanField(JSONTypeMixin, serializers.BooleanField):
+    json_types = (bool,)
+
+
+class StrictModelSerializer(serializers.ModelSerializer):
+    """A model serializer for JSON bodies, built from the strict fields above."""
+
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.CharField: StrictCharField,
+        models.TextField: StrictCharField,
+        models.SlugField: StrictSlugField,
+        models.IntegerField: StrictIntegerField,
+        models.PositiveIntegerField: StrictIntegerField,
+        models.PositiveBigIntegerField: StrictIntegerField,
+        models.FloatField: StrictFloatField,
+        models.BooleanField: StrictBooleanField,
+    }
 
 
 class RouteSerializer(serializers.Serializer):
@@ -43,7 +128,8 @@ class ModelSerializer(serializers.ModelSerializer):
         fields = ["name", "description", "created_at", "created_by", "max_batch_size", "max_queue_delay_s", "latency_target_s", "versions_count", "current_release"]
         read_only_fields = ["created_at"]
 
-    def get_current_release(self, model) -> dict | None:
+    @extend_schema_field(ReleaseSerializer(allow_null=True))
+    def get_current_release(self, model):
         release = model.current_release()
         return None if release is None else ReleaseSerializer(release).data
 
@@ -51,7 +137,7 @@ class ModelSerializer(serializers.ModelSerializer):
         return model.versions.count()
 
 
-class ModelCreateSerializer(serializers.ModelSerializer):
+class ModelCreateSerializer(StrictModelSerializer):
     class Meta:
         model = RegisteredModel
         fields = ["name", "description", "max_batch_size", "max_queue_delay_s", "latency_target_s"]
@@ -80,22 +166,49 @@ class VersionUploadSerializer(serializers.Serializer):
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
 
-class SetRoutesSerializer(serializers.Serializer):
-    routes = serializers.ListField(child=serializers.DictField(), allow_empty=False)
-    reason = serializers.CharField(required=False, allow_blank=True, default="")
-
-
-class RestoreSerializer(serializers.Serializer):
-    generation = serializers.IntegerField(min_value=1)
-    reason = serializers.CharField(required=False, allow_blank=True, default="")
-
-
 class ReasonSerializer(serializers.Serializer):
-    reason = serializers.CharField(required=False, allow_blank=True, default="")
+    reason = StrictCharField(required=False, allow_blank=True, default="")
+    expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
+
+
+# Routes are checked by ``registry.routes`` (which names the first bad item); the schema
+# still describes them, so generated clients send objects of the right shape.
+@extend_schema_field(RouteSerializer(many=True))
+class RoutesField(serializers.ListField):
+    child = serializers.DictField()
+
+
+class SetRoutesSerializer(ReasonSerializer):
+    routes = RoutesField(allow_empty=False)
+
+
+class RestoreSerializer(ReasonSerializer):
+    generation = StrictIntegerField(min_value=1, max_value=GENERATION_MAX)
 
 
 class DrillRequestSerializer(serializers.Serializer):
-    roll_forward = serializers.BooleanField(required=False, default=False)
+    roll_forward = StrictBooleanField(required=False, default=False)
+    expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
+
+
+class WorkerConvergenceSerializer(serializers.Serializer):
+    worker_id = serializers.CharField()
+    generation = serializers.IntegerField()
+    converged = serializers.BooleanField()
+    ok = serializers.BooleanField()
+    error = serializers.CharField(allow_blank=True)
+    rollback_warm = serializers.BooleanField()
+    last_seen_at = serializers.DateTimeField()
+
+
+class ReleaseStateSerializer(serializers.Serializer):
+    """A model's current release and how far the live workers are in serving it."""
+
+    model = serializers.CharField()
+    release = ReleaseSerializer(allow_null=True)
+    workers = WorkerConvergenceSerializer(many=True)
+    converged = serializers.BooleanField()
+    rollback_ready = serializers.BooleanField()
 
 
 class DrillSerializer(serializers.ModelSerializer):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from registry.api import release_views, views
+from registry.api import release_views, serving_keys_views, views
 
 urlpatterns = [
     path("models/", views.ModelList.as_view(), name="api-models"),
@@ -21,4 +21,5 @@ urlpatterns = [
     path("serving/state", views.ServingState.as_view(), name="api-serving-state"),
     path("serving/acks", release_views.WorkerAcks.as_view(), name="api-serving-acks"),
     path("serving/reports", release_views.WorkerReports.as_view(), name="api-serving-reports"),
+    path("serving/api-keys", serving_keys_views.ServingApiKeys.as_view(), name="api-serving-api-keys"),
 ]

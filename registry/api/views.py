@@ -5,28 +5,38 @@ from __future__ import annotations
 from django.conf import settings
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
-from rest_framework import generics, status
-from rest_framework.parsers import FormParser, MultiPartParser
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import exceptions, generics, status
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import events, storage, uploads
 from registry.api import serializers
-from registry.api.errors import error_response
+from registry.api.errors import error_response, error_responses
 from registry.api.permissions import IsWorkerOrStaff, WorkerTokenAuthentication
 from registry.choices import VersionStatus
 from registry.models import ModelVersion, RegisteredModel
 from registry.state import desired_state
-from registry.upload_handler import StagedUploadedFile, discard_staged_files
+from registry.upload_handler import StagedUploadedFile, csrf_failure_from_headers, declared_too_large, start_staging
+
+
+ARTIFACT_SHA256_HEADER = OpenApiParameter("X-Artifact-SHA256", str, OpenApiParameter.HEADER, response=[200], description="The sha256 of the bytes, hex.")
 
 
 def get_model(name: str) -> RegisteredModel:
     return get_object_or_404(RegisteredModel, name=name)
 
 
+@extend_schema_view(
+    get=extend_schema(responses={200: serializers.ModelSerializer(many=True), **error_responses()}),
+    post=extend_schema(request=serializers.ModelCreateSerializer, responses={201: serializers.ModelSerializer, **error_responses(400, 415)}),
+)
 class ModelList(generics.ListCreateAPIView):
     queryset = RegisteredModel.objects.all()
+    parser_classes = [JSONParser]  # nullable numbers have no form spelling
 
     def get_serializer_class(self):
         return serializers.ModelCreateSerializer if self.request.method == "POST" else serializers.ModelSerializer
@@ -41,22 +51,38 @@ class ModelList(generics.ListCreateAPIView):
         return Response(serializers.ModelSerializer(model).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema_view(get=extend_schema(responses={200: serializers.ModelSerializer, **error_responses(404)}))
 class ModelDetail(generics.RetrieveAPIView):
     serializer_class = serializers.ModelSerializer
     queryset = RegisteredModel.objects.all()
     lookup_field = "name"
 
 
+class HeaderCsrfSessionAuthentication(SessionAuthentication):
+    """Session auth whose CSRF check reads the ``X-CSRFToken`` header, never the body:
+    DRF's own check reads ``request.POST``, which would parse (and stage) the upload
+    before the role is checked."""
+
+    def enforce_csrf(self, request):
+        reason = csrf_failure_from_headers(request._request)
+        if reason:
+            raise exceptions.PermissionDenied(f"CSRF Failed: {reason}")
+
+
+@extend_schema_view(get=extend_schema(responses={200: serializers.VersionSerializer(many=True), **error_responses(404)}))
 class VersionList(generics.ListAPIView):
     serializer_class = serializers.VersionSerializer
     parser_classes = [MultiPartParser, FormParser]
+    # Authentication and the role check use headers and cookies only; the body is
+    # parsed (and its file staged) in post(), after both have passed.
+    authentication_classes = [TokenAuthentication, HeaderCsrfSessionAuthentication]
 
     def get_queryset(self):
         return get_model(self.kwargs["name"]).versions.select_related("model", "uploaded_by")
 
     @extend_schema(
         request=serializers.VersionUploadSerializer,
-        responses={201: serializers.VersionSerializer},
+        responses={201: serializers.VersionSerializer, **error_responses(400, 404, 413, 415, 422, 503)},
         description=(
             "Upload an ONNX file. It is inspected (ONNX checker, no external data, known operator domains, "
             "a real ONNX Runtime session run once) before anything is stored. A refused upload creates no "
@@ -67,10 +93,13 @@ class VersionList(generics.ListAPIView):
     )
     def post(self, request, name: str):
         model = get_model(name)
+        if declared_too_large(request._request):
+            return error_response(str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        staging = start_staging(request._request)
         try:
             return self._upload(request, model)
         finally:
-            discard_staged_files(request._request)
+            staging.discard()  # whatever happened: registered bytes have moved into the store
 
     def _upload(self, request, model: RegisteredModel) -> Response:
         form = serializers.VersionUploadSerializer(data=request.data)
@@ -83,10 +112,14 @@ class VersionList(generics.ListAPIView):
         try:
             version = uploads.register_staged(model, artifact.staged, uploaded_by=request.user, description=form.validated_data["description"])
         except uploads.UploadRefused as refusal:
-            return error_response(refusal.reason, refusal.status)
+            response = error_response(refusal.reason, refusal.status)
+            if refusal.retry_after_s is not None:  # 503: every inspection slot is busy
+                response["Retry-After"] = str(refusal.retry_after_s)
+            return response
         return Response(serializers.VersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema_view(get=extend_schema(responses={200: serializers.VersionSerializer, **error_responses(404)}))
 class VersionDetail(generics.RetrieveAPIView):
     serializer_class = serializers.VersionSerializer
 
@@ -94,6 +127,7 @@ class VersionDetail(generics.RetrieveAPIView):
         return get_object_or_404(ModelVersion.objects.select_related("model"), model__name=self.kwargs["name"], number=self.kwargs["number"])
 
 
+@extend_schema_view(get=extend_schema(responses={200: serializers.MetricMinuteSerializer(many=True), **error_responses(404)}))
 class VersionMetricHistory(generics.ListAPIView):
     """Per-minute roll-ups of what workers reported for this version, oldest first."""
 
@@ -110,7 +144,10 @@ class VersionArtifact(APIView):
     authentication_classes = [WorkerTokenAuthentication, *APIView.authentication_classes]
     permission_classes = []
 
-    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    @extend_schema(
+        responses={(200, "application/octet-stream"): OpenApiResponse(bytes), **error_responses(404, 410)},
+        parameters=[ARTIFACT_SHA256_HEADER],
+    )
     def get(self, request, name: str, number: int):
         if not request.user or not request.user.is_authenticated:
             return error_response("authentication required", status.HTTP_401_UNAUTHORIZED)
@@ -122,6 +159,7 @@ class VersionArtifact(APIView):
         return response
 
 
+@extend_schema_view(get=extend_schema(responses={200: serializers.ReleaseSerializer(many=True), **error_responses(404)}))
 class ReleaseHistory(generics.ListAPIView):
     serializer_class = serializers.ReleaseSerializer
 
@@ -135,5 +173,6 @@ class ServingState(APIView):
     authentication_classes = [WorkerTokenAuthentication, *APIView.authentication_classes]
     permission_classes = [IsWorkerOrStaff]
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **error_responses()}, description="The whole desired state (contract 1 in docs/architecture.md).")
     def get(self, request):
         return Response(desired_state())

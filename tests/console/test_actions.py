@@ -13,10 +13,10 @@ from registry.onnx_build import random_mlp, to_bytes
 from tests.fixtures.store import stored_files
 
 CHANGES = [
-    ("/models/digits/split/", {"canary_version": "2", "preset": "50"}),
-    ("/models/digits/promote/", {}),
-    ("/models/digits/rollback/", {}),
-    ("/models/digits/drill/", {}),
+    ("/models/digits/split/", {"canary_version": "2", "preset": "50", "expected_generation": "2"}),
+    ("/models/digits/promote/", {"expected_generation": "2"}),
+    ("/models/digits/rollback/", {"expected_generation": "2"}),
+    ("/models/digits/drill/", {"expected_generation": "2"}),
 ]
 
 
@@ -76,7 +76,7 @@ def test_stranger_post_goes_to_sign_in_and_nothing_changes(client, canary_digits
     ({"canary_version": "2", "weight": "0"}, [{"version": 1, "weight": 100}]),
 ])
 def test_operator_sets_the_canary_share(operator_page, digits, body, routes):
-    response = operator_page.post("/models/digits/split/", body)
+    response = operator_page.post("/models/digits/split/", {**body, "expected_generation": "1"})
 
     assert response.status_code == 302 and response["Location"] == "/models/digits/"
     assert digits.current_release().routes == routes
@@ -84,7 +84,7 @@ def test_operator_sets_the_canary_share(operator_page, digits, body, routes):
 
 
 def test_split_without_a_share_is_refused_with_a_reason(operator_page, digits):
-    response = operator_page.post("/models/digits/split/", {"canary_version": "2"}, HTTP_ACCEPT="application/json")
+    response = operator_page.post("/models/digits/split/", {"canary_version": "2", "expected_generation": "1"}, HTTP_ACCEPT="application/json")
 
     assert response.status_code == 400
     assert response.json() == {"level": "error", "message": "choose a preset or type the canary's share (0-100%)"}
@@ -92,14 +92,14 @@ def test_split_without_a_share_is_refused_with_a_reason(operator_page, digits):
 
 
 def test_split_answers_a_fetch_with_json(operator_page, digits):
-    response = operator_page.post("/models/digits/split/", {"canary_version": "2", "preset": "1"}, HTTP_ACCEPT="application/json")
+    response = operator_page.post("/models/digits/split/", {"canary_version": "2", "preset": "1", "expected_generation": "1"}, HTTP_ACCEPT="application/json")
 
     assert response.status_code == 200
     assert response.json() == {"level": "success", "message": "Generation 2: traffic is now v1 99%, v2 1%. Workers are converging.", "generation": 2}
 
 
 def test_rollback_returns_to_the_previous_split_and_is_audited(operator_page, canary_digits):
-    response = operator_page.post("/models/digits/rollback/", {"reason": "p99 regressed"})
+    response = operator_page.post("/models/digits/rollback/", {"reason": "p99 regressed", "expected_generation": "2"})
 
     release = canary_digits.current_release()
     assert release.routes == [{"version": 1, "weight": 100}]
@@ -109,27 +109,85 @@ def test_rollback_returns_to_the_previous_split_and_is_audited(operator_page, ca
 
 
 def test_rollback_of_a_first_release_says_why(operator_page, digits):
-    response = operator_page.post("/models/digits/rollback/")
+    response = operator_page.post("/models/digits/rollback/", {"expected_generation": "1"})
 
     assert messages_of(response) == ["nothing to roll back to: generation 1 is the first release of digits"]
     assert digits.current_release().generation == 1
 
 
 def test_promote_makes_the_canary_stable(operator_page, canary_digits):
-    operator_page.post("/models/digits/promote/")
+    operator_page.post("/models/digits/promote/", {"expected_generation": "2"})
 
     release = canary_digits.current_release()
     assert (release.action, release.stable_version, release.routes) == ("promote", 2, [{"version": 2, "weight": 100}])
 
 
 def test_drill_runs_and_reports_its_result(operator_page, canary_digits):
-    response = operator_page.post("/models/digits/drill/", HTTP_ACCEPT="application/json")
+    response = operator_page.post("/models/digits/drill/", {"expected_generation": "2"}, HTTP_ACCEPT="application/json")
 
     drill = Drill.objects.get()
     assert response.json()["drill"] == drill.pk
     assert response.json()["level"] == "error"  # no live worker followed it
     assert response.json()["message"] == f"Drill #{drill.pk} failed: no ack from every worker, 0 failed requests."
     assert canary_digits.current_release().routes == [{"version": 1, "weight": 100}]
+
+
+def test_double_clicked_rollback_rolls_back_once_and_says_why(operator_page, canary_digits):
+    """Both posts carry generation 2, the one the page showed when it was clicked twice."""
+    first = operator_page.post("/models/digits/rollback/", {"expected_generation": "2"})
+    after_first = snapshot()
+
+    second = operator_page.post("/models/digits/rollback/", {"expected_generation": "2"})
+
+    assert messages_of(first) == ["Generation 3: traffic is now v1 100%. Workers are converging."]
+    assert second.status_code == 302 and second["Location"] == "/models/digits/"
+    message = messages_of(second)[-1]  # the first answer's message was never shown, so it is still queued
+    assert message.startswith("generation 3 (rolled back by olivia at ")
+    assert message.endswith(" UTC) replaced generation 2 you saw: nothing changed; reload and decide again")
+    assert snapshot() == after_first
+
+
+def test_double_clicked_rollback_answers_a_fetch_with_the_conflict(operator_page, canary_digits):
+    operator_page.post("/models/digits/rollback/", {"expected_generation": "2"}, HTTP_ACCEPT="application/json")
+    after_first = snapshot()
+
+    response = operator_page.post("/models/digits/rollback/", {"expected_generation": "2"}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 409
+    assert response.json()["level"] == "error"
+    assert response.json()["current_generation"] == 3
+    assert response.json()["message"].startswith("generation 3 (rolled back by olivia at ")
+    assert snapshot() == after_first
+
+
+@pytest.mark.parametrize(("path", "body"), CHANGES)
+def test_every_traffic_form_refuses_a_stale_generation(operator_page, canary_digits, path, body):
+    before = snapshot()
+
+    response = operator_page.post(path, {**body, "expected_generation": "1"}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 409
+    assert "replaced generation 1 you saw" in response.json()["message"]
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize(("path", "body"), CHANGES)
+def test_a_traffic_form_without_the_generation_changes_nothing(operator_page, canary_digits, path, body):
+    before = snapshot()
+    body = {key: value for key, value in body.items() if key != "expected_generation"}
+
+    response = operator_page.post(path, body, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 400
+    assert "Generation you saw: missing from the form: reload the page and try again" in response.json()["message"]
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("path", ["/models/digits/", "/models/digits/rollback/", "/models/digits/promote/", "/models/digits/drill/"])
+def test_pages_render_the_generation_into_every_traffic_form(operator_page, canary_digits, path):
+    html = operator_page.get(path).content.decode()
+
+    assert '<input type="hidden" name="expected_generation" value="2">' in html
 
 
 def test_operator_upload_registers_a_version(operator_page, digits, artifact_root):

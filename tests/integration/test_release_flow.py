@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import io
 import threading
 import time
 
@@ -12,23 +11,13 @@ import pytest
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from registry import storage, uploads
-from registry.models import ModelVersion, RegisteredModel, Release
-from registry.onnx_build import random_mlp, to_bytes
+from registry import storage
+from registry.models import ModelVersion, Release
 from tests.integration.stack import make_stack, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 ROW = [0.5] * 16
-
-
-@pytest.fixture
-def model(operator) -> RegisteredModel:
-    """``tiny`` with versions 1 and 2 (different weights); version 1 stable."""
-    model = RegisteredModel.objects.create(name="tiny")
-    for seed in (1, 2):
-        uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([16, 8, 4], seed=seed))), uploaded_by=operator)
-    return model
 
 
 @pytest.fixture

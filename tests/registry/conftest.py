@@ -7,7 +7,7 @@ import pytest
 
 from registry import uploads
 from registry.inspection import inspect_artifact
-from registry.models import RegisteredModel
+from registry.models import ModelVersion, RegisteredModel, Release
 from registry.onnx_build import random_mlp, to_bytes
 
 _REPORTS: dict[str, object] = {}
@@ -22,10 +22,23 @@ def _remembered_inspection(path, **limits):
     return _REPORTS[digest]
 
 
+def _burn_row_ids(count: int = 5) -> None:
+    """Create and delete rows so later versions and releases get ids unlike their numbers
+    and generations (ids are never reused): on a fresh SQLite database id 1 would be
+    version 1, hiding any code that looks a version up by the other."""
+    decoy = RegisteredModel.objects.create(name="decoy-for-row-ids")
+    for index in range(count):
+        version = ModelVersion.objects.create(model=decoy, number=index + 1, sha256=f"{index:064x}", size_bytes=1)
+        Release.objects.create(model=decoy, generation=10**9 + index, routes=[], stable_version=version.number, action="initial")
+    decoy.delete()
+
+
 @pytest.fixture
 def three_versions(db, operator, monkeypatch) -> RegisteredModel:
-    """Model ``digits`` with versions 1..3; version 1 is stable at 100%."""
+    """Model ``digits`` with versions 1..3; version 1 is stable at 100%. Row ids differ
+    from version numbers and generations."""
     monkeypatch.setattr(uploads, "inspect_artifact", _remembered_inspection)
+    _burn_row_ids()
     model = RegisteredModel.objects.create(name="digits")
     for seed in range(3):
         uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([8, 4], seed=seed))), uploaded_by=operator)

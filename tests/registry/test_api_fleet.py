@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from registry.models import WorkerAck
+from registry.api.permissions import WorkerTokenAuthentication
+from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, Worker, WorkerAck
+from registry.state import issued_digest
 
 pytestmark = pytest.mark.django_db
 
@@ -15,6 +20,11 @@ def worker_client(settings) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
     return client
+
+
+def ack(generation: int, ok: bool = True, **extra) -> dict:
+    """An ack of the state the console issued as ``generation``."""
+    return {"worker": "w-1", "generation": generation, "digest": issued_digest(generation), "ok": ok, **extra}
 
 
 def report(generation=1, **extra):
@@ -62,20 +72,21 @@ def test_reports_and_acks_need_the_worker_token(operator_client):
     assert operator_client.post("/api/serving/acks", {"worker": "w", "generation": 1, "ok": True}, format="json").status_code == 401
 
 
-def test_a_repeated_ack_is_stored_once(worker_client):
-    body = {"worker": "w-1", "generation": 2, "ok": True, "load_ms": 12.5}
+def test_a_repeated_ack_is_stored_once(worker_client, three_versions):
+    worker_client.post("/api/serving/reports", report(), format="json")
+    body = ack(1, load_ms=12.5)
 
-    worker_client.post("/api/serving/acks", body, format="json")
-    worker_client.post("/api/serving/acks", body, format="json")
+    assert worker_client.post("/api/serving/acks", body, format="json").status_code == 204
+    assert worker_client.post("/api/serving/acks", body, format="json").status_code == 204
 
-    assert WorkerAck.objects.filter(worker_id="w-1", generation=2).count() == 1
+    assert WorkerAck.objects.filter(worker_id="w-1", generation=1).count() == 1
 
 
 def test_failed_ack_marks_the_worker_not_converged(worker_client, operator_client, three_versions):
     worker_client.post("/api/serving/reports", report(generation=1), format="json")
     operator_client.post("/api/models/digits/release/", {"routes": [{"version": 2, "weight": 100}]}, format="json")
 
-    worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 2, "ok": False, "error": "sha256 mismatch"}, format="json")
+    worker_client.post("/api/serving/acks", ack(2, ok=False, error="sha256 mismatch"), format="json")
 
     body = operator_client.get("/api/models/digits/release/").json()
     assert body["converged"] is False
@@ -94,10 +105,241 @@ def test_version_metric_history_lists_the_per_minute_rollups(worker_client, oper
     assert (history[0]["requests"], history[0]["latency_buckets"]) == (10, {"0.001": 10, "+Inf": 10})
 
 
-def test_an_ack_before_the_first_report_still_shows_the_worker_failing(worker_client, operator_client, three_versions):
-    worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 2, "ok": False, "error": "sha256 mismatch"}, format="json")
+def test_an_ack_from_a_worker_that_never_reported_is_refused_and_stored_nowhere(worker_client, three_versions):
+    response = worker_client.post("/api/serving/acks", ack(1, ok=False, error="sha256 mismatch"), format="json")
+
+    assert response.status_code == 400
+    assert response.json() == {"error": "worker 'w-1' has not reported: a worker reports before it acks"}
+    assert (WorkerAck.objects.count(), Worker.objects.count()) == (0, 0)
+
+
+def test_an_ack_for_a_generation_never_issued_is_refused_and_stored_nowhere(worker_client, three_versions):
     worker_client.post("/api/serving/reports", report(generation=1), format="json")
 
-    rows = operator_client.get("/api/models/digits/release/").json()["workers"]
+    response = worker_client.post("/api/serving/acks", {**ack(1), "generation": 10**12}, format="json")
 
-    assert [(row["worker_id"], row["ok"], row["error"]) for row in rows] == [("w-1", False, "sha256 mismatch")]
+    assert response.status_code == 400
+    assert response.json() == {"error": f"generation {10**12} was never issued by this console"}
+    assert WorkerAck.objects.count() == 0
+    assert Worker.objects.get().generation == 1
+
+
+def test_an_ack_naming_another_digest_is_refused_and_stored_nowhere(worker_client, three_versions):
+    worker_client.post("/api/serving/reports", report(generation=1), format="json")
+
+    response = worker_client.post("/api/serving/acks", {**ack(1), "digest": "ab" * 32}, format="json")
+
+    assert response.status_code == 400
+    assert response.json() == {"error": "digest abababababab… is not the state this console issued as generation 1"}
+    assert WorkerAck.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"digest": None}, "digest"), ({"digest": "AB" * 32}, "digest"), ({"digest": "ab" * 32 + "\n"}, "digest"),
+     ({"generation": -1}, "generation"), ({"ok": "maybe"}, "ok"), ({"worker": "w" * 101}, "worker")],
+)
+def test_a_malformed_ack_is_refused_naming_the_field_and_stored_nowhere(worker_client, three_versions, change, field):
+    worker_client.post("/api/serving/reports", report(generation=1), format="json")
+
+    response = worker_client.post("/api/serving/acks", {**ack(1), **change}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(f"{field}:")
+    assert WorkerAck.objects.count() == 0
+
+
+@pytest.mark.parametrize(("change", "field"), [({"digest": "xyz"}, "digest"), ({"epoch": "e" * 33}, "epoch")])
+def test_a_report_with_a_malformed_digest_or_epoch_is_refused(worker_client, change, field):
+    response = worker_client.post("/api/serving/reports", report(**change), format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(f"{field}:")
+    assert Worker.objects.count() == 0
+
+
+def test_a_worker_serving_another_epoch_counts_as_serving_nothing_of_ours(worker_client, viewer_client, three_versions):
+    worker_client.post("/api/serving/reports", report(generation=50, epoch="another-database", digest="ab" * 32), format="json")
+
+    assert [row["generation"] for row in viewer_client.get("/api/workers/").json()] == [0]
+
+
+# ---- the worker token's reach ---------------------------------------------------------
+
+
+def _api_routes():
+    """(route, view class) for every API endpoint in the URLconf, so new ones are covered."""
+    from django.urls import URLResolver, get_resolver
+
+    def walk(patterns, prefix=""):
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                yield from walk(pattern.url_patterns, prefix + str(pattern.pattern))
+            else:
+                yield prefix + str(pattern.pattern), getattr(pattern.callback, "cls", None)
+
+    return [(route, view) for route, view in walk(get_resolver().url_patterns) if route.startswith("api/")]
+
+
+def _is_worker_endpoint(view) -> bool:
+    """Views that opt in to the worker token; everything else must not know it."""
+    return any(auth is WorkerTokenAuthentication for auth in getattr(view, "authentication_classes", []))
+
+
+MANAGEMENT_ROUTES = [route for route, view in _api_routes() if not _is_worker_endpoint(view)]
+
+
+def _fill(route: str) -> str:
+    return "/" + re.sub(r"<(?:\w+:)?(\w+)>", lambda match: {"name": "digits"}.get(match.group(1), "1"), route)
+
+
+def _snapshot() -> tuple:
+    return tuple(model.objects.count() for model in (RegisteredModel, ModelVersion, Release, Drill, AuditEvent, Worker, WorkerAck, User))
+
+
+@pytest.mark.parametrize("route", MANAGEMENT_ROUTES)
+@pytest.mark.parametrize("method", ["get", "post", "put", "patch", "delete"])
+def test_the_worker_token_gets_nothing_an_anonymous_client_would_not_on_management_endpoints(worker_client, stranger_client, route, method):
+    RegisteredModel.objects.create(name="digits")  # authentication comes first: the model need not have versions
+    before = _snapshot()
+    body = {"name": "planted", "routes": [{"version": 2, "weight": 100}], "generation": 1, "reason": "x"}
+
+    as_worker = getattr(worker_client, method)(_fill(route), body, format="json")
+    as_anonymous = getattr(stranger_client, method)(_fill(route), body, format="json")
+
+    assert as_worker.status_code == as_anonymous.status_code
+    assert as_worker.status_code in (401, 403) or (method == "get" and as_worker.status_code == 200)
+    assert _snapshot() == before
+
+
+def test_the_management_endpoints_are_all_covered():
+    assert {"api/models/", "api/models/<slug:name>/release/rollback/", "api/models/<slug:name>/drills/", "api/workers/"} <= set(MANAGEMENT_ROUTES)
+    assert "api/serving/acks" not in MANAGEMENT_ROUTES
+
+
+def test_a_worker_identity_is_refused_by_the_management_permission_even_if_authenticated(rf):
+    from registry.api.permissions import IsOperatorOrReadOnly, WorkerUser
+
+    for method in ("get", "post"):
+        request = getattr(rf, method)("/api/models/")
+        request.user = WorkerUser()
+        assert IsOperatorOrReadOnly().has_permission(request, None) is False
+
+
+@pytest.mark.parametrize("persona", ["operator_client", "viewer_client"])
+def test_people_cannot_send_acks_or_reports_and_nothing_is_stored(request, persona, three_versions):
+    client = request.getfixturevalue(persona)
+
+    assert client.post("/api/serving/reports", report(), format="json").status_code == 401
+    assert client.post("/api/serving/acks", ack(1), format="json").status_code == 401
+    assert (Worker.objects.count(), WorkerAck.objects.count()) == (0, 0)
+
+
+def test_only_staff_people_read_the_serving_state(viewer_client, admin_user, three_versions):
+    from tests.fixtures.personas import _client_for
+
+    assert viewer_client.get("/api/serving/state").status_code == 403
+    assert _client_for(admin_user).get("/api/serving/state").status_code == 200
+
+
+def test_the_worker_token_reads_state_and_artifacts_and_sends_acks_and_reports(worker_client, three_versions):
+    assert worker_client.get("/api/serving/state").status_code == 200
+    assert worker_client.get("/api/models/digits/versions/1/artifact").status_code == 200
+    assert worker_client.post("/api/serving/reports", report(), format="json").status_code == 204
+    assert worker_client.post("/api/serving/acks", ack(1), format="json").status_code == 204
+
+
+# ---- drills: acks and reports only, never a worker-reported URL ------------------------
+
+
+@pytest.fixture
+def reported_host():
+    from tests.integration.stack import RecordingHost
+
+    host = RecordingHost()
+    yield host
+    host.close()
+
+
+@pytest.fixture
+def canary(operator_client, three_versions):
+    operator_client.post("/api/models/digits/release/", {"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}, format="json")
+    return three_versions
+
+
+def reported_at(url: str, generation: int, **extra) -> dict:
+    body = report(generation=generation, digest=issued_digest(generation), requests_failed_total=0, **extra)
+    return {**body, "worker": {**body["worker"], "url": url}}
+
+
+def test_a_drill_sends_nothing_to_worker_reported_urls_and_fails_without_acks(worker_client, operator_client, canary, reported_host, settings):
+    settings.DRILL_ACK_TIMEOUT_S = 0.3
+    worker_client.post("/api/serving/reports", reported_at(reported_host.url, 2), format="json")
+
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+
+    assert (drill["status"], drill["error"]) == ("failed", "w-1: no ack before the timeout")
+    assert reported_host.received == []
+
+
+def test_garbage_acks_are_refused_and_the_drill_still_finishes(worker_client, operator_client, canary, settings):
+    settings.DRILL_ACK_TIMEOUT_S = 0.3
+    worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
+    garbage = [{"worker": "w-1"}, {**ack(3), "generation": 3}, {**ack(2), "generation": 3, "digest": "f" * 64}, [1, 2], "ack"]
+
+    statuses = [worker_client.post("/api/serving/acks", body, format="json").status_code for body in garbage]
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+
+    assert statuses == [400] * len(garbage)
+    assert WorkerAck.objects.count() == 0
+    assert drill["status"] == "failed"
+    assert drill["error"] == "w-1: no ack before the timeout"
+    assert Drill.objects.get().finished_at is not None
+
+
+def test_a_drill_whose_measurement_breaks_is_finished_as_failed_with_the_reason(worker_client, operator_client, canary, monkeypatch):
+    from registry import drills
+
+    worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
+
+    def broken(*args, **kwargs):
+        raise ValueError("a report no one expected")
+
+    monkeypatch.setattr(drills, "wait_for_acks", broken)
+
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+
+    assert (drill["status"], drill["error"]) == ("failed", "the drill could not be measured: a report no one expected")
+    assert Drill.objects.get().finished_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drill_passes_on_acks_and_reports_of_the_rolled_back_state_alone(worker_client, operator_client, canary, reported_host, settings):
+    import threading
+    import time
+
+    settings.DRILL_ACK_TIMEOUT_S = 10
+    worker_client.post("/api/serving/reports", reported_at(reported_host.url, 2), format="json")
+
+    def follow_the_rollback():
+        """What a worker does: ack the state it applied, then report serving it."""
+        from django.db import connection
+
+        try:
+            deadline = time.monotonic() + 10
+            while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
+            worker_client.post("/api/serving/reports", reported_at(reported_host.url, 3), format="json")
+        finally:
+            connection.close()  # this thread's own connection, or the test database cannot be dropped
+
+    worker = threading.Thread(target=follow_the_rollback)
+    worker.start()
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(timeout=15)
+
+    assert drill["status"] == "passed", drill
+    assert [(row["worker"], row["ok"], row["error"], row["failed_requests"]) for row in drill["workers"]] == [("w-1", True, "", 0)]
+    assert drill["confirmed_s"] >= drill["last_ack_s"] > 0
+    assert reported_host.received == []

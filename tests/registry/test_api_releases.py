@@ -204,3 +204,61 @@ def test_drill_without_live_workers_fails_and_says_why(operator_client, three_ve
     assert drill["status"] == "failed"
     assert drill["error"] == "no live workers to follow the rollback"
     assert current_routes(three_versions) == [{"version": 1, "weight": 100}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("restore/", {"generation": 2**64}, "generation"),
+        ("rollback/", {"expected_generation": 2**64}, "expected_generation"),
+        ("restore/", {"generation": True}, "generation"),
+        ("rollback/", {"reason": 42}, "reason"),
+        ("drills/", {"roll_forward": "yes"}, "roll_forward"),
+    ],
+)
+def test_out_of_range_or_mistyped_numbers_are_a_bad_request(operator_client, three_versions, path, body, field):
+    url = "/api/models/digits/drills/" if path == "drills/" else RELEASE + path
+
+    response = operator_client.post(url, body, format="json")
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"].startswith(f"{field}: ")
+    assert Release.objects.count() == 1
+
+
+@pytest.mark.parametrize("path", ["", "promote/", "rollback/", "restore/"])
+def test_traffic_actions_read_json_only(operator_client, three_versions, path):
+    response = operator_client.post(RELEASE + path, "routes=1", content_type="application/x-www-form-urlencoded")
+
+    assert response.status_code == 415
+    assert response.json()["error"] == 'Unsupported media type "application/x-www-form-urlencoded" in request.'
+    assert Release.objects.count() == 1
+
+
+def test_release_answer_matches_its_documented_shape(operator_client, three_versions):
+    body = operator_client.get(RELEASE).json()
+
+    assert sorted(body) == ["converged", "model", "release", "rollback_ready", "workers"]
+    assert body["release"]["actor"] is None or isinstance(body["release"]["actor"], str)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/serving/acks", {"worker": "w1", "generation": 2**64, "digest": "0" * 64, "ok": True}),
+        ("/api/serving/reports", {"worker": {"id": "w1", "pid": 2**40}, "generation": 1}),
+        ("/api/serving/reports", {"worker": {"id": 7}, "generation": 1}),
+    ],
+)
+def test_worker_posts_with_out_of_range_or_mistyped_values_are_a_bad_request(three_versions, settings, path, body):
+    from rest_framework.test import APIClient
+
+    from registry.models import Worker, WorkerAck
+
+    worker = APIClient()
+    worker.credentials(HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
+
+    response = worker.post(path, body, format="json")
+
+    assert response.status_code == 400, response.content
+    assert (Worker.objects.count(), WorkerAck.objects.count()) == (0, 0)

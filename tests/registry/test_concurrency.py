@@ -3,40 +3,19 @@
 from __future__ import annotations
 
 import io
-import threading
 
 import pytest
-from django.db import connection
 
 from registry import releases, uploads
 from registry.models import RegisteredModel, Release
 from registry.onnx_build import random_mlp, to_bytes
+from tests.fixtures.threads import run_in_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def run_in_threads(count: int, target) -> list:
-    results: list = [None] * count
-    barrier = threading.Barrier(count)
-
-    def worker(index: int) -> None:
-        barrier.wait()
-        try:
-            results[index] = target(index)
-        except Exception as error:  # noqa: BLE001 - the test inspects it
-            results[index] = error
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=worker, args=(index,)) for index in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return results
-
-
-def test_concurrent_uploads_get_distinct_numbers():
+def test_concurrent_uploads_get_distinct_numbers(settings):
+    settings.INSPECTION_MAX_CONCURRENT = 4  # all four inspect at once; the limit has its own tests
     model = RegisteredModel.objects.create(name="digits")
     artifacts = [to_bytes(random_mlp([8, 4], seed=seed)) for seed in range(4)]
 
@@ -47,13 +26,11 @@ def test_concurrent_uploads_get_distinct_numbers():
     assert Release.objects.filter(model=model).count() == 1
 
 
-def test_concurrent_traffic_changes_leave_a_gap_free_history():
+def test_concurrent_traffic_changes_leave_a_gap_free_history(operator):
     model = RegisteredModel.objects.create(name="digits")
     for seed in range(3):
         uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([8, 4], seed=seed))), uploaded_by=None)
-    from django.contrib.auth.models import AnonymousUser
-
-    actor = AnonymousUser()
+    actor = operator
 
     def change(index: int):
         if index % 2:
@@ -66,5 +43,6 @@ def test_concurrent_traffic_changes_leave_a_gap_free_history():
     assert generations == list(range(1, len(generations) + 1))
     made = [result for result in results if isinstance(result, Release)]
     refused = [result for result in results if isinstance(result, releases.ReleaseError)]
-    assert len(made) + len(refused) == 8
+    assert len(made) + len(refused) == 8, results  # no other failure (a lock error, a deadlock)
     assert len(generations) == 1 + len(made)
+    assert set(Release.objects.filter(generation__gt=1).values_list("actor__username", flat=True)) == {"olivia"}

@@ -85,4 +85,5 @@ def test_both_versions_pass_inspection_with_the_contract_signature(versions, tmp
             "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": ["batch", 10]}],
             "opset": 17,
             "producer": "modelops-console",
+            "batchable": True,
         }

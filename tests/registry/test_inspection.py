@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from registry import inspection
-from registry.inspection import InspectionError, default_memory_limit_bytes, inspect_artifact
+from registry.inspection import InspectionError, default_memory_limit_bytes, inspect_artifact, inspection_slot
 from tests.fixtures.onnx_files import (
     ESCAPING_LOCATION,
     build_all_datatypes,
+    build_declared_input_shape,
+    build_fails_above_one_row,
+    build_matmul,
+    build_memory_per_row,
+    build_reduce_over_batch,
+    build_sequence_softmax,
     build_endless_loop,
     build_external_constant,
     build_external_in_function,
@@ -27,7 +36,8 @@ from tests.fixtures.onnx_files import (
 )
 
 
-CHECK_NAMES = ["parse", "external_data", "operator_domains", "checker", "signature", "session", "smoke_run"]
+CHECK_NAMES = ["parse", "external_data", "operator_domains", "checker", "signature", "session", "smoke_run",
+               "batch_sizes", "batchability"]
 
 
 def refusal(path, **options) -> InspectionError:
@@ -51,6 +61,7 @@ def test_good_model_signature_matches_contract(good_onnx):
         "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": ["batch", 10]}],
         "opset": 17,
         "producer": "modelops-console",
+        "batchable": True,
     }
     assert (result.opset, result.producer) == (17, "modelops-console")
 
@@ -260,7 +271,7 @@ def test_crashing_child_is_reported_with_its_signal(good_onnx, monkeypatch):
     # No model is known to crash ORT 1.31 reliably, so the child command is swapped for
     # an interpreter that really segfaults; the parent's handling is what is tested.
     crashing = [sys.executable, "-c", "import ctypes; ctypes.string_at(0)"]
-    monkeypatch.setattr(inspection, "_child_command", lambda path, memory_limit_bytes: crashing)
+    monkeypatch.setattr(inspection, "_child_command", lambda path, limits: crashing)
 
     error = refusal(good_onnx)
 
@@ -269,7 +280,7 @@ def test_crashing_child_is_reported_with_its_signal(good_onnx, monkeypatch):
 
 def test_unexpected_child_failure_is_our_500_without_traceback(good_onnx, monkeypatch):
     failing = [sys.executable, "-c", "raise SystemExit(3)"]
-    monkeypatch.setattr(inspection, "_child_command", lambda path, memory_limit_bytes: failing)
+    monkeypatch.setattr(inspection, "_child_command", lambda path, limits: failing)
 
     error = refusal(good_onnx)
 
@@ -280,3 +291,238 @@ def test_default_memory_limit_grows_with_the_file():
     assert default_memory_limit_bytes(0) == inspection.BASE_MEMORY_LIMIT_BYTES
     two_gigabytes = 2 * 10**9
     assert default_memory_limit_bytes(two_gigabytes) == inspection.BASE_MEMORY_LIMIT_BYTES + 6 * two_gigabytes
+
+
+# ---------------------------------------------------------------- the child's surroundings
+
+SECRETS = {"DATABASE_URL": "postgres://u:leaked@db/x", "DJANGO_SECRET_KEY": "leaked-key", "SERVING_WORKER_TOKEN": "leaked-token",
+           "REDIS_URL": "redis://:leaked@redis:6379/0", "SOME_OTHER_SETTING": "leaked-too"}
+# Run instead of the real child: answers a refusal whose reason is what it observed.
+OBSERVE_SURROUNDINGS = """
+import json, os, stat
+seen = {"cwd": os.getcwd(), "mode": stat.S_IMODE(os.stat(".").st_mode), "entries": os.listdir("."),
+        "environment": dict(os.environ)}
+print(json.dumps({"ok": False, "status": 422, "reason": json.dumps(seen), "report": {}}))
+"""
+
+
+def test_child_runs_in_an_empty_private_directory_without_secrets(good_onnx, monkeypatch):
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(inspection, "_child_command", lambda path, limits: [sys.executable, "-c", OBSERVE_SURROUNDINGS])
+
+    seen = json.loads(refusal(good_onnx).reason)
+
+    assert seen["entries"] == []
+    assert seen["mode"] == 0o700
+    assert Path(seen["cwd"]) != inspection._PROJECT_ROOT
+    assert not Path(seen["cwd"]).exists()  # removed once the child is done
+    assert not set(SECRETS) & set(seen["environment"])
+    assert set(seen["environment"]) <= set(inspection.CHILD_INHERITED_VARIABLES) | {
+        "MALLOC_ARENA_MAX", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+        "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "HOME", "TMPDIR"}
+    assert seen["environment"]["HOME"] == seen["environment"]["TMPDIR"] == seen["cwd"]
+
+
+def test_real_child_inspects_from_its_private_directory(good_onnx, monkeypatch):
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+
+    result = inspect_artifact(good_onnx)
+
+    assert result.signature["batchable"] is True
+
+
+def test_child_reports_the_limits_it_runs_under(good_onnx):
+    limits = inspect_artifact(good_onnx, timeout_s=30, memory_limit_bytes=2 * 2**30).report["limits"]
+
+    assert limits == {
+        "address_space_bytes": 2 * 2**30,
+        "cpu_time_s": 30,
+        "open_files": inspection.CHILD_MAX_OPEN_FILES,
+        "file_size_bytes": inspection.CHILD_MAX_FILE_BYTES,
+        "processes": 0,
+        "core_file_bytes": 0,
+    }
+
+
+def test_cpu_time_limit_stops_a_busy_child_before_the_timeout(tmp_path):
+    path = write_model(tmp_path, "endless.onnx", build_endless_loop())
+
+    started = time.monotonic()
+    error = refusal(path, timeout_s=30, cpu_limit_s=1)
+
+    assert (error.status, error.reason) == (422, "inspection used more than its CPU time limit of 1 s")
+    assert time.monotonic() - started < 15
+
+
+PROBE_LIMITS = """
+import json, os
+from registry.inspection import ChildLimits, _limit_resources
+_limit_resources(ChildLimits(memory_limit_bytes=2**31, cpu_limit_s=10))
+seen = {}
+try:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    seen["fork"] = "allowed"
+except OSError:
+    seen["fork"] = "refused"
+try:
+    with open("big.bin", "wb") as handle:
+        handle.write(bytes(9 * 2**20))
+    seen["big_file"] = "written"
+except OSError:
+    seen["big_file"] = "refused"
+handles = []
+try:
+    for _ in range(100):
+        handles.append(open(os.devnull))
+    seen["many_files"] = "opened"
+except OSError:
+    seen["many_files"] = "refused"
+print(json.dumps(seen))
+"""
+
+
+def test_child_limits_refuse_forks_big_files_and_many_descriptors(tmp_path):
+    command = [sys.executable, "-c", PROBE_LIMITS]
+    if os.geteuid() == 0:
+        # Root is exempt from RLIMIT_NPROC: probe as 'nobody', keeping only file access.
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: RLIMIT_NPROC cannot be observed")
+        capabilities = "+dac_read_search,+dac_override"
+        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                   f"--inh-caps={capabilities}", f"--ambient-caps={capabilities}", *command]
+
+    completed = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=60, check=True,
+                               env={"PATH": os.environ["PATH"], "PYTHONPATH": str(inspection._PROJECT_ROOT)})
+
+    assert json.loads(completed.stdout) == {"fork": "refused", "big_file": "refused", "many_files": "refused"}
+
+
+# ---------------------------------------------------------------- how many at once
+
+
+def test_inspection_slots_are_shared_and_a_full_set_is_a_503(tmp_path):
+    with inspection_slot(tmp_path, 2) as first, inspection_slot(tmp_path, 2) as second:
+        with pytest.raises(InspectionError) as caught, inspection_slot(tmp_path, 2):
+            pass
+    with inspection_slot(tmp_path, 2) as again:
+        pass
+
+    assert (first, second, again) == (0, 1, 0)
+    assert caught.value.status == 503
+    assert caught.value.retry_after_s == inspection.RETRY_AFTER_S
+    assert "too many inspections" in caught.value.reason
+
+
+def test_slot_held_by_another_process_is_not_taken(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'ab'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(tmp_path / "slot-0")],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        with pytest.raises(InspectionError) as caught, inspection_slot(tmp_path, 1):
+            pass
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    with inspection_slot(tmp_path, 1) as index:
+        pass
+
+    assert caught.value.status == 503
+    assert index == 0
+
+
+# ---------------------------------------------------------------- declared dimensions
+
+
+@pytest.mark.parametrize(
+    "shape, words",
+    [
+        (["batch", -3], "a dimension of -3: dimensions must be positive"),
+        (["batch", 0], "a dimension of 0: dimensions must be positive"),
+        (["batch", 2**21], f"a dimension of {2**21}, more than the limit {2**20}"),
+        (["batch", 2**12, 2**13], f"{2**25} elements per request, more than the limit {16 * 2**20}"),
+    ],
+    ids=["negative", "zero", "huge", "huge-product"],
+)
+def test_unservable_declared_dimension_is_a_422_naming_the_input(shape, words, tmp_path):
+    path = write_model(tmp_path, "dims.onnx", build_declared_input_shape(shape))
+
+    error = refusal(path)
+
+    assert (error.status, error.reason) == (422, f"input 'x' declares {words}")
+    assert check_names(error.report)[-1] == "signature"
+
+
+# ---------------------------------------------------------------- the batch sizes a worker warms
+
+
+def test_inspection_runs_every_batch_size_class_the_worker_warms(good_onnx):
+    report = inspect_artifact(good_onnx, max_batch_size=8).report
+
+    assert report["batch_sizes_run"] == [1, 2, 8]
+
+
+def test_model_failing_at_two_rows_is_refused_at_upload(tmp_path):
+    path = write_model(tmp_path, "one_row.onnx", build_fails_above_one_row())
+
+    error = refusal(path)
+
+    assert error.status == 422
+    assert error.reason.startswith("ONNX Runtime failed to run the model at batch size 2: ")
+    assert check_names(error.report)[-1] == "batch_sizes"
+
+
+def test_model_exceeding_memory_only_at_the_max_batch_size_is_refused(tmp_path):
+    path = write_model(tmp_path, "per_row.onnx", build_memory_per_row())
+
+    error = refusal(path, max_batch_size=32)
+
+    assert error.status == 422
+    assert "out of memory" in error.reason
+    assert check_names(error.report)[-1] == "batch_sizes"
+
+
+# ---------------------------------------------------------------- batchability, proven
+
+
+@pytest.mark.parametrize(
+    "build, reason",
+    [
+        (build_reduce_over_batch, "output 'total' does not follow the batch: 1 row(s) for one input row, 1 for two"),
+        (build_sequence_softmax, "output 'y' changes for one row when another row is batched with it"),
+    ],
+    ids=["reduce-over-batch", "sequence-softmax"],
+)
+def test_model_mixing_rows_is_not_batchable(build, reason, tmp_path):
+    path = write_model(tmp_path, "mixing.onnx", build())
+
+    result = inspect_artifact(path)
+
+    assert result.signature["batchable"] is False
+    assert result.report["batchable"] is False
+    assert result.report["not_batchable_reason"] == reason
+
+
+@pytest.mark.parametrize("build", [build_matmul, build_local_function], ids=["matmul", "local-function"])
+def test_row_wise_model_is_batchable(build, tmp_path):
+    path = write_model(tmp_path, "rowwise.onnx", build())
+
+    result = inspect_artifact(path)
+
+    assert result.signature["batchable"] is True
+    assert "not_batchable_reason" not in result.report
+
+
+def test_fixed_first_dimension_is_not_batchable(fixed_batch_onnx):
+    result = inspect_artifact(fixed_batch_onnx)
+
+    assert result.signature["batchable"] is False
+    assert result.report["not_batchable_reason"] == "input 'input' has no dynamic first dimension"
+    assert "batch_sizes_run" not in result.report
+

@@ -49,9 +49,10 @@ def start_worker(tmp_path):
 
 @pytest.fixture
 def digits_worker(start_worker, mlp_v1, mlp_v2):
-    """digits v1 routed 100%, v2 warm (pinnable, unrouted)."""
+    """digits v1 routed 100%, v2 unrouted at weight 0; this worker allows pinning v2
+    (SERVING_ALLOW_PINNING_UNROUTED), the default refuses it."""
     v1, v2 = route(1, 100, *mlp_v1), route(2, 0, *mlp_v2)
-    return start_worker(state(1, {"digits": {"routes": [v1, v2]}}))
+    return start_worker(state(1, {"digits": {"routes": [v1, v2]}}), allow_pinning_unrouted=True)
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from onnx import TensorProto, helper
 
 from registry.onnx_build import to_bytes
 from serving.config import ServingConfig
-from serving.http_protocol import CoalescingHttpToolsProtocol
 from serving.worker import Worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -47,8 +46,11 @@ def relu_any_width() -> onnx.ModelProto:
     model.ir_version = 8
     return model
 
-def route(version: int, weight: int, path: Path, sha256: str) -> dict:
-    return {"version": version, "weight": weight, "sha256": sha256, "artifact_url": str(path), "signature": {}}
+def route(version: int, weight: int, path: Path, sha256: str, *, batchable: bool = True) -> dict:
+    """A route as the console sends it. The test models are batchable (rows independent),
+    which the console's inspection would have proven; a worker takes a missing flag as "no"."""
+    return {"version": version, "weight": weight, "sha256": sha256, "artifact_url": str(path),
+            "signature": {"batchable": batchable}}
 
 def state(generation: int, models: dict, **batching) -> dict:
     """A desired state; `models` maps name -> list of routes (and optional 'warm')."""
@@ -65,7 +67,7 @@ def make_config(tmp_path: Path, **overrides) -> ServingConfig:
     base = ServingConfig(
         device="cpu", intra_op_threads=1, executor_threads=2, cache_dir=str(tmp_path / "cache"),
         request_timeout_s=5.0, max_body_bytes=1024 * 1024, max_elements=100_000, log_level="warning",
-        drain_timeout_s=5.0,
+        drain_timeout_s=5.0, allow_local_artifacts=True,  # the tests' states name files on disk
     )
     return replace(base, **overrides)
 
@@ -83,7 +85,7 @@ class ThreadedWorker:
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(
             self.worker.app, host="127.0.0.1", port=self.port, loop="asyncio",
-            http=CoalescingHttpToolsProtocol if config.coalesce_writes else "httptools",  # as the worker serves
+            http=self.worker.http_protocol(),  # as the worker serves: its guards and limits
             lifespan="on", access_log=False, log_level="warning",
         ))
         self.loop = asyncio.new_event_loop()
@@ -153,3 +155,16 @@ class SubprocessWorker:
         except subprocess.TimeoutExpired:
             self.process.kill()
 
+class HeldRun:
+    """Wraps a run function: records each run's rows; every run waits for `release`."""
+
+    def __init__(self, run):
+        self._run = run
+        self.rows: list[int] = []
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, feeds):
+        self.rows.append(feeds[0].shape[0])
+        self.entered.set()
+        assert self.release.wait(5)
+        return self._run(feeds)

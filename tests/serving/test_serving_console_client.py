@@ -1,4 +1,5 @@
-"""Fetching the desired state and artifacts: bearer token, sha256 verification, local URLs."""
+"""Fetching the desired state and artifacts: bearer token, sha256 verification, local URLs
+(the refusals are in test_serving_control_security.py)."""
 
 from __future__ import annotations
 
@@ -57,10 +58,10 @@ def test_artifact_with_the_wrong_sha256_is_refused_and_not_cached(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_local_artifact_urls_are_read_in_place_and_verified(tmp_path):
+def test_local_artifact_urls_are_read_in_place_and_verified_when_allowed(tmp_path):
     source = tmp_path / "model.onnx"
     source.write_bytes(PAYLOAD)
-    client = console(lambda request: httpx.Response(500))
+    client = ConsoleClient("http://console.test", "s3cret", 2.0, transport=httpx.MockTransport(lambda request: httpx.Response(500)), allow_local=True)
 
     assert client.fetch_artifact(f"file://{source}", SHA256, tmp_path / "x") == source
     assert client.fetch_artifact(str(source), SHA256, tmp_path / "x") == source

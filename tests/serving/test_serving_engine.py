@@ -8,6 +8,7 @@ import pytest
 
 from serving.batcher import PendingRequest, run_batch
 from serving.config import ServingConfig
+from serving import engine as engine_module
 from serving.engine import Engine, resolve_device
 
 
@@ -22,8 +23,22 @@ def raw_session(mlp_v1):
     return ort.InferenceSession(str(mlp_v1[0]), providers=["CPUExecutionProvider"])
 
 
-def test_device_falls_back_to_cpu_without_a_working_cuda_provider():
-    assert resolve_device(ServingConfig(device="auto")) == "cpu"
+def test_device_falls_back_to_cpu_without_a_working_cuda_provider(monkeypatch, request):
+    """Independent of this host's GPU: CUDA missing, or listed but failing to load, is CPU."""
+
+    def failing_session(*args, **kwargs):
+        raise RuntimeError("CUDA provider failed to load")
+
+    request.addfinalizer(engine_module._probe_device.cache_clear)  # later callers probe the real host
+    engine_module._probe_device.cache_clear()
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    missing = resolve_device(ServingConfig(device="auto"))
+    engine_module._probe_device.cache_clear()
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "InferenceSession", failing_session)
+    failing = resolve_device(ServingConfig(device="auto"))
+
+    assert (missing, failing) == ("cpu", "cpu")
 
 
 def test_names_and_shapes_are_read_from_the_model(engine):

@@ -299,3 +299,120 @@ def test_health_counts_a_failure_as_soon_as_it_is_answered(digits_worker, client
     client.post(digits_worker.url + INFER, json=v2_body(np.zeros((1, 64), np.float32)))
 
     assert client.get(digits_worker.url + "/health").json()["requests_failed_total"] == before + 1
+
+
+def test_a_request_asking_for_one_output_thousands_of_times_is_a_small_fast_400(digits_worker, client):
+    request = {**v2_body(np.zeros((1, 64), np.float32)), "outputs": [{"name": "probabilities"}] * 2800}
+    content = orjson.dumps(request)
+    assert len(content) > 59_000
+
+    response = client.post(digits_worker.url + INFER, content=content)
+
+    assert response.status_code == 400
+    assert response.json() == {"error": "output 'probabilities': requested more than once"}
+    assert len(response.content) < 200
+    assert response.elapsed.total_seconds() < 1.0
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [(["0.5"] * 64, "input 'input': FP32 data must hold numbers, found a string"),
+     (["NaN"] + [0.0] * 63, "input 'input': FP32 data must hold numbers, found a string"),
+     ([None] * 64, "input 'input': FP32 data must hold numbers, found null"),
+     ([True] * 64, "input 'input': FP32 data must hold numbers, found a boolean")],
+)
+def test_json_tensor_data_of_the_wrong_type_is_a_400_and_nothing_is_computed(digits_worker, client, data, error):
+    version = digits_worker.worker.repository.loaded[("digits", 1)]
+    calls, original = [], version.engine.run
+    version.engine.run = lambda feeds: calls.append(1) or original(feeds)
+    content = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": data}]})
+    rows = orjson.dumps({"model_name": "digits", "inputs": [data]})
+
+    answers = [client.post(digits_worker.url + INFER, content=content), client.post(digits_worker.url + "/predict", content=rows)]
+
+    assert [(answer.status_code, answer.json()) for answer in answers] == [(400, {"error": error})] * 2
+    assert calls == []
+
+
+def test_non_finite_outputs_are_words_in_json_answers_and_bits_in_binary_ones(start_worker, client, relu_model):
+    worker = start_worker(state(1, {"relu": {"routes": [route(1, 100, *relu_model)]}}))
+    batch = np.array([[np.nan, np.inf, -1.0, 2.0]], np.float32)
+    header = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                                       "parameters": {"binary_data_size": 16}}]})
+
+    response = client.post(worker.url + "/v2/models/relu/infer", content=header + batch.tobytes(),
+                           headers={"Inference-Header-Content-Length": str(len(header))})
+
+    assert response.status_code == 200
+    assert orjson.loads(response.content)["outputs"][0]["data"] == ["NaN", "Infinity", 0.0, 2.0]
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "-5", "+5", "99999999", "1_2", "0"])
+def test_absurd_inference_header_content_length_is_a_400(digits_worker, client, value):
+    content = orjson.dumps(v2_body(np.zeros((1, 64), np.float32)))
+
+    response = client.post(digits_worker.url + INFER, content=content, headers={"Inference-Header-Content-Length": value})
+
+    assert response.status_code == 400
+    assert "Inference-Header-Content-Length" in response.json()["error"]
+    assert len(response.content) < 200
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [(INFER, "text/plain"), (INFER, "application/x-www-form-urlencoded"), (INFER, "multipart/form-data; boundary=x"),
+     ("/predict", "application/octet-stream"), ("/predict", "text/plain;charset=utf-8"), (INFER, "x" * 3000)],
+)
+def test_a_body_labelled_neither_json_nor_octet_stream_is_a_415(digits_worker, client, path, content_type):
+    content = orjson.dumps({"model_name": "digits", **v2_body(np.zeros((1, 64), np.float32))})
+
+    response = client.post(digits_worker.url + path, content=content, headers={"Content-Type": content_type})
+
+    assert response.status_code == 415
+    assert "is not supported here" in response.json()["error"]
+    assert len(response.content) < 250
+
+
+@pytest.mark.parametrize("content_type", [None, "application/json", "Application/JSON; charset=utf-8", "application/octet-stream"])
+def test_json_unlabelled_and_octet_stream_bodies_are_served(digits_worker, client, content_type):
+    headers = {"Content-Type": content_type} if content_type else {}
+
+    response = client.post(digits_worker.url + INFER, content=orjson.dumps(v2_body(np.zeros((1, 64), np.float32))), headers=headers)
+
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/" + "a" * 5000), ("POST", "/v2/models/" + "m" * 5000 + "/infer"),
+     ("GET", "/v2/models/digits/versions/" + "9" * 5000), ("GET", "/v2/models/" + "m" * 5000 + "/x")],
+)
+def test_errors_echo_only_a_short_prefix_of_the_path(digits_worker, client, method, path):
+    response = client.request(method, digits_worker.url + path, content=b"{}" if method == "POST" else None)
+
+    assert response.status_code == 404
+    assert len(response.json()["error"]) < 200
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/health"])
+def test_metrics_and_health_can_require_the_worker_token(start_worker, client, mlp_v1, path):
+    worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}),
+                          metrics_token_required=True, worker_token="w-token")
+
+    anonymous = client.get(worker.url + path)
+    wrong = client.get(worker.url + path, headers={"Authorization": "Bearer nope"})
+    right = client.get(worker.url + path, headers={"Authorization": "Bearer w-token"})
+
+    assert (anonymous.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+    assert anonymous.headers["www-authenticate"].startswith("Bearer")
+    assert client.get(worker.url + "/v2/health/live").status_code == 200  # probes stay open
+    assert client.get(worker.url + "/v2/health/ready").status_code == 200
+
+
+def test_metrics_token_without_a_worker_token_refuses_to_start(tmp_path, mlp_v1):
+    from serving.config import ConfigError
+    from serving.worker import Worker
+    from serving_testkit import make_config
+
+    with pytest.raises(ConfigError, match="SERVING_WORKER_TOKEN"):
+        Worker(make_config(tmp_path, metrics_token_required=True, worker_token=""), None)

@@ -1,10 +1,17 @@
-"""The coalescing protocol sends each response in one write and changes nothing else."""
+"""The worker's HTTP protocol: each response leaves in one write, and slow or oversized
+clients are cut off by deadlines and caps."""
 
 from __future__ import annotations
 
 import socket
+import time
+
+import numpy as np
+import orjson
+import pytest
 
 from serving.http_protocol import CoalescingTransport
+from serving_testkit import route, state, v2_body
 
 
 class RecordingTransport:
@@ -73,5 +80,197 @@ def test_keep_alive_connection_gets_whole_responses(digits_worker):
             connection.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
             answer = b""
             while not answer.endswith(b'{"live":true}'):
-                answer += connection.recv(4096)
+                chunk = connection.recv(4096)  # each wait bounded by the socket's timeout
+                assert chunk, f"the server closed the connection mid-response after {answer[:200]!r}"
+                answer += chunk
             assert answer.startswith(b"HTTP/1.1 200 OK")
+
+
+# ---- guards against slow and oversized clients (raw sockets, every read bounded) -------
+
+INFER = "/v2/models/digits/infer"
+BODY = orjson.dumps(v2_body(np.zeros((1, 64), np.float32)))
+
+
+def read_until_closed(connection: socket.socket, timeout_s: float = 5.0) -> bytes:
+    """Everything the server sends until it closes; fails (never hangs) past timeout_s."""
+    deadline, answer = time.monotonic() + timeout_s, b""
+    while True:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"server neither answered nor closed within {timeout_s} s: {answer[:200]!r}"
+        connection.settimeout(remaining)
+        try:
+            chunk = connection.recv(65536)
+        except ConnectionResetError:
+            return answer
+        if not chunk:
+            return answer
+        answer += chunk
+
+
+def wait_until(predicate, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+@pytest.fixture
+def guarded_worker(start_worker, mlp_v1):
+    """start(**limits) -> a digits worker whose engine records every run in worker.runs."""
+
+    def start(**overrides):
+        worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}), **overrides)
+        version = worker.worker.repository.loaded[("digits", 1)]
+        worker.runs, original = [], version.engine.run
+        version.engine.run = lambda feeds: worker.runs.append(1) or original(feeds)
+        return worker
+
+    return start
+
+
+def head(path: str = INFER, length: int = len(BODY), extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n{extra}\r\n".encode()
+
+
+def test_a_body_that_never_finishes_gets_408_and_frees_its_in_flight_slot(guarded_worker, client):
+    worker = guarded_worker(body_timeout_s=0.3, max_in_flight=1)
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        started = time.monotonic()
+        connection.sendall(head() + BODY[:20])  # the rest never comes
+        answer = read_until_closed(connection)
+
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"request body did not arrive within 0.3 s" in answer
+    assert 0.25 < time.monotonic() - started < 3
+    assert wait_until(lambda: worker.worker.app.in_flight == 0)
+    assert worker.runs == []
+    assert client.post(worker.url + INFER, content=BODY).status_code == 200  # the only slot is free again
+
+
+def test_headers_that_never_finish_get_408(guarded_worker):
+    worker = guarded_worker(header_timeout_s=0.3)
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Le")
+        answer = read_until_closed(connection)
+
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"request headers did not arrive" in answer
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_deadline(guarded_worker):
+    worker = guarded_worker(header_timeout_s=0.3)
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        started = time.monotonic()
+        answer = read_until_closed(connection)
+
+    assert answer == b""
+    assert time.monotonic() - started < 3
+
+
+def test_a_slowly_dripped_request_is_cut_at_the_header_deadline(guarded_worker):
+    worker = guarded_worker(header_timeout_s=0.5)
+    request = head() + BODY
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        started, closed = time.monotonic(), False
+        for byte in request[:40]:
+            try:
+                connection.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            time.sleep(0.05)
+        answer = b"" if closed else read_until_closed(connection)
+
+    assert closed or answer.startswith(b"HTTP/1.1 408 ")
+    assert time.monotonic() - started < 4
+    assert worker.runs == []
+
+
+@pytest.mark.parametrize("layout", ["one header", "many headers", "long url", "in pieces"])
+def test_headers_past_the_cap_get_431(guarded_worker, layout):
+    worker = guarded_worker(max_header_bytes=4096)
+    if layout == "one header":
+        requests = [head(extra="X-Padding: " + "p" * 5000 + "\r\n") + BODY]
+    elif layout == "many headers":
+        requests = [head(extra="".join(f"X-H{i}: {'v' * 40}\r\n" for i in range(200))) + BODY]
+    elif layout == "long url":
+        requests = [head(path=INFER + "?" + "q" * 5000) + BODY]
+    else:
+        big = head(extra="X-Padding: " + "p" * 20000 + "\r\n")  # sent only until past the cap: the server
+        requests = [big[i:i + 1000] for i in range(0, 5000, 1000)]  # reads all of it, so it closes with FIN, not RST
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        try:
+            for piece in requests:
+                connection.sendall(piece)
+                time.sleep(0.01)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = read_until_closed(connection)
+
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b"request headers exceed 4096 bytes" in answer
+    assert worker.runs == []
+
+
+def test_headers_under_the_cap_are_served(guarded_worker):
+    worker = guarded_worker(max_header_bytes=4096)
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(head(extra="X-Padding: " + "p" * 3000 + "\r\nConnection: close\r\n") + BODY)
+        answer = read_until_closed(connection)
+
+    assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_connections_past_the_cap_get_503_and_are_closed(guarded_worker, client):
+    worker = guarded_worker(max_connections=2, header_timeout_s=5.0)
+    held = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(2)]
+    try:
+        assert wait_until(lambda: len(worker.server.server_state.connections) == 2)
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as extra:
+            extra.sendall(head() + BODY)
+            answer = read_until_closed(extra)
+    finally:
+        for connection in held:
+            connection.close()
+
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b"retry-after: 1" in answer
+    assert wait_until(lambda: len(worker.server.server_state.connections) == 0)
+    assert client.post(worker.url + INFER, content=BODY).status_code == 200
+
+
+def test_a_client_that_disconnects_mid_body_enqueues_nothing(guarded_worker):
+    worker = guarded_worker(body_timeout_s=30.0)
+    document = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]})
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(head(length=len(document) + 1000) + document)  # valid JSON, but 1000 bytes short
+        assert wait_until(lambda: worker.worker.app.in_flight == 1)
+
+    assert wait_until(lambda: worker.worker.app.in_flight == 0)
+    time.sleep(0.1)
+    assert worker.runs == []
+
+
+def test_keep_alive_requests_each_get_their_own_deadlines(guarded_worker):
+    worker = guarded_worker(header_timeout_s=0.5, body_timeout_s=0.5)
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        for _ in range(3):
+            time.sleep(0.3)  # idle between requests: under the keep-alive and header deadlines
+            connection.sendall(head() + BODY)
+            answer = b""
+            while b'"model_version":"1"' not in answer:
+                chunk = connection.recv(65536)  # each wait bounded by the socket's timeout
+                assert chunk, "the server closed a keep-alive connection"
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200 ")

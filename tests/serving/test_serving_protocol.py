@@ -8,7 +8,7 @@ import pytest
 
 from serving.engine import TensorSpec
 from serving.errors import BadRequest
-from serving.protocol import ModelIO, decode_predict, decode_v2, encode_v2
+from serving.protocol import ModelIO, decode_predict, decode_v2, encode_predict, encode_v2
 
 IO = ModelIO(
     inputs=(TensorSpec("input", "FP32", (None, 4)),),
@@ -59,7 +59,7 @@ def test_binary_tensor_data_is_read_after_the_json_header():
         (body(shape=[8]), "input 'input': expected rank 2"),
         (body(shape=[0, 4], data=[]), "input 'input': dimension 0 must be at least 1"),
         (body(shape=[2, 4], data=[1, 2, 3]), "input 'input': data has 3 elements, shape [2, 4] needs 8"),
-        (body(data=["a"] * 8), "input 'input': data is not a rectangular array of FP32"),
+        (body(data=["a"] * 8), "input 'input': FP32 data must hold numbers, found a string"),
         (body(data=[[1, 2], [3]]), "input 'input': data is not a rectangular array"),
         (body(data="0123"), "input 'input': data must be a list"),
         (body(shape=["2", 4]), "input 'input': shape must be a list of integers"),
@@ -145,3 +145,117 @@ def test_predict_accepts_a_list_of_rows_or_a_dict_by_input_name():
 def test_predict_row_of_the_wrong_width_is_refused():
     with pytest.raises(BadRequest, match="input 'input': dimension 1 must be 4, got 3"):
         decode_predict({"inputs": [0, 1, 2]}, IO)
+
+
+def io_of(datatype: str) -> ModelIO:
+    return ModelIO((TensorSpec("input", datatype, (None, 2)),), IO.outputs, True, 1000)
+
+
+def v2_of(datatype: str, data) -> bytes:
+    return orjson.dumps({"inputs": [{"name": "input", "shape": [1, 2], "datatype": datatype, "data": data}]})
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "message"),
+    [
+        ("FP32", ["0.5", 1.0], "input 'input': FP32 data must hold numbers, found a string"),
+        ("FP32", ["NaN", 1.0], "input 'input': FP32 data must hold numbers, found a string"),
+        ("FP32", [None, 1.0], "input 'input': FP32 data must hold numbers, found null"),
+        ("FP32", [True, 1.0], "input 'input': FP32 data must hold numbers, found a boolean"),
+        ("FP32", [[True, False]], "input 'input': FP32 data must hold numbers, found a boolean"),
+        ("FP32", [{"a": 1}, 1.0], "input 'input': FP32 data must hold numbers, found an object"),
+        ("FP32", [1e39, 1.0], "input 'input': a value is out of range for FP32"),
+        ("FP16", [70000, 1.0], "input 'input': a value is out of range for FP16"),
+        ("INT64", [0.5, 1], "input 'input': INT64 data must hold integers, found a non-integer number"),
+        ("INT64", [True, 1], "input 'input': INT64 data must hold integers, found a boolean"),
+        ("INT8", [300, 1], "input 'input': a value is out of range for INT8"),
+        ("UINT8", [-1, 1], "input 'input': a value is out of range for UINT8"),
+        ("INT64", [2**63, 1], "input 'input': a value is out of range for INT64"),
+        ("BOOL", [1, 0], "input 'input': BOOL data must hold booleans (true/false), found an integer"),
+        ("BOOL", ["true", False], "input 'input': BOOL data must hold booleans (true/false), found a string"),
+        ("FP32", [[1.0], 2.0], "input 'input': data is not a rectangular array of FP32 values"),
+    ],
+)
+def test_json_data_that_is_not_of_the_declared_type_is_refused_naming_the_input(datatype, data, message):
+    with pytest.raises(BadRequest) as refused:
+        decode_v2(v2_of(datatype, data), None, io_of(datatype))
+
+    assert refused.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "expected"),
+    [("FP32", [1, 0.5], [[1.0, 0.5]]), ("FP64", [[-3, 2.5]], [[-3.0, 2.5]]), ("INT8", [-128, 127], [[-128, 127]]),
+     ("UINT8", [0, 255], [[0, 255]]), ("INT64", [2**62, -1], [[2**62, -1]]), ("BOOL", [True, False], [[True, False]])],
+)
+def test_json_data_of_the_declared_type_is_decoded_exactly(datatype, data, expected):
+    decoded = decode_v2(v2_of(datatype, data), None, io_of(datatype))
+
+    assert decoded.tensors[0].dtype == io_of(datatype).inputs[0].dtype
+    assert decoded.tensors[0].tolist() == expected
+
+
+def test_predict_refuses_strings_in_float_rows_naming_the_input():
+    with pytest.raises(BadRequest) as refused:
+        decode_predict({"inputs": [[0, 1, "2", 3]]}, IO)
+
+    assert refused.value.message == "input 'input': FP32 data must hold numbers, found a string"
+
+
+def test_output_requested_twice_is_refused_without_reading_the_rest():
+    requested = [{"name": "probabilities"}] * 5000
+    raw = orjson.dumps({**orjson.loads(body()), "outputs": requested})
+
+    with pytest.raises(BadRequest) as refused:
+        decode_v2(raw, None, IO)
+
+    assert refused.value.message == "output 'probabilities': requested more than once"
+
+
+def test_unknown_output_name_is_refused_with_a_short_prefix_of_it():
+    raw = orjson.dumps({**orjson.loads(body()), "outputs": [{"name": "x" * 10_000}]})
+
+    with pytest.raises(BadRequest) as refused:
+        decode_v2(raw, None, IO)
+
+    assert refused.value.message.startswith("output 'xxxx")
+    assert refused.value.message.endswith("…: the model has no such output")
+    assert len(refused.value.message) < 130
+
+
+def test_every_output_once_in_any_order_is_accepted():
+    raw = orjson.dumps({**orjson.loads(body()), "outputs": [{"name": "logits"}, {"name": "probabilities"}]})
+
+    assert decode_v2(raw, None, IO).outputs == ((1, False), (0, False))
+
+
+def test_long_client_strings_are_echoed_only_as_a_short_prefix():
+    raw = orjson.dumps({"inputs": [{"name": "n" * 5000, "shape": [1], "datatype": "FP32", "data": [1]}]})
+    datatype = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "D" * 5000, "data": [1]}]})
+
+    for request in (raw, datatype):
+        with pytest.raises(BadRequest) as refused:
+            decode_v2(request, None, IO)
+        assert len(refused.value.message) < 200
+
+
+def test_non_finite_outputs_are_written_as_words_and_read_back_by_numpy():
+    decoded = decode_v2(body(), None, IO)
+    outputs = [np.array([[np.nan, 1.5], [np.inf, -np.inf]], np.float32), np.zeros((2, 2), np.float32)]
+
+    payload, _ = encode_v2("digits", 1, decoded, outputs, IO)
+
+    data = orjson.loads(payload)["outputs"][0]["data"]  # strict JSON: orjson reads it
+    assert data == ["NaN", 1.5, "Infinity", "-Infinity"]
+    read_back = np.array(data, dtype=np.float32)
+    assert np.isnan(read_back[0]) and read_back[1:].tolist() == [1.5, np.inf, -np.inf]
+
+
+def test_non_finite_outputs_in_predict_answers_are_words_in_their_rows():
+    decoded = decode_predict({"inputs": [[0, 1, 2, 3], [4, 5, 6, 7]]}, IO)
+    outputs = [np.array([[1.0, np.nan], [-np.inf, 2.0]], np.float32), np.zeros((2, 2), np.float32)]
+
+    document = orjson.loads(encode_predict("r-1", "digits", 1, decoded, outputs, IO, 1.0))
+
+    assert document["outputs"]["probabilities"] == [[1.0, "NaN"], ["-Infinity", 2.0]]
+    assert document["outputs"]["logits"] == [[0.0, 0.0], [0.0, 0.0]]

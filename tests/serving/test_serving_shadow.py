@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 
 import numpy as np
 
@@ -40,6 +40,13 @@ def shadow_counts(model: str, version: int) -> dict:
     return next((row for row in shadow_totals() if (row["model"], row["version"]) == (model, version)), {"compared": 0, "agreed": 0})
 
 
+def mirrors_finished(worker, timeout_s: float = 5.0) -> None:
+    """Wait on the worker's own loop until every mirror scheduled so far has been counted:
+    an answer leaves only after its mirror is scheduled, so no fixed sleep is needed."""
+    finished = asyncio.run_coroutine_threadsafe(worker.worker.app.shadow.wait_idle(timeout_s), worker.loop)
+    assert finished.result(timeout=timeout_s + 1), f"shadow mirrors still running after {timeout_s} s"
+
+
 def test_shadow_version_is_compared_but_never_answers(start_worker, client, mlp_v1, mlp_v2):
     shadow_route = {**route(2, 0, *mlp_v2), "shadow": 1.0}
     worker = start_worker(state(1, {"shadowed": {"routes": [route(1, 100, *mlp_v1), shadow_route]}}))
@@ -47,9 +54,7 @@ def test_shadow_version_is_compared_but_never_answers(start_worker, client, mlp_
     rows = np.random.default_rng(5).standard_normal((20, 64), dtype=np.float32)
 
     served = [client.post(worker.url + "/predict", json={"model_name": "shadowed", "inputs": row.tolist()}).json()["model_version"] for row in rows]
-    deadline = time.monotonic() + 5
-    while shadow_counts("shadowed", 2)["compared"] - before["compared"] < 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    mirrors_finished(worker)
 
     assert served == [1] * 20
     after = shadow_counts("shadowed", 2)
@@ -65,9 +70,7 @@ def test_identical_shadow_agrees_every_time(start_worker, client, mlp_v1):
 
     for row in rows:
         client.post(worker.url + "/predict", json={"model_name": "twin", "inputs": row.tolist()})
-    deadline = time.monotonic() + 5
-    while shadow_counts("twin", 2)["compared"] < 10 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    mirrors_finished(worker)
 
     assert shadow_counts("twin", 2) == {"model": "twin", "version": 2, "compared": 10, "agreed": 10, "errors": 0, "dropped": 0}
 
@@ -76,7 +79,14 @@ def test_pinned_requests_are_not_mirrored(start_worker, client, mlp_v1):
     shadow_route = {**route(2, 0, *mlp_v1), "shadow": 1.0}
     worker = start_worker(state(1, {"pinned": {"routes": [route(1, 100, *mlp_v1), shadow_route]}}))
 
-    client.post(worker.url + "/v2/models/pinned/versions/1/infer", json={"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]})
-    time.sleep(0.3)
+    body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
 
-    assert shadow_counts("pinned", 2)["compared"] == 0
+    pinned = client.post(worker.url + "/v2/models/pinned/versions/1/infer", json=body)
+    mirrors_finished(worker)
+    after_pinned = shadow_counts("pinned", 2)["compared"]
+    routed = client.post(worker.url + "/v2/models/pinned/infer", json=body)
+    mirrors_finished(worker)
+
+    assert (pinned.status_code, routed.status_code) == (200, 200)
+    assert after_pinned == 0
+    assert shadow_counts("pinned", 2)["compared"] == 1  # the same request unpinned is mirrored

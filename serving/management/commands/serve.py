@@ -4,12 +4,15 @@ ORM, no Django views; Django only supplies defaults (the worker token, Redis URL
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from serving.config import ServingConfig, env_float
 from serving.control import ControlPlane
+from serving.model_safety import enter_private_working_directory
 from serving.worker import Worker, configure_logging
 
 
@@ -27,7 +30,9 @@ class Command(BaseCommand):
         if not config.worker_token:
             config = dataclasses.replace(config, worker_token=settings.SERVING_WORKER_TOKEN)
         configure_logging(config.log_level)
+        config, state_file, private_directory = _leave_the_code_tree(config, state_file)
         worker = Worker(config, state_file)
+        worker.on_shutdown.append(_remover(private_directory))
         if state_file is None:
             ControlPlane(
                 worker,
@@ -38,3 +43,21 @@ class Command(BaseCommand):
                 report_interval_s=env_float("SERVING_REPORT_INTERVAL_S", 1.0, minimum=0.05),
             )
         worker.serve(host, port)
+
+
+def _leave_the_code_tree(config: ServingConfig, state_file: str | None) -> tuple[ServingConfig, str | None, Path]:
+    """Make our own paths absolute, then move into an empty private directory before
+    any model loads: ONNX Runtime resolves a file reference in a model against the
+    working directory, which must hold nothing to read (serving.model_safety)."""
+    config = dataclasses.replace(config, cache_dir=str(Path(config.cache_dir).resolve()))
+    state_file = str(Path(state_file).resolve()) if state_file else None
+    return config, state_file, enter_private_working_directory()
+
+
+def _remover(directory: Path):
+    # uvicorn re-raises SIGTERM after its shutdown, so atexit never runs: clean up in
+    # the lifespan shutdown instead.
+    async def remove() -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+    return remove

@@ -1,0 +1,42 @@
+"""Django admin for inference API keys (staff with the model's permissions only).
+
+Adding a key asks only for a name; the key is generated, shown once in the success
+message, and only its sha256 is stored. Keys are revoked (an action), never deleted, and
+a saved key's fields cannot be edited: to rotate, create a new key and revoke the old one.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from registry import api_keys
+from registry.models import InferenceApiKey
+
+
+@admin.register(InferenceApiKey)
+class InferenceApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("name", "prefix", "created_by", "created_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("name", "prefix")
+    actions = ("revoke",)
+
+    def get_fields(self, request, obj=None):
+        return ("name",) if obj is None else ("name", "prefix", "created_by", "created_at", "revoked_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        return () if obj is None else ("name", "prefix", "created_by", "created_at", "revoked_at")
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # a revoked row keeps saying whose key it was
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return  # nothing of a saved key is editable
+        _, key = api_keys.create_key(obj.name, request.user, row=obj)
+        messages.warning(request, f"API key for “{obj.name}”: {key} — copy it now, it is not shown again.")
+
+    @admin.action(description="Revoke the selected keys", permissions=("change",))
+    def revoke(self, request, queryset):
+        count = api_keys.revoke_keys(queryset, request.user)
+        self.message_user(request, f"{count} key(s) revoked; workers stop accepting them at their next refresh.",
+                          messages.SUCCESS)

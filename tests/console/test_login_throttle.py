@@ -1,0 +1,57 @@
+"""Login throttling (django-axes) through the real sign-in form: after the failure limit
+a user name is paused from that address, the page says so, other pairs are untouched."""
+
+from __future__ import annotations
+
+import pytest
+from axes.models import AccessAttempt
+from django.conf import settings as django_settings
+from django.test import Client
+
+pytestmark = pytest.mark.django_db
+
+
+def sign_in(username: str, password: str, address: str = "203.0.113.7"):
+    return Client(REMOTE_ADDR=address).post("/login/", {"username": username, "password": password})
+
+
+def fail(times: int, username: str = "olivia", address: str = "203.0.113.7") -> None:
+    """Wrong passwords: the form says so each time, until the last one reaches the limit."""
+    for attempt in range(1, times + 1):
+        response = sign_in(username, "wrong-password", address)
+        assert response.status_code == (429 if attempt == django_settings.AXES_FAILURE_LIMIT else 200)
+
+
+def test_the_limit_of_failures_locks_out_that_user_name_from_that_address(settings, operator):
+    fail(settings.AXES_FAILURE_LIMIT)
+
+    response = sign_in("olivia", "pw-olivia")  # now even the right password is paused
+
+    assert response.status_code == 429
+    html = response.content.decode()
+    assert f"after {settings.AXES_FAILURE_LIMIT} wrong passwords for this user name from your address" in html
+    assert "paused for 15 minutes" in html
+    assert "_auth_user_id" not in response.client.session
+
+
+def test_failures_below_the_limit_still_let_the_right_password_in(settings, operator):
+    fail(settings.AXES_FAILURE_LIMIT - 1)
+
+    response = sign_in("olivia", "pw-olivia")
+
+    assert response.status_code == 302
+    assert AccessAttempt.objects.count() == 0  # a success resets the count
+
+
+def test_a_lockout_touches_neither_other_users_nor_other_addresses(settings, operator, viewer):
+    fail(settings.AXES_FAILURE_LIMIT)
+
+    assert sign_in("victor", "pw-victor").status_code == 302
+    assert sign_in("olivia", "pw-olivia", address="198.51.100.9").status_code == 302
+
+
+def test_the_cool_off_ends_the_lockout(settings, operator):
+    fail(settings.AXES_FAILURE_LIMIT)
+    AccessAttempt.objects.update(attempt_time=AccessAttempt.objects.get().attempt_time - settings.AXES_COOLOFF_TIME)
+
+    assert sign_in("olivia", "pw-olivia").status_code == 302

@@ -1,0 +1,211 @@
+"""Browser-facing hardening: headers, cookies, a CSP with nothing inline on any page, the
+websocket's Origin check, the schema for signed-in users only, and a refusal to start
+outside debug with a weak secret key."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from channels.testing import WebsocketCommunicator
+from django.conf import settings as django_settings
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.contrib.auth.models import User
+from django.test import Client
+
+from tests.console.conftest import report_from
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- headers and cookies
+
+
+def test_pages_carry_the_content_security_policy(viewer_page, digits):
+    policy = viewer_page.get("/models/digits/")["Content-Security-Policy"]
+
+    directives = dict(part.strip().split(" ", 1) for part in policy.split(";"))
+    assert directives["default-src"] == "'self'"
+    assert directives["script-src"] == "'self'"
+    assert directives["style-src"] == "'self'"
+    assert directives["img-src"] == "'self' data:"
+    assert directives["connect-src"] == "'self' ws://testserver wss://testserver"
+    assert directives["frame-ancestors"] == "'none'"
+    assert directives["object-src"] == "'none'"
+    assert directives["base-uri"] == "'self'"
+    assert directives["form-action"] == "'self'"
+    assert "unsafe" not in policy
+
+
+def test_pages_forbid_framing_sniffing_and_foreign_referrers(client):
+    response = client.get("/login/")
+
+    assert response["X-Frame-Options"] == "DENY"
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert response["Referrer-Policy"] == "same-origin"
+
+
+def test_https_answers_carry_hsts_outside_debug(client):
+    assert client.get("/login/", secure=True)["Strict-Transport-Security"] == "max-age=31536000"
+
+
+def test_session_and_csrf_cookies_are_secure_and_the_session_httponly(operator):
+    client = Client()
+    client.get("/login/", secure=True)
+
+    response = client.post("/login/", {"username": "olivia", "password": "pw-olivia"}, secure=True)
+
+    assert response.status_code == 302
+    session = response.cookies[django_settings.SESSION_COOKIE_NAME]
+    assert (bool(session["secure"]), bool(session["httponly"])) == (True, True)
+    assert bool(client.cookies["csrftoken"]["secure"]) is True
+
+
+def _settings_in_a_fresh_process(tmp_path, expression: str, **env) -> subprocess.CompletedProcess:
+    environment = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_SECRET_KEY", "SECURE_COOKIES", "SECURE_HSTS_SECONDS", "DJANGO_DEBUG"}}
+    environment.update({"DJANGO_SETTINGS_MODULE": "console.settings", "DATA_DIR": str(tmp_path / "data"), **env})
+    script = f"import django; django.setup(); from django.conf import settings; print({expression})"
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=120)
+    return result
+
+
+def test_secure_cookies_can_be_turned_off_for_plain_http_and_are_off_in_debug(tmp_path):
+    expression = "settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE, settings.SECURE_HSTS_SECONDS"
+
+    assert _settings_in_a_fresh_process(tmp_path, expression).stdout.strip().splitlines()[-1] == "True True 31536000"
+    assert _settings_in_a_fresh_process(tmp_path, expression, SECURE_COOKIES="false").stdout.strip().splitlines()[-1] == "False False 31536000"
+    assert _settings_in_a_fresh_process(tmp_path, expression, DJANGO_DEBUG="true").stdout.strip().splitlines()[-1] == "False False 0"
+
+
+# ---------------------------------------------------------------- the secret key
+
+
+@pytest.mark.parametrize("key", ["change-me", "", "short-but-random-Zx81", "django-insecure-" + "k" * 20 + "0123456789abcdefghijklmnop", "change-me-" * 6])
+def test_a_default_or_weak_secret_key_stops_the_process_outside_debug(tmp_path, key):
+    result = _settings_in_a_fresh_process(tmp_path, "'started'", DJANGO_SECRET_KEY=key, DJANGO_DEBUG="false")
+
+    assert result.returncode != 0
+    assert "ImproperlyConfigured: DJANGO_SECRET_KEY is" in result.stderr
+    assert "started" not in result.stdout
+
+
+def test_a_long_random_secret_key_or_the_generated_one_starts(tmp_path):
+    good = _settings_in_a_fresh_process(tmp_path, "'started'", DJANGO_SECRET_KEY="pX3v9-Qm2LzR7tYb0sWn4Hk8JcAe6GdUf1VrTy5NqMiOo_BlKx", DJANGO_DEBUG="false")
+    generated = _settings_in_a_fresh_process(tmp_path, "'started'", DJANGO_DEBUG="false")
+
+    assert (good.returncode, good.stdout.strip().splitlines()[-1]) == (0, "started")
+    assert (generated.returncode, generated.stdout.strip().splitlines()[-1]) == (0, "started")
+
+
+def test_debug_tolerates_a_placeholder_key(tmp_path):
+    result = _settings_in_a_fresh_process(tmp_path, "'started'", DJANGO_SECRET_KEY="change-me", DJANGO_DEBUG="true")
+
+    assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------- nothing inline
+
+
+class InlineFinder(HTMLParser):
+    """Scripts without src (except JSON data blocks), style attributes and elements,
+    and on* handler attributes: everything the policy would block."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        if tag == "script" and "src" not in attributes and attributes.get("type") != "application/json":
+            self.found.append(f"inline <script> {attributes}")
+        if tag == "style":
+            self.found.append("<style> element")
+        self.found += [f"{name}= on <{tag}>" for name in attributes if name == "style" or name.startswith("on")]
+
+
+def inline_parts(html: str) -> list[str]:
+    finder = InlineFinder()
+    finder.feed(html)
+    return finder.found
+
+
+@pytest.mark.parametrize("path", ["/", "/models/digits/", "/models/digits/versions/2/", "/workers/", "/drills/", "/models/digits/rollback/", "/models/digits/?fragment=release-panel"])
+def test_signed_in_pages_have_nothing_inline(operator_page, canary_digits, path):
+    report_from("w-1", generation=2, versions=[{"model": "digits", "version": 1, "requests": 5, "errors": 0}])
+
+    response = operator_page.get(path)
+
+    assert response.status_code == 200
+    assert inline_parts(response.content.decode()) == []
+
+
+def test_the_sign_in_page_has_nothing_inline(client):
+    assert inline_parts(client.get("/login/").content.decode()) == []
+
+
+def test_the_split_bar_sizes_segments_with_classes(operator_page, canary_digits):
+    html = operator_page.get("/models/digits/").content.decode()
+
+    assert 'split-seg seg-stable split-w-90"' in html
+    assert 'split-seg seg-canary split-w-10"' in html
+    assert ".split-w-90 { flex-grow: 90; }" in (REPO_ROOT / "static/css/split.css").read_text()
+
+
+# ---------------------------------------------------------------- password validators
+
+
+@pytest.mark.parametrize(("password", "words"), [
+    ("olivia2024", "too similar"),
+    ("short7!", "too short"),
+    ("password123", "too common"),
+    ("8046297315", "entirely numeric"),
+])
+def test_passwords_are_checked_by_the_four_standard_validators(password, words):
+    with pytest.raises(ValidationError) as refused:
+        validate_password(password, user=User(username="olivia", email="olivia@example.com"))
+
+    assert any(words in message for message in refused.value.messages)
+
+
+# ---------------------------------------------------------------- the schema
+
+
+def test_the_openapi_schema_needs_a_signed_in_user(client, operator_client):
+    anonymous = client.get("/api/schema/", HTTP_ACCEPT="application/json")
+
+    assert anonymous.status_code == 401
+    assert anonymous.json() == {"error": "Authentication credentials were not provided."}
+    assert operator_client.get("/api/schema/", HTTP_ACCEPT="application/json").status_code == 200
+
+
+# ---------------------------------------------------------------- the live feed's Origin
+
+
+def _session_cookie(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"{django_settings.SESSION_COOKIE_NAME}={client.cookies[django_settings.SESSION_COOKIE_NAME].value}".encode()
+
+
+async def _connect(origin: bytes, cookie: bytes) -> bool:
+    from console.asgi import application
+
+    communicator = WebsocketCommunicator(application, "/ws/live/", headers=[(b"origin", origin), (b"cookie", cookie), (b"host", b"testserver")])
+    connected, _ = await communicator.connect(timeout=5)
+    await communicator.disconnect()
+    return connected
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_live_feed_refuses_a_foreign_origin_and_accepts_its_own(settings, operator):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    cookie = _session_cookie(operator)
+
+    assert asyncio.run(_connect(b"http://evil.example", cookie)) is False
+    assert asyncio.run(_connect(b"http://testserver", cookie)) is True

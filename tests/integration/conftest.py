@@ -1,0 +1,20 @@
+"""Fixtures of the integration tests: real console and worker processes."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from registry import uploads
+from registry.models import RegisteredModel
+from registry.onnx_build import random_mlp, to_bytes
+
+
+@pytest.fixture
+def model(operator) -> RegisteredModel:
+    """``tiny`` with versions 1 and 2 (different weights); version 1 stable."""
+    model = RegisteredModel.objects.create(name="tiny")
+    for seed in (1, 2):
+        uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([16, 8, 4], seed=seed))), uploaded_by=operator)
+    return model

@@ -1,0 +1,93 @@
+"""Anything that can publish on Redis can put a state on group ``serving``: a live worker
+uses only what the console signed, and never fetches an artifact off the console's origin.
+A live console, the real Redis channel layer, a real worker process."""
+
+from __future__ import annotations
+
+
+import httpx
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connection
+from rest_framework.authtoken.models import Token
+
+from registry.models import ModelVersion, ServingGeneration
+from serving.state_signing import sign_state, signing_key
+from tests.integration.stack import RecordingHost, make_stack, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def stack(tmp_path, settings, model):
+    assert settings.REDIS_URL, "needs REDIS_URL (make test sets it): the forged pushes travel on the real channel layer"
+    stack = make_stack(tmp_path, settings, connection.settings_dict)
+    stack.start_console()
+    yield stack
+    stack.stop()
+    for process in [stack.console, *stack.workers]:
+        print(f"--- {process.name} ---\n{process.log()}")  # shown by pytest on failure only
+
+
+@pytest.fixture
+def foreign_host():
+    host = RecordingHost(b"not a model")
+    yield host
+    host.close()
+
+
+def publish(stack, settings, state) -> None:
+    """What an intruder on Redis does: send to the workers' group with the stack's prefix."""
+    from channels_redis.core import RedisChannelLayer
+
+    async def send():
+        layer = RedisChannelLayer(hosts=[settings.REDIS_URL], prefix=stack.env["CHANNEL_LAYER_PREFIX"])
+        await layer.group_send("serving", {"type": "serving.apply", "state": state})
+        await layer.close_pools()
+
+    async_to_sync(send)()
+
+
+def routes_of(worker) -> list:
+    return httpx.get(worker.url + "/v2/models/tiny", timeout=5).json()["parameters"]["routes"]
+
+
+def foreign_state(foreign_host, generation: int) -> dict:
+    version = ModelVersion.objects.get(model__name="tiny", number=2)
+    route = {"version": 2, "weight": 100, "sha256": version.sha256, "artifact_url": f"{foreign_host.url}/model.onnx", "signature": {}}
+    epoch = ServingGeneration.objects.get(pk=1).epoch
+    return {"generation": generation, "epoch": epoch, "models": {"tiny": {"generation": generation, "routes": [route], "warm": [], "batching": {}}}}
+
+
+def test_forged_pushes_change_nothing_are_logged_and_do_not_freeze_the_worker(stack, settings, operator, foreign_host):
+    worker = stack.start_worker()
+    forged = foreign_state(foreign_host, 10**15)
+
+    publish(stack, settings, forged)  # unsigned
+    publish(stack, settings, sign_state(forged, signing_key("not-the-worker-token")))
+
+    assert wait_until(lambda: worker.log().count('"push_refused"') >= 2, 10), worker.log()
+    log = worker.log()
+    assert '"reason": "the state is not signed"' in log
+    assert "the signature does not match" in log
+    assert foreign_host.url not in log  # the reason is logged, not the payload
+    assert routes_of(worker) == [{"version": 1, "weight": 100}]
+    assert foreign_host.received == []
+    # Not frozen by the forged generation: the console's next change is served.
+    token, _ = Token.objects.get_or_create(user=operator)
+    headers = {"Authorization": f"Token {token.key}"}
+    assert httpx.post(f"{stack.console.url}/api/models/tiny/release/", json={"routes": [{"version": 2, "weight": 100}]}, headers=headers, timeout=30).status_code == 201
+    assert wait_until(lambda: routes_of(worker) == [{"version": 2, "weight": 100}], 10)
+
+
+def test_a_signed_state_naming_a_foreign_artifact_host_is_refused_and_no_request_reaches_it(stack, settings, foreign_host):
+    worker = stack.start_worker()
+    generation = ServingGeneration.objects.get(pk=1).generation + 1
+
+    publish(stack, settings, sign_state(foreign_state(foreign_host, generation), signing_key(settings.SERVING_WORKER_TOKEN)))
+
+    assert wait_until(lambda: "is not on the console's origin" in worker.log(), 10), worker.log()
+    assert routes_of(worker) == [{"version": 1, "weight": 100}]
+    assert foreign_host.received == []
+    # The console issued no such state, so it refuses the worker's failure ack too.
+    assert wait_until(lambda: f"ack of generation {generation} refused: 400" in worker.log(), 5)

@@ -1,0 +1,138 @@
+"""The management API keeps the promises of its OpenAPI schema.
+
+Schemathesis generates requests for every operation of the schema drf-spectacular builds
+(valid and invalid bodies, parameters and headers) and runs every built-in check on each
+answer: no 500, only documented statuses, documented content types, bodies and headers
+that conform. The requests go through the Django WSGI app as a signed-in operator (worker
+endpoints with the worker token), against a model with versions, a canary split, a worker,
+a drill and metric roll-ups, so paths with ``{name}`` and ``{number}`` reach real rows as
+often as unknown ones.
+"""
+
+from __future__ import annotations
+
+import io
+
+import hypothesis
+import pytest
+import schemathesis
+from django.conf import settings
+from django.core import signals
+from django.db import close_old_connections
+from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
+from hypothesis import strategies as st
+from rest_framework.authtoken.models import Token
+
+from console.wsgi import application
+from registry import releases, storage
+from registry.choices import DrillStatus, VersionStatus
+from registry.models import Drill, ModelVersion, RegisteredModel, VersionMetricMinute, Worker
+from registry.onnx_build import random_mlp, to_bytes
+
+MODEL_NAME = "digits"
+VERSION_NUMBERS = (1, 2, 3)
+
+# Every built-in check runs on every answer. One is told about rules no JSON schema can
+# state: a body that matches the schema may still be refused with 400 when the rule
+# is about the data's meaning (weights that sum to 100, a generation that exists, bytes that
+# are an ONNX model, a name nobody took), so positive_data_acceptance also expects 400
+# there (413 and 422 for an upload). Each refusal still has to be documented and conform.
+SEMANTIC_REFUSALS = [
+    ("POST", "/api/models/", [400]),
+    ("POST", "/api/models/{name}/release/", [400]),
+    ("POST", "/api/models/{name}/release/restore/", [400]),
+    ("POST", "/api/models/{name}/versions/", [400, 413, 422]),
+]
+ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429"]
+CONFIG = schemathesis.Config.from_dict({
+    "operations": [
+        {"include-method": method, "include-path": path, "checks": {"positive_data_acceptance": {"expected-statuses": ACCEPTED + [str(code) for code in codes]}}}
+        for method, path, codes in SEMANTIC_REFUSALS
+    ],
+})
+
+schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=None, public=True), config=CONFIG)
+schema.app = application
+
+
+@schema.hook
+def flatmap_path_parameters(context, path_parameters):
+    """Half the time the path names the fixture's model and one of its versions."""
+    if not path_parameters or "name" not in path_parameters:
+        return st.just(path_parameters)
+    known = {**path_parameters, "name": MODEL_NAME}
+    if "number" in path_parameters:
+        known_version = st.sampled_from(VERSION_NUMBERS).map(lambda number: {**known, "number": number})
+        return st.one_of(st.just(path_parameters), known_version)
+    return st.sampled_from([path_parameters, known])
+
+
+SIGNATURE = {
+    "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 8]}],
+    "outputs": [{"name": "output", "datatype": "FP32", "shape": ["batch", 4]}],
+    "opset": 17,
+    "producer": "tests",
+}
+
+
+def stored_version(model: RegisteredModel, number: int, uploaded_by) -> ModelVersion:
+    """A ready version with its bytes in the store; the rows are written directly, so
+    this test does not depend on (or wait for) the inspection child."""
+    staged = storage.stage_stream(io.BytesIO(to_bytes(random_mlp([8, 4], seed=number))))
+    storage.commit(staged)
+    return ModelVersion.objects.create(
+        model=model, number=number, status=VersionStatus.READY, sha256=staged.sha256, size_bytes=staged.size_bytes,
+        signature=SIGNATURE, opset=17, producer="tests", uploaded_by=uploaded_by,
+        validation_report={"checks": [{"name": "parse", "ok": True, "message": "parsed", "elapsed_ms": 0.3}]},
+    )
+
+
+@pytest.fixture
+def wsgi_keeps_the_test_connection():
+    """The WSGI app closes database connections after each request, which would close the
+    test's transaction; Django's own test client turns that off the same way."""
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    yield
+    signals.request_started.connect(close_old_connections)
+    signals.request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def api_world(db, operator, wsgi_keeps_the_test_connection):
+    """What the generated requests meet: ``digits`` v1..v3 with v2 as a 10% canary, one
+    live worker, one finished drill and a minute of metrics."""
+    model = RegisteredModel.objects.create(name=MODEL_NAME, created_by=operator)
+    versions = [stored_version(model, number, operator) for number in VERSION_NUMBERS]
+    releases.route_first_version(versions[0], operator)
+    releases.set_routes(model, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], operator)
+    now = timezone.now()
+    Worker.objects.create(
+        worker_id="w1", host="host-a", pid=42, url="", device="cpu", generation=2,
+        loaded=[{"model": MODEL_NAME, "version": 1, "routed": True, "ready": True}], last_report={"generation": 2}, last_seen_at=now,
+    )
+    Drill.objects.create(
+        model=model, actor=operator, status=DrillStatus.FAILED, from_generation=2, to_generation=3, started_at=now,
+        finished_at=now, target_s=5.0, workers=[{"worker": "w1", "ack_s": None, "ok": None, "error": "no ack", "confirmed_s": None, "failed_requests": None}],
+        error="no ack",
+    )
+    VersionMetricMinute.objects.create(version=model.versions.get(number=1), minute=now.replace(second=0, microsecond=0), requests=10, latency_sum_s=0.5)
+    return {"Authorization": f"Token {Token.objects.get_or_create(user=operator)[0].key}"}
+
+
+def credentials_for(case, operator_headers: dict) -> dict:
+    if case.path.startswith("/api/serving/"):
+        return {"Authorization": f"Bearer {settings.SERVING_WORKER_TOKEN}"}
+    return operator_headers
+
+
+@schema.parametrize()
+@hypothesis.settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture, hypothesis.HealthCheck.too_slow, hypothesis.HealthCheck.filter_too_much],
+    database=None,
+)
+def test_every_operation_conforms_to_the_schema(case, api_world):
+    case.call_and_validate(headers=credentials_for(case, api_world))

@@ -1,0 +1,307 @@
+"""Only the upload endpoints stage file parts, and only for an operator; whatever happens,
+nothing staged outlives the request; bodies over the limit are refused unread."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+from django.middleware.csrf import _get_new_csrf_string
+from django.test import Client
+from django.test.client import BOUNDARY, encode_multipart
+from rest_framework.authtoken.models import Token
+
+from registry import storage, tasks
+from registry.models import ModelVersion, RegisteredModel
+from registry.upload_handler import MULTIPART_OVERHEAD_BYTES
+from tests.fixtures.store import stored_files
+
+pytestmark = pytest.mark.django_db
+
+MADE_UP_CSRF = _get_new_csrf_string()  # a well-formed cookie the attacker chose
+OTHER_POST_PATHS = ["/api/models/", "/login/", "/logout/", "/models/digits/rollback/", "/models/digits/split/", "/models/digits/versions/1/try/"]
+UPLOAD_PATHS = ["/api/models/digits/versions/", "/models/digits/upload/"]
+# Pre-encoded bodies: not the test client's own constant, which would re-encode them.
+MULTIPART_CONTENT = f"multipart/form-data; boundary={BOUNDARY}"
+
+
+@pytest.fixture
+def model(operator) -> RegisteredModel:
+    return RegisteredModel.objects.create(name="digits", created_by=operator)
+
+
+@pytest.fixture
+def staging_writers(monkeypatch) -> list:
+    """Every staging file opened during the test, so 'never staged' can be checked,
+    not only 'cleaned up afterwards'."""
+    opened = []
+    original = storage.StagingWriter.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        opened.append(self.path)
+
+    monkeypatch.setattr(storage.StagingWriter, "__init__", recording)
+    return opened
+
+
+def forging_client(user=None) -> Client:
+    """CSRF enforced, with a made-up CSRF cookie and no matching token anywhere."""
+    client = Client(enforce_csrf_checks=True)
+    if user is not None:
+        client.force_login(user)
+    client.cookies["csrftoken"] = MADE_UP_CSRF
+    return client
+
+
+def multipart(good_onnx, **fields) -> bytes:
+    with open(good_onnx, "rb") as handle:
+        return encode_multipart(BOUNDARY, {"artifact": handle, "description": "x", **fields})
+
+
+@pytest.mark.parametrize("path", UPLOAD_PATHS + OTHER_POST_PATHS)
+def test_anonymous_multipart_post_with_a_made_up_csrf_cookie_stages_nothing(model, good_onnx, artifact_root, staging_writers, path):
+    response = forging_client().post(path, multipart(good_onnx), content_type=MULTIPART_CONTENT)
+
+    assert response.status_code in (302, 401, 403)
+    assert staging_writers == []
+    assert stored_files(artifact_root) == []
+    assert ModelVersion.objects.count() == 0
+
+
+@pytest.mark.parametrize("path", UPLOAD_PATHS + OTHER_POST_PATHS)
+def test_viewer_multipart_post_stages_nothing(viewer, model, good_onnx, artifact_root, staging_writers, path):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(viewer)
+    client.get("/")  # a real CSRF cookie and token: the viewer is who they say
+    token = client.cookies["csrftoken"].value
+
+    response = client.post(path, multipart(good_onnx, csrfmiddlewaretoken=token), content_type=MULTIPART_CONTENT, HTTP_X_CSRFTOKEN=token)
+
+    assert response.status_code in (302, 403, 404, 415)  # 404: no such version to try; 415: a JSON-only endpoint
+    assert staging_writers == []
+    assert stored_files(artifact_root) == []
+    assert ModelVersion.objects.count() == 0
+
+
+def test_viewer_with_a_token_stages_nothing(viewer, model, good_onnx, artifact_root, staging_writers):
+    client = Client(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=viewer).key}")
+
+    response = client.post("/api/models/digits/versions/", multipart(good_onnx), content_type=MULTIPART_CONTENT)
+
+    assert response.status_code == 403
+    assert staging_writers == []
+    assert stored_files(artifact_root) == []
+
+
+@pytest.mark.parametrize("path", UPLOAD_PATHS)
+def test_operator_session_upload_without_the_csrf_token_is_refused_and_leaves_nothing(operator, model, good_onnx, artifact_root, path):
+    response = forging_client(operator).post(path, multipart(good_onnx), content_type=MULTIPART_CONTENT)
+
+    assert response.status_code == 403
+    assert stored_files(artifact_root) == []
+    assert ModelVersion.objects.count() == 0
+
+
+def test_operator_session_upload_with_a_wrong_header_token_stages_nothing(operator, model, good_onnx, artifact_root, staging_writers):
+    client = forging_client(operator)
+
+    response = client.post("/api/models/digits/versions/", multipart(good_onnx), content_type=MULTIPART_CONTENT, HTTP_X_CSRFTOKEN=_get_new_csrf_string())
+
+    assert response.status_code == 403
+    assert "CSRF" in response.json()["error"]
+    assert staging_writers == []
+
+
+def test_operator_session_upload_with_the_header_token_registers_the_version(operator, model, good_onnx, artifact_root):
+    """What the model page's script does: session cookie plus X-CSRFToken."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(operator)
+    client.get("/models/digits/")
+    token = client.cookies["csrftoken"].value
+
+    response = client.post("/api/models/digits/versions/", multipart(good_onnx), content_type=MULTIPART_CONTENT, HTTP_X_CSRFTOKEN=token)
+
+    assert response.status_code == 201, response.content
+    assert [path.parent.parent.name for path in stored_files(artifact_root)] == ["sha256"]
+
+
+def test_operator_plain_form_upload_with_the_body_token_registers_the_version(operator, model, good_onnx, artifact_root):
+    """The page without JavaScript: the token travels in the form."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(operator)
+    client.get("/models/digits/")
+    token = client.cookies["csrftoken"].value
+
+    response = client.post("/models/digits/upload/", multipart(good_onnx, csrfmiddlewaretoken=token), content_type=MULTIPART_CONTENT)
+
+    assert response.status_code == 302
+    assert ModelVersion.objects.filter(model=model).count() == 1
+    assert [path.parent.parent.name for path in stored_files(artifact_root)] == ["sha256"]
+
+
+def _too_many_fields_after_the_file(good_onnx) -> bytes:
+    return multipart(good_onnx, extra_one="1", extra_two="2")
+
+
+def _bad_base64_in_the_file(good_onnx) -> bytes:
+    return (
+        f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"artifact\"; filename=\"m.onnx\"\r\n"
+        f"Content-Type: application/octet-stream\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+        f"{'QUJD' * 20000}!!!not-base64\r\n--{BOUNDARY}--\r\n"
+    ).encode()
+
+
+@pytest.mark.parametrize("path", UPLOAD_PATHS)
+@pytest.mark.parametrize("body", [_too_many_fields_after_the_file, _bad_base64_in_the_file])
+def test_a_body_that_fails_to_parse_after_staging_began_leaves_nothing(settings, operator_client, operator, model, good_onnx, artifact_root, staging_writers, path, body):
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 2
+    client = Client(HTTP_AUTHORIZATION=operator_client._credentials["HTTP_AUTHORIZATION"])
+    client.force_login(operator)
+
+    response = client.post(path, body(good_onnx), content_type=MULTIPART_CONTENT)
+
+    assert response.status_code == 400
+    assert staging_writers  # the parse failed after a file had started staging
+    assert stored_files(artifact_root) == []
+    assert ModelVersion.objects.count() == 0
+
+
+class UnreadableBody:
+    """A request body that fails the test if anyone reads it."""
+
+    def read(self, *args):
+        raise AssertionError("the body was read")
+
+    readline = read
+
+
+@pytest.mark.parametrize("path", UPLOAD_PATHS)
+def test_a_declared_length_over_the_limit_is_413_before_the_body_is_read(settings, operator, model, artifact_root, staging_writers, path):
+    settings.MAX_UPLOAD_BYTES = 1000
+    client = Client(HTTP_ACCEPT="application/json")
+    client.force_login(operator)
+
+    response = client.generic("POST", path, CONTENT_TYPE=MULTIPART_CONTENT, CONTENT_LENGTH=str(1000 + MULTIPART_OVERHEAD_BYTES + 1), **{"wsgi.input": UnreadableBody()})
+
+    assert response.status_code == 413
+    body = response.json()
+    assert "larger than the limit of 1000 bytes" in (body.get("error") or body["message"])
+    assert staging_writers == []
+
+
+def test_a_file_part_past_the_limit_stops_staging_at_the_limit(settings, operator_client, model, good_onnx, artifact_root):
+    """A length within the allowance, a file over it: the running count refuses it."""
+    settings.MAX_UPLOAD_BYTES = good_onnx.stat().st_size - 1
+
+    response = operator_client.post("/api/models/digits/versions/", multipart(good_onnx), content_type=MULTIPART_CONTENT)
+
+    assert response.status_code == 413
+    assert stored_files(artifact_root) == []
+
+
+# ---------------------------------------------------------------- in front of Django (ASGI)
+
+
+def _http_scope(path: str, headers: list) -> dict:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
+            "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers, "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+
+
+async def _call(app, scope, messages):
+    sent, received = [], []
+
+    async def receive():
+        message = messages.pop(0) if messages else {"type": "http.disconnect"}
+        received.append(message)
+        return message
+
+    async def send(message):
+        sent.append(message)
+
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    return sent, received
+
+
+@pytest.mark.parametrize("path", UPLOAD_PATHS)
+def test_asgi_refuses_a_declared_length_over_the_limit_without_reading(settings, path):
+    from console.asgi import application
+
+    settings.MAX_UPLOAD_BYTES = 1000
+    scope = _http_scope(path, [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode())])
+
+    sent, received = asyncio.run(_call(application, scope, [{"type": "http.request", "body": b"x" * 10, "more_body": True}]))
+
+    assert sent[0]["status"] == 413
+    assert b"larger than the limit of" in sent[1]["body"]
+    assert received == []
+
+
+def test_asgi_cuts_off_a_chunked_body_at_the_limit(settings):
+    from console.asgi import application
+
+    settings.MAX_UPLOAD_BYTES = 1000
+    limit = 1000 + MULTIPART_OVERHEAD_BYTES
+    chunks = [{"type": "http.request", "body": b"x" * 16384, "more_body": True} for _ in range(100)]
+    scope = _http_scope("/api/models/digits/versions/", [(b"transfer-encoding", b"chunked")])
+
+    sent, received = asyncio.run(_call(application, scope, chunks))
+
+    assert [message["status"] for message in sent if message["type"] == "http.response.start"] == [413]
+    assert len(received) == limit // 16384 + 1  # nothing read past the chunk that crossed the limit
+    assert len(chunks) == 100 - len(received)
+
+
+def test_asgi_limits_other_paths_to_the_form_size(settings):
+    from console.asgi import application
+
+    scope = _http_scope("/login/", [(b"content-length", str(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES + 1).encode())])
+
+    sent, received = asyncio.run(_call(application, scope, []))
+
+    assert sent[0]["status"] == 413
+    assert received == []
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def test_sweep_removes_stale_staged_files_only(settings, artifact_root):
+    settings.STAGING_MAX_AGE_S = 600
+    settings.INSPECTION_TIMEOUT_S = 120
+    stale, fresh = storage.tmp_dir() / "stale.part", storage.tmp_dir() / "fresh.part"
+    stale.write_bytes(b"left by a killed upload")
+    fresh.write_bytes(b"an upload in progress")
+    old = time.time() - 601
+    os.utime(stale, (old, old))
+    stored = storage.path_for("ab" * 32)
+    stored.parent.mkdir(parents=True)
+    stored.write_bytes(b"a stored artifact, however old")
+    os.utime(stored, (old, old))
+
+    removed = tasks.sweep_staging()
+
+    assert removed == 1
+    assert stored_files(artifact_root) == sorted([fresh, stored])
+    assert tasks.sweep_staging() == 0  # idempotent
+
+
+def test_sweep_never_removes_a_file_younger_than_twice_the_inspection_timeout(settings, artifact_root):
+    settings.STAGING_MAX_AGE_S = 60
+    settings.INSPECTION_TIMEOUT_S = 300
+    being_inspected = storage.tmp_dir() / "inspected.part"
+    being_inspected.write_bytes(b"bytes under inspection")
+    five_minutes_ago = time.time() - 300
+    os.utime(being_inspected, (five_minutes_ago, five_minutes_ago))
+
+    assert tasks.sweep_staging() == 0
+    assert being_inspected.exists()
+
+
+def test_celery_beat_sweeps_staging_every_few_minutes(settings):
+    entry = settings.CELERY_BEAT_SCHEDULE["sweep-staging"]
+
+    assert entry["task"] == "registry.tasks.sweep_staging"
+    assert entry["schedule"] == 300.0

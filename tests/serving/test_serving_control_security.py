@@ -1,0 +1,305 @@
+"""The worker trusts only the console: signed pushes, the console's own origin for
+artifacts and the bearer token, and the console's state whenever its digest differs
+(a generation counter that went backwards must not freeze the worker)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import httpx
+import pytest
+
+from serving.console_client import ArtifactError, ArtifactRefused, ConsoleClient, artifact_location
+from serving.control import Applied, ControlPlane
+from serving.repository import StateInvalid, parse_state
+from serving.state_signing import sign_state, signing_key, state_digest
+from serving.worker import Worker
+from serving_testkit import make_config
+from tests.integration.stack import RecordingHost
+
+TOKEN = "worker-token-for-tests"
+CONSOLE = "http://console.test:8000"
+PAYLOAD = b"model bytes"
+SHA256 = hashlib.sha256(PAYLOAD).hexdigest()
+
+
+class FakeConsole:
+    """The console's worker endpoints, in memory: serves ``state``, keeps acks and reports."""
+
+    def __init__(self):
+        self.state: dict = content(0, "epoch-x")
+        self.acks: list[dict] = []
+        self.reports: list[dict] = []
+        self.transport = httpx.MockTransport(self.handle)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == f"Bearer {TOKEN}"
+        if request.url.path == "/api/serving/state":
+            return httpx.Response(200, json=self.state)
+        body = json.loads(request.content)
+        {"/api/serving/acks": self.acks, "/api/serving/reports": self.reports}[request.url.path].append(body)
+        return httpx.Response(204)
+
+
+def content(generation: int, epoch: str, models: dict | None = None) -> dict:
+    return {"generation": generation, "epoch": epoch, "models": models or {}}
+
+
+def signed(state: dict, token: str = TOKEN) -> dict:
+    return sign_state(state, signing_key(token))
+
+
+@pytest.fixture
+def foreign_host():
+    host = RecordingHost(PAYLOAD)
+    yield host
+    host.close()
+
+
+@pytest.fixture
+def console() -> FakeConsole:
+    return FakeConsole()
+
+
+@pytest.fixture
+async def control(tmp_path, console):
+    """A real worker (repository, no HTTP server) with its control plane on the fake console."""
+    worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=CONSOLE, allow_local_artifacts=False))
+    plane = ControlPlane(worker, redis_url="", public_url="http://127.0.0.1:1", transport=console.transport)
+    await plane.start(run_loops=False)
+    yield plane
+    await plane.stop()
+    await worker.close()
+
+
+async def serve(control: ControlPlane, console: FakeConsole, generation: int, epoch: str) -> None:
+    console.state = content(generation, epoch)
+    await control.reconcile()
+    assert control.applied.generation == generation
+
+
+# ---- pushes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("push", "reason"),
+    [
+        (content(10**18, "epoch-x"), "the state is not signed"),
+        (signed(content(10**18, "epoch-x"), token="someone-elses-token"), "the signature does not match"),
+        ({**signed(content(51, "epoch-x")), "generation": 10**18}, "the signature does not match"),
+        ({**content(10**18, "epoch-x"), "signature": "not hex"}, "the signature is not 64 lowercase hex characters"),
+        ("not a state", "the state is not an object"),
+    ],
+)
+async def test_forged_push_changes_nothing_is_logged_once_and_does_not_freeze_the_worker(control, console, caplog, push, reason):
+    await serve(control, console, 50, "epoch-x")
+    acks_before = len(console.acks)
+
+    with caplog.at_level(logging.WARNING, logger="serving.control"):
+        assert await control.receive_push(push) is None
+
+    assert control.worker.repository.generation == 50
+    assert len(console.acks) == acks_before
+    refusals = [record.getMessage() for record in caplog.records if "push_refused" in record.getMessage()]
+    assert len(refusals) == 1 and reason in refusals[0]
+    assert "models" not in refusals[0]  # the reason, never the payload
+    # Not frozen: the console's next signed push still applies.
+    assert (await control.receive_push(signed(content(51, "epoch-x"))))["ok"] is True
+    assert control.worker.repository.generation == 51
+
+
+async def test_signed_push_is_applied_and_acked_with_its_digest(control, console):
+    await serve(control, console, 1, "epoch-x")
+    push = signed(content(2, "epoch-x"))
+
+    result = await control.receive_push(push)
+
+    assert result["ok"] is True
+    assert control.applied == Applied(2, "epoch-x", push["digest"])
+    assert console.acks[-1] | {"load_ms": 0} == {"worker": control.identity.id, "generation": 2, "digest": push["digest"], "ok": True, "load_ms": 0}
+
+
+async def test_an_older_signed_push_in_the_same_epoch_is_ignored(control, console):
+    await serve(control, console, 5, "epoch-x")
+    acks_before = len(console.acks)
+
+    assert await control.receive_push(signed(content(4, "epoch-x"))) is None
+
+    assert control.worker.repository.generation == 5
+    assert len(console.acks) == acks_before
+
+
+async def test_push_from_another_epoch_adopts_the_consoles_state_even_at_a_lower_generation(control, console):
+    await serve(control, console, 50, "epoch-x")
+    console.state = content(3, "epoch-y")
+
+    result = await control.receive_push(signed(content(3, "epoch-y")))
+
+    assert result["ok"] is True
+    assert control.worker.repository.generation == 3
+    assert control.applied == Applied(3, "epoch-y", state_digest(console.state))
+
+
+async def test_a_replayed_push_from_another_epoch_is_checked_against_the_console_and_changes_nothing(control, console):
+    await serve(control, console, 50, "epoch-x")
+    acks_before = len(console.acks)
+
+    assert await control.receive_push(signed(content(99, "old-epoch"))) is None
+
+    assert control.worker.repository.generation == 50
+    assert len(console.acks) == acks_before
+
+
+# ---- reconcile: the generation counter going backwards --------------------------------
+
+
+async def test_reconcile_adopts_generation_3_of_a_new_epoch_after_generation_50(control, console):
+    await serve(control, console, 50, "epoch-x")
+
+    await serve(control, console, 3, "epoch-y")
+
+    assert control.worker.repository.generation == 3
+    assert console.acks[-1]["generation"] == 3
+    assert console.acks[-1]["digest"] == state_digest(content(3, "epoch-y"))
+
+
+async def test_reconcile_adopts_a_lower_generation_of_the_same_epoch_after_a_database_restore(control, console):
+    await serve(control, console, 50, "epoch-x")
+
+    await serve(control, console, 3, "epoch-x")
+
+    assert control.applied == Applied(3, "epoch-x", state_digest(content(3, "epoch-x")))
+
+
+async def test_reconcile_of_an_unchanged_state_applies_and_acks_nothing(control, console):
+    await serve(control, console, 7, "epoch-x")
+    acks_before = len(console.acks)
+
+    assert await control.reconcile() is None
+
+    assert len(console.acks) == acks_before
+
+
+async def test_fetched_state_whose_digest_does_not_match_its_content_is_refused(control, console, caplog):
+    await serve(control, console, 7, "epoch-x")
+    console.state = {**content(8, "epoch-x"), "digest": "0" * 64}
+
+    with caplog.at_level(logging.WARNING, logger="serving.control"):
+        assert await control.reconcile() is None
+
+    assert control.worker.repository.generation == 7
+    assert any("the digest does not match the content" in record.getMessage() for record in caplog.records)
+
+
+async def test_the_first_ack_follows_a_report_and_reports_carry_the_served_digest_and_epoch(control, console):
+    await serve(control, console, 4, "epoch-x")
+
+    assert console.reports and console.reports[0]["worker"]["id"] == control.identity.id
+    await control.send_report()
+    assert (console.reports[-1]["generation"], console.reports[-1]["digest"], console.reports[-1]["epoch"]) == (
+        4, state_digest(content(4, "epoch-x")), "epoch-x")
+
+
+# ---- artifacts: the console's origin only ---------------------------------------------
+
+
+def route(url: str, sha256: str = SHA256) -> dict:
+    return {"version": 1, "weight": 100, "sha256": sha256, "artifact_url": url, "signature": {}}
+
+
+async def test_state_naming_a_foreign_artifact_host_is_refused_and_no_request_reaches_it(control, console, foreign_host):
+    await serve(control, console, 1, "epoch-x")
+    console.state = content(2, "epoch-x", {"digits": {"routes": [route(f"{foreign_host.url}/model.onnx")]}})
+
+    result = await control.reconcile()
+
+    assert result["ok"] is False
+    assert "is not on the console's origin http://console.test:8000" in result["error"]
+    assert console.acks[-1]["ok"] is False and console.acks[-1]["error"] == result["error"]
+    assert control.worker.repository.generation == 1
+    assert foreign_host.received == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://console.test:8001/a", "https://console.test:8000/a", "http://evil.test:8000/a", "//evil.test/a",
+     "http://console.test:8000@evil.test/a", "ftp://console.test:8000/a", "file:///etc/passwd"],
+)
+def test_artifact_urls_off_the_consoles_origin_are_refused(url):
+    with pytest.raises(ArtifactRefused):
+        artifact_location(url, CONSOLE, allow_local=False)
+
+
+@pytest.mark.parametrize(
+    ("url", "location"),
+    [("/api/models/m/versions/1/artifact", f"{CONSOLE}/api/models/m/versions/1/artifact"),
+     ("api/x", f"{CONSOLE}/api/x"), (f"{CONSOLE}/api/x", f"{CONSOLE}/api/x"), ("HTTP://Console.Test:8000/api/x", "HTTP://Console.Test:8000/api/x")],
+)
+def test_artifact_urls_on_the_consoles_origin_are_kept_absolute(url, location):
+    assert artifact_location(url, CONSOLE, allow_local=False) == location
+
+
+def test_a_foreign_artifact_url_is_refused_before_any_request(tmp_path, foreign_host):
+    client = ConsoleClient(CONSOLE, TOKEN, 2.0)
+
+    with pytest.raises(ArtifactRefused, match="not on the console's origin"):
+        client.fetch_artifact(f"{foreign_host.url}/model.onnx", SHA256, tmp_path / "m.onnx")
+
+    assert foreign_host.received == []
+
+
+def test_a_redirect_off_the_console_is_not_followed_and_the_token_stays_home(tmp_path, foreign_host):
+    console = httpx.MockTransport(lambda request: httpx.Response(302, headers={"Location": f"{foreign_host.url}/model.onnx"}))
+    client = ConsoleClient(CONSOLE, TOKEN, 2.0, transport=console)
+
+    with pytest.raises(ArtifactError, match="302"):
+        client.fetch_artifact("/api/models/m/versions/1/artifact", SHA256, tmp_path / "m.onnx")
+
+    assert foreign_host.received == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_console_client_sends_no_request_to_another_origin(foreign_host):
+    client = ConsoleClient(CONSOLE, TOKEN, 2.0)
+
+    with pytest.raises(httpx.RequestError, match="not the console"):
+        client._http.get(f"{foreign_host.url}/anything")
+
+    assert foreign_host.received == []
+
+
+def test_local_artifacts_are_refused_unless_the_development_setting_allows_them(tmp_path):
+    source = tmp_path / "model.onnx"
+    source.write_bytes(PAYLOAD)
+    client = ConsoleClient(CONSOLE, TOKEN, 2.0, transport=httpx.MockTransport(lambda request: httpx.Response(500)))
+
+    for url in (f"file://{source}", str(source)):
+        with pytest.raises(ArtifactRefused, match="SERVING_ALLOW_LOCAL_ARTIFACTS"):
+            client.fetch_artifact(url, SHA256, tmp_path / "copy.onnx")
+    assert not (tmp_path / "copy.onnx").exists()
+
+
+def test_state_file_mode_allows_local_artifacts(tmp_path):
+    worker = Worker(make_config(tmp_path, allow_local_artifacts=False), state_file=tmp_path / "state.json")
+
+    assert worker.config.allow_local_artifacts is True
+    assert worker.console.allow_local is True
+
+
+@pytest.mark.parametrize("sha256", [SHA256.upper(), SHA256[:63], SHA256 + "0", "g" * 64, 64])
+def test_a_sha256_that_is_not_64_lowercase_hex_makes_the_state_invalid(tmp_path, sha256):
+    state = content(1, "e", {"digits": {"routes": [route("/api/models/digits/versions/1/artifact", sha256)]}})
+
+    with pytest.raises(StateInvalid, match="64 lowercase hex"):
+        parse_state(state, make_config(tmp_path, console_url=CONSOLE))
+
+
+def test_a_local_path_in_a_pushed_state_is_refused_by_default(tmp_path):
+    source = tmp_path / "model.onnx"
+    source.write_bytes(PAYLOAD)
+    state = content(1, "e", {"digits": {"routes": [route(f"file://{source}")]}})
+
+    with pytest.raises(StateInvalid, match="SERVING_ALLOW_LOCAL_ARTIFACTS"):
+        parse_state(state, make_config(tmp_path, console_url=CONSOLE, allow_local_artifacts=False))
