@@ -56,6 +56,10 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             pass
         finally:
+            # A second Ctrl-C, or make's own SIGTERM arriving after ours, must not cut the
+            # stop short and leave the children running.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             stop_all(children)
 
     def _redis(self, children: list) -> str:
