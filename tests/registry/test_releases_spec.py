@@ -335,3 +335,90 @@ def test_the_fixture_gives_row_ids_unlike_version_numbers_and_generations(three_
     """What keeps an id/number mix-up visible on SQLite (PostgreSQL shows it anyway)."""
     assert [version.pk == version.number for version in three_versions.versions.all()] == [False] * 3
     assert three_versions.current_release().pk != three_versions.current_release().generation
+
+
+def unreleased_model() -> RegisteredModel:
+    """A model with ready versions 1 and 2 but no release yet (rows written directly)."""
+    from registry.models import ModelVersion
+
+    model = RegisteredModel.objects.create(name="unreleased")
+    for number in (1, 2):
+        ModelVersion.objects.create(model=model, number=number, sha256=f"{number:064x}", size_bytes=1, status="ready")
+    return model
+
+
+def test_a_split_without_any_release_names_no_stable(db):
+    model = unreleased_model()
+
+    with pytest.raises(releases.ReleaseError) as refused:
+        releases.set_routes(model, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], None)
+
+    assert str(refused.value) == refused.value.message == (
+        "a canary needs a stable: a split must include the current stable (none) with a weight above 0"
+    )
+    assert model.releases.count() == 0
+
+
+def test_the_first_release_may_say_it_saw_generation_zero(db):
+    model = unreleased_model()
+
+    release = releases.set_routes(model, [{"version": 2, "weight": 100}], None, expected_generation=0)
+
+    assert (release.stable_version, release.routes) == (2, [{"version": 2, "weight": 100}])
+
+
+def test_a_conflict_on_a_model_without_a_release_says_so_in_every_field(db):
+    model = unreleased_model()
+
+    with pytest.raises(releases.GenerationConflict) as conflict:
+        releases.set_routes(model, [{"version": 1, "weight": 100}], None, expected_generation=5)
+
+    assert conflict.value.message == "unreleased has no release yet, but the request was made for generation 5: nothing changed"
+    assert conflict.value.details() == {
+        "expected_generation": 5, "current_generation": 0, "current_action": None, "current_actor": None, "current_at": None,
+    }
+
+
+def test_a_conflict_names_the_release_that_replaced_the_one_seen_in_every_field(three_versions, operator):
+    releases.set_routes(three_versions, CANARY, operator)
+    Release.objects.filter(generation=2).update(created_at="2026-01-02T03:04:05Z")
+    current = Release.objects.get(generation=2)
+
+    with pytest.raises(releases.GenerationConflict) as conflict:
+        releases.rollback(three_versions, operator, expected_generation=1)
+
+    assert conflict.value.message == (
+        "generation 2 (traffic split changed by olivia at 03:04:05 UTC) replaced generation 1 you saw: nothing changed; reload and decide again"
+    )
+    assert conflict.value.details() == {
+        "expected_generation": 1, "current_generation": 2, "current_action": "set_routes", "current_actor": "olivia",
+        "current_at": current.created_at.isoformat(),
+    }
+
+
+def test_a_conflict_with_a_release_nobody_signed_leaves_the_actor_out(three_versions):
+    Release.objects.filter(generation=1).update(actor=None, created_at="2026-01-02T03:04:05Z")
+
+    with pytest.raises(releases.GenerationConflict) as conflict:
+        releases.promote(three_versions, None, expected_generation=7)
+
+    assert conflict.value.message == (
+        "digits is at generation 1 (first version routed at 03:04:05 UTC), not generation 7 as the request says: "
+        "nothing changed; reload and decide again"
+    )
+    assert conflict.value.details()["current_actor"] is None
+
+
+def test_a_one_percent_canary_keeps_the_stable_and_can_be_promoted(three_versions, operator):
+    split = releases.set_routes(three_versions, [{"version": 1, "weight": 99}, {"version": 2, "weight": 1}], operator)
+
+    promoted = releases.promote(three_versions, operator)
+
+    assert split.stable_version == 1
+    assert (promoted.stable_version, promoted.routes) == (2, [{"version": 2, "weight": 100}])
+
+
+def test_a_stable_left_at_one_percent_is_still_the_stable(three_versions, operator):
+    flipped = releases.set_routes(three_versions, [{"version": 1, "weight": 1}, {"version": 2, "weight": 99}], operator)
+
+    assert flipped.stable_version == 1
