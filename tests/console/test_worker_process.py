@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
+from console.embedded_redis import free_port
 from console.processes import WORKER_WITHHELD_VARIABLES, wait_http, worker_environment
 from registry.onnx_build import random_mlp, to_bytes
 
@@ -31,12 +31,6 @@ def test_worker_environment_withholds_the_database_and_the_secret_key():
     assert {name: worker[name] for name in ("PATH", "SERVING_WORKER_TOKEN", "REDIS_URL")} == {
         "PATH": "/usr/bin", "SERVING_WORKER_TOKEN": "token", "REDIS_URL": "redis://:pw@r:6379/0"}
     assert console["DJANGO_SECRET_KEY"] == "the-real-key"  # the console's own copy is untouched
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_serve_runs_from_an_empty_private_directory_without_console_secrets(tmp_path):

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -170,3 +172,17 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):
             return value
         time.sleep(interval_s)
     return None
+
+
+@contextmanager
+def running_stack(work_dir: Path, settings, db_settings: dict, **env) -> Iterator[Stack]:
+    """A stack with its console started; stopped afterwards, its logs printed (pytest
+    shows them only when the test failed)."""
+    stack = make_stack(work_dir, settings, db_settings, **env)
+    stack.start_console()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        for process in [stack.console, *stack.workers]:
+            print(f"--- {process.name} ---\n{process.log()}")

@@ -13,7 +13,7 @@ from rest_framework.authtoken.models import Token
 
 from registry.models import ModelVersion, ServingGeneration
 from serving.state_signing import sign_state, signing_key
-from tests.integration.stack import RecordingHost, make_stack, wait_until
+from tests.integration.stack import RecordingHost, running_stack, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -21,12 +21,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def stack(tmp_path, settings, model):
     assert settings.REDIS_URL, "needs REDIS_URL (make test sets it): the forged pushes travel on the real channel layer"
-    stack = make_stack(tmp_path, settings, connection.settings_dict)
-    stack.start_console()
-    yield stack
-    stack.stop()
-    for process in [stack.console, *stack.workers]:
-        print(f"--- {process.name} ---\n{process.log()}")  # shown by pytest on failure only
+    with running_stack(tmp_path, settings, connection.settings_dict) as stack:
+        yield stack
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from rest_framework.authtoken.models import Token
 
 from registry import storage
 from registry.models import ModelVersion, Release
-from tests.integration.stack import make_stack, wait_until
+from tests.integration.stack import make_stack, running_stack, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -22,12 +22,8 @@ ROW = [0.5] * 16
 
 @pytest.fixture
 def stack(tmp_path, settings, model):
-    stack = make_stack(tmp_path, settings, connection.settings_dict, DRILL_ACK_TIMEOUT_S="4")
-    stack.start_console()
-    yield stack
-    stack.stop()
-    for process in [stack.console, *stack.workers]:
-        print(f"--- {process.name} ---\n{process.log()}")  # shown by pytest on failure only
+    with running_stack(tmp_path, settings, connection.settings_dict, DRILL_ACK_TIMEOUT_S="4") as stack:
+        yield stack
 
 
 @pytest.fixture

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 from registry.onnx_build import random_mlp
+from serving.console_client import ConsoleClient
+from serving.repository import Repository
 from serving_testkit import ThreadedWorker, make_config, relu_any_width, route, state, write_model, write_state
 
 
@@ -59,3 +62,12 @@ def digits_worker(start_worker, mlp_v1, mlp_v2):
 def client():
     with httpx.Client(timeout=10.0) as http:
         yield http
+
+
+@pytest.fixture
+def repository(tmp_path):
+    """A repository reading local artifacts, with a console that is never reached."""
+    executor = ThreadPoolExecutor(2)
+    client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
+    yield Repository(make_config(tmp_path), "cpu", client.fetch_artifact, executor)
+    executor.shutdown()

@@ -7,7 +7,6 @@ import hashlib
 import os
 import stat
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ from onnx import TensorProto, helper, numpy_helper
 from registry.onnx_build import to_bytes
 from serving import engine as engine_module
 from serving.config import ServingConfig
-from serving.console_client import ConsoleClient
 from serving.engine import Engine
 from serving.model_safety import (
     UnsafeModel,
@@ -28,8 +26,7 @@ from serving.model_safety import (
     external_references,
 )
 from serving.protocol import Decoded
-from serving.repository import Repository
-from serving_testkit import make_config, route, state
+from serving_testkit import route, state
 from tests.fixtures.onnx_files import (
     ESCAPING_LOCATION,
     EXTERNAL_DATA_PLACES,
@@ -77,14 +74,6 @@ def test_engine_refuses_external_data_before_onnx_runtime_sees_it(place, secret_
 
     assert f"points at external data '{secret_in_cwd}'" in caught.value.reason
     assert sessions == []
-
-
-@pytest.fixture
-def repository(tmp_path):
-    executor = ThreadPoolExecutor(2)
-    client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
-    yield Repository(make_config(tmp_path), "cpu", client.fetch_artifact, executor)
-    executor.shutdown()
 
 
 def write_artifact(directory: Path, name: str, data: bytes) -> tuple[Path, str]:

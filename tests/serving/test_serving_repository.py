@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import pytest
 
-from serving.console_client import ConsoleClient
 from serving.protocol import Decoded
 from serving.repository import Repository
-from serving_testkit import make_config, route, state
-
-
-@pytest.fixture
-def repository(tmp_path):
-    executor = ThreadPoolExecutor(2)
-    client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
-    yield Repository(make_config(tmp_path), "cpu", client.fetch_artifact, executor)
-    executor.shutdown()
+from serving_testkit import route, state
 
 
 def digits(generation: int, *routes, warm=()) -> dict:
