@@ -102,7 +102,8 @@ def health(release: Release | None, convergence: dict, figures: dict) -> tuple[s
         return "bad", f"{len(failed)} of {len(rows)} workers failed to apply: {failed[0]['error'] or 'unknown error'}"
     behind = [row for row in rows if not row["converged"]]
     if behind:
-        return "warn", f"{len(behind)} of {len(rows)} workers converging to generation {release.generation}"
+        first = behind[0]
+        return "warn", f"{len(behind)} of {len(rows)} workers converging to generation {release.generation} ({first['worker_id']}: {first['state']})"
     if figures["error_rate"] is not None and figures["error_rate"] > ERROR_RATE_WARNING:
         return "bad", f"Errors {figures['error_rate']:.1%} of requests"
     return "ok", "Healthy"

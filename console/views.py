@@ -12,6 +12,7 @@ alone: the same template on page load and on a live update.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from datetime import timedelta
 from functools import wraps
@@ -21,7 +22,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -29,7 +30,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
-from console import forms
+from console import forms, outage, readiness
 from console.summaries import describe_routes, live_figures, model_figures, split_segments, canary_route, version_roles, health
 from registry import drills, fleet, releases, storage, uploads
 from registry.api.errors import json_not_found, json_server_error
@@ -52,17 +53,35 @@ DRILLS_SHOWN = 200
 def not_found(request, exception=None):
     if request.path.startswith("/api/"):
         return json_not_found(request, exception)
-    return render(request, "404.html", status=404)
+    return _error_page("404.html", 404)
 
 
 def server_error(request):
+    """handler500. Renders without the database (no request context: its processors
+    read the session and the user); a database error raised in middleware is a 503."""
+    error = sys.exc_info()[1]
+    if outage.is_database_unavailable(error):
+        return outage.database_unavailable_response(request, error)
     if request.path.startswith("/api/"):
         return json_server_error(request)
-    return render(request, "500.html", status=500)
+    return _error_page("500.html", 500)
+
+
+def _error_page(template: str, status: int) -> HttpResponse:
+    return HttpResponse(render_to_string(template), status=status)
 
 
 def healthz(request):
+    """Liveness: the process answers. It checks no dependency (see readyz)."""
     return JsonResponse({"status": "ok"})
+
+
+def readyz(request):
+    """Readiness: the database and Redis, each reported on its own; 503 unless both answer."""
+    body = readiness.readiness()
+    response = JsonResponse(body, status=200 if body["ready"] else 503)
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 # ---------------------------------------------------------------- plumbing
@@ -437,8 +456,10 @@ def workers_context() -> dict:
     now = timezone.now()
     live_after = now - timedelta(seconds=settings.WORKER_GONE_AFTER_S)
     generation = current_generation()
+    digests = fleet.IssuedDigests()
     rows = [
-        {"worker": worker, "is_live": worker.last_seen_at >= live_after, "is_behind": worker.generation < generation,
+        {"worker": worker, "is_live": worker.last_seen_at >= live_after,
+         "is_behind": not fleet.worker_status(worker, generation, digests)["converged"],
          "requests_per_s": sum(entry.get("requests_per_s") or 0 for entry in (worker.last_report or {}).get("versions") or [])}
         for worker in Worker.objects.filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR)
     ]

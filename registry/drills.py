@@ -19,9 +19,8 @@ from django.utils import timezone
 
 from registry import events, releases
 from registry.choices import DrillStatus
-from registry.fleet import live_workers
+from registry.fleet import IssuedDigests, live_workers, serves_issued_state
 from registry.models import Drill, RegisteredModel, Release, ServingGeneration, Worker, WorkerAck
-from registry.state import issued_digest
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05
@@ -127,7 +126,7 @@ def wait_for_acks(worker_ids: list[str], generation: int, deadline: float) -> di
 def wait_for_reports(drill: Drill, worker_ids: list[str], generation: int, deadline: float) -> dict[str, tuple[float, dict]]:
     """Per worker, when a report first showed it serving a state this console issued at
     ``generation`` or later (seconds since the click), and that report."""
-    pending, found, digests = set(worker_ids), {}, {}
+    pending, found, digests = set(worker_ids), {}, IssuedDigests()
     while pending:
         for worker in Worker.objects.filter(worker_id__in=pending):
             if serves_issued_state(worker.last_report, generation, digests):
@@ -139,22 +138,11 @@ def wait_for_reports(drill: Drill, worker_ids: list[str], generation: int, deadl
     return found
 
 
-def serves_issued_state(report: object, generation: int, digests: dict) -> bool:
-    """The report names a generation at or after ``generation`` with the digest this
-    console issued for it (``digests`` caches the issued digests by generation)."""
-    served = report.get("generation") if isinstance(report, dict) else None
-    if type(served) is not int or served < generation:
-        return False
-    if served not in digests:
-        digests[served] = issued_digest(served)
-    return digests[served] is not None and report.get("digest") == digests[served]
-
-
 def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int) -> str:
     if ack is None:
         return "no ack before the timeout"
     if not ack.ok:
-        return ack.error[:SHOWN_ERROR_CHARS]
+        return f"failed to apply: {ack.error[:SHOWN_ERROR_CHARS] or 'no reason given'}"
     if confirmed_s is None:
         return f"acked, but no report showed it serving generation {generation} or later before the timeout"
     return ""
@@ -169,27 +157,42 @@ def _judge(drill: Drill, rows: list[dict]) -> None:
     drill.last_ack_s = max(ack_times) if len(ack_times) == len(rows) and rows else None
     drill.confirmed_s = max(confirmed) if rows and all(value is not None for value in confirmed) else None
     drill.failed_requests = sum(failures)
-    passed = bool(rows) and drill.confirmed_s is not None and drill.last_ack_s <= drill.target_s and drill.failed_requests == 0
-    _finish(drill, DrillStatus.PASSED if passed else DrillStatus.FAILED, error="" if rows else "no live workers to follow the rollback")
+    reasons = failure_reasons(drill, rows)
+    _finish(drill, DrillStatus.FAILED if reasons else DrillStatus.PASSED, error="; ".join(reasons))
+
+
+def failure_reasons(drill: Drill, rows: list[dict]) -> list[str]:
+    """Every reason the drill failed, in words an operator reads in the summary alone;
+    empty when it passed."""
+    if not rows:
+        return ["no live workers to follow the rollback"]
+    reasons = []
+    unconfirmed = [row for row in rows if row["confirmed_s"] is None]
+    if unconfirmed:
+        who = ", ".join(f"{row['worker']} ({row['error']})" for row in unconfirmed)
+        reasons.append(f"{len(unconfirmed)} of {len(rows)} workers never confirmed serving generation {drill.to_generation}: {who}")
+    slow = [row for row in rows if row["ack_s"] is not None and row["ack_s"] > drill.target_s]
+    if slow:
+        who = ", ".join(f"{row['worker']} {row['ack_s']:.2f} s" for row in slow)
+        reasons.append(f"acks slower than the target of {drill.target_s:g} s: {who}")
+    if drill.failed_requests:
+        reasons.append(f"{drill.failed_requests} request(s) failed during the drill")
+    return reasons
 
 
 def _finish(drill: Drill, status: str, *, error: str = "") -> None:
     drill.status = status
-    drill.error = error or _worker_errors(drill)
+    drill.error = error
     drill.finished_at = timezone.now()
     drill.save()
     events.drill_finished(drill)
-
-
-def _worker_errors(drill: Drill) -> str:
-    return "; ".join(f"{row['worker']}: {row['error']}" for row in drill.workers if row.get("error"))
 
 
 def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Worker]) -> None:
     try:
         release = releases.restore(model, drill.from_generation, actor, f"roll forward after drill #{drill.pk}")
     except releases.ReleaseError as error:
-        drill.error = f"roll forward failed: {error.message}"
+        drill.error = "; ".join(filter(None, [drill.error, f"roll forward failed: {error.message}"]))
         drill.save(update_fields=["error"])
         return
     wait_for_acks([worker.worker_id for worker in workers], release.generation, time.monotonic() + settings.DRILL_ACK_TIMEOUT_S)

@@ -17,6 +17,7 @@ from registry.models import Release, Worker, WorkerAck
 from registry.state import issued_digest, serving_counter, warm_versions
 
 SHOWN_ID_CHARS = 40
+SHOWN_ERROR_CHARS = 300
 
 
 class AckRefused(Exception):
@@ -87,10 +88,12 @@ def record_ack(ack: dict) -> WorkerAck:
 
 
 def convergence(release: Release | None) -> dict:
-    """Which live workers serve ``release`` (or later), and whether rollback is warm."""
+    """Which live workers serve the content of ``release`` (or later), proved by digest,
+    and whether its rollback target is warm everywhere."""
     workers = list(live_workers())
     generation = release.generation if release else 0
-    rows = [_worker_convergence(worker, release, generation) for worker in workers]
+    digests = IssuedDigests()
+    rows = [_worker_convergence(worker, release, generation, digests) for worker in workers]
     return {
         "workers": rows,
         "converged": bool(rows) and all(row["converged"] for row in rows),
@@ -98,16 +101,72 @@ def convergence(release: Release | None) -> dict:
     }
 
 
-def _worker_convergence(worker: Worker, release: Release | None, generation: int) -> dict:
+def _worker_convergence(worker: Worker, release: Release | None, generation: int, digests: IssuedDigests) -> dict:
     warm_needed = set(warm_versions(release)) if release else set()
     model_name = release.model.name if release else None
     loaded_warm = {entry["version"] for entry in worker.loaded if entry.get("model") == model_name and entry.get("ready", True)}
     return {
         "worker_id": worker.worker_id,
         "generation": worker.generation,
-        "converged": worker.generation >= generation and worker.ok,
+        **worker_status(worker, generation, digests),
         "ok": worker.ok,
         "error": worker.error,
         "rollback_warm": warm_needed <= loaded_warm,
         "last_seen_at": worker.last_seen_at,
     }
+
+
+class IssuedDigests(dict):
+    """generation → the digest this console issued for it (None: not issued), each
+    computed once: a state is recomputed from the releases, which costs queries. "Not
+    issued" is not kept, since a poll may see that generation issued a moment later."""
+
+    def __missing__(self, generation: int) -> str | None:
+        digest = issued_digest(generation)
+        if digest is not None:
+            self[generation] = digest
+        return digest
+
+
+def serves_issued_state(report: object, generation: int, digests: IssuedDigests) -> bool:
+    """The report names a generation at or after ``generation`` with the digest this
+    console issued for it: the number alone proves nothing about the content."""
+    served = report.get("generation") if isinstance(report, dict) else None
+    if type(served) is not int or served < generation:
+        return False
+    return digests[served] is not None and report.get("digest") == digests[served]
+
+
+def proven_generation(worker: Worker, digests: IssuedDigests) -> int | None:
+    """The generation whose issued content ``worker`` serves, proved by a digest; None
+    when nothing it sent proves any."""
+    report = worker.last_report if isinstance(worker.last_report, dict) else {}
+    reported = report.get("generation")
+    # Only an ok ack sets a generation above the report's, and an ack is stored only
+    # when it names the digest issued for its generation: the ack is newer news than
+    # the report, already checked.
+    if worker.ok and worker.generation > (reported if type(reported) is int else 0):
+        return worker.generation
+    return reported if serves_issued_state(report, 0, digests) else None
+
+
+def worker_status(worker: Worker, generation: int, digests: IssuedDigests) -> dict:
+    """``converged`` (serving the issued content of ``generation`` or later) and the
+    worker's state in words."""
+    proven = proven_generation(worker, digests)
+    converged = worker.ok and proven is not None and proven >= generation
+    return {"converged": converged, "state": _state_words(worker, proven, generation, converged)}
+
+
+def _state_words(worker: Worker, proven: int | None, generation: int, converged: bool) -> str:
+    report = worker.last_report if isinstance(worker.last_report, dict) else {}
+    reported, digest = report.get("generation"), report.get("digest")
+    if not worker.ok:
+        return f"failed to apply: {worker.error[:SHOWN_ERROR_CHARS] or 'no reason given'}"
+    if converged:
+        return f"serving generation {proven}"
+    if proven is not None:
+        return f"behind: serving generation {proven}, the console is at generation {generation}"
+    if digest is None:
+        return "no state applied yet" if not reported else f"serving generation {reported}, not yet confirmed by a digest"
+    return f"serving content this console did not issue as generation {reported} (digest {str(digest)[:12]}…)"

@@ -8,23 +8,29 @@ NEVER delete the artifact of a version that
 Rows are never deleted: an archived version keeps its metadata, report and metrics.
 A file shared by several versions (same bytes) is deleted only when none of them
 still needs it. Models are handled one at a time, each in its own transaction.
+
+Fleet rows (``forget_gone_workers``) are pruned too; what must stay is said there.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
 from registry import events, storage
-from registry.choices import VersionStatus
-from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration
+from registry.choices import DrillStatus, VersionStatus
+from registry.models import Drill, ModelVersion, RegisteredModel, Release, ServingGeneration, Worker, WorkerAck
+from registry.state import current_generation
 
 logger = logging.getLogger(__name__)
 STALE_UPLOAD_S = 24 * 3600
+DELETE_CHUNK = 1000
 
 
 def protected_versions(model: RegisteredModel, keep: int) -> set[int]:
@@ -53,6 +59,7 @@ def apply_retention(keep: int | None = None) -> list[ModelVersion]:
         archived.extend(_apply_to_model(model_pk, keep))
     _delete_unreferenced_files([version.sha256 for version in archived])
     _delete_stale_uploads()
+    forget_gone_workers()
     return archived
 
 
@@ -89,3 +96,51 @@ def _delete_stale_uploads() -> None:
     for path in storage.tmp_dir().glob("*.part"):
         if path.stat().st_mtime < cutoff:
             path.unlink(missing_ok=True)
+
+
+def forget_gone_workers() -> tuple[int, int]:
+    """Delete the fleet rows nobody needs any more; returns (workers, acks) deleted.
+
+    NEVER delete
+    - a worker seen within ``WORKER_FORGET_AFTER_S`` (never less than
+      ``WORKER_GONE_AFTER_S``, so a live worker is never forgotten),
+    - an ack of the current generation, or of any generation a running drill waits for
+      (its ``from_generation`` or later),
+    - the newest ack of each worker still known.
+    A forgotten worker that comes back reports again before its next ack is accepted.
+    """
+    cutoff = timezone.now() - timedelta(seconds=worker_forget_after_s())
+    workers = _delete_in_chunks(Worker.objects.filter(last_seen_at__lt=cutoff))
+    known = Worker.objects.values("worker_id")
+    newest = WorkerAck.objects.filter(worker_id__in=known).values("worker_id").annotate(newest=Max("pk")).values("newest")
+    doomed = (
+        WorkerAck.objects.filter(generation__lt=_oldest_needed_generation())
+        .filter(Q(received_at__lt=cutoff) | ~Q(worker_id__in=known))
+        .exclude(pk__in=newest)
+    )
+    acks = _delete_in_chunks(doomed)
+    if workers or acks:
+        logger.info("forgot %s worker(s) unseen since %s and deleted %s old ack(s)", workers, cutoff.isoformat(), acks)
+    return workers, acks
+
+
+def worker_forget_after_s() -> float:
+    # Read here rather than declared in settings by this module: the default applies
+    # when the project's settings do not name it.
+    forget_after_s = settings.WORKER_FORGET_AFTER_S
+    return max(forget_after_s, settings.WORKER_GONE_AFTER_S)
+
+
+def _oldest_needed_generation() -> int:
+    """Acks at or after this generation may still be read: the current one, and those
+    a running drill waits for."""
+    running = Drill.objects.filter(status=DrillStatus.RUNNING).values_list("from_generation", flat=True)
+    return min([current_generation(), *(generation or 0 for generation in running)])
+
+
+def _delete_in_chunks(queryset: QuerySet) -> int:
+    """Delete what ``queryset`` selects, a bounded number of rows per statement."""
+    deleted = 0
+    while ids := list(queryset.values_list("pk", flat=True)[:DELETE_CHUNK]):
+        deleted += queryset.model.objects.filter(pk__in=ids).delete()[0]
+    return deleted

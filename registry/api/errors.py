@@ -46,11 +46,12 @@ ERROR_MEANINGS = {
     413: "The upload is larger than MAX_UPLOAD_BYTES.",
     415: "The body's Content-Type is not one this endpoint reads.",
     422: "The ONNX file is well formed but cannot be served; nothing was stored.",
-    503: "Busy (too many inspections at once) or a dependency is down: retry after `Retry-After` seconds.",
+    503: "Busy (too many inspections at once) or a dependency (the database) is down: retry after `Retry-After` seconds.",
 }
 
-# Every operation can meet these: authentication, permissions and content negotiation.
-COMMON_ERRORS = (401, 403, 406)
+# Every operation can meet these: authentication, permissions, content negotiation, and
+# a database outage (console/outage.py answers it for every path).
+COMMON_ERRORS = (401, 403, 406, 503)
 
 
 def error_responses(*codes: int, conflict=None) -> dict[int, OpenApiResponse]:

@@ -14,16 +14,15 @@ from registry import drills, fleet, live, releases
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.permissions import IsWorker, WorkerTokenAuthentication
-from registry.models import AuditEvent, Drill, Worker
-from registry.models import RegisteredModel
+from registry.models import AuditEvent, Drill, RegisteredModel, Release, Worker
+from registry.state import current_generation
 
 
 def get_model(name: str) -> RegisteredModel:
     return get_object_or_404(RegisteredModel, name=name)
 
 
-def release_body(model: RegisteredModel) -> dict:
-    release = model.current_release()
+def release_body(model: RegisteredModel, release: Release | None) -> dict:
     body = {"model": model.name, "release": None if release is None else serializers.ReleaseSerializer(release).data}
     body.update(fleet.convergence(release))
     return body
@@ -48,10 +47,12 @@ class ReleaseAction(APIView):
         form = self.request_serializer(data=request.data)
         form.is_valid(raise_exception=True)
         try:
-            self.act(model, form.validated_data)
+            release = self.act(model, form.validated_data)
         except releases.ReleaseError as error:
             return error_response(error.message, error.status, **error.details())
-        return Response(release_body(model), status=status.HTTP_201_CREATED)
+        # The release this call made, not the model's newest: another change may have
+        # committed since, and this answer describes this call's change.
+        return Response(release_body(model, release), status=status.HTTP_201_CREATED)
 
 
 class CurrentRelease(ReleaseAction):
@@ -59,7 +60,8 @@ class CurrentRelease(ReleaseAction):
 
     @extend_schema(responses={200: serializers.ReleaseStateSerializer, **error_responses(404)})
     def get(self, request, name: str):
-        return Response(release_body(get_model(name)))
+        model = get_model(name)
+        return Response(release_body(model, model.current_release()))
 
     @extend_schema(request=serializers.SetRoutesSerializer, responses=TRAFFIC_RESPONSES)
     def post(self, request, name: str):
@@ -136,6 +138,9 @@ class Workers(generics.ListAPIView):
     def get_queryset(self):
         return fleet.live_workers() if self.request.query_params.get("all") != "1" else Worker.objects.all()
 
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(), "generation": current_generation(), "digests": fleet.IssuedDigests()}
+
 
 HEX64 = r"\A[0-9a-f]{64}\Z"  # \Z: "$" would let a trailing newline through
 
@@ -184,7 +189,8 @@ class ReportSerializer(drf_serializers.Serializer):
     """The parts of a report the console relies on; the rest is kept as sent."""
 
     worker = IdentitySerializer()
-    generation = serializers.StrictIntegerField(min_value=0, max_value=serializers.GENERATION_MAX, required=False, default=0)
+    # null: a worker that has applied no state yet still reports, so the console lists it.
+    generation = serializers.StrictIntegerField(min_value=0, max_value=serializers.GENERATION_MAX, required=False, allow_null=True, default=None)
     digest = serializers.StrictRegexField(HEX64, trim_whitespace=False, required=False, allow_null=True, default=None)
     epoch = serializers.StrictCharField(max_length=32, required=False, allow_null=True, allow_blank=True, default=None)
     loaded = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list)
@@ -194,6 +200,29 @@ class ReportSerializer(drf_serializers.Serializer):
         for entry in entries:
             LoadedSerializer(data=entry).is_valid(raise_exception=True)
         return entries
+
+    def validate(self, attrs):
+        # The report is stored as sent, and PostgreSQL's JSON cannot hold a NUL character.
+        if contains_nul(self.initial_data):
+            raise drf_serializers.ValidationError("a report must not contain NUL (\\u0000) characters")
+        return attrs
+
+
+def contains_nul(value: object) -> bool:
+    """Any NUL in the strings (keys included) of a parsed JSON value; iterative, since
+    the nesting depth is the sender's."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 class WorkerReports(APIView):

@@ -7,6 +7,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from registry import fleet
 from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, VersionMetricMinute, Worker
 
 
@@ -194,7 +195,8 @@ class DrillRequestSerializer(serializers.Serializer):
 class WorkerConvergenceSerializer(serializers.Serializer):
     worker_id = serializers.CharField()
     generation = serializers.IntegerField()
-    converged = serializers.BooleanField()
+    converged = serializers.BooleanField(help_text="Serving the content the console issued for this release's generation or later, proved by its digest.")
+    state = serializers.CharField(help_text="The worker's state in words, e.g. 'no state applied yet'.")
     ok = serializers.BooleanField()
     error = serializers.CharField(allow_blank=True)
     rollback_warm = serializers.BooleanField()
@@ -224,9 +226,35 @@ class DrillSerializer(serializers.ModelSerializer):
 
 
 class WorkerSerializer(serializers.ModelSerializer):
+    """A worker as last heard of; ``converged`` and ``state`` are judged against the
+    current desired state (the context's ``generation`` and ``digests``)."""
+
+    digest = serializers.SerializerMethodField()
+    converged = serializers.SerializerMethodField()
+    state = serializers.SerializerMethodField()
+
     class Meta:
         model = Worker
-        fields = ["worker_id", "host", "pid", "url", "device", "generation", "ok", "error", "loaded", "started_at", "last_seen_at", "last_report"]
+        fields = [
+            "worker_id", "host", "pid", "url", "device", "generation", "digest", "converged", "state", "ok", "error", "loaded",
+            "started_at", "last_seen_at", "last_report",
+        ]
+
+    def get_digest(self, worker) -> str | None:
+        report = worker.last_report if isinstance(worker.last_report, dict) else {}
+        return report.get("digest")
+
+    def get_converged(self, worker) -> bool:
+        return self._status(worker)["converged"]
+
+    def get_state(self, worker) -> str:
+        return self._status(worker)["state"]
+
+    def _status(self, worker) -> dict:
+        cache = self.context.setdefault("statuses", {})
+        if worker.pk not in cache:
+            cache[worker.pk] = fleet.worker_status(worker, self.context["generation"], self.context["digests"])
+        return cache[worker.pk]
 
 
 class MetricMinuteSerializer(serializers.ModelSerializer):

@@ -9,6 +9,7 @@ from django.utils import timezone
 from registry import releases
 from registry.choices import VersionStatus
 from registry.models import ModelVersion, RegisteredModel, Worker
+from registry.state import issued_digest
 
 SIGNATURE = {
     "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 4]}],
@@ -66,9 +67,10 @@ def canary_digits(digits, operator) -> RegisteredModel:
 
 
 def report_from(worker_id: str, *, generation: int, versions: list[dict], seconds_ago: float = 0.0, url: str = "http://worker.test") -> Worker:
-    """A worker row as its latest report left it."""
+    """A worker row as its latest report left it: serving the state the console issued
+    as ``generation`` (its digest), when it issued one."""
     seen = timezone.now() - timezone.timedelta(seconds=seconds_ago)
-    report = {"worker": {"id": worker_id}, "generation": generation, "versions": versions}
+    report = {"worker": {"id": worker_id}, "generation": generation, "digest": issued_digest(generation), "versions": versions}
     loaded = [{"model": entry["model"], "version": entry["version"], "routed": True} for entry in versions]
     return Worker.objects.create(
         worker_id=worker_id, host="host-a", pid=42, url=url, device="cpu", generation=generation,

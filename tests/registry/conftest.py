@@ -4,6 +4,7 @@ import hashlib
 import io
 
 import pytest
+from rest_framework.test import APIClient
 
 from registry import uploads
 from registry.inspection import inspect_artifact
@@ -43,3 +44,11 @@ def three_versions(db, operator, monkeypatch) -> RegisteredModel:
     for seed in range(3):
         uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([8, 4], seed=seed))), uploaded_by=operator)
     return model
+
+
+@pytest.fixture
+def worker_client(settings) -> APIClient:
+    """An API client holding the worker token, as a serving worker calls the console."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
+    return client

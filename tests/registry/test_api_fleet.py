@@ -6,20 +6,12 @@ import re
 
 import pytest
 from django.contrib.auth.models import User
-from rest_framework.test import APIClient
 
 from registry.api.permissions import WorkerTokenAuthentication
 from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, Worker, WorkerAck
 from registry.state import issued_digest
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def worker_client(settings) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
-    return client
 
 
 def ack(generation: int, ok: bool = True, **extra) -> dict:
@@ -91,7 +83,8 @@ def test_failed_ack_marks_the_worker_not_converged(worker_client, operator_clien
     body = operator_client.get("/api/models/digits/release/").json()
     assert body["converged"] is False
     assert body["workers"][0] | {"last_seen_at": None} == {
-        "worker_id": "w-1", "generation": 1, "converged": False, "ok": False, "error": "sha256 mismatch", "rollback_warm": True, "last_seen_at": None,
+        "worker_id": "w-1", "generation": 1, "converged": False, "state": "failed to apply: sha256 mismatch", "ok": False, "error": "sha256 mismatch",
+        "rollback_warm": True, "last_seen_at": None,
     }
 
 
@@ -278,7 +271,7 @@ def test_a_drill_sends_nothing_to_worker_reported_urls_and_fails_without_acks(wo
 
     drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
 
-    assert (drill["status"], drill["error"]) == ("failed", "w-1: no ack before the timeout")
+    assert (drill["status"], drill["error"]) == ("failed", "1 of 1 workers never confirmed serving generation 3: w-1 (no ack before the timeout)")
     assert reported_host.received == []
 
 
@@ -293,7 +286,7 @@ def test_garbage_acks_are_refused_and_the_drill_still_finishes(worker_client, op
     assert statuses == [400] * len(garbage)
     assert WorkerAck.objects.count() == 0
     assert drill["status"] == "failed"
-    assert drill["error"] == "w-1: no ack before the timeout"
+    assert drill["error"] == "1 of 1 workers never confirmed serving generation 3: w-1 (no ack before the timeout)"
     assert Drill.objects.get().finished_at is not None
 
 

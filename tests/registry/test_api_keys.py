@@ -17,13 +17,6 @@ KEYS_URL = "/api/serving/api-keys"
 
 
 @pytest.fixture
-def worker_client(settings) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
-    return client
-
-
-@pytest.fixture
 def staff_client(admin_user, client):
     client.force_login(admin_user)
     return client

@@ -1,0 +1,62 @@
+"""A database that cannot be reached is a 503 with ``Retry-After``, never a 500.
+
+Django turns every exception into handler500's answer, and ours used to crash there too:
+the page's context processors read ``request.user``, which loads the session from the
+database that had just failed. Here a database error becomes an answer that needs no
+database at all: JSON for ``/api/``, a standalone page elsewhere (no context processors,
+no session, no user).
+
+Two entry points share one answer. ``DatabaseOutageMiddleware.process_exception`` sees
+what a view raises (DRF's handler passes database errors through; a lazy ``request.user``
+evaluated in a view or while a template renders fails there too), in DEBUG as well.
+``console.views.server_error`` covers errors raised inside other middleware, which
+Django converts to handler500's answer before any outer middleware could see them.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from django.db import InterfaceError, OperationalError
+from django.http import HttpResponse, JsonResponse
+from django.template.loader import render_to_string
+from django.utils.deprecation import MiddlewareMixin
+
+logger = logging.getLogger(__name__)
+
+# OperationalError: cannot connect, connection lost, server shutting down, timeouts.
+# InterfaceError: the connection object is already closed (a request after a loss).
+DATABASE_UNAVAILABLE_ERRORS = (OperationalError, InterfaceError)
+RETRY_AFTER_S = 5
+MESSAGE = f"the database is unavailable; retry in {RETRY_AFTER_S} s"
+
+
+def is_database_unavailable(error: BaseException | None) -> bool:
+    return isinstance(error, DATABASE_UNAVAILABLE_ERRORS)
+
+
+def database_unavailable_response(request, error: BaseException) -> HttpResponse:
+    """The 503 for ``request``; logs the reason (the client gets none: it would name
+    the database's host) under a request id the body repeats."""
+    request_id = uuid.uuid4().hex
+    reason = (str(error).strip().splitlines() or [""])[0][:200]
+    logger.warning("database unavailable on %s %s (request %s): %s: %s", request.method, request.path, request_id, type(error).__name__, reason)
+    if request.path.startswith("/api/"):
+        response = JsonResponse({"error": MESSAGE, "request_id": request_id}, status=503)
+    else:
+        response = HttpResponse(render_to_string("503.html", {"retry_after_s": RETRY_AFTER_S, "request_id": request_id}), status=503)
+    response["Retry-After"] = str(RETRY_AFTER_S)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+class DatabaseOutageMiddleware(MiddlewareMixin):
+    """Answers 503 for a database error raised by a view or its template. Listed before
+    the session and authentication middleware, so their answers wrap this one.
+    MiddlewareMixin keeps it async-capable: no thread hop per request under ASGI."""
+
+    def process_exception(self, request, exception):
+        if is_database_unavailable(exception):
+            return database_unavailable_response(request, exception)
+        return None

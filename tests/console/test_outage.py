@@ -1,0 +1,146 @@
+"""While the database cannot be reached the console answers 503 with ``Retry-After``
+(JSON under /api/, a page elsewhere), its error pages still render, and readiness names
+the dependency that failed. The failure is the driver's own: the connection is pointed
+where no database answers (a missing directory for SQLite, a closed port for PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.contrib.auth.middleware import AuthenticationMiddleware
+from django.contrib.auth.models import User
+from django.contrib.sessions.middleware import SessionMiddleware
+from django.db import OperationalError, connection
+from django.test import RequestFactory
+
+from console import views
+from tests.console.conftest import signed_in
+from tests.integration.stack import free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the test closes and reopens the connection
+
+
+@contextmanager
+def unreachable_database() -> Iterator[None]:
+    original = dict(connection.settings_dict)
+    connection.close()
+    if connection.vendor == "sqlite":
+        connection.settings_dict["NAME"] = "/nonexistent-outage-test/db.sqlite3"
+    else:
+        connection.settings_dict.update(HOST="127.0.0.1", PORT=str(free_port()))
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(original)
+
+
+def signed_in_request(user: User, path: str):
+    """A request as Django's session and authentication middleware leave it: the user
+    is loaded from the session table only when something reads it."""
+    session_key = signed_in(user).cookies["sessionid"].value
+    request = RequestFactory().get(path, HTTP_COOKIE=f"sessionid={session_key}")
+    SessionMiddleware(lambda request: None).process_request(request)
+    AuthenticationMiddleware(lambda request: None).process_request(request)
+    return request
+
+
+def test_api_answers_503_with_retry_after_while_the_database_is_unreachable(operator_client):
+    with unreachable_database():
+        response = operator_client.get("/api/models/")
+
+    assert response.status_code == 503
+    assert response["Content-Type"] == "application/json"
+    assert response["Retry-After"] == "5"
+    assert response.json()["error"] == "the database is unavailable; retry in 5 s"
+    assert len(response.json()["request_id"]) == 32
+
+
+def test_api_answers_again_once_the_database_returns(operator_client):
+    with unreachable_database():
+        operator_client.get("/api/models/")
+
+    assert operator_client.get("/api/models/").status_code == 200
+
+
+def test_signed_in_page_answers_the_outage_page_while_the_database_is_unreachable(operator):
+    page = signed_in(operator)
+
+    with unreachable_database():
+        response = page.get("/")
+
+    assert response.status_code == 503
+    assert response["Content-Type"].startswith("text/html")
+    assert response["Retry-After"] == "5"
+    assert b"The database is unavailable" in response.content
+
+
+def test_not_found_page_renders_for_a_signed_in_user_without_the_database(operator):
+    page = signed_in(operator)
+
+    with unreachable_database():
+        response = page.get("/no-such-page/")
+
+    assert response.status_code == 404
+    assert b"Not found" in response.content
+
+
+def test_server_error_page_renders_for_a_signed_in_user_without_the_database(operator):
+    request = signed_in_request(operator, "/models/")
+
+    with unreachable_database():
+        response = views.server_error(request)
+
+    assert response.status_code == 500
+    assert b"Something went wrong" in response.content
+
+
+def test_database_error_raised_outside_a_view_is_a_503_not_a_500(operator):
+    """handler500 answers errors raised inside middleware (a session save, say)."""
+    request = signed_in_request(operator, "/models/")
+
+    with unreachable_database():
+        try:
+            User.objects.count()
+        except OperationalError:
+            response = views.server_error(request)
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert b"The database is unavailable" in response.content
+
+
+def test_healthz_answers_ok_while_the_database_is_unreachable(client):
+    with unreachable_database():
+        response = client.get("/healthz")
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_readyz_is_ready_when_the_database_and_redis_answer(client):
+    response = client.get("/readyz")
+
+    assert response.status_code == 200
+    assert response.json() == {"ready": True, "database": {"ok": True}, "redis": {"ok": True}}
+
+
+def test_readyz_names_the_database_when_it_is_unreachable(client):
+    with unreachable_database():
+        response = client.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.json() == {"ready": False, "database": {"ok": False, "error": "cannot connect or query (OperationalError)"}, "redis": {"ok": True}}
+
+
+def test_readyz_names_redis_when_it_is_unreachable(client, settings):
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+
+    response = client.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.json() == {"ready": False, "database": {"ok": True}, "redis": {"ok": False, "error": "cannot connect or ping (ConnectionError)"}}

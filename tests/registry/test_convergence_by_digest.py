@@ -1,0 +1,64 @@
+"""A worker is converged when the content it serves is what the console issued, proved by
+the digest it reports or acks; the generation number alone proves nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from registry.models import ServingGeneration
+from registry.state import issued_digest
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def canary(operator_client, three_versions):
+    """digits at generation 2: v1 90%, v2 10%."""
+    response = operator_client.post("/api/models/digits/release/", {"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}, format="json")
+    assert response.json()["release"]["generation"] == 2
+    return three_versions
+
+
+def report(generation, digest) -> dict:
+    return {"worker": {"id": "w-1", "host": "box"}, "generation": generation, "digest": digest, "epoch": ServingGeneration.objects.get().epoch}
+
+
+def worker_row(operator_client) -> dict:
+    body = operator_client.get("/api/models/digits/release/").json()
+    assert len(body["workers"]) == 1
+    return {"converged": body["converged"], **{key: body["workers"][0][key] for key in ("generation", "converged", "state")}}
+
+
+def test_a_worker_reporting_the_generation_with_another_digest_is_not_converged(worker_client, operator_client, canary):
+    worker_client.post("/api/serving/reports", report(2, issued_digest(1)), format="json")
+
+    assert worker_row(operator_client) == {
+        "converged": False, "generation": 2, "state": f"serving content this console did not issue as generation 2 (digest {issued_digest(1)[:12]}…)",
+    }
+
+
+def test_a_worker_reporting_the_issued_digest_of_the_generation_is_converged(worker_client, operator_client, canary):
+    worker_client.post("/api/serving/reports", report(2, issued_digest(2)), format="json")
+
+    assert worker_row(operator_client) == {"converged": True, "generation": 2, "state": "serving generation 2"}
+
+
+def test_a_worker_reporting_a_generation_without_a_digest_is_not_converged(worker_client, operator_client, canary):
+    worker_client.post("/api/serving/reports", report(2, None), format="json")
+
+    assert worker_row(operator_client) == {"converged": False, "generation": 2, "state": "serving generation 2, not yet confirmed by a digest"}
+
+
+def test_a_worker_proved_on_an_older_generation_is_behind(worker_client, operator_client, canary):
+    worker_client.post("/api/serving/reports", report(1, issued_digest(1)), format="json")
+
+    assert worker_row(operator_client) == {"converged": False, "generation": 1, "state": "behind: serving generation 1, the console is at generation 2"}
+
+
+def test_an_ack_of_the_issued_digest_converges_a_worker_before_its_next_report(worker_client, operator_client, canary):
+    worker_client.post("/api/serving/reports", report(1, issued_digest(1)), format="json")
+
+    response = worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 2, "digest": issued_digest(2), "ok": True}, format="json")
+
+    assert response.status_code == 204
+    assert worker_row(operator_client) == {"converged": True, "generation": 2, "state": "serving generation 2"}

@@ -1,0 +1,99 @@
+"""A failed drill says every reason it failed in its summary (``error``), not only inside
+``workers[]``: slow acks with their figures, failed requests, and which workers never
+confirmed. The workers here are threads speaking the worker API (acks and reports with
+the worker token), as in tests/registry/test_api_fleet.py."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from registry.models import Release, ServingGeneration
+from registry.state import issued_digest
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def canary(operator_client, three_versions):
+    """digits at generation 2 (a canary split); a drill rolls back to generation 3."""
+    operator_client.post("/api/models/digits/release/", {"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}, format="json")
+    return three_versions
+
+
+def report(worker_id: str, generation: int, failed_total: int) -> dict:
+    return {"worker": {"id": worker_id, "host": "box"}, "generation": generation, "digest": issued_digest(generation),
+            "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": failed_total}
+
+
+def follow_rollback(worker_client, worker_id: str, *, delay_s: float, failed_total: int) -> threading.Thread:
+    """A worker that acks generation 3 ``delay_s`` after it exists, then reports serving it."""
+
+    def run():
+        try:
+            deadline = time.monotonic() + 10
+            while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(delay_s)
+            worker_client.post("/api/serving/acks", {"worker": worker_id, "generation": 3, "digest": issued_digest(3), "ok": True}, format="json")
+            worker_client.post("/api/serving/reports", report(worker_id, 3, failed_total), format="json")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def run_drill(operator_client, followers) -> dict:
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    for follower in followers:
+        follower.join(15)
+    return drill
+
+
+def test_a_drill_with_slow_acks_says_how_slow_against_the_target(worker_client, operator_client, canary, settings):
+    settings.DRILL_TARGET_S, settings.DRILL_ACK_TIMEOUT_S = 0.1, 5
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0.3, failed_total=0)])
+
+    assert drill["status"] == "failed"
+    assert re.fullmatch(r"acks slower than the target of 0\.1 s: w-1 \d+\.\d\d s", drill["error"]), drill["error"]
+    assert float(drill["error"].split()[-2]) == pytest.approx(drill["last_ack_s"], abs=0.005)
+
+
+def test_a_drill_with_failed_requests_says_how_many(worker_client, operator_client, canary, settings):
+    settings.DRILL_ACK_TIMEOUT_S = 5
+    worker_client.post("/api/serving/reports", report("w-1", 2, 10), format="json")
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=13)])
+
+    assert (drill["status"], drill["failed_requests"], drill["error"]) == ("failed", 3, "3 request(s) failed during the drill")
+
+
+def test_a_failed_drill_states_every_reason_in_its_summary(worker_client, operator_client, canary, settings):
+    settings.DRILL_TARGET_S, settings.DRILL_ACK_TIMEOUT_S = 0.1, 1.5
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+    worker_client.post("/api/serving/reports", report("w-2", 2, 0), format="json")
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0.3, failed_total=2)])  # w-2 never acks
+
+    assert drill["status"] == "failed"
+    reasons = drill["error"].split("; ")
+    assert reasons[0] == "1 of 2 workers never confirmed serving generation 3: w-2 (no ack before the timeout)"
+    assert re.fullmatch(r"acks slower than the target of 0\.1 s: w-1 \d+\.\d\d s", reasons[1]), reasons
+    assert reasons[2:] == ["2 request(s) failed during the drill"]
+
+
+def test_a_passed_drill_has_no_error(worker_client, operator_client, canary, settings):
+    settings.DRILL_ACK_TIMEOUT_S = 5
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
+
+    assert (drill["status"], drill["error"]) == ("passed", "")

@@ -1,0 +1,61 @@
+"""A worker that has applied no state yet still reports, and the console lists it as the
+worker that needs attention: not converged, with its state in words."""
+
+from __future__ import annotations
+
+import pytest
+
+from registry.models import ServingGeneration, Worker
+from registry.state import issued_digest
+
+pytestmark = pytest.mark.django_db
+
+
+def stateless_report() -> dict:
+    return {"worker": {"id": "w-new", "host": "box", "pid": 7, "url": "http://127.0.0.1:9", "device": "cpu"},
+            "generation": None, "digest": None, "epoch": None, "loaded": [], "versions": []}
+
+
+def listed(viewer_client) -> list[tuple]:
+    return [(row["worker_id"], row["generation"], row["digest"], row["converged"], row["state"]) for row in viewer_client.get("/api/workers/").json()]
+
+
+def test_a_report_of_a_worker_with_no_state_yet_is_accepted(worker_client, three_versions):
+    response = worker_client.post("/api/serving/reports", stateless_report(), format="json")
+
+    assert response.status_code == 204
+    assert Worker.objects.get().worker_id == "w-new"
+
+
+def test_a_worker_with_no_state_yet_is_listed_as_not_converged(worker_client, viewer_client, three_versions):
+    worker_client.post("/api/serving/reports", stateless_report(), format="json")
+
+    assert listed(viewer_client) == [("w-new", 0, None, False, "no state applied yet")]
+
+
+def test_a_worker_with_no_state_yet_counts_against_a_models_convergence(worker_client, viewer_client, three_versions):
+    worker_client.post("/api/serving/reports", stateless_report(), format="json")
+
+    body = viewer_client.get("/api/models/digits/release/").json()
+
+    assert (body["converged"], [(row["worker_id"], row["converged"], row["state"]) for row in body["workers"]]) == (
+        False, [("w-new", False, "no state applied yet")],
+    )
+
+
+def test_a_worker_serving_the_current_state_is_listed_as_converged(worker_client, viewer_client, three_versions):
+    epoch = ServingGeneration.objects.get().epoch
+    worker_client.post("/api/serving/reports", {**stateless_report(), "generation": 1, "digest": issued_digest(1), "epoch": epoch}, format="json")
+
+    assert listed(viewer_client) == [("w-new", 1, issued_digest(1), True, "serving generation 1")]
+
+
+@pytest.mark.parametrize("nul_at", ["key", "value", "nested"])
+def test_a_report_with_a_nul_character_anywhere_is_refused_and_nothing_recorded(worker_client, viewer_client, nul_at):
+    """Reports are stored as sent, and PostgreSQL's JSON cannot hold NUL: a 400, not a 500."""
+    extra = {"key": {"odd\u0000key": 1}, "value": {"note": "a\u0000b"}, "nested": {"shadow": [{"model": ["x", {"y": "\u0000"}]}]}}[nul_at]
+
+    response = worker_client.post("/api/serving/reports", {**stateless_report(), **extra}, format="json")
+
+    assert (response.status_code, response.json()["error"]) == (400, "a report must not contain NUL (\\u0000) characters")
+    assert Worker.objects.count() == 0
