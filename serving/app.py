@@ -290,9 +290,13 @@ class ServingApp:
     # ---- inference ----------------------------------------------------------------
 
     async def _infer(self, name, version, receive, headers, request_id, started_s) -> Response:
-        body = await self._read_body(receive, headers, allow_binary=True)
+        self._check_headers(headers, allow_binary=True)
         target = self._resolve(name, version, headers.routing_key)
         try:
+            refusal = target.refusal(started_s + self._timeout_s(headers.timeout_s))
+            if refusal is not None:  # overloaded: refuse before paying for the body
+                raise refusal
+            body = await self._receive_body(receive)
             decoded = protocol.decode_v2(body, headers.header_length, target.io)
             outputs = await self._run(target, decoded, headers, request_id, started_s)
             payload, json_length = protocol.encode_v2(target.model_name, target.version, decoded, outputs, target.io)
@@ -331,18 +335,21 @@ class ServingApp:
             raise NotReady("the worker is still loading its models")
         return self.repository.router.table.resolve(name, version, routing_key)
 
-    async def _run(self, target: LoadedVersion, decoded, headers, request_id: bytes, started_s: float):
+    def _timeout_s(self, *overrides_s: float | None) -> float:
         timeout_s = self.request_timeout_s
-        for override_s in (headers.timeout_s, decoded.timeout_s):
+        for override_s in overrides_s:
             if override_s is not None and override_s < timeout_s:  # clients may only shorten it
                 timeout_s = override_s
-        deadline_s = started_s + timeout_s  # the batcher's clock is time.monotonic too
+        return timeout_s
+
+    async def _run(self, target: LoadedVersion, decoded, headers, request_id: bytes, started_s: float):
+        deadline_s = started_s + self._timeout_s(headers.timeout_s, decoded.timeout_s)  # the batcher's clock is time.monotonic too
         outputs = await target.submit(decoded, deadline_s, request_id.decode())
         if time.monotonic() > deadline_s:
             raise DeadlineExceeded("deadline passed while the batch ran")
         return outputs
 
-    async def _read_body(self, receive, headers: RequestHeaders, allow_binary: bool) -> bytes:
+    def _check_headers(self, headers: RequestHeaders, allow_binary: bool) -> None:
         """Everything that headers alone can refuse is refused before a byte of the body is read."""
         self.api_keys.check(headers.api_key, headers.authorization)
         _check_body_type(headers.content_type, allow_binary)
@@ -350,6 +357,12 @@ class ServingApp:
             raise BadRequest("Content-Encoding is not supported; send the body uncompressed")
         if headers.content_length is not None and headers.content_length > self.max_body_bytes:
             raise PayloadTooLarge(f"body of {headers.content_length} bytes exceeds the limit of {self.max_body_bytes}")
+
+    async def _read_body(self, receive, headers: RequestHeaders, allow_binary: bool) -> bytes:
+        self._check_headers(headers, allow_binary)
+        return await self._receive_body(receive)
+
+    async def _receive_body(self, receive) -> bytes:
         message = await receive()
         body = message.get("body", b"")
         if not message.get("more_body"):

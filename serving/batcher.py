@@ -58,7 +58,7 @@ class PendingRequest:
 class BatchPolicy:
     max_batch_size: int = 32
     max_queue_delay_s: float = 0.002
-    max_queue_size: int = 1024
+    max_queue_size: int = 4096
     latency_target_s: float | None = None  # per-model target; None = only the deadline
 
 
@@ -321,8 +321,8 @@ class BatchObserver:
         self.counts["max_rows"] = max(self.counts["max_rows"], rows)
         if self.metrics is not None:
             self._record(requests, started_s, compute_s, rows, depth)
-        if logger.isEnabledFor(logging.INFO):
-            logger.info(orjson.dumps({
+        if logger.isEnabledFor(logging.DEBUG):  # per batch: at 10k req/s, INFO would be ~20 GB a day
+            logger.debug(orjson.dumps({
                 "event": "batch", "model": self.model_name, "version": self.version, "rows": rows,
                 "compute_ms": round(compute_s * 1000, 3), "request_ids": [r.request_id for r in requests],
             }).decode())
@@ -382,6 +382,8 @@ class Batcher:
         self._gap_ewma_s = math.inf
         self._is_arrival_while_busy = False  # during the batch running now
         self._was_arrival_while_busy = False  # during the last batch that finished
+        self._backlog_rows_per_s = 0.0  # rows answered per second while requests kept waiting
+        self._backlog_since_s: float | None = None  # the last completion that left requests waiting
         gate.waiters.append(self._wake)
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
@@ -416,23 +418,43 @@ class Batcher:
         return future
 
     def _admit(self, rows: int, deadline_s: float, now_s: float) -> None:
+        refusal = self.refusal(rows, deadline_s, now_s)
+        if refusal is not None:
+            raise refusal
+
+    def refusal(self, rows: int, deadline_s: float, now_s: float | None = None) -> ServingError | None:
+        """Why a request of `rows` rows would be refused now, or None if it would be
+        admitted. Cheap: the app asks before it reads a request's body."""
+        now_s = self._clock() if now_s is None else now_s
         if self._task.done():
-            raise NotReady("this version is unloading")
+            return NotReady("this version is unloading")
         if rows > self.policy.max_batch_size:
-            raise BadRequest(f"batch of {rows} rows exceeds max_batch_size {self.policy.max_batch_size}")
+            return BadRequest(f"batch of {rows} rows exceeds max_batch_size {self.policy.max_batch_size}")
         if len(self._queue) >= self.policy.max_queue_size:
-            raise QueueFull(f"queue full ({self.policy.max_queue_size} requests)")
+            return QueueFull(f"queue full ({self.policy.max_queue_size} requests)")
         if not self.latency.is_known:
-            return
+            return None
+        delay_s = self.predicted_delay_s(rows, now_s)
+        if delay_s >= deadline_s - now_s:  # the client's own deadline cannot be met (the policy would drop it)
+            return DeadlineExceeded(f"cannot answer within the deadline (predicted {delay_s * 1000:.1f} ms)")
+        target_s = self.policy.latency_target_s
+        if target_s is not None and delay_s > target_s:  # our latency target: shed load, retry later
+            return QueueFull(f"overloaded: predicted {delay_s * 1000:.1f} ms exceeds the {target_s * 1000:.1f} ms target")
+        return None
+
+    def predicted_delay_s(self, rows: int, now_s: float) -> float:
+        """Time until a new request of `rows` rows would be answered: the compute the
+        latency model predicts for what is ahead of it, or, when the queue has been
+        backlogged, what is ahead of it at the rate the queue really drained (Little's
+        law). The second counts what the model cannot see: under thousands of
+        connections the event loop, not ONNX Runtime, sets the pace."""
         busy_remaining_s = 0.0
         if self._in_flight:
             busy_remaining_s = max(self.latency.predict_s(self.policy.max_batch_size) - (now_s - self._busy_since_s), 0.0)
         delay_s = admission_delay_s(self._queued_rows, rows, busy_remaining_s, self.policy, self.latency)
-        if delay_s >= deadline_s - now_s:  # the client's own deadline cannot be met (the policy would drop it)
-            raise DeadlineExceeded(f"cannot answer within the deadline (predicted {delay_s * 1000:.1f} ms)")
-        target_s = self.policy.latency_target_s
-        if target_s is not None and delay_s > target_s:  # our latency target: shed load, retry later
-            raise QueueFull(f"overloaded: predicted {delay_s * 1000:.1f} ms exceeds the {target_s * 1000:.1f} ms target")
+        if self._backlog_rows_per_s > 0.0 and self._queued_rows:
+            delay_s = max(delay_s, (self._queued_rows + rows) / self._backlog_rows_per_s)
+        return delay_s
 
     def _note_arrival(self, now_s: float) -> None:
         gap_s = now_s - self._last_arrival_s
@@ -449,18 +471,30 @@ class Batcher:
     async def _loop(self) -> None:
         while True:
             self._wake.clear()
-            try:
-                decision = next_batch(
-                    self._queue, self._clock(), self._gate.is_idle, self.policy, self.latency, self.expected_gap_s()
-                )
-                self._apply(decision)
-            except Exception:  # a bug here must not strand every queued request
-                logger.exception("batcher loop failed; failing queued requests")
-                self._fail_all(ModelFailed("batching failed"))
-                continue
-            if decision.send_count:
+            decision = self._step()
+            if decision is None or decision.send_count:
                 continue
             await self._wait(decision.wait_s)
+
+    def _step(self) -> Decision | None:
+        """Decide and act once; None when the policy itself failed (its requests failed)."""
+        try:
+            decision = next_batch(self._queue, self._clock(), self._gate.is_idle, self.policy, self.latency, self.expected_gap_s())
+            self._apply(decision)
+            return decision
+        except Exception:  # a bug here must not strand every queued request
+            logger.exception("batcher loop failed; failing queued requests")
+            self._fail_all(ModelFailed("batching failed"))
+            return None
+
+    def _next_after_completion(self) -> None:
+        """Send the next batch from the completion callback itself. Waking the loop task
+        instead costs a pass through the event loop's ready queue, which under thousands
+        of connections is long: the engine then idled while requests waited (issue 9)."""
+        if self._queue and self._gate.is_idle:
+            decision = self._step()
+            if decision is not None and not decision.send_count:
+                self._wake.set()  # the loop task re-arms its timer for the policy's wait
 
     def _apply(self, decision: Decision) -> None:
         if decision.dropped:
@@ -519,6 +553,7 @@ class Batcher:
         self._in_flight -= 1
         self._was_arrival_while_busy = self._is_arrival_while_busy
         self._finish(batch, started_s, error, outcome)
+        self._next_after_completion()
 
     def _complete(self, batch: list[PendingRequest], started_s: float, future: asyncio.Future) -> None:
         self._gate.release()
@@ -530,6 +565,7 @@ class Batcher:
             self._finish(batch, started_s, future.exception(), None)
         else:
             self._finish(batch, started_s, None, future.result())
+        self._next_after_completion()
 
     def _finish(self, batch, started_s: float, error: BaseException | None, outcome) -> None:
         try:
@@ -552,7 +588,9 @@ class Batcher:
             for request, outputs in zip(batch, results):
                 if not request.future.done():
                     request.future.set_result(outputs)
-            self.latency.observe(sum(request.rows for request in batch), compute_s)
+            rows = sum(request.rows for request in batch)
+            self.latency.observe(rows, compute_s)
+            self._note_drain(rows)
             self._observer.on_batch(batch, started_s, compute_s, len(self._queue))
 
     def _settle_split(self, batch, results: list) -> None:
@@ -575,6 +613,15 @@ class Batcher:
             return ModelFailed(f"output '{name}' has shape {list(error.shape)}, not one row per input row "
                                f"({error.rows}): this version cannot answer this request")
         return self._classify_error(error)
+
+    def _note_drain(self, rows: int) -> None:
+        """Measure the drain rate only between completions that left requests waiting:
+        then the rate is the pace of the whole path, not the pace of arrivals."""
+        now_s = self._clock()
+        if self._backlog_since_s is not None and now_s > self._backlog_since_s:
+            rate = rows / (now_s - self._backlog_since_s)
+            self._backlog_rows_per_s = rate if self._backlog_rows_per_s == 0.0 else 0.8 * self._backlog_rows_per_s + 0.2 * rate
+        self._backlog_since_s = now_s if self._queue else None
 
     def _note_drained(self) -> None:
         if not self._queue and not self._in_flight:

@@ -86,7 +86,7 @@ class ServingConfig:
     cudnn_conv_algo_search: str = "heuristic"
     max_batch_size: int = 32
     max_queue_delay_s: float = 0.002
-    max_queue_size: int = 1024
+    max_queue_size: int = 4096
     max_batches_in_flight: int = 1
     max_shape_queues: int = 16
     request_timeout_s: float = 10.0
@@ -94,12 +94,12 @@ class ServingConfig:
     max_elements: int = 16 * 1024 * 1024
     executor_threads: int = 2
     dispatch: str = "thread"
-    compute_nice: int = 0
+    compute_nice: int = 5
     max_in_flight: int = 0
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_header_bytes: int = 16 * 1024
-    max_connections: int = 1000
+    max_connections: int = 4096
     api_keys: str = "off"
     api_keys_refresh_s: float = 3.0
     metrics_token_required: bool = False
@@ -132,7 +132,7 @@ class ServingConfig:
             ),
             max_batch_size=env_int("SERVING_MAX_BATCH_SIZE", 32, minimum=1),
             max_queue_delay_s=env_float("SERVING_MAX_QUEUE_DELAY_S", 0.002),
-            max_queue_size=env_int("SERVING_MAX_QUEUE_SIZE", 1024, minimum=1),
+            max_queue_size=env_int("SERVING_MAX_QUEUE_SIZE", 4096, minimum=1),
             max_batches_in_flight=env_int("SERVING_MAX_BATCHES_IN_FLIGHT", 1, minimum=1),
             max_shape_queues=env_int("SERVING_MAX_SHAPE_QUEUES", 16, minimum=1),
             request_timeout_s=env_float("SERVING_REQUEST_TIMEOUT_S", 10.0, minimum=0.001),
@@ -140,12 +140,12 @@ class ServingConfig:
             max_elements=env_int("SERVING_MAX_ELEMENTS", 16 * 1024 * 1024, minimum=1),
             executor_threads=env_int("SERVING_EXECUTOR_THREADS", 2, minimum=1),
             dispatch=env_choice("SERVING_DISPATCH", "thread", ("thread", "executor")),
-            compute_nice=env_int("SERVING_COMPUTE_NICE", 0),
+            compute_nice=env_int("SERVING_COMPUTE_NICE", 5),
             max_in_flight=env_int("SERVING_MAX_IN_FLIGHT", 0),
             header_timeout_s=env_float("SERVING_HEADER_TIMEOUT_S", 10.0, minimum=0.01),
             body_timeout_s=env_float("SERVING_BODY_TIMEOUT_S", 30.0, minimum=0.01),
             max_header_bytes=env_int("SERVING_MAX_HEADER_BYTES", 16 * 1024, minimum=1024),
-            max_connections=env_int("SERVING_MAX_CONNECTIONS", 1000),
+            max_connections=env_int("SERVING_MAX_CONNECTIONS", 4096),
             api_keys=env_choice("SERVING_API_KEYS", "off", ("off", "optional", "required")),
             api_keys_refresh_s=env_float("SERVING_API_KEYS_REFRESH_S", 3.0, minimum=0.1),
             metrics_token_required=env_bool("SERVING_METRICS_TOKEN_REQUIRED", False),

@@ -12,16 +12,21 @@
   adopts it whenever its digest differs from the one applied, even at a lower
   generation: a counter that went backwards (a restored database) never freezes
   workers. Losing Redis never stops serving: the last state stays.
-- Acks (``{worker, generation, digest, ok, error?, load_ms}``) and the once-a-second
-  report go to the console over HTTP with the worker token. The first report goes
-  before any ack: the console refuses acks from a worker it has not heard of.
+- Acks (``{worker, generation, digest, epoch, ok, error?, load_ms}``) and the
+  once-a-second report go to the console over HTTP with the worker token. The first
+  report goes before any ack: the console refuses acks from a worker it has not heard of.
+- Every state applied is persisted beside the artifact cache (``state_store``). A worker
+  that started on that persisted state (the console could not answer) serves it, says
+  so in its reports, acks it once the console answers, and retries the console every
+  second meanwhile instead of every ``reconcile_interval_s``.
+- The channel is re-joined with back-off (0.5 s doubling to 10 s) that starts again
+  from 0.5 s once a connection was made, so a second outage is not waited out at 10 s.
 Nothing here runs per request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -31,12 +36,16 @@ from dataclasses import dataclass
 import httpx
 
 from serving.console_client import async_console_only
+from serving.logs import event
 from serving.reports import ReportBuilder
 from serving.state_signing import SignatureRefused, signing_key, state_digest, verify_state
+from serving.state_store import PersistedStateRefused
 
 logger = logging.getLogger("serving.control")
 SERVING_GROUP = "serving"
+FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
+UNREACHABLE_RETRY_S = 1.0  # how soon to ask again when the console did not answer
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,23 @@ class Applied:
     generation: int | None = None
     epoch: str | None = None
     digest: str | None = None
+
+
+class Backoff:
+    """Delays between reconnect attempts: doubling up to a cap, back to the first after
+    a connection held (``reset``), so each outage is retried as quickly as the first."""
+
+    def __init__(self, first_s: float = FIRST_BACKOFF_S, max_s: float = MAX_BACKOFF_S):
+        self.first_s, self.max_s = first_s, max_s
+        self._next_s = first_s
+
+    def next_delay(self) -> float:
+        delay = self._next_s
+        self._next_s = min(delay * 2, self.max_s)
+        return delay
+
+    def reset(self) -> None:
+        self._next_s = self.first_s
 
 
 def make_identity(public_url: str, device: str) -> Identity:
@@ -82,6 +108,8 @@ class ControlPlane:
         self._key = signing_key(worker.config.worker_token) if worker.config.worker_token else None
         self._transport = transport
         self._reported = False
+        self._unacked: dict | None = None  # the ack of a persisted state, sent once the console answers
+        self._console_answered: bool | None = None  # None: not asked yet
         self._apply_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
         self._http: httpx.AsyncClient | None = None
@@ -94,12 +122,21 @@ class ControlPlane:
             base_url=config.console_url, headers={"Authorization": f"Bearer {config.worker_token}"}, timeout=httpx.Timeout(5.0, connect=2.0),
             follow_redirects=False, event_hooks={"request": [async_console_only(config.console_url)]}, transport=self._transport,
         )
-        # The initial state was applied without its digest: the first reconcile confirms and acks it.
-        self.applied = Applied(generation=self.worker.repository.generation)
+        self.applied = self._initial_applied()
         if not run_loops:  # tests drive reconcile, pushes and reports by hand
             return
         for loop in [self._reconcile_forever, self._report_forever] + ([self._listen] if self.redis_url else []):
             self._tasks.append(asyncio.create_task(loop(), name=f"control-{loop.__name__}"))
+
+    def _initial_applied(self) -> Applied:
+        persisted = self.worker.initial_persisted
+        if persisted is None:
+            # Applied without its digest: the first reconcile confirms and acks it.
+            return Applied(generation=self.worker.repository.generation)
+        state, result = persisted
+        applied = Applied(state["generation"], state.get("epoch"), state["digest"])
+        self._unacked = {**result, "digest": applied.digest, "epoch": applied.epoch}
+        return applied
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -111,7 +148,9 @@ class ControlPlane:
     # ---- desired state ------------------------------------------------------------
 
     async def receive_push(self, state: object) -> dict | None:
-        """A state from the channel: used only if signed, and newer in the same epoch."""
+        """A state from the channel: used only if signed, and newer in the same epoch. A
+        signed push of the generation already applied but with other content means what
+        was applied is not what the console issued: the console is asked (reconcile)."""
         digest = self._verified(state)
         if digest is None:
             return None
@@ -121,9 +160,12 @@ class ControlPlane:
             generation = state.get("generation")
             if type(generation) is not int or digest == self.applied.digest:
                 return None
-            if self.applied.generation is not None and generation <= self.applied.generation:
+            applied = self.applied.generation
+            if applied is None or generation > applied:
+                return await self._converge(state, digest)
+            if generation < applied:
                 return None
-            return await self._converge(state, digest)
+        return await self.reconcile()
 
     def _verified(self, state: object) -> str | None:
         try:
@@ -131,7 +173,7 @@ class ControlPlane:
                 raise SignatureRefused("this worker has no worker token to verify pushes with")
             return verify_state(state, self._key)
         except SignatureRefused as refusal:
-            logger.warning(json.dumps({"event": "push_refused", "reason": str(refusal)}))
+            logger.warning(event("push_refused", reason=str(refusal)))
             return None
 
     async def reconcile(self) -> dict | None:
@@ -143,25 +185,33 @@ class ControlPlane:
             try:
                 digest = state_digest(state)
             except ValueError as error:
-                logger.warning(json.dumps({"event": "state_refused", "reason": str(error)}))
+                logger.warning(event("state_refused", reason=str(error)))
                 return None
             if state.get("digest", digest) != digest:
-                logger.warning(json.dumps({"event": "state_refused", "reason": "the digest does not match the content"}))
+                logger.warning(event("state_refused", reason="the digest does not match the content"))
                 return None
             if digest == self.applied.digest:
+                await self._ack_persisted()
                 return None
             return await self._converge(state, digest)
 
     async def _fetch_state(self) -> dict | None:
+        answered_before = self._console_answered
+        self._console_answered = False
         try:
             response = await self._http.get("/api/serving/state")
             response.raise_for_status()
             state = response.json()
         except (httpx.HTTPError, ValueError) as error:
-            logger.warning("reconcile: cannot read the desired state: %s", error)
+            # Once per outage at WARNING: retried every second, it would be a line a second.
+            log = logger.debug if answered_before is False else logger.warning
+            log(event("reconcile_failed", reason=f"cannot read the desired state: {error}"))
             return None
+        self._console_answered = True
+        if answered_before is False:
+            logger.info(event("console_answers_again"))
         if not isinstance(state, dict):
-            logger.warning("reconcile: the desired state is not a JSON object")
+            logger.warning(event("reconcile_failed", reason="the desired state is not a JSON object"))
             return None
         return state
 
@@ -169,43 +219,63 @@ class ControlPlane:
         result = await self.worker.apply(state)
         if result.get("ok"):
             self.applied = Applied(state["generation"], state.get("epoch"), digest)
-        await self._ack({**result, "digest": digest})
+            self._unacked = None  # superseded: the console hears of the state now served
+            await self._persist(state)
+        await self._ack({**result, "digest": digest, "epoch": state.get("epoch")})
         return result
 
-    async def _ack(self, result: dict) -> None:
+    async def _persist(self, state: dict) -> None:
+        """Keep the applied state for a restart while the console cannot answer."""
+        store = self.worker.state_store
+        try:
+            await asyncio.to_thread(store.save, state)
+        except (OSError, PersistedStateRefused) as error:
+            logger.warning(event("state_not_persisted", path=str(store.path), reason=str(error)))
+
+    async def _ack_persisted(self) -> None:
+        """The console answers again and issued what the worker served from disk: say so."""
+        if self._unacked is not None and await self._ack(self._unacked):
+            self._unacked = None
+
+    async def _ack(self, result: dict) -> bool:
+        """Send an ack; False when it did not reach the console (worth sending again)."""
         if not self._reported:
             await self.send_report()
         body = {"worker": self.identity.id, **result}
         try:
             response = await self._http.post("/api/serving/acks", json=body)
-            if response.status_code >= 400:
-                logger.warning("ack of generation %s refused: %s %s", result.get("generation"), response.status_code, response.text[:200])
         except httpx.HTTPError as error:
             logger.warning("ack of generation %s not delivered: %s", result.get("generation"), error)
+            return False
+        if response.status_code >= 400:
+            logger.warning("ack of generation %s refused: %s %s", result.get("generation"), response.status_code, response.text[:200])
+        return True
 
     async def _reconcile_forever(self) -> None:
         while True:
             await self.reconcile()
-            await asyncio.sleep(self.reconcile_interval_s)
+            await asyncio.sleep(self.reconcile_interval_s if self._console_answered else min(self.reconcile_interval_s, UNREACHABLE_RETRY_S))
 
     async def _listen(self) -> None:
-        backoff_s = 0.5
+        backoff = Backoff()
         while True:
             try:
-                await self._listen_once()
+                await self._listen_once(on_joined=backoff.reset)
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # noqa: BLE001 - any transport failure: keep serving, retry
-                logger.warning("channel layer lost (%s); serving the last state, retrying in %.1f s", error, backoff_s)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)
+                delay_s = backoff.next_delay()
+                logger.warning(event("channel_lost", reason=str(error), retry_in_s=delay_s))
+                await asyncio.sleep(delay_s)
 
-    async def _listen_once(self) -> None:
+    async def _listen_once(self, on_joined=lambda: None) -> None:
         from channels_redis.core import RedisChannelLayer
 
         layer = RedisChannelLayer(hosts=[self.redis_url], prefix=self.channel_prefix, group_expiry=86400, expiry=30)
         channel = await layer.new_channel(prefix="serving-worker.")
         await layer.group_add(SERVING_GROUP, channel)
+        on_joined()
+        logger.info(event("channel_joined", group=SERVING_GROUP))
         try:
             await self.reconcile()  # whatever was published while we were away
             while True:
@@ -229,11 +299,11 @@ class ControlPlane:
         try:
             response = await self._http.post("/api/serving/reports", json=report)
             if response.status_code >= 400:
-                logger.warning("report refused: %s %s", response.status_code, response.text[:200])
+                logger.warning(event("report_refused", status=response.status_code, body=response.text[:200]))
             else:
                 self._reported = True
         except httpx.HTTPError as error:
-            logger.debug("report not delivered: %s", error)
+            logger.debug(event("report_not_delivered", reason=str(error)))
 
 
 async def _quietly(awaitable) -> None:

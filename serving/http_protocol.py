@@ -22,11 +22,14 @@ flow control included, goes straight through.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 
 import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+logger = logging.getLogger("serving.http")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,4 +209,33 @@ class CoalescingHttpToolsProtocol(GuardedHttpToolsProtocol):
 def protocol_class(limits: HttpLimits, coalesce_writes: bool) -> type[GuardedHttpToolsProtocol]:
     """The protocol uvicorn is given: our guards with these limits, coalescing or not."""
     base = CoalescingHttpToolsProtocol if coalesce_writes else GuardedHttpToolsProtocol
+    limits = replace(limits, max_connections=fit_open_file_limit(limits.max_connections))
     return type(base.__name__, (base,), {"limits": limits})
+
+
+FILES_BESIDES_CONNECTIONS = 256  # models, cache, logs, the console and Redis clients
+
+
+def fit_open_file_limit(max_connections: int) -> int:
+    """Raise this process's open-file limit to fit the connection cap, up to the hard
+    limit; past it, lower the cap. Otherwise accept() fails with EMFILE under load and
+    clients see resets instead of the cap's 503."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = (max_connections or 65536) + FILES_BESIDES_CONNECTIONS
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            soft = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    except (ImportError, ValueError, OSError):  # not POSIX, or not permitted: keep the limits as they are
+        return max_connections
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    room = max(soft - FILES_BESIDES_CONNECTIONS, 1)
+    if not max_connections:
+        return room
+    if max_connections > room:
+        logger.warning("SERVING_MAX_CONNECTIONS lowered to %d to fit the open-file limit (%d)", room, soft)
+        return room
+    return max_connections

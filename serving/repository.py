@@ -188,6 +188,13 @@ class LoadedVersion:
         batcher = self._batchers.get(decoded.shape_key) or self._new_batcher(decoded.shape_key)
         return batcher.submit(decoded.tensors, decoded.rows, deadline_s, request_id)
 
+    def refusal(self, deadline_s: float) -> ServingError | None:
+        """Why a one-row request would be refused by every queue of this version now, or
+        None: asked before the body is read, so an overloaded worker does not pay for
+        decoding what it will refuse (the shape, hence the queue, is not known yet)."""
+        refusals = [batcher.refusal(1, deadline_s) for batcher in self._batchers.values()]
+        return refusals[0] if refusals and all(refusals) else None
+
     def _new_batcher(self, shape_key: tuple) -> Batcher:
         if len(self._batchers) >= self._max_shape_queues:
             self._reclaim_idle_queue()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 
+import httpx
 import pytest
+from rest_framework.authtoken.models import Token
 
 from registry import uploads
 from registry.models import RegisteredModel
@@ -18,3 +20,11 @@ def model(operator) -> RegisteredModel:
     for seed in (1, 2):
         uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([16, 8, 4], seed=seed))), uploaded_by=operator)
     return model
+
+
+@pytest.fixture
+def api(stack, operator) -> httpx.Client:
+    """The live console's API as the operator (needs the test module's ``stack``)."""
+    token, _ = Token.objects.get_or_create(user=operator)
+    with httpx.Client(base_url=stack.console.url, headers={"Authorization": f"Token {token.key}"}, timeout=30) as client:
+        yield client

@@ -26,13 +26,6 @@ def stack(tmp_path, settings, model):
         yield stack
 
 
-@pytest.fixture
-def api(stack, operator) -> httpx.Client:
-    token, _ = Token.objects.get_or_create(user=operator)
-    with httpx.Client(base_url=stack.console.url, headers={"Authorization": f"Token {token.key}"}, timeout=30) as client:
-        yield client
-
-
 def predict(worker, **headers) -> httpx.Response:
     return httpx.post(worker.url + "/predict", json={"model_name": "tiny", "inputs": [ROW]}, headers=headers, timeout=10)
 

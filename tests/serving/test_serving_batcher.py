@@ -388,6 +388,24 @@ async def test_admission_counts_what_is_left_of_the_running_batch(executor):
     assert first_values(await asyncio.gather(running, queued)) == [2.0, 4.0]
 
 
+async def test_admission_predicts_from_the_pace_the_queue_really_drained_at(executor):
+    clock = FakeClock(100.0)
+    model = FakeModel(is_open=False)
+    batcher = make_batcher(model, executor, latency=FixedLatency(0.001), clock=clock, max_batch_size=1)
+    first, second, third, fourth = [batcher.submit(row(i), 1, clock.now_s + 60) for i in range(4)]
+    for moment_s, done in ((100.1, first), (100.2, second)):  # one row per 100 ms, though the model predicts 1 ms
+        clock.now_s = moment_s
+        model.allow()
+        await done
+
+    # One request waits, one runs: at 10 rows/s a new one is answered in about 200 ms.
+    with pytest.raises(DeadlineExceeded, match=r"^cannot answer within the deadline \(predicted 200\.0 ms\)$"):
+        batcher.submit(row(9), 1, clock.now_s + 0.15)
+    admitted = batcher.submit(row(9), 1, clock.now_s + 0.25)
+    model.open()
+    assert first_values(await asyncio.gather(third, fourth, admitted)) == [4.0, 6.0, 18.0]
+
+
 async def test_latency_target_is_not_checked_before_anything_is_learned(executor):
     batcher = make_batcher(FakeModel(), executor, latency_target_s=0.000001)
 
@@ -748,7 +766,7 @@ async def test_each_batch_is_counted_in_the_observer_and_the_metrics(path, execu
     model = FakeModel(delay_s=0.005, is_open=False)
     batcher = make_batcher(model, dispatch if path == "threads" else executor, observer=observer)
     try:
-        with caplog.at_level(logging.INFO, logger="serving.batcher"):
+        with caplog.at_level(logging.DEBUG, logger="serving.batcher"):
             first = batcher.submit(row(1), 1, deadline(), "req-a")
             await wait_for_run(model)
             rest = [batcher.submit((np.ones((2, 4), np.float32),), 2, deadline(), "req-b"),

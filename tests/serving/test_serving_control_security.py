@@ -118,7 +118,8 @@ async def test_signed_push_is_applied_and_acked_with_its_digest(control, console
 
     assert result["ok"] is True
     assert control.applied == Applied(2, "epoch-x", push["digest"])
-    assert console.acks[-1] | {"load_ms": 0} == {"worker": control.identity.id, "generation": 2, "digest": push["digest"], "ok": True, "load_ms": 0}
+    assert console.acks[-1] | {"load_ms": 0} == {"worker": control.identity.id, "generation": 2, "digest": push["digest"], "epoch": "epoch-x",
+                                                 "ok": True, "load_ms": 0}
 
 
 async def test_an_older_signed_push_in_the_same_epoch_is_ignored(control, console):
@@ -129,6 +130,20 @@ async def test_an_older_signed_push_in_the_same_epoch_is_ignored(control, consol
 
     assert control.worker.repository.generation == 5
     assert len(console.acks) == acks_before
+
+
+async def test_a_signed_push_of_the_applied_generation_with_other_content_makes_the_worker_ask_the_console(control, console):
+    torn = content(5, "epoch-x")  # what a torn read once answered as generation 5
+    await serve(control, console, 5, "epoch-x")
+    real = content(5, "epoch-x", {"digits": {"routes": [], "warm": [], "batching": {}}})
+    console.state = real
+
+    result = await control.receive_push(signed(real))
+
+    assert result["ok"] is True
+    assert control.applied == Applied(5, "epoch-x", state_digest(real))
+    assert state_digest(real) != state_digest(torn)
+    assert console.acks[-1]["digest"] == state_digest(real)
 
 
 async def test_push_from_another_epoch_adopts_the_consoles_state_even_at_a_lower_generation(control, console):

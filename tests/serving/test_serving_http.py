@@ -291,6 +291,36 @@ def test_requests_past_the_in_flight_cap_get_503_before_the_body_is_read(start_w
     assert "in flight" in shed.json()["error"]
 
 
+def test_an_overloaded_version_refuses_a_request_before_its_body_arrives(start_worker, mlp_v1):
+    worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}, max_queue_size=1))
+    version = worker.worker.repository.loaded[("digits", 1)]
+    release, original = threading.Event(), version.engine.run
+    version.engine.run = lambda feeds: release.wait(5) and original(feeds)
+    body = orjson.dumps(v2_body(np.zeros((1, 64), np.float32)))
+    port = int(worker.url.rsplit(":", 1)[1])
+
+    async def fill_queue_then_send_headers_only():
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            running = asyncio.ensure_future(http.post(worker.url + INFER, content=body))
+            await asyncio.sleep(0.2)  # the engine now holds the first request
+            queued = asyncio.ensure_future(http.post(worker.url + INFER, content=body))
+            await asyncio.sleep(0.2)  # the second fills the queue of one
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])  # the rest never comes
+            answer = await asyncio.wait_for(reader.read(4096), timeout=3.0)
+            writer.close()
+            release.set()
+            return answer, await running, await queued
+
+    answer, running, queued = asyncio.run(fill_queue_then_send_headers_only())
+
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b"retry-after: 1" in answer.lower()
+    assert b'{"error":"queue full (1 requests)"}' in answer
+    assert (running.status_code, queued.status_code) == (200, 200)
+
+
 def test_health_counts_a_failure_as_soon_as_it_is_answered(digits_worker, client):
     version = digits_worker.worker.repository.loaded[("digits", 1)]
     version.engine.run = lambda feeds: 1 / 0

@@ -4,6 +4,8 @@ clients are cut off by deadlines and caps."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -274,3 +276,26 @@ def test_keep_alive_requests_each_get_their_own_deadlines(guarded_worker):
                 assert chunk, "the server closed a keep-alive connection"
                 answer += chunk
             assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def fit_in_child(soft: int, hard: int, max_connections: int) -> tuple[int, int]:
+    """fit_open_file_limit run in a child whose open-file limit is (soft, hard): the cap it
+    returns and the soft limit it leaves. A child, because the limit is per process."""
+    code = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))\n"
+        "from serving.http_protocol import fit_open_file_limit\n"
+        f"cap = fit_open_file_limit({max_connections})\n"
+        "print(cap, resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    cap, left = done.stdout.split()
+    return int(cap), int(left)
+
+
+def test_the_open_file_limit_is_raised_to_fit_the_connection_cap():
+    assert fit_in_child(1024, 8192, 4096) == (4096, 4096 + 256)
+
+
+def test_the_connection_cap_is_lowered_to_fit_a_hard_open_file_limit():
+    assert fit_in_child(1024, 1024, 4096) == (1024 - 256, 1024)

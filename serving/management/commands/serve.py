@@ -1,19 +1,28 @@
 """`manage.py serve`: run a serving worker with its control plane. Thin on purpose: no
-ORM, no Django views; Django only supplies defaults (the worker token, Redis URL)."""
+ORM, no Django views; Django only supplies defaults (the worker token, Redis URL).
+
+The console to follow is never guessed: a worker started by hand without ``CONSOLE_URL``
+would otherwise take its states and artifacts from whatever answers on the default port.
+``CONSOLE_URL`` comes from the environment, else from a ``CONSOLE_URL`` Django setting
+when the console defines one, else the command refuses to start (``runstack`` sets it).
+Logging is configured here, after Django's own ``LOGGING``, so that every worker line is
+one JSON object (serving/logs.py) rather than whatever Django's handler prints."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from serving.config import ServingConfig, env_float
 from serving.control import ControlPlane
+from serving.logs import configure_logging
 from serving.model_safety import enter_private_working_directory
-from serving.worker import Worker, configure_logging
+from serving.worker import Worker
 
 
 class Command(BaseCommand):
@@ -29,6 +38,8 @@ class Command(BaseCommand):
         config = ServingConfig.from_env()
         if not config.worker_token:
             config = dataclasses.replace(config, worker_token=settings.SERVING_WORKER_TOKEN)
+        if state_file is None:
+            config = dataclasses.replace(config, console_url=console_url())
         configure_logging(config.log_level)
         config, state_file, private_directory = _leave_the_code_tree(config, state_file)
         worker = Worker(config, state_file)
@@ -43,6 +54,17 @@ class Command(BaseCommand):
                 report_interval_s=env_float("SERVING_REPORT_INTERVAL_S", 1.0, minimum=0.05),
             )
         worker.serve(host, port)
+
+
+def console_url() -> str:
+    """The console this worker follows: CONSOLE_URL, else the console's setting of that name."""
+    url = os.environ.get("CONSOLE_URL", "").strip() or str(getattr(settings, "CONSOLE_URL", "") or "").strip()
+    if not url:
+        raise CommandError(
+            "CONSOLE_URL is not set: name the console this worker takes its states and artifacts from, "
+            "e.g. CONSOLE_URL=http://127.0.0.1:8000 (manage.py runstack sets it for the worker it starts)"
+        )
+    return url.rstrip("/")
 
 
 def _leave_the_code_tree(config: ServingConfig, state_file: str | None) -> tuple[ServingConfig, str | None, Path]:

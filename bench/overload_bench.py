@@ -1,0 +1,304 @@
+"""Overload benchmark: goodput, deadlines and rejection times far past capacity.
+
+    .venv/bin/python -m bench.overload_bench [--duration-s 8] [--model small|mid] [--json out.json]
+                                             [--worker-env SERVING_X=Y] [--worker-dir DIR]
+
+One worker (`python -m serving.worker`, default settings: nothing is tuned) serves one
+model built by `registry.onnx_build`, one row per request, JSON tensors. The runs:
+
+1. capacity: closed loop at 64 connections (wrk -t1, else the asyncio client);
+2. closed loop at 256 and 2,048 connections (wrk); a probe on its own keep-alive
+   connections sends a few requests a second meanwhile and records each answer's status
+   and latency, since wrk's latency histogram mixes 200s with 503s;
+3. open loop at 3x capacity (the asyncio client: requests leave on schedule whatever the
+   answers; latency counts from the scheduled time, so client-side queueing is included).
+
+Goodput is 200s per second (over the whole run, the drain included); "kept deadline" is the share of 200s answered within the
+worker's request timeout (SERVING_REQUEST_TIMEOUT_S, 10 s by default). The table prints
+goodput as a share of the capacity measured in the same run: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+from bench.serve_bench import (
+    MODELS,
+    ROOT,
+    LoadResult,
+    WorkerProcess,
+    closed_loop,
+    http_request,
+    infer_body,
+    read_response,
+    write_models,
+)
+
+DEADLINE_S = 10.0  # the worker's default request timeout
+
+
+def state_with_defaults(models: dict, name: str) -> dict:
+    """The model at 100%, with no batching override: the worker's defaults apply."""
+    path, sha = models[name]
+    route = {"version": 1, "weight": 100, "sha256": sha, "artifact_url": str(path), "signature": {"batchable": True}}
+    return {"generation": 1, "models": {name: {"routes": [route], "warm": [], "batching": {}}}}
+
+
+def wrk_statuses(port: int, path: str, body_file: Path, connections: int, duration_s: float) -> tuple[float, dict[int, int], str]:
+    """wrk closed loop; per-status counts from a Lua `response` hook."""
+    script = body_file.with_suffix(".status.lua")
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f'local f = io.open("{body_file}", "rb")\nwrk.body = f:read("*a")\nf:close()\n'
+        "counts = {}\nlocal threads = {}\n"
+        "function setup(thread) table.insert(threads, thread) end\n"
+        "function response(status, headers, body) counts[status] = (counts[status] or 0) + 1 end\n"
+        "function done(summary, latency, requests)\n"
+        "  for _, thread in ipairs(threads) do\n"
+        "    for status, n in pairs(thread:get('counts')) do io.write(string.format('status %d %d\\n', status, n)) end\n"
+        "  end\n"
+        "  io.write(string.format('errors connect %d read %d write %d timeout %d\\n', summary.errors.connect,\n"
+        "    summary.errors.read, summary.errors.write, summary.errors.timeout))\n"
+        "end\n"
+    )
+    output = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration_s))}s", "--timeout", "20s", "-s", str(script),
+         f"http://127.0.0.1:{port}{path}"], capture_output=True, text=True, check=True,
+    ).stdout
+    seconds = float(re.search(r"requests in ([\d.]+)s", output).group(1))
+    counts = {int(status): int(n) for status, n in re.findall(r"^status (\d+) (\d+)$", output, re.MULTILINE)}
+    errors = re.search(r"^errors .*$", output, re.MULTILINE).group(0)
+    return seconds, counts, errors
+
+
+class Probe:
+    """A few requests a second on keep-alive connections opened before the load starts."""
+
+    def __init__(self, port: int, path: str, body: bytes, rate_per_s: float = 20.0, connections: int = 8):
+        self.url, self.body, self.interval_s = f"http://127.0.0.1:{port}{path}", body, 1.0 / rate_per_s
+        self.client = httpx.Client(timeout=30.0, limits=httpx.Limits(max_keepalive_connections=connections))
+        self.result = LoadResult(0.0)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(index, connections), daemon=True) for index in range(connections)]
+        for _ in range(2):  # open the connections while the worker is idle
+            self.client.post(self.url, content=self.body, headers={"Content-Type": "application/json"})
+
+    def __enter__(self) -> Probe:
+        self._started_s = time.perf_counter()
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=40)
+        self.result.seconds = time.perf_counter() - self._started_s
+        self.client.close()
+
+    def _run(self, index: int, connections: int) -> None:
+        next_s = time.perf_counter() + index * self.interval_s
+        while not self._stop.is_set():
+            time.sleep(max(next_s - time.perf_counter(), 0.0))
+            started_s = time.perf_counter()
+            try:
+                status = self.client.post(self.url, content=self.body, headers={"Content-Type": "application/json"}).status_code
+            except httpx.HTTPError:
+                status = 0
+            self.result.add(status, time.perf_counter() - started_s)
+            next_s += connections * self.interval_s
+
+
+async def open_loop(port: int, request: bytes, rate_per_s: float, duration_s: float, connections: int,
+                    max_connections: int = 6000) -> LoadResult:
+    """Requests at a fixed rate whatever the answers, on `connections` keep-alive
+    connections; a request finding none free opens its own (as a new client would), up
+    to `max_connections`, beyond which it is status 0 (a client-side drop, so the offered
+    rate stays honest). A connection the server closed is status -1 for the request on
+    it, and is reopened."""
+    result, free = LoadResult(duration_s), asyncio.Queue()
+    for _ in range(connections):
+        free.put_nowait(await _connect(port))
+
+    async def one(connection, scheduled_s: float) -> None:
+        reader, writer = connection
+        try:
+            if reader is None:
+                raise ConnectionError("not connected")
+            writer.write(request)
+            status = await read_response(reader)
+        except (ConnectionError, RuntimeError, asyncio.IncompleteReadError):
+            writer is not None and writer.close()
+            status, connection = -1, await _connect(port)
+        result.add(status, time.perf_counter() - scheduled_s)
+        free.put_nowait(connection)
+
+    async def one_new(scheduled_s: float) -> None:
+        await one(await _connect(port), scheduled_s)
+
+    tasks, interval_s, started_s, opened = [], 1.0 / rate_per_s, time.perf_counter(), connections
+    for index in range(int(rate_per_s * duration_s)):
+        scheduled_s = started_s + index * interval_s
+        delay_s = scheduled_s - time.perf_counter()
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        if not free.empty():
+            tasks.append(asyncio.ensure_future(one(free.get_nowait(), scheduled_s)))
+        elif opened < max_connections:  # a new client arrives with its own connection
+            opened += 1
+            tasks.append(asyncio.ensure_future(one_new(scheduled_s)))
+        else:
+            result.add(0, 0.0)
+    await asyncio.gather(*tasks)
+    result.seconds = time.perf_counter() - started_s
+    for reader, writer in [free.get_nowait() for _ in range(free.qsize())]:
+        writer is not None and writer.close()
+    return result
+
+
+async def _connect(port: int):
+    try:
+        return await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return None, None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """The worker's CPU cores in use over a run, so a run where the load generator took
+    the cores can be told from one where the worker wasted them."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def __enter__(self) -> CpuMeter:
+        self._cpu_s, self._wall_s = cpu_seconds(self.pid), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cpu_s = cpu_seconds(self.pid) - self._cpu_s
+        self.cores = self.cpu_s / (time.perf_counter() - self._wall_s)
+
+
+def row(run: str, offered: str, seconds: float, counts: dict[int, int], capacity: float, probe: LoadResult | None, note: str = "",
+        cpu: CpuMeter | None = None) -> dict:
+    ok = counts.get(200, 0)
+    latencies = probe.latencies_s if probe is not None else {}
+    accepted = latencies.get(200, [])
+    rejected = [value for status, values in latencies.items() if status != 200 for value in values]
+    return {
+        "run": run, "offered": offered, "goodput_req_s": ok / seconds, "pct_capacity": 100 * ok / seconds / capacity if capacity else float("nan"),
+        "statuses": {str(status): n for status, n in sorted(counts.items())},
+        "accepted_p50_ms": _ms(accepted, 50), "accepted_p99_ms": _ms(accepted, 99), "accepted_max_ms": _ms(accepted, 100),
+        "kept_deadline_pct": 100 * sum(value <= DEADLINE_S for value in accepted) / len(accepted) if accepted else float("nan"),
+        "rejected_p50_ms": _ms(rejected, 50), "rejected_p99_ms": _ms(rejected, 99), "samples": sum(len(v) for v in latencies.values()),
+        "worker_cores": cpu.cores if cpu else float("nan"), "ok_per_cpu_s": ok / cpu.cpu_s if cpu and cpu.cpu_s else float("nan"),
+        "note": note,
+    }
+
+
+def _ms(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q) * 1000) if values else float("nan")
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| run | offered | goodput req/s | % of capacity | answers by status | accepted p50 / p99 / max ms | within deadline | "
+          "rejected p50 / p99 ms | latency samples | worker CPU cores | 200s per worker CPU-s |")
+    print("|---|---|---:|---:|---|---|---:|---|---:|---:|---:|")
+    for r in rows:
+        statuses = ", ".join(f"{status}: {n:,}" for status, n in r["statuses"].items())
+        print(f"| {r['run']} | {r['offered']} | {r['goodput_req_s']:,.0f} | {r['pct_capacity']:.0f}% | {statuses} | "
+              f"{r['accepted_p50_ms']:.1f} / {r['accepted_p99_ms']:.1f} / {r['accepted_max_ms']:.1f} | {r['kept_deadline_pct']:.1f}% | "
+              f"{r['rejected_p50_ms']:.1f} / {r['rejected_p99_ms']:.1f} | {r['samples']:,} | {r['worker_cores']:.2f} | {r['ok_per_cpu_s']:,.0f} |")
+    for r in rows:
+        if r["note"]:
+            print(f"  {r['run']}: {r['note']}")
+
+
+def measure(args, workdir: Path) -> list[dict]:
+    models = write_models(workdir)
+    state_file = workdir / "state.json"
+    state_file.write_bytes(orjson.dumps(state_with_defaults(models, args.model)))
+    body = infer_body(MODELS[args.model][0])
+    body_file = workdir / "body.json"
+    body_file.write_bytes(body)
+    path = f"/v2/models/{args.model}/infer"
+    request = http_request(path, body)
+    rows = []
+    with WorkerProcess(state_file, workdir / "cache") as worker:
+        asyncio.run(closed_loop(worker.port, request, 4, 1.0))  # warm connections and the latency model
+        pid = worker.process.pid
+        with CpuMeter(pid) as cpu:
+            if args.client == "wrk":
+                seconds, counts, errors = wrk_statuses(worker.port, path, body_file, 64, args.duration_s)
+            else:
+                result = asyncio.run(closed_loop(worker.port, request, 64, args.duration_s))
+                seconds, counts, errors = result.seconds, {s: len(v) for s, v in result.latencies_s.items()}, ""
+        capacity = counts.get(200, 0) / seconds
+        rows.append(row("capacity", "closed loop, 64 connections", seconds, counts, capacity, None, errors, cpu))
+        if args.client == "wrk":
+            for connections in (256, 2048):
+                with Probe(worker.port, path, body) as probe, CpuMeter(pid) as cpu:
+                    seconds, counts, errors = wrk_statuses(worker.port, path, body_file, connections, args.duration_s)
+                rows.append(row(f"{connections:,} connections", f"closed loop, {connections:,} connections", seconds, counts, capacity,
+                                probe.result, errors, cpu))
+        offered = 3 * capacity
+        with CpuMeter(pid) as cpu:
+            result = asyncio.run(open_loop(worker.port, request, offered, args.duration_s, connections=args.open_connections))
+        counts = {status: len(values) for status, values in result.latencies_s.items()}
+        drops = counts.pop(0, 0)
+        result.latencies_s.pop(0, None)
+        sent = sum(counts.values())
+        note = f"{sent / args.duration_s:,.0f} req/s actually sent; {drops:,} found no free client connection (not sent)"
+        rows.append(row("3x capacity", f"open loop, {offered:,.0f} req/s", result.seconds, counts, capacity, result, note, cpu))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration-s", type=float, default=8.0)
+    parser.add_argument("--model", default="small", choices=tuple(MODELS))
+    parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
+    parser.add_argument("--open-connections", type=int, default=512, help="keep-alive client connections the open-loop run starts with")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--worker-dir", type=Path, default=ROOT)
+    args = parser.parse_args()
+    WorkerProcess.extra_env = dict(item.split("=", 1) for item in args.worker_env)
+    WorkerProcess.source_dir = args.worker_dir.resolve()
+    if args.client == "auto":
+        args.client = "wrk" if shutil.which("wrk") else "python"
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    print(f"model {args.model} {MODELS[args.model]}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, client {args.client}")
+    with tempfile.TemporaryDirectory(prefix="overload-bench-") as tmp:
+        rows = measure(args, Path(tmp))
+    print_table(rows)
+    if args.json:
+        args.json.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The last state this worker applied, kept beside its artifact cache.
+
+A worker that starts while the console cannot answer (its database is down, it is
+restarting) would otherwise serve nothing until the console returns. With this file it
+serves what it served before, and the control plane reconciles once the console answers.
+
+A file on disk is not trusted because it is there. It holds the state signed like a
+push (``state_signing``: HMAC keyed from the worker token), and loading it re-checks
+everything: the digest must be the sha256 of the content, the signature must be this
+worker's key's, and the repository re-verifies every artifact's sha256 from the cache
+before it loads it. Writes are atomic (temporary file, fsync, rename), mode 0600.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+
+from serving.state_signing import SignatureRefused, content_of, sign_state, state_digest, verify_state
+
+FILE_NAME = "applied-state.json"
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+class PersistedStateRefused(ValueError):
+    """The persisted state cannot be used; the message says why."""
+
+
+class StateStore:
+    def __init__(self, directory: str | Path, key: bytes | None):
+        self.path = Path(directory) / FILE_NAME
+        self._key = key
+
+    def save(self, state: dict) -> str:
+        """Persist ``state`` (as applied) signed with this worker's key; returns its digest."""
+        if self._key is None:
+            raise PersistedStateRefused("this worker has no worker token to sign its persisted state with")
+        document = sign_state(content_of(state), self._key)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(f"{FILE_NAME}.{os.getpid()}.tmp")
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(descriptor, "wb") as out:
+                out.write(orjson.dumps(document, option=orjson.OPT_SORT_KEYS))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(partial, self.path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        _fsync_directory(self.path.parent)
+        return document["digest"]
+
+    def load(self) -> dict | None:
+        """The persisted state, re-checked; None when there is none.
+        PersistedStateRefused when there is one that must not be served."""
+        if self._key is None:
+            raise PersistedStateRefused("this worker has no worker token to check its persisted state with")
+        document = self._read()
+        if document is None:
+            return None
+        try:
+            digest = state_digest(document)
+        except ValueError as error:
+            raise PersistedStateRefused(str(error)) from None
+        if document.get("digest") != digest:
+            raise PersistedStateRefused("the digest does not match the content (the file changed after it was written)")
+        try:
+            verify_state(document, self._key)
+        except SignatureRefused as refusal:
+            raise PersistedStateRefused(str(refusal)) from None
+        if type(document.get("generation")) is not int:
+            raise PersistedStateRefused("the state has no integer generation")
+        return document
+
+    def _read(self) -> dict | None:
+        try:
+            with self.path.open("rb") as stream:
+                raw = stream.read(MAX_FILE_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise PersistedStateRefused(f"cannot read {self.path}: {error.strerror}") from None
+        if len(raw) > MAX_FILE_BYTES:
+            raise PersistedStateRefused(f"{self.path} is larger than {MAX_FILE_BYTES} bytes")
+        try:
+            document = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise PersistedStateRefused(f"{self.path} is not JSON") from None
+        if not isinstance(document, dict):
+            raise PersistedStateRefused(f"{self.path} does not hold a JSON object")
+        return document
+
+
+def _fsync_directory(directory: Path) -> None:
+    """The rename itself survives a power cut only once its directory is synced."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

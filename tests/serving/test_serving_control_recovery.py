@@ -1,0 +1,202 @@
+"""Recovery paths of the control plane: the reconnect back-off starts over after a
+connection held; every applied state is persisted; a worker whose console cannot answer
+at start serves the persisted state, reports it, and acks it once the console answers."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+
+from serving.control import Applied, Backoff, ControlPlane
+from serving.state_signing import state_digest
+from serving.worker import Worker
+from serving_testkit import free_port, make_config, route
+
+TOKEN = "worker-token-for-tests"
+
+
+class Console:
+    """The console's worker endpoints in memory; ``is_down`` makes every call fail to connect."""
+
+    def __init__(self):
+        self.state: dict | None = None
+        self.is_down = False
+        self.acks: list[dict] = []
+        self.reports: list[dict] = []
+        self.transport = httpx.MockTransport(self.handle)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if self.is_down:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/api/serving/state":
+            return httpx.Response(200, json=self.state)
+        {"/api/serving/acks": self.acks, "/api/serving/reports": self.reports}[request.url.path].append(json.loads(request.content))
+        return httpx.Response(204)
+
+
+def desired(generation: int, weights: list[tuple[int, int]], mlp_v1, mlp_v2) -> dict:
+    paths = {1: mlp_v1, 2: mlp_v2}
+    content = {"generation": generation, "epoch": "epoch-x",
+               "models": {"digits": {"routes": [route(version, weight, *paths[version]) for version, weight in weights]}}}
+    return {**content, "digest": state_digest(content)}
+
+
+@pytest.fixture
+def console() -> Console:
+    return Console()
+
+
+@pytest.fixture
+async def start_plane(tmp_path, console):
+    """start_plane() -> a started ControlPlane on a real worker whose start-up fetch goes to
+    a closed port (the console's HTTP client for the plane is ``console``)."""
+    started = []
+
+    async def start() -> ControlPlane:
+        config = make_config(tmp_path, worker_token=TOKEN, console_url=f"http://127.0.0.1:{free_port()}")
+        worker = Worker(config)
+        plane = ControlPlane(worker, redis_url="", public_url="http://127.0.0.1:1", transport=console.transport)
+        await worker.load_initial_state()
+        await plane.start(run_loops=False)
+        started.append((worker, plane))
+        return plane
+
+    yield start
+    for worker, plane in started:
+        await plane.stop()
+        await worker.close()
+
+
+# ---- back-off -------------------------------------------------------------------------
+
+
+def test_backoff_doubles_up_to_its_cap():
+    backoff = Backoff(0.5, 10.0)
+
+    assert [backoff.next_delay() for _ in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+def test_backoff_starts_over_after_a_reset():
+    backoff = Backoff(0.5, 10.0)
+    for _ in range(5):
+        backoff.next_delay()
+
+    backoff.reset()
+
+    assert [backoff.next_delay() for _ in range(3)] == [0.5, 1.0, 2.0]
+
+
+# ---- persisting and serving the persisted state ----------------------------------------
+
+
+async def test_each_applied_state_is_persisted_with_its_digest(start_plane, console, mlp_v1, mlp_v2):
+    plane = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+
+    await plane.reconcile()
+
+    assert plane.worker.state_store.load()["digest"] == console.state["digest"]
+
+
+async def test_a_state_that_failed_to_apply_is_not_persisted(start_plane, console, mlp_v1, mlp_v2, tmp_path):
+    plane = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    await plane.reconcile()
+    broken = desired(4, [(1, 100)], mlp_v1, mlp_v2)
+    broken["models"]["digits"]["routes"][0]["sha256"] = "0" * 64
+    console.state = {**broken, "digest": state_digest(broken)}
+
+    result = await plane.reconcile()
+
+    assert result["ok"] is False
+    assert plane.worker.state_store.load()["generation"] == 3
+
+
+async def test_a_worker_whose_console_is_down_at_start_serves_the_persisted_state_and_reports_it(start_plane, console, mlp_v1, mlp_v2):
+    first = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    await first.reconcile()
+    console.is_down = True
+
+    plane = await start_plane()
+    report = plane.reports.build(plane.identity.as_dict(), plane.worker.repository,
+                                 {"generation": plane.applied.generation, "digest": plane.applied.digest, "epoch": plane.applied.epoch})
+
+    assert plane.worker.repository.is_ready
+    assert plane.worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 100}]
+    assert plane.applied == Applied(3, "epoch-x", console.state["digest"])
+    assert (report["generation"], report["digest"], report["epoch"]) == (3, console.state["digest"], "epoch-x")
+
+
+async def test_the_persisted_state_is_acked_once_when_the_console_answers_with_the_same_digest(start_plane, console, mlp_v1, mlp_v2):
+    first = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    await first.reconcile()
+    console.is_down = True
+    plane = await start_plane()
+    acks_before = len(console.acks)
+
+    assert await plane.reconcile() is None  # still down: nothing delivered, nothing lost
+    console.is_down = False
+    await plane.reconcile()
+    await plane.reconcile()
+
+    new_acks = console.acks[acks_before:]
+    assert [ack | {"load_ms": 0} for ack in new_acks] == [
+        {"worker": plane.identity.id, "generation": 3, "digest": console.state["digest"], "epoch": "epoch-x", "ok": True, "load_ms": 0}]
+    assert console.reports[-1]["worker"]["id"] == plane.identity.id  # it reported before that ack
+
+
+async def test_a_worker_on_its_persisted_state_adopts_the_consoles_different_state_when_it_answers(start_plane, console, mlp_v1, mlp_v2):
+    first = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    await first.reconcile()
+    console.is_down = True
+    plane = await start_plane()
+
+    console.is_down = False
+    console.state = desired(4, [(1, 50), (2, 50)], mlp_v1, mlp_v2)
+    result = await plane.reconcile()
+
+    assert result["ok"] is True
+    assert plane.applied == Applied(4, "epoch-x", console.state["digest"])
+    assert [ack["generation"] for ack in console.acks[-1:]] == [4]
+    assert plane.worker.state_store.load()["digest"] == console.state["digest"]
+
+
+async def test_a_refused_persisted_state_leaves_the_worker_not_ready_with_nothing_applied(start_plane, console, mlp_v1, mlp_v2, caplog):
+    first = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    await first.reconcile()
+    path = first.worker.state_store.path
+    document = json.loads(path.read_text())
+    document["generation"] = 9
+    path.write_text(json.dumps(document))
+    console.is_down = True
+
+    plane = await start_plane()
+
+    assert not plane.worker.repository.is_ready
+    assert plane.applied == Applied()
+    assert any("persisted_state_refused" in record.getMessage() and "the digest does not match" in record.getMessage() for record in caplog.records)
+
+
+async def test_an_unreachable_console_is_warned_about_once_per_outage(start_plane, console, mlp_v1, mlp_v2, caplog):
+    plane = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    console.is_down = True
+
+    with caplog.at_level(logging.INFO, logger="serving.control"):
+        for _ in range(3):
+            await plane.reconcile()
+        console.is_down = False
+        await plane.reconcile()
+        console.is_down = True
+        await plane.reconcile()
+
+    events = [(record.levelname, json.loads(record.getMessage())["event"])
+              for record in caplog.records if record.name == "serving.control"]
+    assert events == [("WARNING", "reconcile_failed"), ("INFO", "console_answers_again"), ("WARNING", "reconcile_failed")]

@@ -1,0 +1,99 @@
+"""The persisted last-applied state: written atomically and privately, and never served
+unless its digest matches its content and its signature is this worker's key's."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from serving.state_signing import sign_state, signing_key, state_digest
+from serving.state_store import FILE_NAME, PersistedStateRefused, StateStore
+
+KEY = signing_key("worker-token-for-tests")
+STATE = {"generation": 7, "epoch": "epoch-x", "models": {"m": {"generation": 7, "routes": [{"version": 1, "weight": 100}]}}}
+
+
+@pytest.fixture
+def store(tmp_path) -> StateStore:
+    return StateStore(tmp_path / "cache", KEY)
+
+
+def test_a_saved_state_loads_back_whole_with_its_digest(store):
+    digest = store.save({**STATE, "digest": "ignored", "signature": "ignored"})
+
+    loaded = store.load()
+
+    assert digest == state_digest(STATE)
+    assert {key: loaded[key] for key in STATE} == STATE
+    assert loaded["digest"] == digest
+
+
+def test_the_file_is_private_and_no_temporary_file_is_left(store):
+    store.save(STATE)
+
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    assert os.listdir(store.path.parent) == [FILE_NAME]
+
+
+def test_no_file_loads_as_no_state(store):
+    assert store.load() is None
+
+
+def test_content_changed_on_disk_with_a_stale_digest_is_refused(store):
+    store.save(STATE)
+    document = json.loads(store.path.read_text())
+    document["models"]["m"]["routes"][0]["weight"] = 0
+    store.path.write_text(json.dumps(document))
+
+    with pytest.raises(PersistedStateRefused, match="the digest does not match the content"):
+        store.load()
+
+
+def test_content_changed_with_a_recomputed_digest_is_refused_by_the_signature(store):
+    store.save(STATE)
+    document = json.loads(store.path.read_text())
+    document["generation"] = 8
+    document["digest"] = state_digest(document)
+    store.path.write_text(json.dumps(document))
+
+    with pytest.raises(PersistedStateRefused, match="the signature does not match"):
+        store.load()
+
+
+def test_a_state_signed_with_another_key_is_refused(store):
+    store.path.parent.mkdir(parents=True)
+    store.path.write_bytes(json.dumps(sign_state(STATE, signing_key("someone-elses-token"))).encode())
+
+    with pytest.raises(PersistedStateRefused, match="the signature does not match"):
+        store.load()
+
+
+@pytest.mark.parametrize(("raw", "reason"), [(b"{not json", "is not JSON"), (b"[1, 2]", "does not hold a JSON object")])
+def test_a_file_that_is_not_a_state_object_is_refused(store, raw, reason):
+    store.path.parent.mkdir(parents=True)
+    store.path.write_bytes(raw)
+
+    with pytest.raises(PersistedStateRefused, match=reason):
+        store.load()
+
+
+def test_a_state_that_cannot_be_encoded_leaves_the_previous_one_whole(store):
+    store.save(STATE)
+
+    with pytest.raises(TypeError):
+        store.save({**STATE, "generation": 8, "models": {"m": {"routes": {1, 2}}}})  # a set is not JSON
+
+    assert store.load()["generation"] == 7
+    assert os.listdir(store.path.parent) == [FILE_NAME]
+
+
+def test_a_worker_without_a_token_neither_saves_nor_loads(tmp_path):
+    store = StateStore(tmp_path, None)
+
+    with pytest.raises(PersistedStateRefused, match="no worker token"):
+        store.save(STATE)
+    with pytest.raises(PersistedStateRefused, match="no worker token"):
+        store.load()
