@@ -21,6 +21,7 @@ from pathlib import Path
 
 import redis
 
+from serving.env import env_secret
 from serving.model_safety import default_data_dir
 
 READY_TIMEOUT_S = 10.0
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m console.embedded_redis COMMAND [ARGS...]", file=sys.stderr)
         return 2
-    if os.environ.get("REDIS_URL"):
+    if env_secret("REDIS_URL"):
         return subprocess.call(argv)
     process, url = start(default_data_dir() / "redis-test")
     try:

@@ -1,4 +1,5 @@
-"""Django settings. Every value comes from the environment (see the README table)."""
+"""Django settings. Every value comes from the environment through serving/env.py, the
+reader the workers use too (see the README tables)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from console.env import env_bool, env_float, env_int, env_is_set, env_list, env_str
+from serving.env import env_bool, env_choice, env_float, env_int, env_list, env_secret, env_str
 from serving.model_safety import default_data_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -22,7 +23,7 @@ DATA_DIR.mkdir(parents=True, exist_ok=True)
 def _secret(name: str, file_name: str) -> str:
     """An explicit value wins; otherwise one generated once and kept in DATA_DIR, so
     every process started from the same checkout agrees on it."""
-    explicit = env_str(name)
+    explicit = env_secret(name)
     if explicit:
         return explicit
     path = DATA_DIR / file_name
@@ -40,9 +41,7 @@ SECRET_KEY_MIN_LENGTH = 50
 
 def _refuse_weak_secret_key(value: str) -> None:
     lowered = value.strip().lower()
-    if not lowered:
-        problem = "empty"
-    elif len(value) < SECRET_KEY_MIN_LENGTH:
+    if len(value) < SECRET_KEY_MIN_LENGTH:
         problem = f"only {len(value)} characters long (at least {SECRET_KEY_MIN_LENGTH} are needed)"
     elif any(word in lowered for word in SECRET_KEY_PLACEHOLDERS) or len(set(value)) < 5:
         problem = "a placeholder, not a secret"
@@ -58,7 +57,7 @@ def _refuse_weak_secret_key(value: str) -> None:
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = _secret("DJANGO_SECRET_KEY", "secret_key")
 if not DEBUG:
-    _refuse_weak_secret_key(env_str("DJANGO_SECRET_KEY") if env_is_set("DJANGO_SECRET_KEY") else SECRET_KEY)
+    _refuse_weak_secret_key(SECRET_KEY)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -116,7 +115,7 @@ TEMPLATES = [
 
 
 def _database() -> dict:
-    url = env_str("DATABASE_URL")
+    url = env_secret("DATABASE_URL")  # may carry a password
     if url:
         # Health checks: a persistent connection broken by an outage is replaced at the
         # next request instead of failing it.
@@ -230,7 +229,7 @@ WORKER_FORGET_AFTER_S = env_float("WORKER_FORGET_AFTER_S", 86400.0, minimum=1.0)
 DRILL_TARGET_S = env_float("DRILL_TARGET_S", 60.0, minimum=0.1)
 DRILL_ACK_TIMEOUT_S = env_float("DRILL_ACK_TIMEOUT_S", 10.0, minimum=0.1)
 
-REDIS_URL = env_str("REDIS_URL")
+REDIS_URL = env_secret("REDIS_URL")  # may carry a password
 # Channels groups ("serving", "live") are global to a Redis database: deployments that
 # share one Redis keep apart by prefix, or one's workers would apply the other's states.
 CHANNEL_LAYER_PREFIX = env_str("CHANNEL_LAYER_PREFIX", "modelops")
@@ -285,6 +284,6 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")).upper()},
     "loggers": {"django.request": {"level": "ERROR"}},
 }

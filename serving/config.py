@@ -1,73 +1,18 @@
 """Every setting of a serving worker, read once from the environment.
 
-Each setting is one line through a small helper that refuses a bad value loudly at
-start, so a typo in a deployment fails the process instead of serving with a default.
+Each setting is one line through serving/env.py, the one reader of settings shared with
+the console: a bad value fails the process at start instead of serving with a default.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
+from serving.env import SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str
 from serving.model_safety import default_data_dir
 
-
-class ConfigError(ValueError):
-    """A setting in the environment has a value the worker cannot use."""
-
-
-def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default).strip()
-
-
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = env_str(name, default).lower()
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(choices)}")
-    return value
-
-
-def env_int(name: str, default: int, *, minimum: int = 0) -> int:
-    raw = env_str(name, str(default))
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: expected an integer") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value}: must be >= {minimum}")
-    return value
-
-
-def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
-    raw = env_str(name, str(default))
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: expected a number") from None
-    if not value >= minimum or value == float("inf"):
-        raise ConfigError(f"{name}={value}: must be a finite number >= {minimum}")
-    return value
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = env_str(name, "true" if default else "false").lower()
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}={raw!r}: expected true or false")
-
-
-def env_secret(name: str, default: str = "") -> str:
-    """A secret from NAME, or from the file named by NAME_FILE (container secrets)."""
-    path = os.environ.get(f"{name}_FILE")
-    if path:
-        try:
-            return Path(path).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"{name}_FILE={path!r}: {exc.strerror}") from None
-    return env_str(name, default)
+# Older name, still raised by the engine and the app for settings that conflict.
+ConfigError = SettingError
 
 
 @dataclass(frozen=True, slots=True)

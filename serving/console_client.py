@@ -117,15 +117,19 @@ def async_console_only(console_url: str):
     return async_check
 
 
+def console_timeout(timeout_s: float) -> httpx.Timeout:
+    """SERVING_CONSOLE_TIMEOUT_S for every call to the console; connecting takes at most 5 s
+    of it, so an unreachable console is noticed fast while a big download may be slow."""
+    return httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0))
+
+
 class ConsoleClient:
     def __init__(self, base_url: str, token: str, timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None, *,
                  allow_local: bool = False):
         self.base_url = base_url.rstrip("/")
         self.allow_local = allow_local
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        # Connect fast, but allow a slow big download between chunks.
-        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0))
-        self._http = httpx.Client(headers=headers, timeout=timeout, transport=transport, follow_redirects=False,
+        self._http = httpx.Client(headers=headers, timeout=console_timeout(timeout_s), transport=transport, follow_redirects=False,
                                   event_hooks={"request": [console_only(self.base_url)]})
 
     def fetch_state(self) -> dict:

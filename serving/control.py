@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from serving.console_client import async_console_only
+from serving.console_client import async_console_only, console_timeout
+from serving.env import env_str
 from serving.logs import event
 from serving.reports import ReportBuilder
 from serving.state_signing import SignatureRefused, signing_key, state_digest, verify_state
@@ -88,7 +89,7 @@ class Backoff:
 
 def make_identity(public_url: str, device: str) -> Identity:
     host = socket.gethostname()
-    worker_id = os.environ.get("SERVING_WORKER_ID") or f"{host}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+    worker_id = env_str("SERVING_WORKER_ID") or f"{host}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
     return Identity(worker_id, host, os.getpid(), public_url, device)
 
 
@@ -119,7 +120,7 @@ class ControlPlane:
     async def start(self, *, run_loops: bool = True) -> None:
         config = self.worker.config
         self._http = httpx.AsyncClient(
-            base_url=config.console_url, headers={"Authorization": f"Bearer {config.worker_token}"}, timeout=httpx.Timeout(5.0, connect=2.0),
+            base_url=config.console_url, headers={"Authorization": f"Bearer {config.worker_token}"}, timeout=console_timeout(config.console_timeout_s),
             follow_redirects=False, event_hooks={"request": [async_console_only(config.console_url)]}, transport=self._transport,
         )
         self.applied = self._initial_applied()

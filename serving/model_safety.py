@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+from serving.env import env_str
+
 TENSOR = "onnx.TensorProto"
 # Nodes that ONNX Runtime resolves to a file of their own (EPContext with
 # embed_mode=0 names a compiled context file next to the model).
@@ -150,10 +152,10 @@ def check_model_bytes(data: bytes) -> None:
 def default_data_dir() -> Path:
     """``$DATA_DIR``, else ``$XDG_DATA_HOME/modelops`` (``~/.local/share/modelops``):
     never inside the code tree or relative to a model-loading process's cwd."""
-    explicit = os.environ.get("DATA_DIR", "").strip()
+    explicit = env_str("DATA_DIR")
     if explicit:
         return Path(explicit).expanduser().resolve()
-    base = os.environ.get("XDG_DATA_HOME", "").strip() or str(Path.home() / ".local" / "share")
+    base = env_str("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return (Path(base).expanduser() / "modelops").resolve()
 
 

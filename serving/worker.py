@@ -27,7 +27,7 @@ import uvicorn
 from serving.api_keys import KEYS_PATH, ApiKeyRefresher
 from serving.app import ServingApp
 from serving.config import ServingConfig
-from serving.console_client import ConsoleClient, StateError, console_only, read_state_file
+from serving.console_client import ConsoleClient, StateError, console_only, console_timeout, read_state_file
 from serving.engine import resolve_device
 from serving.http_protocol import HttpLimits, protocol_class
 from serving.logs import configure_logging, event
@@ -74,7 +74,7 @@ class Worker:
             return None
         http = httpx.Client(headers={"Authorization": f"Bearer {config.worker_token}"}, follow_redirects=False,
                             event_hooks={"request": [console_only(config.console_url)]},  # the token stays home
-                            timeout=httpx.Timeout(config.console_timeout_s, connect=min(config.console_timeout_s, 5.0)))
+                            timeout=console_timeout(config.console_timeout_s))
         refresher = ApiKeyRefresher(self.app.api_keys, http, config.console_url + KEYS_PATH, config.api_keys_refresh_s)
         self.on_startup.append(refresher.start)
         self.on_shutdown.append(refresher.stop)
@@ -161,10 +161,16 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def run(config: ServingConfig, host: str, port: int, state_file: str | Path | None = None) -> None:
+def configure_process(config: ServingConfig) -> None:
+    """What a process that is a worker sets for itself: both entry points call it
+    (``python -m serving.worker`` and ``manage.py serve``)."""
     configure_logging(config.log_level)
     # How soon a thread back from ONNX Runtime gets the GIL from the busy event loop.
     sys.setswitchinterval(config.switch_interval_s)
+
+
+def run(config: ServingConfig, host: str, port: int, state_file: str | Path | None = None) -> None:
+    configure_process(config)
     Worker(config, state_file).serve(host, port)
 
 

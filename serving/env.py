@@ -1,0 +1,103 @@
+"""The one way the project reads a setting from the environment (console and workers).
+
+One rule everywhere: surrounding whitespace is stripped, and an empty value means "not
+set", so the default applies (docker compose and ``.env`` files write ``NAME=`` for a
+variable left unset). A value that is set but unusable raises ``SettingError``, whose
+message names the variable, the value and what was expected: a typo in a deployment
+stops the process at start instead of running on a default. Numbers are non-negative
+unless a call says otherwise, and floats are finite. No Django here: workers import it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class SettingError(ValueError):
+    """A variable in the environment has a value the process cannot use."""
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def env_str(name: str, default: str = "") -> str:
+    raw = _raw(name)
+    return default if raw is None else raw
+
+
+def env_secret(name: str, default: str = "") -> str:
+    """A secret from the file named by ``NAME_FILE`` (container secrets), else from ``NAME``."""
+    path = _raw(f"{name}_FILE")
+    if path is None:
+        return env_str(name, default)
+    try:
+        value = Path(path).read_text().strip()
+    except OSError as exc:
+        raise SettingError(f"{name}_FILE={path!r}: cannot read it ({exc.strerror})") from None
+    return value or default
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = env_str(name, default).lower()
+    if value not in choices:
+        raise SettingError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = _raw(name)
+    if raw is None:
+        return default
+    if raw.lower() in TRUE_WORDS:
+        return True
+    if raw.lower() in FALSE_WORDS:
+        return False
+    raise SettingError(f"{name}={raw!r}: expected true or false (one of {', '.join(TRUE_WORDS + FALSE_WORDS)})")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = 0, maximum: int | None = None) -> int:
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r}: expected an integer") from None
+    _check_bounds(name, raw, value, minimum, maximum, "")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float | None = 0.0, maximum: float | None = None) -> float:
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r}: expected a number") from None
+    if not math.isfinite(value):
+        raise SettingError(f"{name}={raw!r}: expected a finite number")
+    _check_bounds(name, raw, value, minimum, maximum, "a finite number ")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """Comma-separated; empty items are dropped."""
+    raw = _raw(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def _check_bounds(name: str, raw: str, value: float, minimum: float | None, maximum: float | None, kind: str) -> None:
+    if minimum is not None and value < minimum:
+        raise SettingError(f"{name}={raw!r}: must be {kind}>= {minimum}")
+    if maximum is not None and value > maximum:
+        raise SettingError(f"{name}={raw!r}: must be {kind}<= {maximum}")

@@ -1,0 +1,65 @@
+"""The console reads its settings by the workers' rule (serving/env.py): an empty value
+means "not set", whitespace is ignored, and a bad value stops it at start naming the
+variable, the value and what is expected. Each case imports the settings in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+READ = "settings.SERVING_DEFAULT_MAX_BATCH_SIZE, settings.ALLOWED_HOSTS, settings.DEBUG, settings.LOGGING['root']['level']"
+
+
+def _settings(tmp_path, expression: str, **env) -> subprocess.CompletedProcess:
+    environment = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_SECRET_KEY", "DJANGO_DEBUG", "ALLOWED_HOSTS"}}
+    environment.update({"DJANGO_SETTINGS_MODULE": "console.settings", "DATA_DIR": str(tmp_path / "data"), **env})
+    script = f"import django; django.setup(); from django.conf import settings; print({expression})"
+    return subprocess.run([sys.executable, "-c", script], check=False, cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=120)
+
+
+def test_empty_values_leave_the_console_on_its_defaults(tmp_path):
+    result = _settings(tmp_path, READ, SERVING_MAX_BATCH_SIZE="", ALLOWED_HOSTS="", DJANGO_DEBUG=" ", LOG_LEVEL="")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "32 ['127.0.0.1', 'localhost', '[::1]', 'testserver'] False INFO"
+
+
+def test_surrounding_whitespace_is_ignored_by_the_console(tmp_path):
+    result = _settings(tmp_path, READ, SERVING_MAX_BATCH_SIZE=" 8 ", ALLOWED_HOSTS=" a.example ", LOG_LEVEL=" WARNING ")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "8 ['a.example'] False WARNING"
+
+
+def test_a_bad_value_stops_the_console_naming_the_variable_the_value_and_what_is_expected(tmp_path):
+    result = _settings(tmp_path, "'started'", SERVING_MAX_BATCH_SIZE="many")
+
+    assert result.returncode != 0
+    assert "SettingError: SERVING_MAX_BATCH_SIZE='many': expected an integer" in result.stderr
+    assert "started" not in result.stdout
+
+
+def test_an_unknown_log_level_stops_the_console_naming_it(tmp_path):
+    result = _settings(tmp_path, "'started'", LOG_LEVEL="verbose")
+
+    assert result.returncode != 0
+    assert "SettingError: LOG_LEVEL='verbose': expected one of debug, info, warning, error, critical" in result.stderr
+
+
+def test_an_empty_secret_key_is_not_set_and_the_generated_key_is_used(tmp_path):
+    result = _settings(tmp_path, "settings.SECRET_KEY == open(settings.DATA_DIR / 'secret_key').read().strip()", DJANGO_SECRET_KEY="", DJANGO_DEBUG="false")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_the_database_url_can_come_from_a_file(tmp_path):
+    (tmp_path / "database_url").write_text(f"sqlite:///{tmp_path / 'from-file.sqlite3'}\n")
+
+    result = _settings(tmp_path, "settings.DATABASES['default']['NAME']", DATABASE_URL_FILE=str(tmp_path / "database_url"))
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(tmp_path / "from-file.sqlite3")

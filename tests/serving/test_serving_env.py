@@ -1,0 +1,86 @@
+"""serving/env.py, the one reader of settings for the console and the workers: whitespace
+is ignored, an empty value means "not set", and a bad value is refused with a message
+naming the variable, the value and what is expected."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.config import ConfigError, ServingConfig
+from serving.env import SettingError, env_bool, env_choice, env_float, env_int, env_list, env_secret, env_str
+
+
+@pytest.mark.parametrize("empty", ["", "   "])
+def test_an_empty_value_means_not_set_so_the_default_applies(monkeypatch, empty):
+    for name in ("A_STR", "A_INT", "A_FLOAT", "A_BOOL", "A_CHOICE", "A_LIST", "A_SECRET"):
+        monkeypatch.setenv(name, empty)
+
+    assert env_str("A_STR", "d") == "d"
+    assert env_int("A_INT", 7) == 7
+    assert env_float("A_FLOAT", 0.5) == 0.5
+    assert env_bool("A_BOOL", True) is True
+    assert env_choice("A_CHOICE", "b", ("a", "b")) == "b"
+    assert env_list("A_LIST", ["x"]) == ["x"]
+    assert env_secret("A_SECRET", "s") == "s"
+
+
+def test_an_empty_value_in_the_worker_environment_leaves_the_default(monkeypatch):
+    monkeypatch.setenv("SERVING_MAX_BATCH_SIZE", "")
+    monkeypatch.setenv("SERVING_MEMORY_PATTERN", "")
+    monkeypatch.setenv("SERVING_DEVICE", "")
+
+    config = ServingConfig.from_env()
+
+    assert (config.max_batch_size, config.memory_pattern, config.device) == (32, True, "auto")
+
+
+def test_surrounding_whitespace_is_ignored(monkeypatch):
+    monkeypatch.setenv("A_INT", " 8\n")
+    monkeypatch.setenv("A_CHOICE", " CPU ")
+    monkeypatch.setenv("A_LIST", " a , b ,, ")
+
+    assert (env_int("A_INT", 1), env_choice("A_CHOICE", "auto", ("auto", "cpu")), env_list("A_LIST", [])) == (8, "cpu", ["a", "b"])
+
+
+@pytest.mark.parametrize(
+    ("read", "value", "message"),
+    [
+        (lambda: env_int("X", 1), "many", "X='many': expected an integer"),
+        (lambda: env_int("X", 1, minimum=1), "0", "X='0': must be >= 1"),
+        (lambda: env_int("X", 1, maximum=65535), "70000", "X='70000': must be <= 65535"),
+        (lambda: env_int("X", 1), "-3", "X='-3': must be >= 0"),
+        (lambda: env_float("X", 1.0), "fast", "X='fast': expected a number"),
+        (lambda: env_float("X", 1.0), "inf", "X='inf': expected a finite number"),
+        (lambda: env_float("X", 1.0, minimum=None), "nan", "X='nan': expected a finite number"),
+        (lambda: env_float("X", 1.0, minimum=0.1), "0.01", "X='0.01': must be a finite number >= 0.1"),
+        (lambda: env_bool("X"), "maybe", "X='maybe': expected true or false (one of 1, true, yes, on, 0, false, no, off)"),
+        (lambda: env_choice("X", "a", ("a", "b")), "c", "X='c': expected one of a, b"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_the_variable_the_value_and_what_is_expected(monkeypatch, read, value, message):
+    monkeypatch.setenv("X", value)
+
+    with pytest.raises(SettingError) as refused:
+        read()
+
+    assert str(refused.value) == message
+    assert isinstance(refused.value, ValueError)
+
+
+def test_the_workers_config_error_is_the_same_error():
+    assert ConfigError is SettingError
+
+
+def test_a_secret_file_wins_over_the_variable(monkeypatch, tmp_path):
+    (tmp_path / "secret").write_text("from-file\n")
+    monkeypatch.setenv("A_SECRET", "from-variable")
+    monkeypatch.setenv("A_SECRET_FILE", str(tmp_path / "secret"))
+
+    assert env_secret("A_SECRET") == "from-file"
+
+
+def test_an_unreadable_secret_file_is_refused_naming_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("A_SECRET_FILE", str(tmp_path / "missing"))
+
+    with pytest.raises(SettingError, match=r"A_SECRET_FILE='.*missing': cannot read it \(No such file or directory\)"):
+        env_secret("A_SECRET")
