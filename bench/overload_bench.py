@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -37,7 +36,8 @@ import orjson
 
 from bench.serve_bench import (
     MODELS,
-    ROOT,
+    add_common_arguments,
+    apply_common_arguments,
     LoadResult,
     WorkerProcess,
     closed_loop,
@@ -276,22 +276,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration-s", type=float, default=8.0)
     parser.add_argument("--model", default="small", choices=tuple(MODELS))
-    parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
     parser.add_argument("--open-connections", type=int, default=512, help="keep-alive client connections the open-loop run starts with")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--worker-dir", type=Path, default=ROOT)
+    add_common_arguments(parser)
     args = parser.parse_args()
-    WorkerProcess.extra_env = dict(item.split("=", 1) for item in args.worker_env)
-    WorkerProcess.source_dir = args.worker_dir.resolve()
-    if args.client == "auto":
-        args.client = "wrk" if shutil.which("wrk") else "python"
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    apply_common_arguments(args)
     print(f"model {args.model} {MODELS[args.model]}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, client {args.client}")
     with tempfile.TemporaryDirectory(prefix="overload-bench-") as tmp:
         rows = measure(args, Path(tmp))

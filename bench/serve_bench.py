@@ -280,19 +280,17 @@ def run_overload(args, models, workdir: Path, name: str, capacity_req_s: float, 
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration-s", type=float, default=5.0)
-    parser.add_argument("--ceiling-s", type=float, default=1.0, help="seconds per batch size for the raw ceiling")
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every serving benchmark takes: the client, and the worker under test."""
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
-    parser.add_argument("--overload-model", default="mid", choices=tuple(MODELS))
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a SERVING_* setting for the worker under test (repeatable)")
-    parser.add_argument("--skip-overload", action="store_true")
     parser.add_argument("--worker-dir", type=Path, default=ROOT,
                         help="directory holding the serving/ package to run (default: this checkout)")
-    args = parser.parse_args()
+
+
+def apply_common_arguments(args: argparse.Namespace) -> None:
     WorkerProcess.extra_env = dict(item.split("=", 1) for item in args.worker_env)
     WorkerProcess.source_dir = args.worker_dir.resolve()
     if args.client == "auto":
@@ -303,6 +301,17 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--ceiling-s", type=float, default=1.0, help="seconds per batch size for the raw ceiling")
+    parser.add_argument("--overload-model", default="mid", choices=tuple(MODELS))
+    parser.add_argument("--skip-overload", action="store_true")
+    add_common_arguments(parser)
+    args = parser.parse_args()
+    apply_common_arguments(args)
     with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
         report = bench(args, Path(tmp))
     if args.json:

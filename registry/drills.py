@@ -19,12 +19,11 @@ from django.utils import timezone
 
 from registry import events, releases
 from registry.choices import DrillStatus
-from registry.fleet import IssuedDigests, live_workers, serves_issued_state
+from registry.fleet import SHOWN_ERROR_CHARS, IssuedDigests, failed_to_apply, live_workers, serves_issued_state
 from registry.models import Drill, RegisteredModel, Release, ServingGeneration, Worker, WorkerAck
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05
-SHOWN_ERROR_CHARS = 300
 
 
 def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = False, expected_generation: int | None = None) -> Drill:
@@ -142,7 +141,7 @@ def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int
     if ack is None:
         return "no ack before the timeout"
     if not ack.ok:
-        return f"failed to apply: {ack.error[:SHOWN_ERROR_CHARS] or 'no reason given'}"
+        return failed_to_apply(ack.error)
     if confirmed_s is None:
         return f"acked, but no report showed it serving generation {generation} or later before the timeout"
     return ""

@@ -158,11 +158,16 @@ def worker_status(worker: Worker, generation: int, digests: IssuedDigests) -> di
     return {"converged": converged, "state": _state_words(worker, proven, generation, converged)}
 
 
+def failed_to_apply(error: str) -> str:
+    """A worker's own reason for failing to apply a state, as the console shows it."""
+    return f"failed to apply: {error[:SHOWN_ERROR_CHARS] or 'no reason given'}"
+
+
 def _state_words(worker: Worker, proven: int | None, generation: int, converged: bool) -> str:
     report = worker.last_report if isinstance(worker.last_report, dict) else {}
     reported, digest = report.get("generation"), report.get("digest")
     if not worker.ok:
-        return f"failed to apply: {worker.error[:SHOWN_ERROR_CHARS] or 'no reason given'}"
+        return failed_to_apply(worker.error)
     if converged:
         return f"serving generation {proven}"
     if proven is not None:

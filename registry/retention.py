@@ -125,10 +125,7 @@ def forget_gone_workers() -> tuple[int, int]:
 
 
 def worker_forget_after_s() -> float:
-    # Read here rather than declared in settings by this module: the default applies
-    # when the project's settings do not name it.
-    forget_after_s = settings.WORKER_FORGET_AFTER_S
-    return max(forget_after_s, settings.WORKER_GONE_AFTER_S)
+    return max(settings.WORKER_FORGET_AFTER_S, settings.WORKER_GONE_AFTER_S)
 
 
 def _oldest_needed_generation() -> int:

@@ -490,11 +490,11 @@ class Batcher:
     def _next_after_completion(self) -> None:
         """Send the next batch from the completion callback itself. Waking the loop task
         instead costs a pass through the event loop's ready queue, which under thousands
-        of connections is long: the engine then idled while requests waited (issue 9)."""
+        of connections is long: the engine then idled while requests waited (issue 9).
+        The loop task still wakes (the gate's release set its event) and re-arms the
+        policy's timer when nothing was sent."""
         if self._queue and self._gate.is_idle:
-            decision = self._step()
-            if decision is not None and not decision.send_count:
-                self._wake.set()  # the loop task re-arms its timer for the policy's wait
+            self._step()
 
     def _apply(self, decision: Decision) -> None:
         if decision.dropped:

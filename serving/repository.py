@@ -192,8 +192,13 @@ class LoadedVersion:
         """Why a one-row request would be refused by every queue of this version now, or
         None: asked before the body is read, so an overloaded worker does not pay for
         decoding what it will refuse (the shape, hence the queue, is not known yet)."""
-        refusals = [batcher.refusal(1, deadline_s) for batcher in self._batchers.values()]
-        return refusals[0] if refusals and all(refusals) else None
+        first = None
+        for batcher in self._batchers.values():
+            refusal = batcher.refusal(1, deadline_s)
+            if refusal is None:
+                return None  # one queue admits it: no need to ask the others
+            first = first or refusal
+        return first
 
     def _new_batcher(self, shape_key: tuple) -> Batcher:
         if len(self._batchers) >= self._max_shape_queues:

@@ -154,8 +154,7 @@ def tune_garbage_collector() -> None:
     the event loop's time in the collector: at 2,048 connections the small model kept
     61-79 % of its 64-connection throughput with the defaults and 74-95 % with these,
     about what it keeps with the collector off (the worker of bench/overload_bench.py,
-    alternating runs, docs/benchmarks.md). Cycles
-    are still collected, only in larger steps."""
+    alternating runs, docs/benchmarks.md). Cycles are still collected, in larger steps."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
@@ -185,4 +184,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-

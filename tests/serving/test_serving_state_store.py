@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from serving.state_signing import sign_state, signing_key, state_digest
-from serving.state_store import FILE_NAME, PersistedStateRefused, StateStore
+from serving.state_store import FILE_NAME, MAX_FILE_BYTES, PersistedStateRefused, StateStore
 
 KEY = signing_key("worker-token-for-tests")
 STATE = {"generation": 7, "epoch": "epoch-x", "models": {"m": {"generation": 7, "routes": [{"version": 1, "weight": 100}]}}}
@@ -77,6 +77,14 @@ def test_a_file_that_is_not_a_state_object_is_refused(store, raw, reason):
     store.path.write_bytes(raw)
 
     with pytest.raises(PersistedStateRefused, match=reason):
+        store.load()
+
+
+def test_a_file_past_the_size_limit_is_refused_without_being_parsed(store):
+    store.path.parent.mkdir(parents=True)
+    store.path.write_bytes(b"[" * (MAX_FILE_BYTES + 1))  # parsed, it would nest 16 million deep
+
+    with pytest.raises(PersistedStateRefused, match=f"is larger than {MAX_FILE_BYTES} bytes"):
         store.load()
 
 
