@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from console import embedded_redis
-from tests.integration.stack import REPO_ROOT, Stack
+from tools.stack import REPO_ROOT, Stack
 
 ROW = [0.0, 0.0, 5.0, 13.0, 9.0, 1.0, 0.0, 0.0] * 8
 

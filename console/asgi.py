@@ -12,7 +12,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from console.body_limit import BodySizeLimit  # noqa: E402
-from console.routing import websocket_urlpatterns  # noqa: E402
+from console.websocket_urls import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

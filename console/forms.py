@@ -7,6 +7,8 @@ import json
 
 from django import forms
 
+from registry.traffic import canary_split
+
 PRESET_WEIGHTS = (1, 10, 50, 100)
 
 
@@ -44,14 +46,7 @@ class SplitForm(SeenGenerationForm):
         return data
 
     def routes(self) -> list[dict]:
-        """0% and 100% are single routes (stable only, or the canary alone), so workers
-        do not keep a version loaded for a share of nothing."""
-        canary, weight = self.cleaned_data["canary_version"], self.cleaned_data["canary_weight"]
-        if weight == 100 or self.stable_version is None:
-            return [{"version": canary, "weight": 100}]
-        if weight == 0:
-            return [{"version": self.stable_version, "weight": 100}]
-        return [{"version": self.stable_version, "weight": 100 - weight}, {"version": canary, "weight": weight}]
+        return canary_split(self.stable_version, self.cleaned_data["canary_version"], self.cleaned_data["canary_weight"])
 
 
 class ReasonForm(SeenGenerationForm):

@@ -25,7 +25,7 @@ from django.utils import timezone
 from registry import events
 from registry.choices import ReleaseAction
 from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration
-from registry.routes import InvalidRoutes, Route, check_routes, routes_to_json
+from registry.traffic import InvalidRoutes, Route, check_routes, routes_to_json
 
 logger = logging.getLogger(__name__)
 

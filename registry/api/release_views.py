@@ -1,145 +1,18 @@
-"""REST API for traffic, drills, workers and the audit timeline; rules live in
-``registry.releases``, ``registry.drills`` and ``registry.fleet``."""
+"""REST API for the serving workers' calls: acks of applied states and reports; the
+rules live in ``registry.fleet``."""
 
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema, extend_schema_view
-from rest_framework import generics, serializers as drf_serializers, status
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers as drf_serializers, status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry import drills, fleet, live, releases
+from registry import fleet, live
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.permissions import IsWorker, WorkerTokenAuthentication
-from registry.models import AuditEvent, Drill, RegisteredModel, Release, Worker
-from registry.state import current_generation
-
-
-def get_model(name: str) -> RegisteredModel:
-    return get_object_or_404(RegisteredModel, name=name)
-
-
-def release_body(model: RegisteredModel, release: Release | None) -> dict:
-    body = {"model": model.name, "release": None if release is None else serializers.ReleaseSerializer(release).data}
-    body.update(fleet.convergence(release))
-    return body
-
-
-TRAFFIC_RESPONSES = {201: serializers.ReleaseStateSerializer, **error_responses(400, 404, 409, 415, conflict=serializers.GenerationConflictSerializer)}
-
-
-class ReleaseAction(APIView):
-    """Base for the POST actions: run one release function, answer the new state."""
-
-    # JSON only: routes are a list of objects, which a form encoding cannot carry.
-    parser_classes = [JSONParser]
-    request_serializer = serializers.ReasonSerializer
-
-    def act(self, model, data):
-        raise NotImplementedError
-
-    @extend_schema(request=serializers.ReasonSerializer, responses=TRAFFIC_RESPONSES)
-    def post(self, request, name: str):
-        model = get_model(name)
-        form = self.request_serializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        try:
-            release = self.act(model, form.validated_data)
-        except releases.ReleaseError as error:
-            return error_response(error.message, error.status, **error.details())
-        # The release this call made, not the model's newest: another change may have
-        # committed since, and this answer describes this call's change.
-        return Response(release_body(model, release), status=status.HTTP_201_CREATED)
-
-
-class CurrentRelease(ReleaseAction):
-    request_serializer = serializers.SetRoutesSerializer
-
-    @extend_schema(responses={200: serializers.ReleaseStateSerializer, **error_responses(404)})
-    def get(self, request, name: str):
-        model = get_model(name)
-        return Response(release_body(model, model.current_release()))
-
-    @extend_schema(request=serializers.SetRoutesSerializer, responses=TRAFFIC_RESPONSES)
-    def post(self, request, name: str):
-        return super().post(request, name)
-
-    def act(self, model, data):
-        return releases.set_routes(model, data["routes"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
-
-
-class Promote(ReleaseAction):
-    def act(self, model, data):
-        return releases.promote(model, self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
-
-
-class Rollback(ReleaseAction):
-    def act(self, model, data):
-        return releases.rollback(model, self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
-
-
-class Restore(ReleaseAction):
-    request_serializer = serializers.RestoreSerializer
-
-    @extend_schema(request=serializers.RestoreSerializer, responses=TRAFFIC_RESPONSES)
-    def post(self, request, name: str):
-        return super().post(request, name)
-
-    def act(self, model, data):
-        return releases.restore(model, data["generation"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
-
-
-@extend_schema_view(get=extend_schema(responses={200: serializers.DrillSerializer(many=True), **error_responses(404)}))
-class Drills(generics.ListAPIView):
-    serializer_class = serializers.DrillSerializer
-    parser_classes = [JSONParser]
-
-    def get_queryset(self):
-        return get_model(self.kwargs["name"]).drills.select_related("model", "actor")
-
-    @extend_schema(
-        request=serializers.DrillRequestSerializer,
-        responses={201: serializers.DrillSerializer, **error_responses(400, 404, 409, 415, conflict=serializers.GenerationConflictSerializer)},
-    )
-    def post(self, request, name: str):
-        model = get_model(name)
-        form = serializers.DrillRequestSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        try:
-            drill = drills.run_drill(
-                model, request.user, roll_forward=form.validated_data["roll_forward"], expected_generation=form.validated_data.get("expected_generation"),
-            )
-        except releases.ReleaseError as error:
-            return error_response(error.message, error.status, **error.details())
-        return Response(serializers.DrillSerializer(drill).data, status=status.HTTP_201_CREATED)
-
-
-@extend_schema_view(get=extend_schema(responses={200: serializers.DrillSerializer(many=True), **error_responses()}))
-class AllDrills(generics.ListAPIView):
-    serializer_class = serializers.DrillSerializer
-    queryset = Drill.objects.select_related("model", "actor")
-
-
-@extend_schema_view(get=extend_schema(responses={200: serializers.AuditEventSerializer(many=True), **error_responses(404)}))
-class Audit(generics.ListAPIView):
-    serializer_class = serializers.AuditEventSerializer
-
-    def get_queryset(self):
-        return AuditEvent.objects.filter(model=get_model(self.kwargs["name"])).select_related("actor")
-
-
-@extend_schema_view(get=extend_schema(responses={200: serializers.WorkerSerializer(many=True), **error_responses()}))
-class Workers(generics.ListAPIView):
-    serializer_class = serializers.WorkerSerializer
-
-    def get_queryset(self):
-        return fleet.live_workers() if self.request.query_params.get("all") != "1" else Worker.objects.all()
-
-    def get_serializer_context(self):
-        return {**super().get_serializer_context(), "generation": current_generation(), "digests": fleet.IssuedDigests()}
 
 
 HEX64 = r"\A[0-9a-f]{64}\Z"  # \Z: "$" would let a trailing newline through

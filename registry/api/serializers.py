@@ -172,7 +172,7 @@ class ReasonSerializer(serializers.Serializer):
     expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
 
 
-# Routes are checked by ``registry.routes`` (which names the first bad item); the schema
+# Routes are checked by ``registry.traffic`` (which names the first bad item); the schema
 # still describes them, so generated clients send objects of the right shape.
 @extend_schema_field(RouteSerializer(many=True))
 class RoutesField(serializers.ListField):

@@ -18,7 +18,7 @@ from django.test import RequestFactory
 
 from console import views
 from tests.console.conftest import signed_in
-from tests.integration.stack import free_port
+from tools.stack import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the test closes and reopens the connection
 

@@ -13,7 +13,7 @@ from registry import uploads
 from registry.models import RegisteredModel
 from registry.onnx_build import random_mlp, to_bytes
 from registry.tasks import apply_retention
-from tests.integration.stack import REPO_ROOT, make_stack, wait_until
+from tools.stack import REPO_ROOT, make_stack, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

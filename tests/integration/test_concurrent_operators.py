@@ -14,7 +14,7 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from registry.models import Release
-from tests.integration.stack import running_stack, wait_until
+from tools.stack import running_stack, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -27,7 +27,7 @@ from typing import Self
 import httpx
 import pytest
 
-from tests.integration.stack import REPO_ROOT, Stack, free_port, make_stack, wait_until
+from tools.stack import REPO_ROOT, Stack, free_port, make_stack, wait_until
 
 pytestmark = [pytest.mark.integration]
 

@@ -13,7 +13,8 @@ from rest_framework.authtoken.models import Token
 
 from registry.models import ModelVersion, ServingGeneration
 from serving.state_signing import sign_state, signing_key
-from tests.integration.stack import RecordingHost, running_stack, wait_until
+from tests.fixtures.recording_host import RecordingHost
+from tools.stack import running_stack, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from django.db import connection
 
-from tests.integration.stack import free_port, running_stack, wait_until
+from tools.stack import free_port, running_stack, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -13,7 +13,7 @@ from rest_framework.authtoken.models import Token
 
 from registry import storage
 from registry.models import ModelVersion, Release
-from tests.integration.stack import make_stack, running_stack, wait_until
+from tools.stack import make_stack, running_stack, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -161,7 +161,7 @@ def test_artifact_with_a_wrong_sha256_is_refused_and_reported(stack, api):
 
 def test_worker_keeps_serving_without_redis_and_catches_up_after(tmp_path, settings, model, operator):
     from console import embedded_redis
-    from tests.integration.stack import free_port
+    from tools.stack import free_port
 
     port = free_port()
     redis_process, redis_url = embedded_redis.start(tmp_path / "redis", port=port)

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from tests.integration.stack import running_stack, wait_until
+from tools.stack import running_stack, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from django.db import connection
 
-from tests.integration.stack import running_stack, wait_http, wait_until
+from tools.stack import running_stack, wait_http, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -247,7 +247,7 @@ def test_the_worker_token_reads_state_and_artifacts_and_sends_acks_and_reports(w
 
 @pytest.fixture
 def reported_host():
-    from tests.integration.stack import RecordingHost
+    from tests.fixtures.recording_host import RecordingHost
 
     host = RecordingHost()
     yield host

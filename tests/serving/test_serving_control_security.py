@@ -17,7 +17,7 @@ from serving.repository import StateInvalid, parse_state
 from serving.state_signing import sign_state, signing_key, state_digest
 from serving.worker import Worker
 from serving_testkit import make_config
-from tests.integration.stack import RecordingHost
+from tests.fixtures.recording_host import RecordingHost
 
 TOKEN = "worker-token-for-tests"
 CONSOLE = "http://console.test:8000"

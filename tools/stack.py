@@ -1,19 +1,17 @@
-"""A live stack for integration tests: the console under uvicorn (ASGI, Channels) on the
-test database and the real Redis, and serving workers as `manage.py serve` processes.
+"""A live stack as real processes: the console under uvicorn (ASGI, Channels) on a given
+database and the real Redis, and serving workers as `manage.py serve` processes.
 
-A plain module (not a conftest) so the browser tests can reuse it.
+Outside tests/ because both the integration tests and the benchmarks (bench/) start it.
 """
 
 from __future__ import annotations
 
-import http.server
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
 
 
@@ -132,35 +130,6 @@ def wait_http(process: Process, path: str, timeout_s: float = START_TIMEOUT_S) -
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{process.name} did not answer {path} within {timeout_s} s:\n{process.log()}")
-
-
-class RecordingHost:
-    """An HTTP server on 127.0.0.1 that records every request it receives: a "foreign
-    host" that a test asserts nothing reached. Answers 200 with ``body``."""
-
-    def __init__(self, body: bytes = b""):
-        received = self.received = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                received.append((self.command, self.path, self.headers.get("Authorization")))
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_POST = do_GET
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):

@@ -1,4 +1,5 @@
-"""Routes: which versions get how much of a model's traffic, and their checks."""
+"""A model's traffic split: which versions get how much of it (``Route``), the split a
+canary share makes, and the checks of a requested split."""
 
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ class InvalidRoutes(ValueError):
 
 def routes_to_json(routes: list[Route]) -> list[dict]:
     return [route.to_json() for route in routes]
+
+
+def canary_split(stable_version: int | None, canary_version: int, canary_weight: int) -> list[dict]:
+    """The routes giving the canary ``canary_weight`` percent and the stable version the
+    rest. 0% and 100% are single routes (stable only, or the canary alone), so workers do
+    not keep a version loaded for a share of nothing; without a stable version the canary
+    takes everything."""
+    if canary_weight == 100 or stable_version is None:
+        return routes_to_json([Route(version=canary_version, weight=100)])
+    if canary_weight == 0:
+        return routes_to_json([Route(version=stable_version, weight=100)])
+    return routes_to_json([Route(version=stable_version, weight=100 - canary_weight), Route(version=canary_version, weight=canary_weight)])
 
 
 def check_routes(raw: object, ready_versions: set[int]) -> list[Route]:

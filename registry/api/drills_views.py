@@ -1,0 +1,46 @@
+"""REST API for rollback drills: run one on a model, list a model's or every model's.
+The drill itself is ``registry.drills``."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import generics, status
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+
+from registry import drills, releases
+from registry.api import serializers
+from registry.api.errors import error_response, error_responses
+from registry.api.lookups import get_model
+from registry.models import Drill
+
+
+@extend_schema_view(get=extend_schema(responses={200: serializers.DrillSerializer(many=True), **error_responses(404)}))
+class Drills(generics.ListAPIView):
+    serializer_class = serializers.DrillSerializer
+    parser_classes = [JSONParser]
+
+    def get_queryset(self):
+        return get_model(self.kwargs["name"]).drills.select_related("model", "actor")
+
+    @extend_schema(
+        request=serializers.DrillRequestSerializer,
+        responses={201: serializers.DrillSerializer, **error_responses(400, 404, 409, 415, conflict=serializers.GenerationConflictSerializer)},
+    )
+    def post(self, request, name: str):
+        model = get_model(name)
+        form = serializers.DrillRequestSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            drill = drills.run_drill(
+                model, request.user, roll_forward=form.validated_data["roll_forward"], expected_generation=form.validated_data.get("expected_generation"),
+            )
+        except releases.ReleaseError as error:
+            return error_response(error.message, error.status, **error.details())
+        return Response(serializers.DrillSerializer(drill).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema_view(get=extend_schema(responses={200: serializers.DrillSerializer(many=True), **error_responses()}))
+class AllDrills(generics.ListAPIView):
+    serializer_class = serializers.DrillSerializer
+    queryset = Drill.objects.select_related("model", "actor")

@@ -1,0 +1,95 @@
+"""REST API for a model's traffic: the current release and the actions that change it
+(set routes, promote, rollback, restore), and the release history. The rules live in
+``registry.releases``."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import generics, status
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from registry import fleet, releases
+from registry.api import serializers
+from registry.api.errors import error_response, error_responses
+from registry.api.lookups import get_model
+from registry.models import RegisteredModel, Release
+
+
+def release_body(model: RegisteredModel, release: Release | None) -> dict:
+    body = {"model": model.name, "release": None if release is None else serializers.ReleaseSerializer(release).data}
+    body.update(fleet.convergence(release))
+    return body
+
+
+TRAFFIC_RESPONSES = {201: serializers.ReleaseStateSerializer, **error_responses(400, 404, 409, 415, conflict=serializers.GenerationConflictSerializer)}
+
+
+class ReleaseAction(APIView):
+    """Base for the POST actions: run one release function, answer the new state."""
+
+    # JSON only: routes are a list of objects, which a form encoding cannot carry.
+    parser_classes = [JSONParser]
+    request_serializer = serializers.ReasonSerializer
+
+    def act(self, model, data):
+        raise NotImplementedError
+
+    @extend_schema(request=serializers.ReasonSerializer, responses=TRAFFIC_RESPONSES)
+    def post(self, request, name: str):
+        model = get_model(name)
+        form = self.request_serializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            release = self.act(model, form.validated_data)
+        except releases.ReleaseError as error:
+            return error_response(error.message, error.status, **error.details())
+        # The release this call made, not the model's newest: another change may have
+        # committed since, and this answer describes this call's change.
+        return Response(release_body(model, release), status=status.HTTP_201_CREATED)
+
+
+class CurrentRelease(ReleaseAction):
+    request_serializer = serializers.SetRoutesSerializer
+
+    @extend_schema(responses={200: serializers.ReleaseStateSerializer, **error_responses(404)})
+    def get(self, request, name: str):
+        model = get_model(name)
+        return Response(release_body(model, model.current_release()))
+
+    @extend_schema(request=serializers.SetRoutesSerializer, responses=TRAFFIC_RESPONSES)
+    def post(self, request, name: str):
+        return super().post(request, name)
+
+    def act(self, model, data):
+        return releases.set_routes(model, data["routes"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
+
+
+class Promote(ReleaseAction):
+    def act(self, model, data):
+        return releases.promote(model, self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
+
+
+class Rollback(ReleaseAction):
+    def act(self, model, data):
+        return releases.rollback(model, self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
+
+
+class Restore(ReleaseAction):
+    request_serializer = serializers.RestoreSerializer
+
+    @extend_schema(request=serializers.RestoreSerializer, responses=TRAFFIC_RESPONSES)
+    def post(self, request, name: str):
+        return super().post(request, name)
+
+    def act(self, model, data):
+        return releases.restore(model, data["generation"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
+
+
+@extend_schema_view(get=extend_schema(responses={200: serializers.ReleaseSerializer(many=True), **error_responses(404)}))
+class ReleaseHistory(generics.ListAPIView):
+    serializer_class = serializers.ReleaseSerializer
+
+    def get_queryset(self):
+        return get_model(self.kwargs["name"]).releases.select_related("actor", "rollback_target")

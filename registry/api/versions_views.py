@@ -1,0 +1,127 @@
+"""REST API for a model's versions: upload and list, one version, its stored bytes and
+its per-minute metrics."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import FileResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import exceptions, generics, status
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from registry import storage, uploads
+from registry.api import serializers
+from registry.api.errors import error_response, error_responses
+from registry.api.lookups import get_model
+from registry.api.permissions import WorkerTokenAuthentication
+from registry.choices import VersionStatus
+from registry.models import ModelVersion, RegisteredModel
+from registry.upload_handler import StagedUploadedFile, csrf_failure_from_headers, declared_too_large, start_staging
+
+
+ARTIFACT_SHA256_HEADER = OpenApiParameter("X-Artifact-SHA256", str, OpenApiParameter.HEADER, response=[200], description="The sha256 of the bytes, hex.")
+
+
+class HeaderCsrfSessionAuthentication(SessionAuthentication):
+    """Session auth whose CSRF check reads the ``X-CSRFToken`` header, never the body:
+    DRF's own check reads ``request.POST``, which would parse (and stage) the upload
+    before the role is checked."""
+
+    def enforce_csrf(self, request):
+        reason = csrf_failure_from_headers(request._request)
+        if reason:
+            raise exceptions.PermissionDenied(f"CSRF Failed: {reason}")
+
+
+@extend_schema_view(get=extend_schema(responses={200: serializers.VersionSerializer(many=True), **error_responses(404)}))
+class VersionList(generics.ListAPIView):
+    serializer_class = serializers.VersionSerializer
+    parser_classes = [MultiPartParser, FormParser]
+    # Authentication and the role check use headers and cookies only; the body is
+    # parsed (and its file staged) in post(), after both have passed.
+    authentication_classes = [TokenAuthentication, HeaderCsrfSessionAuthentication]
+
+    def get_queryset(self):
+        return get_model(self.kwargs["name"]).versions.select_related("model", "uploaded_by")
+
+    @extend_schema(
+        request=serializers.VersionUploadSerializer,
+        responses={201: serializers.VersionSerializer, **error_responses(400, 404, 413, 415, 422, 503)},
+        description=(
+            "Upload an ONNX file. It is inspected (ONNX checker, no external data, known operator domains, "
+            "a real ONNX Runtime session run once) before anything is stored. A refused upload creates no "
+            "version and leaves no file: 400 (not an ONNX model, empty), 413 (over MAX_UPLOAD_BYTES) or 422 "
+            "(unusable model), with {\"error\": reason}; the refusal is kept in the model's audit timeline. "
+            "An accepted version is 'ready' at once."
+        ),
+    )
+    def post(self, request, name: str):
+        model = get_model(name)
+        if declared_too_large(request._request):
+            return error_response(str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        staging = start_staging(request._request)
+        try:
+            return self._upload(request, model)
+        finally:
+            staging.discard()  # whatever happened: registered bytes have moved into the store
+
+    def _upload(self, request, model: RegisteredModel) -> Response:
+        form = serializers.VersionUploadSerializer(data=request.data)
+        if getattr(request._request, "upload_too_large", False):
+            return error_response(str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        form.is_valid(raise_exception=True)
+        artifact = form.validated_data["artifact"]
+        if not isinstance(artifact, StagedUploadedFile):
+            return error_response("the artifact must be sent as a multipart file field named 'artifact'", status.HTTP_400_BAD_REQUEST)
+        try:
+            version = uploads.register_staged(model, artifact.staged, uploaded_by=request.user, description=form.validated_data["description"])
+        except uploads.UploadRefused as refusal:
+            response = error_response(refusal.reason, refusal.status)
+            if refusal.retry_after_s is not None:  # 503: every inspection slot is busy
+                response["Retry-After"] = str(refusal.retry_after_s)
+            return response
+        return Response(serializers.VersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema_view(get=extend_schema(responses={200: serializers.VersionSerializer, **error_responses(404)}))
+class VersionDetail(generics.RetrieveAPIView):
+    serializer_class = serializers.VersionSerializer
+
+    def get_object(self):
+        return get_object_or_404(ModelVersion.objects.select_related("model"), model__name=self.kwargs["name"], number=self.kwargs["number"])
+
+
+@extend_schema_view(get=extend_schema(responses={200: serializers.MetricMinuteSerializer(many=True), **error_responses(404)}))
+class VersionMetricHistory(generics.ListAPIView):
+    """Per-minute roll-ups of what workers reported for this version, oldest first."""
+
+    serializer_class = serializers.MetricMinuteSerializer
+
+    def get_queryset(self):
+        version = get_object_or_404(ModelVersion, model__name=self.kwargs["name"], number=self.kwargs["number"])
+        return version.metric_minutes.order_by("minute")
+
+
+class VersionArtifact(APIView):
+    """The stored ONNX bytes, with their sha256 in ``X-Artifact-SHA256``."""
+
+    authentication_classes = [WorkerTokenAuthentication, *APIView.authentication_classes]
+    permission_classes = []
+
+    @extend_schema(
+        responses={(200, "application/octet-stream"): OpenApiResponse(bytes), **error_responses(404, 410)},
+        parameters=[ARTIFACT_SHA256_HEADER],
+    )
+    def get(self, request, name: str, number: int):
+        if not request.user or not request.user.is_authenticated:
+            return error_response("authentication required", status.HTTP_401_UNAUTHORIZED)
+        version = get_object_or_404(ModelVersion.objects.select_related("model"), model__name=name, number=number)
+        if version.status == VersionStatus.ARCHIVED or not storage.exists(version.sha256):
+            return error_response(f"the artifact of {version} was deleted by retention", status.HTTP_410_GONE)
+        response = FileResponse(open(storage.path_for(version.sha256), "rb"), as_attachment=True, filename=f"{name}-v{number}.onnx", content_type="application/octet-stream")
+        response["X-Artifact-SHA256"] = version.sha256
+        return response

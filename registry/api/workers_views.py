@@ -1,0 +1,24 @@
+"""REST API for the serving workers the console knows, with their convergence; the rules
+live in ``registry.fleet``."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import generics
+
+from registry import fleet
+from registry.api import serializers
+from registry.api.errors import error_responses
+from registry.models import Worker
+from registry.state import current_generation
+
+
+@extend_schema_view(get=extend_schema(responses={200: serializers.WorkerSerializer(many=True), **error_responses()}))
+class Workers(generics.ListAPIView):
+    serializer_class = serializers.WorkerSerializer
+
+    def get_queryset(self):
+        return fleet.live_workers() if self.request.query_params.get("all") != "1" else Worker.objects.all()
+
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(), "generation": current_generation(), "digests": fleet.IssuedDigests()}
