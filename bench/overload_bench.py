@@ -78,10 +78,16 @@ def wrk_statuses(port: int, path: str, body_file: Path, connections: int, durati
         ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration_s))}s", "--timeout", "20s", "-s", str(script),
          f"http://127.0.0.1:{port}{path}"], capture_output=True, text=True, check=True,
     ).stdout
-    seconds = float(re.search(r"requests in ([\d.]+)s", output).group(1))
+    seconds = wrk_seconds(output)
     counts = {int(status): int(n) for status, n in re.findall(r"^status (\d+) (\d+)$", output, re.MULTILINE)}
     errors = re.search(r"^errors .*$", output, re.MULTILINE).group(0)
     return seconds, counts, errors
+
+
+def wrk_seconds(output: str) -> float:
+    """wrk's "N requests in 59.99s" (or "1.00m", "1.00h" past a minute)."""
+    value, unit = re.search(r"requests in ([\d.]+)(s|m|h)", output).groups()
+    return float(value) * {"s": 1, "m": 60, "h": 3600}[unit]
 
 
 class Probe:
