@@ -46,6 +46,7 @@ from bench.serve_bench import (
     read_response,
     write_models,
 )
+from serving.contract import DesiredState, ModelState, Route
 
 DEADLINE_S = 10.0  # the worker's default request timeout
 
@@ -53,8 +54,8 @@ DEADLINE_S = 10.0  # the worker's default request timeout
 def state_with_defaults(models: dict, name: str) -> dict:
     """The model at 100%, with no batching override: the worker's defaults apply."""
     path, sha = models[name]
-    route = {"version": 1, "weight": 100, "sha256": sha, "artifact_url": str(path), "signature": {"batchable": True}}
-    return {"generation": 1, "models": {name: {"routes": [route], "warm": [], "batching": {}}}}
+    route = Route(version=1, weight=100, sha256=sha, artifact_url=str(path), signature={"batchable": True})
+    return DesiredState(generation=1, models={name: ModelState(routes=(route,))}).to_dict()
 
 
 def wrk_statuses(port: int, path: str, body_file: Path, connections: int, duration_s: float) -> tuple[float, dict[int, int], str]:

@@ -31,6 +31,7 @@ import onnxruntime as ort
 import orjson
 
 from registry.onnx_build import random_mlp, to_bytes
+from serving.contract import BatchPolicy, DesiredState, ModelState, Route
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -182,13 +183,13 @@ def write_models(directory: Path) -> dict[str, tuple[Path, str]]:
 
 
 def desired_state(models: dict[str, tuple[Path, str]], latency_target_s: float | None) -> dict:
-    batching = {"max_batch_size": 64, "max_queue_delay_s": 0.002, "max_queue_size": 1024, "latency_target_s": None}
-    return {"generation": 1, "models": {
-        name: {"routes": [{"version": 1, "weight": 100, "sha256": sha, "artifact_url": str(path),
-                           "signature": {"batchable": True}}],  # MLPs keep rows apart
-               "warm": [], "batching": {**batching, "latency_target_s": latency_target_s}}
+    batching = BatchPolicy(max_batch_size=64, max_queue_size=1024, latency_target_s=latency_target_s)
+    return DesiredState(generation=1, models={
+        name: ModelState(routes=(Route(version=1, weight=100, sha256=sha, artifact_url=str(path),
+                                       signature={"batchable": True}),),  # MLPs keep rows apart
+                         batching=batching)
         for name, (path, sha) in models.items()
-    }}
+    }).to_dict()
 
 
 class WorkerProcess:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from registry.live import LIVE_GROUP
-from registry.publish import SERVING_GROUP
+from serving.contract import SERVING_GROUP, ContractError, DesiredState
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -28,13 +28,18 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({key: value for key, value in event.items() if key != "type"} | {"kind": "report"})
 
     async def serving_apply(self, event):
-        await self.send_json(state_change(event.get("state") or {}))
+        """Channels' handler for contract.APPLY_MESSAGE ("serving.apply")."""
+        try:
+            state = DesiredState.parse(event.get("state"))
+        except ContractError:
+            return  # not a state this console built: anything that reaches Redis can publish
+        await self.send_json(state_change(state))
 
 
-def state_change(state: dict) -> dict:
+def state_change(state: DesiredState) -> dict:
     """Routes and generations only: browsers need no artifact URLs or signatures."""
     models = {
-        name: {"generation": model.get("generation"), "routes": [{"version": route["version"], "weight": route["weight"]} for route in model.get("routes") or []]}
-        for name, model in (state.get("models") or {}).items()
+        name: {"generation": model.generation, "routes": [{"version": route.version, "weight": route.weight} for route in model.routes]}
+        for name, model in state.models.items()
     }
-    return {"kind": "state", "generation": state.get("generation"), "models": models}
+    return {"kind": "state", "generation": state.generation, "models": models}

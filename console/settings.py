@@ -11,6 +11,7 @@ import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from serving import contract
 from serving.env import env_bool, env_choice, env_float, env_int, env_list, env_secret, env_str
 from serving.model_safety import default_data_dir
 
@@ -220,9 +221,9 @@ RETENTION_ROLLBACK_DEPTH = env_int("RETENTION_ROLLBACK_DEPTH", 3, minimum=1)
 
 # Serving control plane.
 SERVING_WORKER_TOKEN = _secret("SERVING_WORKER_TOKEN", "worker_token")
-SERVING_DEFAULT_MAX_BATCH_SIZE = env_int("SERVING_MAX_BATCH_SIZE", 32, minimum=1)
-SERVING_DEFAULT_MAX_QUEUE_DELAY_S = env_float("SERVING_MAX_QUEUE_DELAY_S", 0.002, minimum=0.0)
-SERVING_DEFAULT_MAX_QUEUE_SIZE = env_int("SERVING_MAX_QUEUE_SIZE", 4096, minimum=1)
+SERVING_DEFAULT_MAX_BATCH_SIZE = env_int("SERVING_MAX_BATCH_SIZE", contract.DEFAULT_MAX_BATCH_SIZE, minimum=1)
+SERVING_DEFAULT_MAX_QUEUE_DELAY_S = env_float("SERVING_MAX_QUEUE_DELAY_S", contract.DEFAULT_MAX_QUEUE_DELAY_S, minimum=0.0)
+SERVING_DEFAULT_MAX_QUEUE_SIZE = env_int("SERVING_MAX_QUEUE_SIZE", contract.DEFAULT_MAX_QUEUE_SIZE, minimum=1)
 SERVING_PUBLIC_URL = env_str("SERVING_PUBLIC_URL", "http://127.0.0.1:8001")
 WORKER_GONE_AFTER_S = env_float("WORKER_GONE_AFTER_S", 5.0, minimum=1.0)
 WORKER_FORGET_AFTER_S = env_float("WORKER_FORGET_AFTER_S", 86400.0, minimum=1.0)

@@ -2,7 +2,9 @@
 
 Every worker holds the same token, so what a worker says is checked against what the
 console knows: an ack must come from a worker that has reported, and name a generation
-and digest this console issued. A refused ack is stored nowhere.
+and digest this console issued. Acks and reports are parsed through ``serving.contract``
+and refused whole when they speak another contract version. A refused ack or report is
+stored nowhere.
 """
 
 from __future__ import annotations
@@ -15,13 +17,33 @@ from django.utils import timezone
 
 from registry.models import Release, Worker, WorkerAck
 from registry.state import issued_digest, serving_counter, warm_versions
+from serving.contract import Ack, ContractError, WorkerReport, check_version
 
 SHOWN_ID_CHARS = 40
 SHOWN_ERROR_CHARS = 300
 
 
-class AckRefused(Exception):
-    """An ack the console cannot accept; the message says why (answered with 400)."""
+class Refused(Exception):
+    """A worker's ack or report the console cannot accept; the message says why (answered with 400)."""
+
+
+class AckRefused(Refused):
+    """An ack that breaks the contract, or names a worker or a state this console does not know."""
+
+
+class ReportRefused(Refused):
+    """A report that breaks the contract."""
+
+
+def check_contract(message: object) -> None:
+    """Refused (naming both versions) when ``message`` is an object of another contract
+    version than this console's; asked before any other field is read, since a message
+    of another version may have any shape."""
+    if isinstance(message, dict):
+        try:
+            check_version(message)
+        except ContractError as error:
+            raise Refused(str(error)) from None
 
 
 def live_workers():
@@ -30,60 +52,66 @@ def live_workers():
     return Worker.objects.filter(last_seen_at__gte=cutoff)
 
 
-def record_report(report: dict) -> Worker:
-    """Store a worker's latest report; the identity fields come with every report."""
-    identity = report["worker"]
+def record_report(message: dict) -> Worker:
+    """Store a worker's latest report, as sent; the identity comes with every report.
+    ReportRefused when it does not follow the contract."""
+    try:
+        report = WorkerReport.parse(message)
+    except ContractError as error:
+        raise ReportRefused(str(error)) from None
+    identity = report.worker
     worker, _ = Worker.objects.update_or_create(
-        worker_id=identity["id"],
+        worker_id=identity.id,
         defaults={
-            "host": identity.get("host", ""),
-            "pid": identity.get("pid"),
-            "url": identity.get("url", ""),
-            "device": identity.get("device", ""),
+            "host": identity.host,
+            "pid": identity.pid,
+            "url": identity.url,
+            "device": identity.device,
             "generation": served_generation(report),
-            "loaded": report.get("loaded", []),
-            "last_report": report,
+            "loaded": [entry.to_dict() for entry in report.loaded],
+            "last_report": message,
             "last_seen_at": timezone.now(),
         },
     )
     return worker
 
 
-def served_generation(report: dict) -> int:
+def served_generation(report: WorkerReport) -> int:
     """The generation a report says is served, counted only in this console's epoch: a
     worker still on another database's states serves none of ours."""
-    epoch = report.get("epoch")
-    if epoch and epoch != serving_counter()[1]:
+    if report.epoch and report.epoch != serving_counter()[1]:
         return 0
-    return report.get("generation") or 0
+    return report.generation or 0
 
 
-def check_ack(ack: dict) -> None:
-    worker_id = ack["worker"]
-    if not Worker.objects.filter(worker_id=worker_id).exists():
-        raise AckRefused(f"worker {worker_id[:SHOWN_ID_CHARS]!r} has not reported: a worker reports before it acks")
-    issued = issued_digest(ack["generation"])
+def check_ack(ack: Ack) -> None:
+    if not Worker.objects.filter(worker_id=ack.worker).exists():
+        raise AckRefused(f"worker {ack.worker[:SHOWN_ID_CHARS]!r} has not reported: a worker reports before it acks")
+    issued = issued_digest(ack.generation)
     if issued is None:
-        raise AckRefused(f"generation {ack['generation']} was never issued by this console")
-    if ack["digest"] != issued:
-        raise AckRefused(f"digest {ack['digest'][:12]}… is not the state this console issued as generation {ack['generation']}")
+        raise AckRefused(f"generation {ack.generation} was never issued by this console")
+    if ack.digest != issued:
+        raise AckRefused(f"digest {ack.digest[:12]}… is not the state this console issued as generation {ack.generation}")
 
 
-def record_ack(ack: dict) -> WorkerAck:
+def record_ack(message: dict) -> WorkerAck:
     """Idempotent: a repeated ack for the same generation keeps the first. AckRefused
-    when the ack does not match a reported worker and an issued state."""
+    when the ack does not follow the contract or match a reported worker and an issued state."""
+    try:
+        ack = Ack.parse(message)
+    except ContractError as error:
+        raise AckRefused(str(error)) from None
     check_ack(ack)
+    error = ack.error or ""
     try:
         with transaction.atomic():
-            stored = WorkerAck.objects.create(
-                worker_id=ack["worker"], generation=ack["generation"], ok=ack["ok"], error=ack.get("error") or "", load_ms=ack.get("load_ms") or 0.0
-            )
+            stored = WorkerAck.objects.create(worker_id=ack.worker, generation=ack.generation, ok=ack.ok, error=error, load_ms=ack.load_ms)
     except IntegrityError:
-        stored = WorkerAck.objects.get(worker_id=ack["worker"], generation=ack["generation"])
-    changes = {"ok": ack["ok"], "error": ack.get("error") or "", "last_seen_at": timezone.now()}
-    if ack["ok"]:
-        changes["generation"] = ack["generation"]
-    Worker.objects.filter(worker_id=ack["worker"]).update(**changes)
+        stored = WorkerAck.objects.get(worker_id=ack.worker, generation=ack.generation)
+    changes = {"ok": ack.ok, "error": error, "last_seen_at": timezone.now()}
+    if ack.ok:
+        changes["generation"] = ack.generation
+    Worker.objects.filter(worker_id=ack.worker).update(**changes)
     return stored
 
 

@@ -12,21 +12,21 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from registry.state import desired_state
+from registry.state import current_state
+from serving.contract import APPLY_MESSAGE, SERVING_GROUP
 from serving.state_signing import sign_state, signing_key
 
 logger = logging.getLogger(__name__)
-SERVING_GROUP = "serving"
 
 
 def signed_desired_state() -> dict:
-    return sign_state(desired_state(), signing_key(settings.SERVING_WORKER_TOKEN))
+    return sign_state(current_state(), signing_key(settings.SERVING_WORKER_TOKEN))
 
 
 def publish_desired_state() -> None:
     """Send the whole state; a failure is logged, not raised, since workers reconcile."""
     state = signed_desired_state()
     try:
-        async_to_sync(get_channel_layer().group_send)(SERVING_GROUP, {"type": "serving.apply", "state": state})
+        async_to_sync(get_channel_layer().group_send)(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": state})
     except Exception:  # noqa: BLE001 - any transport failure: workers catch up by polling
         logger.warning("could not publish generation %s; workers will catch up on reconcile", state["generation"], exc_info=True)

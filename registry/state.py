@@ -8,10 +8,13 @@ console recompute any state it issued to check what a worker acks.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from django.conf import settings
 from django.urls import reverse
 
 from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration
+from serving.contract import BatchPolicy, DesiredState, ModelState, Route, WarmVersion
 from serving.state_signing import state_digest
 
 
@@ -26,21 +29,29 @@ def serving_counter() -> tuple[int, str]:
 
 
 def desired_state() -> dict:
-    """``{generation, epoch, digest, models: {name: {routes, warm, batching}}}`` as in
-    docs/architecture.md."""
+    """The current state, as ``GET /api/serving/state`` answers it (``serving.contract``)."""
+    return current_state().to_dict()
+
+
+def current_state() -> DesiredState:
     generation, epoch = serving_counter()
-    return state_at(generation, epoch)
+    return build_state(generation, epoch)
 
 
 def state_at(generation: int, epoch: str) -> dict:
     """The state the console issued as ``generation``."""
+    return build_state(generation, epoch).to_dict()
+
+
+def build_state(generation: int, epoch: str) -> DesiredState:
+    """The state of ``generation``, with the digest of its content (the contract version included)."""
     models = {}
     for model in RegisteredModel.objects.all():
         release = model.releases.filter(generation__lte=generation).order_by("-generation").first()
         if release is not None:
             models[model.name] = model_state(model, release)
-    content = {"generation": generation, "epoch": epoch, "models": models}
-    return {**content, "digest": state_digest(content)}
+    state = DesiredState(generation=generation, epoch=epoch, models=models)
+    return replace(state, digest=state_digest(state))
 
 
 def issued_digest(generation: int) -> str | None:
@@ -48,18 +59,18 @@ def issued_digest(generation: int) -> str | None:
     current, epoch = serving_counter()
     if generation > current:
         return None
-    return state_at(generation, epoch)["digest"]
+    return build_state(generation, epoch).digest
 
 
-def model_state(model: RegisteredModel, release: Release) -> dict:
+def model_state(model: RegisteredModel, release: Release) -> ModelState:
     versions = {version.number: version for version in model.versions.all()}
     routed = release.routed_versions()
-    return {
-        "generation": release.generation,
-        "routes": [{**route, **_artifact(versions[route["version"]])} for route in release.routes],
-        "warm": [{"version": number, **_artifact(versions[number])} for number in warm_versions(release) if number not in routed],
-        "batching": batching(model),
-    }
+    routes = tuple(
+        Route(version=route["version"], weight=route["weight"], shadow=route.get("shadow"), **_artifact(versions[route["version"]]))
+        for route in release.routes
+    )
+    warm = tuple(WarmVersion(version=number, **_artifact(versions[number])) for number in warm_versions(release) if number not in routed)
+    return ModelState(routes=routes, warm=warm, batching=batching(model), generation=release.generation)
 
 
 def warm_versions(release: Release) -> list[int]:
@@ -68,13 +79,13 @@ def warm_versions(release: Release) -> list[int]:
     return [] if target is None else target.routed_versions()
 
 
-def batching(model: RegisteredModel) -> dict:
-    return {
-        "max_batch_size": model.max_batch_size or settings.SERVING_DEFAULT_MAX_BATCH_SIZE,
-        "max_queue_delay_s": model.max_queue_delay_s if model.max_queue_delay_s is not None else settings.SERVING_DEFAULT_MAX_QUEUE_DELAY_S,
-        "max_queue_size": settings.SERVING_DEFAULT_MAX_QUEUE_SIZE,
-        "latency_target_s": model.latency_target_s,
-    }
+def batching(model: RegisteredModel) -> BatchPolicy:
+    return BatchPolicy(
+        max_batch_size=model.max_batch_size or settings.SERVING_DEFAULT_MAX_BATCH_SIZE,
+        max_queue_delay_s=model.max_queue_delay_s if model.max_queue_delay_s is not None else settings.SERVING_DEFAULT_MAX_QUEUE_DELAY_S,
+        max_queue_size=settings.SERVING_DEFAULT_MAX_QUEUE_SIZE,
+        latency_target_s=model.latency_target_s,
+    )
 
 
 def _artifact(version: ModelVersion) -> dict:

@@ -35,6 +35,7 @@ from functools import partial
 import numpy as np
 import orjson
 
+from serving.contract import BatchPolicy
 from serving.metrics import observe_many
 from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull, ServingError
 
@@ -52,14 +53,6 @@ class PendingRequest:
     deadline_s: float  # monotonic clock
     future: asyncio.Future
     request_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class BatchPolicy:
-    max_batch_size: int = 32
-    max_queue_delay_s: float = 0.002
-    max_queue_size: int = 4096
-    latency_target_s: float | None = None  # per-model target; None = only the deadline
 
 
 class LatencyModel:

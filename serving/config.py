@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from serving.contract import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_S, DEFAULT_MAX_QUEUE_SIZE
 from serving.env import SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str
 from serving.model_safety import default_data_dir
 
@@ -29,9 +30,9 @@ class ServingConfig:
     cuda_device_id: int = 0
     gpu_mem_limit_bytes: int = 0
     cudnn_conv_algo_search: str = "heuristic"
-    max_batch_size: int = 32
-    max_queue_delay_s: float = 0.002
-    max_queue_size: int = 4096
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_queue_delay_s: float = DEFAULT_MAX_QUEUE_DELAY_S
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
     max_batches_in_flight: int = 1
     max_shape_queues: int = 16
     request_timeout_s: float = 10.0
@@ -75,9 +76,9 @@ class ServingConfig:
             cudnn_conv_algo_search=env_choice(
                 "SERVING_CUDNN_CONV_ALGO_SEARCH", "heuristic", ("exhaustive", "heuristic", "default")
             ),
-            max_batch_size=env_int("SERVING_MAX_BATCH_SIZE", 32, minimum=1),
-            max_queue_delay_s=env_float("SERVING_MAX_QUEUE_DELAY_S", 0.002),
-            max_queue_size=env_int("SERVING_MAX_QUEUE_SIZE", 4096, minimum=1),
+            max_batch_size=env_int("SERVING_MAX_BATCH_SIZE", DEFAULT_MAX_BATCH_SIZE, minimum=1),
+            max_queue_delay_s=env_float("SERVING_MAX_QUEUE_DELAY_S", DEFAULT_MAX_QUEUE_DELAY_S),
+            max_queue_size=env_int("SERVING_MAX_QUEUE_SIZE", DEFAULT_MAX_QUEUE_SIZE, minimum=1),
             max_batches_in_flight=env_int("SERVING_MAX_BATCHES_IN_FLIGHT", 1, minimum=1),
             max_shape_queues=env_int("SERVING_MAX_SHAPE_QUEUES", 16, minimum=1),
             request_timeout_s=env_float("SERVING_REQUEST_TIMEOUT_S", 10.0, minimum=0.001),

@@ -1,6 +1,7 @@
 """The worker's control plane: receive desired states, converge, ack, report.
 
 - Desired states arrive on the ``serving`` group of the channel layer (channels-redis),
+  as ``contract.APPLY_MESSAGE`` messages,
   pushed by the console after every traffic change. Anything that can reach Redis can
   publish there, so a push is used only when its signature holds (``state_signing``,
   a key derived from the worker token); a refused push changes nothing and is logged.
@@ -12,8 +13,8 @@
   adopts it whenever its digest differs from the one applied, even at a lower
   generation: a counter that went backwards (a restored database) never freezes
   workers. Losing Redis never stops serving: the last state stays.
-- Acks (``{worker, generation, digest, epoch, ok, error?, load_ms}``) and the
-  once-a-second report go to the console over HTTP with the worker token. The first
+- Acks (``contract.Ack``) and the once-a-second report (``contract.WorkerReport``) go
+  to the console over HTTP with the worker token. The first
   report goes before any ack: the console refuses acks from a worker it has not heard of.
 - Every state applied is persisted beside the artifact cache (``state_store``). A worker
   that started on that persisted state (the console could not answer) serves it, says
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import httpx
 
 from serving.console_client import async_console_only, console_timeout
+from serving.contract import APPLY_MESSAGE, SERVING_GROUP, Ack, WorkerIdentity
 from serving.env import env_str
 from serving.logs import event
 from serving.reports import ReportBuilder
@@ -43,22 +45,9 @@ from serving.state_signing import SignatureRefused, signing_key, state_digest, v
 from serving.state_store import PersistedStateRefused
 
 logger = logging.getLogger("serving.control")
-SERVING_GROUP = "serving"
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 UNREACHABLE_RETRY_S = 1.0  # how soon to ask again when the console did not answer
-
-
-@dataclass(frozen=True)
-class Identity:
-    id: str
-    host: str
-    pid: int
-    url: str
-    device: str
-
-    def as_dict(self) -> dict:
-        return {"id": self.id, "host": self.host, "pid": self.pid, "url": self.url, "device": self.device}
 
 
 @dataclass(frozen=True)
@@ -87,10 +76,10 @@ class Backoff:
         self._next_s = self.first_s
 
 
-def make_identity(public_url: str, device: str) -> Identity:
+def make_identity(public_url: str, device: str) -> WorkerIdentity:
     host = socket.gethostname()
     worker_id = env_str("SERVING_WORKER_ID") or f"{host}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
-    return Identity(worker_id, host, os.getpid(), public_url, device)
+    return WorkerIdentity(worker_id, host, os.getpid(), public_url, device)
 
 
 class ControlPlane:
@@ -109,7 +98,7 @@ class ControlPlane:
         self._key = signing_key(worker.config.worker_token) if worker.config.worker_token else None
         self._transport = transport
         self._reported = False
-        self._unacked: dict | None = None  # the ack of a persisted state, sent once the console answers
+        self._unacked: Ack | None = None  # the ack of a persisted state, sent once the console answers
         self._console_answered: bool | None = None  # None: not asked yet
         self._apply_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
@@ -136,7 +125,7 @@ class ControlPlane:
             return Applied(generation=self.worker.repository.generation)
         state, result = persisted
         applied = Applied(state["generation"], state.get("epoch"), state["digest"])
-        self._unacked = {**result, "digest": applied.digest, "epoch": applied.epoch}
+        self._unacked = self._ack_of(result, applied.digest, applied.epoch)
         return applied
 
     async def stop(self) -> None:
@@ -222,7 +211,7 @@ class ControlPlane:
             self.applied = Applied(state["generation"], state.get("epoch"), digest)
             self._unacked = None  # superseded: the console hears of the state now served
             await self._persist(state)
-        await self._ack({**result, "digest": digest, "epoch": state.get("epoch")})
+        await self._ack(self._ack_of(result, digest, state.get("epoch")))
         return result
 
     async def _persist(self, state: dict) -> None:
@@ -238,18 +227,22 @@ class ControlPlane:
         if self._unacked is not None and await self._ack(self._unacked):
             self._unacked = None
 
-    async def _ack(self, result: dict) -> bool:
+    def _ack_of(self, result: dict, digest: str, epoch: str | None) -> Ack:
+        """The ack of an apply result (``Repository.apply``'s {generation, ok, error?, load_ms})."""
+        return Ack(worker=self.identity.id, generation=result["generation"], digest=digest, ok=result["ok"], epoch=epoch,
+                   error=result.get("error"), load_ms=result.get("load_ms", 0.0))
+
+    async def _ack(self, ack: Ack) -> bool:
         """Send an ack; False when it did not reach the console (worth sending again)."""
         if not self._reported:
             await self.send_report()
-        body = {"worker": self.identity.id, **result}
         try:
-            response = await self._http.post("/api/serving/acks", json=body)
+            response = await self._http.post("/api/serving/acks", json=ack.to_dict())
         except httpx.HTTPError as error:
-            logger.warning("ack of generation %s not delivered: %s", result.get("generation"), error)
+            logger.warning("ack of generation %s not delivered: %s", ack.generation, error)
             return False
         if response.status_code >= 400:
-            logger.warning("ack of generation %s refused: %s %s", result.get("generation"), response.status_code, response.text[:200])
+            logger.warning("ack of generation %s refused: %s %s", ack.generation, response.status_code, response.text[:200])
         return True
 
     async def _reconcile_forever(self) -> None:
@@ -281,7 +274,7 @@ class ControlPlane:
             await self.reconcile()  # whatever was published while we were away
             while True:
                 message = await layer.receive(channel)
-                if message.get("type") == "serving.apply":
+                if message.get("type") == APPLY_MESSAGE:
                     await self.receive_push(message.get("state"))
         finally:
             await asyncio.shield(_quietly(layer.group_discard(SERVING_GROUP, channel)))
@@ -296,9 +289,9 @@ class ControlPlane:
 
     async def send_report(self) -> None:
         applied = {"generation": self.applied.generation, "digest": self.applied.digest, "epoch": self.applied.epoch}
-        report = self.reports.build(self.identity.as_dict(), self.worker.repository, applied)
+        report = self.reports.build(self.identity, self.worker.repository, applied)
         try:
-            response = await self._http.post("/api/serving/reports", json=report)
+            response = await self._http.post("/api/serving/reports", json=report.to_dict())
             if response.status_code >= 400:
                 logger.warning(event("report_refused", status=response.status_code, body=response.text[:200]))
             else:

@@ -1,6 +1,6 @@
-"""The once-a-second worker report: what changed in the Prometheus metrics since the
-last report, per loaded version, plus identity, the generation, digest and epoch served,
-and what is loaded.
+"""The once-a-second worker report (``contract.WorkerReport``): what changed in the
+Prometheus metrics since the last report, per loaded version, plus identity, the
+generation, digest and epoch served, and what is loaded.
 
 Reading the prometheus-client metrics (rather than keeping a second set of counters)
 keeps the request path untouched: the report costs one collect per second.
@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 
 from serving import metrics
+from serving.contract import LoadedEntry, WorkerIdentity, WorkerReport
 from serving.shadow import COMPARISONS
 
 Key = tuple[str, str]  # (model, version) as the metric labels spell them
@@ -85,25 +86,26 @@ class ReportBuilder:
         self._previous: dict[Key, dict] = {}
         self._previous_at = time.monotonic()
 
-    def build(self, identity: dict, repository, applied: dict | None = None) -> dict:
+    def build(self, identity: WorkerIdentity, repository, applied: dict | None = None) -> WorkerReport:
         """``applied``: the generation, digest and epoch of the state served, as acked."""
         now = time.monotonic()
         current = snapshot()
         interval_s = max(now - self._previous_at, 1e-6)
-        versions = [self._delta(key, figures, interval_s) for key, figures in current.items() if key[0]]
+        versions = tuple(self._delta(key, figures, interval_s) for key, figures in current.items() if key[0])
         self._previous, self._previous_at = current, now
-        return {
-            "worker": identity,
-            "generation": (applied or {}).get("generation") or repository.generation or 0,
-            "digest": (applied or {}).get("digest"),
-            "epoch": (applied or {}).get("epoch"),
-            "loaded": loaded_versions(repository),
-            "interval_s": round(interval_s, 3),
-            "versions": versions,
-            "requests_failed_total": failed_total(),
-            "shadow": shadow_totals(),
-            "device_memory_bytes": device_memory_bytes(repository.device),
-        }
+        applied = applied or {}
+        return WorkerReport(
+            worker=identity,
+            generation=applied.get("generation") or repository.generation or 0,
+            digest=applied.get("digest"),
+            epoch=applied.get("epoch"),
+            loaded=loaded_versions(repository),
+            interval_s=round(interval_s, 3),
+            versions=versions,
+            requests_failed_total=failed_total(),
+            shadow=tuple(shadow_totals()),
+            device_memory_bytes=device_memory_bytes(repository.device),
+        )
 
     def _delta(self, key: Key, figures: dict, interval_s: float) -> dict:
         before = self._previous.get(key, {})
@@ -125,13 +127,13 @@ class ReportBuilder:
         }
 
 
-def loaded_versions(repository) -> list[dict]:
+def loaded_versions(repository) -> tuple[LoadedEntry, ...]:
     table = repository.router.table
-    return [
-        {"model": name, "version": version, "routed": version in routes.versions, "ready": True}
+    return tuple(
+        LoadedEntry(model=name, version=version, routed=version in routes.versions, ready=True)
         for name, routes in table.models.items()
         for version in sorted(routes.targets)
-    ]
+    )
 
 
 def _bucket_delta(now: dict[str, float], before: dict[str, float]) -> dict[str, int]:

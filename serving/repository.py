@@ -22,16 +22,16 @@ from types import MappingProxyType
 import orjson
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
-from serving import metrics
-from serving.batcher import Batcher, BatchObserver, BatchPolicy, DispatchThreads, EngineGate, LatencyModel, lower_priority
+from serving import contract, metrics
+from serving.batcher import Batcher, BatchObserver, DispatchThreads, EngineGate, LatencyModel, lower_priority
 from serving.config import ServingConfig
 from serving.console_client import ArtifactError, ArtifactRefused, artifact_location
+from serving.contract import BatchPolicy, ContractError
 from serving.engine import Engine
 from serving.errors import BadRequest, LoadError, ModelFailed, QueueFull, ServingError
 from serving.model_safety import UnsafeModel
 from serving.protocol import Decoded, ModelIO
 from serving.router import Router, RoutingTable, build_routes
-from serving.state_signing import is_hex64
 
 logger = logging.getLogger("serving.repository")
 
@@ -40,8 +40,9 @@ ORT_ERRORS = (ort_errors.Fail, ort_errors.InvalidArgument, ort_errors.InvalidPro
 FetchFn = Callable[[str, str, Path], Path]  # (artifact_url, sha256, cache path) -> verified file
 
 
-class StateInvalid(ValueError):
-    """The desired state does not follow the contract in docs/architecture.md."""
+# One exception type for a state this worker cannot apply, the contract's refusals and
+# its own alike (the name Repository._apply catches).
+StateInvalid = ContractError
 
 
 # ---- desired state --------------------------------------------------------------------
@@ -49,6 +50,9 @@ class StateInvalid(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class VersionSpec:
+    """What this worker loads for one version: the contract's route or warm entry with
+    the artifact's location resolved, and the model's batching."""
+
     model_name: str
     version: int
     sha256: str
@@ -63,6 +67,9 @@ class VersionSpec:
 
 @dataclass(frozen=True, slots=True)
 class DesiredState:
+    """What this worker serves, derived from a parsed ``contract.DesiredState``. Compared
+    with the one applied: a new generation of the same content only bumps the generation."""
+
     versions: tuple[VersionSpec, ...]  # routed and warm ones, each once
     warm_keys: tuple[tuple[str, int], ...]  # warm by number only: kept if loaded, never fetched
     weights: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]  # model -> ((version, weight), ...)
@@ -70,90 +77,42 @@ class DesiredState:
 
 
 def parse_state(state: object, config: ServingConfig) -> tuple[int, DesiredState]:
-    if not isinstance(state, dict) or type(state.get("generation")) is not int:
-        raise StateInvalid("state needs an integer 'generation'")
-    models = state.get("models")
-    if not isinstance(models, dict):
-        raise StateInvalid("state needs a 'models' object")
+    """The contract's parse (every shape check, the contract version first; batching left
+    out takes this worker's settings), then this worker's own check: artifact URLs on the
+    console's origin. ContractError names the offending field."""
+    defaults = BatchPolicy(config.max_batch_size, config.max_queue_delay_s, config.max_queue_size)
+    desired = contract.DesiredState.parse(state, batching_defaults=defaults)
     specs, warm_keys, weights, shadows = [], [], [], []
-    for model_name, model in sorted(models.items()):
-        model_specs, model_warm, model_weights = _parse_model(model_name, model, config)
-        specs.extend(model_specs)
-        warm_keys.extend((model_name, version) for version in model_warm)
-        weights.append((model_name, model_weights))
-        shadows.append((model_name, _shadows(model_name, model)))
-    return state["generation"], DesiredState(tuple(specs), tuple(warm_keys), tuple(weights), tuple(shadows))
+    for model_name, model in sorted(desired.models.items()):
+        model_specs = _version_specs(model_name, model, config)
+        specs.extend(model_specs.values())
+        warm_keys.extend((model_name, entry.version) for entry in model.warm if entry.version not in model_specs)
+        weights.append((model_name, tuple((route.version, route.weight) for route in model.routes)))
+        shadows.append((model_name, tuple((route.version, float(route.shadow)) for route in model.routes if route.shadow is not None)))
+    return desired.generation, DesiredState(tuple(specs), tuple(warm_keys), tuple(weights), tuple(shadows))
 
 
-def _shadows(model_name: str, model: dict) -> tuple[tuple[int, float], ...]:
-    """Routes with a ``shadow`` fraction: mirrored after the answer, never answering."""
-    found = []
-    for route in model.get("routes", []):
-        fraction = route.get("shadow")
-        if fraction is None:
-            continue
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-            raise StateInvalid(f"model '{model_name}' version {route.get('version')}: shadow must be a fraction in (0, 1]")
-        found.append((route["version"], float(fraction)))
-    return tuple(found)
+def _version_specs(model_name: str, model: contract.ModelState, config: ServingConfig) -> dict[int, VersionSpec]:
+    """Routed versions, then warm ones given whole (a worker that never saw them can
+    still load them), each once."""
+    specs: dict[int, VersionSpec] = {}
+    for index, route in enumerate(model.routes):
+        specs[route.version] = _version_spec(model_name, route, f"models.{model_name}.routes[{index}]", model.batching, config)
+    for index, entry in enumerate(model.warm):
+        if entry.is_fetchable:
+            specs.setdefault(entry.version, _version_spec(model_name, entry, f"models.{model_name}.warm[{index}]", model.batching, config))
+    return specs
 
 
-def _parse_model(model_name: str, model: object, config: ServingConfig):
-    if not isinstance(model, dict) or not isinstance(model.get("routes", []), list):
-        raise StateInvalid(f"model '{model_name}': needs a 'routes' list")
-    policy = _policy(model_name, model.get("batching") or {}, config)
-    specs, warm, weights = {}, [], []
-    for route in model.get("routes", []):
-        spec = _version_spec(model_name, route, policy, config)
-        weight = route.get("weight", 0)
-        if type(weight) is not int or not 0 <= weight <= 100:
-            raise StateInvalid(f"model '{model_name}' version {spec.version}: weight must be an integer 0..100")
-        specs[spec.version] = spec
-        weights.append((spec.version, weight))
-    for entry in model.get("warm", []) or []:
-        # Contract lists warm versions by number; an entry may also be a full route
-        # object, so a worker that never saw that version can still load it.
-        if isinstance(entry, dict):
-            spec = _version_spec(model_name, entry, policy, config)
-            specs.setdefault(spec.version, spec)
-        elif type(entry) is int:
-            warm.append(entry)
-        else:
-            raise StateInvalid(f"model '{model_name}': 'warm' entries must be version numbers or route objects")
-    return tuple(specs.values()), tuple(v for v in warm if v not in specs), tuple(weights)
-
-
-def _version_spec(model_name: str, route: object, policy: BatchPolicy, config: ServingConfig) -> VersionSpec:
-    if not isinstance(route, dict):
-        raise StateInvalid(f"model '{model_name}': each route must be an object")
-    version, sha256, url = route.get("version"), route.get("sha256"), route.get("artifact_url")
-    if type(version) is not int or not is_hex64(sha256) or not isinstance(url, str):
-        raise StateInvalid(f"model '{model_name}': each route needs version (int), sha256 (64 lowercase hex), artifact_url")
+def _version_spec(model_name: str, entry: contract.Route | contract.WarmVersion, path: str, policy: BatchPolicy,
+                  config: ServingConfig) -> VersionSpec:
     try:
         # Judged here, before anything is fetched: a refused URL fails the whole state.
-        location = artifact_location(url, config.console_url, allow_local=config.allow_local_artifacts)
+        location = artifact_location(entry.artifact_url, config.console_url, allow_local=config.allow_local_artifacts)
     except ArtifactRefused as refusal:
-        raise StateInvalid(f"model '{model_name}' version {version}: {refusal}") from None
-    signature = route.get("signature") or {}
-    return VersionSpec(model_name, version, sha256, location,
-                       orjson.dumps(signature, option=orjson.OPT_SORT_KEYS).decode(), policy)
-
-
-def _policy(model_name: str, batching: object, config: ServingConfig) -> BatchPolicy:
-    if not isinstance(batching, dict):
-        raise StateInvalid(f"model '{model_name}': 'batching' must be an object")
-    try:
-        policy = BatchPolicy(
-            max_batch_size=int(batching.get("max_batch_size") or config.max_batch_size),
-            max_queue_delay_s=float(batching.get("max_queue_delay_s", config.max_queue_delay_s)),
-            max_queue_size=int(batching.get("max_queue_size") or config.max_queue_size),
-            latency_target_s=None if batching.get("latency_target_s") is None else float(batching["latency_target_s"]),
-        )
-    except (TypeError, ValueError):
-        raise StateInvalid(f"model '{model_name}': batching values must be numbers") from None
-    if policy.max_batch_size < 1 or policy.max_queue_size < 1 or policy.max_queue_delay_s < 0:
-        raise StateInvalid(f"model '{model_name}': batching values out of range")
-    return policy
+        raise ContractError(f"{path}.artifact_url", str(refusal)) from None
+    return VersionSpec(model_name, entry.version, entry.sha256, location,
+                       orjson.dumps(entry.signature, option=orjson.OPT_SORT_KEYS).decode(), policy)
 
 
 # ---- a loaded version -----------------------------------------------------------------

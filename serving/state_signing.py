@@ -6,37 +6,40 @@ from the worker token (only the console and the workers hold it), never the toke
 so a MAC seen on the channel says nothing about the bearer credential.
 
 The *digest* names a state's content: sha256 of its canonical encoding (keys sorted, no
-whitespace) without the ``digest`` and ``signature`` fields. Workers ack the digest they
-applied and the console judges convergence by it, like Kubernetes' pod-template-hash.
-No Django here: the worker imports this module too.
+whitespace) without the ``digest`` and ``signature`` fields, so it covers the contract
+version too (``serving.contract``). Workers ack the digest they applied and the console
+judges convergence by it, like Kubernetes' pod-template-hash. The console digests and
+signs the ``DesiredState`` it built; a worker digests and verifies the state exactly as
+it received it, before parsing any of it. No Django here: the worker imports this too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import re
+from collections.abc import Mapping
 
 import orjson
 
+from serving.contract import DesiredState, is_hex64
+
 KEY_CONTEXT = b"modelops-state-v1"
 UNSIGNED_FIELDS = ("digest", "signature")
-HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class SignatureRefused(ValueError):
     """A pushed state that did not come from the console; the message says why."""
 
 
-def is_hex64(value: object) -> bool:
-    return isinstance(value, str) and HEX64.fullmatch(value) is not None
-
-
 def signing_key(worker_token: str) -> bytes:
     return hmac.new(worker_token.encode(), KEY_CONTEXT, hashlib.sha256).digest()
 
 
-def content_of(state: dict) -> dict:
+def content_of(state: DesiredState | Mapping) -> dict:
+    """What the digest and the signature cover: a built state's content, or a received
+    state's fields but ``digest`` and ``signature``."""
+    if isinstance(state, DesiredState):
+        return state.content()
     return {key: value for key, value in state.items() if key not in UNSIGNED_FIELDS}
 
 
@@ -45,7 +48,7 @@ def canonical_json(value: object) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-def state_digest(state: dict) -> str:
+def state_digest(state: DesiredState | Mapping) -> str:
     """sha256 of the state's canonical content; ValueError when it is not JSON data."""
     try:
         return hashlib.sha256(canonical_json(content_of(state))).hexdigest()
@@ -53,7 +56,7 @@ def state_digest(state: dict) -> str:
         raise ValueError(f"the state is not canonical JSON: {error}") from None
 
 
-def sign_state(state: dict, key: bytes) -> dict:
+def sign_state(state: DesiredState | Mapping, key: bytes) -> dict:
     """The state with its ``digest`` and ``signature`` (HMAC-SHA256 of the content)."""
     content = content_of(state)
     encoded = canonical_json(content)

@@ -7,8 +7,9 @@ serves what it served before, and the control plane reconciles once the console 
 A file on disk is not trusted because it is there. It holds the state signed like a
 push (``state_signing``: HMAC keyed from the worker token), and loading it re-checks
 everything: the digest must be the sha256 of the content, the signature must be this
-worker's key's, and the repository re-verifies every artifact's sha256 from the cache
-before it loads it. Writes are atomic (temporary file, fsync, rename), mode 0600.
+worker's key's, the content must be a state of this worker's contract version
+(``serving.contract``: a file written before an upgrade is not served), and the
+repository re-verifies every artifact's sha256 from the cache before it loads it. Writes are atomic (temporary file, fsync, rename), mode 0600.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import orjson
 
+from serving.contract import ContractError, DesiredState
 from serving.state_signing import SignatureRefused, content_of, sign_state, state_digest, verify_state
 
 FILE_NAME = "applied-state.json"
@@ -54,8 +56,9 @@ class StateStore:
         return document["digest"]
 
     def load(self) -> dict | None:
-        """The persisted state, re-checked; None when there is none.
-        PersistedStateRefused when there is one that must not be served."""
+        """The persisted state, re-checked, as it was received (the digest is of those
+        bytes); None when there is none. PersistedStateRefused when there is one that
+        must not be served."""
         if self._key is None:
             raise PersistedStateRefused("this worker has no worker token to check its persisted state with")
         document = self._read()
@@ -71,8 +74,10 @@ class StateStore:
             verify_state(document, self._key)
         except SignatureRefused as refusal:
             raise PersistedStateRefused(str(refusal)) from None
-        if type(document.get("generation")) is not int:
-            raise PersistedStateRefused("the state has no integer generation")
+        try:
+            DesiredState.parse(document)
+        except ContractError as error:
+            raise PersistedStateRefused(f"not a desired state of this worker's contract: {error}") from None
         return document
 
     def _read(self) -> dict | None:

@@ -25,6 +25,7 @@ class AckSerializer(drf_serializers.Serializer):
     ok = serializers.StrictBooleanField()
     error = serializers.StrictCharField(required=False, allow_blank=True, allow_null=True)
     load_ms = serializers.StrictFloatField(required=False, default=0.0)
+    contract = serializers.StrictIntegerField(help_text="serving.contract's CONTRACT_VERSION; any other is refused")
 
 
 class WorkerAcks(APIView):
@@ -36,11 +37,12 @@ class WorkerAcks(APIView):
 
     @extend_schema(request=AckSerializer, responses={204: None, **error_responses(400, 415)})
     def post(self, request):
-        form = AckSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
         try:
+            fleet.check_contract(request.data)  # first: an ack of another version may have any shape
+            form = AckSerializer(data=request.data)
+            form.is_valid(raise_exception=True)
             fleet.record_ack(form.validated_data)
-        except fleet.AckRefused as refusal:
+        except fleet.Refused as refusal:
             return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -68,6 +70,7 @@ class ReportSerializer(drf_serializers.Serializer):
     epoch = serializers.StrictCharField(max_length=32, required=False, allow_null=True, allow_blank=True, default=None)
     loaded = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list)
     versions = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list)
+    contract = serializers.StrictIntegerField(help_text="serving.contract's CONTRACT_VERSION; any other is refused")
 
     def validate_loaded(self, entries):
         for entry in entries:
@@ -107,9 +110,13 @@ class WorkerReports(APIView):
 
     @extend_schema(request=ReportSerializer, responses={204: None, **error_responses(400, 415)})
     def post(self, request):
-        form = ReportSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        report = {**request.data, **form.validated_data}
-        worker = fleet.record_report(report)
+        try:
+            fleet.check_contract(request.data)  # first: a report of another version may have any shape
+            form = ReportSerializer(data=request.data)
+            form.is_valid(raise_exception=True)
+            report = {**request.data, **form.validated_data}
+            worker = fleet.record_report(report)
+        except fleet.Refused as refusal:
+            return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
         live.ingest_report(worker, report)
         return Response(status=status.HTTP_204_NO_CONTENT)

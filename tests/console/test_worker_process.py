@@ -14,6 +14,7 @@ from pathlib import Path
 from console.embedded_redis import free_port
 from console.processes import WORKER_WITHHELD_VARIABLES, wait_http, worker_environment
 from registry.onnx_build import random_mlp, to_bytes
+from serving.contract import DesiredState, ModelState, Route
 
 CODE_TREE = Path(__file__).resolve().parents[2]
 
@@ -36,9 +37,8 @@ def test_worker_environment_withholds_the_database_and_the_secret_key():
 def test_serve_runs_from_an_empty_private_directory_without_console_secrets(tmp_path):
     data = to_bytes(random_mlp([8, 4], seed=0))
     (tmp_path / "model.onnx").write_bytes(data)
-    route = {"version": 1, "weight": 100, "sha256": hashlib.sha256(data).hexdigest(),
-             "artifact_url": str(tmp_path / "model.onnx"), "signature": {}}
-    (tmp_path / "state.json").write_text(json.dumps({"generation": 1, "models": {"m": {"routes": [route]}}}))
+    route = Route(version=1, weight=100, sha256=hashlib.sha256(data).hexdigest(), artifact_url=str(tmp_path / "model.onnx"))
+    (tmp_path / "state.json").write_text(json.dumps(DesiredState(generation=1, models={"m": ModelState(routes=(route,))}).to_dict()))
     environment = {**os.environ, "DATA_DIR": str(tmp_path / "data"), "DATABASE_URL": "postgres://u:leaked@db/x",
                    "DJANGO_SECRET_KEY": "leaked-" * 10, "SERVING_DEVICE": "cpu", "SERVING_LOG_LEVEL": "warning"}
     port = free_port()

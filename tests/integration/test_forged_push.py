@@ -12,6 +12,7 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from registry.models import ModelVersion, ServingGeneration
+from serving.contract import APPLY_MESSAGE, SERVING_GROUP, DesiredState, ModelState, Route
 from serving.state_signing import sign_state, signing_key
 from tests.fixtures.recording_host import RecordingHost
 from tools.stack import running_stack, wait_until
@@ -39,7 +40,7 @@ def publish(stack, settings, state) -> None:
 
     async def send():
         layer = RedisChannelLayer(hosts=[settings.REDIS_URL], prefix=stack.env["CHANNEL_LAYER_PREFIX"])
-        await layer.group_send("serving", {"type": "serving.apply", "state": state})
+        await layer.group_send(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": state})
         await layer.close_pools()
 
     async_to_sync(send)()
@@ -51,9 +52,9 @@ def routes_of(worker) -> list:
 
 def foreign_state(foreign_host, generation: int) -> dict:
     version = ModelVersion.objects.get(model__name="tiny", number=2)
-    route = {"version": 2, "weight": 100, "sha256": version.sha256, "artifact_url": f"{foreign_host.url}/model.onnx", "signature": {}}
+    route = Route(version=2, weight=100, sha256=version.sha256, artifact_url=f"{foreign_host.url}/model.onnx")
     epoch = ServingGeneration.objects.get(pk=1).epoch
-    return {"generation": generation, "epoch": epoch, "models": {"tiny": {"generation": generation, "routes": [route], "warm": [], "batching": {}}}}
+    return DesiredState(generation=generation, epoch=epoch, models={"tiny": ModelState(routes=(route,), generation=generation)}).to_dict()
 
 
 def test_forged_pushes_change_nothing_are_logged_and_do_not_freeze_the_worker(stack, settings, operator, foreign_host):

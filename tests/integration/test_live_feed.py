@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from console.consumers import LiveConsumer
 from registry.models import VersionMetricMinute
+from serving.contract import CONTRACT_VERSION
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -21,6 +22,7 @@ REPORT = {
     "loaded": [{"model": "tiny", "version": 1, "routed": True, "ready": True}],
     "versions": [{"model": "tiny", "version": 1, "requests": 42, "errors": 1, "latency_sum_s": 0.2,
                   "latency_buckets": {"0.001": 40, "+Inf": 42}, "batch_size_buckets": {"1": 10, "+Inf": 12}, "p50_ms": 1.0, "p99_ms": 8.0}],
+    "contract": CONTRACT_VERSION,
 }
 
 

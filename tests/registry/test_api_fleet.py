@@ -10,13 +10,14 @@ from django.contrib.auth.models import User
 from registry.api.permissions import WorkerTokenAuthentication
 from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, Worker, WorkerAck
 from registry.state import issued_digest
+from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db
 
 
 def ack(generation: int, ok: bool = True, **extra) -> dict:
     """An ack of the state the console issued as ``generation``."""
-    return {"worker": "w-1", "generation": generation, "digest": issued_digest(generation), "ok": ok, **extra}
+    return {"worker": "w-1", "generation": generation, "digest": issued_digest(generation), "ok": ok, "contract": CONTRACT_VERSION, **extra}
 
 
 def report(generation=1, **extra):
@@ -26,6 +27,7 @@ def report(generation=1, **extra):
         "loaded": [{"model": "digits", "version": 1, "routed": True, "ready": True}],
         "versions": [{"model": "digits", "version": 1, "requests": 5, "errors": 0, "latency_sum_s": 0.01,
                       "latency_buckets": {"0.001": 5, "+Inf": 5}, "batch_size_buckets": {"1": 5, "+Inf": 5}}],
+        "contract": CONTRACT_VERSION,
         **extra,
     }
 
@@ -40,7 +42,7 @@ def test_reported_worker_is_listed_with_its_generation_and_last_report(worker_cl
 
 
 def test_report_without_identity_is_refused(worker_client):
-    response = worker_client.post("/api/serving/reports", {"generation": 1}, format="json")
+    response = worker_client.post("/api/serving/reports", {"generation": 1, "contract": CONTRACT_VERSION}, format="json")
 
     assert response.status_code == 400
     assert response.json()["error"].startswith("worker:")

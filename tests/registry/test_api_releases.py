@@ -6,6 +6,7 @@ import pytest
 
 from registry.models import Release
 from registry.state import desired_state
+from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db
 
@@ -245,9 +246,9 @@ def test_release_answer_matches_its_documented_shape(operator_client, three_vers
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        ("/api/serving/acks", {"worker": "w1", "generation": 2**64, "digest": "0" * 64, "ok": True}),
-        ("/api/serving/reports", {"worker": {"id": "w1", "pid": 2**40}, "generation": 1}),
-        ("/api/serving/reports", {"worker": {"id": 7}, "generation": 1}),
+        ("/api/serving/acks", {"worker": "w1", "generation": 2**64, "digest": "0" * 64, "ok": True, "contract": CONTRACT_VERSION}),
+        ("/api/serving/reports", {"worker": {"id": "w1", "pid": 2**40}, "generation": 1, "contract": CONTRACT_VERSION}),
+        ("/api/serving/reports", {"worker": {"id": 7}, "generation": 1, "contract": CONTRACT_VERSION}),
     ],
 )
 def test_worker_posts_with_out_of_range_or_mistyped_values_are_a_bad_request(three_versions, settings, path, body):

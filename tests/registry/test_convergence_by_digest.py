@@ -7,6 +7,7 @@ import pytest
 
 from registry.models import ServingGeneration
 from registry.state import issued_digest
+from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +21,8 @@ def canary(operator_client, three_versions):
 
 
 def report(generation, digest) -> dict:
-    return {"worker": {"id": "w-1", "host": "box"}, "generation": generation, "digest": digest, "epoch": ServingGeneration.objects.get().epoch}
+    return {"worker": {"id": "w-1", "host": "box"}, "generation": generation, "digest": digest, "epoch": ServingGeneration.objects.get().epoch,
+            "contract": CONTRACT_VERSION}
 
 
 def worker_row(operator_client) -> dict:
@@ -58,7 +60,7 @@ def test_a_worker_proved_on_an_older_generation_is_behind(worker_client, operato
 def test_an_ack_of_the_issued_digest_converges_a_worker_before_its_next_report(worker_client, operator_client, canary):
     worker_client.post("/api/serving/reports", report(1, issued_digest(1)), format="json")
 
-    response = worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 2, "digest": issued_digest(2), "ok": True}, format="json")
+    response = worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 2, "digest": issued_digest(2), "ok": True, "contract": CONTRACT_VERSION}, format="json")
 
     assert response.status_code == 204
     assert worker_row(operator_client) == {"converged": True, "generation": 2, "state": "serving generation 2"}

@@ -14,6 +14,7 @@ from django.db import connection
 
 from registry.models import Release, ServingGeneration
 from registry.state import issued_digest
+from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,7 +28,7 @@ def canary(operator_client, three_versions):
 
 def report(worker_id: str, generation: int, failed_total: int) -> dict:
     return {"worker": {"id": worker_id, "host": "box"}, "generation": generation, "digest": issued_digest(generation),
-            "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": failed_total}
+            "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": failed_total, "contract": CONTRACT_VERSION}
 
 
 def follow_rollback(worker_client, worker_id: str, *, delay_s: float, failed_total: int) -> threading.Thread:
@@ -39,7 +40,7 @@ def follow_rollback(worker_client, worker_id: str, *, delay_s: float, failed_tot
             while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
             time.sleep(delay_s)
-            worker_client.post("/api/serving/acks", {"worker": worker_id, "generation": 3, "digest": issued_digest(3), "ok": True}, format="json")
+            worker_client.post("/api/serving/acks", {"worker": worker_id, "generation": 3, "digest": issued_digest(3), "ok": True, "contract": CONTRACT_VERSION}, format="json")
             worker_client.post("/api/serving/reports", report(worker_id, 3, failed_total), format="json")
         finally:
             connection.close()

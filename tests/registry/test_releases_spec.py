@@ -16,7 +16,7 @@ from registry import drills, releases, uploads
 from registry.choices import AuditKind, ReleaseAction
 from registry.models import AuditEvent, RegisteredModel, Release
 from registry.onnx_build import random_mlp, to_bytes
-from registry.publish import SERVING_GROUP
+from serving.contract import SERVING_GROUP
 
 pytestmark = pytest.mark.django_db
 

@@ -17,6 +17,7 @@ from django.db import connection
 from registry import releases
 from registry.models import Release, ServingGeneration
 from registry.state import state_at
+from serving.contract import CONTRACT_VERSION
 from serving.state_signing import state_digest
 from tests.fixtures.personas import _client_for
 
@@ -116,10 +117,10 @@ def test_a_torn_state_is_never_taken_as_converged(three_versions, admin_user, se
     torn_digest = state_digest(torn)
     worker = APIClient()
     worker.credentials(HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
-    report = {"worker": {"id": "w-torn", "host": "box"}, "generation": 2, "digest": torn_digest, "epoch": epoch}
+    report = {"worker": {"id": "w-torn", "host": "box"}, "generation": 2, "digest": torn_digest, "epoch": epoch, "contract": CONTRACT_VERSION}
 
     assert worker.post("/api/serving/reports", report, format="json").status_code == 204
-    ack = worker.post("/api/serving/acks", {"worker": "w-torn", "generation": 2, "digest": torn_digest, "ok": True}, format="json")
+    ack = worker.post("/api/serving/acks", {"worker": "w-torn", "generation": 2, "digest": torn_digest, "ok": True, "contract": CONTRACT_VERSION}, format="json")
     release = _client_for(admin_user).get("/api/models/digits/release/").json()
 
     assert ack.status_code == 400

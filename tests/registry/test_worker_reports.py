@@ -7,13 +7,14 @@ import pytest
 
 from registry.models import ServingGeneration, Worker
 from registry.state import issued_digest
+from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db
 
 
 def stateless_report() -> dict:
     return {"worker": {"id": "w-new", "host": "box", "pid": 7, "url": "http://127.0.0.1:9", "device": "cpu"},
-            "generation": None, "digest": None, "epoch": None, "loaded": [], "versions": []}
+            "generation": None, "digest": None, "epoch": None, "loaded": [], "versions": [], "contract": CONTRACT_VERSION}
 
 
 def listed(viewer_client) -> list[tuple]:

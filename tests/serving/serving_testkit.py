@@ -24,6 +24,7 @@ from onnx import TensorProto, helper
 
 from registry.onnx_build import to_bytes
 from serving.config import ServingConfig
+from serving.contract import BatchPolicy, DesiredState, ModelState, Route, WarmVersion
 from serving.worker import Worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,19 +50,22 @@ def relu_any_width() -> onnx.ModelProto:
 def route(version: int, weight: int, path: Path, sha256: str, *, batchable: bool = True) -> dict:
     """A route as the console sends it. The test models are batchable (rows independent),
     which the console's inspection would have proven; a worker takes a missing flag as "no"."""
-    return {"version": version, "weight": weight, "sha256": sha256, "artifact_url": str(path),
-            "signature": {"batchable": batchable}}
+    return Route(version=version, weight=weight, sha256=sha256, artifact_url=str(path), signature={"batchable": batchable}).to_dict()
 
-def state(generation: int, models: dict, **batching) -> dict:
-    """A desired state; `models` maps name -> list of routes (and optional 'warm')."""
-    defaults = {"max_batch_size": 16, "max_queue_delay_s": 0.002, "max_queue_size": 256, "latency_target_s": None}
-    return {
-        "generation": generation,
-        "models": {
-            name: {"routes": spec["routes"], "warm": spec.get("warm", []), "batching": {**defaults, **batching}}
-            for name, spec in models.items()
-        },
-    }
+def _warm(entry: int | dict) -> WarmVersion:
+    if isinstance(entry, int):
+        return WarmVersion(entry)
+    return WarmVersion(entry["version"], entry["sha256"], entry["artifact_url"], entry.get("signature", {}))
+
+def state(generation: int, models: dict, *, epoch: str | None = None, **batching) -> dict:
+    """A desired state built through the contract, as the console builds one; `models` maps
+    name -> {"routes": [route dicts], "warm": [numbers or route dicts]} ("warm" optional)."""
+    policy = BatchPolicy(**{"max_batch_size": 16, "max_queue_size": 256, **batching})
+    return DesiredState(generation=generation, epoch=epoch, models={
+        name: ModelState(routes=tuple(Route(**entry) for entry in spec["routes"]),
+                         warm=tuple(_warm(entry) for entry in spec.get("warm", [])), batching=policy)
+        for name, spec in models.items()
+    }).to_dict()
 
 def make_config(tmp_path: Path, **overrides) -> ServingConfig:
     base = ServingConfig(

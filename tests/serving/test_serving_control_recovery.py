@@ -13,7 +13,8 @@ import pytest
 from serving.control import Applied, Backoff, ControlPlane
 from serving.state_signing import state_digest
 from serving.worker import Worker
-from serving_testkit import free_port, make_config, route
+from serving.contract import CONTRACT_VERSION
+from serving_testkit import free_port, make_config, route, state
 
 TOKEN = "worker-token-for-tests"
 
@@ -39,8 +40,7 @@ class Console:
 
 def desired(generation: int, weights: list[tuple[int, int]], mlp_v1, mlp_v2) -> dict:
     paths = {1: mlp_v1, 2: mlp_v2}
-    content = {"generation": generation, "epoch": "epoch-x",
-               "models": {"digits": {"routes": [route(version, weight, *paths[version]) for version, weight in weights]}}}
+    content = state(generation, {"digits": {"routes": [route(version, weight, *paths[version]) for version, weight in weights]}}, epoch="epoch-x")
     return {**content, "digest": state_digest(content)}
 
 
@@ -122,13 +122,13 @@ async def test_a_worker_whose_console_is_down_at_start_serves_the_persisted_stat
     console.is_down = True
 
     plane = await start_plane()
-    report = plane.reports.build(plane.identity.as_dict(), plane.worker.repository,
+    report = plane.reports.build(plane.identity, plane.worker.repository,
                                  {"generation": plane.applied.generation, "digest": plane.applied.digest, "epoch": plane.applied.epoch})
 
     assert plane.worker.repository.is_ready
     assert plane.worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 100}]
     assert plane.applied == Applied(3, "epoch-x", console.state["digest"])
-    assert (report["generation"], report["digest"], report["epoch"]) == (3, console.state["digest"], "epoch-x")
+    assert (report.generation, report.digest, report.epoch) == (3, console.state["digest"], "epoch-x")
 
 
 async def test_the_persisted_state_is_acked_once_when_the_console_answers_with_the_same_digest(start_plane, console, mlp_v1, mlp_v2):
@@ -146,7 +146,8 @@ async def test_the_persisted_state_is_acked_once_when_the_console_answers_with_t
 
     new_acks = console.acks[acks_before:]
     assert [ack | {"load_ms": 0} for ack in new_acks] == [
-        {"worker": plane.identity.id, "generation": 3, "digest": console.state["digest"], "epoch": "epoch-x", "ok": True, "load_ms": 0}]
+        {"worker": plane.identity.id, "generation": 3, "digest": console.state["digest"], "epoch": "epoch-x", "ok": True, "load_ms": 0,
+         "contract": CONTRACT_VERSION}]
     assert console.reports[-1]["worker"]["id"] == plane.identity.id  # it reported before that ack
 
 

@@ -13,10 +13,11 @@ import pytest
 
 from serving.console_client import ArtifactError, ArtifactRefused, ConsoleClient, artifact_location
 from serving.control import Applied, ControlPlane
-from serving.repository import StateInvalid, parse_state
+from serving.contract import CONTRACT_VERSION, ContractError
+from serving.repository import parse_state
 from serving.state_signing import sign_state, signing_key, state_digest
 from serving.worker import Worker
-from serving_testkit import make_config
+from serving_testkit import make_config, state
 from tests.fixtures.recording_host import RecordingHost
 
 TOKEN = "worker-token-for-tests"
@@ -44,7 +45,7 @@ class FakeConsole:
 
 
 def content(generation: int, epoch: str, models: dict | None = None) -> dict:
-    return {"generation": generation, "epoch": epoch, "models": models or {}}
+    return state(generation, models or {}, epoch=epoch)
 
 
 def signed(state: dict, token: str = TOKEN) -> dict:
@@ -119,7 +120,7 @@ async def test_signed_push_is_applied_and_acked_with_its_digest(control, console
     assert result["ok"] is True
     assert control.applied == Applied(2, "epoch-x", push["digest"])
     assert console.acks[-1] | {"load_ms": 0} == {"worker": control.identity.id, "generation": 2, "digest": push["digest"], "epoch": "epoch-x",
-                                                 "ok": True, "load_ms": 0}
+                                                 "ok": True, "load_ms": 0, "contract": CONTRACT_VERSION}
 
 
 async def test_an_older_signed_push_in_the_same_epoch_is_ignored(control, console):
@@ -135,7 +136,7 @@ async def test_an_older_signed_push_in_the_same_epoch_is_ignored(control, consol
 async def test_a_signed_push_of_the_applied_generation_with_other_content_makes_the_worker_ask_the_console(control, console):
     torn = content(5, "epoch-x")  # what a torn read once answered as generation 5
     await serve(control, console, 5, "epoch-x")
-    real = content(5, "epoch-x", {"digits": {"routes": [], "warm": [], "batching": {}}})
+    real = content(5, "epoch-x", {"digits": {"routes": []}})
     console.state = real
 
     result = await control.receive_push(signed(real))
@@ -307,7 +308,7 @@ def test_state_file_mode_allows_local_artifacts(tmp_path):
 def test_a_sha256_that_is_not_64_lowercase_hex_makes_the_state_invalid(tmp_path, sha256):
     state = content(1, "e", {"digits": {"routes": [route("/api/models/digits/versions/1/artifact", sha256)]}})
 
-    with pytest.raises(StateInvalid, match="64 lowercase hex"):
+    with pytest.raises(ContractError, match=r"^models\.digits\.routes\[0\]\.sha256: must be 64 lowercase hex"):
         parse_state(state, make_config(tmp_path, console_url=CONSOLE))
 
 
@@ -316,5 +317,5 @@ def test_a_local_path_in_a_pushed_state_is_refused_by_default(tmp_path):
     source.write_bytes(PAYLOAD)
     state = content(1, "e", {"digits": {"routes": [route(f"file://{source}")]}})
 
-    with pytest.raises(StateInvalid, match="SERVING_ALLOW_LOCAL_ARTIFACTS"):
+    with pytest.raises(ContractError, match=r"^models\.digits\.routes\[0\]\.artifact_url: .*SERVING_ALLOW_LOCAL_ARTIFACTS"):
         parse_state(state, make_config(tmp_path, console_url=CONSOLE, allow_local_artifacts=False))

@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
 from serving.state_signing import sign_state, signing_key, state_digest
 from serving.state_store import FILE_NAME, MAX_FILE_BYTES, PersistedStateRefused, StateStore
+from serving_testkit import route, state
 
 KEY = signing_key("worker-token-for-tests")
-STATE = {"generation": 7, "epoch": "epoch-x", "models": {"m": {"generation": 7, "routes": [{"version": 1, "weight": 100}]}}}
+STATE = state(7, {"m": {"routes": [route(1, 100, Path("/models/m.onnx"), "ab" * 32)]}}, epoch="epoch-x")
 
 
 @pytest.fixture

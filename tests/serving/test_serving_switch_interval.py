@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from serving_testkit import REPO_ROOT, write_state
+from serving_testkit import REPO_ROOT, state as desired_state, write_state
 
 STOP_BEFORE_SERVING = "import sys; import serving.worker as w; w.Worker.serve = lambda self, host, port: print('interval', sys.getswitchinterval())"
 ENTRY_POINTS = {
@@ -23,7 +23,7 @@ ENTRY_POINTS = {
 
 @pytest.mark.parametrize("entry_point", sorted(ENTRY_POINTS))
 def test_the_switch_interval_setting_is_applied_by_each_entry_point(tmp_path, entry_point):
-    state = write_state(tmp_path / "state.json", {"generation": 1, "models": {}})
+    state = write_state(tmp_path / "state.json", desired_state(1, {}))
     environment = {name: value for name, value in os.environ.items() if name not in {"DATABASE_URL", "DJANGO_SECRET_KEY"}}
     environment.update(DJANGO_SETTINGS_MODULE="console.settings", DATA_DIR=str(tmp_path / "data"), SERVING_DEVICE="cpu",
                        SERVING_CACHE_DIR=str(tmp_path / "cache"), SERVING_SWITCH_INTERVAL_S="0.0123")

@@ -1,0 +1,456 @@
+"""The messages between the console and its serving workers, typed once, for both sides.
+
+The console builds desired states here and parses workers' acks and reports here; a
+worker parses desired states here and builds its acks and reports here. Nothing else
+spells out these shapes, the channel group, the push's message type or the batching
+defaults. Standard library only: the worker imports it without Django.
+
+Versioning: every message carries ``contract`` (CONTRACT_VERSION), and the console
+covers it by the state's digest and signature. A receiver refuses a message of another
+version, or of none, whole, naming both versions: fields are never guessed across
+versions. Any change to a shape here bumps CONTRACT_VERSION. A worker that refuses a
+state says so in its ack and keeps serving what it has; the console answers an ack or a
+report of another version with a 400.
+
+Parsing is strict, raises only ContractError, and names the offending field by its
+path (``models.iris.routes[1].sha256: must be 64 lowercase hex characters``). Unknown
+fields are ignored. The worker's own checks (artifact URLs on the console's origin)
+stay with the worker, in ``serving/repository.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+CONTRACT_VERSION = 1
+SERVING_GROUP = "serving"  # the channel-layer group desired states are pushed to
+APPLY_MESSAGE = "serving.apply"  # a push: {"type": APPLY_MESSAGE, "state": <signed desired state>}
+
+# Batching when neither the model nor the settings (SERVING_MAX_*) say otherwise.
+DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_MAX_QUEUE_DELAY_S = 0.002
+DEFAULT_MAX_QUEUE_SIZE = 4096
+
+HEX64 = re.compile(r"[0-9a-f]{64}")
+SHOWN_CHARS = 40
+
+
+def is_hex64(value: object) -> bool:
+    """A sha256 as the contract writes it: exactly 64 lowercase hex characters."""
+    return isinstance(value, str) and HEX64.fullmatch(value) is not None
+
+
+class ContractError(ValueError):
+    """A message that does not follow this contract; ``path`` names the field."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def check_version(message: Mapping, path: str = "contract") -> None:
+    """Checked before any other field: a message of another version may have any shape."""
+    found = message.get("contract")
+    if found is None:
+        raise ContractError(path, f"missing: this side speaks contract {CONTRACT_VERSION}, the message names none")
+    if type(found) is not int or found != CONTRACT_VERSION:
+        raise ContractError(path, f"the message speaks contract {_shown(found)}, this side speaks contract {CONTRACT_VERSION}")
+
+
+def _shown(value: object) -> str:
+    """The sender's value, quoted short: an error never echoes much of what it refuses."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…"
+
+
+# ---- field readers: each checks one value and names its path when it refuses ----------
+
+
+def _at(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _object(value: object, path: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise ContractError(path or "message", "must be an object")
+    return value
+
+
+def _list(value: object, path: str) -> list:
+    if not isinstance(value, list):
+        raise ContractError(path, "must be a list")
+    return value
+
+
+def _int(value: object, path: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    if type(value) is not int:  # bool is an int to Python, never to the contract
+        raise ContractError(path, "must be an integer")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise ContractError(path, f"must be an integer {bounds}")
+    return value
+
+
+def _number(value: object, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ContractError(path, "must be a finite number")
+    return value  # kept as sent (an int stays an int), so a re-encoding digests the same
+
+
+def _str(value: object, path: str) -> str:
+    if not isinstance(value, str):
+        raise ContractError(path, "must be a string")
+    return value
+
+
+def _name(value: object, path: str) -> str:
+    if not _str(value, path):
+        raise ContractError(path, "must not be empty")
+    return value
+
+
+def _bool(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ContractError(path, "must be true or false")
+    return value
+
+
+def _hex64(value: object, path: str) -> str:
+    if not is_hex64(value):
+        raise ContractError(path, "must be 64 lowercase hex characters")
+    return value
+
+
+def _required(message: Mapping, key: str, path: str, read: Callable[[object, str], Any]) -> Any:
+    if key not in message:
+        raise ContractError(_at(path, key), "missing")
+    return read(message[key], _at(path, key))
+
+
+def _optional(message: Mapping, key: str, path: str, read: Callable[[object, str], Any], default: Any = None) -> Any:
+    """An absent or null field is ``default``."""
+    value = message.get(key)
+    return default if value is None else read(value, _at(path, key))
+
+
+def _without_none(fields: dict) -> dict:
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+# ---- the desired state -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """How a version's requests are batched; the console sends one per model."""
+
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_queue_delay_s: float = DEFAULT_MAX_QUEUE_DELAY_S
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
+    latency_target_s: float | None = None  # per-model target; None = only the deadline
+
+    def to_dict(self) -> dict:
+        return {"max_batch_size": self.max_batch_size, "max_queue_delay_s": self.max_queue_delay_s,
+                "max_queue_size": self.max_queue_size, "latency_target_s": self.latency_target_s}
+
+    @classmethod
+    def parse(cls, value: object, path: str = "batching", defaults: BatchPolicy | None = None) -> BatchPolicy:
+        """A field left out (or null) takes ``defaults``' value: the receiving worker's
+        own settings, so a hand-written state may give no batching at all."""
+        batching, defaults = _object(value, path), defaults or cls()
+        policy = cls(
+            max_batch_size=_optional(batching, "max_batch_size", path, _int, defaults.max_batch_size),
+            max_queue_delay_s=_optional(batching, "max_queue_delay_s", path, _number, defaults.max_queue_delay_s),
+            max_queue_size=_optional(batching, "max_queue_size", path, _int, defaults.max_queue_size),
+            latency_target_s=_optional(batching, "latency_target_s", path, _number),
+        )
+        if policy.max_batch_size < 1:
+            raise ContractError(_at(path, "max_batch_size"), "must be at least 1")
+        if policy.max_queue_size < 1:
+            raise ContractError(_at(path, "max_queue_size"), "must be at least 1")
+        if policy.max_queue_delay_s < 0:
+            raise ContractError(_at(path, "max_queue_delay_s"), "must not be negative")
+        if policy.latency_target_s is not None and policy.latency_target_s <= 0:
+            raise ContractError(_at(path, "latency_target_s"), "must be positive (or null: no target)")
+        return policy
+
+
+def _signature(value: object, path: str) -> dict:
+    return dict(_object(value, path))
+
+
+def _fraction(value: object, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ContractError(path, "must be a fraction in (0, 1]")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A version taking ``weight`` percent of the model's traffic, or, with ``shadow``,
+    a fraction of it mirrored after the answer."""
+
+    version: int
+    weight: int
+    sha256: str
+    artifact_url: str
+    signature: dict = field(default_factory=dict)  # the version's signature (contract 0 in docs/architecture.md)
+    shadow: float | None = None
+
+    def to_dict(self) -> dict:
+        return _without_none({"version": self.version, "weight": self.weight, "shadow": self.shadow, "sha256": self.sha256,
+                              "artifact_url": self.artifact_url, "signature": self.signature})
+
+    @classmethod
+    def parse(cls, value: object, path: str) -> Route:
+        route = _object(value, path)
+        return cls(
+            version=_required(route, "version", path, lambda v, p: _int(v, p, minimum=1)),
+            weight=_required(route, "weight", path, lambda v, p: _int(v, p, minimum=0, maximum=100)),
+            sha256=_required(route, "sha256", path, _hex64),
+            artifact_url=_required(route, "artifact_url", path, _name),
+            signature=_optional(route, "signature", path, _signature, {}),
+            shadow=_optional(route, "shadow", path, _fraction),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WarmVersion:
+    """A version kept loaded but unrouted (the rollback target), so a rollback is only a
+    swap. A hand-written state may give just its number (no ``sha256``): kept if this
+    worker has it loaded, never fetched."""
+
+    version: int
+    sha256: str | None = None
+    artifact_url: str | None = None
+    signature: dict = field(default_factory=dict)
+
+    @property
+    def is_fetchable(self) -> bool:
+        return self.sha256 is not None
+
+    def to_dict(self) -> dict | int:
+        if not self.is_fetchable:
+            return self.version
+        return {"version": self.version, "sha256": self.sha256, "artifact_url": self.artifact_url, "signature": self.signature}
+
+    @classmethod
+    def parse(cls, value: object, path: str) -> WarmVersion:
+        if type(value) is int:
+            return cls(_int(value, path, minimum=1))
+        if not isinstance(value, Mapping):
+            raise ContractError(path, "must be a version number or a version object")
+        return cls(
+            version=_required(value, "version", path, lambda v, p: _int(v, p, minimum=1)),
+            sha256=_required(value, "sha256", path, _hex64),
+            artifact_url=_required(value, "artifact_url", path, _name),
+            signature=_optional(value, "signature", path, _signature, {}),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """One model's part of the desired state."""
+
+    routes: tuple[Route, ...]
+    warm: tuple[WarmVersion, ...] = ()
+    # None (left out): the receiving worker's own settings. The console always sends
+    # one; a parsed state always has one.
+    batching: BatchPolicy | None = None
+    generation: int | None = None  # the generation of the release it comes from
+
+    def to_dict(self) -> dict:
+        return _without_none({"generation": self.generation, "routes": [route.to_dict() for route in self.routes],
+                              "warm": [entry.to_dict() for entry in self.warm],
+                              "batching": None if self.batching is None else self.batching.to_dict()})
+
+    @classmethod
+    def parse(cls, value: object, path: str, batching_defaults: BatchPolicy | None = None) -> ModelState:
+        model = _object(value, path)
+        routes = tuple(Route.parse(item, f"{path}.routes[{index}]")
+                       for index, item in enumerate(_required(model, "routes", path, _list)))
+        seen: set[int] = set()
+        for index, route in enumerate(routes):
+            if route.version in seen:
+                raise ContractError(f"{path}.routes[{index}].version", f"version {route.version} is routed twice")
+            seen.add(route.version)
+        warm = tuple(WarmVersion.parse(item, f"{path}.warm[{index}]")
+                     for index, item in enumerate(_optional(model, "warm", path, _list, [])))
+        return cls(
+            routes=routes,
+            warm=warm,
+            batching=_optional(model, "batching", path, lambda v, p: BatchPolicy.parse(v, p, batching_defaults),
+                               batching_defaults or BatchPolicy()),
+            generation=_optional(model, "generation", path, lambda v, p: _int(v, p, minimum=0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredState:
+    """The whole serving state at a generation, never a diff.
+
+    ``digest`` is the sha256 of ``content()`` (``serving.state_signing``); a pushed
+    state also carries ``signature``, which is the transport's, not the state's."""
+
+    generation: int
+    models: Mapping[str, ModelState]
+    epoch: str | None = None  # the console database's; None in a hand-written state file
+    digest: str | None = None
+    contract: int = CONTRACT_VERSION
+
+    def content(self) -> dict:
+        """What the digest and the signature cover: everything but the digest."""
+        return _without_none({"contract": self.contract, "generation": self.generation, "epoch": self.epoch,
+                              "models": {name: model.to_dict() for name, model in self.models.items()}})
+
+    def to_dict(self) -> dict:
+        return _without_none({**self.content(), "digest": self.digest})
+
+    @classmethod
+    def parse(cls, value: object, *, batching_defaults: BatchPolicy | None = None) -> DesiredState:
+        """``batching_defaults``: what a model's absent batching fields take (the worker's settings)."""
+        state = _object(value, "state")
+        check_version(state)
+        generation = _required(state, "generation", "", lambda v, p: _int(v, p, minimum=0))
+        epoch, digest = _optional(state, "epoch", "", _str), _optional(state, "digest", "", _hex64)
+        models = {}
+        for name, model in _required(state, "models", "", _object).items():
+            if not isinstance(name, str) or not name:
+                raise ContractError("models", "model names must be non-empty strings")
+            models[name] = ModelState.parse(model, f"models.{name[:SHOWN_CHARS]}", batching_defaults)
+        return cls(generation, models, epoch, digest, state["contract"])
+
+
+# ---- what workers send back ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """A worker applied a desired state (``ok``) or failed to (``error`` says why)."""
+
+    worker: str
+    generation: int
+    digest: str  # of the state it applied or tried to
+    ok: bool
+    epoch: str | None = None
+    error: str | None = None
+    load_ms: float = 0.0
+    contract: int = CONTRACT_VERSION
+
+    def to_dict(self) -> dict:
+        return _without_none({"worker": self.worker, "generation": self.generation, "digest": self.digest, "epoch": self.epoch,
+                              "ok": self.ok, "error": self.error, "load_ms": self.load_ms, "contract": self.contract})
+
+    @classmethod
+    def parse(cls, value: object) -> Ack:
+        ack = _object(value, "ack")
+        check_version(ack)
+        return cls(
+            worker=_required(ack, "worker", "", _name),
+            generation=_required(ack, "generation", "", lambda v, p: _int(v, p, minimum=0)),
+            digest=_required(ack, "digest", "", _hex64),
+            ok=_required(ack, "ok", "", _bool),
+            epoch=_optional(ack, "epoch", "", _str),
+            error=_optional(ack, "error", "", _str),
+            load_ms=_optional(ack, "load_ms", "", _number, 0.0),
+            contract=ack["contract"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    id: str
+    host: str = ""
+    pid: int | None = None
+    url: str = ""  # where it says it serves; the console shows it and never fetches it
+    device: str = ""
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "host": self.host, "pid": self.pid, "url": self.url, "device": self.device}
+
+    @classmethod
+    def parse(cls, value: object, path: str = "worker") -> WorkerIdentity:
+        identity = _object(value, path)
+        return cls(
+            id=_required(identity, "id", path, _name),
+            host=_optional(identity, "host", path, _str, ""),
+            pid=_optional(identity, "pid", path, lambda v, p: _int(v, p, minimum=0)),
+            url=_optional(identity, "url", path, _str, ""),
+            device=_optional(identity, "device", path, _str, ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedEntry:
+    """A version a worker has loaded: ``routed`` takes traffic, else warm or shadow."""
+
+    model: str
+    version: int
+    routed: bool = False
+    ready: bool = True
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "version": self.version, "routed": self.routed, "ready": self.ready}
+
+    @classmethod
+    def parse(cls, value: object, path: str) -> LoadedEntry:
+        entry = _object(value, path)
+        return cls(
+            model=_required(entry, "model", path, _name),
+            version=_required(entry, "version", path, lambda v, p: _int(v, p, minimum=1)),
+            routed=_optional(entry, "routed", path, _bool, False),
+            ready=_optional(entry, "ready", path, _bool, True),
+        )
+
+
+def _objects(value: object, path: str) -> tuple[dict, ...]:
+    return tuple(dict(_object(item, f"{path}[{index}]")) for index, item in enumerate(_list(value, path)))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """About once a second: who the worker is, what it serves (``generation``, ``digest``
+    and ``epoch`` of the state applied; null before any), what it has loaded, and its
+    figures since the previous report. The figures (``versions``: per version requests,
+    errors, latency and batch-size buckets…; ``shadow``: comparisons per shadow version)
+    are the worker's Prometheus deltas, kept by the console as sent."""
+
+    worker: WorkerIdentity
+    generation: int | None = None
+    digest: str | None = None
+    epoch: str | None = None
+    loaded: tuple[LoadedEntry, ...] = ()
+    interval_s: float | None = None
+    versions: tuple[dict, ...] = ()
+    requests_failed_total: int | None = None  # 5xx answers since the worker started (drills count them)
+    shadow: tuple[dict, ...] = ()
+    device_memory_bytes: int | None = None
+    contract: int = CONTRACT_VERSION
+
+    def to_dict(self) -> dict:
+        return {"worker": self.worker.to_dict(), "generation": self.generation, "digest": self.digest, "epoch": self.epoch,
+                "loaded": [entry.to_dict() for entry in self.loaded], "interval_s": self.interval_s, "versions": list(self.versions),
+                "requests_failed_total": self.requests_failed_total, "shadow": list(self.shadow),
+                "device_memory_bytes": self.device_memory_bytes, "contract": self.contract}
+
+    @classmethod
+    def parse(cls, value: object) -> WorkerReport:
+        report = _object(value, "report")
+        check_version(report)
+        return cls(
+            worker=_required(report, "worker", "", WorkerIdentity.parse),
+            generation=_optional(report, "generation", "", lambda v, p: _int(v, p, minimum=0)),
+            digest=_optional(report, "digest", "", _hex64),
+            epoch=_optional(report, "epoch", "", _str),
+            loaded=tuple(LoadedEntry.parse(item, f"loaded[{index}]") for index, item in enumerate(_optional(report, "loaded", "", _list, []))),
+            interval_s=_optional(report, "interval_s", "", _number),
+            versions=_optional(report, "versions", "", _objects, ()),
+            requests_failed_total=_optional(report, "requests_failed_total", "", lambda v, p: _int(v, p, minimum=0)),
+            shadow=_optional(report, "shadow", "", _objects, ()),
+            device_memory_bytes=_optional(report, "device_memory_bytes", "", lambda v, p: _int(v, p, minimum=0)),
+            contract=report["contract"],
+        )
