@@ -49,6 +49,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
+from serving.contract import DEFAULT_MAX_BATCH_SIZE
 from serving.model_safety import UnsafeModel, refuse_external_references, walk_messages
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,6 @@ CHILD_INHERITED_VARIABLES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_P
 # a worker's default element limit (SERVING_MAX_ELEMENTS).
 MAX_DIMENSION = 2**20
 MAX_INPUT_ELEMENTS = 16 * 1024 * 1024
-DEFAULT_MAX_BATCH_SIZE = 32
 # Batchability: a row alone and the same row batched with another must agree to
 # within what a different GEMM blocking can change, no more.
 FLOAT_TOLERANCE = {np.float16: (1e-2, 1e-3)}
