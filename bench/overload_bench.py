@@ -189,20 +189,29 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def generator_cpu_seconds() -> float:
+    """CPU time of the load generator: this process (the asyncio clients and the probe)
+    and its finished children (wrk)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
 class CpuMeter:
-    """The worker's CPU cores in use over a run, so a run where the load generator took
-    the cores can be told from one where the worker wasted them."""
+    """The worker's and the load generator's CPU cores in use over a run, so a run where
+    the generator took the cores can be told from one where the worker wasted them."""
 
     def __init__(self, pid: int):
         self.pid = pid
 
     def __enter__(self) -> CpuMeter:
-        self._cpu_s, self._wall_s = cpu_seconds(self.pid), time.perf_counter()
+        self._cpu_s, self._generator_s, self._wall_s = cpu_seconds(self.pid), generator_cpu_seconds(), time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
+        wall_s = time.perf_counter() - self._wall_s
         self.cpu_s = cpu_seconds(self.pid) - self._cpu_s
-        self.cores = self.cpu_s / (time.perf_counter() - self._wall_s)
+        self.cores = self.cpu_s / wall_s
+        self.generator_cores = (generator_cpu_seconds() - self._generator_s) / wall_s
 
 
 def row(run: str, offered: str, seconds: float, counts: dict[int, int], capacity: float, probe: LoadResult | None, note: str = "",
@@ -218,6 +227,7 @@ def row(run: str, offered: str, seconds: float, counts: dict[int, int], capacity
         "kept_deadline_pct": 100 * sum(value <= DEADLINE_S for value in accepted) / len(accepted) if accepted else float("nan"),
         "rejected_p50_ms": _ms(rejected, 50), "rejected_p99_ms": _ms(rejected, 99), "samples": sum(len(v) for v in latencies.values()),
         "worker_cores": cpu.cores if cpu else float("nan"), "ok_per_cpu_s": ok / cpu.cpu_s if cpu and cpu.cpu_s else float("nan"),
+        "generator_cores": cpu.generator_cores if cpu else float("nan"),
         "note": note,
     }
 
@@ -227,14 +237,19 @@ def _ms(values: list[float], q: float) -> float:
 
 
 def print_table(rows: list[dict]) -> None:
+    """The last two columns tell where a shortfall goes: a worker as efficient as at
+    capacity (200s per CPU-second near 100 % of capacity's) that got fewer cores lost
+    them to the load generator, which shares the machine."""
     print("| run | offered | goodput req/s | % of capacity | answers by status | accepted p50 / p99 / max ms | within deadline | "
-          "rejected p50 / p99 ms | latency samples | worker CPU cores | 200s per worker CPU-s |")
-    print("|---|---|---:|---:|---|---|---:|---|---:|---:|---:|")
+          "rejected p50 / p99 ms | latency samples | worker CPU cores | 200s per worker CPU-s | % of capacity's | generator CPU cores |")
+    print("|---|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|")
+    efficiency = rows[0]["ok_per_cpu_s"] if rows else float("nan")
     for r in rows:
         statuses = ", ".join(f"{status}: {n:,}" for status, n in r["statuses"].items())
         print(f"| {r['run']} | {r['offered']} | {r['goodput_req_s']:,.0f} | {r['pct_capacity']:.0f}% | {statuses} | "
               f"{r['accepted_p50_ms']:.1f} / {r['accepted_p99_ms']:.1f} / {r['accepted_max_ms']:.1f} | {r['kept_deadline_pct']:.1f}% | "
-              f"{r['rejected_p50_ms']:.1f} / {r['rejected_p99_ms']:.1f} | {r['samples']:,} | {r['worker_cores']:.2f} | {r['ok_per_cpu_s']:,.0f} |")
+              f"{r['rejected_p50_ms']:.1f} / {r['rejected_p99_ms']:.1f} | {r['samples']:,} | {r['worker_cores']:.2f} | {r['ok_per_cpu_s']:,.0f} | "
+              f"{100 * r['ok_per_cpu_s'] / efficiency:.0f}% | {r['generator_cores']:.2f} |")
     for r in rows:
         if r["note"]:
             print(f"  {r['run']}: {r['note']}")
