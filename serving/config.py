@@ -38,8 +38,6 @@ class ServingConfig:
     request_timeout_s: float = 10.0
     max_body_bytes: int = 64 * 1024 * 1024
     max_elements: int = 16 * 1024 * 1024
-    executor_threads: int = 2
-    dispatch: str = "thread"
     compute_nice: int = 5
     max_in_flight: int = 0
     header_timeout_s: float = 10.0
@@ -49,7 +47,6 @@ class ServingConfig:
     api_keys: str = "off"
     api_keys_refresh_s: float = 3.0
     metrics_token_required: bool = False
-    inline_batch_max_s: float = 0.0
     switch_interval_s: float = 0.005
     drain_timeout_s: float = 30.0
     cache_dir: str = "var/serving-cache"
@@ -84,8 +81,6 @@ class ServingConfig:
             request_timeout_s=env_float("SERVING_REQUEST_TIMEOUT_S", 10.0, minimum=0.001),
             max_body_bytes=env_int("SERVING_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
             max_elements=env_int("SERVING_MAX_ELEMENTS", 16 * 1024 * 1024, minimum=1),
-            executor_threads=env_int("SERVING_EXECUTOR_THREADS", 2, minimum=1),
-            dispatch=env_choice("SERVING_DISPATCH", "thread", ("thread", "executor")),
             compute_nice=env_int("SERVING_COMPUTE_NICE", 5),
             max_in_flight=env_int("SERVING_MAX_IN_FLIGHT", 0),
             header_timeout_s=env_float("SERVING_HEADER_TIMEOUT_S", 10.0, minimum=0.01),
@@ -95,7 +90,6 @@ class ServingConfig:
             api_keys=env_choice("SERVING_API_KEYS", "off", ("off", "optional", "required")),
             api_keys_refresh_s=env_float("SERVING_API_KEYS_REFRESH_S", 3.0, minimum=0.1),
             metrics_token_required=env_bool("SERVING_METRICS_TOKEN_REQUIRED", False),
-            inline_batch_max_s=env_float("SERVING_INLINE_BATCH_MAX_S", 0.0),
             switch_interval_s=env_float("SERVING_SWITCH_INTERVAL_S", 0.005, minimum=0.0001),
             drain_timeout_s=env_float("SERVING_DRAIN_TIMEOUT_S", 30.0),
             cache_dir=env_str("SERVING_CACHE_DIR", str(default_data_dir() / "serving-cache")),

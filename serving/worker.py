@@ -18,16 +18,16 @@ import dataclasses
 import gc
 import logging
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import uvicorn
 
 from serving.api_keys import KEYS_PATH, ApiKeyRefresher
-from serving.app import ServingApp
 from serving.config import ServingConfig
 from serving.console_client import ConsoleClient, StateError, console_only, console_timeout, read_state_file
+from serving.dataplane import DataPlane
+from serving.endpoints import ServingApp
 from serving.engine import resolve_device
 from serving.http_protocol import HttpLimits, protocol_class
 from serving.logs import configure_logging, event
@@ -49,9 +49,9 @@ class Worker:
         self.device = resolve_device(config)
         self.console = ConsoleClient(config.console_url, config.worker_token, config.console_timeout_s,
                                      allow_local=config.allow_local_artifacts)
-        self.executor = ThreadPoolExecutor(config.executor_threads, thread_name_prefix="onnx")
-        self.repository = Repository(config, self.device, self.console.fetch_artifact, self.executor)
-        self.app = ServingApp(self.repository, config.request_timeout_s, config.max_body_bytes)
+        self.repository = Repository(config, self.device, self.console.fetch_artifact)
+        self.dataplane = DataPlane(self.repository, config.request_timeout_s)
+        self.app = ServingApp(self.dataplane, config)
         self.state_store = StateStore(config.cache_dir, signing_key(config.worker_token) if config.worker_token else None)
         self.initial_persisted: tuple[dict, dict] | None = None  # (state, apply result) when served from disk at start
         self.on_startup = self.app.on_startup  # async callables, run in order before serving
@@ -128,7 +128,6 @@ class Worker:
 
     async def close(self) -> None:
         await self.repository.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
 
     def serve(self, host: str, port: int) -> None:
         # Last, once everything is loaded; only here, where this process is the server

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -67,7 +66,5 @@ def client():
 @pytest.fixture
 def repository(tmp_path):
     """A repository reading local artifacts, with a console that is never reached."""
-    executor = ThreadPoolExecutor(2)
     client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
-    yield Repository(make_config(tmp_path), "cpu", client.fetch_artifact, executor)
-    executor.shutdown()
+    yield Repository(make_config(tmp_path), "cpu", client.fetch_artifact)

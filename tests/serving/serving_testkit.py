@@ -69,7 +69,7 @@ def state(generation: int, models: dict, *, epoch: str | None = None, **batching
 
 def make_config(tmp_path: Path, **overrides) -> ServingConfig:
     base = ServingConfig(
-        device="cpu", intra_op_threads=1, executor_threads=2, cache_dir=str(tmp_path / "cache"),
+        device="cpu", intra_op_threads=1, cache_dir=str(tmp_path / "cache"),
         request_timeout_s=5.0, max_body_bytes=1024 * 1024, max_elements=100_000, log_level="warning",
         drain_timeout_s=5.0, allow_local_artifacts=True,  # the tests' states name files on disk
     )

@@ -29,7 +29,7 @@ from serving.contract import (
 )
 from serving.control import ControlPlane
 from serving.protocol import Decoded
-from serving.repository import parse_state
+from serving.serving_plan import parse_state
 from serving.state_signing import (
     SignatureRefused,
     sign_state,

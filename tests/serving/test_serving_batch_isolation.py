@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -20,7 +19,9 @@ from serving.engine import Engine
 from serving.errors import BadRequest, ModelFailed
 from serving.protocol import Decoded, decode_v2
 from serving.console_client import ConsoleClient
-from serving.repository import LoadedVersion, Repository, parse_state
+from serving.loaded_version import LoadedVersion
+from serving.repository import Repository
+from serving.serving_plan import parse_state
 from serving_testkit import HeldRun, make_config, route, state, write_model
 
 TABLE = np.arange(6, dtype=np.float32).reshape(3, 2)  # row i is [2i, 2i+1]
@@ -54,13 +55,7 @@ def sum_over_rows_model() -> onnx.ModelProto:
 
 
 @pytest.fixture
-def executor():
-    with ThreadPoolExecutor(2) as pool:
-        yield pool
-
-
-@pytest.fixture
-def load(tmp_path, executor):
+def load(tmp_path):
     """load(model, signature) -> (LoadedVersion, HeldRun), closed after the test."""
     loaded = []
 
@@ -71,7 +66,7 @@ def load(tmp_path, executor):
         spec = parse_state(desired, config)[1].versions[0]
         engine = Engine(path.read_bytes(), config, "cpu")
         held = engine.run = HeldRun(engine.run)
-        version = LoadedVersion(spec, engine, config, executor)
+        version = LoadedVersion(spec, engine, config)
         loaded.append(version)
         return version, held
 
@@ -225,10 +220,10 @@ def test_concurrent_clients_of_a_non_batchable_version_each_get_their_own_sum(tm
     assert asyncio.run(ask_all()) == [[float(value)] * 4 for value in range(1, 25)]
 
 
-async def test_new_batching_settings_never_make_a_non_batchable_version_batch(tmp_path, executor):
+async def test_new_batching_settings_never_make_a_non_batchable_version_batch(tmp_path):
     path, sha256 = write_model(tmp_path, "sum", sum_over_rows_model())
     client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
-    repository = Repository(make_config(tmp_path), "cpu", client.fetch_artifact, executor)
+    repository = Repository(make_config(tmp_path), "cpu", client.fetch_artifact)
     routes = {"sum": {"routes": [route(1, 100, path, sha256, batchable=False)]}}
     try:
         assert (await repository.apply(state(1, routes, max_batch_size=8)))["ok"] is True

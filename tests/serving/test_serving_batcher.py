@@ -12,7 +12,6 @@ import math
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import orjson
@@ -20,10 +19,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from serving import metrics
-from serving.batcher import (
-    Batcher, BatchObserver, BatchPolicy, DispatchThreads, EngineGate, LatencyModel, PendingRequest, lower_priority,
-    run_batch,
-)
+from serving.batch_observer import BatchObserver
+from serving.batch_policy import LatencyModel, PendingRequest
+from serving.batch_run import run_batch
+from serving.batcher import Batcher
+from serving.contract import BatchPolicy
+from serving.dispatch import DispatchThreads, EngineGate, lower_priority
 from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull
 
 POISON = -1.0  # a row holding this value makes the fake model fail
@@ -101,22 +102,16 @@ async def watchdog():
 
 
 @pytest.fixture
-def executor():
-    with ThreadPoolExecutor(2) as pool:
-        yield pool
-
-
-@pytest.fixture
 def dispatch():
     threads = DispatchThreads("onnx-test", threads=1)
     yield threads
     threads.close()
 
 
-def make_batcher(model, executor, latency=None, gate=None, **options) -> Batcher:
+def make_batcher(model, dispatch, latency=None, gate=None, **options) -> Batcher:
     policy = {"max_batch_size": 8, "max_queue_delay_s": 0.002, "max_queue_size": 64}
     policy.update({key: options.pop(key) for key in list(options) if key in BatchPolicy.__dataclass_fields__})
-    return Batcher(model, BatchPolicy(**policy), executor, gate or EngineGate(1), latency or LatencyModel(), **options)
+    return Batcher(model, BatchPolicy(**policy), dispatch, gate or EngineGate(1), latency or LatencyModel(), **options)
 
 
 def row(value: float, width: int = 4) -> tuple[np.ndarray]:
@@ -153,9 +148,9 @@ async def assert_no_rows_counted(batcher: Batcher) -> None:
 # ---- batching and splitting ------------------------------------------------------------
 
 
-async def test_outputs_are_split_back_to_their_requests(executor):
+async def test_outputs_are_split_back_to_their_requests(dispatch):
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, executor)
+    batcher = make_batcher(model, dispatch)
     first = batcher.submit(row(0), 1, deadline())
     await wait_for_run(model)  # the engine is busy: the rest queue into one batch
     futures = [batcher.submit(row(value), 1, deadline()) for value in (1, 2, 3)]
@@ -167,9 +162,9 @@ async def test_outputs_are_split_back_to_their_requests(executor):
     assert model.batch_rows == [1, 3]
 
 
-async def test_multi_row_requests_get_back_exactly_their_rows(executor):
+async def test_multi_row_requests_get_back_exactly_their_rows(dispatch):
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, executor)
+    batcher = make_batcher(model, dispatch)
     first = batcher.submit(row(9), 1, deadline())
     await wait_for_run(model)
     two = batcher.submit((np.array([[1.0], [2.0]], np.float32),), 2, deadline())
@@ -182,8 +177,8 @@ async def test_multi_row_requests_get_back_exactly_their_rows(executor):
     assert model.batch_rows == [1, 5]
 
 
-async def test_lone_request_is_not_delayed_by_the_queue_window(executor):
-    batcher = make_batcher(FakeModel(), executor, max_queue_delay_s=1.0)
+async def test_lone_request_is_not_delayed_by_the_queue_window(dispatch):
+    batcher = make_batcher(FakeModel(), dispatch, max_queue_delay_s=1.0)
     started_s = time.monotonic()
 
     await batcher.submit(row(1), 1, deadline())
@@ -191,9 +186,9 @@ async def test_lone_request_is_not_delayed_by_the_queue_window(executor):
     assert time.monotonic() - started_s < 0.2
 
 
-async def test_concurrent_requests_share_batches(executor):
+async def test_concurrent_requests_share_batches(dispatch):
     model = FakeModel(delay_s=0.005)
-    batcher = make_batcher(model, executor, max_batch_size=16)
+    batcher = make_batcher(model, dispatch, max_batch_size=16)
 
     await asyncio.gather(*(batcher.submit(row(i), 1, deadline()) for i in range(64)))
 
@@ -202,9 +197,9 @@ async def test_concurrent_requests_share_batches(executor):
     assert max(model.batch_rows) <= 16
 
 
-async def test_failed_batch_fails_every_request_in_it_each_on_its_own(executor):
+async def test_failed_batch_fails_every_request_in_it_each_on_its_own(dispatch):
     model = FakeModel(error=RuntimeError("boom"), is_open=False)
-    batcher = make_batcher(model, executor)
+    batcher = make_batcher(model, dispatch)
     first = batcher.submit(row(0), 1, deadline())
     await wait_for_run(model)
     rest = [batcher.submit(row(value), 1, deadline()) for value in (1, 2)]
@@ -233,9 +228,9 @@ async def test_one_poisoned_request_fails_alone_and_its_batch_mates_are_answered
     await assert_settled(batcher)
 
 
-async def test_failed_run_does_not_teach_the_latency_model(executor):
+async def test_failed_run_does_not_teach_the_latency_model(dispatch):
     latency = LatencyModel()
-    batcher = make_batcher(FakeModel(), executor, latency=latency)
+    batcher = make_batcher(FakeModel(), dispatch, latency=latency)
 
     with pytest.raises(ModelFailed):
         await batcher.submit(row(POISON), 1, deadline())
@@ -244,20 +239,20 @@ async def test_failed_run_does_not_teach_the_latency_model(executor):
     assert latency.is_known is True
 
 
-async def test_lone_failure_is_classified_by_the_repository_hook(executor):
-    batcher = make_batcher(FakeModel(), executor, classify_error=lambda error: BadRequest(f"refused: {error}"))
+async def test_lone_failure_is_classified_by_the_repository_hook(dispatch):
+    batcher = make_batcher(FakeModel(), dispatch, classify_error=lambda error: BadRequest(f"refused: {error}"))
 
     with pytest.raises(BadRequest, match="^refused: poisoned row$"):
         await batcher.submit(row(POISON), 1, deadline())
     await assert_settled(batcher)
 
 
-async def test_output_without_one_row_per_input_row_fails_naming_the_output(executor):
+async def test_output_without_one_row_per_input_row_fails_naming_the_output(dispatch):
     def sums(feeds):
         return [feeds[0].sum(axis=0, keepdims=True), feeds[0]]
 
-    named = make_batcher(sums, executor, output_names=["total", "echo"])
-    unnamed = make_batcher(sums, executor)
+    named = make_batcher(sums, dispatch, output_names=["total", "echo"])
+    unnamed = make_batcher(sums, dispatch)
     two_rows = (np.ones((2, 3), np.float32),)
 
     with pytest.raises(ModelFailed) as failure:
@@ -271,15 +266,15 @@ async def test_output_without_one_row_per_input_row_fails_naming_the_output(exec
     assert (await named.submit(row(2, width=3), 1, deadline()))[0].tolist() == [[2.0, 2.0, 2.0]]
 
 
-async def test_scalar_output_is_not_one_row_per_input_row(executor):
-    batcher = make_batcher(lambda feeds: [np.float32(feeds[0].sum()) * np.ones(())], executor, output_names=["sum"])
+async def test_scalar_output_is_not_one_row_per_input_row(dispatch):
+    batcher = make_batcher(lambda feeds: [np.float32(feeds[0].sum()) * np.ones(())], dispatch, output_names=["sum"])
 
     with pytest.raises(ModelFailed, match=r"^output 'sum' has shape \[\], not one row per input row \(1\): "
                                           r"this version cannot answer this request$"):
         await batcher.submit(row(1), 1, deadline())
 
 
-async def test_non_batchable_batcher_never_concatenates_and_returns_outputs_whole(executor):
+async def test_non_batchable_batcher_never_concatenates_and_returns_outputs_whole(dispatch):
     model = FakeModel(is_open=False)
     sums = []
 
@@ -288,7 +283,7 @@ async def test_non_batchable_batcher_never_concatenates_and_returns_outputs_whol
         model(feeds)
         return [feeds[0].sum(axis=0)]  # no batch axis at all
 
-    batcher = make_batcher(total, executor, is_batchable=False)  # even with a policy that would batch
+    batcher = make_batcher(total, dispatch, is_batchable=False)  # even with a policy that would batch
     first = batcher.submit(row(1), 1, deadline())
     await wait_for_run(model)
     rest = [batcher.submit((np.full((3, 2), value, np.float32),), 1, deadline()) for value in (1.0, 2.0)]
@@ -312,9 +307,9 @@ def test_run_batch_reports_the_compute_time_of_a_clean_batch():
 # ---- admission ---------------------------------------------------------------------------
 
 
-async def test_full_queue_refuses_at_once(executor):
+async def test_full_queue_refuses_at_once(dispatch):
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, executor, max_queue_size=2)
+    batcher = make_batcher(model, dispatch, max_queue_size=2)
     running = batcher.submit(row(0), 1, deadline())
     await wait_for_run(model)  # first one is now running; two more fill the queue
     queued = [batcher.submit(row(1), 1, deadline()), batcher.submit(row(2), 1, deadline())]
@@ -327,17 +322,17 @@ async def test_full_queue_refuses_at_once(executor):
     await assert_settled(batcher)
 
 
-async def test_request_with_more_rows_than_max_batch_size_is_refused(executor):
-    batcher = make_batcher(FakeModel(), executor, max_batch_size=4)
+async def test_request_with_more_rows_than_max_batch_size_is_refused(dispatch):
+    batcher = make_batcher(FakeModel(), dispatch, max_batch_size=4)
 
     with pytest.raises(BadRequest, match="^batch of 5 rows exceeds max_batch_size 4$"):
         batcher.submit((np.zeros((5, 4), np.float32),), 5, deadline())
     assert (await batcher.submit((np.ones((4, 1), np.float32),), 4, deadline()))[0].shape == (4, 1)
 
 
-async def test_overload_is_refused_at_once_when_the_latency_target_cannot_be_met(executor):
+async def test_overload_is_refused_at_once_when_the_latency_target_cannot_be_met(dispatch):
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, executor, latency=FixedLatency(0.1), latency_target_s=0.45)
+    batcher = make_batcher(model, dispatch, latency=FixedLatency(0.1), latency_target_s=0.45)
     accepted = [batcher.submit(row(i), 1, deadline()) for i in range(4)]  # 5 rows would take 500 ms
 
     with pytest.raises(QueueFull, match=r"^overloaded: predicted 500\.0 ms exceeds the 450\.0 ms target$"):
@@ -346,16 +341,16 @@ async def test_overload_is_refused_at_once_when_the_latency_target_cannot_be_met
     await asyncio.gather(*accepted)
 
 
-async def test_request_predicted_to_finish_exactly_at_the_latency_target_is_admitted(executor):
+async def test_request_predicted_to_finish_exactly_at_the_latency_target_is_admitted(dispatch):
     clock = FakeClock(0.0)
-    batcher = make_batcher(FakeModel(), executor, latency=FixedLatency(0.1), latency_target_s=0.1, clock=clock)
+    batcher = make_batcher(FakeModel(), dispatch, latency=FixedLatency(0.1), latency_target_s=0.1, clock=clock)
 
     assert float((await batcher.submit(row(1), 1, 60.0))[0][0, 0]) == 2.0
 
 
-async def test_request_whose_deadline_cannot_be_met_is_refused_at_admission(executor):
+async def test_request_whose_deadline_cannot_be_met_is_refused_at_admission(dispatch):
     clock = FakeClock()
-    batcher = make_batcher(FakeModel(), executor, latency=FixedLatency(0.1), clock=clock)
+    batcher = make_batcher(FakeModel(), dispatch, latency=FixedLatency(0.1), clock=clock)
 
     with pytest.raises(DeadlineExceeded, match=r"^cannot answer within the deadline \(predicted 100\.0 ms\)$"):
         batcher.submit(row(1), 1, clock.now_s + 0.099)
@@ -363,19 +358,19 @@ async def test_request_whose_deadline_cannot_be_met_is_refused_at_admission(exec
     assert float((await batcher.submit(row(1), 1, clock.now_s + 0.101))[0][0, 0]) == 2.0
 
 
-async def test_request_that_would_finish_exactly_at_its_deadline_is_refused_at_once(executor):
+async def test_request_that_would_finish_exactly_at_its_deadline_is_refused_at_once(dispatch):
     clock = FakeClock(0.0)  # 0.1 - 0.0 is exact: the boundary itself is tested
-    batcher = make_batcher(FakeModel(), executor, latency=FixedLatency(0.1), clock=clock)
+    batcher = make_batcher(FakeModel(), dispatch, latency=FixedLatency(0.1), clock=clock)
 
     with pytest.raises(DeadlineExceeded):  # at admission, as the policy would drop it from the queue
         batcher.submit(row(1), 1, 0.1)
     assert batcher.depth == 0
 
 
-async def test_admission_counts_what_is_left_of_the_running_batch(executor):
+async def test_admission_counts_what_is_left_of_the_running_batch(dispatch):
     clock = FakeClock()
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, executor, latency=FixedLatency(0.1), clock=clock)
+    batcher = make_batcher(model, dispatch, latency=FixedLatency(0.1), clock=clock)
     running = batcher.submit(row(1), 1, clock.now_s + 5)
     await wait_for_run(model)
     clock.now_s += 0.5  # a full batch takes 800 ms: 300 ms of it left, then 100 ms for one row
@@ -388,10 +383,10 @@ async def test_admission_counts_what_is_left_of_the_running_batch(executor):
     assert first_values(await asyncio.gather(running, queued)) == [2.0, 4.0]
 
 
-async def test_admission_predicts_from_the_pace_the_queue_really_drained_at(executor):
+async def test_admission_predicts_from_the_pace_the_queue_really_drained_at(dispatch):
     clock = FakeClock(100.0)
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, executor, latency=FixedLatency(0.001), clock=clock, max_batch_size=1)
+    batcher = make_batcher(model, dispatch, latency=FixedLatency(0.001), clock=clock, max_batch_size=1)
     first, second, third, fourth = [batcher.submit(row(i), 1, clock.now_s + 60) for i in range(4)]
     for moment_s, done in ((100.1, first), (100.2, second)):  # one row per 100 ms, though the model predicts 1 ms
         clock.now_s = moment_s
@@ -406,8 +401,8 @@ async def test_admission_predicts_from_the_pace_the_queue_really_drained_at(exec
     assert first_values(await asyncio.gather(third, fourth, admitted)) == [4.0, 6.0, 18.0]
 
 
-async def test_latency_target_is_not_checked_before_anything_is_learned(executor):
-    batcher = make_batcher(FakeModel(), executor, latency_target_s=0.000001)
+async def test_latency_target_is_not_checked_before_anything_is_learned(dispatch):
+    batcher = make_batcher(FakeModel(), dispatch, latency_target_s=0.000001)
 
     assert float((await batcher.submit(row(3), 1, deadline()))[0][0, 0]) == 6.0
 
@@ -415,9 +410,9 @@ async def test_latency_target_is_not_checked_before_anything_is_learned(executor
 # ---- deadlines ---------------------------------------------------------------------------
 
 
-async def test_request_past_its_deadline_gets_504_at_its_deadline_and_is_not_computed(executor):
+async def test_request_past_its_deadline_gets_504_at_its_deadline_and_is_not_computed(dispatch):
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, executor, max_queue_delay_s=10.0)
+    batcher = make_batcher(model, dispatch, max_queue_delay_s=10.0)
     running = batcher.submit(row(0), 1, deadline())
     await wait_for_run(model)
     submitted_s = time.monotonic()
@@ -434,10 +429,10 @@ async def test_request_past_its_deadline_gets_504_at_its_deadline_and_is_not_com
     await assert_settled(batcher)
 
 
-async def test_expired_request_leaves_its_queue_mates_to_be_answered(executor):
+async def test_expired_request_leaves_its_queue_mates_to_be_answered(dispatch):
     model = FakeModel(is_open=False)
     gate = EngineGate(1)
-    batcher = make_batcher(model, executor, gate=gate)
+    batcher = make_batcher(model, dispatch, gate=gate)
     running = batcher.submit(row(0), 1, deadline())
     await wait_for_run(model)
     short = batcher.submit(row(1), 1, time.monotonic() + 0.05)
@@ -475,29 +470,14 @@ async def test_accounting_returns_to_zero_after_successes_errors_and_timeouts(di
     await assert_no_rows_counted(batcher)
 
 
-async def test_accounting_returns_to_zero_on_the_executor_path(executor):
-    model = FakeModel(is_open=False)
-    gate = EngineGate(1)
-    batcher = make_batcher(model, executor, latency=FixedLatency(0.001), gate=gate)
-    futures = [batcher.submit(row(0), 1, deadline())]
-    await wait_for_run(model)
-    futures += [batcher.submit(row(value), 1, deadline()) for value in (POISON, 2)]
-    model.open()
-
-    assert first_values(await asyncio.gather(*futures, return_exceptions=True)) == [0.0, ModelFailed, 4.0]
-    await assert_settled(batcher, gate)
-    await assert_no_rows_counted(batcher)
-
-
 class HandOffBroke(BaseException):
     """Not an Exception: run_batch lets it through, as it would a thread being torn down."""
 
 
-@pytest.mark.parametrize("path", ["threads", "executor"])
-async def test_hand_off_failure_fails_the_batch_and_accounting_returns_to_zero(path, executor, dispatch, caplog):
+async def test_hand_off_failure_fails_the_batch_and_accounting_returns_to_zero(dispatch, caplog):
     gate = EngineGate(1)
     model = FakeModel(error=HandOffBroke("torn down"))
-    batcher = make_batcher(model, dispatch if path == "threads" else executor, gate=gate)
+    batcher = make_batcher(model, dispatch, gate=gate)
 
     with caplog.at_level(logging.WARNING, logger="serving.batcher"):
         with pytest.raises(ModelFailed, match="^model execution failed$"):
@@ -510,39 +490,17 @@ async def test_hand_off_failure_fails_the_batch_and_accounting_returns_to_zero(p
     assert float((await batcher.submit(row(1), 1, deadline()))[0][0, 0]) == 2.0
 
 
-async def test_cancelled_executor_job_fails_its_batch(caplog):
-    pool = ThreadPoolExecutor(1)
-    model = FakeModel(is_open=False)
-    gate = EngineGate(2)  # two batches in flight: the second waits in the pool's queue
-    batcher = make_batcher(model, pool, gate=gate, max_batch_size=1)
-    running = batcher.submit(row(1), 1, deadline())
-    await wait_for_run(model)
-    queued = batcher.submit(row(2), 1, deadline())
-    for _ in range(100):  # dispatched within a loop turn or two
-        if batcher.in_flight == 2:
-            break
-        await asyncio.sleep(0)
-    assert batcher.in_flight == 2
-    pool.shutdown(wait=False, cancel_futures=True)
-    model.open()
-
-    with caplog.at_level(logging.WARNING, logger="serving.batcher"):
-        assert first_values(await asyncio.gather(running, queued, return_exceptions=True)) == [2.0, ModelFailed]
-    assert [record.getMessage() for record in caplog.records] == ["batch of 1 requests failed: "]
-    await assert_settled(batcher, gate)
-
-
-async def test_drain_waits_for_queued_and_running_batches(executor):
-    batcher = make_batcher(FakeModel(delay_s=0.02), executor)
+async def test_drain_waits_for_queued_and_running_batches(dispatch):
+    batcher = make_batcher(FakeModel(delay_s=0.02), dispatch)
     futures = [batcher.submit(row(i), 1, deadline()) for i in range(3)]
 
     assert await batcher.drain(timeout_s=2.0) is True
     assert all(future.done() for future in futures)
 
 
-async def test_drain_gives_up_after_its_timeout(executor):
+async def test_drain_gives_up_after_its_timeout(dispatch):
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, executor)
+    batcher = make_batcher(model, dispatch)
     running = batcher.submit(row(1), 1, deadline())
     await wait_for_run(model)
     started_s = time.monotonic()
@@ -555,10 +513,10 @@ async def test_drain_gives_up_after_its_timeout(executor):
     await assert_settled(batcher)
 
 
-async def test_close_fails_what_is_queued_and_refuses_new_requests(executor):
+async def test_close_fails_what_is_queued_and_refuses_new_requests(dispatch):
     model = FakeModel(is_open=False)
     gate = EngineGate(1)
-    batcher = make_batcher(model, executor, gate=gate)
+    batcher = make_batcher(model, dispatch, gate=gate)
     running = batcher.submit(row(1), 1, deadline())
     await wait_for_run(model)
     queued = batcher.submit(row(2), 1, deadline())
@@ -576,7 +534,7 @@ async def test_close_fails_what_is_queued_and_refuses_new_requests(executor):
     assert float((await running)[0][0, 0]) == 2.0
 
 
-async def test_a_failing_policy_fails_the_queued_requests_and_the_loop_goes_on(executor, caplog):
+async def test_a_failing_policy_fails_the_queued_requests_and_the_loop_goes_on(dispatch, caplog):
     class BreaksOnce(FixedLatency):
         is_broken = False
 
@@ -587,7 +545,7 @@ async def test_a_failing_policy_fails_the_queued_requests_and_the_loop_goes_on(e
             return super().predict_s(rows)
 
     latency = BreaksOnce(0.001)
-    batcher = make_batcher(FakeModel(), executor, latency=latency)
+    batcher = make_batcher(FakeModel(), dispatch, latency=latency)
     queued = [batcher.submit(row(1), 1, deadline()), batcher.submit(row(2), 1, deadline())]
     latency.is_broken = True  # admission is done: the loop's next decision raises
 
@@ -604,11 +562,10 @@ async def test_a_failing_policy_fails_the_queued_requests_and_the_loop_goes_on(e
 # ---- the arrival-gap estimate -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["threads", "executor"])
-async def test_expected_gap_is_learned_from_arrivals_during_a_batch(path, dispatch, executor):
+async def test_expected_gap_is_learned_from_arrivals_during_a_batch(dispatch):
     clock = FakeClock(10.0)
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, dispatch if path == "threads" else executor, clock=clock)
+    batcher = make_batcher(model, dispatch, clock=clock)
     assert batcher.expected_gap_s() == math.inf
     first = batcher.submit(row(1), 1, clock.now_s + 60)
     await wait_for_run(model)
@@ -627,9 +584,9 @@ async def test_expected_gap_is_learned_from_arrivals_during_a_batch(path, dispat
     assert model.batch_rows == [1, 2]
 
 
-async def test_after_a_busy_spell_a_request_waits_its_window_for_company(executor):
+async def test_after_a_busy_spell_a_request_waits_its_window_for_company(dispatch):
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, executor, max_queue_delay_s=0.3)
+    batcher = make_batcher(model, dispatch, max_queue_delay_s=0.3)
     first = batcher.submit(row(1), 1, deadline())
     await wait_for_run(model)
     waiting = batcher.submit(row(2), 1, deadline())  # arrives while the engine is busy: more may come
@@ -645,34 +602,14 @@ async def test_after_a_busy_spell_a_request_waits_its_window_for_company(executo
 # ---- where batches run ---------------------------------------------------------------------
 
 
-async def test_tiny_batches_run_on_the_loop_thread_when_allowed(executor):
-    latency = FixedLatency(0.001)
+async def test_even_a_batch_predicted_quicker_than_a_hand_off_runs_on_a_dispatch_thread(dispatch):
     model = FakeModel()
-    batcher = make_batcher(model, executor, latency=latency, inline_max_s=latency.predict_s(1))
+    batcher = make_batcher(model, dispatch, latency=FixedLatency(0.000001))
 
     result = await batcher.submit(row(2), 1, deadline())
 
     assert float(result[0][0, 0]) == 4.0
-    assert model.threads == [threading.current_thread().name]
-    await assert_settled(batcher)
-
-
-async def test_batches_predicted_slower_than_the_inline_limit_go_to_a_thread(executor):
-    latency = FixedLatency(0.001)
-    model = FakeModel()
-    batcher = make_batcher(model, executor, latency=latency, inline_max_s=0.0009)
-
-    await batcher.submit(row(2), 1, deadline())
-
-    assert model.threads != [threading.current_thread().name]
-
-
-async def test_inline_failure_fails_only_its_request(executor):
-    batcher = make_batcher(FakeModel(), executor, latency=FixedLatency(0.001), inline_max_s=1.0)
-
-    with pytest.raises(ModelFailed):
-        await batcher.submit(row(POISON), 1, deadline())
-    assert float((await batcher.submit(row(1), 1, deadline()))[0][0, 0]) == 2.0
+    assert model.threads == ["onnx-test-0"]
     await assert_settled(batcher)
 
 
@@ -758,13 +695,12 @@ def sample(name: str, labels: dict) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-@pytest.mark.parametrize("path", ["threads", "executor"])
-async def test_each_batch_is_counted_in_the_observer_and_the_metrics(path, executor, dispatch, caplog):
+async def test_each_batch_is_counted_in_the_observer_and_the_metrics(dispatch, caplog):
     version_metrics = metrics.VersionMetrics("observed", 3)
     labels = {"model": "observed", "version": "3"}
     observer = BatchObserver("observed", 3, version_metrics)
     model = FakeModel(delay_s=0.005, is_open=False)
-    batcher = make_batcher(model, dispatch if path == "threads" else executor, observer=observer)
+    batcher = make_batcher(model, dispatch, observer=observer)
     try:
         with caplog.at_level(logging.DEBUG, logger="serving.batcher"):
             first = batcher.submit(row(1), 1, deadline(), "req-a")
@@ -791,18 +727,18 @@ async def test_each_batch_is_counted_in_the_observer_and_the_metrics(path, execu
         version_metrics.remove()
 
 
-async def test_inline_batch_of_several_requests_is_one_run_and_is_counted(executor):
-    version_metrics = metrics.VersionMetrics("inline", 1)
-    labels = {"model": "inline", "version": "1"}
+async def test_requests_queued_before_the_loop_runs_are_one_run_counted_once(dispatch):
+    version_metrics = metrics.VersionMetrics("together", 1)
+    labels = {"model": "together", "version": "1"}
     model = FakeModel()
-    batcher = make_batcher(model, executor, latency=FixedLatency(0.0001), inline_max_s=1.0,
-                           observer=BatchObserver("inline", 1, version_metrics))
+    batcher = make_batcher(model, dispatch, latency=FixedLatency(0.0001),
+                           observer=BatchObserver("together", 1, version_metrics))
     try:
         both = [batcher.submit(row(1), 1, deadline()), batcher.submit(row(2), 1, deadline())]  # before the loop runs
 
         assert first_values(await asyncio.gather(*both)) == [2.0, 4.0]
         assert model.batch_rows == [2]
-        assert model.threads == [threading.current_thread().name]
+        assert model.threads == ["onnx-test-0"]
         assert sample("modelops_batch_size_sum", labels) == 2
         assert sample("modelops_queue_duration_seconds_bucket", {**labels, "le": "+Inf"}) == 2
         assert 0.0 <= sample("modelops_queue_duration_seconds_sum", labels) < 5.0
@@ -810,9 +746,9 @@ async def test_inline_batch_of_several_requests_is_one_run_and_is_counted(execut
         version_metrics.remove()
 
 
-async def test_split_batch_logs_each_failed_request_and_one_summary(executor, caplog):
+async def test_split_batch_logs_each_failed_request_and_one_summary(dispatch, caplog):
     model = FakeModel(is_open=False)
-    batcher = make_batcher(model, executor)
+    batcher = make_batcher(model, dispatch)
     first = batcher.submit(row(1), 1, deadline(), "first")
     await wait_for_run(model)
     rest = [batcher.submit(row(value), 1, deadline(), f"r{index}")
@@ -829,8 +765,8 @@ async def test_split_batch_logs_each_failed_request_and_one_summary(executor, ca
     ]
 
 
-async def test_lone_failure_logs_the_request_and_no_batch_summary(executor, caplog):
-    batcher = make_batcher(FakeModel(), executor)
+async def test_lone_failure_logs_the_request_and_no_batch_summary(dispatch, caplog):
+    batcher = make_batcher(FakeModel(), dispatch)
 
     with caplog.at_level(logging.WARNING, logger="serving.batcher"):
         with pytest.raises(ModelFailed):
@@ -864,9 +800,9 @@ class BrokenObserver(BatchObserver):
         raise LookupError("metrics bug")
 
 
-async def test_a_bug_after_the_answers_loses_no_answer_and_is_logged(executor, caplog):
+async def test_a_bug_after_the_answers_loses_no_answer_and_is_logged(dispatch, caplog):
     gate = EngineGate(1)
-    batcher = make_batcher(FakeModel(), executor, gate=gate, observer=BrokenObserver())
+    batcher = make_batcher(FakeModel(), dispatch, gate=gate, observer=BrokenObserver())
 
     with caplog.at_level(logging.ERROR, logger="serving.batcher"):
         assert float((await batcher.submit(row(2), 1, deadline()))[0][0, 0]) == 4.0
@@ -875,11 +811,11 @@ async def test_a_bug_after_the_answers_loses_no_answer_and_is_logged(executor, c
     await assert_settled(batcher, gate)
 
 
-async def test_a_bug_before_the_answers_fails_the_batch_instead_of_stranding_it(executor, caplog):
+async def test_a_bug_before_the_answers_fails_the_batch_instead_of_stranding_it(dispatch, caplog):
     def broken_classifier(error: Exception):
         raise LookupError("classifier bug")
 
-    batcher = make_batcher(FakeModel(), executor, classify_error=broken_classifier)
+    batcher = make_batcher(FakeModel(), dispatch, classify_error=broken_classifier)
 
     with caplog.at_level(logging.ERROR, logger="serving.batcher"):
         with pytest.raises(ModelFailed, match="^model execution failed$"):
@@ -887,15 +823,6 @@ async def test_a_bug_before_the_answers_fails_the_batch_instead_of_stranding_it(
 
     assert [record.getMessage() for record in caplog.records] == ["settling a batch failed; failing its requests"]
     await assert_settled(batcher)
-
-
-async def test_inline_batch_of_a_non_batchable_version_returns_its_output_whole(executor):
-    batcher = make_batcher(lambda feeds: [feeds[0].sum(axis=0)], executor, latency=FixedLatency(0.0001),
-                           inline_max_s=1.0, is_batchable=False)
-
-    result = await batcher.submit((np.full((3, 2), 2.0, np.float32),), 1, deadline())
-
-    assert result[0].tolist() == [6.0, 6.0]
 
 
 def test_dispatch_threads_default_to_one_thread_at_the_creators_priority():

@@ -14,7 +14,7 @@ import pytest
 from serving.console_client import ArtifactError, ArtifactRefused, ConsoleClient, artifact_location
 from serving.control import Applied, ControlPlane
 from serving.contract import CONTRACT_VERSION, ContractError
-from serving.repository import parse_state
+from serving.serving_plan import parse_state
 from serving.state_signing import sign_state, signing_key, state_digest
 from serving.worker import Worker
 from serving_testkit import make_config, state

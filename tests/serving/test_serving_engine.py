@@ -6,7 +6,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from serving.batcher import PendingRequest, run_batch
+from serving.batch_policy import PendingRequest
+from serving.batch_run import run_batch
 from serving.config import ServingConfig
 from serving import engine as engine_module
 from serving.engine import Engine, resolve_device

@@ -19,7 +19,7 @@ import httpx
 import orjson
 import pytest
 
-from serving.batcher import BatchObserver
+from serving.batch_observer import BatchObserver
 from serving.logs import JsonFormatter, configure_logging, event
 from serving_testkit import REPO_ROOT, SubprocessWorker, free_port, route, state, write_state
 

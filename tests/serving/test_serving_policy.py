@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.batcher import BatchPolicy, Decision, LatencyModel, PendingRequest, admission_delay_s, next_batch
+from serving.batch_policy import Decision, LatencyModel, PendingRequest, admission_delay_s, next_batch
+from serving.contract import BatchPolicy
 
 POLICY = BatchPolicy(max_batch_size=8, max_queue_delay_s=0.010, max_queue_size=100)
 

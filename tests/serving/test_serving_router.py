@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from serving import router as router_module
+from serving import traffic_split as router_module
 from serving.errors import ModelNotFound, NotFound, NotReady, VersionNotFound
-from serving.router import BUCKETS, Router, RoutingTable, VersionNotRouted, bucket_of, build_routes
+from serving.traffic_split import BUCKETS, Router, RoutingTable, VersionNotRouted, bucket_of, build_routes
 
 
 def table(weights: dict[int, int], warm: tuple[int, ...] = (), shadows=(), *, allow_pinning_unrouted: bool = False) -> RoutingTable:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from serving.router import RoutingTable, bucket_of, build_routes
+from serving.traffic_split import RoutingTable, bucket_of, build_routes
 from serving_testkit import REPO_ROOT, SubprocessWorker, route, state, v2_body, write_state
 
 KEYS = [f"client-{index}" for index in range(300)] + ["", "ключ", "a" * 300]
@@ -20,7 +20,7 @@ SPLIT = {1: 50, 2: 50}
 # Run in a fresh interpreter: the buckets and the versions the same split gives each key.
 PROGRAM = """
 import json, sys
-from serving.router import RoutingTable, bucket_of, build_routes
+from serving.traffic_split import RoutingTable, bucket_of, build_routes
 keys, split = json.loads(sys.stdin.read())
 table = RoutingTable(1, {"m": build_routes({int(v): w for v, w in split.items()}, {int(v): int(v) for v in split})})
 print(json.dumps([[bucket_of(key) for key in keys if key], [table.resolve("m", None, key) for key in keys if key]]))

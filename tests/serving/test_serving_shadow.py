@@ -43,7 +43,7 @@ def shadow_counts(model: str, version: int) -> dict:
 def mirrors_finished(worker, timeout_s: float = 5.0) -> None:
     """Wait on the worker's own loop until every mirror scheduled so far has been counted:
     an answer leaves only after its mirror is scheduled, so no fixed sleep is needed."""
-    finished = asyncio.run_coroutine_threadsafe(worker.worker.app.shadow.wait_idle(timeout_s), worker.loop)
+    finished = asyncio.run_coroutine_threadsafe(worker.worker.dataplane.shadow.wait_idle(timeout_s), worker.loop)
     assert finished.result(timeout=timeout_s + 1), f"shadow mirrors still running after {timeout_s} s"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -13,7 +12,8 @@ import pytest
 from serving.engine import Engine
 from serving.errors import QueueFull
 from serving.protocol import Decoded
-from serving.repository import LoadedVersion, parse_state
+from serving.loaded_version import LoadedVersion
+from serving.serving_plan import parse_state
 from serving_testkit import HeldRun, make_config, route, state, v2_body
 
 
@@ -32,10 +32,9 @@ def relu_version(tmp_path, relu_model):
     spec = parse_state(state(1, {"relu": {"routes": [route(1, 100, *relu_model)]}}), config)[1].versions[0]
     engine = Engine(relu_model[0].read_bytes(), config, "cpu")
     held = engine.run = HeldRun(engine.run)
-    with ThreadPoolExecutor(1) as executor:
-        version = LoadedVersion(spec, engine, config, executor)
-        yield version, held
-        version.close()
+    version = LoadedVersion(spec, engine, config)
+    yield version, held
+    version.close()
 
 
 def width(columns: int) -> Decoded:

@@ -1,4 +1,5 @@
-"""Which loaded version serves a request: an immutable table swapped by reference.
+"""The traffic split: which loaded version serves a request, by weight or by sticky
+routing key, read from an immutable table swapped by reference.
 
 The request path reads `router.table` once and never locks: a swap assigns a new
 `RoutingTable`, and a request that already read the old one finishes on it (the

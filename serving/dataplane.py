@@ -1,0 +1,161 @@
+"""The data plane: from a model name and a request body to an answer, with no HTTP.
+
+Model lookup and readiness, the traffic split, admission before the body is read,
+decode, submit to the version's batcher, the deadline, encode, and the shadow mirror
+after the answer; and the documents the metadata, readiness and health endpoints show.
+The endpoints (`serving.endpoints`) call it with what they parsed from the request and
+turn what it returns, or the `ServingError` it raises, into a response. A failure once
+a version is chosen carries that version (`exc.version`), so it is counted against it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import generate_latest
+
+from serving import metrics, protocol
+from serving.errors import DeadlineExceeded, NotReady, ServingError, VersionNotFound
+from serving.loaded_version import LoadedVersion
+from serving.reports import failed_total
+from serving.repository import Repository
+from serving.shadow import ShadowMirror
+
+BodyReader = Callable[[], Awaitable[bytes]]
+
+
+class RequestContext:
+    """What the data plane needs of a request besides its body, parsed by the endpoints."""
+
+    __slots__ = ("request_id", "routing_key", "started_s", "timeout_s")
+
+    def __init__(self, request_id: str, started_s: float, timeout_s: float | None, routing_key: str | None):
+        self.request_id = request_id
+        self.started_s = started_s  # monotonic clock, as the batcher's
+        self.timeout_s = timeout_s  # the client's own, which may only shorten ours
+        self.routing_key = routing_key
+
+
+class Answer:
+    """An inference answer: the version that served it and the encoded body."""
+
+    __slots__ = ("body", "json_length", "version")
+
+    def __init__(self, version: LoadedVersion, body: bytes, json_length: int | None = None):
+        self.version = version
+        self.body = body
+        self.json_length = json_length  # binary tensor extension: the JSON part's length, else None
+
+
+class DataPlane:
+    def __init__(self, repository: Repository, request_timeout_s: float):
+        self.repository = repository
+        self.request_timeout_s = request_timeout_s
+        self.shadow = ShadowMirror()
+
+    # ---- inference ----------------------------------------------------------------
+
+    async def infer_v2(self, name: str, version: int | None, read_body: BodyReader, header_length: int | None,
+                       context: RequestContext) -> Answer:
+        """A V2 inference request. Admission is asked before `read_body`: an overloaded
+        worker does not pay for reading and decoding what it would refuse."""
+        target = self._resolve(name, version, context.routing_key)
+        try:
+            refusal = target.refusal(context.started_s + self._timeout_s(context.timeout_s))
+            if refusal is not None:
+                raise refusal
+            decoded = protocol.decode_v2(await read_body(), header_length, target.io)
+            outputs = await self._run(target, decoded, context)
+            payload, json_length = protocol.encode_v2(target.model_name, target.version, decoded, outputs, target.io)
+        except ServingError as exc:
+            exc.version = target
+            raise
+        if version is None:
+            self._mirror(name, target, decoded, outputs)
+        return Answer(target, payload, json_length)
+
+    async def predict(self, body: bytes, context: RequestContext) -> Answer:
+        """A `/predict` request: `{model_name, version?, inputs}`."""
+        document = protocol.load_object(body)
+        name, version = protocol.predict_target(document)
+        target = self._resolve(name, version, context.routing_key)
+        try:
+            decoded = protocol.decode_predict(document, target.io)
+            outputs = await self._run(target, decoded, context)
+        except ServingError as exc:
+            exc.version = target
+            raise
+        if version is None:
+            self._mirror(name, target, decoded, outputs)
+        latency_ms = (time.monotonic() - context.started_s) * 1000
+        return Answer(target, protocol.encode_predict(context.request_id, name, target.version, decoded, outputs,
+                                                      target.io, latency_ms))
+
+    def _resolve(self, name: str, version: int | None, routing_key: str | None) -> LoadedVersion:
+        if not self.repository.is_ready:
+            raise NotReady("the worker is still loading its models")
+        return self.repository.router.table.resolve(name, version, routing_key)
+
+    def _timeout_s(self, *overrides_s: float | None) -> float:
+        timeout_s = self.request_timeout_s
+        for override_s in overrides_s:
+            if override_s is not None and override_s < timeout_s:  # clients may only shorten it
+                timeout_s = override_s
+        return timeout_s
+
+    async def _run(self, target: LoadedVersion, decoded, context: RequestContext):
+        deadline_s = context.started_s + self._timeout_s(context.timeout_s, decoded.timeout_s)
+        outputs = await target.submit(decoded, deadline_s, context.request_id)
+        if time.monotonic() > deadline_s:
+            raise DeadlineExceeded("deadline passed while the batch ran")
+        return outputs
+
+    def _mirror(self, name: str, served: LoadedVersion, decoded, outputs) -> None:
+        routes = self.repository.router.table.models.get(name)
+        if routes is not None and routes.shadows:
+            self.shadow.after_response(routes, served, decoded, outputs)
+
+    # ---- what the other endpoints show --------------------------------------------
+
+    @property
+    def is_ready(self) -> bool:
+        return self.repository.is_ready
+
+    def model_metadata(self, name: str, version: int | None) -> tuple[dict, LoadedVersion | None]:
+        """V2 model metadata, and the version it describes when one was named."""
+        table = self.repository.router.table
+        routes = table.model(name)
+        if version is not None:
+            target = routes.targets.get(version)
+            if target is None:
+                raise VersionNotFound(name, version)
+            return target.metadata(), target
+        if not routes.targets:
+            raise NotReady(f"model '{name}' has no loaded version")
+        default = routes.targets[max(zip(routes.weights, routes.versions))[1]] if routes.versions else max(routes.targets.items())[1]
+        document = default.metadata([str(v) for v in sorted(routes.targets)])
+        document["parameters"] = {
+            "generation": table.generation,
+            "routes": [{"version": v, "weight": w} for v, w in zip(routes.versions, routes.weights)],
+            "warm": sorted(set(routes.targets) - set(routes.versions)),
+            "shadows": [{"version": v, "shadow": f} for v, f in routes.shadows],
+            "default_version": default.version,
+        }
+        return document, None
+
+    def is_model_ready(self, name: str, version: int | None) -> bool:
+        routes = self.repository.router.table.model(name)
+        if version is not None and version not in routes.targets:
+            raise VersionNotFound(name, version)
+        return version is not None or bool(routes.versions)
+
+    def health(self) -> dict:
+        # Drills read the failure total before and after a rollback to count failures.
+        return {**self.repository.health(), "requests_failed_total": failed_total()}
+
+    def metrics_text(self) -> bytes:
+        """The Prometheus exposition, every pending per-request count folded in first."""
+        metrics.flush_pending()
+        metrics.update_device_memory(self.repository.device)
+        return generate_latest()

@@ -1,0 +1,231 @@
+"""The worker's HTTP surface: a raw ASGI app (no framework) for uvicorn + httptools.
+
+Only HTTP lives here: paths and methods, the headers, the body, and every answer. The
+work between the body and the answer is the data plane's (`serving.dataplane`). Every
+failure is a `ServingError` mapped to its status in `serving.errors`; anything else is
+our bug and answers 500 with the request id only.
+
+What the headers alone can refuse (API key 401, Content-Type 415, Content-Encoding,
+Content-Length 413) is refused before a byte of the body is read; slow or oversized
+clients are cut off below the app, in `serving.http_protocol`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from serving import metrics
+from serving.api_keys import ApiKeyRing, worker_token_matches
+from serving.config import ConfigError, ServingConfig
+from serving.dataplane import Answer, DataPlane, RequestContext
+from serving.errors import InternalError, MethodNotAllowed, NotFound, NotReady, ServingError, Unauthorized, clip
+from serving.http_request import RequestHeaders, RequestIds, check_headers, model_path, receive_body
+from serving.loaded_version import LoadedVersion
+
+logger = logging.getLogger("serving.app")  # its name before the split: log lines keep their `logger` field
+
+JSON = b"application/json"
+SHED_BODY = orjson.dumps({"error": "overloaded: too many requests in flight; retry later"})
+SHED_HEADERS = ((b"content-type", JSON), (b"content-length", str(len(SHED_BODY)).encode()), (b"retry-after", b"1"))
+SHED_BODY_MESSAGE = {"type": "http.response.body", "body": SHED_BODY}
+SERVER_METADATA = orjson.dumps({"name": "modelops-serving", "version": "1", "extensions": ["binary_tensor_data"]})
+OPERATOR_PATHS = frozenset(("/health", "/metrics"))  # behind the worker token when so configured
+Hook = Callable[[], Awaitable[None]]
+
+
+class Response:
+    __slots__ = ("body", "content_type", "headers", "status", "version")
+
+    def __init__(self, status: int, body: bytes, headers: tuple = (), version: LoadedVersion | None = None,
+                 content_type: bytes = JSON):
+        self.status, self.body, self.headers, self.version = status, body, headers, version
+        self.content_type = content_type
+
+
+class ServingApp:
+    def __init__(self, dataplane: DataPlane, config: ServingConfig):
+        self.dataplane = dataplane
+        self.max_body_bytes = config.max_body_bytes
+        self.on_startup: list[Hook] = []
+        self.on_shutdown: list[Hook] = []
+        # Inference requests between arrival and answer; past the cap, a canned 503 before
+        # the body is read or parsed (SERVING_MAX_IN_FLIGHT, 0 = no cap).
+        self.max_in_flight = config.max_in_flight or math.inf
+        self.in_flight = 0
+        # Client keys for /infer and /predict (SERVING_API_KEYS), refreshed from the console.
+        self.api_keys = ApiKeyRing(config.api_keys)
+        self._operator_token = _operator_token(config)
+        self._ids = RequestIds()
+        self._simple_routes: dict[str, Callable[[], Response]] = {
+            "/v2/health/live": lambda: Response(200, b'{"live":true}'),
+            "/v2/health/ready": self._server_ready,
+            "/v2": lambda: Response(200, SERVER_METADATA),
+            "/health": lambda: Response(200, orjson.dumps(self.dataplane.health())),
+            "/metrics": lambda: Response(200, self.dataplane.metrics_text(), content_type=CONTENT_TYPE_LATEST.encode()),
+        }
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            hooks = self.on_startup if message["type"] == "lifespan.startup" else self.on_shutdown
+            try:
+                for hook in hooks:
+                    await hook()
+            except Exception as exc:  # report to uvicorn, which exits instead of serving half-started
+                logger.exception("lifespan hook failed")
+                await send({"type": message["type"] + ".failed", "message": str(exc)})
+                return
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+
+    async def _http(self, scope, receive, send) -> None:
+        path = scope["path"]
+        is_inference = path.endswith("/infer") or path == "/predict"
+        if is_inference:
+            if self.in_flight >= self.max_in_flight:
+                await self._shed(scope, send)
+                return
+            self.in_flight += 1
+        started_s = time.monotonic()
+        request_id = None
+        try:
+            headers = RequestHeaders(scope["headers"])
+            request_id = self._ids.pick(headers.request_id)
+            response = await self._route(scope, receive, headers, request_id, started_s)
+        except ServingError as exc:
+            response = self._error(exc, request_id)
+        except Exception:
+            request_id = request_id or self._ids.pick(None)
+            logger.exception("unhandled error (request id %s)", request_id.decode())
+            response = self._error(InternalError(request_id.decode()), request_id)
+        finally:
+            if is_inference:
+                self.in_flight -= 1
+        await self._send(send, response, request_id or self._ids.pick(None))
+        self._account(path, is_inference, response, request_id, started_s)
+
+    async def _shed(self, scope, send) -> None:
+        """Over the in-flight cap: 503 + Retry-After, without reading or parsing the body."""
+        given = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                given = value
+                break
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [*SHED_HEADERS, (b"x-request-id", self._ids.pick(given))]})
+        await send(SHED_BODY_MESSAGE)
+        metrics.count_unrouted(503)
+
+    def _error(self, exc: ServingError, request_id: bytes | None) -> Response:
+        version = exc.version
+        if exc.status == 500 and not isinstance(exc, InternalError):
+            logger.error("request %s failed: %s", request_id.decode() if request_id else "-", exc.message)
+            exc = InternalError(request_id.decode() if request_id else "-")  # no details to the client
+        return Response(exc.status, exc.body(), exc.headers, version)
+
+    async def _send(self, send, response: Response, request_id: bytes) -> None:
+        # One start + one body message (no more_body): uvicorn writes the head and the
+        # body with one transport.write each, and finishes the response on the second.
+        body = response.body
+        headers = [(b"content-type", response.content_type), (b"content-length", b"%d" % len(body)),
+                   (b"x-request-id", request_id)]
+        if response.headers:
+            headers += response.headers
+        if response.version is not None:
+            headers.append((b"x-model-version", response.version.version_header))
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _account(self, path: str, is_inference: bool, response: Response, request_id, started_s: float) -> None:
+        version = response.version
+        if version is not None:
+            version.metrics.record(response.status, time.monotonic() - started_s)
+        elif is_inference:
+            metrics.count_unrouted(response.status)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(orjson.dumps({
+                "event": "request", "request_id": request_id.decode() if request_id else None, "path": path,
+                "status": response.status, "version": version.version if version else None,
+                "ms": round((time.monotonic() - started_s) * 1000, 3),
+            }).decode())
+
+    # ---- routing ------------------------------------------------------------------
+
+    async def _route(self, scope, receive, headers: RequestHeaders, request_id: bytes, started_s: float) -> Response:
+        path, method = scope["path"], scope["method"]
+        if path.startswith("/v2/models/"):
+            return await self._model_route(path[len("/v2/models/"):].split("/"), method, receive, headers, request_id, started_s)
+        if path == "/predict":
+            _require(method, "POST")
+            check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=False)
+            body = await receive_body(receive, self.max_body_bytes)
+            answer = await self.dataplane.predict(body, _context(headers, request_id, started_s))
+            return Response(200, answer.body, (), answer.version)
+        handler = self._simple_routes.get(path)
+        if handler is None:
+            raise NotFound(f"no such endpoint: {clip(path)}")
+        _require(method, "GET")
+        is_guarded = self._operator_token is not None and path in OPERATOR_PATHS
+        if is_guarded and not worker_token_matches(headers.authorization, self._operator_token):
+            raise Unauthorized(f"{path} needs the worker token (Authorization: Bearer)")
+        return handler()
+
+    async def _model_route(self, parts, method, receive, headers, request_id, started_s) -> Response:
+        name, version, action = model_path(parts)
+        if action == "infer":  # here, not in a coroutine of its own: one await less per request
+            _require(method, "POST")
+            check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=True)
+            answer = await self.dataplane.infer_v2(name, version, partial(receive_body, receive, self.max_body_bytes),
+                                                   headers.header_length, _context(headers, request_id, started_s))
+            return _inference_response(answer)
+        _require(method, "GET")
+        if action == "ready":
+            if self.dataplane.is_model_ready(name, version):
+                return Response(200, b'{"ready":true}')
+            return Response(503, b'{"ready":false}', NotReady.headers)
+        document, target = self.dataplane.model_metadata(name, version)
+        return Response(200, orjson.dumps(document), (), target)
+
+    def _server_ready(self) -> Response:
+        if self.dataplane.is_ready:
+            return Response(200, b'{"ready":true}')
+        return Response(503, b'{"ready":false}', NotReady.headers)
+
+
+def _inference_response(answer: Answer) -> Response:
+    if answer.json_length is None:
+        return Response(200, answer.body, (), answer.version)
+    return Response(200, answer.body, ((b"inference-header-content-length", str(answer.json_length).encode()),),
+                    answer.version, b"application/octet-stream")
+
+
+def _context(headers: RequestHeaders, request_id: bytes, started_s: float) -> RequestContext:
+    return RequestContext(request_id.decode(), started_s, headers.timeout_s, headers.routing_key)
+
+
+def _operator_token(config: ServingConfig) -> bytes | None:
+    """The worker token when /metrics and /health require it (SERVING_METRICS_TOKEN_REQUIRED)."""
+    if not config.metrics_token_required:
+        return None
+    if not config.worker_token:
+        raise ConfigError("SERVING_METRICS_TOKEN_REQUIRED=true needs SERVING_WORKER_TOKEN")
+    return config.worker_token.encode()
+
+
+def _require(method: str, expected: str) -> None:
+    if method != expected:
+        raise MethodNotAllowed(f"use {expected} here")

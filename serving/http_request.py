@@ -1,0 +1,151 @@
+"""What the endpoints read from an HTTP request: the few headers they use, the model
+path, the request id, and the body.
+
+Everything the headers alone can refuse (API key, media type, encoding, declared size)
+is refused by `check_headers`, before a byte of the body is read. Each refusal is its own
+`ServingError` naming what was wrong and quoting at most a short prefix of what the
+client sent (`errors.clip`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+
+from serving.api_keys import ApiKeyRing
+from serving.errors import (
+    BadRequest, ClientDisconnected, NotFound, PayloadTooLarge, UnsupportedMediaType, VersionNotFound, clip,
+)
+
+MAX_REQUEST_ID_CHARS = 128
+MAX_HEADER_INT_DIGITS = 18  # below 2**63: int() never sees thousands of digits
+
+
+class RequestHeaders:
+    """The few request headers the server reads, picked out in one pass."""
+
+    __slots__ = ("api_key", "authorization", "content_encoding", "content_length", "content_type", "header_length",
+                 "request_id", "routing_key", "timeout_s")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]):
+        self.content_length = self.header_length = self.timeout_s = None
+        self.request_id = self.routing_key = self.content_encoding = None
+        self.content_type = self.authorization = self.api_key = None
+        for name, value in raw:
+            if name == b"content-length":
+                self.content_length = _header_int(value, "Content-Length")
+            elif name == b"x-request-id":
+                self.request_id = value
+            elif name == b"inference-header-content-length":
+                self.header_length = _header_int(value, "Inference-Header-Content-Length")
+            elif name == b"x-request-timeout-s":
+                self.timeout_s = _header_timeout_s(value)
+            elif name == b"x-routing-key":
+                self.routing_key = value.decode("latin-1")
+            elif name == b"content-encoding":
+                self.content_encoding = value
+            elif name == b"content-type":
+                self.content_type = value
+            elif name == b"authorization":
+                self.authorization = value
+            elif name == b"x-api-key":
+                self.api_key = value
+
+
+def _header_int(value: bytes, name: str) -> int:
+    if not value.isdigit() or len(value) > MAX_HEADER_INT_DIGITS:
+        raise BadRequest(f"header {name} must be a non-negative integer of at most {MAX_HEADER_INT_DIGITS} digits")
+    return int(value)
+
+
+def _header_timeout_s(value: bytes) -> float:
+    try:
+        timeout_s = float(value)
+    except ValueError:
+        raise BadRequest("header X-Request-Timeout-S must be a number of seconds") from None
+    if not 0 < timeout_s < math.inf:
+        raise BadRequest("header X-Request-Timeout-S must be positive")
+    return timeout_s
+
+
+def check_headers(headers: RequestHeaders, api_keys: ApiKeyRing, max_body_bytes: int, allow_binary: bool) -> None:
+    """Everything that headers alone can refuse is refused before a byte of the body is read."""
+    api_keys.check(headers.api_key, headers.authorization)
+    check_body_type(headers.content_type, allow_binary)
+    if headers.content_encoding not in (None, b"identity"):
+        raise BadRequest("Content-Encoding is not supported; send the body uncompressed")
+    if headers.content_length is not None and headers.content_length > max_body_bytes:
+        raise PayloadTooLarge(f"body of {headers.content_length} bytes exceeds the limit of {max_body_bytes}")
+
+
+def check_body_type(content_type: bytes | None, allow_binary: bool) -> None:
+    """JSON, or octet-stream for the binary tensor extension; no label is read as JSON (curl
+    and tritonclient send none). Anything else (forms, text/plain) is 415: a browser can
+    send those cross-site without asking first."""
+    if content_type is None:
+        return
+    media = content_type.split(b";", 1)[0].strip().lower()
+    if media == b"application/json" or (allow_binary and media == b"application/octet-stream"):
+        return
+    wanted = "application/json or application/octet-stream" if allow_binary else "application/json"
+    raise UnsupportedMediaType(f"Content-Type '{clip(media.decode('latin-1'))}' is not supported here: send {wanted}")
+
+
+class RequestIds:
+    """Client-given ids when sane, else a per-process prefix and a counter (cheap, unique)."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(4).hex()
+        self._counter = itertools.count(1)
+
+    def pick(self, given: bytes | None) -> bytes:
+        if given and len(given) <= MAX_REQUEST_ID_CHARS and given.isascii():
+            return given
+        return f"{self._prefix}-{next(self._counter):x}".encode()
+
+
+def model_path(parts: list[str]) -> tuple[str, int | None, str | None]:
+    """/v2/models/{name}[/versions/{v}][/ready|/infer] -> (name, version, action)."""
+    name, rest = parts[0], parts[1:]
+    if not name:
+        raise NotFound("model name missing from the path")
+    version = None
+    if rest[:1] == ["versions"]:
+        if len(rest) < 2:
+            raise NotFound("version missing from the path")
+        version = _version_number(name, rest[1])
+        rest = rest[2:]
+    if rest and rest[0] not in ("ready", "infer") or len(rest) > 1:
+        raise NotFound(f"no such endpoint under model '{clip(name)}'")
+    return name, version, rest[0] if rest else None
+
+
+def _version_number(name: str, text: str) -> int:
+    if not text.isdigit() or len(text) > 9:
+        raise VersionNotFound(name, text)
+    return int(text)
+
+
+async def receive_body(receive, max_body_bytes: int) -> bytes:
+    """The whole body from the ASGI `receive`, refused past `max_body_bytes`."""
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        return _whole(message, body)
+    chunks, size = [body], len(body)
+    while message.get("more_body"):
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > max_body_bytes:
+            raise PayloadTooLarge(f"body exceeds the limit of {max_body_bytes} bytes")
+    return _whole(message, b"".join(chunks))
+
+
+def _whole(last_message: dict, body: bytes) -> bytes:
+    # A disconnect (or the body deadline, which closes the connection) ends the body early:
+    # a partial body is never decoded, let alone enqueued.
+    if last_message["type"] == "http.disconnect":
+        raise ClientDisconnected("the client went away before its body arrived")
+    return body

@@ -1,0 +1,147 @@
+"""A loaded version: one engine, its dispatch threads and its per-shape batch queues.
+
+This is what the traffic split routes to and what the data plane submits to. The
+repository creates, warms, swaps and closes these; nothing here knows of desired states
+or of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import orjson
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+from serving import metrics
+from serving.batch_observer import BatchObserver
+from serving.batch_policy import LatencyModel
+from serving.batcher import Batcher
+from serving.contract import BatchPolicy
+from serving.config import ServingConfig
+from serving.dispatch import DispatchThreads, EngineGate
+from serving.engine import Engine
+from serving.errors import BadRequest, ModelFailed, QueueFull, ServingError
+from serving.protocol import Decoded, ModelIO
+
+if TYPE_CHECKING:  # a type only: the repository imports this module
+    from serving.serving_plan import VersionSpec
+
+
+class LoadedVersion:
+    """An engine plus its per-shape batch queues; what the router routes to."""
+
+    def __init__(self, spec: VersionSpec, engine: Engine, config: ServingConfig):
+        self.spec = spec
+        self.model_name, self.version = spec.model_name, spec.version
+        self.engine = engine
+        self.is_batchable = engine.is_batchable and is_declared_batchable(spec.signature)
+        self.io = ModelIO(engine.inputs, engine.outputs, self.is_batchable, config.max_elements)
+        self.policy = spec.policy if self.is_batchable else BatchPolicy(1, 0.0, spec.policy.max_queue_size, spec.policy.latency_target_s)
+        self.version_header = str(spec.version).encode()
+        self.metrics = metrics.VersionMetrics(spec.model_name, spec.version)
+        self.latency = LatencyModel()
+        self._gate = EngineGate(config.max_batches_in_flight)
+        # One long-lived thread per batch in flight, owned by this version (not a shared pool).
+        self._dispatch = DispatchThreads(f"onnx-{spec.model_name}-v{spec.version}", config.max_batches_in_flight,
+                                         config.compute_nice)
+        self._max_shape_queues = config.max_shape_queues
+        self._batchers: dict[tuple, Batcher] = {}
+        self._observer = BatchObserver(spec.model_name, spec.version, self.metrics)
+
+    def submit(self, decoded: Decoded, deadline_s: float, request_id: str) -> asyncio.Future:
+        batcher = self._batchers.get(decoded.shape_key) or self._new_batcher(decoded.shape_key)
+        return batcher.submit(decoded.tensors, decoded.rows, deadline_s, request_id)
+
+    def refusal(self, deadline_s: float) -> ServingError | None:
+        """Why a one-row request would be refused by every queue of this version now, or
+        None: asked before the body is read, so an overloaded worker does not pay for
+        decoding what it will refuse (the shape, hence the queue, is not known yet)."""
+        first = None
+        for batcher in self._batchers.values():
+            refusal = batcher.refusal(1, deadline_s)
+            if refusal is None:
+                return None  # one queue admits it: no need to ask the others
+            first = first or refusal
+        return first
+
+    def _new_batcher(self, shape_key: tuple) -> Batcher:
+        if len(self._batchers) >= self._max_shape_queues:
+            self._reclaim_idle_queue()
+        batcher = Batcher(self.engine.run, self.policy, self._dispatch, self._gate, self.latency,
+                          observer=self._observer, is_batchable=self.is_batchable,
+                          output_names=[spec.name for spec in self.io.outputs], classify_error=request_error)
+        self._batchers[shape_key] = batcher
+        return batcher
+
+    def _reclaim_idle_queue(self) -> None:
+        """Close the least recently used shape queue with nothing queued or running, so the
+        limit bounds the shapes active at once, not every shape ever seen. Only an idle
+        queue goes: no request and no dispatch-thread callback can still reach it."""
+        idle = [(key, batcher) for key, batcher in self._batchers.items() if batcher.is_idle]
+        if not idle:
+            raise QueueFull(f"too many distinct input shapes in flight (limit {self._max_shape_queues})")
+        key, batcher = min(idle, key=lambda item: item[1].last_arrival_s)
+        del self._batchers[key]
+        batcher.close()
+
+    def set_policy(self, policy: BatchPolicy) -> None:
+        self.policy = policy
+        for batcher in self._batchers.values():
+            batcher.policy = policy
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(batcher.depth for batcher in self._batchers.values())
+
+    async def drain(self, timeout_s: float) -> bool:
+        results = await asyncio.gather(*(batcher.drain(timeout_s) for batcher in self._batchers.values()))
+        return all(results)
+
+    def close(self) -> None:
+        for batcher in self._batchers.values():
+            batcher.close()
+        self._batchers.clear()
+        self._dispatch.close()
+        self.metrics.remove()
+
+    def metadata(self, versions: list[str] | None = None) -> dict:
+        return {
+            "name": self.model_name,
+            "versions": versions or [str(self.version)],
+            "platform": "onnxruntime_onnx",
+            "inputs": [_tensor_metadata(spec) for spec in self.io.inputs],
+            "outputs": [_tensor_metadata(spec) for spec in self.io.outputs],
+        }
+
+
+def _tensor_metadata(spec) -> dict:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": spec.metadata_shape}
+
+
+def is_declared_batchable(signature: str) -> bool:
+    """The console proved this version batchable at inspection (`"batchable": true`).
+
+    A missing flag means not batchable: a dynamic first dimension alone does not show that
+    a model keeps rows apart (it may reduce over them), so an unproven version runs each
+    request alone rather than risk answering one client with another's rows."""
+    declared = orjson.loads(signature)
+    return isinstance(declared, dict) and declared.get("batchable") is True
+
+
+def request_error(error: Exception) -> ServingError:
+    """The answer to a request whose run failed on its own. ONNX Runtime's INVALID_ARGUMENT
+    (an index out of range, a dimension the graph refuses) is about this input: 400. Any
+    other failure is the model's: 500, with the details in the log only."""
+    if isinstance(error, ort_errors.InvalidArgument):
+        return BadRequest(f"the model refused this input: {_ort_reason(error)}")
+    return ModelFailed("model execution failed")
+
+
+def _ort_reason(error: Exception) -> str:
+    message = str(error)
+    for marker in ("Status Message: ", "INVALID_ARGUMENT : "):
+        if marker in message:
+            message = message.split(marker, 1)[1]
+            break
+    return message[:160]

@@ -1,0 +1,103 @@
+"""Loading one version: fetch and verify its artifact, re-check the bytes, create the
+ONNX Runtime session, check it against the console's signature, warm every batch size.
+
+Each step that can fail for a reason about this version (a download, a hostile file, a
+model ONNX Runtime refuses, a signature that names other tensors) raises `LoadError`
+naming the version, so the repository can keep the previous routes serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import orjson
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+from serving.config import ServingConfig
+from serving.console_client import ArtifactError
+from serving.dispatch import lower_priority
+from serving.engine import Engine
+from serving.errors import LoadError
+from serving.loaded_version import LoadedVersion
+from serving.model_safety import UnsafeModel
+
+if TYPE_CHECKING:  # a type only: the repository imports this module
+    from serving.serving_plan import VersionSpec
+
+ORT_ERRORS = (ort_errors.Fail, ort_errors.InvalidArgument, ort_errors.InvalidProtobuf, ort_errors.InvalidGraph,
+              ort_errors.NoSuchFile, ort_errors.NotImplemented, ort_errors.RuntimeException, RuntimeError)
+FetchFn = Callable[[str, str, Path], Path]  # (artifact_url, sha256, cache path) -> verified file
+
+
+async def load_version(spec: VersionSpec, config: ServingConfig, device: str, fetch: FetchFn) -> LoadedVersion:
+    """A loaded, warm version whose latency model has learned from the warm-up runs."""
+    loop = asyncio.get_running_loop()
+    try:
+        model_bytes = await loop.run_in_executor(None, _fetch_verified, spec, config, fetch)
+        engine = await loop.run_in_executor(None, build_engine, model_bytes, config, device)
+        _check_signature(spec, engine)
+        version = LoadedVersion(spec, engine, config)
+        try:
+            samples = await loop.run_in_executor(None, engine.warm, version.policy.max_batch_size)
+        except BaseException:
+            version.close()
+            raise
+    except (ArtifactError, OSError) as exc:
+        raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
+    except UnsafeModel as exc:  # the worker's own check, before any session exists
+        raise LoadError(f"{spec.model_name} v{spec.version}: refused to load the model: {exc.reason}") from None
+    except ORT_ERRORS as exc:
+        raise LoadError(f"{spec.model_name} v{spec.version}: ONNX Runtime refused the model: {exc}") from None
+    for rows, seconds in samples:
+        version.latency.observe(rows, seconds)
+    return version
+
+
+def _fetch_verified(spec: VersionSpec, config: ServingConfig, fetch: FetchFn) -> bytes:
+    path = fetch(spec.artifact_url, spec.sha256, Path(config.cache_dir) / f"{spec.sha256}.onnx")
+    model_bytes = path.read_bytes()
+    # Hash what we load, not just what we fetched: the file could change in between.
+    if hashlib.sha256(model_bytes).hexdigest() != spec.sha256:
+        raise ArtifactError(f"sha256 of {path} changed after verification")
+    return model_bytes
+
+
+def build_engine(model_bytes: bytes, config: ServingConfig, device: str) -> Engine:
+    """The session, created in a thread at the compute priority when SERVING_COMPUTE_NICE
+    is set: ONNX Runtime's intra-op threads start with (inherit) the creator's priority."""
+    if config.compute_nice <= 0:
+        return Engine(model_bytes, config, device)
+    outcome: dict = {}
+
+    def build() -> None:
+        lower_priority(config.compute_nice)
+        try:
+            outcome["engine"] = Engine(model_bytes, config, device)
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=build, name="onnx-load")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["engine"]
+
+
+def _check_signature(spec: VersionSpec, engine: Engine) -> None:
+    """The console's signature, when given, must name the model's own inputs and outputs."""
+    signature = orjson.loads(spec.signature)
+    for side, actual in (("inputs", engine.inputs), ("outputs", engine.outputs)):
+        declared = signature.get(side) if isinstance(signature, dict) else None
+        if not declared:
+            continue
+        declared_names = [item.get("name") for item in declared if isinstance(item, dict)]
+        actual_names = [tensor.name for tensor in actual]
+        if declared_names != actual_names:
+            raise LoadError(f"{spec.model_name} v{spec.version}: signature {side} {declared_names} "
+                            f"do not match the model's {actual_names}")
