@@ -4,7 +4,7 @@
                                              [--worker-env SERVING_X=Y] [--worker-dir DIR]
 
 One worker (`python -m serving.worker`, default settings: nothing is tuned) serves one
-model built by `registry.onnx_build`, one row per request, JSON tensors. The runs:
+model built by `registry.building.onnx_build`, one row per request, JSON tensors. The runs:
 
 1. capacity: closed loop at 64 connections (wrk -t1, else the asyncio client);
 2. closed loop at 256 and 2,048 connections (wrk); a probe on its own keep-alive
@@ -36,10 +36,10 @@ import orjson
 
 from bench.serve_bench import (
     MODELS,
-    add_common_arguments,
-    apply_common_arguments,
     LoadResult,
     WorkerProcess,
+    add_common_arguments,
+    apply_common_arguments,
     closed_loop,
     http_request,
     infer_body,

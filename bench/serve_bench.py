@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.serve_bench [--duration-s 5] [--client auto|wrk|python] [--json out.json]
 
-Builds its own models (registry.onnx_build), measures in-process ORT samples/s per batch
+Builds its own models (registry.building.onnx_build), measures in-process ORT samples/s per batch
 size, starts `python -m serving.worker` as a subprocess, drives it closed-loop at
 concurrency 1/16/64 (wrk when installed, else the asyncio client below), then runs an
 open-loop overload at 3x the measured capacity with a latency target so the worker sheds.
@@ -30,7 +30,7 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
-from registry.onnx_build import random_mlp, to_bytes
+from registry.building.onnx_build import random_mlp, to_bytes
 from serving.contract import BatchPolicy, DesiredState, ModelState, Route
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ import json
 from django.conf import settings
 from django.urls import Resolver404, resolve
 
-from registry.upload_handler import MULTIPART_OVERHEAD_BYTES
+from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
 
 UPLOAD_URL_NAMES = frozenset({"api-versions", "model-upload"})
 

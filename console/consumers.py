@@ -1,4 +1,4 @@
-"""The browser's live feed: worker figures relayed from ``registry.live``, and every
+"""The browser's live feed: worker figures relayed from ``registry.fleet.live``, and every
 new desired state (the console's own ``serving`` broadcast) as a release change, so
 pages re-render the split and convergence the moment an operator acts."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from registry.live import LIVE_GROUP
+from registry.fleet.live import LIVE_GROUP
 from serving.contract import SERVING_GROUP, ContractError, DesiredState
 
 

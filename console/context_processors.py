@@ -1,4 +1,4 @@
-from registry.roles import can_operate, role_of
+from registry.domain.roles import can_operate, role_of
 
 
 def roles(request):

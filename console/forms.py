@@ -7,7 +7,7 @@ import json
 
 from django import forms
 
-from registry.traffic import canary_split
+from registry.domain.traffic import canary_split
 
 PRESET_WEIGHTS = (1, 10, 50, 100)
 

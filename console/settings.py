@@ -12,7 +12,15 @@ from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from serving import contract
-from serving.env import env_bool, env_choice, env_float, env_int, env_list, env_secret, env_str
+from serving.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_secret,
+    env_str,
+)
 from serving.model_safety import default_data_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -207,8 +215,8 @@ WHITENOISE_AUTOREFRESH = DEBUG
 ARTIFACT_ROOT = Path(env_str("ARTIFACT_ROOT", str(DATA_DIR / "artifacts"))).resolve()
 MAX_UPLOAD_BYTES = env_int("MAX_UPLOAD_BYTES", 2 * 1024**3, minimum=1)
 # No request stages a file part by default: only the upload endpoints, once the caller's
-# role is checked, swap in the staging handler (registry/upload_handler.py).
-FILE_UPLOAD_HANDLERS = ["registry.upload_handler.FileFieldsRefused"]
+# role is checked, swap in the staging handler (registry/artifacts/upload_handler.py).
+FILE_UPLOAD_HANDLERS = ["registry.artifacts.upload_handler.FileFieldsRefused"]
 STAGING_MAX_AGE_S = env_float("STAGING_MAX_AGE_S", 600.0, minimum=60.0)
 FILE_UPLOAD_TEMP_DIR = str(ARTIFACT_ROOT / "tmp")
 Path(FILE_UPLOAD_TEMP_DIR).mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Role upkeep: admin-group membership and ``is_staff`` move together, whichever side
 of the many-to-many changes (``user.groups`` or ``group.user_set``), by add, remove,
 clear or deleting the group; the groups and their permissions exist after every
-migrate. The rules are ``registry.roles``'; this module only listens."""
+migrate. The rules are ``registry.domain.roles``'; this module only listens."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from django.contrib.auth.models import Group, User
 from django.db.models.signals import m2m_changed, post_delete, post_migrate, pre_delete
 from django.dispatch import receiver
 
-from registry import roles
+from registry.domain import roles
 
 
 @receiver(post_migrate)

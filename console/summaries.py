@@ -3,9 +3,9 @@ and health, shared by page loads and live fragment refreshes."""
 
 from __future__ import annotations
 
+from registry.domain.traffic import Route
+from registry.fleet.state import warm_versions
 from registry.models import Release
-from registry.state import warm_versions
-from registry.traffic import Route
 
 ERROR_RATE_WARNING = 0.01  # above this share of 5xx answers a model's row turns red
 

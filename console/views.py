@@ -31,14 +31,30 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console import forms, outage, readiness
-from console.summaries import describe_routes, live_figures, model_figures, split_segments, canary_route, version_roles, health
-from registry import drills, fleet, releases, storage, uploads
+from console.summaries import (
+    canary_route,
+    describe_routes,
+    health,
+    live_figures,
+    model_figures,
+    split_segments,
+    version_roles,
+)
+from registry.actions import drills, releases, uploads
 from registry.api.errors import json_not_found, json_server_error
-from registry.choices import DrillStatus, VersionStatus
+from registry.artifacts import storage
+from registry.artifacts.upload_handler import (
+    StagedUploadedFile,
+    csrf_failure,
+    csrf_failure_from_headers,
+    declared_too_large,
+    start_staging,
+)
+from registry.domain.choices import DrillStatus, VersionStatus
+from registry.domain.roles import can_operate
+from registry.fleet import workers as fleet
+from registry.fleet.state import current_generation
 from registry.models import Drill, ModelVersion, RegisteredModel, Release, Worker
-from registry.roles import can_operate
-from registry.state import current_generation
-from registry.upload_handler import StagedUploadedFile, csrf_failure, csrf_failure_from_headers, declared_too_large, start_staging
 
 WORKERS_SHOWN_FOR = timedelta(hours=1)  # gone workers stay listed (faded) this long
 ROLLUP_WINDOW = timedelta(hours=6)

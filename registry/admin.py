@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from registry import api_keys
+from registry.actions import api_keys
 from registry.models import InferenceApiKey
 
 

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from registry.choices import AuditKind, DrillStatus, ReleaseAction, VersionStatus
+from registry.domain.choices import AuditKind, DrillStatus, ReleaseAction, VersionStatus
 
 
 class RegisteredModel(models.Model):

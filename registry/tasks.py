@@ -2,7 +2,8 @@
 
 from celery import shared_task
 
-from registry import retention, storage
+from registry.actions import retention
+from registry.artifacts import storage
 
 
 @shared_task(name="registry.tasks.apply_retention")

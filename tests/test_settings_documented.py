@@ -24,7 +24,7 @@ ENVIRON_METHODS = {"get", "setdefault", "pop"}
 COMPUTED_NAME_READS = {
     "serving/env.py": set(),  # the helpers themselves: NAME and NAME_FILE of their caller's literal name
     "console/settings.py": set(),  # _secret(name, …) hands its caller's literal name (collected above) to env_secret
-    "registry/inspection.py": {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "TZ"},  # CHILD_INHERITED_VARIABLES
+    "registry/artifacts/inspection.py": {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "TZ"},  # CHILD_INHERITED_VARIABLES
 }
 
 # Read by the code but not settings of this project, each with why.

@@ -38,7 +38,7 @@ class Target:
 
 TARGETS = (
     Target(
-        "registry/releases.py",
+        "registry/actions/releases.py",
         (
             "tests/registry/test_api_releases.py", "tests/registry/test_releases_spec.py",
             "tests/registry/test_expected_generation.py", "tests/registry/test_concurrency.py",

@@ -1,5 +1,5 @@
 """REST API for rollback drills: run one on a model, list a model's or every model's.
-The drill itself is ``registry.drills``."""
+The drill itself is ``registry.actions.drills``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from rest_framework import generics, status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
-from registry import drills, releases
+from registry.actions import drills, releases
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model

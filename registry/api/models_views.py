@@ -7,7 +7,7 @@ from rest_framework import generics, status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
-from registry import events
+from registry.actions import events
 from registry.api import serializers
 from registry.api.errors import error_responses
 from registry.models import RegisteredModel

@@ -5,7 +5,7 @@ import hmac
 from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
 
-from registry.roles import can_operate
+from registry.domain.roles import can_operate
 
 
 def is_worker(user) -> bool:

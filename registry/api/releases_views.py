@@ -1,6 +1,6 @@
 """REST API for a model's traffic: the current release and the actions that change it
 (set routes, promote, rollback, restore), and the release history. The rules live in
-``registry.releases``."""
+``registry.actions.releases``."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry import fleet, releases
+from registry.actions import releases
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
+from registry.fleet import workers as fleet
 from registry.models import RegisteredModel, Release
 
 

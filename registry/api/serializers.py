@@ -7,8 +7,16 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from registry import fleet
-from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, VersionMetricMinute, Worker
+from registry.fleet import workers as fleet
+from registry.models import (
+    AuditEvent,
+    Drill,
+    ModelVersion,
+    RegisteredModel,
+    Release,
+    VersionMetricMinute,
+    Worker,
+)
 
 
 @extend_schema_field({"type": "string", "nullable": True, "description": "The username, or null when nobody (or a deleted user) acted."})
@@ -172,7 +180,7 @@ class ReasonSerializer(serializers.Serializer):
     expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
 
 
-# Routes are checked by ``registry.traffic`` (which names the first bad item); the schema
+# Routes are checked by ``registry.domain.traffic`` (which names the first bad item); the schema
 # still describes them, so generated clients send objects of the right shape.
 @extend_schema_field(RouteSerializer(many=True))
 class RoutesField(serializers.ListField):

@@ -7,7 +7,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry import api_keys
+from registry.actions import api_keys
 from registry.api.permissions import IsWorker, WorkerTokenAuthentication
 
 

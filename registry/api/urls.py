@@ -4,11 +4,10 @@ from registry.api import (
     audit_views,
     drills_views,
     models_views,
-    release_views,
     releases_views,
     serving_keys_views,
+    serving_views,
     versions_views,
-    views,
     workers_views,
 )
 
@@ -28,8 +27,8 @@ urlpatterns = [
     path("models/<slug:name>/audit/", audit_views.Audit.as_view(), name="api-audit"),
     path("workers/", workers_views.Workers.as_view(), name="api-workers"),
     path("drills/", drills_views.AllDrills.as_view(), name="api-all-drills"),
-    path("serving/state", views.ServingState.as_view(), name="api-serving-state"),
-    path("serving/acks", release_views.WorkerAcks.as_view(), name="api-serving-acks"),
-    path("serving/reports", release_views.WorkerReports.as_view(), name="api-serving-reports"),
+    path("serving/state", serving_views.ServingState.as_view(), name="api-serving-state"),
+    path("serving/acks", serving_views.WorkerAcks.as_view(), name="api-serving-acks"),
+    path("serving/reports", serving_views.WorkerReports.as_view(), name="api-serving-reports"),
     path("serving/api-keys", serving_keys_views.ServingApiKeys.as_view(), name="api-serving-api-keys"),
 ]

@@ -6,22 +6,32 @@ from __future__ import annotations
 from django.conf import settings
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import exceptions, generics, status
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry import storage, uploads
+from registry.actions import uploads
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.permissions import WorkerTokenAuthentication
-from registry.choices import VersionStatus
+from registry.artifacts import storage
+from registry.artifacts.upload_handler import (
+    StagedUploadedFile,
+    csrf_failure_from_headers,
+    declared_too_large,
+    start_staging,
+)
+from registry.domain.choices import VersionStatus
 from registry.models import ModelVersion, RegisteredModel
-from registry.upload_handler import StagedUploadedFile, csrf_failure_from_headers, declared_too_large, start_staging
-
 
 ARTIFACT_SHA256_HEADER = OpenApiParameter("X-Artifact-SHA256", str, OpenApiParameter.HEADER, response=[200], description="The sha256 of the bytes, hex.")
 

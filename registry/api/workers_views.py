@@ -1,16 +1,16 @@
 """REST API for the serving workers the console knows, with their convergence; the rules
-live in ``registry.fleet``."""
+live in ``registry.fleet.workers``."""
 
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics
 
-from registry import fleet
 from registry.api import serializers
 from registry.api.errors import error_responses
+from registry.fleet import workers as fleet
+from registry.fleet.state import current_generation
 from registry.models import Worker
-from registry.state import current_generation
 
 
 @extend_schema_view(get=extend_schema(responses={200: serializers.WorkerSerializer(many=True), **error_responses()}))

@@ -6,10 +6,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from registry import releases
-from registry.choices import VersionStatus
+from registry.actions import releases
+from registry.domain.choices import VersionStatus
+from registry.fleet.state import issued_digest
 from registry.models import ModelVersion, RegisteredModel, Worker
-from registry.state import issued_digest
 
 SIGNATURE = {
     "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 4]}],

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from django.contrib.messages import get_messages
 
+from registry.building.onnx_build import random_mlp, to_bytes
 from registry.models import AuditEvent, Drill, ModelVersion, Release
-from registry.onnx_build import random_mlp, to_bytes
 from tests.fixtures.store import stored_files
 
 CHANGES = [

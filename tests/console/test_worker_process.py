@@ -13,7 +13,7 @@ from pathlib import Path
 
 from console.embedded_redis import free_port
 from console.processes import WORKER_WITHHELD_VARIABLES, wait_http, worker_environment
-from registry.onnx_build import random_mlp, to_bytes
+from registry.building.onnx_build import random_mlp, to_bytes
 from serving.contract import DesiredState, ModelState, Route
 
 CODE_TREE = Path(__file__).resolve().parents[2]

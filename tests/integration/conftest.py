@@ -8,9 +8,9 @@ import httpx
 import pytest
 from rest_framework.authtoken.models import Token
 
-from registry import uploads
+from registry.actions import uploads
+from registry.building.onnx_build import random_mlp, to_bytes
 from registry.models import RegisteredModel
-from registry.onnx_build import random_mlp, to_bytes
 
 
 @pytest.fixture

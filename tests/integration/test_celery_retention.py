@@ -9,9 +9,9 @@ import sys
 import pytest
 from django.db import connection
 
-from registry import uploads
+from registry.actions import uploads
+from registry.building.onnx_build import random_mlp, to_bytes
 from registry.models import RegisteredModel
-from registry.onnx_build import random_mlp, to_bytes
 from registry.tasks import apply_retention
 from tools.stack import REPO_ROOT, make_stack, wait_until
 

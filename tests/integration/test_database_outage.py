@@ -43,9 +43,9 @@ SEED = """
 import io
 from django.contrib.auth.models import Group, User
 from rest_framework.authtoken.models import Token
-from registry import uploads
+from registry.actions import uploads
 from registry.models import RegisteredModel
-from registry.onnx_build import random_mlp, to_bytes
+from registry.building.onnx_build import random_mlp, to_bytes
 user = User.objects.create_user("olivia", "", "pw-olivia-outage")
 user.groups.add(Group.objects.get_or_create(name="operator")[0])
 model = RegisteredModel.objects.create(name="tiny")

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from registry import storage
+from registry.artifacts import storage
 from registry.models import ModelVersion, Release
 from tools.stack import make_stack, running_stack, wait_until
 

@@ -6,10 +6,10 @@ import io
 import pytest
 from rest_framework.test import APIClient
 
-from registry import uploads
-from registry.inspection import inspect_artifact
+from registry.actions import uploads
+from registry.artifacts.inspection import inspect_artifact
+from registry.building.onnx_build import random_mlp, to_bytes
 from registry.models import ModelVersion, RegisteredModel, Release
-from registry.onnx_build import random_mlp, to_bytes
 
 _REPORTS: dict[str, object] = {}
 

@@ -8,8 +8,16 @@ import pytest
 from django.contrib.auth.models import User
 
 from registry.api.permissions import WorkerTokenAuthentication
-from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, Worker, WorkerAck
-from registry.state import issued_digest
+from registry.fleet.state import issued_digest
+from registry.models import (
+    AuditEvent,
+    Drill,
+    ModelVersion,
+    RegisteredModel,
+    Release,
+    Worker,
+    WorkerAck,
+)
 from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db
@@ -293,7 +301,7 @@ def test_garbage_acks_are_refused_and_the_drill_still_finishes(worker_client, op
 
 
 def test_a_drill_whose_measurement_breaks_is_finished_as_failed_with_the_reason(worker_client, operator_client, canary, monkeypatch):
-    from registry import drills
+    from registry.actions import drills
 
     worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
 

@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 from rest_framework.test import APIClient
 
-from registry import api_keys
+from registry.actions import api_keys
 from registry.models import InferenceApiKey
 
 pytestmark = pytest.mark.django_db

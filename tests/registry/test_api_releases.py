@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from registry.fleet.state import desired_state
 from registry.models import Release
-from registry.state import desired_state
 from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db

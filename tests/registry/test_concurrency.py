@@ -6,9 +6,9 @@ import io
 
 import pytest
 
-from registry import releases, uploads
+from registry.actions import releases, uploads
+from registry.building.onnx_build import random_mlp, to_bytes
 from registry.models import RegisteredModel, Release
-from registry.onnx_build import random_mlp, to_bytes
 from tests.fixtures.threads import run_in_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,12 +11,17 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from registry.demo import build_demo_versions, demo_model_description, demo_model_name, demo_test_split
-from registry.inspection import inspect_artifact
+from registry.artifacts.inspection import inspect_artifact
+from registry.building.demo import (
+    build_demo_versions,
+    demo_model_description,
+    demo_model_name,
+    demo_test_split,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SHA256_OF_BUILD = (
-    "import hashlib; from registry.demo import build_demo_versions; "
+    "import hashlib; from registry.building.demo import build_demo_versions; "
     "print(' '.join(hashlib.sha256(v.artifact).hexdigest() for v in build_demo_versions()))"
 )
 

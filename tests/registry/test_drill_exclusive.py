@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from registry import drills, releases
-from registry.choices import DrillStatus
+from registry.actions import drills, releases
+from registry.domain.choices import DrillStatus
 from registry.models import Drill, Release
 from tests.fixtures.threads import run_in_threads
 

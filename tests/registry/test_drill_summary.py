@@ -12,8 +12,8 @@ import time
 import pytest
 from django.db import connection
 
+from registry.fleet.state import issued_digest
 from registry.models import Release, ServingGeneration
-from registry.state import issued_digest
 from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,13 +6,12 @@ shows), read under the lock that serialises every traffic change.
 
 from __future__ import annotations
 
-
 import pytest
 from django.contrib.auth.models import User
 from drf_spectacular.generators import SchemaGenerator
 
-from registry import releases
-from registry.choices import VersionStatus
+from registry.actions import releases
+from registry.domain.choices import VersionStatus
 from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release
 from tests.fixtures.threads import run_in_threads
 

@@ -11,8 +11,8 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from registry import releases
-from registry.choices import DrillStatus
+from registry.actions import releases
+from registry.domain.choices import DrillStatus
 from registry.models import Drill, Worker, WorkerAck
 
 pytestmark = pytest.mark.django_db

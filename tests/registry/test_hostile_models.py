@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from registry.building.onnx_build import to_bytes
+from registry.fleet.state import desired_state
 from registry.models import AuditEvent, ModelVersion, RegisteredModel, Release
-from registry.onnx_build import to_bytes
-from registry.state import desired_state
 from tests.fixtures.onnx_files import (
     ESCAPING_LOCATION,
     EXTERNAL_DATA_PLACES,

@@ -12,29 +12,33 @@ from pathlib import Path
 
 import pytest
 
-from registry import inspection
-from registry.inspection import InspectionError, default_memory_limit_bytes, inspect_artifact, inspection_slot
+from registry.artifacts import inspection
+from registry.artifacts.inspection import (
+    InspectionError,
+    default_memory_limit_bytes,
+    inspect_artifact,
+    inspection_slot,
+)
 from tests.fixtures.onnx_files import (
     ESCAPING_LOCATION,
     build_all_datatypes,
     build_declared_input_shape,
-    build_fails_above_one_row,
-    build_matmul,
-    build_memory_per_row,
-    build_reduce_over_batch,
-    build_sequence_softmax,
     build_endless_loop,
     build_external_constant,
     build_external_in_function,
     build_external_in_subgraph,
     build_external_initializer,
+    build_fails_above_one_row,
     build_local_function,
+    build_matmul,
     build_memory_hog,
+    build_memory_per_row,
     build_output_shape_lie,
+    build_reduce_over_batch,
     build_sequence_input,
+    build_sequence_softmax,
     write_model,
 )
-
 
 CHECK_NAMES = ["parse", "external_data", "operator_domains", "checker", "signature", "session", "smoke_run",
                "batch_sizes", "batchability"]
@@ -358,7 +362,7 @@ def test_cpu_time_limit_stops_a_busy_child_before_the_timeout(tmp_path):
 
 PROBE_LIMITS = """
 import json, os
-from registry.inspection import ChildLimits, _limit_resources
+from registry.artifacts.inspection import ChildLimits, _limit_resources
 _limit_resources(ChildLimits(memory_limit_bytes=2**31, cpu_limit_s=10))
 seen = {}
 try:

@@ -25,10 +25,17 @@ from hypothesis import strategies as st
 from rest_framework.authtoken.models import Token
 
 from console.wsgi import application
-from registry import releases, storage
-from registry.choices import DrillStatus, VersionStatus
-from registry.models import Drill, ModelVersion, RegisteredModel, VersionMetricMinute, Worker
-from registry.onnx_build import random_mlp, to_bytes
+from registry.actions import releases
+from registry.artifacts import storage
+from registry.building.onnx_build import random_mlp, to_bytes
+from registry.domain.choices import DrillStatus, VersionStatus
+from registry.models import (
+    Drill,
+    ModelVersion,
+    RegisteredModel,
+    VersionMetricMinute,
+    Worker,
+)
 
 MODEL_NAME = "digits"
 VERSION_NUMBERS = (1, 2, 3)

@@ -13,7 +13,8 @@ import threading
 import pytest
 from django.db import connection
 
-from registry import publish, releases
+from registry.actions import releases
+from registry.fleet import publish
 from registry.models import Release
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,10 +12,10 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import AnonymousUser
 
-from registry import drills, releases, uploads
-from registry.choices import AuditKind, ReleaseAction
+from registry.actions import drills, releases, uploads
+from registry.building.onnx_build import random_mlp, to_bytes
+from registry.domain.choices import AuditKind, ReleaseAction
 from registry.models import AuditEvent, RegisteredModel, Release
-from registry.onnx_build import random_mlp, to_bytes
 from serving.contract import SERVING_GROUP
 
 pytestmark = pytest.mark.django_db

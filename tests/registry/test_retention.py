@@ -8,10 +8,11 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.core.management import call_command
 
-from registry import releases, storage, uploads
+from registry.actions import releases, uploads
+from registry.actions.retention import apply_retention
+from registry.artifacts import storage
+from registry.building.onnx_build import random_mlp, to_bytes
 from registry.models import ModelVersion
-from registry.onnx_build import random_mlp, to_bytes
-from registry.retention import apply_retention
 
 pytestmark = pytest.mark.django_db
 

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 import pytest
 from django.db import connection
 
-from registry import releases
+from registry.actions import releases
+from registry.fleet.state import state_at
 from registry.models import Release, ServingGeneration
-from registry.state import state_at
 from serving.contract import CONTRACT_VERSION
 from serving.state_signing import state_digest
 from tests.fixtures.personas import _client_for

@@ -9,10 +9,17 @@ import msgpack
 import orjson
 import pytest
 
-from registry import publish
+from registry.fleet import publish
+from registry.fleet.state import desired_state, issued_digest, state_at
 from registry.models import ServingGeneration
-from registry.state import desired_state, issued_digest, state_at
-from serving.state_signing import SignatureRefused, canonical_json, sign_state, signing_key, state_digest, verify_state
+from serving.state_signing import (
+    SignatureRefused,
+    canonical_json,
+    sign_state,
+    signing_key,
+    state_digest,
+    verify_state,
+)
 
 pytestmark = pytest.mark.django_db
 RELEASE = "/api/models/digits/release/"

@@ -1,4 +1,4 @@
-"""The split a canary share makes (``registry.traffic.canary_split``): the stable version
+"""The split a canary share makes (``registry.domain.traffic.canary_split``): the stable version
 gets the rest, and 0% and 100% are single routes, so no version is kept loaded for a
 share of nothing."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from registry.traffic import canary_split, check_routes
+from registry.domain.traffic import canary_split, check_routes
 
 
 def test_a_zero_share_routes_the_stable_version_alone():

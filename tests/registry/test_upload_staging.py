@@ -13,9 +13,10 @@ from django.test import Client
 from django.test.client import BOUNDARY, encode_multipart
 from rest_framework.authtoken.models import Token
 
-from registry import storage, tasks
+from registry import tasks
+from registry.artifacts import storage
+from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
 from registry.models import ModelVersion, RegisteredModel
-from registry.upload_handler import MULTIPART_OVERHEAD_BYTES
 from tests.fixtures.store import stored_files
 
 pytestmark = pytest.mark.django_db

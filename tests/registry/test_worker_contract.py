@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from registry.fleet.state import issued_digest
 from registry.models import Worker, WorkerAck
-from registry.state import issued_digest
 from serving.contract import CONTRACT_VERSION, Ack, WorkerIdentity, WorkerReport
 
 pytestmark = pytest.mark.django_db

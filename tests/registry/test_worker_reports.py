@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from registry.fleet.state import issued_digest
 from registry.models import ServingGeneration, Worker
-from registry.state import issued_digest
 from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db

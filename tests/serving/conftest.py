@@ -6,11 +6,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from serving_testkit import (
+    ThreadedWorker,
+    make_config,
+    relu_any_width,
+    route,
+    state,
+    write_model,
+    write_state,
+)
 
-from registry.onnx_build import random_mlp
+from registry.building.onnx_build import random_mlp
 from serving.console_client import ConsoleClient
 from serving.repository import Repository
-from serving_testkit import ThreadedWorker, make_config, relu_any_width, route, state, write_model, write_state
 
 
 @pytest.fixture(scope="session")

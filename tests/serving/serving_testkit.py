@@ -22,7 +22,7 @@ import orjson
 import uvicorn
 from onnx import TensorProto, helper
 
-from registry.onnx_build import to_bytes
+from registry.building.onnx_build import to_bytes
 from serving.config import ServingConfig
 from serving.contract import BatchPolicy, DesiredState, ModelState, Route, WarmVersion
 from serving.worker import Worker

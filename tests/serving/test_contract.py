@@ -171,8 +171,8 @@ def test_what_a_worker_sends_parses_back_whole():
 def console_model(db, settings):
     """``iris`` as the console holds it: v2 at 100 % with v3 a shadow, after v1 alone (the
     rollback target, so v1 is kept warm)."""
-    from registry import releases
-    from registry.choices import VersionStatus
+    from registry.actions import releases
+    from registry.domain.choices import VersionStatus
     from registry.models import ModelVersion, RegisteredModel
 
     model = RegisteredModel.objects.create(name="iris", max_batch_size=8, max_queue_delay_s=0.003, latency_target_s=0.05)
@@ -185,7 +185,7 @@ def console_model(db, settings):
 
 
 def test_the_state_the_console_builds_is_the_state_the_worker_parses(console_model, tmp_path, settings):
-    from registry.state import current_state
+    from registry.fleet.state import current_state
 
     built = current_state()
     wire = orjson.loads(orjson.dumps(sign_state(built, signing_key(TOKEN))))  # as pushed
@@ -205,7 +205,7 @@ def test_the_state_the_console_builds_is_the_state_the_worker_parses(console_mod
 
 
 def test_the_digest_and_the_signature_cover_the_contract_version(console_model):
-    from registry.state import current_state
+    from registry.fleet.state import current_state
 
     built = current_state()
     signed = sign_state(built, signing_key(TOKEN))

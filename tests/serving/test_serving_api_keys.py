@@ -10,10 +10,16 @@ import numpy as np
 import orjson
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
-
-from serving.api_keys import KEYS_PATH, ApiKeyRefresher, ApiKeyRing, digest, parse_digests
-from serving.errors import Unauthorized
 from serving_testkit import route, state, v2_body
+
+from serving.api_keys import (
+    KEYS_PATH,
+    ApiKeyRefresher,
+    ApiKeyRing,
+    digest,
+    parse_digests,
+)
+from serving.errors import Unauthorized
 
 INFER = "/v2/models/digits/infer"
 GOOD, OTHER = b"mk_good-key", b"mk_other-key"
@@ -159,7 +165,7 @@ def test_refresher_fetches_at_start_and_then_periodically():
 
 @pytest.mark.django_db(transaction=True)
 def test_key_created_in_the_console_is_accepted_by_a_refreshed_worker_until_revoked(keyed_worker, client, settings):
-    from registry import api_keys
+    from registry.actions import api_keys
 
     worker = keyed_worker("required")
     key_row, key = api_keys.create_key("end to end")

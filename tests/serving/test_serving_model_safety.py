@@ -13,8 +13,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from serving_testkit import route, state
 
-from registry.onnx_build import to_bytes
+from registry.building.onnx_build import to_bytes
 from serving import engine as engine_module
 from serving.config import ServingConfig
 from serving.engine import Engine
@@ -26,7 +27,6 @@ from serving.model_safety import (
     external_references,
 )
 from serving.protocol import Decoded
-from serving_testkit import route, state
 from tests.fixtures.onnx_files import (
     ESCAPING_LOCATION,
     EXTERNAL_DATA_PLACES,

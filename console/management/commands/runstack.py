@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand
 
 from console import embedded_redis
 from console.processes import stop_all, wait_http, worker_environment
-from registry import storage
+from registry.artifacts import storage
 from serving.env import env_int
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}

@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from registry.retention import apply_retention
+from registry.actions.retention import apply_retention
 
 
 class Command(BaseCommand):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand
 
-from registry import demo, events, uploads
+from registry.actions import events, uploads
+from registry.building import demo
 from registry.models import RegisteredModel
 
 

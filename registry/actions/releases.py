@@ -22,10 +22,10 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from registry import events
-from registry.choices import ReleaseAction
+from registry.actions import events
+from registry.domain.choices import ReleaseAction
+from registry.domain.traffic import InvalidRoutes, Route, check_routes, routes_to_json
 from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration
-from registry.traffic import InvalidRoutes, Route, check_routes, routes_to_json
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ def _append(counter: ServingGeneration, model, routes: list[Route], stable: int,
 def _publish() -> None:
     # Imported here: publishing needs the channel layer, which the module's pure
     # checks do not; a failed publish is only logged because workers reconcile.
-    from registry.publish import publish_desired_state
+    from registry.fleet.publish import publish_desired_state
 
     publish_desired_state()
 

@@ -17,10 +17,23 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from registry import events, releases
-from registry.choices import DrillStatus
-from registry.fleet import SHOWN_ERROR_CHARS, IssuedDigests, failed_to_apply, live_workers, serves_issued_state
-from registry.models import Drill, RegisteredModel, Release, ServingGeneration, Worker, WorkerAck
+from registry.actions import events, releases
+from registry.domain.choices import DrillStatus
+from registry.fleet.workers import (
+    SHOWN_ERROR_CHARS,
+    IssuedDigests,
+    failed_to_apply,
+    live_workers,
+    serves_issued_state,
+)
+from registry.models import (
+    Drill,
+    RegisteredModel,
+    Release,
+    ServingGeneration,
+    Worker,
+    WorkerAck,
+)
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05

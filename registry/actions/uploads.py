@@ -15,9 +15,14 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 
-from registry import events, releases, storage
-from registry.choices import VersionStatus
-from registry.inspection import InspectionError, inspect_artifact, inspection_slot
+from registry.actions import events, releases
+from registry.artifacts import storage
+from registry.artifacts.inspection import (
+    InspectionError,
+    inspect_artifact,
+    inspection_slot,
+)
+from registry.domain.choices import VersionStatus
 from registry.models import ModelVersion, RegisteredModel
 
 

@@ -1,18 +1,38 @@
-"""REST API for the serving workers' calls: acks of applied states and reports; the
-rules live in ``registry.fleet``."""
+"""REST API for the serving workers: the desired state they converge to, their acks of
+applied states and their reports (everything under ``/api/serving/`` but the API keys,
+``serving_keys_views``). The rules live in ``registry.fleet``."""
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers as drf_serializers, status
+from rest_framework import serializers as drf_serializers
+from rest_framework import status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry import fleet, live
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
-from registry.api.permissions import IsWorker, WorkerTokenAuthentication
+from registry.api.permissions import (
+    IsWorker,
+    IsWorkerOrStaff,
+    WorkerTokenAuthentication,
+)
+from registry.fleet import live
+from registry.fleet import workers as fleet
+from registry.fleet.state import desired_state
+
+
+class ServingState(APIView):
+    """The whole desired serving state, for workers (Bearer worker token) and staff."""
+
+    authentication_classes = [WorkerTokenAuthentication, *APIView.authentication_classes]
+    permission_classes = [IsWorkerOrStaff]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **error_responses()}, description="The whole desired state (contract 1 in docs/architecture.md).")
+    def get(self, request):
+        return Response(desired_state())
 
 
 HEX64 = r"\A[0-9a-f]{64}\Z"  # \Z: "$" would let a trailing newline through

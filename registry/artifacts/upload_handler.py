@@ -20,7 +20,7 @@ from django.http import HttpRequest, QueryDict
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.datastructures import MultiValueDict
 
-from registry import storage
+from registry.artifacts import storage
 
 # Room for the multipart framing and the small text fields (description, CSRF token)
 # that travel beside the artifact; a body past limit + this is refused unread.

@@ -23,10 +23,19 @@ from django.db import transaction
 from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
-from registry import events, storage
-from registry.choices import DrillStatus, VersionStatus
-from registry.models import Drill, ModelVersion, RegisteredModel, Release, ServingGeneration, Worker, WorkerAck
-from registry.state import current_generation
+from registry.actions import events
+from registry.artifacts import storage
+from registry.domain.choices import DrillStatus, VersionStatus
+from registry.fleet.state import current_generation
+from registry.models import (
+    Drill,
+    ModelVersion,
+    RegisteredModel,
+    Release,
+    ServingGeneration,
+    Worker,
+    WorkerAck,
+)
 
 logger = logging.getLogger(__name__)
 STALE_UPLOAD_S = 24 * 3600

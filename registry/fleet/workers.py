@@ -15,8 +15,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from registry.fleet.state import issued_digest, serving_counter, warm_versions
 from registry.models import Release, Worker, WorkerAck
-from registry.state import issued_digest, serving_counter, warm_versions
 from serving.contract import Ack, ContractError, WorkerReport, check_version
 
 SHOWN_ID_CHARS = 40

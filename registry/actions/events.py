@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from registry.choices import AuditKind
+from registry.domain.choices import AuditKind
 from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release
 
 

@@ -12,7 +12,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from registry.state import current_state
+from registry.fleet.state import current_state
 from serving.contract import APPLY_MESSAGE, SERVING_GROUP
 from serving.state_signing import sign_state, signing_key
 

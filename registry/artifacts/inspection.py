@@ -3,7 +3,7 @@
 Why a child process: parsing a hostile protobuf and building an ONNX Runtime session
 run native code that can segfault, spin forever or allocate without bound. Doing that
 inside the (threaded) Django server would let one bad upload take the server down. So
-``inspect_artifact`` starts a fresh interpreter (``python -m registry.inspection PATH``;
+``inspect_artifact`` starts a fresh interpreter (``python -m registry.artifacts.inspection PATH``;
 a fresh exec, never a fork of the server's threads), gives it an address-space limit and
 a wall-clock timeout, and reads one JSON object from its stdout. A signal, a timeout or
 an exhausted memory limit becomes an ``InspectionError`` with a readable reason.
@@ -54,7 +54,7 @@ from serving.model_safety import UnsafeModel, refuse_external_references, walk_m
 
 logger = logging.getLogger(__name__)
 
-_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 # Measured on this project's CPU box (ORT 1.31, one thread, MALLOC_ARENA_MAX=2): a
 # small model peaks at ~170 MiB of address space; a 1.94 GB model peaks at 9.8 GB,
@@ -218,7 +218,7 @@ def inspection_slot(directory: str | os.PathLike, count: int) -> Iterator[int]:
 
 def _child_command(path: Path, limits: ChildLimits) -> list[str]:
     # -P: the empty working directory is not put on sys.path; PYTHONPATH names the code.
-    return [sys.executable, "-P", "-m", "registry.inspection", str(path), *limits.arguments()]
+    return [sys.executable, "-P", "-m", "registry.artifacts.inspection", str(path), *limits.arguments()]
 
 
 def _child_environment(private_directory: str) -> dict[str, str]:
@@ -331,7 +331,7 @@ def _peak_memory() -> dict:
 
 
 def _parse_arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m registry.inspection", description="Inspect one ONNX file.")
+    parser = argparse.ArgumentParser(prog="python -m registry.artifacts.inspection", description="Inspect one ONNX file.")
     parser.add_argument("path")
     parser.add_argument("--memory-limit-bytes", type=int, default=0)
     parser.add_argument("--cpu-limit-s", type=int, default=0)

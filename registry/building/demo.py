@@ -22,7 +22,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.neural_network import MLPClassifier
 from threadpoolctl import threadpool_limits
 
-from registry.onnx_build import mlp_from_weights, to_bytes
+from registry.building.onnx_build import mlp_from_weights, to_bytes
 
 demo_model_name = "digits"
 demo_model_description = (

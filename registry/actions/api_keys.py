@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from registry.models import InferenceApiKey
 
-logger = logging.getLogger("registry.api_keys")
+logger = logging.getLogger("registry.actions.api_keys")
 
 KEY_PREFIX = "mk_"  # recognisable in logs and secret scanners
 PREFIX_CHARS = 12

@@ -1,0 +1,1 @@
+"""Model files: content-addressed storage, upload staging and the sandboxed inspection."""
