@@ -22,9 +22,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(path: Path, known: set[str]) -> set[str]:
-    """Every project module the file imports (lazy imports count): for ``from a import b``
-    that is ``a.b`` when b is a module, else ``a``."""
+def imported_names(path: Path, known: set[str] = frozenset()) -> set[str]:
+    """Every module the file imports, lazy and type-checking imports included: for
+    ``from a import b`` that is ``a.b`` when it is one of the ``known`` modules, else ``a``."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -32,7 +32,12 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
                 found.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in known else node.module)
-    return found & known
+    return found
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The project modules the file imports."""
+    return imported_names(path, known) & known
 
 
 def project_modules() -> dict[str, Path]:
