@@ -157,10 +157,13 @@ def _ms(output: str, q: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def lua_script(path: Path, body: bytes) -> Path:
-    body_file = path.with_suffix(".json")
+def lua_script(path: Path, body: bytes, headers: dict[str, str] | None = None) -> Path:
+    """A wrk script POSTing `body` (JSON unless `headers` say otherwise)."""
+    body_file = path.with_suffix(".body")
     body_file.write_bytes(body)
-    path.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+    headers = headers or {"Content-Type": "application/json"}
+    lines = "".join(f'wrk.headers["{name}"] = "{value}"\n' for name, value in headers.items())
+    path.write_text(f'wrk.method = "POST"\n{lines}'
                     f'local f = io.open("{body_file}", "rb")\nwrk.body = f:read("*a")\nf:close()\n')
     return path
 

@@ -144,16 +144,17 @@ def _wrk_ms(output: str, q: str) -> float:
 # ---- raw ceiling ----------------------------------------------------------------------
 
 
-def raw_ceiling(model_path: Path, seconds_per_size: float) -> dict[int, float]:
-    """In-process ORT samples/s per batch size, same session options as the worker."""
+def raw_ceiling(model_path: Path, seconds_per_size: float, batch_sizes=BATCH_SIZES, config=None) -> dict[int, float]:
+    """In-process ORT samples/s per batch size, same session options as the worker (or `config`'s)."""
     from serving.config import ServingConfig
     from serving.engine import session_options
 
-    session = ort.InferenceSession(str(model_path), session_options(ServingConfig()), providers=["CPUExecutionProvider"])
-    width = session.get_inputs()[0].shape[1]
+    options = session_options(config or ServingConfig())
+    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    row_shape = session.get_inputs()[0].shape[1:]  # one float32 input, batch axis first
     ceiling = {}
-    for rows in BATCH_SIZES:
-        feeds = {session.get_inputs()[0].name: np.random.default_rng(0).standard_normal((rows, width), dtype=np.float32)}
+    for rows in batch_sizes:
+        feeds = {session.get_inputs()[0].name: np.random.default_rng(0).standard_normal((rows, *row_shape), dtype=np.float32)}
         session.run(None, feeds)
         runs, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds_per_size:
@@ -173,13 +174,15 @@ def free_port() -> int:
 
 
 def write_models(directory: Path) -> dict[str, tuple[Path, str]]:
-    written = {}
-    for name, sizes in MODELS.items():
-        data = to_bytes(random_mlp(sizes, seed=7))
-        path = directory / f"{name}.onnx"
-        path.write_bytes(data)
-        written[name] = (path, hashlib.sha256(data).hexdigest())
-    return written
+    return {name: write_model(directory, name, random_mlp(sizes, seed=7)) for name, sizes in MODELS.items()}
+
+
+def write_model(directory: Path, name: str, model) -> tuple[Path, str]:
+    """`directory/name.onnx`, and its sha256 (what a state's route names)."""
+    data = to_bytes(model)
+    path = directory / f"{name}.onnx"
+    path.write_bytes(data)
+    return path, hashlib.sha256(data).hexdigest()
 
 
 def desired_state(models: dict[str, tuple[Path, str]], latency_target_s: float | None) -> dict:

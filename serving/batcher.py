@@ -63,7 +63,7 @@ class Batcher:
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
-        gate.waiters.append(self._wake)
+        gate.waiters.append(self._engine_freed)
         self._task = self._event_loop.create_task(self._loop())
 
     @property
@@ -129,6 +129,9 @@ class Batcher:
     async def _loop(self) -> None:
         while True:
             self._wake.clear()
+            if not self._queue:  # nothing to decide until a request arrives
+                await self._wake.wait()
+                continue
             decision = self._step()
             if decision is None or decision.send_count:
                 continue
@@ -162,6 +165,13 @@ class Batcher:
             await self._wake.wait()
         finally:
             timer.cancel()
+
+    def _engine_freed(self) -> None:
+        """The engine finished a batch (of this queue or another shape's): only a queue with
+        requests waiting has anything to send. Waking an empty one cost a task switch and a
+        policy pass per batch, which a lone request (concurrency 1) pays on every answer."""
+        if self._queue:
+            self._wake.set()
 
     def _drop(self, indices: tuple[int, ...]) -> None:
         doomed = set(indices)
@@ -242,6 +252,6 @@ class Batcher:
     def close(self) -> None:
         """Stop the loop and fail whatever is still queued (after a drain, nothing)."""
         self._task.cancel()
-        if self._wake in self._gate.waiters:
-            self._gate.waiters.remove(self._wake)
+        if self._engine_freed in self._gate.waiters:
+            self._gate.waiters.remove(self._engine_freed)
         self._fail_all(NotReady("this version was unloaded"))

@@ -70,12 +70,13 @@ def lower_priority(nice: int) -> None:
 
 
 class EngineGate:
-    """How many batches of one engine are in flight, shared by its shape queues."""
+    """How many batches of one engine are in flight, shared by its shape queues; each
+    queue's hook in `waiters` is called when a batch comes back (the engine has room)."""
 
     def __init__(self, max_in_flight: int = 1):
         self.max_in_flight = max_in_flight
         self.in_flight = 0
-        self.waiters: list[asyncio.Event] = []
+        self.waiters: list[Callable[[], None]] = []
 
     @property
     def is_idle(self) -> bool:
@@ -83,5 +84,5 @@ class EngineGate:
 
     def release(self) -> None:
         self.in_flight -= 1
-        for event in self.waiters:
-            event.set()
+        for on_release in self.waiters:
+            on_release()

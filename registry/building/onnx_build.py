@@ -69,3 +69,49 @@ def random_mlp(layer_sizes: Sequence[int], *, seed: int = 0, softmax: bool = Tru
 
 def to_bytes(model: onnx.ModelProto) -> bytes:
     return model.SerializeToString()
+
+
+def random_convnet(
+    *, channels: int = 3, size: int = 32, classes: int = 10, seed: int = 0, name: str = "convnet",
+    input_name: str = "input", output_name: str = "probabilities",
+) -> onnx.ModelProto:
+    """A small float32 image classifier, ``[batch, channels, size, size]`` → ``[batch, classes]``:
+    Conv 3×3 (16, same padding) → Relu → Conv 3×3 stride 2 (32) → Relu → GlobalAveragePool
+    → Flatten → Gemm → Softmax, He-initialised random weights.
+
+    Every operator works per image, so rows batched together give the answers they give
+    alone (the console's batchability proof); the batch dimension is symbolic."""
+    rng = np.random.default_rng(seed)
+
+    def he(shape, fan_in):
+        return (rng.standard_normal(shape, dtype=np.float32) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+    initializers = [
+        numpy_helper.from_array(he((16, channels, 3, 3), channels * 9), "C0"),
+        numpy_helper.from_array(np.zeros(16, np.float32), "CB0"),
+        numpy_helper.from_array(he((32, 16, 3, 3), 16 * 9), "C1"),
+        numpy_helper.from_array(np.zeros(32, np.float32), "CB1"),
+        numpy_helper.from_array(he((32, classes), 32), "W"),
+        numpy_helper.from_array((rng.standard_normal(classes, dtype=np.float32) * 0.01).astype(np.float32), "B"),
+    ]
+    nodes = [
+        helper.make_node("Conv", [input_name, "C0", "CB0"], ["conv0"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv0"], ["relu0"]),
+        helper.make_node("Conv", ["relu0", "C1", "CB1"], ["conv1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                         strides=[2, 2]),
+        helper.make_node("Relu", ["conv1"], ["relu1"]),
+        helper.make_node("GlobalAveragePool", ["relu1"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "W", "B"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], [output_name], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [BATCH_DIM, channels, size, size])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [BATCH_DIM, classes])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="modelops-console")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model

@@ -19,6 +19,7 @@ from registry.artifacts.inspection import (
     inspect_artifact,
     inspection_slot,
 )
+from registry.building.onnx_build import random_convnet, to_bytes
 from tests.fixtures.onnx_files import (
     ESCAPING_LOCATION,
     build_all_datatypes,
@@ -83,6 +84,21 @@ def test_good_model_report_records_every_check(good_onnx):
     assert report["smoke_run_ms"] > 0
     assert report["artifact_size_bytes"] == good_onnx.stat().st_size
     assert json.loads(json.dumps(report)) == report
+
+
+def test_the_benchmarks_conv_net_is_accepted_as_batchable_with_a_symbolic_batch(tmp_path):
+    path = tmp_path / "convnet.onnx"
+    path.write_bytes(to_bytes(random_convnet(seed=7)))
+
+    result = inspect_artifact(path)
+
+    assert result.signature == {
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 3, 32, 32]}],
+        "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": ["batch", 10]}],
+        "opset": 17,
+        "producer": "modelops-console",
+        "batchable": True,
+    }
 
 
 def test_second_good_model_has_same_signature_and_other_bytes(good_onnx, good_onnx_v2):

@@ -786,13 +786,30 @@ def test_output_rows_mismatch_says_which_output_and_why():
 
 def test_engine_gate_admits_one_batch_at_a_time_by_default_and_wakes_its_queues_on_release():
     gate, woken = EngineGate(), asyncio.Event()
-    gate.waiters.append(woken)
+    gate.waiters.append(woken.set)
     gate.in_flight = 1
 
     assert gate.is_idle is False
     gate.release()
 
     assert (gate.in_flight, gate.is_idle, woken.is_set()) == (0, True, True)
+
+
+async def test_a_lone_request_costs_one_policy_decision_and_no_wake_up_after_its_answer(dispatch, monkeypatch):
+    import serving.batcher as batcher_module
+
+    decisions = []
+    real_next_batch = batcher_module.next_batch
+    monkeypatch.setattr(batcher_module, "next_batch", lambda queue, *args: decisions.append(len(queue)) or
+                        real_next_batch(queue, *args))
+    batcher = make_batcher(FakeModel(), dispatch)
+
+    await batcher.submit(row(1), 1, deadline())
+    for _ in range(5):  # let every callback the answer scheduled run
+        await asyncio.sleep(0)
+
+    assert decisions == [1]  # one decision, on a queue of one; none on the empty queue after
+    await assert_settled(batcher)
 
 
 class BrokenObserver(BatchObserver):
