@@ -145,12 +145,14 @@ def _wrk_ms(output: str, q: str) -> float:
 
 
 def raw_ceiling(model_path: Path, seconds_per_size: float, batch_sizes=BATCH_SIZES, config=None) -> dict[int, float]:
-    """In-process ORT samples/s per batch size, same session options as the worker (or `config`'s)."""
+    """In-process ORT samples/s per batch size, same session options and device as the
+    worker under test (or `config`'s): with `--worker-env SERVING_DEVICE=cuda` a GPU box
+    measures raw ORT-CUDA against the worker on CUDA."""
     from serving.config import ServingConfig
-    from serving.engine import session_options
+    from serving.engine import providers, resolve_device, session_options
 
-    options = session_options(config or ServingConfig())
-    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    config = config or ServingConfig(device=WorkerProcess.extra_env.get("SERVING_DEVICE", "cpu"))
+    session = ort.InferenceSession(str(model_path), session_options(config), providers=providers(config, resolve_device(config)))
     row_shape = session.get_inputs()[0].shape[1:]  # one float32 input, batch axis first
     ceiling = {}
     for rows in batch_sizes:

@@ -183,7 +183,8 @@ def raw_b64(model_path: Path, seconds: float) -> dict:
     (ORT's default intra-op threads) and one intra-op thread, which wins when neighbours
     keep a core busy, so the ceiling is the machine's, whatever its load."""
     by_threads = {}
-    for label, config in (("worker's options", ServingConfig()), ("1 intra-op thread", ServingConfig(intra_op_threads=1))):
+    device = WorkerProcess.extra_env.get("SERVING_DEVICE", "cpu")  # the device the worker under test uses
+    for label, config in (("worker's options", ServingConfig(device=device)), ("1 intra-op thread", ServingConfig(device=device, intra_op_threads=1))):
         started = time.process_time()
         samples_s = raw_ceiling(model_path, seconds / 2, batch_sizes=(64,), config=config)[64]
         by_threads[label] = {"samples_s": samples_s, "cpu_s": time.process_time() - started}
