@@ -42,9 +42,11 @@ browser:
 # Benchmarks print tables; docs/benchmarks.md records the latest figures.
 bench: $(STAMP)
 	$(BIN)/python -m bench.serve_bench
+	$(BIN)/python -m bench.targets
 	$(BIN)/python -m bench.overload_bench --model mid
 	$(BIN)/python -m bench.overload_bench --model small
 	$(BIN)/python -m console.embedded_redis $(BIN)/python -m bench.drill_bench
+	$(BIN)/python -m bench.soak_bench
 
 clean:
 	rm -rf $(VENV) test-artifacts
