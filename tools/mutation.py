@@ -48,7 +48,7 @@ TARGETS = (
     Target("serving/traffic_split.py", ("tests/serving/test_serving_router.py", "tests/serving/test_serving_router_stickiness.py", "tests/serving/test_serving_pinning.py"), 95.0),
     # The batching path, one module at a time, each with the batching tests (which were
     # written against serving/batcher.py before it was split by responsibility).
-    *(Target(module, ("tests/serving/test_serving_batcher.py", "tests/serving/test_serving_policy.py"), 85.0)
+    *(Target(module, ("tests/serving/test_serving_batcher.py", "tests/serving/test_serving_policy.py", "tests/serving/test_serving_queue_pace.py"), 85.0)
       for module in ("serving/batch_policy.py", "serving/batch_run.py", "serving/batch_observer.py", "serving/batcher.py",
                      "serving/dispatch.py")),
 )
