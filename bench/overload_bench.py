@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -255,15 +256,32 @@ def print_table(rows: list[dict]) -> None:
             print(f"  {r['run']}: {r['note']}")
 
 
-def measure(args, workdir: Path) -> list[dict]:
+@dataclass(frozen=True)
+class Setup:
+    """One model's files for a single-worker run: its state file (defaults), a one-row
+    request body on disk (for wrk) and the same request as raw HTTP (for asyncio clients)."""
+
+    state_file: Path
+    body: bytes
+    body_file: Path
+    path: str
+    request: bytes
+
+
+def prepare(workdir: Path, model: str) -> Setup:
     models = write_models(workdir)
     state_file = workdir / "state.json"
-    state_file.write_bytes(orjson.dumps(state_with_defaults(models, args.model)))
-    body = infer_body(MODELS[args.model][0])
+    state_file.write_bytes(orjson.dumps(state_with_defaults(models, model)))
+    body = infer_body(MODELS[model][0])
     body_file = workdir / "body.json"
     body_file.write_bytes(body)
-    path = f"/v2/models/{args.model}/infer"
-    request = http_request(path, body)
+    path = f"/v2/models/{model}/infer"
+    return Setup(state_file, body, body_file, path, http_request(path, body))
+
+
+def measure(args, workdir: Path) -> list[dict]:
+    setup = prepare(workdir, args.model)
+    state_file, body, body_file, path, request = setup.state_file, setup.body, setup.body_file, setup.path, setup.request
     rows = []
     with WorkerProcess(state_file, workdir / "cache") as worker:
         asyncio.run(closed_loop(worker.port, request, 4, 1.0))  # warm connections and the latency model

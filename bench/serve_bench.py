@@ -218,11 +218,22 @@ class WorkerProcess:
                     return self
             except httpx.TransportError:
                 time.sleep(0.1)
+        self.stop()  # `with` does not call __exit__ when __enter__ raises
         raise RuntimeError("worker did not become ready")
 
     def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """SIGTERM by PID; SIGKILL if it has not exited 15 s later."""
+        if self.process.poll() is not None:
+            return
         self.process.terminate()
-        self.process.wait(timeout=15)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=15)
 
 
 # ---- runs and report ------------------------------------------------------------------
