@@ -19,9 +19,25 @@ def version_uploaded(version: ModelVersion, user) -> AuditEvent:
         model=version.model,
         kind=AuditKind.VERSION_UPLOADED,
         actor=_actor(user),
-        message=f"Version {version.number} uploaded and validated ({version.size_bytes} bytes, sha256 {version.sha256[:12]})",
-        data={"version": version.number, "sha256": version.sha256},
+        message=f"Version {version.number} uploaded and validated ({version.size_bytes} bytes, sha256 {version.sha256[:12]}){_compatibility_clause(version)}",
+        data={"version": version.number, "sha256": version.sha256, **_compatibility_data(version)},
     )
+
+
+def _compatibility_clause(version: ModelVersion) -> str:
+    compatibility = version.validation_report.get("compatibility") or {}
+    if compatibility.get("stable_version") is None:
+        return ""
+    if compatibility["compatible"]:
+        return f"; compatible with stable v{compatibility['stable_version']}"
+    return f"; incompatible with stable v{compatibility['stable_version']}: {'; '.join(compatibility['differences'])}"
+
+
+def _compatibility_data(version: ModelVersion) -> dict:
+    compatibility = version.validation_report.get("compatibility") or {}
+    if compatibility.get("stable_version") is None:
+        return {}
+    return {"compatible_with_stable": compatibility["compatible"], "stable_version": compatibility["stable_version"]}
 
 
 def upload_refused(model: RegisteredModel, user, reason: str, sha256: str = "") -> AuditEvent:

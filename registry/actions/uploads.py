@@ -3,6 +3,8 @@
 Bytes are staged and hashed (``storage``), inspected in a child process
 (``inspection``), moved into the content-addressed store, and only then recorded.
 A refused upload leaves no file and no row, only an audit event saying why.
+A version whose inputs differ from the stable version's is still registered, but its
+report says it is incompatible (``validation_report["compatibility"]``).
 At most ``INSPECTION_MAX_CONCURRENT`` inspections run at once across every console
 process; beyond that an upload is a 503 with ``Retry-After``, and leaves nothing.
 """
@@ -23,6 +25,7 @@ from registry.artifacts.inspection import (
     inspection_slot,
 )
 from registry.domain.choices import VersionStatus
+from registry.domain.compatibility import compatibility_report
 from registry.models import ModelVersion, RegisteredModel
 
 
@@ -91,6 +94,8 @@ def _insert_next(model, staged, report, uploaded_by, description: str, metrics: 
     # IMMEDIATE mode) makes concurrent uploads take numbers one after the other.
     locked = RegisteredModel.objects.select_for_update().get(pk=model.pk)
     number = (locked.versions.aggregate(top=Max("number"))["top"] or 0) + 1
+    # Compared inside the insert's transaction: the row is never stored without it.
+    validation_report = {**report.report, "compatibility": _compatibility_with_stable(locked, report.signature)}
     version = ModelVersion.objects.create(
         model=locked,
         number=number,
@@ -100,13 +105,21 @@ def _insert_next(model, staged, report, uploaded_by, description: str, metrics: 
         signature=report.signature,
         opset=report.opset,
         producer=report.producer,
-        validation_report=report.report,
+        validation_report=validation_report,
         description=description,
         metrics=metrics,
         uploaded_by=uploaded_by if uploaded_by is not None and uploaded_by.is_authenticated else None,
     )
     events.version_uploaded(version, uploaded_by)
     return version
+
+
+def _compatibility_with_stable(model: RegisteredModel, signature: dict) -> dict:
+    release = model.current_release()
+    stable = None if release is None else model.versions.filter(number=release.stable_version).first()
+    if stable is None:
+        return compatibility_report(None, None, signature)
+    return compatibility_report(stable.number, stable.signature, signature)
 
 
 def _forget_unreferenced(sha256: str) -> None:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from django.test import Client
 
+from registry.actions import releases
+from registry.building.onnx_build import random_mlp
 from registry.models import AuditEvent, ModelVersion, RegisteredModel, Release
+from tests.fixtures.onnx_files import write_model
 from tests.fixtures.store import stored_files
 
 pytestmark = pytest.mark.django_db
@@ -134,3 +138,94 @@ def test_viewer_cannot_upload(viewer_client, model, good_onnx, artifact_root):
     assert response.status_code == 403
     assert ModelVersion.objects.count() == 0
     assert stored_files(artifact_root) == []
+
+
+# ---------------------------------------------------------------- compatibility with the stable version
+
+
+@pytest.fixture
+def sixty_inputs_onnx(tmp_path):
+    """Takes 60 features where good_onnx takes 64: a valid model clients of v1 cannot call."""
+    return write_model(tmp_path, "sixty.onnx", random_mlp([60, 10], seed=2))
+
+
+@pytest.fixture
+def sixty_four_inputs_onnx(tmp_path):
+    """Another architecture with good_onnx's inputs and outputs."""
+    return write_model(tmp_path, "sixty_four.onnx", random_mlp([64, 10], seed=2))
+
+
+def test_a_first_version_has_no_stable_to_be_compatible_with(operator_client, model, good_onnx):
+    body = upload(operator_client, good_onnx).json()
+
+    assert body["validation_report"]["compatibility"] == {"stable_version": None, "compatible": True, "differences": [], "notes": []}
+
+
+def test_a_version_with_the_stable_inputs_is_reported_compatible(operator_client, model, good_onnx, sixty_four_inputs_onnx):
+    upload(operator_client, good_onnx)
+
+    body = upload(operator_client, sixty_four_inputs_onnx).json()
+
+    assert body["validation_report"]["compatibility"] == {"stable_version": 1, "compatible": True, "differences": [], "notes": []}
+
+
+def test_a_version_with_other_inputs_is_registered_but_reported_incompatible(operator_client, model, good_onnx, sixty_inputs_onnx):
+    upload(operator_client, good_onnx)
+
+    response = upload(operator_client, sixty_inputs_onnx)
+
+    assert response.status_code == 201, response.content
+    compatibility = response.json()["validation_report"]["compatibility"]
+    assert compatibility["stable_version"] == 1
+    assert compatibility["compatible"] is False
+    assert compatibility["differences"] == ["input 'input' dimension 1: 64 on v1, 60 here"]
+    assert ModelVersion.objects.get(model=model, number=2).validation_report["compatibility"] == compatibility
+
+
+def test_compatibility_is_judged_against_the_current_stable(operator_client, operator, model, good_onnx, sixty_inputs_onnx, sixty_four_inputs_onnx):
+    upload(operator_client, good_onnx)
+    upload(operator_client, sixty_inputs_onnx)
+    releases.set_routes(model, [{"version": 2, "weight": 100}], operator)  # v2 (60 inputs) is stable now
+
+    compatibility = upload(operator_client, sixty_four_inputs_onnx).json()["validation_report"]["compatibility"]
+
+    assert compatibility["stable_version"] == 2
+    assert compatibility["differences"] == ["input 'input' dimension 1: 60 on v2, 64 here"]
+
+
+def test_the_upload_audit_event_says_whether_the_version_is_compatible(operator_client, model, good_onnx, sixty_inputs_onnx, sixty_four_inputs_onnx):
+    upload(operator_client, good_onnx)
+    upload(operator_client, sixty_four_inputs_onnx)
+    upload(operator_client, sixty_inputs_onnx)
+
+    messages = dict(AuditEvent.objects.filter(kind="version_uploaded").values_list("data__version", "message"))
+    assert "compatible" not in messages[1]
+    assert messages[2].endswith("; compatible with stable v1")
+    assert messages[3].endswith("; incompatible with stable v1: input 'input' dimension 1: 64 on v1, 60 here")
+
+
+def test_the_version_page_shows_an_incompatible_version_and_its_differences(operator, operator_client, model, good_onnx, sixty_inputs_onnx):
+    upload(operator_client, good_onnx)
+    upload(operator_client, sixty_inputs_onnx)
+    page = Client()
+    page.force_login(operator)
+
+    html = page.get("/models/digits/versions/2/").content.decode()
+
+    assert "Incompatible with stable v1" in html
+    assert "<li>input &#x27;input&#x27; dimension 1: 64 on v1, 60 here</li>" in html
+    assert "Compatible with stable" not in html
+    assert "stable_version" not in html  # the report's facts table does not repeat it raw
+
+
+def test_the_version_page_shows_a_compatible_version(operator, operator_client, model, good_onnx, sixty_four_inputs_onnx):
+    upload(operator_client, good_onnx)
+    upload(operator_client, sixty_four_inputs_onnx)
+    page = Client()
+    page.force_login(operator)
+
+    html = page.get("/models/digits/versions/2/").content.decode()
+
+    assert "Compatible with stable v1" in html
+    assert "Incompatible" not in html
+    assert "Compatible with stable" not in page.get("/models/digits/versions/1/").content.decode()
