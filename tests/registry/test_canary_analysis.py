@@ -1,0 +1,490 @@
+"""The canary judge (registry.domain.canary_analysis): its settings and their refusals, one
+side's figures summed over a window, and the verdict on windows built from the figures
+workers report — each signal passing and failing, quiet traffic waiting, and thresholds at
+their boundary passing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from registry.domain.canary_analysis import (
+    DEFAULTS,
+    FAIL,
+    MAX_SAMPLE,
+    PASS,
+    WAITING_FOR_DATA,
+    AnalysisSettings,
+    ClassCounts,
+    InvalidAnalysis,
+    ShadowFigures,
+    SideFigures,
+    ValueFigures,
+    aggregate,
+    failing_streak,
+    judge,
+)
+from serving.metrics import LATENCY_BUCKETS_S
+
+EVEN_CLASSES = [20] * 10
+MOSTLY_CLASS_3 = [5, 4, 5, 160, 4, 5, 4, 5, 4, 4]  # 80 % of 200 rows
+
+
+def figures(requests: int = 200, *, errors: int = 0, client_errors: int = 0, latency_s: float = 0.003,
+            outputs: list | None = None, shadow: dict | None = None) -> dict:
+    """One version's figures in one report, every request taking ``latency_s``."""
+    buckets = {str(bound): requests if latency_s <= bound else 0 for bound in LATENCY_BUCKETS_S}
+    entry = {"model": "digits", "version": 3, "requests": requests, "errors": errors, "client_errors": client_errors,
+             "latency_sum_s": latency_s * requests, "latency_buckets": {**buckets, "+Inf": requests}}
+    if outputs is not None:
+        entry["outputs"] = outputs
+    if shadow is not None:
+        entry["shadow"] = shadow
+    return entry
+
+
+def side(**kwargs) -> SideFigures:
+    return aggregate([figures(**kwargs)])
+
+
+def classes(counts: list[int], name: str = "probabilities", other: int = 0) -> dict:
+    return {"name": name, "kind": "classes", "counts": counts, "other": other}
+
+
+def values(sample, name: str = "y", count: int | None = None) -> dict:
+    sample = [float(value) for value in sample]
+    return {"name": name, "kind": "values", "count": len(sample) if count is None else count, "sum": sum(sample),
+            "non_finite": 0, "sample": sample}
+
+
+def normal(seed: int, mean: float = 0.0, size: int = 500) -> list[float]:
+    return list(np.random.default_rng(seed).normal(mean, 1.0, size))
+
+
+def signal(verdict, name: str) -> dict:
+    return next(found for found in verdict.signals if found["name"] == name)
+
+
+def names(verdict) -> list[str]:
+    return [found["name"] for found in verdict.signals]
+
+
+# --- Settings ---------------------------------------------------------------------------
+
+
+def test_the_defaults_are_the_documented_ones():
+    assert DEFAULTS.to_json() == {
+        "interval_s": 60, "min_requests": 100, "failure_limit": 2, "max_server_error_excess": 0.01,
+        "max_client_error_excess": 0.02, "max_latency_p99_ratio": 2.0, "latency_p99_floor_ms": 5.0,
+        "max_latency_p99_ms": 1000.0, "max_class_psi": 0.2, "max_value_ks": 0.2, "ks_alpha": 0.01,
+        "min_shadow_agreement": 0.95, "min_shadow_compared": 50,
+    }
+
+
+def test_parse_overrides_only_the_given_fields():
+    settings = AnalysisSettings.parse({"min_requests": 500, "max_class_psi": 0.1})
+    assert settings.to_json() == {**DEFAULTS.to_json(), "min_requests": 500, "max_class_psi": 0.1}
+
+
+def test_parse_builds_on_the_given_base():
+    base = AnalysisSettings.parse({"interval_s": 30})
+    assert AnalysisSettings.parse({"failure_limit": 3}, base=base) == AnalysisSettings(interval_s=30, failure_limit=3)
+
+
+def test_parse_of_nothing_keeps_the_base():
+    base = AnalysisSettings(interval_s=30)
+    assert AnalysisSettings.parse(None, base=base) is base
+    assert AnalysisSettings.parse({}) == DEFAULTS
+
+
+def test_parse_takes_an_integer_for_a_number_field_as_a_float():
+    settings = AnalysisSettings.parse({"max_latency_p99_ratio": 3})
+    assert settings.max_latency_p99_ratio == 3.0 and isinstance(settings.max_latency_p99_ratio, float)
+
+
+@pytest.mark.parametrize(("name", "value"), [("interval_s", 1), ("interval_s", 3600), ("max_server_error_excess", 0),
+                                             ("max_server_error_excess", 1), ("max_latency_p99_ratio", 1)])
+def test_parse_accepts_the_ends_of_each_range(name, value):
+    assert getattr(AnalysisSettings.parse({name: value}), name) == value
+
+
+def test_to_json_parses_back_to_the_same_settings():
+    settings = AnalysisSettings(min_requests=7, max_value_ks=0.3)
+    assert AnalysisSettings.parse(settings.to_json()) == settings
+
+
+@pytest.mark.parametrize("raw", [[], "min_requests=5", 3])
+def test_parse_refuses_anything_but_an_object(raw):
+    with pytest.raises(InvalidAnalysis, match="analysis must be a JSON object"):
+        AnalysisSettings.parse(raw)
+
+
+def test_parse_refuses_an_unknown_field_naming_it_and_the_known_ones():
+    with pytest.raises(InvalidAnalysis, match="unknown field 'min_request'; known fields: interval_s, min_requests"):
+        AnalysisSettings.parse({"min_request": 5})
+
+
+@pytest.mark.parametrize(("name", "value", "allowed"), [
+    ("interval_s", 0, "an integer from 1 to 3600"),
+    ("interval_s", 3601, "an integer from 1 to 3600"),
+    ("interval_s", 1.5, "an integer from 1 to 3600"),
+    ("interval_s", "60", "an integer from 1 to 3600"),
+    ("min_requests", 0, "an integer from 1 to 1e+07"),
+    ("failure_limit", 101, "an integer from 1 to 100"),
+    ("failure_limit", True, "an integer from 1 to 100"),
+    ("max_server_error_excess", 1.5, "a number from 0 to 1"),
+    ("max_client_error_excess", -0.1, "a number from 0 to 1"),
+    ("max_latency_p99_ratio", 0.5, "a number from 1 to 1000"),
+    ("max_latency_p99_ratio", float("inf"), "a number from 1 to 1000"),
+    ("max_class_psi", float("nan"), "a number from 0 to 10"),
+    ("ks_alpha", False, "a number from 0 to 1"),
+    ("min_shadow_agreement", None, "a number from 0 to 1"),
+])
+def test_parse_refuses_a_wrong_type_or_an_out_of_range_value_naming_the_field_and_range(name, value, allowed):
+    with pytest.raises(InvalidAnalysis) as refusal:
+        AnalysisSettings.parse({name: value})
+    assert str(refusal.value).startswith(f"analysis.{name} must be {allowed}, got ")
+
+
+def test_a_refusal_echoes_only_a_short_prefix_of_the_value():
+    with pytest.raises(InvalidAnalysis) as refusal:
+        AnalysisSettings.parse({"interval_s": "x" * 1000})
+    assert len(str(refusal.value)) < 100
+
+
+def test_settings_built_directly_are_checked_too():
+    with pytest.raises(InvalidAnalysis, match="analysis.min_requests"):
+        AnalysisSettings(min_requests=0)
+
+
+# --- aggregate ---------------------------------------------------------------------------
+
+
+def test_aggregate_sums_requests_errors_and_latency_buckets_over_the_window():
+    window = aggregate([figures(100, errors=1, client_errors=2, latency_s=0.003), figures(50, errors=2, latency_s=0.3)])
+    assert (window.requests, window.server_errors, window.client_errors) == (150, 3, 2)
+    assert window.latency_sum_s == pytest.approx(0.3 + 15.0)
+    assert (window.latency_buckets["0.002"], window.latency_buckets["0.004"], window.latency_buckets["0.512"]) == (0, 100, 150)
+    assert window.latency_buckets["+Inf"] == 150
+
+
+def test_aggregate_of_no_reports_is_an_empty_side():
+    assert aggregate([]) == SideFigures()
+
+
+def test_aggregate_sums_class_counts_index_wise_across_lengths():
+    window = aggregate([figures(outputs=[classes([1, 2], other=1)]), figures(outputs=[classes([10, 20, 30])])])
+    assert window.outputs == {"probabilities": ClassCounts(counts=[11, 22, 30], other=1)}
+
+
+def test_aggregate_sums_value_counts_and_concatenates_their_samples():
+    window = aggregate([figures(outputs=[values([1, 2], count=5)]), figures(outputs=[values([3])])])
+    assert window.outputs == {"y": ValueFigures(count=6, sum=6.0, non_finite=0, sample=[1.0, 2.0, 3.0])}
+
+
+def test_aggregate_thins_a_long_sample_evenly_and_the_same_way_every_time():
+    reports = [figures(outputs=[values(range(start, start + 64))]) for start in range(0, 64 * 100, 64)]
+    sample = aggregate(reports).outputs["y"].sample
+    assert len(sample) == MAX_SAMPLE
+    assert sample == aggregate(reports).outputs["y"].sample
+    assert sample[0] == 0 and sample[-1] > 6300  # spread over the whole window, not its start
+
+
+def test_aggregate_skips_an_output_whose_kind_changes_between_reports():
+    window = aggregate([figures(outputs=[classes([1, 2], name="out")]), figures(outputs=[values([5.0], name="out")])])
+    assert window.outputs == {"out": ClassCounts(counts=[1, 2])}
+
+
+def test_aggregate_sums_shadow_counts_and_leaves_none_when_no_report_has_them():
+    shadow = {"compared": 50, "agreed": 48, "errors": 1, "dropped": 2}
+    assert aggregate([figures(shadow=shadow), figures(), figures(shadow=shadow)]).shadow == ShadowFigures(100, 96, 2, 4)
+    assert aggregate([figures()]).shadow is None
+
+
+def test_aggregate_reads_reports_without_outputs_and_ignores_keys_it_does_not_know():
+    window = aggregate([{**figures(120), "queue_depth": 3, "batch_buckets": {"1": 4}}])
+    assert (window.requests, window.outputs, window.shadow) == (120, {}, None)
+
+
+# --- judge: the whole window -------------------------------------------------------------
+
+
+def full(seed: int) -> SideFigures:
+    return side(outputs=[classes(EVEN_CLASSES), values(normal(seed))],
+                shadow={"compared": 200, "agreed": 200, "errors": 0, "dropped": 0})
+
+
+def test_equal_figures_pass_every_signal():
+    verdict = judge(full(1), full(1), DEFAULTS)
+    assert verdict.result == PASS
+    assert names(verdict) == ["server_errors", "client_errors", "latency_p99", "output:probabilities", "output:y", "shadow_agreement"]
+    assert [found["passed"] for found in verdict.signals] == [True] * 6
+    assert verdict.reason.startswith("every judged signal passed (server_errors, client_errors, latency_p99")
+
+
+def test_a_quiet_canary_waits_and_says_how_many_requests_were_needed():
+    verdict = judge(side(requests=12), side(), DEFAULTS)
+    assert verdict.result == WAITING_FOR_DATA
+    assert verdict.reason == "canary had 12 requests in the window, 100 needed"
+
+
+def test_a_waiting_window_still_shows_the_signals_but_judges_none():
+    verdict = judge(side(requests=12, client_errors=12), side(), DEFAULTS)
+    assert signal(verdict, "client_errors")["value"] == 1.0
+    assert [found["passed"] for found in verdict.signals] == [None, None, None]
+
+
+def test_a_quiet_stable_version_waits_too():
+    assert judge(side(), side(requests=1), DEFAULTS).reason == "stable had 1 request in the window, 100 needed"
+
+
+def test_a_stable_version_without_traffic_waits():
+    verdict = judge(side(), aggregate([]), DEFAULTS)
+    assert verdict.result == WAITING_FOR_DATA
+    assert verdict.reason.startswith("stable had 0 requests in the window, 100 needed")
+
+
+def test_exactly_min_requests_on_each_side_is_enough_for_a_verdict():
+    assert judge(side(requests=100), side(requests=100), DEFAULTS).result == PASS
+
+
+def test_the_reason_lists_every_failing_signal():
+    verdict = judge(side(errors=100, client_errors=100), side(), DEFAULTS)
+    assert verdict.reason == ("server errors 50.0% on canary vs 0.0% on stable (allowed excess 1.0%); "
+                              "client errors 50.0% on canary vs 0.0% on stable (allowed excess 2.0%)")
+
+
+def test_a_window_failing_every_signal_names_each_once_in_the_reason():
+    canary = side(errors=10, client_errors=200, latency_s=0.02, outputs=[classes(MOSTLY_CLASS_3), values(normal(1, mean=1.0))],
+                  shadow={"compared": 100, "agreed": 80, "errors": 0, "dropped": 0})
+    verdict = judge(canary, side(outputs=[classes(EVEN_CLASSES), values(normal(2))]), DEFAULTS)
+    assert [found["passed"] for found in verdict.signals] == [False] * 6
+    assert verdict.reason.split("; ") == [found["detail"] for found in verdict.signals]
+
+
+def test_the_verdict_as_json_has_result_reason_and_every_signal():
+    verdict = judge(side(), side(), DEFAULTS)
+    data = verdict.to_json()
+    assert data["result"] == PASS and data["reason"] == verdict.reason
+    assert data["signals"][0] == {"name": "server_errors", "passed": True, "value": 0.0, "stable_value": 0.0, "threshold": 0.01,
+                                  "detail": "server errors 0.0% on canary vs 0.0% on stable (allowed excess 1.0%)"}
+
+
+# --- judge: error rates ------------------------------------------------------------------
+
+
+def test_a_canary_answering_only_client_errors_fails_client_errors_while_server_errors_pass():
+    verdict = judge(side(client_errors=200), side(), DEFAULTS)
+    assert verdict.result == FAIL
+    assert (signal(verdict, "client_errors")["passed"], signal(verdict, "server_errors")["passed"]) == (False, True)
+    assert verdict.reason == "client errors 100.0% on canary vs 0.0% on stable (allowed excess 2.0%)"
+
+
+def test_server_errors_fail_on_an_excess_over_the_limit():
+    verdict = judge(side(errors=6), side(errors=2), DEFAULTS)  # 3.0 % vs 1.0 %
+    assert signal(verdict, "server_errors")["passed"] is False
+    assert verdict.reason == "server errors 3.0% on canary vs 1.0% on stable (allowed excess 1.0%)"
+
+
+def test_error_rates_as_high_as_stable_pass():
+    verdict = judge(side(errors=20, client_errors=40), side(errors=20, client_errors=40), DEFAULTS)
+    assert verdict.result == PASS
+
+
+@pytest.mark.parametrize(("name", "field", "canary_errors", "passed"), [
+    ("server_errors", "errors", 7, True), ("server_errors", "errors", 8, False),
+    ("client_errors", "client_errors", 8, True), ("client_errors", "client_errors", 9, False),
+])
+def test_an_error_excess_exactly_at_its_limit_passes(name, field, canary_errors, passed):
+    # 7 % - 6 % and 8 % - 6 % come out a rounding error above 1 % and 2 % in floating point
+    verdict = judge(side(requests=100, **{field: canary_errors}), side(requests=100, **{field: 6}), DEFAULTS)
+    assert signal(verdict, name)["passed"] is passed
+
+
+# --- judge: latency ----------------------------------------------------------------------
+
+
+def test_a_canary_p99_over_twice_stables_fails_latency():
+    # every stable request in (4, 8] ms: p99 7.96 ms; canary in (16, 32] ms: p99 31.84 ms
+    verdict = judge(side(latency_s=0.020), side(latency_s=0.006), DEFAULTS)
+    found = signal(verdict, "latency_p99")
+    assert (found["passed"], found["value"], found["stable_value"], found["threshold"]) == (
+        False, pytest.approx(31.84), pytest.approx(7.96), pytest.approx(15.92))
+    assert verdict.reason == ("p99 latency 31.8 ms on canary vs 7.96 ms on stable (limit 15.9 ms: "
+                              "2 × the larger of stable's and 5 ms, at most 1000 ms)")
+
+
+def test_a_canary_p99_exactly_twice_stables_passes_latency():
+    # canary in (8, 16] ms: p99 15.92 ms, twice stable's 7.96 ms
+    assert signal(judge(side(latency_s=0.012), side(latency_s=0.006), DEFAULTS), "latency_p99")["passed"] is True
+
+
+def test_a_canary_faster_than_stable_passes_latency():
+    assert signal(judge(side(latency_s=0.006), side(latency_s=0.012), DEFAULTS), "latency_p99")["passed"] is True
+
+
+def test_a_stable_p99_under_the_floor_compares_as_the_floor():
+    # stable p99 0.5 ms, canary 3.98 ms: eight times slower, but under 2 × the 5 ms floor
+    verdict = judge(side(latency_s=0.003), side(latency_s=0.0004), DEFAULTS)
+    assert signal(verdict, "latency_p99")["passed"] is True
+    assert signal(verdict, "latency_p99")["threshold"] == 10.0
+
+
+def test_without_a_floor_sub_millisecond_latencies_compare_by_ratio():
+    settings = AnalysisSettings(latency_p99_floor_ms=0)
+    assert signal(judge(side(latency_s=0.003), side(latency_s=0.0004), settings), "latency_p99")["passed"] is False
+
+
+def test_a_canary_p99_over_the_ceiling_fails_even_when_stable_is_as_slow():
+    verdict = judge(side(latency_s=0.003), side(latency_s=0.003), AnalysisSettings(max_latency_p99_ms=3))
+    assert signal(verdict, "latency_p99")["passed"] is False
+    assert signal(verdict, "latency_p99")["threshold"] == 3.0
+
+
+@pytest.mark.parametrize(("ceiling_ms", "passed"), [(15.92, True), (15.91, False)])
+def test_a_canary_p99_exactly_at_its_limit_passes(ceiling_ms, passed):
+    settings = AnalysisSettings(max_latency_p99_ms=ceiling_ms)
+    assert signal(judge(side(latency_s=0.012), side(latency_s=0.012), settings), "latency_p99")["passed"] is passed
+
+
+def test_latency_is_not_judged_without_a_histogram():
+    canary = side()
+    canary.latency_buckets = {}
+    found = signal(judge(canary, side(), DEFAULTS), "latency_p99")
+    assert (found["passed"], found["detail"]) == (None, "p99 latency: no latency figures on canary")
+
+
+# --- judge: class outputs ----------------------------------------------------------------
+
+
+def test_a_canary_predicting_one_class_for_most_rows_fails_its_output_with_psi_in_the_reason():
+    verdict = judge(side(outputs=[classes(MOSTLY_CLASS_3)]), side(outputs=[classes(EVEN_CLASSES)]), DEFAULTS)
+    found = signal(verdict, "output:probabilities")
+    assert verdict.result == FAIL and found["passed"] is False
+    assert found["value"] > 1.0
+    assert verdict.reason.startswith(f"output probabilities: PSI {found['value']:.3f} (limit 0.2), JS distance 0.")
+    assert "class shares canary/stable [3 80.0%/10.0%, " in verdict.reason
+
+
+def test_class_shares_that_barely_move_pass():
+    shifted = [22, 18, 20, 21, 19, 20, 20, 20, 21, 19]
+    assert signal(judge(side(outputs=[classes(shifted)]), side(outputs=[classes(EVEN_CLASSES)]), DEFAULTS),
+                  "output:probabilities")["passed"] is True
+
+
+def test_classes_past_the_reported_ones_count_as_one_more_class():
+    verdict = judge(side(outputs=[classes([100, 0], other=100)]), side(outputs=[classes([100, 100])]), DEFAULTS)
+    assert signal(verdict, "output:probabilities")["passed"] is False
+    assert "other 50.0%/0.0%" in verdict.reason
+
+
+@pytest.mark.parametrize("nudge", [0.0, -1e-6])
+def test_a_psi_exactly_at_its_limit_passes(nudge):
+    canary, stable = side(outputs=[classes(MOSTLY_CLASS_3)]), side(outputs=[classes(EVEN_CLASSES)])
+    index = signal(judge(canary, stable, DEFAULTS), "output:probabilities")["value"]
+    verdict = judge(canary, stable, AnalysisSettings(max_class_psi=index + nudge))
+    assert signal(verdict, "output:probabilities")["passed"] is (nudge == 0)
+
+
+def test_an_output_with_too_few_rows_on_a_side_is_not_judged():
+    verdict = judge(side(outputs=[classes([90, 0])]), side(outputs=[classes(EVEN_CLASSES)]), DEFAULTS)
+    found = signal(verdict, "output:probabilities")
+    assert (found["passed"], found["detail"]) == (
+        None, "output probabilities: 90 outputs on canary and 200 on stable, 100 needed on each side")
+    assert verdict.result == PASS
+
+
+def test_an_output_on_one_side_only_is_no_signal():
+    verdict = judge(side(outputs=[classes(EVEN_CLASSES)]), side(), DEFAULTS)
+    assert names(verdict) == ["server_errors", "client_errors", "latency_p99"]
+
+
+def test_an_output_of_different_kinds_on_the_two_sides_is_not_judged():
+    verdict = judge(side(outputs=[classes(EVEN_CLASSES, name="y")]), side(outputs=[values(normal(1))]), DEFAULTS)
+    assert signal(verdict, "output:y")["passed"] is None
+
+
+# --- judge: value outputs ----------------------------------------------------------------
+
+
+def test_values_shifted_by_a_standard_deviation_fail_their_output_with_ks_in_the_reason():
+    stable_values = normal(2)
+    mean = sum(stable_values) / len(stable_values)
+    verdict = judge(side(outputs=[values([value + 1 for value in stable_values])]), side(outputs=[values(stable_values)]), DEFAULTS)
+    found = signal(verdict, "output:y")
+    assert found["passed"] is False and found["value"] > 0.2
+    assert verdict.reason.startswith(f"output y: KS D {found['value']:.3f} (limit 0.2), p ")
+    assert verdict.reason.endswith(f"(significant below 0.01), mean {mean + 1:.4g} on canary vs {mean:.4g} on stable")
+
+
+def test_values_of_one_distribution_pass():
+    assert signal(judge(side(outputs=[values(normal(1))]), side(outputs=[values(normal(2))]), DEFAULTS), "output:y")["passed"] is True
+
+
+def test_a_large_ks_distance_on_a_tiny_sample_is_not_significant_and_passes():
+    # D = 1 on three values a side: p 0.03, not below 0.01
+    verdict = judge(side(outputs=[values([4, 5, 6], count=200)]), side(outputs=[values([1, 2, 3], count=200)]), DEFAULTS)
+    assert (signal(verdict, "output:y")["value"], signal(verdict, "output:y")["passed"]) == (1.0, True)
+
+
+def test_a_significant_but_small_ks_distance_passes():
+    verdict = judge(side(outputs=[values(normal(1, mean=0.1, size=4000))]), side(outputs=[values(normal(2, size=4000))]), DEFAULTS)
+    assert signal(verdict, "output:y")["value"] < 0.2
+    assert signal(verdict, "output:y")["passed"] is True
+
+
+@pytest.mark.parametrize("nudge", [0.0, -1e-6])
+def test_a_ks_distance_exactly_at_its_limit_passes(nudge):
+    canary, stable = side(outputs=[values(normal(1, mean=1.0))]), side(outputs=[values(normal(2))])
+    statistic = signal(judge(canary, stable, DEFAULTS), "output:y")["value"]
+    verdict = judge(canary, stable, AnalysisSettings(max_value_ks=statistic + nudge))
+    assert signal(verdict, "output:y")["passed"] is (nudge == 0)
+
+
+def test_values_with_too_few_outputs_are_not_judged():
+    verdict = judge(side(outputs=[values(normal(1, size=99))]), side(outputs=[values(normal(2))]), DEFAULTS)
+    assert signal(verdict, "output:y")["passed"] is None
+
+
+# --- judge: shadow agreement ---------------------------------------------------------------
+
+
+def shadowed(compared: int, agreed: int) -> SideFigures:
+    return side(shadow={"compared": compared, "agreed": agreed, "errors": 0, "dropped": 0})
+
+
+def test_a_shadow_agreeing_too_rarely_fails():
+    verdict = judge(shadowed(100, 80), side(), DEFAULTS)
+    assert signal(verdict, "shadow_agreement")["passed"] is False
+    assert verdict.reason == "shadow agreement 80.0% of 100 answers compared (at least 95.0% needed)"
+
+
+@pytest.mark.parametrize(("agreed", "passed"), [(95, True), (94, False)])
+def test_a_shadow_agreement_exactly_at_its_minimum_passes(agreed, passed):
+    assert signal(judge(shadowed(100, agreed), side(), DEFAULTS), "shadow_agreement")["passed"] is passed
+
+
+@pytest.mark.parametrize(("compared", "judged"), [(49, False), (50, True)])
+def test_shadow_agreement_is_judged_from_min_shadow_compared(compared, judged):
+    found = signal(judge(shadowed(compared, 0), side(), DEFAULTS), "shadow_agreement")
+    assert found["passed"] is (False if judged else None)
+
+
+def test_a_canary_without_shadow_figures_has_no_shadow_signal():
+    assert "shadow_agreement" not in names(judge(side(), side(), DEFAULTS))
+
+
+# --- failing_streak -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("results", "streak"), [
+    ([], 0),
+    ([FAIL], 1),
+    ([FAIL, FAIL], 2),
+    ([FAIL, PASS, FAIL], 1),
+    ([FAIL, WAITING_FOR_DATA, FAIL], 2),
+    ([FAIL, FAIL, PASS], 0),
+    ([FAIL, FAIL, WAITING_FOR_DATA], 2),
+])
+def test_failing_streak_counts_the_last_failures_in_a_row_ignoring_waiting_windows(results, streak):
+    assert failing_streak(results) == streak
