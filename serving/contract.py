@@ -14,8 +14,10 @@ report of another version with a 400.
 
 Parsing is strict, raises only ContractError, and names the offending field by its
 path (``models.iris.routes[1].sha256: must be 64 lowercase hex characters``). Unknown
-fields are ignored. The worker's own checks (artifact URLs on the console's origin)
-stay with the worker, in ``serving/repository.py``.
+fields are ignored. A report's figures have limits (``MAX_*``): a list or object past
+its limit is refused by its length, before any item of it is read. The worker's own
+checks (artifact URLs on the console's origin) stay with the worker, in
+``serving/repository.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2  # 2: a report's version figures are parsed strictly, with outputs and shadow deltas
 SERVING_GROUP = "serving"  # the channel-layer group desired states are pushed to
 APPLY_MESSAGE = "serving.apply"  # a push: {"type": APPLY_MESSAGE, "state": <signed desired state>}
 
@@ -37,6 +39,17 @@ DEFAULT_MAX_QUEUE_SIZE = 4096
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 SHOWN_CHARS = 40
+
+# A report's figures are read by the console's canary analysis, and a worker's report may
+# be hostile or wrong: every list and object in them has a limit, checked before it is walked.
+MAX_REPORTED_VERSIONS = 64  # version entries per report
+MAX_REPORTED_OUTPUTS = 16  # output summaries per version entry
+MAX_BUCKETS = 32  # entries of a histogram (latency, batch size)
+MAX_CLASSES = 256  # counts of a classes summary
+MAX_SAMPLE = 256  # values in a values summary's sample
+MAX_NAME_CHARS = 200  # a model or output name
+MAX_COUNT = 2**63 - 1  # any count: what the console's 64-bit columns hold
+BUCKET_BOUND = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 
 def is_hex64(value: object) -> bool:
@@ -96,9 +109,16 @@ def _int(value: object, path: str, minimum: int | None = None, maximum: int | No
 
 
 def _number(value: object, path: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _is_finite(value):
         raise ContractError(path, "must be a finite number")
     return value  # kept as sent (an int stays an int), so a re-encoding digests the same
+
+
+def _is_finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past a float's range (JSON has no limit on digits)
+        return False
 
 
 def _str(value: object, path: str) -> str:
@@ -411,13 +431,165 @@ def _objects(value: object, path: str) -> tuple[dict, ...]:
     return tuple(dict(_object(item, f"{path}[{index}]")) for index, item in enumerate(_list(value, path)))
 
 
+# ---- a report's figures per version ----------------------------------------------------
+
+
+def _count(value: object, path: str) -> int:
+    _int(value, path, minimum=0)
+    if value > MAX_COUNT:
+        raise ContractError(path, f"must be at most {MAX_COUNT}")
+    return value
+
+
+def _non_negative(value: object, path: str) -> float:
+    if _number(value, path) < 0:
+        raise ContractError(path, "must be a finite number >= 0")
+    return value
+
+
+def _short_name(value: object, path: str) -> str:
+    if len(_name(value, path)) > MAX_NAME_CHARS:
+        raise ContractError(path, f"must be at most {MAX_NAME_CHARS} characters")
+    return value
+
+
+def _bounded(value: object, path: str, limit: int) -> list:
+    """A list of at most ``limit`` items, refused by its length before any item is read."""
+    if len(_list(value, path)) > limit:
+        raise ContractError(path, f"must have at most {limit} items")
+    return value
+
+
+def _buckets(value: object, path: str) -> dict[str, int]:
+    """A histogram: at most MAX_BUCKETS bounds (decimal numbers, or "+Inf") to counts."""
+    buckets = _object(value, path)
+    if len(buckets) > MAX_BUCKETS:
+        raise ContractError(path, f"must have at most {MAX_BUCKETS} entries")
+    parsed = {}
+    for bound, count in buckets.items():
+        where = f"{path}[{_shown(bound)}]"
+        if not (bound == "+Inf" or _is_bound(bound)):
+            raise ContractError(where, 'a bound must be a finite decimal number or "+Inf"')
+        parsed[bound] = _count(count, where)
+    return parsed
+
+
+def _is_bound(key: object) -> bool:
+    return isinstance(key, str) and len(key) <= SHOWN_CHARS and BUCKET_BOUND.fullmatch(key) is not None and math.isfinite(float(key))
+
+
+def _output_summary(value: object, path: str) -> dict:
+    output = _object(value, path)
+    name, kind = _required(output, "name", path, _short_name), _required(output, "kind", path, _str)
+    if kind == "classes":
+        counts = _required(output, "counts", path, lambda v, p: _bounded(v, p, MAX_CLASSES))
+        return {"name": name, "kind": kind, "counts": [_count(item, f"{path}.counts[{index}]") for index, item in enumerate(counts)],
+                "other": _optional(output, "other", path, _count, 0)}
+    if kind == "values":
+        count = _required(output, "count", path, _count)
+        sample = _optional(output, "sample", path, lambda v, p: _bounded(v, p, MAX_SAMPLE), [])
+        if len(sample) > count:
+            raise ContractError(_at(path, "sample"), f"holds {len(sample)} values, more than the {count} counted")
+        return {"name": name, "kind": kind, "count": count, "sum": _required(output, "sum", path, _number),
+                "non_finite": _optional(output, "non_finite", path, _count, 0),
+                "sample": [_number(item, f"{path}.sample[{index}]") for index, item in enumerate(sample)]}
+    raise ContractError(_at(path, "kind"), 'must be "classes" or "values"')
+
+
+def _output_summaries(value: object, path: str) -> list[dict]:
+    outputs = [_output_summary(item, f"{path}[{index}]") for index, item in enumerate(_bounded(value, path, MAX_REPORTED_OUTPUTS))]
+    seen: set[str] = set()
+    for index, output in enumerate(outputs):
+        if output["name"] in seen:
+            raise ContractError(f"{path}[{index}].name", f"output {_shown(output['name'])} is summarised twice")
+        seen.add(output["name"])
+    return outputs
+
+
+def _shadow_delta(value: object, path: str) -> dict:
+    shadow = _object(value, path)
+    figures = {key: _required(shadow, key, path, _count) for key in ("compared", "agreed", "errors", "dropped")}
+    if figures["agreed"] > figures["compared"]:
+        raise ContractError(_at(path, "agreed"), "must not exceed compared")
+    return figures
+
+
+# The optional figures of a version entry: absent (or null) ones are left out, except
+# the quantiles, whose null (no request in the interval) is kept. Any other key is ignored.
+OPTIONAL_FIGURES: dict[str, Callable[[object, str], Any]] = {
+    "ok": _count, "requests_per_s": _non_negative, "latency_sum_s": _non_negative, "latency_buckets": _buckets,
+    "batch_size_buckets": _buckets, "p50_ms": _non_negative, "p99_ms": _non_negative, "queue_depth": _count,
+    "outputs": _output_summaries, "shadow": _shadow_delta,
+}
+NULLABLE_FIGURES = {"p50_ms", "p99_ms"}
+
+
+def _version_figures(value: object, path: str) -> dict:
+    entry = _object(value, path)
+    figures = {
+        "model": _required(entry, "model", path, _short_name),
+        "version": _required(entry, "version", path, lambda v, p: _int(v, p, minimum=1)),
+        "requests": _required(entry, "requests", path, _count),
+        "errors": _optional(entry, "errors", path, _count, 0),
+        "client_errors": _optional(entry, "client_errors", path, _count, 0),
+    }
+    answered = figures["requests"] - figures["errors"] - figures["client_errors"]
+    if answered < 0:
+        raise ContractError(_at(path, "errors"), "errors and client_errors must not exceed requests")
+    for key, read in OPTIONAL_FIGURES.items():
+        if entry.get(key) is not None:
+            figures[key] = read(entry[key], _at(path, key))
+        elif key in NULLABLE_FIGURES and key in entry:
+            figures[key] = None
+    if figures.get("ok", 0) > answered:
+        raise ContractError(_at(path, "ok"), "ok, errors and client_errors must not exceed requests")
+    return figures
+
+
+def _version_entries(value: object, path: str) -> tuple[dict, ...]:
+    entries = []
+    seen: set[tuple[str, int]] = set()
+    for index, item in enumerate(_bounded(value, path, MAX_REPORTED_VERSIONS)):
+        figures = _version_figures(item, f"{path}[{index}]")
+        key = (figures["model"], figures["version"])
+        if key in seen:
+            raise ContractError(f"{path}[{index}]", f"model {_shown(key[0])} version {key[1]} is reported twice")
+        seen.add(key)
+        entries.append(figures)
+    return tuple(entries)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
     """About once a second: who the worker is, what it serves (``generation``, ``digest``
     and ``epoch`` of the state applied; null before any), what it has loaded, and its
-    figures since the previous report. The figures (``versions``: per version requests,
-    errors, latency and batch-size buckets…; ``shadow``: comparisons per shadow version)
-    are the worker's Prometheus deltas, kept by the console as sent."""
+    figures since the previous report.
+
+    ``versions`` (at most MAX_REPORTED_VERSIONS, one per (model, version)) are parsed
+    strictly, since the console's canary analysis reads them, and hold the validated
+    values only (other keys are ignored). Each entry, all figures since the previous
+    report:
+
+    - ``model`` (a name), ``version`` (>= 1), ``requests`` answered; ``errors`` (5xx)
+      and ``client_errors`` (4xx), 0 when absent, together at most ``requests``; ``ok``
+      (2xx/3xx), at most what is left.
+    - ``requests_per_s``, ``latency_sum_s`` (finite, >= 0), ``p50_ms``/``p99_ms``
+      (finite >= 0, or null: no request), ``queue_depth`` (now, not a delta).
+    - ``latency_buckets``, ``batch_size_buckets``: Prometheus histogram deltas, at most
+      MAX_BUCKETS bounds (decimal strings, or "+Inf") to counts.
+    - ``outputs`` (at most MAX_REPORTED_OUTPUTS, names unique; empty or absent: no batch
+      ran): what the version answered (``serving.output_summary``), either
+      ``{name, kind: "classes", counts: [count of class i], other}`` (at most
+      MAX_CLASSES counts; ``other``: labels outside them) or ``{name, kind: "values",
+      count, sum, non_finite, sample}`` (``count``/``sum`` over finite elements,
+      ``sample`` a uniform sample of at most MAX_SAMPLE of them).
+    - ``shadow``, on the entry of a version mirrored to now (or compared since the
+      previous report): ``{compared, agreed, errors, dropped}`` since the previous
+      report, ``agreed`` at most ``compared``.
+
+    Every count is an integer 0..MAX_COUNT. The top-level ``shadow`` list (per shadow
+    version: compared, agreed, errors, dropped since the worker started) is kept as
+    sent."""
 
     worker: WorkerIdentity
     generation: int | None = None
@@ -448,7 +620,7 @@ class WorkerReport:
             epoch=_optional(report, "epoch", "", _str),
             loaded=tuple(LoadedEntry.parse(item, f"loaded[{index}]") for index, item in enumerate(_optional(report, "loaded", "", _list, []))),
             interval_s=_optional(report, "interval_s", "", _number),
-            versions=_optional(report, "versions", "", _objects, ()),
+            versions=_optional(report, "versions", "", _version_entries, ()),
             requests_failed_total=_optional(report, "requests_failed_total", "", lambda v, p: _int(v, p, minimum=0)),
             shadow=_optional(report, "shadow", "", _objects, ()),
             device_memory_bytes=_optional(report, "device_memory_bytes", "", lambda v, p: _int(v, p, minimum=0)),

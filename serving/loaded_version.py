@@ -17,11 +17,12 @@ from serving import metrics
 from serving.batch_observer import BatchObserver
 from serving.batch_policy import LatencyModel
 from serving.batcher import Batcher
-from serving.contract import BatchPolicy
 from serving.config import ServingConfig
+from serving.contract import BatchPolicy
 from serving.dispatch import DispatchThreads, EngineGate
 from serving.engine import Engine
 from serving.errors import BadRequest, ModelFailed, QueueFull, ServingError
+from serving.output_summary import OutputSummary, summarising
 from serving.protocol import Decoded, ModelIO
 
 if TYPE_CHECKING:  # a type only: the repository imports this module
@@ -48,6 +49,10 @@ class LoadedVersion:
         self._max_shape_queues = config.max_shape_queues
         self._batchers: dict[tuple, Batcher] = {}
         self._observer = BatchObserver(spec.model_name, spec.version, self.metrics)
+        # What this version answered, for the report; fed on the dispatch threads by the
+        # run the batchers call (the warm-up calls the engine directly and is not counted).
+        self.output_summary = OutputSummary(engine.outputs)
+        self._run = summarising(engine, self.output_summary, self.is_batchable)
 
     def submit(self, decoded: Decoded, deadline_s: float, request_id: str) -> asyncio.Future:
         batcher = self._batchers.get(decoded.shape_key) or self._new_batcher(decoded.shape_key)
@@ -68,7 +73,7 @@ class LoadedVersion:
     def _new_batcher(self, shape_key: tuple) -> Batcher:
         if len(self._batchers) >= self._max_shape_queues:
             self._reclaim_idle_queue()
-        batcher = Batcher(self.engine.run, self.policy, self._dispatch, self._gate, self.latency,
+        batcher = Batcher(self._run, self.policy, self._dispatch, self._gate, self.latency,
                           observer=self._observer, is_batchable=self.is_batchable,
                           output_names=[spec.name for spec in self.io.outputs], classify_error=request_error)
         self._batchers[shape_key] = batcher

@@ -3,26 +3,46 @@ Prometheus metrics since the last report, per loaded version, plus identity, the
 generation, digest and epoch served, and what is loaded.
 
 Reading the prometheus-client metrics (rather than keeping a second set of counters)
-keeps the request path untouched: the report costs one collect per second.
+keeps the request path untouched: the report costs one collect per second. Each version
+entry also carries what the version answered (``outputs``, taken from its
+``serving.output_summary``) and, on a shadow version, its comparisons since the previous
+report (``shadow``), so the console can judge a canary against the stable version.
+
+A counter that went back (a version unloaded and loaded again between two reports)
+starts its delta from zero, and no delta is ever negative: the contract refuses a
+report with a negative count whole.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 
 from serving import metrics
-from serving.contract import LoadedEntry, WorkerIdentity, WorkerReport
+from serving.contract import (
+    MAX_REPORTED_VERSIONS,
+    LoadedEntry,
+    WorkerIdentity,
+    WorkerReport,
+)
 from serving.shadow import COMPARISONS
 
+logger = logging.getLogger("serving.reports")
+
 Key = tuple[str, str]  # (model, version) as the metric labels spell them
+SHADOW_FIGURES = ("compared", "agreed", "errors", "dropped")
+
+
+def _no_figures() -> dict:
+    return {"requests": 0.0, "errors": 0.0, "client_errors": 0.0, "latency_sum_s": 0.0,
+            "latency_buckets": {}, "batch_size_buckets": {}, "queue_depth": 0.0}
 
 
 def snapshot() -> dict[Key, dict]:
     """Cumulative figures per (model, version) from the worker's metrics."""
     metrics.flush_pending()
-    figures: dict[Key, dict] = defaultdict(lambda: {"requests": 0.0, "errors": 0.0, "client_errors": 0.0, "latency_sum_s": 0.0,
-                                                   "latency_buckets": {}, "batch_size_buckets": {}, "queue_depth": 0.0})
+    figures: dict[Key, dict] = defaultdict(_no_figures)
     for sample in _samples(metrics.REQUESTS, "modelops_requests_total"):
         entry = figures[(sample.labels["model"], sample.labels["version"])]
         code = int(sample.labels["code"])
@@ -55,16 +75,31 @@ def device_memory_bytes(device: str) -> int | None:
     return None
 
 
-def shadow_totals() -> list[dict]:
+def shadow_counts() -> dict[Key, dict]:
     """Cumulative shadow comparisons per shadow version: compared, agreed, errors, dropped."""
     totals: dict[Key, dict] = defaultdict(lambda: {"agree": 0, "disagree": 0, "error": 0, "dropped": 0})
     for sample in _samples(COMPARISONS, "modelops_shadow_comparisons_total"):
         totals[_key(sample)][sample.labels["result"]] = int(sample.value)
-    return [
-        {"model": model, "version": int(version), "compared": counts["agree"] + counts["disagree"], "agreed": counts["agree"],
-         "errors": counts["error"], "dropped": counts["dropped"]}
-        for (model, version), counts in sorted(totals.items())
-    ]
+    return {key: {"compared": counts["agree"] + counts["disagree"], "agreed": counts["agree"], "errors": counts["error"],
+                  "dropped": counts["dropped"]}
+            for key, counts in totals.items()}
+
+
+def shadow_totals() -> list[dict]:
+    """``shadow_counts`` as the report's top-level list, by model and version."""
+    return [{"model": model, "version": int(version), **counts} for (model, version), counts in sorted(shadow_counts().items())]
+
+
+def output_summaries(table) -> dict[Key, list[dict]]:
+    """What each loaded version of the routing table answered since the previous call.
+    Taking resets each summary: one report builder per worker reads them."""
+    return {(name, str(version)): target.output_summary.take()
+            for name, routes in table.models.items() for version, target in routes.targets.items()}
+
+
+def shadow_versions(table) -> set[Key]:
+    """The versions the routing table mirrors requests to now."""
+    return {(name, str(version)) for name, routes in table.models.items() for version, _ in routes.shadows}
 
 
 def quantile_ms(buckets: dict[str, float], q: float) -> float | None:
@@ -84,15 +119,17 @@ def quantile_ms(buckets: dict[str, float], q: float) -> float | None:
 class ReportBuilder:
     def __init__(self) -> None:
         self._previous: dict[Key, dict] = {}
+        self._previous_shadow: dict[Key, dict] = {}
         self._previous_at = time.monotonic()
+        self._warned_too_many = False
 
     def build(self, identity: WorkerIdentity, repository, applied: dict | None = None) -> WorkerReport:
         """``applied``: the generation, digest and epoch of the state served, as acked."""
-        now = time.monotonic()
-        current = snapshot()
+        now, table = time.monotonic(), repository.router.table
+        current, shadows, outputs = snapshot(), shadow_counts(), output_summaries(table)
         interval_s = max(now - self._previous_at, 1e-6)
-        versions = tuple(self._delta(key, figures, interval_s) for key, figures in current.items() if key[0])
-        self._previous, self._previous_at = current, now
+        versions = self._entries(current, shadows, outputs, shadow_versions(table), interval_s)
+        self._previous, self._previous_shadow, self._previous_at = current, shadows, now
         applied = applied or {}
         return WorkerReport(
             worker=identity,
@@ -107,24 +144,64 @@ class ReportBuilder:
             device_memory_bytes=device_memory_bytes(repository.device),
         )
 
+    def _entries(self, current: dict[Key, dict], shadows: dict[Key, dict], outputs: dict[Key, list], mirrored: set[Key],
+                 interval_s: float) -> tuple[dict, ...]:
+        """One entry per version with metrics, plus one per version with only outputs or
+        shadow comparisons since the previous report. ``shadow`` is on the entry of a
+        version mirrored to now, or compared since the previous report: a version that
+        was a shadow once keeps its comparison counters, and they stop moving."""
+        cumulative = {**dict.fromkeys(mirrored, dict.fromkeys(SHADOW_FIGURES, 0)), **shadows}  # counters appear at a first comparison
+        shadow_deltas = {key: self._shadow_delta(key, counts) for key, counts in cumulative.items()}
+        shadow_deltas = {key: delta for key, delta in shadow_deltas.items() if key in mirrored or any(delta.values())}
+        keys = [key for key in current if key[0]]
+        keys += sorted(key for key in {*outputs, *shadow_deltas} - set(current) if key[0] and (outputs.get(key) or key in shadow_deltas))
+        entries = []
+        for key in keys:
+            entry = self._delta(key, current.get(key) or _no_figures(), interval_s)
+            entry["outputs"] = outputs.get(key, [])
+            if key in shadow_deltas:
+                entry["shadow"] = shadow_deltas[key]
+            entries.append(entry)
+        return tuple(self._within_limit(entries))
+
+    def _within_limit(self, entries: list[dict]) -> list[dict]:
+        """The contract takes MAX_REPORTED_VERSIONS entries: past that, the busiest."""
+        if len(entries) <= MAX_REPORTED_VERSIONS:
+            return entries
+        if not self._warned_too_many:
+            logger.warning("%d versions have figures; the report carries the %d busiest", len(entries), MAX_REPORTED_VERSIONS)
+            self._warned_too_many = True
+        return sorted(entries, key=lambda entry: entry["requests"], reverse=True)[:MAX_REPORTED_VERSIONS]
+
     def _delta(self, key: Key, figures: dict, interval_s: float) -> dict:
         before = self._previous.get(key, {})
+        if _went_back(figures, before):
+            before = {}
         latency = _bucket_delta(figures["latency_buckets"], before.get("latency_buckets", {}))
-        requests = figures["requests"] - before.get("requests", 0.0)
+        requests = _count_delta(figures["requests"], before.get("requests", 0.0))
+        errors = min(requests, _count_delta(figures["errors"], before.get("errors", 0.0)))
+        client_errors = min(requests - errors, _count_delta(figures["client_errors"], before.get("client_errors", 0.0)))
         return {
             "model": key[0],
             "version": int(key[1]),
-            "requests": int(requests),
+            "requests": requests,
             "requests_per_s": round(requests / interval_s, 2),
-            "errors": int(figures["errors"] - before.get("errors", 0.0)),
-            "client_errors": int(figures["client_errors"] - before.get("client_errors", 0.0)),
-            "latency_sum_s": figures["latency_sum_s"] - before.get("latency_sum_s", 0.0),
+            "ok": requests - errors - client_errors,
+            "errors": errors,
+            "client_errors": client_errors,
+            "latency_sum_s": max(0.0, figures["latency_sum_s"] - before.get("latency_sum_s", 0.0)),
             "latency_buckets": latency,
             "batch_size_buckets": _bucket_delta(figures["batch_size_buckets"], before.get("batch_size_buckets", {})),
             "p50_ms": quantile_ms(latency, 0.5),
             "p99_ms": quantile_ms(latency, 0.99),
-            "queue_depth": int(figures["queue_depth"]),
+            "queue_depth": max(0, int(figures["queue_depth"])),
         }
+
+    def _shadow_delta(self, key: Key, counts: dict) -> dict:
+        before = self._previous_shadow.get(key, {})
+        if any(counts[name] < before.get(name, 0) for name in SHADOW_FIGURES):
+            before = {}
+        return {name: counts[name] - before.get(name, 0) for name in SHADOW_FIGURES}
 
 
 def loaded_versions(repository) -> tuple[LoadedEntry, ...]:
@@ -136,8 +213,19 @@ def loaded_versions(repository) -> tuple[LoadedEntry, ...]:
     )
 
 
+def _went_back(figures: dict, before: dict) -> bool:
+    """The counters restarted since ``before`` (their series were removed and made again)."""
+    if figures["requests"] < before.get("requests", 0.0):
+        return True
+    return any(figures[name].get("+Inf", 0.0) < before.get(name, {}).get("+Inf", 0.0) for name in ("latency_buckets", "batch_size_buckets"))
+
+
+def _count_delta(now: float, before: float) -> int:
+    return max(0, int(now - before))
+
+
 def _bucket_delta(now: dict[str, float], before: dict[str, float]) -> dict[str, int]:
-    return {bound: int(count - before.get(bound, 0.0)) for bound, count in now.items()}
+    return {bound: _count_delta(count, before.get(bound, 0.0)) for bound, count in now.items()}
 
 
 def _key(sample) -> Key:

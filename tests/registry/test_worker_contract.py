@@ -11,9 +11,10 @@ from serving.contract import CONTRACT_VERSION, Ack, WorkerIdentity, WorkerReport
 
 pytestmark = pytest.mark.django_db
 
-OTHER_VERSIONS = [({"contract": CONTRACT_VERSION + 1}, "the message speaks contract 2, this side speaks contract 1"),
-                  ({"contract": str(CONTRACT_VERSION)}, "the message speaks contract '1', this side speaks contract 1"),
-                  ({"contract": None}, "missing: this side speaks contract 1, the message names none")]
+V = CONTRACT_VERSION
+OTHER_VERSIONS = [({"contract": V + 1}, f"the message speaks contract {V + 1}, this side speaks contract {V}"),
+                  ({"contract": str(V)}, f"the message speaks contract '{V}', this side speaks contract {V}"),
+                  ({"contract": None}, f"missing: this side speaks contract {V}, the message names none")]
 
 
 def report(generation: int = 1) -> dict:
@@ -50,7 +51,7 @@ def test_the_contract_version_is_judged_before_the_shape(worker_client, three_ve
     response = worker_client.post("/api/serving/reports", {"worker": "w-1", "contract": CONTRACT_VERSION + 1}, format="json")
 
     assert response.status_code == 400
-    assert response.json() == {"error": "contract: the message speaks contract 2, this side speaks contract 1"}
+    assert response.json() == {"error": f"contract: the message speaks contract {V + 1}, this side speaks contract {V}"}
 
 
 def test_a_report_and_an_ack_of_this_contract_version_are_taken(worker_client, three_versions):

@@ -40,6 +40,7 @@ from serving.state_signing import (
 from serving.state_store import PersistedStateRefused, StateStore
 from serving.worker import Worker
 
+V = CONTRACT_VERSION
 TOKEN = "worker-token-for-tests"
 CONSOLE = "http://console.test:8000"
 SHA = "ab" * 32
@@ -77,9 +78,9 @@ def changed(path: str, value: object) -> dict:
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
-        ("contract", ..., "contract: missing: this side speaks contract 1, the message names none"),
-        ("contract", 2, "contract: the message speaks contract 2, this side speaks contract 1"),
-        ("contract", True, "contract: the message speaks contract True, this side speaks contract 1"),
+        ("contract", ..., f"contract: missing: this side speaks contract {V}, the message names none"),
+        ("contract", V + 1, f"contract: the message speaks contract {V + 1}, this side speaks contract {V}"),
+        ("contract", True, f"contract: the message speaks contract True, this side speaks contract {V}"),
         ("generation", "4", "generation: must be an integer"),
         ("generation", -1, "generation: must be an integer >= 0"),
         ("epoch", 7, "epoch: must be a string"),
@@ -140,11 +141,11 @@ def test_batching_left_out_takes_the_workers_own_settings(tmp_path):
     ("parse", "message", "expected"),
     [
         (Ack.parse, {"worker": "w", "generation": 1, "digest": SHA, "ok": True}, "contract: missing"),
-        (Ack.parse, {"worker": "w", "generation": 1, "digest": SHA, "ok": "yes", "contract": 1}, "ok: must be true or false"),
-        (WorkerReport.parse, {"worker": {"id": "w"}, "contract": 3}, "contract: the message speaks contract 3, this side speaks contract 1"),
-        (WorkerReport.parse, {"worker": {"id": "w"}, "loaded": [{"model": "iris", "version": 0}], "contract": 1},
+        (Ack.parse, {"worker": "w", "generation": 1, "digest": SHA, "ok": "yes", "contract": V}, "ok: must be true or false"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "contract": V + 2}, f"contract: the message speaks contract {V + 2}, this side speaks contract {V}"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "loaded": [{"model": "iris", "version": 0}], "contract": V},
          "loaded[0].version: must be an integer >= 1"),
-        (WorkerReport.parse, {"worker": {"id": ""}, "contract": 1}, "worker.id: must not be empty"),
+        (WorkerReport.parse, {"worker": {"id": ""}, "contract": V}, "worker.id: must not be empty"),
     ],
 )
 def test_acks_and_reports_breaking_the_contract_are_refused_naming_the_field(parse, message, expected):
@@ -154,10 +155,18 @@ def test_acks_and_reports_breaking_the_contract_are_refused_naming_the_field(par
     assert str(refusal.value).startswith(expected)
 
 
+FIGURES = {"model": "iris", "version": 1, "requests": 5, "errors": 1, "client_errors": 1, "ok": 3, "requests_per_s": 5.0,
+           "latency_sum_s": 0.01, "latency_buckets": {"0.001": 4, "+Inf": 5}, "batch_size_buckets": {"1.0": 5, "+Inf": 5},
+           "p50_ms": 1.0, "p99_ms": None, "queue_depth": 0,
+           "outputs": [{"name": "probabilities", "kind": "classes", "counts": [2, 1, 0], "other": 0},
+                       {"name": "score", "kind": "values", "count": 3, "sum": 1.5, "non_finite": 0, "sample": [0.5, 0.25, 0.75]}],
+           "shadow": {"compared": 3, "agreed": 2, "errors": 0, "dropped": 1}}
+
+
 def test_what_a_worker_sends_parses_back_whole():
     ack = Ack(worker="w-1", generation=3, digest=SHA, ok=False, epoch="e", error="sha256 mismatch", load_ms=1.5)
     report = WorkerReport(worker=WorkerIdentity("w-1", "box", 7, "http://w:8001", "cpu"), generation=3, digest=SHA, epoch="e",
-                          loaded=(LoadedEntry("iris", 1, routed=True),), interval_s=1.0, versions=({"model": "iris", "version": 1, "requests": 5},),
+                          loaded=(LoadedEntry("iris", 1, routed=True),), interval_s=1.0, versions=(FIGURES,),
                           requests_failed_total=0, device_memory_bytes=1024)
 
     assert Ack.parse(json.loads(json.dumps(ack.to_dict()))) == ack
@@ -270,7 +279,7 @@ async def test_a_state_of_another_contract_version_is_refused_loudly_acked_and_t
     with caplog.at_level(logging.ERROR, logger="serving.repository"):
         result = await (plane.reconcile() if arrives_by == "reconcile" else plane.receive_push(sign_state(newer, signing_key(TOKEN))))
 
-    reason = "contract: the message speaks contract 2, this side speaks contract 1"
+    reason = f"contract: the message speaks contract {V + 1}, this side speaks contract {V}"
     assert (result["ok"], result["error"]) == (False, reason)
     assert [record.levelname for record in caplog.records if reason in record.getMessage()] == ["ERROR"]
     assert console.acks[-1] | {"load_ms": 0} == {"worker": plane.identity.id, "generation": 2, "digest": state_digest(newer),
@@ -283,5 +292,5 @@ def test_a_persisted_state_of_another_contract_version_is_not_served(tmp_path, m
     store = StateStore(tmp_path, signing_key(TOKEN))
     store.save({**digits(1, mlp_v1), "contract": CONTRACT_VERSION + 1})  # written by another release of the worker
 
-    with pytest.raises(PersistedStateRefused, match="contract: the message speaks contract 2, this side speaks contract 1"):
+    with pytest.raises(PersistedStateRefused, match=f"contract: the message speaks contract {V + 1}, this side speaks contract {V}"):
         store.load()
