@@ -234,6 +234,10 @@ SERVING_DEFAULT_MAX_QUEUE_DELAY_S = env_float("SERVING_MAX_QUEUE_DELAY_S", contr
 SERVING_DEFAULT_MAX_QUEUE_SIZE = env_int("SERVING_MAX_QUEUE_SIZE", contract.DEFAULT_MAX_QUEUE_SIZE, minimum=1)
 SERVING_PUBLIC_URL = env_str("SERVING_PUBLIC_URL", "http://127.0.0.1:8001")
 WORKER_GONE_AFTER_S = env_float("WORKER_GONE_AFTER_S", 5.0, minimum=1.0)
+# Progressive delivery: how often Celery beat asks the analysis whether a window is due
+# (each rollout judges at its own interval_s), and how long per-report samples are kept.
+ROLLOUT_TICK_S = env_float("ROLLOUT_TICK_S", 5.0, minimum=0.2)
+REPORT_SAMPLE_RETENTION_S = env_float("REPORT_SAMPLE_RETENTION_S", 7200.0, minimum=60.0)
 WORKER_FORGET_AFTER_S = env_float("WORKER_FORGET_AFTER_S", 86400.0, minimum=1.0)
 DRILL_TARGET_S = env_float("DRILL_TARGET_S", 60.0, minimum=0.1)
 DRILL_ACK_TIMEOUT_S = env_float("DRILL_ACK_TIMEOUT_S", 10.0, minimum=0.1)
@@ -262,6 +266,7 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT_S", 600, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "apply-retention": {"task": "registry.tasks.apply_retention", "schedule": env_float("RETENTION_INTERVAL_S", 3600.0, minimum=10.0)},
     "sweep-staging": {"task": "registry.tasks.sweep_staging", "schedule": env_float("STAGING_SWEEP_INTERVAL_S", 300.0, minimum=10.0)},
+    "analyse-rollouts": {"task": "registry.tasks.analyse_rollouts", "schedule": ROLLOUT_TICK_S, "options": {"expires": ROLLOUT_TICK_S}},
 }
 
 REST_FRAMEWORK = {

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from registry.domain.choices import AuditKind, DrillStatus, ReleaseAction, VersionStatus
+from registry.domain.choices import ACTIVE_ROLLOUT_STATUSES, AuditKind, DrillStatus, ReleaseAction, RolloutStatus, VersionStatus
 
 
 class RegisteredModel(models.Model):
@@ -20,6 +20,9 @@ class RegisteredModel(models.Model):
     max_batch_size = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1024)])
     max_queue_delay_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
     latency_target_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0001)])
+    # Canary-analysis thresholds for this model's rollouts, over the documented defaults
+    # (registry/domain/canary_analysis.py); a rollout's own "analysis" overrides these.
+    analysis = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -188,7 +191,8 @@ class VersionMetricMinute(models.Model):
     version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="metric_minutes")
     minute = models.DateTimeField()
     requests = models.PositiveBigIntegerField(default=0)
-    errors = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)  # 5xx
+    client_errors = models.PositiveBigIntegerField(default=0)  # 4xx
     latency_sum_s = models.FloatField(default=0.0)
     latency_buckets = models.JSONField(default=dict)  # {"le": count}, cumulative like Prometheus
     batch_size_buckets = models.JSONField(default=dict)
@@ -196,6 +200,80 @@ class VersionMetricMinute(models.Model):
     class Meta:
         ordering = ["minute"]
         constraints = [models.UniqueConstraint(fields=["version", "minute"], name="one_rollup_per_version_minute")]
+
+
+class ReportSample(models.Model):
+    """One worker report's figures for one version, as validated at the boundary: what
+    the canary analysis sums over a window. Kept for REPORT_SAMPLE_RETENTION_S."""
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="report_samples")
+    worker_id = models.CharField(max_length=100)
+    received_at = models.DateTimeField(db_index=True)
+    figures = models.JSONField()
+
+    class Meta:
+        indexes = [models.Index(fields=["version", "received_at"])]
+
+
+class Rollout(models.Model):
+    """A rollout plan in progress or finished: the canary walks ``steps`` (percent),
+    each judged by the canary analysis every ``interval_s`` and held ``step_duration_s``."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="rollouts")
+    canary_version = models.PositiveIntegerField()
+    stable_version = models.PositiveIntegerField()
+    steps = models.JSONField()  # [1, 10, 50, 100]
+    step_duration_s = models.FloatField()
+    analysis = models.JSONField()  # every threshold, as resolved at the start
+    status = models.CharField(max_length=20, choices=RolloutStatus.choices, default=RolloutStatus.RUNNING)
+    status_reason = models.TextField(blank=True)
+    step_index = models.PositiveIntegerField(default=0)
+    step_started_at = models.DateTimeField()
+    next_window_at = models.DateTimeField()
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    windows_judged = models.PositiveIntegerField(default=0)
+    # The newest generation this rollout made: a newer release of the model that the
+    # rollout did not make is a manual change, which pauses it.
+    release_generation = models.PositiveBigIntegerField(default=0)
+    forced = models.BooleanField(default=False)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    reason = models.TextField(blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["model"], condition=models.Q(status__in=ACTIVE_ROLLOUT_STATUSES), name="one_active_rollout_per_model"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} rollout {self.pk} (v{self.canary_version})"
+
+    @property
+    def current_weight(self) -> int:
+        return self.steps[min(self.step_index, len(self.steps) - 1)]
+
+
+class RolloutVerdict(models.Model):
+    """The analysis of one window of a rollout: the result, every signal with its numbers."""
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="verdicts")
+    number = models.PositiveIntegerField()
+    step_index = models.PositiveIntegerField()
+    weight = models.PositiveIntegerField()
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    result = models.CharField(max_length=20)  # pass, fail, waiting_for_data
+    reason = models.TextField(blank=True)
+    signals = models.JSONField(default=list)
+    canary = models.JSONField(default=dict)  # the canary's window totals
+    stable = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-number"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "number"], name="one_verdict_per_rollout_window")]
 
 
 class AuditEvent(models.Model):

@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from registry.actions import retention
+from registry.actions import retention, rollouts
 from registry.artifacts import storage
 
 
@@ -11,7 +11,12 @@ def apply_retention() -> int:
     return len(retention.apply_retention())
 
 
-
 @shared_task(name="registry.tasks.sweep_staging")
 def sweep_staging() -> int:
     return storage.sweep_stale_staging()
+
+
+@shared_task(name="registry.tasks.analyse_rollouts", ignore_result=True)
+def analyse_rollouts() -> int:
+    """Judge every rollout window that is due (beat runs this every ROLLOUT_TICK_S)."""
+    return rollouts.tick()

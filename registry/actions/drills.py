@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.05
 
 
-def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = False, expected_generation: int | None = None) -> Drill:
+def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expected_generation: int | None = None) -> Drill:
     """Always returns a finished drill (passed or failed, with the reason), or raises the
     ReleaseError that made the drill impossible (another drill running, a stale view,
     nothing to roll back to; after the row exists it is recorded as error)."""
@@ -57,7 +57,7 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = False, expe
     drill.to_generation = release.generation
     try:
         _judge(drill, _measure(drill, workers, release, failed_before))
-    except Exception as error:  # noqa: BLE001 - a drill never stays running: what broke is its result
+    except Exception as error:
         logger.exception("drill #%s could not be measured", drill.pk)
         drill.workers = []
         _finish(drill, DrillStatus.FAILED, error=f"the drill could not be measured: {error}"[:SHOWN_ERROR_CHARS])
@@ -207,7 +207,10 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         drill.error = "; ".join(filter(None, [drill.error, f"roll forward failed: {error.message}"]))
         drill.save(update_fields=["error"])
         return
-    wait_for_acks([worker.worker_id for worker in workers], release.generation, time.monotonic() + settings.DRILL_ACK_TIMEOUT_S)
+    try:
+        wait_for_acks([worker.worker_id for worker in workers], release.generation, time.monotonic() + settings.DRILL_ACK_TIMEOUT_S)
+    except Exception:
+        logger.exception("drill #%s: waiting for the roll forward's acks failed", drill.pk)
 
 
 def _since(drill: Drill, moment) -> float:

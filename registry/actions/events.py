@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from registry.domain.choices import AuditKind
-from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release
+from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, Rollout
 
 
 def _actor(user):
@@ -52,13 +52,17 @@ def version_archived(version: ModelVersion) -> AuditEvent:
     )
 
 
-def release_made(release: Release, message: str) -> AuditEvent:
+def release_made(release: Release, message: str, *, forced: list[str] | None = None) -> AuditEvent:
+    data = {"generation": release.generation, "routes": release.routes, "action": release.action, "reason": release.reason}
+    if forced:
+        data["forced"] = forced
+    return AuditEvent.objects.create(model=release.model, kind=AuditKind.RELEASE, actor=release.actor, message=message, data=data)
+
+
+def rollout_event(rollout: Rollout, user, message: str, data: dict) -> AuditEvent:
     return AuditEvent.objects.create(
-        model=release.model,
-        kind=AuditKind.RELEASE,
-        actor=release.actor,
-        message=message,
-        data={"generation": release.generation, "routes": release.routes, "action": release.action},
+        model=rollout.model, kind=AuditKind.ROLLOUT, actor=_actor(user), message=message,
+        data={"rollout": rollout.pk, "generation": rollout.release_generation or None, **data},
     )
 
 

@@ -23,9 +23,20 @@ from django.db import transaction
 from django.utils import timezone
 
 from registry.actions import events
-from registry.domain.choices import ReleaseAction
+from registry.domain.choices import (
+    ANALYSED_ROLLOUT_STATUSES,
+    ReleaseAction,
+    RolloutStatus,
+)
+from registry.domain.compatibility import input_differences
 from registry.domain.traffic import InvalidRoutes, Route, check_routes, routes_to_json
-from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration
+from registry.models import (
+    ModelVersion,
+    RegisteredModel,
+    Release,
+    Rollout,
+    ServingGeneration,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +78,11 @@ class GenerationConflict(ReleaseConflict):
         }
 
 
-def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = "", *, expected_generation: int | None = None) -> Release:
+def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = "", *, expected_generation: int | None = None,
+               force: bool = False, rollout: Rollout | None = None) -> Release:
+    """``force`` (with a reason) routes traffic to a version whose inputs differ from the
+    stable version's; ``rollout`` is the rollout making this change (any other change
+    pauses a running rollout of the model)."""
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         current = model.current_release()
@@ -77,29 +92,70 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
         except InvalidRoutes as error:
             raise ReleaseError(str(error)) from None
         stable = _stable_for(parsed, current)
-        release = _append(counter, model, parsed, stable, ReleaseAction.SET_ROUTES, current, actor, reason)
-        events.release_made(release, f"Traffic set to {_describe(parsed)} (generation {release.generation})")
+        forced = _check_compatible(model, current, parsed, force, reason)
+        release = _append(counter, model, parsed, stable, ReleaseAction.SET_ROUTES, current, actor, reason, rollout=rollout)
+        message = f"Traffic set to {_describe(parsed)} (generation {release.generation})"
+        if forced:
+            message += f"; forced onto incompatible inputs ({'; '.join(forced)}): {reason}"
+        events.release_made(release, message, forced=forced)
     return release
 
 
-def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None) -> Release:
+def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None, rollout: Rollout | None = None) -> Release:
+    """The canary becomes the stable at 100 %. Rolling back from here returns to the last
+    release that sent everything to the old stable, not to the split before the promote
+    (which would leave part of the traffic on the version being rolled away from)."""
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         check_expected_generation(model, model.current_release(), expected_generation)
-        current = _require_current(model)
+        current = require_current(model)
         canary = _only_canary(current)
         _check_still_ready(model, [canary])
         routes = [Route(version=canary, weight=100)]
-        release = _append(counter, model, routes, canary, ReleaseAction.PROMOTE, current, actor, reason)
-        events.release_made(release, f"Version {canary} promoted to stable at 100% (generation {release.generation})")
+        target = last_all_stable(model, current.stable_version) or current
+        release = _append(counter, model, routes, canary, ReleaseAction.PROMOTE, target, actor, reason, rollout=rollout)
+        events.release_made(release, f"Version {canary} promoted to stable at 100% (generation {release.generation}); "
+                                     f"a rollback returns to {_describe_routes(target)} (generation {target.generation})")
     return release
+
+
+def to_stable(model: RegisteredModel, stable_version: int, actor, reason: str, *, rollout: Rollout | None = None) -> Release:
+    """Everything back on ``stable_version`` at once (a rollout's abort or automatic rollback)."""
+    with transaction.atomic():
+        counter = ServingGeneration.objects.lock()
+        current = require_current(model)
+        _check_still_ready(model, [stable_version])
+        routes = [Route(version=stable_version, weight=100)]
+        release = _append(counter, model, routes, stable_version, ReleaseAction.ROLLBACK, current, actor, reason, rollout=rollout)
+        events.release_made(release, f"Traffic back to v{stable_version} 100% (generation {release.generation}): {reason}")
+    return release
+
+
+def last_all_stable(model: RegisteredModel, stable_version: int) -> Release | None:
+    """The newest release that sent all weighted traffic to ``stable_version``."""
+    for release in model.releases.order_by("-generation")[:ALL_STABLE_LOOKBACK]:
+        weighted = [route for route in release.routes if route["weight"] > 0]
+        if len(weighted) == 1 and weighted[0]["version"] == stable_version:
+            return release
+    return None
+
+
+def rollback_preview(release: Release | None) -> str | None:
+    """What a rollback from ``release`` returns to, in words (the confirmation shows it)."""
+    if release is None or release.rollback_target is None:
+        return None
+    target = release.rollback_target
+    return f"{_describe_routes(target)} (generation {target.generation})"
+
+
+ALL_STABLE_LOOKBACK = 500
 
 
 def rollback(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None) -> Release:
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         check_expected_generation(model, model.current_release(), expected_generation)
-        current = _require_current(model)
+        current = require_current(model)
         target = current.rollback_target
         if target is None:
             raise ReleaseConflict(f"nothing to roll back to: generation {current.generation} is the first release of {model.name}")
@@ -169,7 +225,8 @@ def _actor_name(release: Release | None) -> str | None:
     return release.actor.get_username()
 
 
-def _append(counter: ServingGeneration, model, routes: list[Route], stable: int, action: str, rollback_target, actor, reason: str) -> Release:
+def _append(counter: ServingGeneration, model, routes: list[Route], stable: int, action: str, rollback_target, actor, reason: str,
+            *, rollout: Rollout | None = None) -> Release:
     counter.generation += 1
     counter.save(update_fields=["generation"])
     release = Release.objects.create(
@@ -183,7 +240,42 @@ def _append(counter: ServingGeneration, model, routes: list[Route], stable: int,
         reason=reason,
     )
     transaction.on_commit(_publish)
+    if rollout is None:
+        _pause_rollouts(model, release)
     return release
+
+
+def _pause_rollouts(model: RegisteredModel, release: Release) -> None:
+    """A change no rollout made pauses the model's running rollout, and says so."""
+    who = release.actor.get_username() if release.actor else "an operator"
+    for rollout in Rollout.objects.select_for_update().filter(model=model, status__in=ANALYSED_ROLLOUT_STATUSES):
+        rollout.status = RolloutStatus.PAUSED
+        rollout.status_reason = (f"paused: manual traffic change by {who} (generation {release.generation}, "
+                                 f"{release.get_action_display().lower()}); resume to set step {rollout.step_index + 1} again")
+        rollout.save(update_fields=["status", "status_reason"])
+        events.rollout_event(rollout, release.actor, f"Rollout #{rollout.pk} {rollout.status_reason}", {"event": "paused", "generation": release.generation})
+
+
+def _check_compatible(model: RegisteredModel, current: Release | None, routes: list[Route], force: bool, reason: str) -> list[str]:
+    """The differences of every newly weighted version whose inputs differ from the
+    current stable's; refused unless ``force`` with a reason. [] when all are compatible."""
+    if current is None:
+        return []
+    candidates = [route.version for route in routes if route.weight > 0 and route.version != current.stable_version]
+    if not candidates:
+        return []
+    versions = {version.number: version for version in model.versions.filter(number__in=[current.stable_version, *candidates])}
+    stable = versions.get(current.stable_version)
+    differences = [f"v{number}: {difference}" for number in candidates if stable is not None and number in versions
+                   for difference in input_differences(stable.signature, versions[number].signature, stable_version=stable.number)]
+    if not differences:
+        return []
+    if not force:
+        raise ReleaseConflict(f"inputs differ from the stable v{current.stable_version}'s ({'; '.join(differences)}): clients would be refused; "
+                              "send force: true with a reason to route traffic to it anyway")
+    if not reason.strip():
+        raise ReleaseError("force needs a reason: say why traffic goes to a version with incompatible inputs")
+    return differences
 
 
 def _publish() -> None:
@@ -204,7 +296,7 @@ def _check_still_ready(model: RegisteredModel, numbers: list[int]) -> None:
         raise ReleaseConflict(f"version(s) {missing} of {model.name} are no longer ready (archived or rejected)")
 
 
-def _require_current(model: RegisteredModel) -> Release:
+def require_current(model: RegisteredModel) -> Release:
     current = model.current_release()
     if current is None:
         raise ReleaseConflict(f"model {model.name} has no release yet: upload a version first")
@@ -233,3 +325,7 @@ def _only_canary(current: Release) -> int:
 
 def _describe(routes: list[Route]) -> str:
     return ", ".join(route.describe() for route in routes)
+
+
+def _describe_routes(release: Release) -> str:
+    return _describe([Route.from_json(route) for route in release.routes])

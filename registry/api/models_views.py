@@ -34,8 +34,19 @@ class ModelList(generics.ListCreateAPIView):
         return Response(serializers.ModelSerializer(model).data, status=status.HTTP_201_CREATED)
 
 
-@extend_schema_view(get=extend_schema(responses={200: serializers.ModelSerializer, **error_responses(404)}))
-class ModelDetail(generics.RetrieveAPIView):
-    serializer_class = serializers.ModelSerializer
+@extend_schema_view(
+    get=extend_schema(responses={200: serializers.ModelSerializer, **error_responses(404)}),
+    patch=extend_schema(request=serializers.ModelUpdateSerializer, responses={200: serializers.ModelSerializer, **error_responses(400, 404, 415)}),
+)
+class ModelDetail(generics.RetrieveUpdateAPIView):
     queryset = RegisteredModel.objects.all()
     lookup_field = "name"
+    parser_classes = [JSONParser]
+    http_method_names = ["get", "patch", "head", "options"]
+
+    def get_serializer_class(self):
+        return serializers.ModelUpdateSerializer if self.request.method == "PATCH" else serializers.ModelSerializer
+
+    def update(self, request, *args, **kwargs):
+        super().update(request, *args, partial=True)
+        return Response(serializers.ModelSerializer(self.get_object()).data)

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
@@ -19,9 +21,24 @@ from registry.models import RegisteredModel, Release
 
 
 def release_body(model: RegisteredModel, release: Release | None) -> dict:
-    body = {"model": model.name, "release": None if release is None else serializers.ReleaseSerializer(release).data}
+    body = {"model": model.name, "release": None if release is None else serializers.ReleaseSerializer(release).data,
+            "rollback_returns_to": releases.rollback_preview(release)}
     body.update(fleet.convergence(release))
     return body
+
+
+def release_at(model: RegisteredModel, raw: str) -> Response:
+    """The release that was in force at ``raw`` (an ISO 8601 time): the newest made at or
+    before it."""
+    at = parse_datetime(raw.strip().replace(" ", "+")) if raw.strip() else None  # a "+" in a query string arrives as a space
+    if at is None:
+        return error_response(f"at must be an ISO 8601 time such as 2026-12-01T16:00:00Z, got {raw[:60]!r}", 400)
+    if timezone.is_naive(at):
+        at = timezone.make_aware(at, timezone.utc)
+    release = model.releases.filter(created_at__lte=at).order_by("-generation").select_related("actor", "rollback_target").first()
+    if release is None:
+        return error_response(f"{model.name} had no release at {at.isoformat()}: its first was made later (or never)", 404)
+    return Response({"model": model.name, "at": at.isoformat(), "release": serializers.ReleaseSerializer(release).data})
 
 
 TRAFFIC_RESPONSES = {201: serializers.ReleaseStateSerializer, **error_responses(400, 404, 409, 415, conflict=serializers.GenerationConflictSerializer)}
@@ -54,9 +71,14 @@ class ReleaseAction(APIView):
 class CurrentRelease(ReleaseAction):
     request_serializer = serializers.SetRoutesSerializer
 
-    @extend_schema(responses={200: serializers.ReleaseStateSerializer, **error_responses(404)})
+    @extend_schema(
+        parameters=[OpenApiParameter("at", str, description="An ISO 8601 time: answer the release in force then (only `model`, `at`, `release`).")],
+        responses={200: serializers.ReleaseStateSerializer, **error_responses(400, 404)},
+    )
     def get(self, request, name: str):
         model = get_model(name)
+        if "at" in request.query_params:
+            return release_at(model, request.query_params["at"])
         return Response(release_body(model, model.current_release()))
 
     @extend_schema(request=serializers.SetRoutesSerializer, responses=TRAFFIC_RESPONSES)
@@ -64,7 +86,8 @@ class CurrentRelease(ReleaseAction):
         return super().post(request, name)
 
     def act(self, model, data):
-        return releases.set_routes(model, data["routes"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
+        return releases.set_routes(model, data["routes"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"),
+                                   force=data["force"])
 
 
 class Promote(ReleaseAction):

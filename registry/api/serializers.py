@@ -14,6 +14,8 @@ from registry.models import (
     ModelVersion,
     RegisteredModel,
     Release,
+    Rollout,
+    RolloutVerdict,
     VersionMetricMinute,
     Worker,
 )
@@ -134,7 +136,8 @@ class ModelSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RegisteredModel
-        fields = ["name", "description", "created_at", "created_by", "max_batch_size", "max_queue_delay_s", "latency_target_s", "versions_count", "current_release"]
+        fields = ["name", "description", "created_at", "created_by", "max_batch_size", "max_queue_delay_s", "latency_target_s", "analysis",
+                  "versions_count", "current_release"]
         read_only_fields = ["created_at"]
 
     @extend_schema_field(ReleaseSerializer(allow_null=True))
@@ -150,6 +153,27 @@ class ModelCreateSerializer(StrictModelSerializer):
     class Meta:
         model = RegisteredModel
         fields = ["name", "description", "max_batch_size", "max_queue_delay_s", "latency_target_s"]
+
+
+class ModelUpdateSerializer(StrictModelSerializer):
+    """What PATCH may change: the description and the model's canary-analysis thresholds
+    (checked against the documented fields and ranges; the batching fields travel to the
+    workers with the desired state, so they are set at creation)."""
+
+    analysis = serializers.DictField(required=False)
+
+    class Meta:
+        model = RegisteredModel
+        fields = ["description", "analysis"]
+
+    def validate_analysis(self, value):
+        from registry.domain.canary_analysis import AnalysisSettings, InvalidAnalysis
+
+        try:
+            AnalysisSettings.parse(value)
+        except InvalidAnalysis as error:
+            raise serializers.ValidationError(str(error)) from None
+        return value
 
 
 class VersionSerializer(serializers.ModelSerializer):
@@ -175,6 +199,10 @@ class VersionUploadSerializer(serializers.Serializer):
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
 
+FORCE_HELP = ("Route traffic to a version whose inputs differ from the stable version's (names, datatypes, non-batch "
+              "dimensions). Needs a reason; recorded in the audit timeline.")
+
+
 class ReasonSerializer(serializers.Serializer):
     reason = StrictCharField(required=False, allow_blank=True, default="")
     expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
@@ -189,6 +217,7 @@ class RoutesField(serializers.ListField):
 
 class SetRoutesSerializer(ReasonSerializer):
     routes = RoutesField(allow_empty=False)
+    force = StrictBooleanField(required=False, default=False, help_text=FORCE_HELP)
 
 
 class RestoreSerializer(ReasonSerializer):
@@ -196,7 +225,7 @@ class RestoreSerializer(ReasonSerializer):
 
 
 class DrillRequestSerializer(serializers.Serializer):
-    roll_forward = StrictBooleanField(required=False, default=False)
+    roll_forward = StrictBooleanField(required=False, default=True, help_text="Restore the split the drill rolled back from once every worker followed (the default).")
     expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
 
 
@@ -216,6 +245,7 @@ class ReleaseStateSerializer(serializers.Serializer):
 
     model = serializers.CharField()
     release = ReleaseSerializer(allow_null=True)
+    rollback_returns_to = serializers.CharField(allow_null=True, help_text="What a rollback from this release returns to, in words; null when nothing.")
     workers = WorkerConvergenceSerializer(many=True)
     converged = serializers.BooleanField()
     rollback_ready = serializers.BooleanField()
@@ -268,7 +298,7 @@ class WorkerSerializer(serializers.ModelSerializer):
 class MetricMinuteSerializer(serializers.ModelSerializer):
     class Meta:
         model = VersionMetricMinute
-        fields = ["minute", "requests", "errors", "latency_sum_s", "latency_buckets", "batch_size_buckets"]
+        fields = ["minute", "requests", "errors", "client_errors", "latency_sum_s", "latency_buckets", "batch_size_buckets"]
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -277,3 +307,51 @@ class AuditEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = AuditEvent
         fields = ["kind", "message", "actor", "data", "created_at"]
+
+
+class RolloutStartSerializer(ReasonSerializer):
+    canary_version = StrictIntegerField(min_value=1)
+    steps = serializers.ListField(child=serializers.JSONField(), required=False, help_text="Percentages ending at 100, e.g. [1, 10, 50, 100] (the default).")
+    step_duration_s = serializers.JSONField(required=False, help_text="How long a passing step holds before the next (default 300).")
+    analysis = serializers.DictField(required=False, default=dict, help_text="Thresholds over the model's and the documented defaults.")
+    force = StrictBooleanField(required=False, default=False, help_text=FORCE_HELP)
+
+
+class RolloutVerdictSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RolloutVerdict
+        fields = ["number", "step_index", "weight", "window_start", "window_end", "result", "reason", "signals", "canary", "stable", "created_at"]
+
+
+class RolloutSerializer(serializers.ModelSerializer):
+    """A rollout's state; ``verdicts`` lists every window judged, newest first (the list
+    of rollouts carries only the newest, as ``last_verdict``)."""
+
+    model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    actor = UserNameField(read_only=True)
+    current_step = serializers.SerializerMethodField()
+    current_weight = serializers.IntegerField(read_only=True)
+    last_verdict = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Rollout
+        fields = [
+            "id", "model", "canary_version", "stable_version", "steps", "current_step", "current_weight", "step_duration_s", "status",
+            "status_reason", "analysis", "consecutive_failures", "windows_judged", "release_generation", "forced", "actor", "reason",
+            "started_at", "step_started_at", "next_window_at", "finished_at", "last_verdict",
+        ]
+
+    def get_current_step(self, rollout) -> int:
+        return min(rollout.step_index, len(rollout.steps) - 1) + 1
+
+    @extend_schema_field(RolloutVerdictSerializer(allow_null=True))
+    def get_last_verdict(self, rollout):
+        verdict = rollout.verdicts.order_by("-number").first()
+        return None if verdict is None else RolloutVerdictSerializer(verdict).data
+
+
+class RolloutDetailSerializer(RolloutSerializer):
+    verdicts = RolloutVerdictSerializer(many=True, read_only=True)
+
+    class Meta(RolloutSerializer.Meta):
+        fields = [*RolloutSerializer.Meta.fields, "verdicts"]

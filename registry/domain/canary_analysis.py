@@ -164,8 +164,8 @@ class ClassCounts:
 
 @dataclass
 class ValueFigures:
-    """A values output: how many values (non-finite ones included), the sum of the finite
-    ones, how many were not finite, and a sample of the finite ones."""
+    """A values output: how many finite values, their sum, how many were not finite
+    (NaN, ±inf: counted apart, as the worker reports them), and a sample of the finite ones."""
 
     count: int = 0
     sum: float = 0.0
@@ -175,8 +175,7 @@ class ValueFigures:
 
     @property
     def mean(self) -> float | None:
-        finite = self.count - self.non_finite
-        return self.sum / finite if finite > 0 else None
+        return self.sum / self.count if self.count > 0 else None
 
 
 @dataclass

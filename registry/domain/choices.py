@@ -25,6 +25,7 @@ class AuditKind(models.TextChoices):
     VERSION_ARCHIVED = "version_archived", "Version archived"
     RELEASE = "release", "Traffic changed"
     DRILL = "drill", "Rollback drill"
+    ROLLOUT = "rollout", "Rollout"
 
 
 class DrillStatus(models.TextChoices):
@@ -32,3 +33,18 @@ class DrillStatus(models.TextChoices):
     PASSED = "passed", "Passed"
     FAILED = "failed", "Failed"
     ERROR = "error", "Error"
+
+
+class RolloutStatus(models.TextChoices):
+    RUNNING = "running", "Running"
+    PAUSED = "paused", "Paused"
+    WAITING_FOR_DATA = "waiting_for_data", "Waiting for data"
+    PROMOTED = "promoted", "Promoted"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+    ABORTED = "aborted", "Aborted"
+
+
+# A rollout in one of these still owns its model's traffic: at most one per model.
+ACTIVE_ROLLOUT_STATUSES = (RolloutStatus.RUNNING, RolloutStatus.PAUSED, RolloutStatus.WAITING_FOR_DATA)
+# The analysis judges a window only in these (a paused rollout waits for the operator).
+ANALYSED_ROLLOUT_STATUSES = (RolloutStatus.RUNNING, RolloutStatus.WAITING_FOR_DATA)

@@ -200,11 +200,20 @@ def test_drill_with_nothing_to_roll_back_is_a_conflict_and_recorded(operator_cli
 def test_drill_without_live_workers_fails_and_says_why(operator_client, three_versions):
     split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
 
-    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    drill = operator_client.post("/api/models/digits/drills/", {"roll_forward": False}, format="json").json()
 
     assert drill["status"] == "failed"
     assert drill["error"] == "no live workers to follow the rollback"
     assert current_routes(three_versions) == [{"version": 1, "weight": 100}]
+
+
+def test_a_drill_restores_the_split_afterwards_by_default(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+
+    assert drill["roll_forward"] is True
+    assert current_routes(three_versions) == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
 
 
 @pytest.mark.parametrize(
@@ -239,7 +248,7 @@ def test_traffic_actions_read_json_only(operator_client, three_versions, path):
 def test_release_answer_matches_its_documented_shape(operator_client, three_versions):
     body = operator_client.get(RELEASE).json()
 
-    assert sorted(body) == ["converged", "model", "release", "rollback_ready", "workers"]
+    assert sorted(body) == ["converged", "model", "release", "rollback_ready", "rollback_returns_to", "workers"]
     assert body["release"]["actor"] is None or isinstance(body["release"]["actor"], str)
 
 

@@ -185,7 +185,7 @@ def test_a_version_with_other_inputs_is_registered_but_reported_incompatible(ope
 def test_compatibility_is_judged_against_the_current_stable(operator_client, operator, model, good_onnx, sixty_inputs_onnx, sixty_four_inputs_onnx):
     upload(operator_client, good_onnx)
     upload(operator_client, sixty_inputs_onnx)
-    releases.set_routes(model, [{"version": 2, "weight": 100}], operator)  # v2 (60 inputs) is stable now
+    releases.set_routes(model, [{"version": 2, "weight": 100}], operator, "a test of the stable's change", force=True)  # v2 (60 inputs) is stable now
 
     compatibility = upload(operator_client, sixty_four_inputs_onnx).json()["validation_report"]["compatibility"]
 

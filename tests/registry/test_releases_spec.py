@@ -93,15 +93,17 @@ def test_the_api_names_the_signed_in_operator_on_each_action(operator_client, th
 # ---- what each action routes, and what rollback returns to ------------------------------
 
 
-def test_promote_routes_only_the_canary_and_rolls_back_to_the_split(three_versions, operator):
+def test_promote_routes_only_the_canary_and_rolls_back_to_the_last_all_stable_release(three_versions, operator):
     releases.set_routes(three_versions, CANARY, operator)
 
     promoted = releases.promote(three_versions, operator, "looks good")
     rolled_back = releases.rollback(three_versions, operator)
 
     assert (promoted.routes, promoted.stable_version, promoted.reason) == ([{"version": 2, "weight": 100}], 2, "looks good")
-    assert (rolled_back.routes, rolled_back.stable_version) == (CANARY, 1)
-    assert rolled_back.reason == "rollback of generation 3, back to the routes of generation 2"
+    # Not to the 90/10 split before the promote: that would leave a tenth of the traffic
+    # on the version being rolled away from.
+    assert (rolled_back.routes, rolled_back.stable_version) == ([{"version": 1, "weight": 100}], 1)
+    assert rolled_back.reason == "rollback of generation 3, back to the routes of generation 1"
 
 
 def test_rollback_after_a_restore_returns_to_what_the_restore_replaced(three_versions, operator):
@@ -166,8 +168,8 @@ def test_release_messages_describe_the_change(three_versions, operator):
     assert messages == [
         "Version 1 routed as stable at 100% (generation 1)",
         "Traffic set to v1 90%, v2 10%, v3 shadow 25% (generation 2)",
-        "Version 2 promoted to stable at 100% (generation 3)",
-        "Rolled back generation 3: traffic back to v1 90%, v2 10%, v3 shadow 25% (generation 4)",
+        "Version 2 promoted to stable at 100% (generation 3); a rollback returns to v1 100% (generation 1)",
+        "Rolled back generation 3: traffic back to v1 100% (generation 4)",
         "Restored generation 3: traffic v2 100% (generation 5)",
     ]
 

@@ -1,0 +1,313 @@
+"""Rollouts: a canary walks a plan of steps (percent of traffic), each judged by the
+canary analysis every ``interval_s``; a passing step holds ``step_duration_s`` and then
+advances, the last step (100) promotes, and ``failure_limit`` consecutive failing windows
+roll back to the stable version at 100 %.
+
+Every traffic change goes through ``registry.actions.releases`` (so it is one locked,
+gap-free, audited release like any other). The state lives in the ``Rollout`` row, which
+every action locks: ``tick`` may run in several Celery processes at once, and a window is
+judged once (``windows_judged`` numbers it; the verdict's number is unique per rollout).
+
+Windows that are waiting for data neither reset nor extend a streak of failing windows:
+they carry no evidence either way.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from itertools import pairwise
+
+from django.db import transaction
+from django.utils import timezone
+
+from registry.actions import events, releases
+from registry.domain.canary_analysis import (
+    AnalysisSettings,
+    InvalidAnalysis,
+    aggregate,
+    judge,
+)
+from registry.domain.choices import (
+    ACTIVE_ROLLOUT_STATUSES,
+    ANALYSED_ROLLOUT_STATUSES,
+    RolloutStatus,
+)
+from registry.domain.traffic import canary_split
+from registry.fleet import samples
+from registry.models import RegisteredModel, Rollout, RolloutVerdict, ServingGeneration
+
+logger = logging.getLogger(__name__)
+
+MAX_STEPS = 20
+MAX_STEP_DURATION_S = 7 * 24 * 3600.0
+
+
+class RolloutError(releases.ReleaseError):
+    """A rollout request that cannot be carried out (400)."""
+
+
+class RolloutConflict(releases.ReleaseConflict):
+    """The rollout is not in a state that allows this (409)."""
+
+
+# ---- starting ------------------------------------------------------------------------
+
+
+def check_steps(steps: object) -> list[int]:
+    """Percentages, strictly increasing, from 1 to 100, ending at 100 (the step that promotes)."""
+    if not isinstance(steps, list) or not steps:
+        raise RolloutError("steps must be a non-empty list of percentages, e.g. [1, 10, 50, 100]")
+    if len(steps) > MAX_STEPS:
+        raise RolloutError(f"steps has {len(steps)} entries, at most {MAX_STEPS} are allowed")
+    for index, step in enumerate(steps):
+        if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= 100:
+            raise RolloutError(f"steps[{index}] must be an integer percentage from 1 to 100")
+    if any(later <= earlier for earlier, later in pairwise(steps)):
+        raise RolloutError(f"steps must increase strictly, got {steps}")
+    if steps[-1] != 100:
+        raise RolloutError(f"the last step must be 100 (it promotes the canary), got {steps[-1]}")
+    if len(steps) < 2:
+        raise RolloutError("a rollout needs at least one analysed step below 100 before the promotion")
+    return steps
+
+
+def check_step_duration(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_STEP_DURATION_S:
+        raise RolloutError(f"step_duration_s must be a number of seconds from 0 to {MAX_STEP_DURATION_S:.0f}")
+    return float(value)
+
+
+def resolve_analysis(model: RegisteredModel, requested: object) -> AnalysisSettings:
+    """The documented defaults, then the model's own thresholds, then the request's."""
+    try:
+        base = AnalysisSettings.parse(model.analysis or {})
+        return AnalysisSettings.parse(requested or {}, base)
+    except InvalidAnalysis as error:
+        raise RolloutError(str(error)) from None
+
+
+def start(model: RegisteredModel, canary_version: int, steps: object, step_duration_s: object, analysis: object, actor,
+          reason: str = "", *, expected_generation: int | None = None, force: bool = False) -> Rollout:
+    plan = check_steps(steps)
+    duration_s = check_step_duration(step_duration_s)
+    settings = resolve_analysis(model, analysis)
+    with transaction.atomic():
+        ServingGeneration.objects.lock()
+        _refuse_second_rollout(model)
+        current = releases.require_current(model)
+        releases.check_expected_generation(model, current, expected_generation)
+        if canary_version == current.stable_version:
+            raise RolloutError(f"version {canary_version} is already the stable version of {model.name}")
+        now = timezone.now()
+        rollout = Rollout.objects.create(
+            model=model, canary_version=canary_version, stable_version=current.stable_version, steps=plan,
+            step_duration_s=duration_s, analysis=settings.to_json(), step_started_at=now,
+            next_window_at=now + timedelta(seconds=settings.interval_s), forced=force,
+            actor=actor if actor is not None and actor.is_authenticated else None, reason=reason,
+        )
+        events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} started: v{canary_version} over steps {plan} "
+                             f"({duration_s:g} s each, windows of {settings.interval_s:g} s){_because(reason)}", {"event": "started"})
+        _apply_step(rollout, actor, reason, force=force)
+    return rollout
+
+
+def _refuse_second_rollout(model: RegisteredModel) -> None:
+    active = model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first()
+    if active is not None:
+        raise RolloutConflict(f"rollout #{active.pk} of {model.name} (v{active.canary_version}) is {active.get_status_display().lower()}: "
+                              "one rollout per model at a time; abort it first")
+
+
+def _apply_step(rollout: Rollout, actor, reason: str = "", *, force: bool = False) -> None:
+    weight = rollout.current_weight
+    note = f"rollout #{rollout.pk} step {rollout.step_index + 1}/{len(rollout.steps)}: v{rollout.canary_version} at {weight}%"
+    routes = canary_split(rollout.stable_version, rollout.canary_version, weight)
+    release = releases.set_routes(rollout.model, routes, actor, f"{note}{_because(reason)}", force=force or rollout.forced, rollout=rollout)
+    rollout.release_generation = release.generation
+    rollout.save()
+
+
+# ---- operator actions ------------------------------------------------------------------
+
+
+def pause(rollout: Rollout, actor, reason: str = "") -> Rollout:
+    with transaction.atomic():
+        rollout = _locked(rollout)
+        if rollout.status not in ANALYSED_ROLLOUT_STATUSES:
+            raise RolloutConflict(f"rollout #{rollout.pk} is {rollout.get_status_display().lower()}: only a running rollout can be paused")
+        _pause(rollout, actor, f"paused by {_who(actor)}{_because(reason)}")
+    return rollout
+
+
+def resume(rollout: Rollout, actor, reason: str = "") -> Rollout:
+    """Back to running from the step it was on: the step's split is set again (a manual
+    change may have replaced it) and the step's hold starts over."""
+    with transaction.atomic():
+        ServingGeneration.objects.lock()
+        rollout = _locked(rollout)
+        if rollout.status != RolloutStatus.PAUSED:
+            raise RolloutConflict(f"rollout #{rollout.pk} is {rollout.get_status_display().lower()}: only a paused rollout can be resumed")
+        _restart_step(rollout, timezone.now())
+        rollout.status, rollout.status_reason = RolloutStatus.RUNNING, f"resumed by {_who(actor)}{_because(reason)}"
+        events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} {rollout.status_reason}", {"event": "resumed"})
+        _apply_step(rollout, actor, reason)
+    return rollout
+
+
+def abort(rollout: Rollout, actor, reason: str = "") -> Rollout:
+    """Stable back to 100 % at once."""
+    with transaction.atomic():
+        ServingGeneration.objects.lock()
+        rollout = _locked(rollout)
+        if rollout.status not in ACTIVE_ROLLOUT_STATUSES:
+            raise RolloutConflict(f"rollout #{rollout.pk} is already {rollout.get_status_display().lower()}")
+        note = f"aborted by {_who(actor)}{_because(reason)}"
+        _finish_to_stable(rollout, actor, RolloutStatus.ABORTED, note)
+    return rollout
+
+
+# ---- the analysis ----------------------------------------------------------------------
+
+
+def tick(now: datetime | None = None) -> int:
+    """Judge every rollout whose window is due; the number judged. Idempotent: a window
+    already judged by another process is not judged again."""
+    now = now or timezone.now()
+    due = Rollout.objects.filter(status__in=ANALYSED_ROLLOUT_STATUSES, next_window_at__lte=now).values_list("pk", flat=True)
+    judged = 0
+    for pk in list(due):
+        try:
+            judged += analyse(pk, now)
+        except Exception:
+            logger.exception("analysis of rollout %s failed", pk)
+    samples.prune(now)
+    return judged
+
+
+def analyse(pk: int, now: datetime) -> bool:
+    """Judge rollout ``pk``'s last window if it is due; True when a verdict was recorded."""
+    with transaction.atomic():
+        ServingGeneration.objects.lock()
+        rollout = Rollout.objects.select_for_update().select_related("model").get(pk=pk)
+        if rollout.status not in ANALYSED_ROLLOUT_STATUSES or rollout.next_window_at > now:
+            return False
+        if _paused_by_manual_change(rollout):
+            return False
+        verdict = _judge_window(rollout, now)
+        _act_on(rollout, verdict, now)
+    return True
+
+
+def _judge_window(rollout: Rollout, now: datetime) -> RolloutVerdict:
+    settings = AnalysisSettings.parse(rollout.analysis)
+    start = max(now - timedelta(seconds=settings.interval_s), rollout.step_started_at)
+    versions = {version.number: version for version in rollout.model.versions.filter(number__in=[rollout.canary_version, rollout.stable_version])}
+    canary = aggregate(samples.window(versions[rollout.canary_version], start, now)) if rollout.canary_version in versions else aggregate([])
+    stable = aggregate(samples.window(versions[rollout.stable_version], start, now)) if rollout.stable_version in versions else aggregate([])
+    verdict = judge(canary, stable, settings)
+    body = verdict.to_json()
+    rollout.windows_judged += 1
+    rollout.next_window_at = now + timedelta(seconds=settings.interval_s)
+    return RolloutVerdict.objects.create(
+        rollout=rollout, number=rollout.windows_judged, step_index=rollout.step_index, weight=rollout.current_weight,
+        window_start=start, window_end=now, result=body["result"], reason=body["reason"], signals=body["signals"],
+        canary=body.get("canary", {}), stable=body.get("stable", {}),
+    )
+
+
+def _act_on(rollout: Rollout, verdict: RolloutVerdict, now: datetime) -> None:
+    settings = AnalysisSettings.parse(rollout.analysis)
+    window = f"window {verdict.number} (step {rollout.step_index + 1}, {rollout.current_weight}%)"
+    events.rollout_event(rollout, None, f"Rollout #{rollout.pk} {window}: {verdict.result.replace('_', ' ')}. {verdict.reason}".strip(),
+                         {"event": "verdict", "verdict": verdict.number, "result": verdict.result})
+    if verdict.result == "waiting_for_data":
+        rollout.status, rollout.status_reason = RolloutStatus.WAITING_FOR_DATA, verdict.reason
+        rollout.save()
+        return
+    if verdict.result == "fail":
+        rollout.consecutive_failures += 1
+        rollout.status, rollout.status_reason = RolloutStatus.RUNNING, f"{window} failed: {verdict.reason}"
+        if rollout.consecutive_failures >= settings.failure_limit:
+            note = (f"rolled back automatically after {rollout.consecutive_failures} consecutive failing windows; "
+                    f"last: {verdict.reason}")
+            _finish_to_stable(rollout, None, RolloutStatus.ROLLED_BACK, note)
+            return
+        rollout.save()
+        return
+    rollout.consecutive_failures = 0
+    rollout.status, rollout.status_reason = RolloutStatus.RUNNING, f"{window} passed"
+    if (now - rollout.step_started_at).total_seconds() >= rollout.step_duration_s:
+        _advance(rollout, now)
+    else:
+        rollout.save()
+
+
+def _advance(rollout: Rollout, now: datetime) -> None:
+    rollout.step_index += 1
+    if rollout.current_weight == 100:
+        _promote(rollout)
+        return
+    _restart_step(rollout, now)
+    events.rollout_event(rollout, None, f"Rollout #{rollout.pk} advanced to step {rollout.step_index + 1}/{len(rollout.steps)}: "
+                         f"v{rollout.canary_version} at {rollout.current_weight}%", {"event": "step", "step": rollout.step_index + 1})
+    try:
+        _apply_step(rollout, None)
+    except releases.ReleaseError as error:
+        _pause(rollout, None, f"could not set step {rollout.step_index + 1}: {error.message}")
+
+
+def _promote(rollout: Rollout) -> None:
+    note = f"rollout #{rollout.pk}: every step passed, v{rollout.canary_version} promoted"
+    try:
+        release = releases.promote(rollout.model, None, note, rollout=rollout)
+    except releases.ReleaseError as error:
+        rollout.step_index -= 1
+        _pause(rollout, None, f"could not promote: {error.message}")
+        return
+    rollout.release_generation = release.generation
+    _finish(rollout, None, RolloutStatus.PROMOTED, f"every step passed; v{rollout.canary_version} promoted at generation {release.generation}")
+
+
+def _finish_to_stable(rollout: Rollout, actor, status: str, note: str) -> None:
+    release = releases.to_stable(rollout.model, rollout.stable_version, actor, f"rollout #{rollout.pk} {note}", rollout=rollout)
+    rollout.release_generation = release.generation
+    _finish(rollout, actor, status, f"{note} (generation {release.generation}: v{rollout.stable_version} at 100%)")
+
+
+def _finish(rollout: Rollout, actor, status: str, note: str) -> None:
+    rollout.status, rollout.status_reason, rollout.finished_at = status, note, timezone.now()
+    rollout.save()
+    events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} {rollout.get_status_display().lower()}: {note}", {"event": status})
+
+
+def _restart_step(rollout: Rollout, now: datetime) -> None:
+    interval_s = AnalysisSettings.parse(rollout.analysis).interval_s
+    rollout.step_started_at, rollout.next_window_at, rollout.consecutive_failures = now, now + timedelta(seconds=interval_s), 0
+
+
+def _paused_by_manual_change(rollout: Rollout) -> bool:
+    """The safety net behind ``releases``' own pause: a newer release the rollout did not make."""
+    current = rollout.model.current_release()
+    if current is None or current.generation == rollout.release_generation:
+        return False
+    _pause(rollout, None, f"paused: generation {current.generation} ({current.get_action_display().lower()}) was not made by this rollout")
+    return True
+
+
+def _pause(rollout: Rollout, actor, note: str) -> None:
+    rollout.status, rollout.status_reason = RolloutStatus.PAUSED, note
+    rollout.save()
+    events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} {note}", {"event": "paused"})
+
+
+def _locked(rollout: Rollout) -> Rollout:
+    return Rollout.objects.select_for_update().select_related("model").get(pk=rollout.pk)
+
+
+def _who(actor) -> str:
+    return actor.get_username() if actor is not None and actor.is_authenticated else "the console"
+
+
+def _because(reason: str) -> str:
+    return f" ({reason})" if reason else ""

@@ -1,0 +1,131 @@
+"""The rollout API: start, read, pause / resume / abort, bad requests answered with a
+4xx naming the problem; and the release in force at a given time."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from registry.actions import releases
+
+pytestmark = pytest.mark.django_db
+
+ROLLOUTS = "/api/models/digits/rollouts/"
+PLAN = {"canary_version": 2, "steps": [5, 100], "step_duration_s": 60, "analysis": {"interval_s": 30, "min_requests": 10}}
+
+
+def test_starting_a_rollout_answers_its_state_and_routes_the_first_step(three_versions, operator_client):
+    answer = operator_client.post(ROLLOUTS, PLAN, format="json")
+
+    assert answer.status_code == 201, answer.json()
+    body = answer.json()
+    assert (body["status"], body["current_step"], body["current_weight"], body["steps"]) == ("running", 1, 5, [5, 100])
+    assert body["analysis"]["interval_s"] == 30 and body["analysis"]["failure_limit"] == 2  # the default fills the rest
+    assert body["verdicts"] == []
+    assert three_versions.current_release().routes == [{"version": 1, "weight": 95}, {"version": 2, "weight": 5}]
+
+
+def test_the_default_plan_is_one_ten_fifty_hundred(three_versions, operator_client):
+    body = operator_client.post(ROLLOUTS, {"canary_version": 2}, format="json").json()
+
+    assert (body["steps"], body["step_duration_s"]) == ([1, 10, 50, 100], 300)
+
+
+def test_the_model_thresholds_apply_under_the_rollouts_own(three_versions, operator_client):
+    answer = operator_client.patch("/api/models/digits/", {"analysis": {"min_requests": 500, "max_class_psi": 0.1}}, format="json")
+    assert answer.status_code == 200, answer.json()
+
+    body = operator_client.post(ROLLOUTS, {**PLAN, "analysis": {"min_requests": 20}}, format="json").json()
+
+    assert (body["analysis"]["min_requests"], body["analysis"]["max_class_psi"]) == (20, 0.1)
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"analysis": {"interval_s": "soon"}}, "interval_s"),
+    ({"analysis": {"no_such_threshold": 1}}, "no_such_threshold"),
+    ({"steps": [50, 10, 100]}, "increase strictly"),
+    ({"step_duration_s": -1}, "step_duration_s"),
+    ({"canary_version": 99}, "version 99"),
+    ({"canary_version": "2"}, "canary_version"),
+])
+def test_a_bad_plan_is_a_400_naming_the_problem_and_starts_nothing(three_versions, operator_client, change, field):
+    answer = operator_client.post(ROLLOUTS, {**PLAN, **change}, format="json")
+
+    assert answer.status_code == 400
+    assert field in answer.json()["error"] or field in str(answer.json().get("fields"))
+    assert operator_client.get(ROLLOUTS).json() == []
+    assert three_versions.current_release().generation == 1
+
+
+def test_bad_model_thresholds_are_refused_naming_the_field(three_versions, operator_client):
+    answer = operator_client.patch("/api/models/digits/", {"analysis": {"max_class_psi": -1}}, format="json")
+
+    assert answer.status_code == 400 and "max_class_psi" in str(answer.json())
+
+
+def test_a_second_rollout_is_a_409(three_versions, operator_client):
+    operator_client.post(ROLLOUTS, PLAN, format="json")
+
+    answer = operator_client.post(ROLLOUTS, {**PLAN, "canary_version": 3}, format="json")
+
+    assert answer.status_code == 409 and "one rollout per model" in answer.json()["error"]
+
+
+def test_a_viewer_reads_rollouts_but_cannot_start_or_abort_one(three_versions, operator_client, viewer_client):
+    rollout = operator_client.post(ROLLOUTS, PLAN, format="json").json()
+
+    assert viewer_client.post(ROLLOUTS, PLAN, format="json").status_code == 403
+    assert viewer_client.post(f"{ROLLOUTS}{rollout['id']}/abort/", {}, format="json").status_code == 403
+    assert viewer_client.get(f"{ROLLOUTS}{rollout['id']}/").json()["status"] == "running"
+
+
+def test_pause_resume_and_abort_answer_the_new_state(three_versions, operator_client):
+    url = f"{ROLLOUTS}{operator_client.post(ROLLOUTS, PLAN, format='json').json()['id']}/"
+
+    assert operator_client.post(url + "pause/", {"reason": "hold"}, format="json").json()["status"] == "paused"
+    assert operator_client.post(url + "pause/", {}, format="json").status_code == 409
+    assert operator_client.post(url + "resume/", {}, format="json").json()["status"] == "running"
+    aborted = operator_client.post(url + "abort/", {"reason": "not today"}, format="json").json()
+
+    assert (aborted["status"], aborted["status_reason"].split(" (generation")[0]) == ("aborted", "aborted by olivia (not today)")
+    assert three_versions.current_release().routes == [{"version": 1, "weight": 100}]
+    assert operator_client.post(url + "resume/", {}, format="json").status_code == 409
+
+
+def test_an_unknown_rollout_is_a_404(three_versions, operator_client):
+    assert operator_client.get(f"{ROLLOUTS}12345/").status_code == 404
+    assert operator_client.post(f"{ROLLOUTS}12345/abort/", {}, format="json").status_code == 404
+
+
+# ---- the release in force at a time ------------------------------------------------------
+
+
+def test_the_release_at_a_time_is_the_newest_made_by_then(three_versions, operator, operator_client):
+    first = three_versions.current_release()
+    between = timezone.now()
+    releases.set_routes(three_versions, [{"version": 1, "weight": 80}, {"version": 2, "weight": 20}], operator)
+
+    then = operator_client.get("/api/models/digits/release/", {"at": between.isoformat()}).json()
+    now = operator_client.get("/api/models/digits/release/", {"at": (timezone.now() + timedelta(seconds=1)).isoformat()}).json()
+
+    assert then["release"]["generation"] == first.generation
+    assert now["release"]["routes"] == [{"version": 1, "weight": 80}, {"version": 2, "weight": 20}]
+
+
+def test_a_time_before_the_first_release_is_a_404_and_a_bad_time_a_400(three_versions, operator_client):
+    before = operator_client.get("/api/models/digits/release/", {"at": "2001-01-01T00:00:00Z"})
+    bad = operator_client.get("/api/models/digits/release/", {"at": "yesterday"})
+
+    assert before.status_code == 404 and "no release" in before.json()["error"]
+    assert bad.status_code == 400 and "ISO 8601" in bad.json()["error"]
+
+
+def test_the_release_state_says_what_a_rollback_returns_to(three_versions, operator, operator_client):
+    releases.set_routes(three_versions, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}], operator)
+    releases.promote(three_versions, operator)
+
+    body = operator_client.get("/api/models/digits/release/").json()
+
+    assert body["rollback_returns_to"] == "v1 100% (generation 1)"

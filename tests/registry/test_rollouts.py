@@ -1,0 +1,265 @@
+"""The rollout state machine through ``registry.actions.rollouts`` and the HTTP API:
+steps, verdicts, automatic rollback, waiting for data, pause / resume / abort, manual
+changes, one rollout per model. Worker reports are stored as the console stores them
+(``registry.fleet.samples``); the clock is the ``now`` each tick is given, so every
+window is exact. The live path (real workers, real traffic, Celery beat) is in
+tests/integration/test_rollouts_live.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from registry.actions import releases, rollouts
+from registry.domain.choices import AuditKind, RolloutStatus
+from registry.fleet import samples
+from registry.models import AuditEvent, Rollout
+
+pytestmark = pytest.mark.django_db
+
+FAST = {"interval_s": 10, "min_requests": 50, "failure_limit": 2}
+BUCKETS = {"0.001": 0, "0.002": 0, "0.004": 0, "+Inf": 0}
+
+
+def figures(model: str, version: int, requests: int = 200, errors: int = 0, client_errors: int = 0, classes=None) -> dict:
+    answered = requests - errors - client_errors
+    buckets = {bound: (answered if bound != "0.001" else 0) for bound in BUCKETS}
+    entry = {"model": model, "version": version, "requests": requests, "errors": errors, "client_errors": client_errors,
+             "latency_sum_s": 0.0015 * requests, "latency_buckets": buckets, "batch_size_buckets": {}}
+    counts = classes if classes is not None else [answered // 4] * 4
+    entry["outputs"] = [{"name": "probabilities", "kind": "classes", "counts": counts, "other": 0}]
+    return entry
+
+
+def report(model, version_numbers: dict[int, dict], at) -> None:
+    """One report from one worker at ``at``: figures per version number."""
+    versions = {version.number: version for version in model.versions.all()}
+    samples.store("worker-0", [(versions[number], entry) for number, entry in version_numbers.items()], received_at=at)
+
+
+def window_of_traffic(model, rollout: Rollout, at, canary: dict | None = None, stable: dict | None = None) -> None:
+    """Figures for both sides a moment before ``at`` (inside the window ending at ``at``)."""
+    report(model, {rollout.canary_version: canary or figures(model.name, rollout.canary_version),
+                   rollout.stable_version: stable or figures(model.name, rollout.stable_version)}, at - timedelta(seconds=1))
+
+
+def start(model, operator, **overrides) -> Rollout:
+    plan = {"canary_version": 2, "steps": [10, 50, 100], "step_duration_s": 0, "analysis": FAST, **overrides}
+    return rollouts.start(model, plan.pop("canary_version"), plan.pop("steps"), plan.pop("step_duration_s"), plan.pop("analysis"), operator, **plan)
+
+
+def judge_next(rollout: Rollout, **traffic) -> Rollout:
+    """Report one window of traffic and tick at the end of it."""
+    rollout.refresh_from_db()
+    at = rollout.next_window_at
+    window_of_traffic(rollout.model, rollout, at, **traffic)
+    rollouts.tick(at)
+    rollout.refresh_from_db()
+    return rollout
+
+
+def routes(model) -> list[dict]:
+    return model.current_release().routes
+
+
+# ---- starting ----------------------------------------------------------------------
+
+
+def test_a_rollout_gives_the_canary_the_first_steps_weight_at_once(three_versions, operator):
+    rollout = start(three_versions, operator)
+
+    assert (rollout.status, rollout.step_index, rollout.stable_version) == (RolloutStatus.RUNNING, 0, 1)
+    assert routes(three_versions) == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
+    assert rollout.release_generation == three_versions.current_release().generation
+
+
+def test_a_second_rollout_of_the_same_model_is_refused_naming_the_first(three_versions, operator):
+    first = start(three_versions, operator)
+
+    with pytest.raises(releases.ReleaseConflict, match=f"rollout #{first.pk} .* one rollout per model"):
+        start(three_versions, operator, canary_version=3)
+
+
+@pytest.mark.parametrize(("steps", "message"), [
+    ([10, 5, 100], "increase strictly"),
+    ([10, 50], "last step must be 100"),
+    ([100], "at least one analysed step"),
+    ([0, 100], r"steps\[0\] must be an integer percentage from 1 to 100"),
+    ("10,100", "non-empty list"),
+])
+def test_a_plan_with_bad_steps_is_refused_naming_the_problem(three_versions, operator, steps, message):
+    with pytest.raises(rollouts.RolloutError, match=message):
+        start(three_versions, operator, steps=steps)
+    assert not Rollout.objects.exists()
+
+
+def test_the_stable_version_cannot_be_its_own_canary(three_versions, operator):
+    with pytest.raises(rollouts.RolloutError, match="already the stable version"):
+        start(three_versions, operator, canary_version=1)
+
+
+# ---- walking the steps -----------------------------------------------------------------
+
+
+def test_a_healthy_canary_walks_every_step_and_is_promoted(three_versions, operator):
+    rollout = start(three_versions, operator)
+
+    rollout = judge_next(rollout)
+    assert (rollout.step_index, routes(three_versions)) == (1, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    rollout = judge_next(rollout)
+
+    assert rollout.status == RolloutStatus.PROMOTED
+    assert routes(three_versions) == [{"version": 2, "weight": 100}]
+    assert three_versions.current_release().stable_version == 2
+    assert [verdict.result for verdict in rollout.verdicts.order_by("number")] == ["pass", "pass"]
+
+
+def test_a_passing_step_holds_for_its_duration_before_advancing(three_versions, operator):
+    rollout = start(three_versions, operator, step_duration_s=25)
+
+    rollout = judge_next(rollout)  # 10 s into the step
+    rollout = judge_next(rollout)  # 20 s
+    assert (rollout.step_index, rollout.status) == (0, RolloutStatus.RUNNING)
+    rollout = judge_next(rollout)  # 30 s: held long enough
+
+    assert rollout.step_index == 1
+
+
+def test_consecutive_failing_windows_roll_back_to_stable_with_the_numbers_in_the_reason(three_versions, operator):
+    rollout = start(three_versions, operator)
+    broken = figures("digits", 2, requests=200, errors=60)
+
+    rollout = judge_next(rollout, canary=broken)
+    assert (rollout.status, rollout.consecutive_failures) == (RolloutStatus.RUNNING, 1)
+    rollout = judge_next(rollout, canary=broken)
+
+    assert rollout.status == RolloutStatus.ROLLED_BACK
+    assert routes(three_versions) == [{"version": 1, "weight": 100}]
+    assert "2 consecutive failing windows" in rollout.status_reason and "30.0%" in rollout.status_reason
+    assert three_versions.current_release().reason.startswith(f"rollout #{rollout.pk} rolled back automatically")
+
+
+def test_a_passing_window_between_failures_resets_the_streak(three_versions, operator):
+    rollout = start(three_versions, operator, step_duration_s=1000)
+    broken = figures("digits", 2, requests=200, errors=60)
+
+    judge_next(rollout, canary=broken)
+    judge_next(rollout)
+    rollout = judge_next(rollout, canary=broken)
+
+    assert (rollout.status, rollout.consecutive_failures) == (RolloutStatus.RUNNING, 1)
+
+
+def test_a_canary_refusing_every_request_fails_on_client_errors(three_versions, operator):
+    rollout = start(three_versions, operator, analysis={**FAST, "failure_limit": 1})
+
+    rollout = judge_next(rollout, canary=figures("digits", 2, requests=200, client_errors=200))
+
+    assert rollout.status == RolloutStatus.ROLLED_BACK
+    signals = {signal["name"]: signal["passed"] for signal in rollout.verdicts.get().signals}
+    assert signals["client_errors"] is False and signals["server_errors"] is True
+
+
+def test_a_canary_whose_predictions_shift_is_rolled_back_on_the_distribution(three_versions, operator):
+    rollout = start(three_versions, operator, analysis={**FAST, "failure_limit": 1})
+
+    rollout = judge_next(rollout, canary=figures("digits", 2, classes=[10, 10, 170, 10]))
+
+    assert rollout.status == RolloutStatus.ROLLED_BACK
+    verdict = rollout.verdicts.get()
+    failed = [signal["name"] for signal in verdict.signals if signal["passed"] is False]
+    assert failed == ["output:probabilities"]
+    assert "PSI" in verdict.reason
+
+
+def test_quiet_traffic_waits_and_says_how_many_requests_are_needed(three_versions, operator):
+    rollout = start(three_versions, operator)
+
+    rollout = judge_next(rollout, canary=figures("digits", 2, requests=12))
+
+    assert rollout.status == RolloutStatus.WAITING_FOR_DATA
+    assert "12" in rollout.status_reason and "50" in rollout.status_reason
+    assert (rollout.step_index, rollout.consecutive_failures) == (0, 0)
+    rollout = judge_next(rollout)
+    assert (rollout.status, rollout.step_index) == (RolloutStatus.RUNNING, 1)
+
+
+def test_a_window_is_judged_once_however_often_the_tick_runs(three_versions, operator):
+    rollout = start(three_versions, operator, step_duration_s=1000)
+    at = rollout.next_window_at
+    window_of_traffic(three_versions, rollout, at)
+
+    judged = [rollouts.tick(at), rollouts.tick(at), rollouts.tick(at + timedelta(seconds=1))]
+
+    assert judged == [1, 0, 0]
+    assert rollout.verdicts.count() == 1
+
+
+# ---- operator actions ------------------------------------------------------------------
+
+
+def test_pause_stops_the_analysis_and_resume_starts_the_step_again(three_versions, operator):
+    rollout = rollouts.pause(start(three_versions, operator), operator, "looking at a dashboard")
+    assert (rollout.status, rollout.status_reason) == (RolloutStatus.PAUSED, "paused by olivia (looking at a dashboard)")
+    rollouts.tick(rollout.next_window_at + timedelta(seconds=60))
+    assert rollout.verdicts.count() == 0
+
+    rollout = rollouts.resume(rollout, operator)
+
+    assert rollout.status == RolloutStatus.RUNNING
+    assert rollout.next_window_at > timezone.now()
+
+
+def test_abort_returns_all_traffic_to_stable_at_once(three_versions, operator):
+    rollout = rollouts.abort(start(three_versions, operator), operator, "wrong version")
+
+    assert rollout.status == RolloutStatus.ABORTED
+    assert routes(three_versions) == [{"version": 1, "weight": 100}]
+    with pytest.raises(releases.ReleaseConflict, match="already aborted"):
+        rollouts.abort(rollout, operator)
+
+
+def test_a_manual_traffic_change_pauses_a_running_rollout_and_says_so(three_versions, operator):
+    rollout = start(three_versions, operator)
+
+    release = releases.set_routes(three_versions, [{"version": 1, "weight": 70}, {"version": 2, "weight": 30}], operator)
+
+    rollout.refresh_from_db()
+    assert rollout.status == RolloutStatus.PAUSED
+    assert f"manual traffic change by olivia (generation {release.generation}" in rollout.status_reason
+    assert AuditEvent.objects.filter(kind=AuditKind.ROLLOUT, message__contains="manual traffic change").exists()
+
+
+def test_resume_after_a_manual_change_sets_the_steps_split_again(three_versions, operator):
+    rollout = start(three_versions, operator)
+    releases.set_routes(three_versions, [{"version": 1, "weight": 70}, {"version": 2, "weight": 30}], operator)
+
+    rollouts.resume(rollout, operator)
+
+    assert routes(three_versions) == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
+
+
+def test_every_step_verdict_and_outcome_is_in_the_audit_timeline(three_versions, operator):
+    rollout = start(three_versions, operator)
+    judge_next(rollout)
+    judge_next(rollout)
+
+    messages = list(AuditEvent.objects.filter(kind=AuditKind.ROLLOUT).order_by("pk").values_list("data__event", flat=True))
+
+    assert messages == ["started", "verdict", "step", "verdict", "promoted"]
+
+
+# ---- rollback semantics ------------------------------------------------------------------
+
+
+def test_rollback_after_a_promote_returns_to_the_last_all_stable_release(three_versions, operator):
+    all_stable = three_versions.current_release()
+    releases.set_routes(three_versions, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}], operator)
+    releases.promote(three_versions, operator)
+
+    release = releases.rollback(three_versions, operator)
+
+    assert release.routes == [{"version": 1, "weight": 100}] == all_stable.routes
+    assert release.stable_version == 1
