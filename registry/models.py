@@ -222,7 +222,8 @@ class Rollout(models.Model):
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="rollouts")
     canary_version = models.PositiveIntegerField()
     stable_version = models.PositiveIntegerField()
-    steps = models.JSONField()  # [1, 10, 50, 100]
+    steps = models.JSONField()  # [1, 10, 50, 100]; a first step of 0 is a shadow step
+    shadow_fraction = models.FloatField(default=1.0)  # of stable's requests mirrored to the canary in a shadow step
     step_duration_s = models.FloatField()
     analysis = models.JSONField()  # every threshold, as resolved at the start
     status = models.CharField(max_length=20, choices=RolloutStatus.choices, default=RolloutStatus.RUNNING)

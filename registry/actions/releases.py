@@ -92,7 +92,7 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
         except InvalidRoutes as error:
             raise ReleaseError(str(error)) from None
         stable = _stable_for(parsed, current)
-        forced = _check_compatible(model, current, parsed, force, reason)
+        forced = check_compatible(model, current, parsed, force, reason)
         release = _append(counter, model, parsed, stable, ReleaseAction.SET_ROUTES, current, actor, reason, rollout=rollout)
         message = f"Traffic set to {_describe(parsed)} (generation {release.generation})"
         if forced:
@@ -256,7 +256,7 @@ def _pause_rollouts(model: RegisteredModel, release: Release) -> None:
         events.rollout_event(rollout, release.actor, f"Rollout #{rollout.pk} {rollout.status_reason}", {"event": "paused", "generation": release.generation})
 
 
-def _check_compatible(model: RegisteredModel, current: Release | None, routes: list[Route], force: bool, reason: str) -> list[str]:
+def check_compatible(model: RegisteredModel, current: Release | None, routes: list[Route], force: bool, reason: str) -> list[str]:
     """The differences of every newly weighted version whose inputs differ from the
     current stable's; refused unless ``force`` with a reason. [] when all are compatible."""
     if current is None:

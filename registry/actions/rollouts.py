@@ -3,6 +3,10 @@ canary analysis every ``interval_s``; a passing step holds ``step_duration_s`` a
 advances, the last step (100) promotes, and ``failure_limit`` consecutive failing windows
 roll back to the stable version at 100 %.
 
+A first step of 0 is a **shadow step** (a dark launch): the canary answers no client,
+``shadow_fraction`` of stable's requests are mirrored to it, and the window judges its
+mirrored runs (their failures, its output distribution, its agreement with stable).
+
 Every traffic change goes through ``registry.actions.releases`` (so it is one locked,
 gap-free, audited release like any other). The state lives in the ``Rollout`` row, which
 every action locks: ``tick`` may run in several Celery processes at once, and a window is
@@ -33,7 +37,7 @@ from registry.domain.choices import (
     ANALYSED_ROLLOUT_STATUSES,
     RolloutStatus,
 )
-from registry.domain.traffic import canary_split
+from registry.domain.traffic import Route, canary_split
 from registry.fleet import samples
 from registry.models import RegisteredModel, Rollout, RolloutVerdict, ServingGeneration
 
@@ -55,14 +59,16 @@ class RolloutConflict(releases.ReleaseConflict):
 
 
 def check_steps(steps: object) -> list[int]:
-    """Percentages, strictly increasing, from 1 to 100, ending at 100 (the step that promotes)."""
+    """Percentages, strictly increasing, from 1 to 100, ending at 100 (the step that
+    promotes); the first may be 0, a shadow step."""
     if not isinstance(steps, list) or not steps:
         raise RolloutError("steps must be a non-empty list of percentages, e.g. [1, 10, 50, 100]")
     if len(steps) > MAX_STEPS:
         raise RolloutError(f"steps has {len(steps)} entries, at most {MAX_STEPS} are allowed")
     for index, step in enumerate(steps):
-        if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= 100:
-            raise RolloutError(f"steps[{index}] must be an integer percentage from 1 to 100")
+        if isinstance(step, bool) or not isinstance(step, int) or not (0 if index == 0 else 1) <= step <= 100:
+            shadow = " (only the first step may be 0, a shadow step)" if index and step == 0 else ""
+            raise RolloutError(f"steps[{index}] must be an integer percentage from 1 to 100{shadow}")
     if any(later <= earlier for earlier, later in pairwise(steps)):
         raise RolloutError(f"steps must increase strictly, got {steps}")
     if steps[-1] != 100:
@@ -78,6 +84,12 @@ def check_step_duration(value: object) -> float:
     return float(value)
 
 
+def check_shadow_fraction(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise RolloutError("shadow_fraction must be a fraction above 0 and at most 1")
+    return float(value)
+
+
 def resolve_analysis(model: RegisteredModel, requested: object) -> AnalysisSettings:
     """The documented defaults, then the model's own thresholds, then the request's."""
     try:
@@ -88,9 +100,10 @@ def resolve_analysis(model: RegisteredModel, requested: object) -> AnalysisSetti
 
 
 def start(model: RegisteredModel, canary_version: int, steps: object, step_duration_s: object, analysis: object, actor,
-          reason: str = "", *, expected_generation: int | None = None, force: bool = False) -> Rollout:
+          reason: str = "", *, expected_generation: int | None = None, force: bool = False, shadow_fraction: object = 1.0) -> Rollout:
     plan = check_steps(steps)
     duration_s = check_step_duration(step_duration_s)
+    fraction = check_shadow_fraction(shadow_fraction)
     settings = resolve_analysis(model, analysis)
     with transaction.atomic():
         ServingGeneration.objects.lock()
@@ -99,10 +112,11 @@ def start(model: RegisteredModel, canary_version: int, steps: object, step_durat
         releases.check_expected_generation(model, current, expected_generation)
         if canary_version == current.stable_version:
             raise RolloutError(f"version {canary_version} is already the stable version of {model.name}")
+        _check_canary(model, current, canary_version, force, reason)
         now = timezone.now()
         rollout = Rollout.objects.create(
             model=model, canary_version=canary_version, stable_version=current.stable_version, steps=plan,
-            step_duration_s=duration_s, analysis=settings.to_json(), step_started_at=now,
+            step_duration_s=duration_s, shadow_fraction=fraction, analysis=settings.to_json(), step_started_at=now,
             next_window_at=now + timedelta(seconds=settings.interval_s), forced=force,
             actor=actor if actor is not None and actor.is_authenticated else None, reason=reason,
         )
@@ -110,6 +124,14 @@ def start(model: RegisteredModel, canary_version: int, steps: object, step_durat
                              f"({duration_s:g} s each, windows of {settings.interval_s:g} s){_because(reason)}", {"event": "started"})
         _apply_step(rollout, actor, reason, force=force)
     return rollout
+
+
+def _check_canary(model: RegisteredModel, current, canary_version: int, force: bool, reason: str) -> None:
+    """Ready, and with the stable's inputs unless forced: checked at the start, since a
+    shadow step routes no traffic and the refusal would otherwise come at the next step."""
+    if not model.versions.ready().filter(number=canary_version).exists():
+        raise RolloutError(f"version {canary_version} of {model.name} does not exist or is not ready")
+    releases.check_compatible(model, current, [Route(version=canary_version, weight=1)], force, reason)
 
 
 def _refuse_second_rollout(model: RegisteredModel) -> None:
@@ -121,8 +143,11 @@ def _refuse_second_rollout(model: RegisteredModel) -> None:
 
 def _apply_step(rollout: Rollout, actor, reason: str = "", *, force: bool = False) -> None:
     weight = rollout.current_weight
-    note = f"rollout #{rollout.pk} step {rollout.step_index + 1}/{len(rollout.steps)}: v{rollout.canary_version} at {weight}%"
+    share = f"shadow at {rollout.shadow_fraction:.0%} of requests" if weight == 0 else f"at {weight}%"
+    note = f"rollout #{rollout.pk} step {rollout.step_index + 1}/{len(rollout.steps)}: v{rollout.canary_version} {share}"
     routes = canary_split(rollout.stable_version, rollout.canary_version, weight)
+    if weight == 0:
+        routes.append(Route(version=rollout.canary_version, weight=0, shadow=rollout.shadow_fraction).to_json())
     release = releases.set_routes(rollout.model, routes, actor, f"{note}{_because(reason)}", force=force or rollout.forced, rollout=rollout)
     rollout.release_generation = release.generation
     rollout.save()
@@ -203,10 +228,12 @@ def _judge_window(rollout: Rollout, now: datetime) -> RolloutVerdict:
     settings = AnalysisSettings.parse(rollout.analysis)
     start = max(now - timedelta(seconds=settings.interval_s), rollout.step_started_at)
     versions = {version.number: version for version in rollout.model.versions.filter(number__in=[rollout.canary_version, rollout.stable_version])}
-    canary = aggregate(samples.window(versions[rollout.canary_version], start, now)) if rollout.canary_version in versions else aggregate([])
-    stable = aggregate(samples.window(versions[rollout.stable_version], start, now)) if rollout.stable_version in versions else aggregate([])
+    canary, stable = (aggregate(samples.window(versions[number], start, now)) if number in versions else aggregate([])
+                      for number in (rollout.canary_version, rollout.stable_version))
+    if rollout.current_weight == 0:
+        canary = canary.as_shadow()
     verdict = judge(canary, stable, settings)
-    body = verdict.to_json()
+    body = {**verdict.to_json(), "canary": canary.summary(), "stable": stable.summary()}
     rollout.windows_judged += 1
     rollout.next_window_at = now + timedelta(seconds=settings.interval_s)
     return RolloutVerdict.objects.create(

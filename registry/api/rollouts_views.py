@@ -45,6 +45,7 @@ class Rollouts(generics.ListAPIView):
             rollout = rollouts.start(
                 model, data["canary_version"], data.get("steps", DEFAULT_STEPS), data.get("step_duration_s", DEFAULT_STEP_DURATION_S),
                 data["analysis"], request.user, data["reason"], expected_generation=data.get("expected_generation"), force=data["force"],
+                shadow_fraction=data.get("shadow_fraction", 1.0),
             )
         except releases.ReleaseError as error:
             return error_response(error.message, error.status, **error.details())

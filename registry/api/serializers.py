@@ -311,7 +311,9 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
 class RolloutStartSerializer(ReasonSerializer):
     canary_version = StrictIntegerField(min_value=1)
-    steps = serializers.ListField(child=serializers.JSONField(), required=False, help_text="Percentages ending at 100, e.g. [1, 10, 50, 100] (the default).")
+    steps = serializers.ListField(child=serializers.JSONField(), required=False,
+                                  help_text="Percentages ending at 100, e.g. [1, 10, 50, 100] (the default); a first step of 0 is a shadow step.")
+    shadow_fraction = serializers.JSONField(required=False, help_text="In a shadow step, the share of stable's requests mirrored to the canary (default 1).")
     step_duration_s = serializers.JSONField(required=False, help_text="How long a passing step holds before the next (default 300).")
     analysis = serializers.DictField(required=False, default=dict, help_text="Thresholds over the model's and the documented defaults.")
     force = StrictBooleanField(required=False, default=False, help_text=FORCE_HELP)
@@ -336,7 +338,7 @@ class RolloutSerializer(serializers.ModelSerializer):
     class Meta:
         model = Rollout
         fields = [
-            "id", "model", "canary_version", "stable_version", "steps", "current_step", "current_weight", "step_duration_s", "status",
+            "id", "model", "canary_version", "stable_version", "steps", "current_step", "current_weight", "step_duration_s", "shadow_fraction", "status",
             "status_reason", "analysis", "consecutive_failures", "windows_judged", "release_generation", "forced", "actor", "reason",
             "started_at", "step_started_at", "next_window_at", "finished_at", "last_verdict",
         ]

@@ -138,5 +138,5 @@ class WorkerReports(APIView):
             worker = fleet.record_report(report)
         except fleet.Refused as refusal:
             return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
-        live.ingest_report(worker, report)
+        live.ingest_report(worker, worker.last_report)  # the figures as the contract parsed them
         return Response(status=status.HTTP_204_NO_CONTENT)

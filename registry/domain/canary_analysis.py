@@ -198,6 +198,22 @@ class SideFigures:
     outputs: dict[str, ClassCounts | ValueFigures] = field(default_factory=dict)
     shadow: ShadowFigures | None = None
 
+    def summary(self) -> dict:
+        """The window's totals as a verdict keeps them (for tables and charts)."""
+        p99_ms = _p99_ms(self.latency_buckets)
+        return {"requests": self.requests, "server_errors": self.server_errors, "client_errors": self.client_errors,
+                "server_error_rate": _rate(self.server_errors, self.requests), "client_error_rate": _rate(self.client_errors, self.requests),
+                "p99_ms": None if p99_ms is None else round(p99_ms, 3),
+                "shadow": None if self.shadow is None else {"compared": self.shadow.compared, "agreed": self.shadow.agreed,
+                                                             "errors": self.shadow.errors, "dropped": self.shadow.dropped}}
+
+    def as_shadow(self) -> SideFigures:
+        """A shadow version's window read as a canary's: it answers no client, so its
+        "requests" are the mirrored runs (compared, or failed: those are its server errors)
+        and it has no latency; its outputs and agreement are its own."""
+        shadow = self.shadow or ShadowFigures()
+        return SideFigures(requests=shadow.compared + shadow.errors, server_errors=shadow.errors, outputs=self.outputs, shadow=self.shadow)
+
 
 _OUTPUT_KINDS = {"classes": ClassCounts, "values": ValueFigures}
 

@@ -53,8 +53,9 @@ def live_workers():
 
 
 def record_report(message: dict) -> Worker:
-    """Store a worker's latest report, as sent; the identity comes with every report.
-    ReportRefused when it does not follow the contract."""
+    """Store a worker's latest report as parsed (``last_report``: only the fields the
+    contract knows, each checked); the identity comes with every report. ReportRefused
+    when it does not follow the contract."""
     try:
         report = WorkerReport.parse(message)
     except ContractError as error:
@@ -69,7 +70,7 @@ def record_report(message: dict) -> Worker:
             "device": identity.device,
             "generation": served_generation(report),
             "loaded": [entry.to_dict() for entry in report.loaded],
-            "last_report": message,
+            "last_report": report.to_dict(),
             "last_seen_at": timezone.now(),
         },
     )

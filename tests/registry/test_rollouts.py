@@ -7,12 +7,14 @@ tests/integration/test_rollouts_live.py."""
 
 from __future__ import annotations
 
+import io
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from registry.actions import releases, rollouts
+from registry.actions import releases, rollouts, uploads
+from registry.building.onnx_build import random_mlp, to_bytes
 from registry.domain.choices import AuditKind, RolloutStatus
 from registry.fleet import samples
 from registry.models import AuditEvent, Rollout
@@ -86,7 +88,8 @@ def test_a_second_rollout_of_the_same_model_is_refused_naming_the_first(three_ve
     ([10, 5, 100], "increase strictly"),
     ([10, 50], "last step must be 100"),
     ([100], "at least one analysed step"),
-    ([0, 100], r"steps\[0\] must be an integer percentage from 1 to 100"),
+    ([10, 0, 100], r"steps\[1\] must be an integer percentage from 1 to 100 \(only the first step may be 0, a shadow step\)"),
+    ([-1, 100], r"steps\[0\] must be an integer percentage from 1 to 100"),
     ("10,100", "non-empty list"),
 ])
 def test_a_plan_with_bad_steps_is_refused_naming_the_problem(three_versions, operator, steps, message):
@@ -263,3 +266,55 @@ def test_rollback_after_a_promote_returns_to_the_last_all_stable_release(three_v
 
     assert release.routes == [{"version": 1, "weight": 100}] == all_stable.routes
     assert release.stable_version == 1
+
+
+# ---- a shadow step ---------------------------------------------------------------------
+
+
+def shadowed(model: str, version: int, compared: int = 200, agreed: int = 200, errors: int = 0, classes=None) -> dict:
+    """A shadow version's report entry: its mirrored runs' outputs and comparisons."""
+    entry = figures(model, version, requests=0, classes=classes if classes is not None else [compared // 4] * 4)
+    entry["shadow"] = {"compared": compared, "agreed": agreed, "errors": errors, "dropped": 0}
+    return entry
+
+
+def test_a_first_step_of_zero_mirrors_traffic_to_the_canary_without_answering_clients(three_versions, operator):
+    start(three_versions, operator, steps=[0, 50, 100], shadow_fraction=0.5)
+
+    assert routes(three_versions) == [{"version": 1, "weight": 100}, {"version": 2, "weight": 0, "shadow": 0.5}]
+
+
+def test_a_shadow_step_that_agrees_with_stable_advances_to_the_first_weighted_step(three_versions, operator):
+    rollout = start(three_versions, operator, steps=[0, 50, 100])
+
+    rollout = judge_next(rollout, canary=shadowed("digits", 2))
+
+    assert rollout.step_index == 1
+    assert routes(three_versions) == [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}]
+    verdict = rollout.verdicts.get()
+    assert {signal["name"]: signal["passed"] for signal in verdict.signals}["shadow_agreement"] is True
+    assert verdict.canary["requests"] == 200  # the mirrored runs
+
+
+def test_a_shadow_step_that_disagrees_with_stable_is_rolled_back_on_agreement(three_versions, operator):
+    rollout = start(three_versions, operator, steps=[0, 50, 100], analysis={**FAST, "failure_limit": 1})
+
+    rollout = judge_next(rollout, canary=shadowed("digits", 2, agreed=120))
+
+    assert rollout.status == RolloutStatus.ROLLED_BACK
+    assert "shadow agreement 60.0%" in rollout.status_reason
+    assert routes(three_versions) == [{"version": 1, "weight": 100}]
+
+
+def test_a_canary_with_incompatible_inputs_needs_force_with_a_reason_even_for_a_shadow_step(three_versions, operator):
+    six_inputs = uploads.register_stream(three_versions, io.BytesIO(to_bytes(random_mlp([6, 4], seed=9))), uploaded_by=operator)
+
+    with pytest.raises(releases.ReleaseConflict, match=r"v4: input 'input' dimension 1: 8 on v1, 6 here.*force: true"):
+        start(three_versions, operator, canary_version=six_inputs.number, steps=[0, 100])
+    with pytest.raises(releases.ReleaseError, match="force needs a reason"):
+        start(three_versions, operator, canary_version=six_inputs.number, steps=[0, 100], force=True)
+    rollout = start(three_versions, operator, canary_version=six_inputs.number, steps=[10, 100], force=True,
+                    reason="clients move to 6 features next week")
+
+    assert rollout.forced
+    assert "forced onto incompatible inputs" in AuditEvent.objects.filter(kind=AuditKind.RELEASE).latest("pk").message
