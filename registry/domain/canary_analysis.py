@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from registry.domain.distribution_tests import (
+    chi_square_homogeneity,
+    excess_proportion_p,
     histogram_quantile,
     js_distance,
     ks_two_sample,
@@ -62,7 +64,7 @@ _RULES = {
     "max_latency_p99_ms": _Rule(False, 1, 600_000),
     "max_class_psi": _Rule(False, 0, 10),
     "max_value_ks": _Rule(False, 0, 1),
-    "ks_alpha": _Rule(False, 0, 1),
+    "alpha": _Rule(False, 0, 1),
     "min_shadow_agreement": _Rule(False, 0, 1),
     "min_shadow_compared": _Rule(True, 1, 10_000_000),
 }
@@ -96,9 +98,9 @@ class AnalysisSettings:
     | `max_latency_p99_ratio` | 2.0 | 1–1000 | canary p99 latency at most this times stable's |
     | `latency_p99_floor_ms` | 5.0 | 0–60000 | a stable p99 below this compares as this, so sub-millisecond noise does not fail a step |
     | `max_latency_p99_ms` | 1000.0 | 1–600000 | canary p99 latency ceiling, whatever stable does |
-    | `max_class_psi` | 0.2 | 0–10 | population stability index of the canary's predicted-class shares against stable's (0.1 is a moderate shift, 0.25 a significant one) |
+    | `max_class_psi` | 0.2 | 0–10 | population stability index of the canary's predicted-class shares against stable's (0.1 is a moderate shift, 0.25 a significant one); fails only when also significant |
     | `max_value_ks` | 0.2 | 0–1 | Kolmogorov–Smirnov D between the canary's and stable's output values; fails only when also significant |
-    | `ks_alpha` | 0.01 | 0–1 | a KS D over its limit fails only when its p-value is below this |
+    | `alpha` | 0.01 | 0–1 | significance level of every statistical gate: a PSI over its limit fails only when a chi-square test of the class counts is significant at this level, a KS D only when its p-value is below it, an error excess only when a one-sided two-proportion test is |
     | `min_shadow_agreement` | 0.95 | 0–1 | share of shadowed requests where the canary agreed with stable's answer |
     | `min_shadow_compared` | 50 | integer 1–10⁷ | shadow comparisons needed in a window before agreement is judged |
 
@@ -115,7 +117,7 @@ class AnalysisSettings:
     max_latency_p99_ms: float = 1000.0
     max_class_psi: float = 0.2
     max_value_ks: float = 0.2
-    ks_alpha: float = 0.01
+    alpha: float = 0.01
     min_shadow_agreement: float = 0.95
     min_shadow_compared: int = 50
 
@@ -313,9 +315,9 @@ def judge(canary: SideFigures, stable: SideFigures, settings: AnalysisSettings =
     details joined by "; " (which no detail contains)."""
     signals = [
         _error_excess("server_errors", "server errors", canary.server_errors, stable.server_errors, canary, stable,
-                      settings.max_server_error_excess),
+                      settings.max_server_error_excess, settings.alpha),
         _error_excess("client_errors", "client errors", canary.client_errors, stable.client_errors, canary, stable,
-                      settings.max_client_error_excess),
+                      settings.max_client_error_excess, settings.alpha),
         _latency_p99(canary, stable, settings),
         *_output_signals(canary, stable, settings),
         *_shadow_signals(canary, settings),
@@ -348,13 +350,18 @@ def _signal(name: str, passed: bool | None, value: object, stable_value: object,
 
 
 def _error_excess(name: str, label: str, canary_errors: int, stable_errors: int, canary: SideFigures,
-                  stable: SideFigures, limit: float) -> dict:
+                  stable: SideFigures, limit: float, alpha: float) -> dict:
     canary_rate, stable_rate = _rate(canary_errors, canary.requests), _rate(stable_errors, stable.requests)
     if canary_rate is None or stable_rate is None:
         side = "canary" if canary_rate is None else "stable"
         return _signal(name, None, canary_rate, stable_rate, limit, f"{label}: no requests on {side}")
-    detail = f"{label} {_percent(canary_rate)} on canary vs {_percent(stable_rate)} on stable (allowed excess {_percent(limit)})"
-    return _signal(name, canary_rate - stable_rate <= limit + _TOLERANCE, canary_rate, stable_rate, limit, detail)
+    # One or two errors in a small window are over any small limit by chance: the excess
+    # must also be significant.
+    p_value = excess_proportion_p(canary_errors, canary.requests, stable_errors, stable.requests)
+    worse = canary_rate - stable_rate > limit + _TOLERANCE and p_value < alpha
+    detail = (f"{label} {_percent(canary_rate)} on canary vs {_percent(stable_rate)} on stable "
+              f"(allowed excess {_percent(limit)}, p {p_value:.2g})")
+    return _signal(name, not worse, canary_rate, stable_rate, limit, detail)
 
 
 def _latency_p99(canary: SideFigures, stable: SideFigures, settings: AnalysisSettings) -> dict:
@@ -404,9 +411,14 @@ def _class_signal(name: str, canary: ClassCounts, stable: ClassCounts, settings:
         return _signal(f"output:{name}", None, None, None, threshold, too_few)
     canary_counts, stable_counts = _class_vectors(canary, stable)
     index = psi(stable_counts, canary_counts)
-    detail = (f"output {name}: PSI {index:.3f} (limit {threshold:g}), JS distance {js_distance(stable_counts, canary_counts):.3f}, "
+    _, _, p_value = chi_square_homogeneity(canary_counts, stable_counts)
+    # PSI alone cannot tell a shift from the noise of a small window (with k classes and
+    # n requests its noise is about (k - 1) / n): the shift must also be significant.
+    shifted = index > threshold + _TOLERANCE and p_value < settings.alpha
+    detail = (f"output {name}: PSI {index:.3f} (limit {threshold:g}), chi-square p {p_value:.2g} (significant below {settings.alpha:g}), "
+              f"JS distance {js_distance(stable_counts, canary_counts):.3f}, "
               f"class shares canary/stable [{_top_shares(canary_counts, stable_counts)}]")
-    return _signal(f"output:{name}", index <= threshold + _TOLERANCE, index, None, threshold, detail)
+    return _signal(f"output:{name}", not shifted, index, None, threshold, detail)
 
 
 def _class_vectors(canary: ClassCounts, stable: ClassCounts) -> tuple[list[int], list[int]]:
@@ -431,8 +443,8 @@ def _value_signal(name: str, canary: ValueFigures, stable: ValueFigures, setting
     if too_few or not canary.sample or not stable.sample:
         return _signal(f"output:{name}", None, None, None, threshold, too_few or f"output {name}: no sampled values on one side")
     statistic, p_value = ks_two_sample(canary.sample, stable.sample)
-    differs = statistic > threshold + _TOLERANCE and p_value < settings.ks_alpha
-    detail = (f"output {name}: KS D {statistic:.3f} (limit {threshold:g}), p {p_value:.2g} (significant below {settings.ks_alpha:g}), "
+    differs = statistic > threshold + _TOLERANCE and p_value < settings.alpha
+    detail = (f"output {name}: KS D {statistic:.3f} (limit {threshold:g}), p {p_value:.2g} (significant below {settings.alpha:g}), "
               f"mean {_number(canary.mean)} on canary vs {_number(stable.mean)} on stable")
     return _signal(f"output:{name}", not differs, statistic, None, threshold, detail)
 

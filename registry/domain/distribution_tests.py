@@ -58,6 +58,81 @@ def js_distance(p_counts: Sequence[float], q_counts: Sequence[float]) -> float:
     return math.sqrt(min(max(divergence, 0.0), 1.0))
 
 
+def excess_proportion_p(a_hits: int, a_total: int, b_hits: int, b_total: int) -> float:
+    """One-sided two-proportion z-test (pooled): the p-value of "a's rate is above b's"
+    arising by chance when both rates are equal. 1 when neither side has a hit (nothing to
+    test) or a's rate is not above b's; asymptotic, like the chi-square test."""
+    if a_total <= 0 or b_total <= 0:
+        raise ValueError("each side needs at least one observation")
+    pooled = (a_hits + b_hits) / (a_total + b_total)
+    if pooled in (0.0, 1.0):
+        return 1.0
+    z = (a_hits / a_total - b_hits / b_total) / math.sqrt(pooled * (1 - pooled) * (1 / a_total + 1 / b_total))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def chi_square_homogeneity(a_counts: Sequence[float], b_counts: Sequence[float]) -> tuple[float, int, float]:
+    """Pearson's chi-square test that two samples of classes come from one distribution:
+    (statistic, degrees of freedom, p-value) over the classes either side has (a class
+    neither side has carries no evidence). p is exact for the chi-square distribution
+    (the regularised upper incomplete gamma function), the test itself asymptotic: with
+    expected counts below about 5 it is rough, which is why the analysis waits for
+    ``min_requests`` first. Equal distributions give p near 1; it is the sampling noise
+    that PSI alone cannot tell from a shift at small counts."""
+    length = max(len(a_counts), len(b_counts))
+    a, b = (_shares(counts, length, side) * float(np.sum(np.asarray(counts, dtype=float)))
+            for counts, side in ((a_counts, "first"), (b_counts, "second")))
+    seen = (a + b) > 0
+    a, b = a[seen], b[seen]
+    total_a, total_b = a.sum(), b.sum()
+    if total_a <= 0 or total_b <= 0:
+        raise ValueError("each side needs at least one count")
+    dof = int(seen.sum()) - 1
+    if dof < 1:
+        return 0.0, 0, 1.0
+    column = a + b
+    expected_a, expected_b = column * total_a / (total_a + total_b), column * total_b / (total_a + total_b)
+    statistic = float(np.sum((a - expected_a) ** 2 / expected_a) + np.sum((b - expected_b) ** 2 / expected_b))
+    return statistic, dof, chi_square_survival(statistic, dof)
+
+
+def chi_square_survival(statistic: float, dof: int) -> float:
+    """P(X ≥ statistic) for X ~ chi-square with ``dof`` degrees of freedom."""
+    if statistic <= 0:
+        return 1.0
+    return _upper_gamma_regularised(dof / 2.0, statistic / 2.0)
+
+
+def _upper_gamma_regularised(a: float, x: float) -> float:
+    """Q(a, x), by the series below a + 1 and Lentz's continued fraction above (Numerical
+    Recipes' gammq), to about 1e-12."""
+    log_prefix = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        for n in range(1, 500):
+            term *= x / (a + n)
+            total += term
+            if abs(term) < abs(total) * 1e-14:
+                break
+        return max(0.0, 1.0 - total * math.exp(log_prefix))
+    tiny = 1e-300
+    b, c, d = x + 1.0 - a, 1.0 / tiny, 1.0 / (x + 1.0 - a)
+    fraction = d
+    for n in range(1, 500):
+        an = -n * (n - a)
+        b += 2.0
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1.0 / d
+        step = d * c
+        fraction *= step
+        if abs(step - 1.0) < 1e-14:
+            break
+    return min(1.0, math.exp(log_prefix) * fraction)
+
+
 def ks_two_sample(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     """Two-sample Kolmogorov–Smirnov test: the statistic D, the largest distance between
     the two empirical CDFs (0 for identical samples, 1 for samples that do not overlap),

@@ -24,6 +24,7 @@ from registry.domain.canary_analysis import (
     failing_streak,
     judge,
 )
+from registry.domain.distribution_tests import excess_proportion_p
 from serving.metrics import LATENCY_BUCKETS_S
 
 EVEN_CLASSES = [20] * 10
@@ -76,7 +77,7 @@ def test_the_defaults_are_the_documented_ones():
     assert DEFAULTS.to_json() == {
         "interval_s": 60, "min_requests": 100, "failure_limit": 2, "max_server_error_excess": 0.01,
         "max_client_error_excess": 0.02, "max_latency_p99_ratio": 2.0, "latency_p99_floor_ms": 5.0,
-        "max_latency_p99_ms": 1000.0, "max_class_psi": 0.2, "max_value_ks": 0.2, "ks_alpha": 0.01,
+        "max_latency_p99_ms": 1000.0, "max_class_psi": 0.2, "max_value_ks": 0.2, "alpha": 0.01,
         "min_shadow_agreement": 0.95, "min_shadow_compared": 50,
     }
 
@@ -137,7 +138,7 @@ def test_parse_refuses_an_unknown_field_naming_it_and_the_known_ones():
     ("max_latency_p99_ratio", 0.5, "a number from 1 to 1000"),
     ("max_latency_p99_ratio", float("inf"), "a number from 1 to 1000"),
     ("max_class_psi", float("nan"), "a number from 0 to 10"),
-    ("ks_alpha", False, "a number from 0 to 1"),
+    ("alpha", False, "a number from 0 to 1"),
     ("min_shadow_agreement", None, "a number from 0 to 1"),
 ])
 def test_parse_refuses_a_wrong_type_or_an_out_of_range_value_naming_the_field_and_range(name, value, allowed):
@@ -250,8 +251,9 @@ def test_exactly_min_requests_on_each_side_is_enough_for_a_verdict():
 
 def test_the_reason_lists_every_failing_signal():
     verdict = judge(side(errors=100, client_errors=100), side(), DEFAULTS)
-    assert verdict.reason == ("server errors 50.0% on canary vs 0.0% on stable (allowed excess 1.0%); "
-                              "client errors 50.0% on canary vs 0.0% on stable (allowed excess 2.0%)")
+    p = excess_proportion_p(100, 200, 0, 200)
+    assert verdict.reason == (f"server errors 50.0% on canary vs 0.0% on stable (allowed excess 1.0%, p {p:.2g}); "
+                              f"client errors 50.0% on canary vs 0.0% on stable (allowed excess 2.0%, p {p:.2g})")
 
 
 def test_a_window_failing_every_signal_names_each_once_in_the_reason():
@@ -267,7 +269,7 @@ def test_the_verdict_as_json_has_result_reason_and_every_signal():
     data = verdict.to_json()
     assert data["result"] == PASS and data["reason"] == verdict.reason
     assert data["signals"][0] == {"name": "server_errors", "passed": True, "value": 0.0, "stable_value": 0.0, "threshold": 0.01,
-                                  "detail": "server errors 0.0% on canary vs 0.0% on stable (allowed excess 1.0%)"}
+                                  "detail": "server errors 0.0% on canary vs 0.0% on stable (allowed excess 1.0%, p 1)"}
 
 
 # --- judge: error rates ------------------------------------------------------------------
@@ -277,13 +279,26 @@ def test_a_canary_answering_only_client_errors_fails_client_errors_while_server_
     verdict = judge(side(client_errors=200), side(), DEFAULTS)
     assert verdict.result == FAIL
     assert (signal(verdict, "client_errors")["passed"], signal(verdict, "server_errors")["passed"]) == (False, True)
-    assert verdict.reason == "client errors 100.0% on canary vs 0.0% on stable (allowed excess 2.0%)"
+    assert verdict.reason == f"client errors 100.0% on canary vs 0.0% on stable (allowed excess 2.0%, p {excess_proportion_p(200, 200, 0, 200):.2g})"
 
 
 def test_server_errors_fail_on_an_excess_over_the_limit():
-    verdict = judge(side(errors=6), side(errors=2), DEFAULTS)  # 3.0 % vs 1.0 %
+    verdict = judge(side(requests=2000, errors=60), side(requests=2000, errors=20), DEFAULTS)  # 3.0 % vs 1.0 %
     assert signal(verdict, "server_errors")["passed"] is False
-    assert verdict.reason == "server errors 3.0% on canary vs 1.0% on stable (allowed excess 1.0%)"
+    p = excess_proportion_p(60, 2000, 20, 2000)
+    assert p < 1e-4
+    assert verdict.reason == f"server errors 3.0% on canary vs 1.0% on stable (allowed excess 1.0%, p {p:.2g})"
+
+
+def test_an_excess_that_chance_explains_passes():
+    # 3 % vs 1 % again, but of 200 requests: six errors against two is p ≈ 0.08, noise.
+    verdict = judge(side(errors=6), side(errors=2), DEFAULTS)
+    found = signal(verdict, "server_errors")
+    assert found["passed"] is True and "p 0.077" in found["detail"]
+
+
+def test_one_error_in_a_small_window_does_not_fail_a_step():
+    assert signal(judge(side(requests=100, errors=1), side(requests=900), DEFAULTS), "server_errors")["passed"] is True
 
 
 def test_error_rates_as_high_as_stable_pass():
@@ -292,12 +307,13 @@ def test_error_rates_as_high_as_stable_pass():
 
 
 @pytest.mark.parametrize(("name", "field", "canary_errors", "passed"), [
-    ("server_errors", "errors", 7, True), ("server_errors", "errors", 8, False),
-    ("client_errors", "client_errors", 8, True), ("client_errors", "client_errors", 9, False),
+    ("server_errors", "errors", 700, True), ("server_errors", "errors", 800, False),
+    ("client_errors", "client_errors", 800, True), ("client_errors", "client_errors", 900, False),
 ])
 def test_an_error_excess_exactly_at_its_limit_passes(name, field, canary_errors, passed):
-    # 7 % - 6 % and 8 % - 6 % come out a rounding error above 1 % and 2 % in floating point
-    verdict = judge(side(requests=100, **{field: canary_errors}), side(requests=100, **{field: 6}), DEFAULTS)
+    # 7 % - 6 % and 8 % - 6 % come out a rounding error above 1 % and 2 % in floating point;
+    # 10,000 requests a side make every excess here significant.
+    verdict = judge(side(requests=10_000, **{field: canary_errors}), side(requests=10_000, **{field: 600}), DEFAULTS)
     assert signal(verdict, name)["passed"] is passed
 
 
@@ -362,8 +378,19 @@ def test_a_canary_predicting_one_class_for_most_rows_fails_its_output_with_psi_i
     found = signal(verdict, "output:probabilities")
     assert verdict.result == FAIL and found["passed"] is False
     assert found["value"] > 1.0
-    assert verdict.reason.startswith(f"output probabilities: PSI {found['value']:.3f} (limit 0.2), JS distance 0.")
+    assert verdict.reason.startswith(f"output probabilities: PSI {found['value']:.3f} (limit 0.2), chi-square p ")
     assert "class shares canary/stable [3 80.0%/10.0%, " in verdict.reason
+
+
+def test_class_shares_of_a_small_window_that_differ_by_chance_pass():
+    # 30 canary rows against 270: the same ten classes sampled twice give a PSI near
+    # (k - 1)(1/n + 1/m) ≈ 0.33 (0.35 for this seed), over the limit, but the chi-square
+    # test calls it noise.
+    rng = np.random.default_rng(5)
+    canary, stable = (np.bincount(rng.integers(0, 10, size), minlength=10).tolist() for size in (30, 270))
+    found = signal(judge(side(requests=30, outputs=[classes(canary)]), side(requests=270, outputs=[classes(stable)]),
+                         AnalysisSettings(min_requests=20)), "output:probabilities")
+    assert found["value"] > 0.2 and found["passed"] is True
 
 
 def test_class_shares_that_barely_move_pass():

@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from registry.domain.distribution_tests import (
+    chi_square_homogeneity,
+    chi_square_survival,
+    excess_proportion_p,
     histogram_quantile,
     js_distance,
     kolmogorov_survival,
@@ -192,3 +195,39 @@ def test_histogram_quantile_is_none_without_observations_an_inf_bucket_or_a_fini
 def test_histogram_quantile_refuses_a_quantile_outside_zero_to_one(q):
     with pytest.raises(ValueError):
         histogram_quantile(HAND_MADE, q)
+
+
+# --- chi-square homogeneity and the two-proportion test ----------------------------------
+
+
+def test_chi_square_survival_matches_the_tabled_critical_values():
+    # chi-square with 1, 9 and 30 degrees of freedom at their 5 % and 1 % points
+    for statistic, dof, p in [(3.841, 1, 0.05), (6.635, 1, 0.01), (16.919, 9, 0.05), (21.666, 9, 0.01), (43.773, 30, 0.05)]:
+        assert chi_square_survival(statistic, dof) == pytest.approx(p, abs=2e-4)
+
+
+def test_equal_class_counts_are_homogeneous():
+    assert chi_square_homogeneity([50, 50, 100], [100, 100, 200]) == (0.0, 2, 1.0)
+
+
+def test_a_hand_computed_two_by_two_table():
+    # [30, 10] vs [10, 30]: expected 20 each, chi-square = 4 * 100 / 20 = 20 with 1 dof
+    statistic, dof, p = chi_square_homogeneity([30, 10], [10, 30])
+    assert (statistic, dof) == (pytest.approx(20.0), 1)
+    assert p == pytest.approx(7.744e-6, rel=1e-3)
+
+
+def test_classes_neither_side_has_carry_no_degree_of_freedom():
+    assert chi_square_homogeneity([10, 0, 10, 0], [10, 0, 10])[1] == 1
+
+
+def test_a_rate_above_the_other_is_significant_and_an_equal_one_is_not():
+    assert excess_proportion_p(60, 2000, 20, 2000) < 1e-4
+    assert excess_proportion_p(20, 2000, 20, 2000) == pytest.approx(0.5)
+    assert excess_proportion_p(0, 100, 0, 900) == 1.0
+    assert excess_proportion_p(5, 100, 50, 100) > 0.99  # lower, not higher
+
+
+def test_the_two_proportion_test_is_the_textbook_z():
+    # 0.3 vs 0.2 of 100 each: pooled 0.25, z = 0.1 / sqrt(0.25 * 0.75 * 0.02) = 1.633
+    assert excess_proportion_p(30, 100, 20, 100) == pytest.approx(0.0512, abs=5e-4)
