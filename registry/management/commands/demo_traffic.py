@@ -50,7 +50,11 @@ class Command(BaseCommand):
                 counts[outcome] = counts.get(outcome, 0) + 1
                 if time.monotonic() - last_line >= 5:
                     last_line = time.monotonic()
-                    self.stdout.write("  ".join(f"{key}: {value}" for key, value in sorted(counts.items())))
+                    self._tally(counts)
+        self._tally(counts)
+
+    def _tally(self, counts: dict[str, int]) -> None:
+        self.stdout.write("  ".join(f"{key}: {value}" for key, value in sorted(counts.items())))
 
 
 
