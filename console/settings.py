@@ -237,7 +237,7 @@ WORKER_GONE_AFTER_S = env_float("WORKER_GONE_AFTER_S", 5.0, minimum=1.0)
 # Progressive delivery: how often Celery beat asks the analysis whether a window is due
 # (each rollout judges at its own interval_s), and how long per-report samples are kept.
 ROLLOUT_TICK_S = env_float("ROLLOUT_TICK_S", 5.0, minimum=0.2)
-REPORT_SAMPLE_RETENTION_S = env_float("REPORT_SAMPLE_RETENTION_S", 7200.0, minimum=60.0)
+REPORT_SAMPLE_RETENTION_S = env_float("REPORT_SAMPLE_RETENTION_S", 3600.0, minimum=60.0)
 WORKER_FORGET_AFTER_S = env_float("WORKER_FORGET_AFTER_S", 86400.0, minimum=1.0)
 DRILL_TARGET_S = env_float("DRILL_TARGET_S", 60.0, minimum=0.1)
 DRILL_ACK_TIMEOUT_S = env_float("DRILL_ACK_TIMEOUT_S", 10.0, minimum=0.1)

@@ -45,6 +45,10 @@ TARGETS = (
         ),
         95.0,
     ),
+    # The canary analysis: the statistics and the judge are pure, and judged by their own tests.
+    Target("registry/domain/distribution_tests.py", ("tests/registry/test_distribution_tests.py",), 90.0),
+    Target("registry/domain/canary_analysis.py", ("tests/registry/test_canary_analysis.py",), 90.0),
+    Target("registry/actions/rollouts.py", ("tests/registry/test_rollouts.py", "tests/registry/test_api_rollouts.py"), 85.0),
     Target("serving/traffic_split.py", ("tests/serving/test_serving_router.py", "tests/serving/test_serving_router_stickiness.py", "tests/serving/test_serving_pinning.py"), 95.0),
     # The batching path, one module at a time, each with the batching tests (which were
     # written against serving/batcher.py before it was split by responsibility).

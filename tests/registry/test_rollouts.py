@@ -17,7 +17,7 @@ from registry.actions import releases, rollouts, uploads
 from registry.building.onnx_build import random_mlp, to_bytes
 from registry.domain.choices import AuditKind, RolloutStatus
 from registry.fleet import samples
-from registry.models import AuditEvent, Rollout
+from registry.models import AuditEvent, ReportSample, Rollout
 
 pytestmark = pytest.mark.django_db
 
@@ -318,3 +318,17 @@ def test_a_canary_with_incompatible_inputs_needs_force_with_a_reason_even_for_a_
 
     assert rollout.forced
     assert "forced onto incompatible inputs" in AuditEvent.objects.filter(kind=AuditKind.RELEASE).latest("pk").message
+
+
+# ---- the samples the windows read ----------------------------------------------------------
+
+
+def test_the_analysis_tick_deletes_samples_older_than_their_retention(three_versions, settings):
+    settings.REPORT_SAMPLE_RETENTION_S = 600
+    now = timezone.now()
+    report(three_versions, {1: figures("digits", 1)}, now - timedelta(seconds=601))
+    report(three_versions, {1: figures("digits", 1)}, now - timedelta(seconds=599))
+
+    rollouts.tick(now)
+
+    assert list(ReportSample.objects.values_list("received_at", flat=True)) == [now - timedelta(seconds=599)]
