@@ -4,12 +4,15 @@ registry's functions take. The rules (what a valid split is) stay in ``registry`
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 
 from django import forms
 
 from registry.domain.traffic import canary_split
 
 PRESET_WEIGHTS = (1, 10, 50, 100)
+FULL_WEIGHT = 100  # a share that makes the canary the only route: asked for twice
 
 
 class SeenGenerationForm(forms.Form):
@@ -29,6 +32,8 @@ class SplitForm(SeenGenerationForm):
     canary_version = forms.TypedChoiceField(coerce=int, label="Canary version")
     preset = forms.TypedChoiceField(coerce=int, required=False, choices=[(w, f"{w}%") for w in PRESET_WEIGHTS])
     weight = forms.IntegerField(required=False, min_value=0, max_value=100, label="Canary share (%)")
+    # Sent only by the confirmation's button: 100% replaces the stable, like a promote.
+    confirmed_weight = forms.TypedChoiceField(coerce=int, required=False, choices=[(FULL_WEIGHT, f"{FULL_WEIGHT}%")])
     reason = forms.CharField(required=False, max_length=500)
 
     def __init__(self, *args, canary_choices: list[int], stable_version: int | None, **kwargs):
@@ -38,11 +43,14 @@ class SplitForm(SeenGenerationForm):
 
     def clean(self):
         data = super().clean()
-        # A preset button wins over the exact field: both are in the same form.
-        chosen = data.get("preset") if data.get("preset") not in (None, "") else data.get("weight")
+        # The confirmation's button, then a preset button, then the exact field: all are
+        # in the same form, and only the button pressed is sent.
+        confirmed = data.get("confirmed_weight") not in (None, "")
+        chosen = data.get("confirmed_weight") if confirmed else data.get("preset") if data.get("preset") not in (None, "") else data.get("weight")
         if chosen is None:
             raise forms.ValidationError("choose a preset or type the canary's share (0-100%)")
         data["canary_weight"] = chosen
+        data["needs_confirmation"] = chosen == FULL_WEIGHT and not confirmed
         return data
 
     def routes(self) -> list[dict]:
@@ -54,7 +62,76 @@ class ReasonForm(SeenGenerationForm):
 
 
 class DrillForm(SeenGenerationForm):
+    # Checked on the page: a drill rolls forward unless the operator unticks it.
     roll_forward = forms.BooleanField(required=False, label="Restore the current split after the drill")
+
+
+# ---------------------------------------------------------------- rollouts
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    label: str
+    steps: tuple[int, ...]
+    step_duration_s: int
+
+    def describe(self) -> str:
+        return f"{self.label}: {' → '.join(str(step) for step in self.steps)}, {self.step_duration_s // 60} min per step"
+
+
+ROLLOUT_PLANS = {
+    "standard": RolloutPlan("Standard", (1, 10, 50, 100), 300),
+    "quick": RolloutPlan("Quick", (10, 50, 100), 60),
+}
+CUSTOM_PLAN = "custom"
+FORCE_NEEDS_REASON = "force needs a reason: say why traffic goes to a version with incompatible inputs"
+
+
+class RolloutForm(SeenGenerationForm):
+    """A canary and a plan: a preset, or custom steps and minutes per step. Whether the
+    steps make a plan (increasing, ending at 100) is ``registry.actions.rollouts``' to say."""
+
+    canary_version = forms.TypedChoiceField(coerce=int, label="Canary version")
+    plan = forms.ChoiceField(choices=[*((key, plan.describe()) for key, plan in ROLLOUT_PLANS.items()), (CUSTOM_PLAN, "Custom")],
+                             initial="standard", label="Plan")
+    steps = forms.CharField(required=False, max_length=200, label="Custom steps (%)")
+    step_minutes = forms.FloatField(required=False, min_value=0, max_value=7 * 24 * 60, label="Custom minutes per step")
+    reason = forms.CharField(required=False, max_length=500)
+    force = forms.BooleanField(required=False, label="Route it despite incompatible inputs")
+
+    def __init__(self, *args, canary_choices: list[int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["canary_version"].choices = [(number, f"v{number}") for number in canary_choices]
+
+    def clean_steps(self) -> list[int] | None:
+        text = self.cleaned_data["steps"].strip()
+        if not text:
+            return None
+        items = [item for item in re.split(r"(?:\s|,|;|→|->)+", text) if item]
+        if not all(item.isdigit() for item in items):
+            raise forms.ValidationError("write whole percentages separated by commas, e.g. 1, 10, 50, 100")
+        return [int(item) for item in items]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("plan") == CUSTOM_PLAN:
+            if data.get("steps") is None or data.get("step_minutes") is None:
+                raise forms.ValidationError("a custom plan needs its steps (e.g. 5, 25, 100) and minutes per step")
+            data["plan_steps"], data["step_duration_s"] = data["steps"], round(data["step_minutes"] * 60, 3)
+        elif data.get("plan") in ROLLOUT_PLANS:
+            plan = ROLLOUT_PLANS[data["plan"]]
+            data["plan_steps"], data["step_duration_s"] = list(plan.steps), plan.step_duration_s
+        # The registry asks a reason of a forced split; the rollout's own step note must
+        # not stand in for the operator's.
+        if data.get("force") and not data.get("reason", "").strip():
+            raise forms.ValidationError(FORCE_NEEDS_REASON)
+        return data
+
+
+class RolloutActionForm(forms.Form):
+    """Pause, resume and abort: an optional reason, recorded in the audit timeline."""
+
+    reason = forms.CharField(required=False, max_length=500)
 
 
 class UploadForm(forms.Form):

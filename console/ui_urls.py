@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import views
+from console import rollout_views, views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
@@ -15,6 +15,13 @@ urlpatterns = [
     path("models/<slug:name>/promote/", views.promote, name="model-promote"),
     path("models/<slug:name>/rollback/", views.rollback, name="model-rollback"),
     path("models/<slug:name>/drill/", views.drill, name="model-drill"),
+    path("models/<slug:name>/to-stable/", views.to_stable, name="model-to-stable"),
+    path("models/<slug:name>/releases/<int:generation>/", views.release_page, name="model-release"),
+    path("models/<slug:name>/rollouts/", rollout_views.start_rollout, name="model-rollout-start"),
+    path("models/<slug:name>/rollouts/<int:pk>/", rollout_views.rollout_page, name="model-rollout"),
+    path("models/<slug:name>/rollouts/<int:pk>/pause/", rollout_views.pause_rollout, name="model-rollout-pause"),
+    path("models/<slug:name>/rollouts/<int:pk>/resume/", rollout_views.resume_rollout, name="model-rollout-resume"),
+    path("models/<slug:name>/rollouts/<int:pk>/abort/", rollout_views.abort_rollout, name="model-rollout-abort"),
     path("models/<slug:name>/versions/<int:number>/", views.version_page, name="version"),
     path("models/<slug:name>/versions/<int:number>/try/", views.try_version, name="version-try"),
     path("workers/", views.workers_page, name="workers"),

@@ -16,12 +16,14 @@ import sys
 import time
 from datetime import timedelta
 from functools import wraps
+from urllib.parse import urlencode
 
 import httpx
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db.models import Sum
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -34,13 +36,22 @@ from console import forms, outage, readiness
 from console.summaries import (
     canary_route,
     describe_routes,
+    duration_words,
     health,
     live_figures,
     model_figures,
+    recent_traffic,
+    releases_in_force,
+    report_totals,
+    rollout_state_key,
+    rollout_steps,
+    served_since,
+    signal_rows,
     split_segments,
     version_roles,
+    weighted_canaries,
 )
-from registry.actions import drills, releases, uploads
+from registry.actions import drills, releases, rollouts, uploads
 from registry.api.errors import json_not_found, json_server_error
 from registry.artifacts import storage
 from registry.artifacts.upload_handler import (
@@ -50,17 +61,34 @@ from registry.artifacts.upload_handler import (
     declared_too_large,
     start_staging,
 )
-from registry.domain.choices import DrillStatus, VersionStatus
+from registry.domain.choices import (
+    ACTIVE_ROLLOUT_STATUSES,
+    ANALYSED_ROLLOUT_STATUSES,
+    AuditKind,
+    DrillStatus,
+    VersionStatus,
+)
 from registry.domain.roles import can_operate
 from registry.fleet import workers as fleet
 from registry.fleet.state import current_generation
-from registry.models import Drill, ModelVersion, RegisteredModel, Release, Worker
+from registry.models import (
+    Drill,
+    ModelVersion,
+    RegisteredModel,
+    Release,
+    Rollout,
+    RolloutVerdict,
+    VersionMetricMinute,
+    Worker,
+)
 
 WORKERS_SHOWN_FOR = timedelta(hours=1)  # gone workers stay listed (faded) this long
 ROLLUP_WINDOW = timedelta(hours=6)
+SERVED_WINDOW = timedelta(hours=1)  # the versions table's traffic column
 TRY_TIMEOUT_S = 10.0
 AUDIT_EVENTS_SHOWN = 50
 DRILLS_SHOWN = 200
+ROLLOUTS_SHOWN = 5
 
 
 # ---------------------------------------------------------------- errors and health
@@ -156,25 +184,38 @@ def models_page(request):
 
 def _model_rows() -> list[dict]:
     figures = live_figures(list(fleet.live_workers()))
-    return [_model_row(model, figures) for model in RegisteredModel.objects.prefetch_related("versions")]
+    recent = recent_traffic()
+    return [_model_row(model, figures, recent) for model in RegisteredModel.objects.prefetch_related("versions")]
 
 
-def _model_row(model: RegisteredModel, figures: dict) -> dict:
+def _model_row(model: RegisteredModel, figures: dict, recent: dict) -> dict:
     release = model.current_release()
     convergence = fleet.convergence(release)
-    totals = model_figures(figures, model.name)
-    level, words = health(release, convergence, totals)
+    level, words = model_health(model, release, convergence, recent)
     return {
         "model": model, "release": release, "segments": split_segments(release), "canary": canary_route(release),
-        "convergence": convergence, "figures": totals, "health_level": level, "health": words,
+        "convergence": convergence, "figures": model_figures(figures, model.name), "health_level": level, "health": words,
         "versions_count": len(model.versions.all()),
     }
+
+
+def model_health(model: RegisteredModel, release: Release | None, convergence: dict, recent: dict) -> tuple[str, str]:
+    mine = {number: traffic for (name, number), traffic in recent.items() if name == model.name}
+    return health(release, convergence, mine, running_verdict(model))
+
+
+def running_verdict(model: RegisteredModel) -> RolloutVerdict | None:
+    """The newest verdict of the model's rollout while the analysis runs it."""
+    rollout = model.rollouts.filter(status__in=ANALYSED_ROLLOUT_STATUSES).first()
+    return rollout.verdicts.select_related("rollout").first() if rollout else None
 
 
 # ---------------------------------------------------------------- model page
 
 MODEL_FRAGMENTS = {
     "release-panel": "console/fragments/release_panel.html",
+    "rollout-panel": "console/fragments/rollout_panel.html",
+    "health": "console/fragments/health_pill.html",
     "live-figures": "console/fragments/live_figures.html",
     "versions-table": "console/fragments/versions_table.html",
     "audit": "console/fragments/audit.html",
@@ -192,14 +233,20 @@ def model_context(model: RegisteredModel) -> dict:
     figures = live_figures(list(fleet.live_workers()))
     roles = version_roles(release)
     versions = list(model.versions.select_related("uploaded_by"))
+    panel = _release_panel_context(model, release, versions)
+    level, words = model_health(model, release, panel["convergence"], recent_traffic(model.name))
+    served = _served(model)
     return {
         "nav": "models",
         "model": model,
         "release": release,
-        **_release_panel_context(model, release, versions),
-        "versions": [{"version": version, "role": roles.get(version.number, "")} for version in versions],
+        **panel,
+        **rollout_panel_context(model, release, versions),
+        "health_level": level,
+        "health": words,
+        "versions": [{"version": version, "role": roles.get(version.number, ""), "served": served.get(version.number)} for version in versions],
         "live_rows": _live_rows(model, roles, figures),
-        "audit_events": model.audit_events.select_related("actor")[:AUDIT_EVENTS_SHOWN],
+        "audit_entries": audit_entries(model),
         "drills": model.drills.select_related("model", "actor")[:5],
         "upload_form": forms.UploadForm(),
         "live_config": {"model": model.name, "gone_after_s": settings.WORKER_GONE_AFTER_S},
@@ -214,13 +261,93 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "segments": split_segments(release),
         "current_summary": describe_routes(release.routes) if release else "",
         "canary": canary,
+        "weighted_canaries": weighted_canaries(release),
         "rollback_target": target,
         "rollback_summary": describe_routes(target.routes) if target else "",
+        "rollback_preview": releases.rollback_preview(release),
+        "promote_returns_to": _promote_returns_to(model, release) if canary else "",
+        "active_rollout": model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first(),
         "convergence": fleet.convergence(release),
         "split_form": _split_form(release, choices, canary),
         "presets": forms.PRESET_WEIGHTS,
+        "full_weight": forms.FULL_WEIGHT,
         "last_drill": model.drills.select_related("actor").first(),
     }
+
+
+def _promote_returns_to(model: RegisteredModel, release: Release) -> str:
+    """What a rollback after promoting now would return to (``releases.promote``' rule)."""
+    target = releases.last_all_stable(model, release.stable_version) or release
+    return f"{describe_routes(target.routes)} (generation {target.generation})"
+
+
+def _served(model: RegisteredModel) -> dict[int, dict]:
+    rows = (VersionMetricMinute.objects.filter(version__model=model, minute__gte=timezone.now() - SERVED_WINDOW).values("version__number")
+            .annotate(requests=Sum("requests"), errors=Sum("errors"), client_errors=Sum("client_errors")))
+    return served_since(rows)
+
+
+def audit_entries(model: RegisteredModel) -> list[dict]:
+    """The newest audit events, each with the generation in force when it happened (a
+    release event names its own) and its reason or rollout."""
+    events = list(model.audit_events.select_related("actor")[:AUDIT_EVENTS_SHOWN])
+    if not events:
+        return []
+    oldest, newest = events[-1].created_at, events[0].created_at
+    timeline = list(model.releases.filter(created_at__gte=oldest, created_at__lte=newest).order_by("generation").values_list("created_at", "generation"))
+    before = model.releases.filter(created_at__lt=oldest).order_by("-generation").values_list("created_at", "generation").first()
+    in_force = releases_in_force([event.created_at for event in events], ([before] if before else []) + timeline)
+    return [
+        {"event": event, "generation": (event.data.get("generation") if event.kind == AuditKind.RELEASE else None) or generation,
+         "reason": event.data.get("reason", "") if event.kind == AuditKind.RELEASE else "", "rollout": event.data.get("rollout")}
+        for event, generation in zip(events, in_force, strict=True)
+    ]
+
+
+def rollout_panel_context(model: RegisteredModel, release: Release | None, versions: list[ModelVersion], shown: Rollout | None = None) -> dict:
+    """The rollout shown (the model's newest, or ``shown``), its last verdict, the
+    history, and the form that starts one."""
+    history = list(model.rollouts.select_related("actor")[:ROLLOUTS_SHOWN])
+    rollout = shown or (history[0] if history else None)
+    verdict = rollout.verdicts.first() if rollout else None
+    choices = canary_choices(release, versions)
+    candidates = _rollout_candidates(versions, choices)
+    return {
+        "rollout": rollout,
+        "rollout_is_active": rollout is not None and rollout.status in ACTIVE_ROLLOUT_STATUSES,
+        "rollout_is_analysed": rollout is not None and rollout.status in ANALYSED_ROLLOUT_STATUSES,
+        "rollout_steps": rollout_steps(rollout) if rollout else [],
+        "rollout_hold": duration_words(rollout.step_duration_s) if rollout else "",
+        "rollout_state": rollout_state_key(rollout) if rollout else "",
+        "rollout_verdict": verdict,
+        "signal_rows": signal_rows(verdict),
+        "rollout_history": history,
+        "any_rollout_active": any(item.status in ACTIVE_ROLLOUT_STATUSES for item in history),
+        "rollout_form": forms.RolloutForm(initial={"canary_version": max(choices) if choices else None, "plan": "standard"}, canary_choices=choices),
+        "rollout_candidates": candidates,
+        "rollout_any_incompatible": any(candidate["incompatible"] for candidate in candidates),
+        "rollout_analysis": _analysis_or_none(model),
+    }
+
+
+def _rollout_candidates(versions: list[ModelVersion], choices: list[int]) -> list[dict]:
+    """Each version a rollout may take, and how its inputs differ from the stable's when
+    its validation report says they do."""
+    by_number = {version.number: version for version in versions}
+    candidates = []
+    for number in sorted(choices, reverse=True):
+        compatibility = (by_number[number].validation_report or {}).get("compatibility") or {}
+        incompatible = compatibility.get("compatible") is False
+        candidates.append({"number": number, "incompatible": incompatible, "differences": compatibility.get("differences", []) if incompatible else [],
+                           "stable_version": compatibility.get("stable_version")})
+    return candidates
+
+
+def _analysis_or_none(model: RegisteredModel):
+    try:
+        return rollouts.resolve_analysis(model, {})
+    except rollouts.RolloutError:
+        return None  # the start answers with the reason
 
 
 def canary_choices(release: Release | None, versions) -> list[int]:
@@ -255,6 +382,8 @@ def set_split(request, name: str):
     form = forms.SplitForm(request.POST, canary_choices=choices, stable_version=release.stable_version if release else None)
     if not form.is_valid():
         return _answer(request, name, "error", _first_error(form), status=400)
+    if form.cleaned_data["needs_confirmation"]:
+        return _confirm_full_share(request, model, form.cleaned_data)
     seen = form.cleaned_data["expected_generation"]
     return _release(request, model, lambda: releases.set_routes(model, form.routes(), request.user, form.cleaned_data["reason"], expected_generation=seen))
 
@@ -294,12 +423,72 @@ def _release(request, model: RegisteredModel, change):
     return _answer(request, model.name, "success", text, generation=release.generation)
 
 
-def _confirm(request, model: RegisteredModel, fragment: str):
+def _confirm_full_share(request, model: RegisteredModel, data: dict):
+    """100% makes the canary the only route: asked again, as a promote is."""
+    version = data["canary_version"]
+    if _wants_json(request):
+        text = f"v{version} at {forms.FULL_WEIGHT}% takes all of {model.name}'s traffic: confirm it with the {forms.FULL_WEIGHT}% button's dialog"
+        return _answer(request, model.name, "error", text, status=400)
+    return _confirm(request, model, "console/fragments/confirm_full_share.html", full_share={"version": version, "reason": data["reason"]})
+
+
+def _confirm(request, model: RegisteredModel, fragment: str, **extra):
     """The confirmation a dialog shows, as a page of its own for browsers without JS."""
     release = model.current_release()
-    context = {"nav": "models", "model": model, "release": release, "confirm_fragment": fragment, "standalone": True}
+    context = {"nav": "models", "model": model, "release": release, "confirm_fragment": fragment, "standalone": True, **extra}
     context.update(_release_panel_context(model, release, list(model.versions.all())))
     return render(request, "console/confirm.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@operator_required
+def to_stable(request, name: str):
+    """Everything back on the stable version at once: the running rollout's abort when
+    one owns the traffic, else ``releases.to_stable``."""
+    model = _model(name)
+    if request.method == "GET":
+        return _confirm(request, model, "console/fragments/confirm_to_stable.html")
+    form = forms.ReasonForm(request.POST)
+    if not form.is_valid():
+        return _answer(request, name, "error", _first_error(form), status=400)
+    reason, seen = form.cleaned_data["reason"], form.cleaned_data["expected_generation"]
+    active = model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first()
+    if active is not None:
+        return abort_rollout_answer(request, model, active, reason)
+
+    def change():
+        # releases.to_stable takes no expected_generation: the page's is compared here,
+        # outside the lock, so a double click does not append a second release.
+        current = releases.require_current(model)
+        releases.check_expected_generation(model, current, seen)
+        return releases.to_stable(model, current.stable_version, request.user, reason or "back to stable from the console")
+
+    return _release(request, model, change)
+
+
+def abort_rollout_answer(request, model: RegisteredModel, rollout: Rollout, reason: str):
+    try:
+        rollout = rollouts.abort(rollout, request.user, reason)
+    except releases.ReleaseError as error:
+        return _answer(request, model.name, "error", error.message, status=error.status, **error.details())
+    text = f"Rollout #{rollout.pk} aborted: v{rollout.stable_version} is back to 100% (generation {rollout.release_generation}). Workers are converging."
+    return _answer(request, model.name, "success", text, rollout=rollout.pk, generation=rollout.release_generation)
+
+
+@login_required
+def release_page(request, name: str, generation: int):
+    """One release as it was: its split, who made it and why, what it replaced and what
+    replaced it; the audit timeline links here for the release in force at each event."""
+    model = _model(name)
+    shown = get_object_or_404(model.releases.select_related("actor", "rollback_target"), generation=generation)
+    context = {
+        "nav": "models", "model": model, "shown": shown, "segments": split_segments(shown), "summary": describe_routes(shown.routes),
+        "previous": model.releases.filter(generation__lt=generation).order_by("-generation").first(),
+        "following": model.releases.filter(generation__gt=generation).order_by("generation").first(),
+        "events": model.audit_events.filter(data__generation=generation).select_related("actor")[:AUDIT_EVENTS_SHOWN],
+        "api_url": reverse("api-release", kwargs={"name": model.name}) + "?" + urlencode({"at": shown.created_at.isoformat()}),
+    }
+    return render(request, "console/release.html", context)
 
 
 @require_http_methods(["GET", "POST"])
@@ -389,7 +578,7 @@ def version_context(version: ModelVersion, **extra) -> dict:
     checks = report.pop("checks", [])
     since = timezone.now() - ROLLUP_WINDOW
     rollup = [
-        {"t": row.minute.timestamp(), "requests": row.requests, "errors": row.errors, "latency_sum_s": row.latency_sum_s,
+        {"t": row.minute.timestamp(), "requests": row.requests, "errors": row.errors, "client_errors": row.client_errors, "latency_sum_s": row.latency_sum_s,
          "latency_buckets": row.latency_buckets, "batch_size_buckets": row.batch_size_buckets}
         for row in version.metric_minutes.filter(minute__gte=since)
     ]
@@ -475,8 +664,7 @@ def workers_context() -> dict:
     digests = fleet.IssuedDigests()
     rows = [
         {"worker": worker, "is_live": worker.last_seen_at >= live_after,
-         "is_behind": not fleet.worker_status(worker, generation, digests)["converged"],
-         "requests_per_s": sum(entry.get("requests_per_s") or 0 for entry in (worker.last_report or {}).get("versions") or [])}
+         "is_behind": not fleet.worker_status(worker, generation, digests)["converged"], **report_totals(worker.last_report)}
         for worker in Worker.objects.filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR)
     ]
     rows.sort(key=lambda row: (not row["is_live"], row["worker"].worker_id))

@@ -48,6 +48,7 @@ window.ModelOps = (function () {
     tickAges(element);
     const again = focused && element.querySelector(focused);
     if (again) again.focus();  // keyboard users keep their place
+    element.dispatchEvent(new CustomEvent("modelops:swapped", { bubbles: true }));
   }
 
   setInterval(() => pending.forEach((element) => {
@@ -175,7 +176,8 @@ window.ModelOps = (function () {
     const body = new FormData(form, event.submitter);  // before disabling: a disabled submitter sends nothing
     const buttons = form.querySelectorAll("button");
     buttons.forEach((button) => { button.disabled = true; });
-    const dialog = form.closest("dialog");
+    // The dialog holding the form, or holding the button that submitted it (a confirmation inside the form).
+    const dialog = form.closest("dialog") || (event.submitter && event.submitter.closest("dialog"));
     if (dialog) dialog.close();
     // Announced on the document: a live refresh may replace the form while it is posted.
     document.dispatchEvent(new CustomEvent("modelops:submitting", { detail: { form } }));
@@ -194,9 +196,21 @@ window.ModelOps = (function () {
     return `${Math.floor(seconds / 86400)} d ago`;
   }
 
+  // "in 42 s" until a moment, "due now" once it has passed.
+  function until(date) {
+    const seconds = (date.getTime() - Date.now()) / 1000;
+    if (seconds <= 0) return "due now";
+    if (seconds < 60) return `in ${Math.ceil(seconds)} s`;
+    if (seconds < 3600) return `in ${Math.ceil(seconds / 60)} min`;
+    return `in ${Math.ceil(seconds / 3600)} h`;
+  }
+
   function tickAges(root = document) {
     root.querySelectorAll("time[data-ago]").forEach((element) => {
       element.textContent = ago(new Date(element.getAttribute("datetime")));
+    });
+    root.querySelectorAll("time[data-until]").forEach((element) => {
+      element.textContent = until(new Date(element.getAttribute("datetime")));
     });
   }
   setInterval(tickAges, 1000);
@@ -239,16 +253,20 @@ window.ModelOps = (function () {
           totals.set(key, addFigures(totals.get(key), entry));
         }
       }
-      totals.forEach((total) => { total.error_rate = total.requests ? total.errors / total.requests : null; });
+      totals.forEach((total) => {
+        total.error_rate = total.requests ? total.errors / total.requests : null;
+        total.client_error_rate = total.requests ? total.client_errors / total.requests : null;
+      });
       return totals;
     }
 
     return { add, fresh, figures, latest };
   }
 
+  // errors are 5xx answers, client_errors 4xx: both counted, shown side by side.
   function addFigures(total, entry) {
-    total = total || { requests_per_s: 0, requests: 0, errors: 0, queue_depth: 0, p50_ms: null, p99_ms: null };
-    for (const field of ["requests_per_s", "requests", "errors", "queue_depth"]) total[field] += entry[field] || 0;
+    total = total || { requests_per_s: 0, requests: 0, errors: 0, client_errors: 0, queue_depth: 0, p50_ms: null, p99_ms: null };
+    for (const field of ["requests_per_s", "requests", "errors", "client_errors", "queue_depth"]) total[field] += entry[field] || 0;
     for (const field of ["p50_ms", "p99_ms"]) {
       if (entry[field] != null) total[field] = total[field] == null ? entry[field] : Math.max(total[field], entry[field]);
     }
@@ -262,6 +280,7 @@ window.ModelOps = (function () {
       p50_ms: format.ms(figures && figures.p50_ms),
       p99_ms: format.ms(figures && figures.p99_ms),
       error_rate: format.percent(figures && figures.error_rate),
+      client_error_rate: format.percent(figures && figures.client_error_rate),
       queue_depth: figures ? format.count(figures.queue_depth) : "—",
     };
     row.querySelectorAll("[data-field]").forEach((cell) => {

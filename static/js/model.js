@@ -9,7 +9,7 @@
   const book = M.reportBook(config.gone_after_s);
   const HISTORY_S = 120;
   const BATCH_WINDOW_S = 60;
-  const RELEASE_PARTS = ["release-panel", "live-figures", "versions-table", "audit"];
+  const RELEASE_PARTS = ["release-panel", "rollout-panel", "health", "live-figures", "versions-table", "audit"];
 
   const history = { t: [], series: new Map() };  // version -> {requests_per_s: [], ...}
   const batches = new Map();  // version -> [{at, buckets}]
@@ -88,6 +88,7 @@
       series.p50_ms.push(figure ? figure.p50_ms : null);
       series.p99_ms.push(figure ? figure.p99_ms : null);
       series.error_rate.push(figure && figure.error_rate != null ? figure.error_rate * 100 : null);
+      series.client_error_rate.push(figure && figure.client_error_rate != null ? figure.client_error_rate * 100 : null);
       series.queue_depth.push(figure ? figure.queue_depth : null);
     }
     if (history.t.length > HISTORY_S) {
@@ -98,7 +99,7 @@
 
   function emptySeries(length) {
     const gap = () => new Array(length).fill(null);
-    return { requests_per_s: gap(), p50_ms: gap(), p99_ms: gap(), error_rate: gap(), queue_depth: gap() };
+    return { requests_per_s: gap(), p50_ms: gap(), p99_ms: gap(), error_rate: gap(), client_error_rate: gap(), queue_depth: gap() };
   }
 
   function addBatches(version, cumulative) {
@@ -123,7 +124,10 @@
       const series = history.series.get(row.version) || {};
       return [series.p50_ms || [], series.p99_ms || []];
     })]);
-    charts.get("error_rate").chart.setData([history.t, ...column("error_rate")]);
+    charts.get("error_rate").chart.setData([history.t, ...rows.flatMap((row) => {
+      const series = history.series.get(row.version) || {};
+      return [series.error_rate || [], series.client_error_rate || []];
+    })]);
     charts.get("queue_depth").chart.setData([history.t, ...column("queue_depth")]);
     drawBatches(rows);
   }
@@ -135,11 +139,15 @@
       { label: `${label(row)} p50`, color: C.colorFor(row.role, index), dash: [5, 4], width: 1.5 },
       { label: `${label(row)} p99`, color: C.colorFor(row.role, index) },
     ]);
+    const errors = rows.flatMap((row, index) => [
+      { label: `${label(row)} 5xx`, color: C.colorFor(row.role, index) },
+      { label: `${label(row)} 4xx`, color: C.colorFor(row.role, index), dash: [5, 4], width: 1.5 },
+    ]);
     const chart = (name) => document.querySelector(`#charts [data-chart="${name}"]`);
     return new Map([
       ["requests_per_s", C.line(chart("requests_per_s"), each, { format: M.format.rate, windowS: HISTORY_S })],
       ["latency", C.line(chart("latency"), latency, { format: (v) => (v < 10 ? v.toFixed(1) : v.toFixed(0)), windowS: HISTORY_S })],
-      ["error_rate", C.line(chart("error_rate"), each, { format: (v) => `${+v.toFixed(2)}`, windowS: HISTORY_S })],
+      ["error_rate", C.line(chart("error_rate"), errors, { format: (v) => `${+v.toFixed(2)}`, windowS: HISTORY_S })],
       ["queue_depth", C.line(chart("queue_depth"), each, { format: (v) => String(Math.round(v * 10) / 10), windowS: HISTORY_S })],
     ]);
   }
@@ -155,6 +163,27 @@
       .filter((s) => s.values.some((value) => value > 0));
     C.bars(document.querySelector('#charts [data-chart="batch_sizes"]'), labels, series);
   }
+
+  // ---- 100% to a canary makes it the only route: confirmed first, as Promote is. The
+  // preset and the exact field both lead here; the dialog's own button goes through.
+  document.addEventListener("submit", (event) => {
+    const form = event.target;
+    if (!form.matches(".split-form")) return;
+    const submitter = event.submitter;
+    if (submitter && submitter.name === "confirmed_weight") return;
+    const typed = form.elements.weight ? form.elements.weight.value.trim() : "";
+    const weight = submitter && submitter.name === "preset" ? Number(submitter.value) : typed === "" ? null : Number(typed);
+    const dialog = document.getElementById("full-share-dialog");
+    if (weight !== 100 || !dialog || !dialog.showModal) return;  // without dialogs the server asks instead
+    event.preventDefault();
+    event.stopImmediatePropagation();  // before console.js posts it
+    const version = form.elements.canary_version.value;
+    dialog.querySelectorAll("[data-full-version]").forEach((element) => { element.textContent = `v${version}`; });
+    dialog.showModal();
+  }, true);
+
+  // Health words come from the server (recent roll-ups, the rollout's verdict): keep them fresh.
+  setInterval(() => M.refreshAll("health"), 10000);
 
   // ---- traffic actions answered in place (console.js posts them)
   document.addEventListener("modelops:submitting", (event) => {

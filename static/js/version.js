@@ -33,8 +33,12 @@
     { label: "p99", color: "#e8590c" },
   ], { format: (v) => (v < 10 ? v.toFixed(1) : v.toFixed(0)) })
     .chart.setData([t, rows.map((row) => C.quantileMs(row.latency_buckets, 0.5)), rows.map((row) => C.quantileMs(row.latency_buckets, 0.99))]);
-  C.line(chart("error_rate"), [{ label: "errors %", color: "#c62828" }], { format: (v) => `${+v.toFixed(2)}` })
-    .chart.setData([t, rows.map((row) => (row.requests ? (row.errors / row.requests) * 100 : null))]);
+  const share = (count, row) => (row.requests ? (count / row.requests) * 100 : null);
+  C.line(chart("error_rate"), [
+    { label: "5xx %", color: "#c62828" },
+    { label: "4xx %", color: "#9a6700", dash: [5, 4], width: 1.5 },
+  ], { format: (v) => `${+v.toFixed(2)}` })
+    .chart.setData([t, rows.map((row) => share(row.errors, row)), rows.map((row) => share(row.client_errors || 0, row))]);
 
   const batches = rows.reduce((total, row) => C.addBuckets(total, row.batch_size_buckets), {});
   const { labels, values } = C.shares([C.bucketCounts(batches)]);
@@ -42,7 +46,8 @@
 
   const requests = rows.reduce((sum, row) => sum + row.requests, 0);
   const errors = rows.reduce((sum, row) => sum + row.errors, 0);
+  const clientErrors = rows.reduce((sum, row) => sum + (row.client_errors || 0), 0);
   const latency = rows.reduce((sum, row) => sum + row.latency_sum_s, 0);
   document.getElementById("rollup-summary").textContent =
-    `${requests} requests over ${rows.length} minute${rows.length === 1 ? "" : "s"}; mean latency ${requests ? M.format.ms((latency / requests) * 1000) : "—"}; ${errors} errors.`;
+    `${requests} requests over ${rows.length} minute${rows.length === 1 ? "" : "s"}; mean latency ${requests ? M.format.ms((latency / requests) * 1000) : "—"}; ${errors} answered 5xx, ${clientErrors} answered 4xx.`;
 })();

@@ -17,8 +17,11 @@
       }
       if (Number(row.dataset.generation) !== message.generation) M.refreshSoon("workers-table");
       row.querySelector("[data-field=age] time").setAttribute("datetime", message.at);
-      const rate = (message.versions || []).reduce((sum, entry) => sum + (entry.requests_per_s || 0), 0);
-      row.querySelector("[data-field=requests_per_s]").textContent = M.format.rate(rate);
+      const total = (field) => (message.versions || []).reduce((sum, entry) => sum + (entry[field] || 0), 0);
+      const requests = total("requests");
+      row.querySelector("[data-field=requests_per_s]").textContent = M.format.rate(total("requests_per_s"));
+      row.querySelector("[data-field=error_rate]").textContent = M.format.percent(requests ? total("errors") / requests : null);
+      row.querySelector("[data-field=client_error_rate]").textContent = M.format.percent(requests ? total("client_errors") / requests : null);
     },
     state() { M.refreshSoon("workers-table", 1500); },  // let workers ack first
   }, { fallback: () => M.refreshAll("workers-table") });
@@ -33,7 +36,7 @@
       const seen = new Date(row.querySelector("[data-field=age] time").getAttribute("datetime"));
       if (Date.now() - seen.getTime() > goneAfterS * 1000 && !row.classList.contains("gone")) {
         row.classList.add("gone");
-        row.querySelector("[data-field=requests_per_s]").textContent = "—";
+        row.querySelectorAll("[data-field=requests_per_s], [data-field=error_rate], [data-field=client_error_rate]").forEach((cell) => { cell.textContent = "—"; });
       }
     });
   }, 1000);

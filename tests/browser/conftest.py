@@ -170,10 +170,17 @@ def _environment(data_dir: Path, redis_url: str, database_url: str | None) -> di
 
 
 def _prepare(stack: Stack) -> None:
-    script = PREPARE.format(export_dir=str(stack.export_dir), users=PASSWORDS)
-    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=180)
+    django_shell(stack, PREPARE.format(export_dir=str(stack.export_dir), users=PASSWORDS), timeout_s=180)
+
+
+def django_shell(stack: Stack, script: str, *, timeout_s: float = 60) -> str:
+    """Run ``script`` in ``manage.py shell`` against the stack's own database and
+    services (what a Celery task would do there); its standard output."""
+    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, env=stack.env, capture_output=True, text=True,
+                            timeout=timeout_s, check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"preparing the stack failed:\n{result.stdout}\n{result.stderr}")
+        raise RuntimeError(f"manage.py shell failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
 
 
 def _start(stack: Stack) -> None:

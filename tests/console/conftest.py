@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
 from django.utils import timezone
 
-from registry.actions import releases
+from registry.actions import releases, rollouts
 from registry.domain.choices import VersionStatus
+from registry.fleet import live, samples
 from registry.fleet.state import issued_digest
-from registry.models import ModelVersion, RegisteredModel, Worker
+from registry.models import ModelVersion, RegisteredModel, Rollout, Worker
 
 SIGNATURE = {
     "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 4]}],
@@ -76,3 +79,37 @@ def report_from(worker_id: str, *, generation: int, versions: list[dict], second
         worker_id=worker_id, host="host-a", pid=42, url=url, device="cpu", generation=generation,
         loaded=loaded, last_report=report, last_seen_at=seen,
     )
+
+
+def served(model: RegisteredModel, number: int, requests: int, *, errors: int = 0, client_errors: int = 0) -> None:
+    """Traffic in this minute's roll-up of version ``number``, as ingested reports leave it."""
+    live.add_to_rollup(model.versions.get(number=number), {"requests": requests, "errors": errors, "client_errors": client_errors})
+
+
+def figures(number: int, requests: int = 200, *, errors: int = 0, client_errors: int = 0) -> dict:
+    """One report's figures for ``digits`` v``number``: answers within 2 ms."""
+    answered = requests - errors - client_errors
+    return {"model": "digits", "version": number, "requests": requests, "errors": errors, "client_errors": client_errors,
+            "latency_sum_s": 0.0015 * requests, "latency_buckets": {"0.001": 0, "0.002": answered, "+Inf": answered}, "batch_size_buckets": {}}
+
+
+def judge_window(rollout: Rollout, canary: dict | None = None, stable: dict | None = None) -> Rollout:
+    """Both sides' figures stored inside the rollout's next window, then the window judged
+    at its end, as the Celery beat's tick would."""
+    rollout.refresh_from_db()
+    at = rollout.next_window_at
+    versions = {version.number: version for version in rollout.model.versions.all()}
+    samples.store("w1", [(versions[rollout.canary_version], canary or figures(rollout.canary_version)),
+                         (versions[rollout.stable_version], stable or figures(rollout.stable_version))], received_at=at - timedelta(seconds=1))
+    rollouts.tick(at)
+    rollout.refresh_from_db()
+    return rollout
+
+
+def start_rollout(model: RegisteredModel, user, canary_version: int = 2, steps=(1, 10, 50, 100), step_duration_s: float = 300) -> Rollout:
+    return rollouts.start(model, canary_version, list(steps), step_duration_s, {}, user)
+
+
+def live_worker(model: RegisteredModel, versions: list[dict] | None = None) -> Worker:
+    """A worker serving the model's current generation."""
+    return report_from("w1", generation=model.current_release().generation, versions=versions or [])

@@ -72,7 +72,7 @@ def test_stranger_post_goes_to_sign_in_and_nothing_changes(client, canary_digits
 @pytest.mark.parametrize(("body", "routes"), [
     ({"canary_version": "2", "preset": "10", "weight": "33"}, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]),
     ({"canary_version": "2", "weight": "33"}, [{"version": 1, "weight": 67}, {"version": 2, "weight": 33}]),
-    ({"canary_version": "2", "preset": "100"}, [{"version": 2, "weight": 100}]),
+    ({"canary_version": "2", "confirmed_weight": "100"}, [{"version": 2, "weight": 100}]),
     ({"canary_version": "2", "weight": "0"}, [{"version": 1, "weight": 100}]),
 ])
 def test_operator_sets_the_canary_share(operator_page, digits, body, routes):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from registry.models import Drill
-from tests.console.conftest import report_from
+from tests.console.conftest import report_from, served
 
 PAGES = ["/", "/models/digits/", "/models/digits/versions/1/", "/workers/", "/drills/"]
 
@@ -49,6 +49,7 @@ def test_models_page_shows_stable_canary_split_and_live_figures(viewer_page, can
     assert '<td class="num" data-field="requests_per_s">100</td>' in html
     assert '<td class="num" data-field="p99_ms">16.0 ms</td>' in html
     assert '<td class="num" data-field="error_rate">1%</td>' in html
+    assert '<td class="num" data-field="client_error_rate">0%</td>' in html
     assert "✓ 1/1 converged" in html
 
 
@@ -63,10 +64,12 @@ def test_models_page_says_what_is_wrong(viewer_page, canary_digits):
 
 def test_models_page_turns_red_on_errors(viewer_page, canary_digits):
     report_from("w1", generation=2, versions=[{"model": "digits", "version": 2, "requests": 50, "requests_per_s": 50.0, "errors": 5}])
+    served(canary_digits, 1, 450)
+    served(canary_digits, 2, 50, errors=5)
 
     html = viewer_page.get("/").content.decode()
 
-    assert "Errors 10.0% of requests" in html
+    assert '<span class="pill pill-bad" data-field="health">Server errors 10% on v2 (canary)</span>' in html
 
 
 def test_model_page_lists_versions_with_status_uploader_size_and_metrics(viewer_page, canary_digits):
@@ -102,7 +105,7 @@ def test_model_page_offers_viewers_no_controls(viewer_page, canary_digits):
 def test_rollback_confirmation_says_what_it_returns_to(operator_page, canary_digits):
     html = operator_page.get("/models/digits/rollback/").content.decode()
 
-    assert "Traffic returns to <strong>v1 100%</strong>, the split of generation 1." in html
+    assert "Traffic returns to <strong>v1 100% (generation 1)</strong>." in html
     assert "Now: v1 90%, v2 10% (generation 2)." in html
 
 

@@ -1,0 +1,95 @@
+"""The health badge: "Healthy" only with traffic and every signal within its threshold
+(the running rollout's last verdict, else the last minute's 5xx and 4xx shares against
+the canary analysis' defaults); no traffic is "Idle"; a canary refusing its requests is
+named, never "Healthy · 0% errors"."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.console.conftest import (
+    figures,
+    judge_window,
+    live_worker,
+    served,
+    start_rollout,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def health_pill(client) -> str:
+    html = client.get("/").content.decode()
+    start = html.index('data-field="health">') + len('data-field="health">')
+    return html[start:html.index("</span>", start)]
+
+
+def pill_class(client) -> str:
+    html = client.get("/").content.decode()
+    end = html.index('" data-field="health">')
+    return html[html.rindex("pill-", 0, end):end]
+
+
+def test_a_model_with_live_workers_and_no_requests_is_idle_not_healthy(viewer_page, canary_digits):
+    live_worker(canary_digits)
+
+    assert health_pill(viewer_page) == "Idle: no requests in the last 1 min"
+    assert pill_class(viewer_page) == "pill-idle"
+
+
+def test_a_model_answering_within_the_thresholds_is_healthy(viewer_page, canary_digits):
+    live_worker(canary_digits)
+    served(canary_digits, 1, 900, errors=1, client_errors=5)
+    served(canary_digits, 2, 100, errors=1, client_errors=2)
+
+    assert health_pill(viewer_page) == "Healthy"
+    assert pill_class(viewer_page) == "pill-ok"
+
+
+def test_a_canary_answering_400_to_everything_is_named_by_its_client_errors(viewer_page, canary_digits):
+    live_worker(canary_digits, versions=[{"model": "digits", "version": 2, "requests": 10, "requests_per_s": 10.0, "errors": 0, "client_errors": 10}])
+    served(canary_digits, 1, 900)
+    served(canary_digits, 2, 100, client_errors=100)
+
+    html = viewer_page.get("/").content.decode()
+
+    assert health_pill(viewer_page) == "Client errors 100% on v2 (canary)"
+    assert pill_class(viewer_page) == "pill-bad"
+    assert "Healthy" not in html
+    assert '<td class="num" data-field="client_error_rate">100%</td>' in html  # beside the 5xx column
+
+
+def test_server_errors_over_the_limit_are_named(viewer_page, canary_digits):
+    live_worker(canary_digits)
+    served(canary_digits, 1, 900)
+    served(canary_digits, 2, 100, errors=7)
+
+    assert health_pill(viewer_page) == "Server errors 7% on v2 (canary)"
+
+
+def test_a_canary_is_judged_by_its_excess_over_the_stables_share(viewer_page, canary_digits):
+    """The thresholds are excesses: 4xx that both versions answer are the clients' own."""
+    live_worker(canary_digits)
+    served(canary_digits, 1, 900, client_errors=45)  # 5%: over the 2% limit on its own
+    served(canary_digits, 2, 100, client_errors=6)  # 6%: 1 point over the stable's
+
+    assert health_pill(viewer_page) == "Client errors 5% on v1 (stable)"
+
+
+def test_a_running_rollouts_failing_verdict_names_the_signal(viewer_page, digits, operator):
+    rollout = judge_window(start_rollout(digits, operator), canary=figures(2, client_errors=200))
+    live_worker(digits)
+    served(digits, 1, 990)
+    served(digits, 2, 10)  # the last minute looks fine: the verdict is what failed
+
+    assert health_pill(viewer_page) == f"Client errors 100% on canary v{rollout.canary_version} (stable 0%)"
+    assert pill_class(viewer_page) == "pill-bad"
+
+
+def test_the_model_page_shows_the_same_health(viewer_page, canary_digits):
+    live_worker(canary_digits)
+    served(canary_digits, 2, 100, client_errors=100)
+
+    html = viewer_page.get("/models/digits/?fragment=health").content.decode()
+
+    assert '<span class="pill pill-bad model-health" id="model-health"' in html and "Client errors 100% on v2 (canary)" in html

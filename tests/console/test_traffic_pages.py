@@ -1,0 +1,273 @@
+"""What the traffic controls say before they act and what the timeline says after: the
+abort-to-stable button, the 100% confirmation, what a rollback or a promote returns to,
+drills rolling forward by default, the release in force at each audit event, and 4xx
+beside 5xx in every live table."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.messages import get_messages
+
+from registry.actions import events, releases, rollouts
+from registry.domain.choices import RolloutStatus
+from registry.models import AuditEvent, Release
+from tests.console.conftest import report_from, served, start_rollout
+
+pytestmark = pytest.mark.django_db
+
+SPLIT = "/models/digits/split/"
+TO_STABLE = "/models/digits/to-stable/"
+
+
+def messages_of(response) -> list[str]:
+    return [str(message) for message in get_messages(response.wsgi_request)]
+
+
+def releases_made() -> list:
+    return list(Release.objects.values_list("generation", "routes"))
+
+
+def release_panel(client) -> str:
+    return client.get("/models/digits/?fragment=release-panel").content.decode()
+
+
+# ---- abort to stable -------------------------------------------------------------------------
+
+
+def test_a_weighted_canary_gets_an_abort_button_beside_rollback(operator_page, canary_digits):
+    html = release_panel(operator_page)
+
+    assert 'id="rollback-button"' in html
+    assert '<a class="button danger-outline big" id="to-stable-button" href="/models/digits/to-stable/" data-dialog="to-stable-dialog">■ Abort to v1 100%</a>' in html
+
+
+def test_without_a_canary_there_is_nothing_to_abort(operator_page, canary_digits, operator):
+    releases.rollback(canary_digits, operator)
+
+    assert 'id="to-stable-button"' not in release_panel(operator_page)
+
+
+def test_the_abort_confirmation_names_what_traffic_returns_to(operator_page, canary_digits):
+    html = operator_page.get(TO_STABLE).content.decode()
+
+    assert "Send everything back to v1?" in html
+    assert "Traffic returns to <strong>v1 100%</strong>, the stable version, at once." in html
+    assert "Now: v1 90%, v2 10% (generation 2)." in html
+
+
+def test_abort_to_stable_sends_everything_to_the_stable_version(operator_page, canary_digits):
+    response = operator_page.post(TO_STABLE, {"reason": "canary answers 400", "expected_generation": "2"})
+
+    release = canary_digits.current_release()
+    assert (release.routes, release.reason) == ([{"version": 1, "weight": 100}], "canary answers 400")
+    assert messages_of(response) == ["Generation 3: traffic is now v1 100%. Workers are converging."]
+
+
+def test_a_double_clicked_abort_to_stable_changes_traffic_once(operator_page, canary_digits):
+    operator_page.post(TO_STABLE, {"expected_generation": "2"})
+    after_first = releases_made()
+
+    response = operator_page.post(TO_STABLE, {"expected_generation": "2"}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 409
+    assert "replaced generation 2 you saw: nothing changed" in response.json()["message"]
+    assert releases_made() == after_first
+
+
+def test_abort_to_stable_during_a_rollout_aborts_the_rollout(operator_page, digits, operator):
+    rollout = start_rollout(digits, operator)
+
+    html = operator_page.get(TO_STABLE).content.decode()
+    response = operator_page.post(TO_STABLE, {"reason": "p99", "expected_generation": str(digits.current_release().generation)})
+
+    rollout.refresh_from_db()
+    assert f"and rollout #{rollout.pk} (v2, running) ends as aborted" in html
+    assert rollout.status == RolloutStatus.ABORTED
+    assert digits.current_release().routes == [{"version": 1, "weight": 100}]
+    assert messages_of(response)[0].startswith(f"Rollout #{rollout.pk} aborted: v1 is back to 100%")
+
+
+def test_a_viewer_cannot_abort_to_stable(viewer_page, canary_digits):
+    before = releases_made()
+
+    assert viewer_page.get(TO_STABLE).status_code == 403
+    assert viewer_page.post(TO_STABLE, {"expected_generation": "2"}).status_code == 403
+    assert releases_made() == before
+
+
+# ---- 100% asks first -----------------------------------------------------------------------------
+
+
+def test_the_100_percent_preset_has_a_confirmation_like_promote(operator_page, canary_digits):
+    html = release_panel(operator_page)
+
+    assert '<dialog id="full-share-dialog" aria-labelledby="confirm-full-share-title">' in html
+    assert '<button type="submit" class="button primary" name="confirmed_weight" value="100" id="confirm-full-share">Send 100%</button>' in html
+
+
+@pytest.mark.parametrize("body", [{"preset": "100"}, {"weight": "100"}])
+def test_an_unconfirmed_100_percent_asks_first_and_changes_nothing(operator_page, canary_digits, body):
+    before = releases_made()
+
+    response = operator_page.post(SPLIT, {"canary_version": "2", "expected_generation": "2", **body})
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "Send 100% to <span data-full-version>v2</span>?" in html
+    assert "becomes the stable version and takes <strong>100%</strong> of digits's traffic" in html
+    assert '<input type="hidden" name="canary_version" value="2">' in html
+    assert releases_made() == before
+
+
+def test_an_unconfirmed_100_percent_from_the_script_is_refused(operator_page, canary_digits):
+    before = releases_made()
+
+    response = operator_page.post(SPLIT, {"canary_version": "2", "preset": "100", "expected_generation": "2"}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 400
+    assert response.json()["message"] == "v2 at 100% takes all of digits's traffic: confirm it with the 100% button's dialog"
+    assert releases_made() == before
+
+
+def test_a_confirmed_100_percent_makes_the_canary_the_only_route(operator_page, canary_digits):
+    operator_page.post(SPLIT, {"canary_version": "2", "confirmed_weight": "100", "expected_generation": "2"})
+
+    assert canary_digits.current_release().routes == [{"version": 2, "weight": 100}]
+
+
+# ---- what rollback and promote return to ---------------------------------------------------------------
+
+
+def test_promote_says_a_rollback_afterwards_returns_to_the_last_all_stable_release(operator_page, canary_digits):
+    html = operator_page.get("/models/digits/promote/").content.decode()
+
+    assert "A rollback afterwards returns to v1 100% (generation 1), the last release that sent everything to v1." in html
+
+
+def test_after_a_promote_the_rollback_confirmation_names_the_last_all_stable_release(operator_page, canary_digits, operator):
+    releases.promote(canary_digits, operator)
+
+    html = operator_page.get("/models/digits/rollback/").content.decode()
+
+    assert "Traffic returns to <strong>v1 100% (generation 1)</strong>." in html
+    assert "not to the canary split that preceded the promote" in html
+
+
+# ---- drills roll forward ---------------------------------------------------------------------------------
+
+
+def test_the_drill_confirmation_says_it_rolls_forward_by_default(operator_page, canary_digits):
+    html = operator_page.get("/models/digits/drill/").content.decode()
+
+    assert "By default it then <strong>rolls forward</strong>" in html
+    assert '<input type="checkbox" name="roll_forward" value="on" checked> Roll forward: restore v1 90%, v2 10% afterwards' in html
+
+
+def test_the_drills_page_says_drills_roll_forward_by_default(viewer_page, digits):
+    assert "Drills roll forward by default" in viewer_page.get("/drills/").content.decode()
+
+
+# ---- the audit timeline ---------------------------------------------------------------------------------
+
+
+def audit(client) -> str:
+    return client.get("/models/digits/?fragment=audit").content.decode()
+
+
+def test_each_audit_event_links_the_release_in_force_at_its_time(viewer_page, digits, operator):
+    uploaded = events.version_uploaded(digits.versions.get(number=2), operator)  # while generation 1 is in force
+    releases.set_routes(digits, [{"version": 1, "weight": 80}, {"version": 2, "weight": 20}], operator, "try v2 on a fifth")
+
+    html = audit(viewer_page)
+
+    upload_entry = html[html.index(uploaded.message) - 600:html.index(uploaded.message)]
+    assert 'href="/models/digits/releases/1/"' in upload_entry
+    assert '<a class="event-release" href="/models/digits/releases/2/"' in html
+    assert "Reason: “try v2 on a fifth”" in html
+
+
+def test_an_event_before_the_first_release_links_none(viewer_page, operator):
+    from registry.models import RegisteredModel
+
+    model = RegisteredModel.objects.create(name="digits")
+    events.model_created(model, operator)
+
+    html = audit(viewer_page)
+
+    assert "Model digits registered" in html and "event-release" not in html
+
+
+def test_rollout_events_link_their_rollout(viewer_page, digits, operator):
+    rollout = start_rollout(digits, operator)
+
+    html = audit(viewer_page)
+
+    assert f'<a class="event-rollout" href="/models/digits/rollouts/{rollout.pk}/">rollout #{rollout.pk}</a>' in html
+    assert AuditEvent.objects.filter(kind="rollout", data__rollout=rollout.pk).exists()
+
+
+def test_a_release_page_shows_its_split_reason_and_neighbours(viewer_page, canary_digits, operator):
+    releases.rollback(canary_digits, operator, "p99 regressed")
+
+    html = viewer_page.get("/models/digits/releases/2/").content.decode()
+
+    assert "digits generation 2" in html and "Traffic: v1 90%, v2 10%" in html
+    assert "v2 · 10%" in html
+    assert 'A rollback from here returns to <a href="/models/digits/releases/1/">generation 1</a>' in html
+    assert 'Replaced by <a href="/models/digits/releases/3/">generation 3</a> (rolled back)' in html
+    assert 'href="/api/models/digits/release/?at=' in html
+
+
+def test_an_unknown_release_is_a_404(viewer_page, digits):
+    assert viewer_page.get("/models/digits/releases/99/").status_code == 404
+
+
+# ---- 4xx beside 5xx ---------------------------------------------------------------------------------------
+
+
+FOUR_HUNDREDS = [{"model": "digits", "version": 2, "requests": 20, "requests_per_s": 20.0, "errors": 1, "client_errors": 5}]
+
+
+def test_the_live_figures_show_4xx_beside_5xx(viewer_page, canary_digits):
+    report_from("w1", generation=2, versions=FOUR_HUNDREDS)
+
+    html = viewer_page.get("/models/digits/?fragment=live-figures").content.decode()
+
+    assert '<td class="num" data-field="error_rate">5%</td>\n      <td class="num" data-field="client_error_rate">25%</td>' in html
+
+
+def test_the_workers_table_shows_4xx_beside_5xx(viewer_page, canary_digits):
+    report_from("w1", generation=2, versions=FOUR_HUNDREDS)
+
+    html = viewer_page.get("/workers/").content.decode()
+
+    assert '<td class="num" data-field="error_rate">5%</td>\n      <td class="num" data-field="client_error_rate">25%</td>' in html
+
+
+def test_the_versions_table_shows_the_last_hours_traffic_with_4xx_and_5xx(viewer_page, canary_digits):
+    served(canary_digits, 2, 200, errors=2, client_errors=50)
+
+    html = viewer_page.get("/models/digits/?fragment=versions-table").content.decode()
+
+    assert '200 req <span class="hint">5xx 1% · 4xx 25%</span>' in html
+
+
+def test_the_version_pages_rollup_carries_client_errors(viewer_page, canary_digits):
+    served(canary_digits, 2, 200, client_errors=50)
+
+    html = viewer_page.get("/models/digits/versions/2/").content.decode()
+
+    assert '"client_errors": 50' in html
+
+
+def test_the_whole_model_page_renders_before_during_and_after_a_rollout(operator_page, digits, operator):
+    before = operator_page.get("/models/digits/")
+    rollout = start_rollout(digits, operator)
+    during = operator_page.get("/models/digits/")
+    rollouts.abort(rollout, operator)
+    after = operator_page.get("/models/digits/")
+
+    assert [page.status_code for page in (before, during, after)] == [200, 200, 200]
+    assert b'id="start-rollout"' in before.content and b'id="start-rollout"' not in during.content
+    assert b'id="abort-rollout-dialog"' in during.content and b'id="to-stable-dialog"' in during.content
+    assert b"<strong>Aborted</strong>" in after.content and b'id="start-rollout"' in after.content
