@@ -457,11 +457,10 @@ def to_stable(request, name: str):
         return abort_rollout_answer(request, model, active, reason)
 
     def change():
-        # releases.to_stable takes no expected_generation: the page's is compared here,
-        # outside the lock, so a double click does not append a second release.
+        # The page's generation is compared under the lock: a double click appends one release.
         current = releases.require_current(model)
-        releases.check_expected_generation(model, current, seen)
-        return releases.to_stable(model, current.stable_version, request.user, reason or "back to stable from the console")
+        return releases.to_stable(model, current.stable_version, request.user, reason or "back to stable from the console",
+                                  expected_generation=seen)
 
     return _release(request, model, change)
 

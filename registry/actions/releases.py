@@ -119,10 +119,13 @@ def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generat
     return release
 
 
-def to_stable(model: RegisteredModel, stable_version: int, actor, reason: str, *, rollout: Rollout | None = None) -> Release:
-    """Everything back on ``stable_version`` at once (a rollout's abort or automatic rollback)."""
+def to_stable(model: RegisteredModel, stable_version: int, actor, reason: str, *, expected_generation: int | None = None,
+              rollout: Rollout | None = None) -> Release:
+    """Everything back on ``stable_version`` at once (a rollout's abort or automatic
+    rollback, the console's "Abort to stable")."""
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
+        check_expected_generation(model, model.current_release(), expected_generation)
         current = require_current(model)
         _check_still_ready(model, [stable_version])
         routes = [Route(version=stable_version, weight=100)]

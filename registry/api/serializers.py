@@ -7,6 +7,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from registry.domain.canary_analysis import AnalysisSettings, InvalidAnalysis, json_schema
 from registry.fleet import workers as fleet
 from registry.models import (
     AuditEvent,
@@ -155,20 +156,23 @@ class ModelCreateSerializer(StrictModelSerializer):
         fields = ["name", "description", "max_batch_size", "max_queue_delay_s", "latency_target_s"]
 
 
+@extend_schema_field(json_schema())
+class AnalysisField(serializers.DictField):
+    """Canary-analysis thresholds; checked by ``AnalysisSettings.parse``, which names the field."""
+
+
 class ModelUpdateSerializer(StrictModelSerializer):
     """What PATCH may change: the description and the model's canary-analysis thresholds
     (checked against the documented fields and ranges; the batching fields travel to the
     workers with the desired state, so they are set at creation)."""
 
-    analysis = serializers.DictField(required=False)
+    analysis = AnalysisField(required=False)
 
     class Meta:
         model = RegisteredModel
         fields = ["description", "analysis"]
 
     def validate_analysis(self, value):
-        from registry.domain.canary_analysis import AnalysisSettings, InvalidAnalysis
-
         try:
             AnalysisSettings.parse(value)
         except InvalidAnalysis as error:
@@ -315,7 +319,7 @@ class RolloutStartSerializer(ReasonSerializer):
                                   help_text="Percentages ending at 100, e.g. [1, 10, 50, 100] (the default); a first step of 0 is a shadow step.")
     shadow_fraction = serializers.JSONField(required=False, help_text="In a shadow step, the share of stable's requests mirrored to the canary (default 1).")
     step_duration_s = serializers.JSONField(required=False, help_text="How long a passing step holds before the next (default 300).")
-    analysis = serializers.DictField(required=False, default=dict, help_text="Thresholds over the model's and the documented defaults.")
+    analysis = AnalysisField(required=False, default=dict, help_text="Thresholds over the model's and the documented defaults.")
     force = StrictBooleanField(required=False, default=False, help_text=FORCE_HELP)
 
 

@@ -70,6 +70,17 @@ _RULES = {
 }
 
 
+def json_schema() -> dict:
+    """The JSON Schema of an ``analysis`` object (for the OpenAPI document): every field
+    optional, each with its type and range, nothing else allowed."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {name: {"type": "integer" if rule.is_integer else "number", "minimum": rule.minimum, "maximum": rule.maximum}
+                       for name, rule in _RULES.items()},
+    }
+
+
 def _checked(name: str, value: object, rule: _Rule) -> int | float:
     # bool is an int to Python, never a number to a user; NaN fails the range test.
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -345,8 +356,9 @@ def failing_streak(results: Iterable[str]) -> int:
     return streak
 
 
-def _signal(name: str, passed: bool | None, value: object, stable_value: object, threshold: object, detail: str) -> dict:
-    return {"name": name, "passed": passed, "value": value, "stable_value": stable_value, "threshold": threshold, "detail": detail}
+def _signal(name: str, passed: bool | None, value: object, stable_value: object, threshold: object, detail: str, **extra) -> dict:
+    """``extra``: an output signal's ``statistic`` (``"PSI"`` or ``"KS D"``), which ``value`` is."""
+    return {"name": name, "passed": passed, "value": value, "stable_value": stable_value, "threshold": threshold, "detail": detail, **extra}
 
 
 def _error_excess(name: str, label: str, canary_errors: int, stable_errors: int, canary: SideFigures,
@@ -408,7 +420,7 @@ def _class_signal(name: str, canary: ClassCounts, stable: ClassCounts, settings:
     threshold = settings.max_class_psi
     too_few = _too_few_outputs(name, canary.total, stable.total, settings.min_requests)
     if too_few:
-        return _signal(f"output:{name}", None, None, None, threshold, too_few)
+        return _signal(f"output:{name}", None, None, None, threshold, too_few, statistic="PSI")
     canary_counts, stable_counts = _class_vectors(canary, stable)
     index = psi(stable_counts, canary_counts)
     _, _, p_value = chi_square_homogeneity(canary_counts, stable_counts)
@@ -418,7 +430,7 @@ def _class_signal(name: str, canary: ClassCounts, stable: ClassCounts, settings:
     detail = (f"output {name}: PSI {index:.3f} (limit {threshold:g}), chi-square p {p_value:.2g} (significant below {settings.alpha:g}), "
               f"JS distance {js_distance(stable_counts, canary_counts):.3f}, "
               f"class shares canary/stable [{_top_shares(canary_counts, stable_counts)}]")
-    return _signal(f"output:{name}", not shifted, index, None, threshold, detail)
+    return _signal(f"output:{name}", not shifted, index, None, threshold, detail, statistic="PSI")
 
 
 def _class_vectors(canary: ClassCounts, stable: ClassCounts) -> tuple[list[int], list[int]]:
@@ -441,12 +453,13 @@ def _value_signal(name: str, canary: ValueFigures, stable: ValueFigures, setting
     threshold = settings.max_value_ks
     too_few = _too_few_outputs(name, canary.count, stable.count, settings.min_requests)
     if too_few or not canary.sample or not stable.sample:
-        return _signal(f"output:{name}", None, None, None, threshold, too_few or f"output {name}: no sampled values on one side")
+        return _signal(f"output:{name}", None, None, None, threshold, too_few or f"output {name}: no sampled values on one side",
+                       statistic="KS D")
     statistic, p_value = ks_two_sample(canary.sample, stable.sample)
     differs = statistic > threshold + _TOLERANCE and p_value < settings.alpha
     detail = (f"output {name}: KS D {statistic:.3f} (limit {threshold:g}), p {p_value:.2g} (significant below {settings.alpha:g}), "
               f"mean {_number(canary.mean)} on canary vs {_number(stable.mean)} on stable")
-    return _signal(f"output:{name}", not differs, statistic, None, threshold, detail)
+    return _signal(f"output:{name}", not differs, statistic, None, threshold, detail, statistic="KS D")
 
 
 def _shadow_signals(canary: SideFigures, settings: AnalysisSettings) -> list[dict]:

@@ -88,7 +88,8 @@
     const key = `${rollout.id}|${outputs.join(",")}`;
     if (key !== chartKey) {
       if (charts) charts.forEach((chart) => chart.destroy());
-      charts = build(outputs);
+      const statistics = new Map(verdicts.flatMap((verdict) => verdict.signals.filter((item) => item.statistic).map((item) => [item.name, item.statistic])));
+      charts = build(outputs, statistics);
       chartKey = key;
     }
     const t = verdicts.map((verdict) => Date.parse(verdict.window_end) / 1000);
@@ -113,7 +114,7 @@
     charts.get("distribution").chart.setData([t, ...(outputs.length ? distribution : [verdicts.map(() => null)])]);
   }
 
-  function build(outputs) {
+  function build(outputs, statistics = new Map()) {
     const chart = (name) => chartsBox.querySelector(`[data-chart="${name}"]`);
     const sides = (unit) => [
       { label: `canary ${unit}`, color: CANARY },
@@ -123,7 +124,7 @@
     const pct = (v) => `${+v.toFixed(2)}`;
     const distribution = outputs.length
       ? outputs.flatMap((name, index) => [
-        { label: name.slice("output:".length), color: C.colorFor("", index) },
+        { label: `${name.slice("output:".length)} ${statistics.get(name) || ""}`.trim(), color: C.colorFor("", index) },
         { label: `${name.slice("output:".length)} threshold`, color: LIMIT, dash: [5, 4], width: 1.5 },
       ])
       : [{ label: "no output compared", color: LIMIT }];

@@ -212,7 +212,7 @@ def test_the_last_verdict_is_a_table_of_every_signal_with_its_numbers(operator_p
             '        <td class="num">100%</td>\n        <td class="num">0%</td>\n        <td class="num">+2% over stable</td>') in html
     assert '<tr data-signal="server_errors" class="signal-pass">' in html
     assert '<tr data-signal="latency_p99" class="signal-unjudged">' in html  # a canary that answered nothing has no latency
-    assert "client errors 100.0% on canary vs 0.0% on stable (allowed excess 2.0%)" in html
+    assert "client errors 100.0% on canary vs 0.0% on stable (allowed excess 2.0%, p " in html
     assert rollout.status == RolloutStatus.RUNNING
 
 
