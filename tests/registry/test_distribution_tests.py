@@ -231,3 +231,33 @@ def test_a_rate_above_the_other_is_significant_and_an_equal_one_is_not():
 def test_the_two_proportion_test_is_the_textbook_z():
     # 0.3 vs 0.2 of 100 each: pooled 0.25, z = 0.1 / sqrt(0.25 * 0.75 * 0.02) = 1.633
     assert excess_proportion_p(30, 100, 20, 100) == pytest.approx(0.0512, abs=5e-4)
+
+
+def test_one_class_on_both_sides_has_nothing_to_test():
+    assert chi_square_homogeneity([40], [7, 0, 0]) == (0.0, 0, 1.0)
+
+
+@pytest.mark.parametrize(("first", "second", "side"), [([0, 0], [1, 2], "first"), ([1, 2], [], "second"), ([1, -1], [1, 1], "first")])
+def test_chi_square_refuses_an_empty_or_negative_side_naming_it(first, second, side):
+    with pytest.raises(ValueError, match=f"^{side} counts"):
+        chi_square_homogeneity(first, second)
+
+
+def test_a_chi_square_statistic_of_zero_or_below_is_certain_and_a_large_one_is_not():
+    assert chi_square_survival(0.0, 3) == 1.0
+    assert chi_square_survival(0.5, 1) == pytest.approx(0.4795, abs=1e-4)  # the series branch
+    assert chi_square_survival(200.0, 9) < 1e-35  # the continued fraction, far in the tail
+
+
+@pytest.mark.parametrize(("a_total", "b_total"), [(0, 10), (10, 0)])
+def test_the_two_proportion_test_refuses_a_side_without_observations(a_total, b_total):
+    with pytest.raises(ValueError, match="each side needs at least one observation"):
+        excess_proportion_p(0, a_total, 0, b_total)
+
+
+def test_rates_of_one_on_both_sides_have_nothing_to_test():
+    assert excess_proportion_p(10, 10, 90, 90) == 1.0
+
+
+def test_one_observation_a_side_is_enough_to_test():
+    assert excess_proportion_p(1, 1, 0, 1) == pytest.approx(0.0786, abs=5e-4)  # z = 1 / sqrt(0.25 * 2) = 1.414
