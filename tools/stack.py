@@ -1,5 +1,6 @@
 """A live stack as real processes: the console under uvicorn (ASGI, Channels) on a given
-database and the real Redis, and serving workers as `manage.py serve` processes.
+database and the real Redis, serving workers as `manage.py serve` processes, and, where
+asked for, a Celery worker running beat (the rollout analysis, retention).
 
 Outside tests/ because both the integration tests and the benchmarks (bench/) start it.
 """
@@ -45,6 +46,7 @@ class Process:
     url: str
     popen: subprocess.Popen
     log_path: Path
+    log_start: int = 0  # where this run's lines begin in the log (a restarted process appends)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
@@ -60,7 +62,9 @@ class Process:
             try:
                 self.popen.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.popen.kill()
+                # Its whole session: Celery's pool children would outlive their parent.
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout=10)
 
 
 @dataclass
@@ -69,9 +73,11 @@ class Stack:
     work_dir: Path
     console: Process | None = None
     workers: list[Process] = field(default_factory=list)
+    celery: Process | None = None
 
-    def start_console(self, **extra_env) -> Process:
-        port = free_port()
+    def start_console(self, *, port: int | None = None, **extra_env) -> Process:
+        """``port``: the port of a console stopped before, so its workers find it again."""
+        port = port or free_port()
         command = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
         self.console = self._spawn("console", command, f"http://127.0.0.1:{port}", extra_env)
         self.env["CONSOLE_URL"] = self.console.url
@@ -88,16 +94,41 @@ class Stack:
         wait_http(worker, "/v2/health/ready" if wait_ready else "/v2/health/live")
         return worker
 
+    def start_celery(self, **extra_env) -> Process:
+        """A Celery worker with beat, as `manage.py runstack` starts it, on this stack's
+        database and Redis; returns once it is ready to take tasks. The beat schedule
+        file lives in the work dir, so a restarted one keeps its place."""
+        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--concurrency", "1", "--loglevel", "INFO",
+                   "--without-mingle", "--without-gossip", "--schedule", str(self.work_dir / "beat-schedule")]
+        self.celery = self._spawn("celery", command, "", extra_env)
+        wait_log(self.celery, " ready.")
+        return self.celery
+
     def stop(self) -> None:
-        for process in [*self.workers, self.console]:
+        for process in [*self.workers, self.console, self.celery]:
             if process is not None:
                 process.stop()
 
+    def manage(self, *args: str) -> str:
+        """``manage.py ARGS`` on this stack's database; its output."""
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=self.env, check=True, capture_output=True, text=True).stdout
+
+    def operator_token(self, username: str = "olivia") -> str:
+        """An API token of a new user in the operator group (the migrations make the groups)."""
+        code = ("from django.contrib.auth.models import Group, User; from rest_framework.authtoken.models import Token; "
+                f"user = User.objects.create_user({username!r}, {username + '@example.com'!r}); "
+                "user.groups.add(Group.objects.get(name='operator')); print(Token.objects.create(user=user).key)")
+        return self.manage("shell", "--no-imports", "-c", code).strip().splitlines()[-1]
+
+    def processes(self) -> list[Process]:
+        return [process for process in [self.console, self.celery, *self.workers] if process is not None]
+
     def _spawn(self, name: str, command: list[str], url: str, extra_env: dict) -> Process:
         log_path = self.work_dir / f"{name}.log"
-        log = open(log_path, "wb")
-        popen = subprocess.Popen(command, cwd=REPO_ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        return Process(name, url, popen, log_path)
+        with open(log_path, "ab") as log:  # a process started again (a restart) adds to its log; the child keeps its own descriptor
+            log_start = log.tell()
+            popen = subprocess.Popen(command, cwd=REPO_ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return Process(name, url, popen, log_path, log_start)
 
 
 def make_stack(work_dir: Path, settings, db_settings: dict, **env) -> Stack:
@@ -118,6 +149,27 @@ def make_stack(work_dir: Path, settings, db_settings: dict, **env) -> Stack:
     return Stack(env=base, work_dir=work_dir)
 
 
+@contextmanager
+def own_database(db_settings: dict, work_dir: Path) -> Iterator[str]:
+    """The URL of a new, empty database on the engine and server of ``db_settings``, for
+    a stack that outlives one test (pytest-django's test database is flushed under it by
+    every transactional test); a PostgreSQL one is dropped afterwards. Not migrated."""
+    if db_settings["ENGINE"].endswith("sqlite3"):
+        yield f"sqlite:///{work_dir / 'stack.sqlite3'}"
+        return
+    import psycopg  # PostgreSQL only
+
+    name = f"stack_{os.getpid()}_{secrets.token_hex(4)}"
+    server = database_url({**db_settings, "NAME": "postgres"})
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield database_url({**db_settings, "NAME": name})
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
 def wait_http(process: Process, path: str, timeout_s: float = START_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -132,6 +184,20 @@ def wait_http(process: Process, path: str, timeout_s: float = START_TIMEOUT_S) -
     raise RuntimeError(f"{process.name} did not answer {path} within {timeout_s} s:\n{process.log()}")
 
 
+def wait_log(process: Process, text: str, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Wait until ``text`` appears in the part of the process's log written since it started."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n{process.log()}")
+        with open(process.log_path, "rb") as log:
+            log.seek(process.log_start)
+            if text.encode() in log.read():
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{process.name} did not log {text!r} within {timeout_s} s:\n{process.log()}")
+
+
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):
     """Poll ``predicate`` until it returns something truthy; return it (or None)."""
     deadline = time.monotonic() + timeout_s
@@ -144,14 +210,17 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):
 
 
 @contextmanager
-def running_stack(work_dir: Path, settings, db_settings: dict, **env) -> Iterator[Stack]:
+def running_stack(work_dir: Path, settings, db_settings: dict, *, migrate: bool = False, **env) -> Iterator[Stack]:
     """A stack with its console started; stopped afterwards, its logs printed (pytest
-    shows them only when the test failed)."""
+    shows them only when the test failed). ``migrate``: run the migrations first (a
+    database of its own, e.g. ``own_database``'s, given as ``DATABASE_URL``)."""
     stack = make_stack(work_dir, settings, db_settings, **env)
+    if migrate:
+        stack.manage("migrate", "--verbosity", "0")
     stack.start_console()
     try:
         yield stack
     finally:
         stack.stop()
-        for process in [stack.console, *stack.workers]:
+        for process in stack.processes():
             print(f"--- {process.name} ---\n{process.log()}")

@@ -115,3 +115,48 @@ def random_convnet(
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+# ---- models with a planted regression (the rollout tests and bench/rollout_bench.py) ----
+
+
+def mlp_dropping_rows(layer_sizes: Sequence[int], *, seed: int = 0, feature: int = 0, above: float = 5.0,
+                      name: str = "mlp-drops-rows") -> onnx.ModelProto:
+    """``random_mlp(layer_sizes, seed=seed)``'s answers, except that rows whose input
+    ``feature`` is above ``above`` are left out of the output (ONNX ``Compress`` on the
+    batch axis): a request carrying such a row gets fewer output rows than input rows,
+    which a worker answers with 500. Zeros (the inspection's smoke runs) and the
+    batchability probe's standard-normal rows stay below the default threshold, so the
+    model uploads as a ready, batchable version that fails only on the inputs that
+    trigger it."""
+    model = random_mlp(layer_sizes, seed=seed, name=name)
+    graph = model.graph
+    output_name, inner = graph.output[0].name, f"{graph.output[0].name}_all_rows"
+    for node in graph.node:  # the MLP's last node now feeds the Compress
+        node.output[:] = [inner if output == output_name else output for output in node.output]
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array(feature, np.int64), "drop_feature"),  # a scalar index: Gather gives [batch]
+        numpy_helper.from_array(np.array(above, np.float32), "drop_above"),
+    ])
+    graph.node.extend([
+        helper.make_node("Gather", [graph.input[0].name, "drop_feature"], ["drop_values"], axis=1),
+        helper.make_node("Greater", ["drop_values", "drop_above"], ["drop_row"]),
+        helper.make_node("Not", ["drop_row"], ["keep_row"]),
+        helper.make_node("Compress", [inner, "keep_row"], [output_name], axis=0),
+    ])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def mlp_favouring_class(layer_sizes: Sequence[int], *, seed: int = 0, favoured: int = 3, bias: float = 8.0,
+                        name: str = "mlp-favours-class") -> onnx.ModelProto:
+    """``random_mlp(layer_sizes, seed=seed)`` with ``bias`` added to class ``favoured``'s
+    logit: as fast and as error-free as the original, but it predicts ``favoured`` for
+    most rows (a shift in the predicted-class distribution, nothing else)."""
+    model = random_mlp(layer_sizes, seed=seed, name=name)
+    last = model.graph.initializer[-1]  # the last layer's bias (random_mlp adds W, B per layer)
+    values = numpy_helper.to_array(last).copy()
+    values[favoured] += bias
+    last.CopyFrom(numpy_helper.from_array(values.astype(np.float32), last.name))
+    onnx.checker.check_model(model, full_check=True)
+    return model

@@ -6,11 +6,13 @@ import io
 
 import httpx
 import pytest
+from django.conf import settings
 from rest_framework.authtoken.models import Token
 
 from registry.actions import uploads
 from registry.building.onnx_build import random_mlp, to_bytes
 from registry.models import RegisteredModel
+from tools.stack import own_database
 
 
 @pytest.fixture
@@ -28,3 +30,13 @@ def api(stack, operator) -> httpx.Client:
     token, _ = Token.objects.get_or_create(user=operator)
     with httpx.Client(base_url=stack.console.url, headers={"Authorization": f"Token {token.key}"}, timeout=30) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def module_database_url(tmp_path_factory) -> str:
+    """A new, empty database (SQLite, or PostgreSQL when the suite runs on it) for a stack
+    that one module's tests share: they reach it only through the stack's HTTP API, and
+    pytest-django's test database would be flushed under the running console. Migrate
+    it with the stack (``stack.manage("migrate")``)."""
+    with own_database(settings.DATABASES["default"], tmp_path_factory.mktemp("module-database")) as url:
+        yield url
