@@ -182,6 +182,21 @@ def test_a_canary_whose_predictions_shift_is_rolled_back_on_the_distribution_sig
     assert {status for (version, status) in traffic.counts() if version == 2} == {200}
 
 
+def test_a_shadow_step_judges_mirrored_runs_and_rolls_back_a_disagreeing_canary_no_client_ever_saw(api, stack):
+    register(api, stack, "shadow-shift", random_mlp(SIZES, seed=15), mlp_favouring_class(SIZES, seed=15, favoured=3, bias=8.0))
+
+    with load(stack, "shadow-shift") as traffic:
+        rollout = finished(api, "shadow-shift", start_rollout(api, "shadow-shift", steps=[0, 50, 100])["id"])
+
+    assert rollout["status"] == "rolled_back", rollout["status_reason"]
+    assert "shadow agreement" in rollout["status_reason"]
+    verdict = failed_verdicts(rollout)[-1]
+    assert verdict["weight"] == 0 and verdict["canary"]["shadow"]["compared"] >= FAST["min_requests"]
+    assert signal(verdict, "shadow_agreement")["passed"] is False
+    assert signal(verdict, "output:probabilities")["passed"] is False  # the mirrored runs' own predictions
+    assert {version for (version, _) in traffic.counts()} == {1}  # every client answer came from stable
+
+
 # ---- a canary that passes, and one without enough traffic ------------------------------
 
 
