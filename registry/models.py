@@ -8,7 +8,14 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from registry.domain.choices import ACTIVE_ROLLOUT_STATUSES, AuditKind, DrillStatus, ReleaseAction, RolloutStatus, VersionStatus
+from registry.domain.choices import (
+    ACTIVE_ROLLOUT_STATUSES,
+    AuditKind,
+    DrillStatus,
+    ReleaseAction,
+    RolloutStatus,
+    VersionStatus,
+)
 
 
 class RegisteredModel(models.Model):

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from registry.domain.choices import AuditKind
-from registry.models import AuditEvent, Drill, ModelVersion, RegisteredModel, Release, Rollout
+from registry.models import (
+    AuditEvent,
+    Drill,
+    ModelVersion,
+    RegisteredModel,
+    Release,
+    Rollout,
+)
 
 
 def _actor(user):

@@ -7,7 +7,11 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from registry.domain.canary_analysis import AnalysisSettings, InvalidAnalysis, json_schema
+from registry.domain.canary_analysis import (
+    AnalysisSettings,
+    InvalidAnalysis,
+    json_schema,
+)
 from registry.fleet import workers as fleet
 from registry.models import (
     AuditEvent,
