@@ -407,7 +407,26 @@ def _output_signals(canary: SideFigures, stable: SideFigures, settings: Analysis
             signals.append(_class_signal(name, canary_output, stable_output, settings))
         else:
             signals.append(_value_signal(name, canary_output, stable_output, settings))
+            if canary_output.non_finite:
+                signals.append(_non_finite_signal(name, canary_output, stable_output, settings))
     return signals
+
+
+def _non_finite_signal(name: str, canary: ValueFigures, stable: ValueFigures, settings: AnalysisSettings) -> dict:
+    """NaN or ±inf in a canary's outputs: answers the client got with a 200 that are no
+    answer, so held to the server-error limit (excess over stable's share, significant).
+    Shown only when the canary has any: a model that starts emitting NaN may move no other
+    signal (its finite values can be few or unchanged)."""
+    canary_total, stable_total = canary.count + canary.non_finite, stable.count + stable.non_finite
+    label, threshold = f"non-finite values of output {name}", settings.max_server_error_excess
+    if stable_total == 0:
+        return _signal(f"output:{name}:non_finite", None, canary.non_finite / canary_total, None, threshold, f"{label}: none reported on stable")
+    canary_share, stable_share = canary.non_finite / canary_total, stable.non_finite / stable_total
+    p_value = excess_proportion_p(canary.non_finite, canary_total, stable.non_finite, stable_total)
+    worse = canary_share - stable_share > threshold + _TOLERANCE and p_value < settings.alpha
+    detail = (f"{label} {_percent(canary_share)} on canary vs {_percent(stable_share)} on stable "
+              f"(allowed excess {_percent(threshold)}, p {p_value:.2g})")
+    return _signal(f"output:{name}:non_finite", not worse, canary_share, stable_share, threshold, detail)
 
 
 def _too_few_outputs(name: str, canary_total: int, stable_total: int, needed: int) -> str | None:

@@ -515,3 +515,28 @@ def test_a_canary_without_shadow_figures_has_no_shadow_signal():
 ])
 def test_failing_streak_counts_the_last_failures_in_a_row_ignoring_waiting_windows(results, streak):
     assert failing_streak(results) == streak
+
+
+
+# --- judge: non-finite output values ------------------------------------------------------
+
+
+def with_non_finite(sample, non_finite: int) -> dict:
+    output = values(sample)
+    output["non_finite"] = non_finite
+    return output
+
+
+def test_a_canary_emitting_nan_fails_on_its_non_finite_share_though_its_finite_values_look_the_same():
+    verdict = judge(side(outputs=[with_non_finite(normal(2), 300)]), side(outputs=[values(normal(2))]), DEFAULTS)
+    found = signal(verdict, "output:y:non_finite")
+    assert (found["passed"], found["value"], found["stable_value"]) == (False, pytest.approx(300 / 800), 0.0)
+    assert signal(verdict, "output:y")["passed"] is True
+    assert verdict.reason.startswith("non-finite values of output y 37.5% on canary vs 0.0% on stable (allowed excess 1.0%, p ")
+
+
+def test_a_non_finite_share_like_stables_passes_and_none_shows_no_signal():
+    same = judge(side(outputs=[with_non_finite(normal(1), 50)]), side(outputs=[with_non_finite(normal(2), 50)]), DEFAULTS)
+    clean = judge(side(outputs=[values(normal(1))]), side(outputs=[with_non_finite(normal(2), 50)]), DEFAULTS)
+    assert signal(same, "output:y:non_finite")["passed"] is True
+    assert [found["name"] for found in clean.signals if found["name"].endswith(":non_finite")] == []
