@@ -23,6 +23,7 @@ from registry.domain.canary_analysis import (
     aggregate,
     failing_streak,
     judge,
+    json_schema,
 )
 from registry.domain.distribution_tests import excess_proportion_p
 from serving.metrics import LATENCY_BUCKETS_S
@@ -540,3 +541,71 @@ def test_a_non_finite_share_like_stables_passes_and_none_shows_no_signal():
     clean = judge(side(outputs=[values(normal(1))]), side(outputs=[with_non_finite(normal(2), 50)]), DEFAULTS)
     assert signal(same, "output:y:non_finite")["passed"] is True
     assert [found["name"] for found in clean.signals if found["name"].endswith(":non_finite")] == []
+
+
+def test_the_non_finite_signal_carries_both_shares_and_its_limit():
+    found = signal(judge(side(outputs=[with_non_finite(normal(1, size=450), 50)]), side(outputs=[with_non_finite(normal(2, size=490), 10)]),
+                         DEFAULTS), "output:y:non_finite")
+    assert (found["value"], found["stable_value"], found["threshold"]) == (pytest.approx(0.1), pytest.approx(0.02), 0.01)
+    assert found["passed"] is False
+
+
+def test_a_non_finite_excess_that_chance_explains_passes():
+    # 2 of 102 against 0 of 100: an excess of 2 %, over the 1 % limit, but p ≈ 0.08
+    found = signal(judge(side(outputs=[with_non_finite(normal(1, size=100), 2)]), side(outputs=[values(normal(2, size=100))]),
+                         DEFAULTS), "output:y:non_finite")
+    assert found["passed"] is True
+
+
+def test_a_non_finite_excess_exactly_at_its_limit_passes():
+    # 11 % vs 10 % of 10,000 values: exactly the 1 % limit, and significant
+    canary = with_non_finite(normal(1, size=500), 1_100)
+    canary["count"] = 8_900
+    stable = with_non_finite(normal(2, size=500), 1_000)
+    stable["count"] = 9_000
+    found = signal(judge(side(outputs=[canary]), side(outputs=[stable]), DEFAULTS), "output:y:non_finite")
+    assert found["passed"] is True
+
+
+def test_non_finite_values_with_nothing_on_stable_to_compare_are_not_judged():
+    only_nan = {"name": "y", "kind": "values", "count": 0, "sum": 0.0, "non_finite": 200, "sample": []}
+    empty = {"name": "y", "kind": "values", "count": 0, "sum": 0.0, "non_finite": 0, "sample": []}
+    found = signal(judge(side(outputs=[only_nan]), side(outputs=[empty]), DEFAULTS), "output:y:non_finite")
+    assert (found["passed"], found["value"], found["stable_value"], found["threshold"]) == (None, 1.0, None, 0.01)
+    assert found["detail"] == "non-finite values of output y: none reported on stable"
+
+
+# --- a window's totals, a shadow's window, the schema ------------------------------------
+
+
+def test_a_windows_summary_has_its_totals_rates_and_p99():
+    window = side(requests=200, errors=10, client_errors=30, latency_s=0.006,
+                  shadow={"compared": 40, "agreed": 38, "errors": 1, "dropped": 2})
+    assert window.summary() == {
+        "requests": 200, "server_errors": 10, "client_errors": 30, "server_error_rate": 0.05, "client_error_rate": 0.15,
+        "p99_ms": pytest.approx(7.96), "shadow": {"compared": 40, "agreed": 38, "errors": 1, "dropped": 2},
+    }
+
+
+def test_a_quiet_windows_summary_has_no_rates_and_no_shadow():
+    assert SideFigures().summary() == {"requests": 0, "server_errors": 0, "client_errors": 0, "server_error_rate": None,
+                                       "client_error_rate": None, "p99_ms": None, "shadow": None}
+
+
+def test_a_shadow_window_reads_its_mirrored_runs_as_requests_and_their_failures_as_server_errors():
+    window = side(requests=0, outputs=[classes(EVEN_CLASSES)], shadow={"compared": 150, "agreed": 140, "errors": 7, "dropped": 30})
+    shadow = window.as_shadow()
+    assert (shadow.requests, shadow.server_errors, shadow.client_errors, shadow.latency_buckets) == (157, 7, 0, {})
+    assert shadow.outputs == window.outputs and shadow.shadow == window.shadow
+
+
+def test_a_window_that_was_never_a_shadow_reads_as_no_runs():
+    assert SideFigures(requests=300).as_shadow().requests == 0
+
+
+def test_the_json_schema_lists_every_threshold_with_its_type_and_range_and_nothing_else():
+    schema = json_schema()
+    assert (schema["type"], schema["additionalProperties"]) == ("object", False)
+    assert set(schema["properties"]) == set(DEFAULTS.to_json())
+    assert schema["properties"]["interval_s"] == {"type": "integer", "minimum": 1, "maximum": 3600}
+    assert schema["properties"]["alpha"] == {"type": "number", "minimum": 0, "maximum": 1}
