@@ -22,8 +22,8 @@ from registry.domain.canary_analysis import (
     ValueFigures,
     aggregate,
     failing_streak,
-    judge,
     json_schema,
+    judge,
 )
 from registry.domain.distribution_tests import excess_proportion_p
 from serving.metrics import LATENCY_BUCKETS_S
