@@ -609,3 +609,32 @@ def test_the_json_schema_lists_every_threshold_with_its_type_and_range_and_nothi
     assert set(schema["properties"]) == set(DEFAULTS.to_json())
     assert schema["properties"]["interval_s"] == {"type": "integer", "minimum": 1, "maximum": 3600}
     assert schema["properties"]["alpha"] == {"type": "number", "minimum": 0, "maximum": 1}
+
+
+# --- what a signal says when a side has nothing -------------------------------------------
+
+
+@pytest.mark.parametrize(("canary_requests", "stable_requests", "empty", "values"), [(0, 200, "canary", (None, 0.0)), (200, 0, "stable", (0.0, None))])
+def test_an_error_signal_with_no_requests_on_one_side_is_not_judged_and_names_that_side(canary_requests, stable_requests, empty, values):
+    verdict = judge(side(requests=canary_requests), side(requests=stable_requests), DEFAULTS)
+    for name, label, limit in (("server_errors", "server errors", 0.01), ("client_errors", "client errors", 0.02)):
+        found = signal(verdict, name)
+        assert (found["passed"], (found["value"], found["stable_value"]), found["threshold"]) == (None, values, limit)
+        assert found["detail"].startswith(f"{label}: no requests on {empty}")
+
+
+def test_output_signals_name_their_statistic_judged_or_not():
+    judged = judge(side(outputs=[classes(EVEN_CLASSES), values(normal(1))]), side(outputs=[classes(EVEN_CLASSES), values(normal(2))]), DEFAULTS)
+    quiet = judge(side(requests=10, outputs=[classes([1] * 10), values(normal(1, size=10))]),
+                  side(requests=10, outputs=[classes([1] * 10), values(normal(2, size=10))]), DEFAULTS)
+    for verdict in (judged, quiet):
+        assert (signal(verdict, "output:probabilities")["statistic"], signal(verdict, "output:y")["statistic"]) == ("PSI", "KS D")
+        assert (signal(verdict, "output:probabilities")["threshold"], signal(verdict, "output:y")["threshold"]) == (0.2, 0.2)
+
+
+def test_a_values_output_with_no_sample_on_one_side_is_not_judged_and_says_so():
+    unsampled = {"name": "y", "kind": "values", "count": 500, "sum": 10.0, "non_finite": 0, "sample": []}
+    for canary, stable in ((unsampled, values(normal(2))), (values(normal(1)), unsampled)):
+        found = signal(judge(side(outputs=[canary]), side(outputs=[stable]), DEFAULTS), "output:y")
+        assert (found["passed"], found["value"], found["threshold"], found["statistic"]) == (None, None, 0.2, "KS D")
+        assert found["detail"] == "output y: no sampled values on one side"
