@@ -419,6 +419,10 @@ def _release(request, model: RegisteredModel, change):
         release = change()
     except releases.ReleaseError as error:
         return _answer(request, model.name, "error", error.message, status=error.status, **error.details())
+    return _release_made(request, model, release)
+
+
+def _release_made(request, model: RegisteredModel, release: Release):
     text = f"Generation {release.generation}: traffic is now {describe_routes(release.routes)}. Workers are converging."
     return _answer(request, model.name, "success", text, generation=release.generation)
 
@@ -443,8 +447,7 @@ def _confirm(request, model: RegisteredModel, fragment: str, **extra):
 @require_http_methods(["GET", "POST"])
 @operator_required
 def to_stable(request, name: str):
-    """Everything back on the stable version at once: the running rollout's abort when
-    one owns the traffic, else ``releases.to_stable``."""
+    """Everything back on the stable version at once (``rollouts.back_to_stable``)."""
     model = _model(name)
     if request.method == "GET":
         return _confirm(request, model, "console/fragments/confirm_to_stable.html")
@@ -452,17 +455,11 @@ def to_stable(request, name: str):
     if not form.is_valid():
         return _answer(request, name, "error", _first_error(form), status=400)
     reason, seen = form.cleaned_data["reason"], form.cleaned_data["expected_generation"]
-    active = model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first()
-    if active is not None:
-        return abort_rollout_answer(request, model, active, reason)
-
-    def change():
-        # The page's generation is compared under the lock: a double click appends one release.
-        current = releases.require_current(model)
-        return releases.to_stable(model, current.stable_version, request.user, reason or "back to stable from the console",
-                                  expected_generation=seen)
-
-    return _release(request, model, change)
+    try:
+        release, aborted = rollouts.back_to_stable(model, request.user, reason, expected_generation=seen)
+    except releases.ReleaseError as error:
+        return _answer(request, model.name, "error", error.message, status=error.status, **error.details())
+    return _aborted_answer(request, model, aborted) if aborted is not None else _release_made(request, model, release)
 
 
 def abort_rollout_answer(request, model: RegisteredModel, rollout: Rollout, reason: str):
@@ -470,6 +467,10 @@ def abort_rollout_answer(request, model: RegisteredModel, rollout: Rollout, reas
         rollout = rollouts.abort(rollout, request.user, reason)
     except releases.ReleaseError as error:
         return _answer(request, model.name, "error", error.message, status=error.status, **error.details())
+    return _aborted_answer(request, model, rollout)
+
+
+def _aborted_answer(request, model: RegisteredModel, rollout: Rollout):
     text = f"Rollout #{rollout.pk} aborted: v{rollout.stable_version} is back to 100% (generation {rollout.release_generation}). Workers are converging."
     return _answer(request, model.name, "success", text, rollout=rollout.pk, generation=rollout.release_generation)
 

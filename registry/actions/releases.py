@@ -119,14 +119,16 @@ def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generat
     return release
 
 
-def to_stable(model: RegisteredModel, stable_version: int, actor, reason: str, *, expected_generation: int | None = None,
+def to_stable(model: RegisteredModel, stable_version: int | None, actor, reason: str, *, expected_generation: int | None = None,
               rollout: Rollout | None = None) -> Release:
     """Everything back on ``stable_version`` at once (a rollout's abort or automatic
-    rollback, the console's "Abort to stable")."""
+    rollback); None means the current release's stable, read under the lock (the
+    console's "Abort to stable")."""
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         check_expected_generation(model, model.current_release(), expected_generation)
         current = require_current(model)
+        stable_version = current.stable_version if stable_version is None else stable_version
         _check_still_ready(model, [stable_version])
         routes = [Route(version=stable_version, weight=100)]
         release = _append(counter, model, routes, stable_version, ReleaseAction.ROLLBACK, current, actor, reason, rollout=rollout)

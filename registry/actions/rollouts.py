@@ -39,7 +39,13 @@ from registry.domain.choices import (
 )
 from registry.domain.traffic import Route, canary_split
 from registry.fleet import samples
-from registry.models import RegisteredModel, Rollout, RolloutVerdict, ServingGeneration
+from registry.models import (
+    RegisteredModel,
+    Release,
+    Rollout,
+    RolloutVerdict,
+    ServingGeneration,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +196,18 @@ def abort(rollout: Rollout, actor, reason: str = "") -> Rollout:
         note = f"aborted by {_who(actor)}{_because(reason)}"
         _finish_to_stable(rollout, actor, RolloutStatus.ABORTED, note)
     return rollout
+
+
+def back_to_stable(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None) -> tuple[Release, Rollout | None]:
+    """The console's "Abort to stable": the active rollout's abort when one owns the
+    model's traffic (the rollout then says it was aborted), else the current stable at
+    100 %. The release made, and the rollout aborted (or None)."""
+    active = model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first()
+    if active is not None:
+        aborted = abort(active, actor, reason)
+        return model.releases.get(generation=aborted.release_generation), aborted
+    release = releases.to_stable(model, None, actor, reason or "back to stable", expected_generation=expected_generation)
+    return release, None
 
 
 # ---- the analysis ----------------------------------------------------------------------

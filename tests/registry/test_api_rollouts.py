@@ -49,6 +49,13 @@ def test_the_model_thresholds_apply_under_the_rollouts_own(three_versions, opera
     ({"step_duration_s": -1}, "step_duration_s"),
     ({"canary_version": 99}, "version 99"),
     ({"canary_version": "2"}, "canary_version"),
+    ({"steps": [True, 100]}, "steps[0]"),
+    ({"steps": list(range(1, 100)) + [100]}, "at most 20"),
+    ({"step_duration_s": True}, "step_duration_s"),
+    ({"shadow_fraction": 0}, "shadow_fraction"),
+    ({"shadow_fraction": 1.5}, "shadow_fraction"),
+    ({"shadow_fraction": True}, "shadow_fraction"),
+    ({"analysis": {"min_requests": True}}, "min_requests"),
 ])
 def test_a_bad_plan_is_a_400_naming_the_problem_and_starts_nothing(three_versions, operator_client, change, field):
     answer = operator_client.post(ROLLOUTS, {**PLAN, **change}, format="json")
@@ -56,6 +63,18 @@ def test_a_bad_plan_is_a_400_naming_the_problem_and_starts_nothing(three_version
     assert answer.status_code == 400
     assert field in answer.json()["error"] or field in str(answer.json().get("fields"))
     assert operator_client.get(ROLLOUTS).json() == []
+    assert three_versions.current_release().generation == 1
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ('{"canary_version": 2, "step_duration_s": NaN}', "NaN"),  # refused by the JSON parser itself
+    ('{"canary_version": 2, "step_duration_s": 1e400}', "step_duration_s"),  # parses as inf
+    ('{"canary_version": 2, "analysis": {"max_class_psi": 1e400}}', "max_class_psi"),
+])
+def test_non_finite_numbers_in_a_plan_are_a_400_and_start_nothing(three_versions, operator_client, body, named):
+    answer = operator_client.post(ROLLOUTS, body, content_type="application/json")
+
+    assert answer.status_code == 400 and named in answer.json()["error"]
     assert three_versions.current_release().generation == 1
 
 
