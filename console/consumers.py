@@ -27,6 +27,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def live_report(self, event):
         await self.send_json({key: value for key, value in event.items() if key != "type"} | {"kind": "report"})
 
+    async def live_job(self, event):
+        """A background job moved (registry.jobs.records.relay)."""
+        await self.send_json({"kind": "job", "job": event.get("job")})
+
     async def serving_apply(self, event):
         """Channels' handler for contract.APPLY_MESSAGE ("serving.apply")."""
         try:

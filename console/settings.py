@@ -224,6 +224,16 @@ INSPECTION_TIMEOUT_S = env_float("INSPECTION_TIMEOUT_S", 120.0, minimum=1.0)
 INSPECTION_MEMORY_LIMIT_BYTES = env_int("INSPECTION_MEMORY_LIMIT_BYTES", 0, minimum=0) or None
 INSPECTION_CPU_LIMIT_S = env_float("INSPECTION_CPU_LIMIT_S", INSPECTION_TIMEOUT_S, minimum=1.0)
 INSPECTION_MAX_CONCURRENT = env_int("INSPECTION_MAX_CONCURRENT", 2, minimum=1)
+# Background jobs (registry/jobs/): a running job's runner writes a heartbeat every
+# JOB_HEARTBEAT_S; one silent for JOB_STALE_AFTER_S (its Celery worker died) is queued
+# again until it has run JOB_MAX_ATTEMPTS times, then failed. JOB_MEMORY_LIMIT_BYTES caps a
+# job's child process (0: sized from the model, like an inspection).
+JOB_HEARTBEAT_S = env_float("JOB_HEARTBEAT_S", 2.0, minimum=0.1)
+JOB_STALE_AFTER_S = env_float("JOB_STALE_AFTER_S", 30.0, minimum=1.0)
+JOB_MAX_ATTEMPTS = env_int("JOB_MAX_ATTEMPTS", 2, minimum=1)
+JOB_SWEEP_INTERVAL_S = env_float("JOB_SWEEP_INTERVAL_S", 10.0, minimum=0.5)
+JOB_TIMEOUT_S = env_float("JOB_TIMEOUT_S", 3600.0, minimum=1.0)
+JOB_MEMORY_LIMIT_BYTES = env_int("JOB_MEMORY_LIMIT_BYTES", 0, minimum=0) or None
 RETENTION_KEEP_VERSIONS = env_int("RETENTION_KEEP_VERSIONS", 3, minimum=1)
 RETENTION_ROLLBACK_DEPTH = env_int("RETENTION_ROLLBACK_DEPTH", 3, minimum=1)
 
@@ -262,10 +272,16 @@ CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_ACKS_LATE = True
-CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT_S", 600, minimum=1)
+# Jobs bound their own time (JOB_TIMEOUT_S, per child); Celery's hard limit backs it up.
+CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT_S", int(JOB_TIMEOUT_S) + 60, minimum=1)
+# A task whose pool process dies is queued again (the job's claim makes a rerun safe).
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# One task at a time per pool process: a long batch job must not hold others it prefetched.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE = {
     "apply-retention": {"task": "registry.tasks.apply_retention", "schedule": env_float("RETENTION_INTERVAL_S", 3600.0, minimum=10.0)},
     "sweep-staging": {"task": "registry.tasks.sweep_staging", "schedule": env_float("STAGING_SWEEP_INTERVAL_S", 300.0, minimum=10.0)},
+    "sweep-jobs": {"task": "registry.tasks.sweep_jobs", "schedule": JOB_SWEEP_INTERVAL_S, "options": {"expires": JOB_SWEEP_INTERVAL_S}},
     "analyse-rollouts": {"task": "registry.tasks.analyse_rollouts", "schedule": ROLLOUT_TICK_S, "options": {"expires": ROLLOUT_TICK_S}},
 }
 

@@ -11,7 +11,10 @@ from django.db import models
 from registry.domain.choices import (
     ACTIVE_ROLLOUT_STATUSES,
     AuditKind,
+    DatasetTask,
     DrillStatus,
+    JobKind,
+    JobStatus,
     ReleaseAction,
     RolloutStatus,
     VersionStatus,
@@ -282,6 +285,74 @@ class RolloutVerdict(models.Model):
     class Meta:
         ordering = ["-number"]
         constraints = [models.UniqueConstraint(fields=["rollout", "number"], name="one_verdict_per_rollout_window")]
+
+
+class EvaluationDataset(models.Model):
+    """Labelled examples a model's versions are evaluated on (``.npz`` or ``.jsonl``);
+    the file lives at ``registry.jobs.files.dataset_path``."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="datasets")
+    name = models.SlugField(max_length=100)
+    task = models.CharField(max_length=20, choices=DatasetTask.choices)
+    file_format = models.CharField(max_length=8)  # "npz" or "jsonl"
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    rows = models.PositiveBigIntegerField()
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "name"]
+        constraints = [models.UniqueConstraint(fields=["model", "name"], name="unique_dataset_name_per_model")]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} data set {self.name}"
+
+
+class Job(models.Model):
+    """One background job (a Celery task ``registry.tasks.run_job``): what it works on,
+    where it stands (done / total, rate), and how it ended. ``key`` makes the jobs that
+    belong to a version (or a version and a data set) unique, so enqueuing twice is one job."""
+
+    kind = models.CharField(max_length=16, choices=JobKind.choices)
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="jobs")
+    version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="jobs")
+    dataset = models.ForeignKey(EvaluationDataset, null=True, blank=True, on_delete=models.CASCADE, related_name="jobs")
+    key = models.CharField(max_length=200, unique=True, null=True, blank=True)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    params = models.JSONField(default=dict, blank=True)
+    done = models.PositiveBigIntegerField(default=0)
+    total = models.PositiveBigIntegerField(null=True, blank=True)
+    rate_per_s = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    input_format = models.CharField(max_length=8, blank=True)
+    input_name = models.CharField(max_length=255, blank=True)  # the client's file name, for display
+    output_format = models.CharField(max_length=8, blank=True)
+    output_bytes = models.BigIntegerField(null=True, blank=True)
+    output_removed_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["model", "-created_at"]), models.Index(fields=["status", "heartbeat_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} {self.kind} job {self.pk}"
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the current rate; None while unknown."""
+        if self.status != JobStatus.RUNNING or not self.rate_per_s or self.total is None:
+            return None
+        return max(0.0, (self.total - self.done) / self.rate_per_s)
 
 
 class AuditEvent(models.Model):

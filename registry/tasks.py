@@ -4,6 +4,7 @@ from celery import shared_task
 
 from registry.actions import retention, rollouts
 from registry.artifacts import storage
+from registry.jobs import records, runner
 
 
 @shared_task(name="registry.tasks.apply_retention")
@@ -20,3 +21,15 @@ def sweep_staging() -> int:
 def analyse_rollouts() -> int:
     """Judge every rollout window that is due (beat runs this every ROLLOUT_TICK_S)."""
     return rollouts.tick()
+
+
+@shared_task(name="registry.tasks.run_job", ignore_result=True)
+def run_job(job_id: int) -> str | None:
+    """Run one background job (validation, benchmark, evaluation, batch inference)."""
+    return runner.run(job_id)
+
+
+@shared_task(name="registry.tasks.sweep_jobs", ignore_result=True)
+def sweep_jobs() -> int:
+    """Re-queue or fail jobs whose Celery worker died; resend jobs whose send failed."""
+    return records.sweep_stale()

@@ -25,6 +25,8 @@ COMPUTED_NAME_READS = {
     "serving/env.py": set(),  # the helpers themselves: NAME and NAME_FILE of their caller's literal name
     "console/settings.py": set(),  # _secret(name, …) hands its caller's literal name (collected above) to env_secret
     "registry/artifacts/inspection.py": {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "TZ"},  # CHILD_INHERITED_VARIABLES
+    # INHERITED, and every SERVING_* setting (documented with the worker's) but the token
+    "registry/jobs/child.py": {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"},
 }
 
 # Read by the code but not settings of this project, each with why.
@@ -36,6 +38,8 @@ NOT_SETTINGS = {
     "LC_CTYPE": "locale, passed through unchanged to the upload-inspection child",
     "LD_LIBRARY_PATH": "library search path, passed through unchanged to the upload-inspection child",
     "TZ": "time zone, passed through unchanged to the upload-inspection child",
+    "CUDA_VISIBLE_DEVICES": "CUDA's own device selection, passed through unchanged to a job's child process",
+    "NVIDIA_VISIBLE_DEVICES": "the NVIDIA container runtime's device selection, passed through unchanged to a job's child process",
 }
 
 # Documented settings read by code outside the scanned directories, and the file that reads them.

@@ -26,6 +26,8 @@ class AuditKind(models.TextChoices):
     RELEASE = "release", "Traffic changed"
     DRILL = "drill", "Rollback drill"
     ROLLOUT = "rollout", "Rollout"
+    DATASET_ADDED = "dataset_added", "Evaluation data set added"
+    JOB = "job", "Job"
 
 
 class DrillStatus(models.TextChoices):
@@ -48,3 +50,27 @@ class RolloutStatus(models.TextChoices):
 ACTIVE_ROLLOUT_STATUSES = (RolloutStatus.RUNNING, RolloutStatus.PAUSED, RolloutStatus.WAITING_FOR_DATA)
 # The analysis judges a window only in these (a paused rollout waits for the operator).
 ANALYSED_ROLLOUT_STATUSES = (RolloutStatus.RUNNING, RolloutStatus.WAITING_FOR_DATA)
+
+
+class JobKind(models.TextChoices):
+    VALIDATION = "validation", "Validation"
+    BENCHMARK = "benchmark", "Benchmark"
+    EVALUATION = "evaluation", "Evaluation"
+    BATCH = "batch", "Batch inference"
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+# A job in one of these is finished: nothing runs it again.
+TERMINAL_JOB_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class DatasetTask(models.TextChoices):
+    CLASSIFICATION = "classification", "Classification"
+    REGRESSION = "regression", "Regression"

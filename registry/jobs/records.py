@@ -1,0 +1,245 @@
+"""A job's life: created (queued, sent to Celery after commit), claimed (running, with a
+heartbeat), progressing, and finished (succeeded, failed or cancelled).
+
+Every transition is one conditional UPDATE on the row, so two runners of the same job
+(a Celery message delivered twice, a runner that outlived its heartbeat) cannot both
+finish it: the one whose claim is no longer current writes nothing. Each transition is
+relayed to browsers over the live websocket.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from registry.domain.choices import TERMINAL_JOB_STATUSES, JobStatus
+from registry.fleet.live import LIVE_GROUP
+from registry.models import Job
+
+logger = logging.getLogger(__name__)
+PROGRESS_WRITE_INTERVAL_S = 0.5
+UNSENT_GRACE_S = 5.0
+
+
+def create(kind, model, *, version=None, dataset=None, key=None, params=None, created_by=None,
+           input_format: str = "", input_name: str = "", send: bool = True) -> Job:
+    """A queued job, sent to Celery once the caller's transaction commits. With a ``key``
+    that a job already has, that job is returned and nothing new is queued. ``send=False``
+    lets the caller store the job's input first, then call ``enqueue``."""
+    if key is not None and (existing := Job.objects.filter(key=key).first()) is not None:
+        return existing
+    user = created_by if created_by is not None and created_by.is_authenticated else None
+    try:
+        with transaction.atomic():
+            job = Job.objects.create(kind=kind, model=model, version=version, dataset=dataset, key=key, params=params or {},
+                                     created_by=user, input_format=input_format, input_name=input_name[:255])
+    except IntegrityError:  # the same key, created meanwhile by a concurrent caller
+        return Job.objects.get(key=key)
+    if send:
+        enqueue(job)
+    return job
+
+
+def enqueue(job: Job) -> None:
+    """Send ``run_job`` after commit. A send that fails (broker down) leaves the job queued
+    with no ``heartbeat_at``; ``sweep_stale`` sends it again."""
+    transaction.on_commit(lambda: _send(job.pk))
+
+
+def _send(job_id: int) -> None:
+    # Imported here: registry.tasks imports this module.
+    from registry import tasks
+
+    try:
+        tasks.run_job.delay(job_id)
+    except Exception:  # kombu raises many kinds of connection errors
+        logger.warning("could not send job %s to Celery; the sweep will retry", job_id, exc_info=True)
+        return
+    Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).update(heartbeat_at=timezone.now())
+
+
+def claim(job_id: int) -> Job | None:
+    """Mark a queued job running for this runner and return it; None when there is
+    nothing to run (unknown, finished, cancelled, or running elsewhere)."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or job.status != JobStatus.QUEUED:
+            return None
+        now = timezone.now()
+        if job.cancel_requested:
+            _set(job, status=JobStatus.CANCELLED, finished_at=now, error="cancelled before it started")
+            return None
+        _set(job, status=JobStatus.RUNNING, attempts=job.attempts + 1, started_at=now, heartbeat_at=now,
+             done=0, rate_per_s=None, error="")
+    job._progress_origin = (time.monotonic(), 0)
+    job._progress_written_at = 0.0
+    relay(job)
+    return job
+
+
+def _set(job: Job, **fields) -> None:
+    for name, value in fields.items():
+        setattr(job, name, value)
+    job.save(update_fields=list(fields))
+
+
+def _current(job: Job):
+    """This runner's claim: the row is still running under the attempt it claimed."""
+    return Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts)
+
+
+def progress(job: Job, done: int, total: int | None = None, *, force: bool = False) -> bool:
+    """Record progress (written and relayed at most every 0.5 s). False when this runner
+    no longer holds the job (it was swept, or finished elsewhere)."""
+    job.done = max(0, int(done))
+    if total is not None:
+        job.total = max(0, int(total))
+    origin_s, origin_done = getattr(job, "_progress_origin", (time.monotonic(), 0))
+    elapsed_s = time.monotonic() - origin_s
+    if elapsed_s > 0 and job.done > origin_done:
+        job.rate_per_s = (job.done - origin_done) / elapsed_s
+    now_s = time.monotonic()
+    if not force and now_s - getattr(job, "_progress_written_at", 0.0) < PROGRESS_WRITE_INTERVAL_S:
+        return True
+    job._progress_written_at = now_s
+    job.heartbeat_at = timezone.now()
+    held = _current(job).update(done=job.done, total=job.total, rate_per_s=job.rate_per_s, heartbeat_at=job.heartbeat_at) == 1
+    if held:
+        relay(job)
+    return held
+
+
+def heartbeat(job: Job) -> bool:
+    return _current(job).update(heartbeat_at=timezone.now()) == 1
+
+
+def cancel_requested(job: Job) -> bool:
+    return Job.objects.filter(pk=job.pk, cancel_requested=True).exists()
+
+
+def succeed(job: Job, result: dict, **fields) -> bool:
+    done = job.total if job.total is not None else job.done
+    return _finish(job, JobStatus.SUCCEEDED, result=result, done=done, **fields)
+
+
+def fail(job: Job, reason: str) -> bool:
+    return _finish(job, JobStatus.FAILED, error=reason[:4000])
+
+
+def cancelled(job: Job) -> bool:
+    return _finish(job, JobStatus.CANCELLED, error="cancelled")
+
+
+def _finish(job: Job, status: str, **fields) -> bool:
+    fields.update(status=status, finished_at=timezone.now())
+    if job.rate_per_s is not None:
+        fields.setdefault("rate_per_s", job.rate_per_s)
+    if _current(job).update(**fields) != 1:
+        logger.info("job %s finished as %s by a runner that no longer held it; ignored", job.pk, status)
+        return False
+    for name, value in fields.items():
+        setattr(job, name, value)
+    relay(job)
+    return True
+
+
+def cancel(job: Job) -> Job:
+    """Cancel a job: a queued one at once, a running one within a second (its runner
+    polls ``cancel_requested``). A finished job is left as it is."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.status == JobStatus.QUEUED:
+            _set(job, status=JobStatus.CANCELLED, cancel_requested=True, finished_at=timezone.now(), error="cancelled before it started")
+        elif job.status == JobStatus.RUNNING:
+            _set(job, cancel_requested=True)
+    relay(job)
+    return job
+
+
+def sweep_stale() -> int:
+    """Jobs whose runner went silent (its Celery worker was killed) are queued again, or
+    failed once they have used ``JOB_MAX_ATTEMPTS``; queued jobs whose send failed are
+    sent again. Returns how many jobs it touched."""
+    now = timezone.now()
+    stale_before = now - timedelta(seconds=settings.JOB_STALE_AFTER_S)
+    touched = 0
+    for job in Job.objects.filter(status=JobStatus.RUNNING, heartbeat_at__lt=stale_before):
+        touched += _recover(job, now)
+    unsent = Job.objects.filter(status=JobStatus.QUEUED, heartbeat_at__isnull=True, created_at__lt=now - timedelta(seconds=UNSENT_GRACE_S))
+    for job_id in unsent.values_list("pk", flat=True):
+        _send(job_id)
+        touched += 1
+    return touched
+
+
+def _recover(job: Job, now) -> int:
+    silent_s = settings.JOB_STALE_AFTER_S
+    if job.attempts >= settings.JOB_MAX_ATTEMPTS:
+        reason = (f"its Celery worker stopped while it ran (no heartbeat for {silent_s:g} s), "
+                  f"after {job.attempts} attempt{'s' if job.attempts != 1 else ''}")
+        changed = _current(job).update(status=JobStatus.FAILED, finished_at=now, error=reason)
+    else:
+        changed = _current(job).update(status=JobStatus.QUEUED, heartbeat_at=None,
+                                       error=f"attempt {job.attempts} stopped (no heartbeat for {silent_s:g} s); queued again")
+    if changed:
+        job.refresh_from_db()
+        logger.warning("job %s: %s", job.pk, job.error)
+        relay(job)
+        if job.status == JobStatus.QUEUED:
+            _send(job.pk)
+    return changed
+
+
+def payload(job: Job) -> dict:
+    """What the API and the live feed show of a job."""
+    return {
+        "id": job.pk,
+        "kind": job.kind,
+        "model": job.model.name,
+        "version": job.version.number if job.version_id else None,
+        "dataset": job.dataset.name if job.dataset_id else None,
+        "status": job.status,
+        "done": job.done,
+        "total": job.total,
+        "rate_per_s": job.rate_per_s,
+        "eta_s": job.eta_s,
+        "error": job.error,
+        "result": job.result,
+        "params": job.params,
+        "input_format": job.input_format,
+        "input_name": job.input_name,
+        "output_format": job.output_format,
+        "output_bytes": job.output_bytes,
+        "output_available": output_available(job),
+        "attempts": job.attempts,
+        "cancel_requested": job.cancel_requested,
+        "created_at": _iso(job.created_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+    }
+
+
+def output_available(job: Job) -> bool:
+    return job.status == JobStatus.SUCCEEDED and bool(job.output_format) and job.output_removed_at is None
+
+
+def is_finished(job: Job) -> bool:
+    return job.status in TERMINAL_JOB_STATUSES
+
+
+def _iso(moment) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def relay(job: Job) -> None:
+    try:
+        async_to_sync(get_channel_layer().group_send)(LIVE_GROUP, {"type": "live.job", "job": payload(job)})
+    except Exception:
+        logger.debug("live relay of job %s failed", job.pk, exc_info=True)

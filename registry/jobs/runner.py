@@ -1,0 +1,95 @@
+"""Run one job: claim it, keep its heartbeat, call its kind's handler, record the end.
+
+A handler is ``handler(job) -> dict`` (the job's result). It raises ``JobFailed`` for a
+failure it can explain (a corrupt file, a model that does not fit the data) and
+``JobCancelled`` when it stopped because the job was cancelled. Anything else is a bug:
+logged with its traceback, and the job fails saying where to look.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.utils.module_loading import import_string
+
+from registry.domain.choices import JobKind
+from registry.jobs import records
+from registry.models import Job
+
+logger = logging.getLogger(__name__)
+
+HANDLERS = {
+    JobKind.VALIDATION: "registry.jobs.validation.run",
+    JobKind.BENCHMARK: "registry.jobs.benchmark.run",
+    JobKind.EVALUATION: "registry.jobs.evaluation.run",
+    JobKind.BATCH: "registry.jobs.batch.run",
+}
+
+
+class JobFailed(Exception):
+    """The job cannot succeed; ``reason`` is a sentence for whoever reads the job."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class JobCancelled(Exception):
+    """The handler stopped because the job was cancelled."""
+
+
+def run(job_id: int) -> str | None:
+    """Run the job if it is queued; returns the status it ended in, None if not run."""
+    job = records.claim(job_id)
+    if job is None:
+        return None
+    handler = import_string(HANDLERS[job.kind])
+    with _heartbeats(job):
+        try:
+            result = handler(job)
+        except JobCancelled:
+            records.cancelled(job)
+        except JobFailed as failure:
+            records.fail(job, failure.reason)
+        except Exception as error:
+            logger.exception("job %s (%s) failed unexpectedly", job.pk, job.kind)
+            records.fail(job, f"the job failed unexpectedly ({type(error).__name__}); the Celery worker's log has the details (job {job.pk})")
+        else:
+            records.succeed(job, result or {})
+    return Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
+
+
+@contextlib.contextmanager
+def _heartbeats(job: Job) -> Iterator[None]:
+    """Write the job's heartbeat every JOB_HEARTBEAT_S while the handler runs, from a
+    thread, so a handler blocked in one long call still counts as alive. Inside an
+    uncommitted transaction (tests) another connection could not see the row: the
+    handler's own progress calls keep the heartbeat there."""
+    if connection.in_atomic_block:
+        yield
+        return
+    stop = threading.Event()
+    beat = threading.Thread(target=_beat, args=(job, stop), name=f"job-{job.pk}-heartbeat", daemon=True)
+    beat.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beat.join(timeout=5)
+
+
+def _beat(job: Job, stop: threading.Event) -> None:
+    try:
+        while not stop.wait(settings.JOB_HEARTBEAT_S):
+            try:
+                records.heartbeat(job)
+            except Exception:  # a database blip: the next beat tries again
+                logger.warning("heartbeat of job %s failed", job.pk, exc_info=True)
+                close_old_connections()
+    finally:
+        connection.close()

@@ -1,0 +1,155 @@
+"""A job's life through registry.jobs.records and runner: one run per job, whatever is
+delivered twice; a runner that went silent is replaced or the job fails; a cancel wins."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from registry.domain.choices import JobKind, JobStatus
+from registry.jobs import records, runner
+from registry.models import Job, RegisteredModel
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def model() -> RegisteredModel:
+    return RegisteredModel.objects.create(name="jobs-model")
+
+
+def failing_handler(job):
+    raise runner.JobFailed("the input file is truncated")
+
+
+def crashing_handler(job):
+    raise KeyError("surprise")
+
+
+def succeeding_handler(job):
+    records.progress(job, 5, 10, force=True)
+    return {"answer": 42}
+
+
+@pytest.fixture
+def handler(monkeypatch):
+    def use(function) -> None:
+        monkeypatch.setitem(runner.HANDLERS, JobKind.BATCH, f"{__name__}.{function.__name__}")
+    return use
+
+
+def test_a_job_with_the_same_key_is_created_once(model):
+    first = records.create(JobKind.BENCHMARK, model, key="benchmark:1")
+    second = records.create(JobKind.BENCHMARK, model, key="benchmark:1")
+    assert first.pk == second.pk and Job.objects.count() == 1
+
+
+def test_a_queued_job_is_claimed_once(model):
+    job = records.create(JobKind.BATCH, model)
+    claimed = records.claim(job.pk)
+    assert claimed.status == JobStatus.RUNNING and claimed.attempts == 1
+    assert records.claim(job.pk) is None
+
+
+def test_an_unknown_job_is_not_run():
+    assert runner.run(10**9) is None
+
+
+def test_a_handler_result_is_the_job_result(model, handler):
+    handler(succeeding_handler)
+    job = records.create(JobKind.BATCH, model)
+    assert runner.run(job.pk) == JobStatus.SUCCEEDED
+    job.refresh_from_db()
+    assert job.result == {"answer": 42} and job.done == 10 and job.total == 10 and job.finished_at is not None
+
+
+def test_a_clean_failure_keeps_its_reason(model, handler):
+    handler(failing_handler)
+    job = records.create(JobKind.BATCH, model)
+    assert runner.run(job.pk) == JobStatus.FAILED
+    job.refresh_from_db()
+    assert job.error == "the input file is truncated"
+
+
+def test_an_unexpected_error_fails_the_job_naming_where_to_look(model, handler):
+    handler(crashing_handler)
+    job = records.create(JobKind.BATCH, model)
+    assert runner.run(job.pk) == JobStatus.FAILED
+    job.refresh_from_db()
+    assert "KeyError" in job.error and "Celery worker's log" in job.error
+
+
+def test_a_job_cancelled_while_queued_never_runs(model, handler):
+    handler(succeeding_handler)
+    job = records.create(JobKind.BATCH, model)
+    records.cancel(job)
+    assert runner.run(job.pk) is None
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED and job.result == {}
+
+
+def test_cancelling_a_running_job_asks_its_runner_to_stop(model):
+    job = records.claim(records.create(JobKind.BATCH, model).pk)
+    records.cancel(job)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and records.cancel_requested(job)
+
+
+def _silence(job: Job, seconds: float) -> None:
+    Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=seconds))
+
+
+def test_a_silent_running_job_is_queued_again(model, settings):
+    settings.JOB_STALE_AFTER_S, settings.JOB_MAX_ATTEMPTS = 30, 2
+    job = records.claim(records.create(JobKind.BATCH, model).pk)
+    _silence(job, 31)
+    assert records.sweep_stale() >= 1
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED and "queued again" in job.error
+
+
+def test_a_silent_job_on_its_last_attempt_fails_saying_its_worker_stopped(model, settings):
+    settings.JOB_STALE_AFTER_S, settings.JOB_MAX_ATTEMPTS = 30, 1
+    job = records.claim(records.create(JobKind.BATCH, model).pk)
+    _silence(job, 31)
+    records.sweep_stale()
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and "Celery worker stopped" in job.error
+
+
+def test_a_job_with_a_fresh_heartbeat_is_left_running(model, settings):
+    settings.JOB_STALE_AFTER_S = 30
+    job = records.claim(records.create(JobKind.BATCH, model).pk)
+    _silence(job, 5)
+    records.sweep_stale()
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+
+
+def test_a_runner_that_lost_its_claim_cannot_finish_the_job(model, settings):
+    settings.JOB_STALE_AFTER_S, settings.JOB_MAX_ATTEMPTS = 30, 3
+    stale = records.claim(records.create(JobKind.BATCH, model).pk)
+    _silence(stale, 31)
+    records.sweep_stale()
+    fresh = records.claim(stale.pk)
+    assert records.succeed(stale, {"from": "the old runner"}) is False
+    assert records.succeed(fresh, {"from": "the new runner"}) is True
+    fresh.refresh_from_db()
+    assert fresh.result == {"from": "the new runner"} and fresh.attempts == 2
+
+
+def test_progress_gives_a_rate_and_an_eta(model):
+    job = records.claim(records.create(JobKind.BATCH, model).pk)
+    job._progress_origin = (job._progress_origin[0] - 2.0, 0)  # as if started two seconds ago
+    records.progress(job, 100, 400, force=True)
+    job.refresh_from_db()
+    assert job.rate_per_s == pytest.approx(50, rel=0.2)
+    assert job.eta_s == pytest.approx(6, rel=0.2)
+
+
+def test_the_payload_names_the_model_and_says_whether_an_output_exists(model):
+    job = records.create(JobKind.BATCH, model, input_format="npy", input_name="rows.npy")
+    shown = records.payload(job)
+    assert shown["model"] == "jobs-model" and shown["status"] == "queued" and shown["output_available"] is False
