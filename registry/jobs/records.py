@@ -18,6 +18,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from registry.domain.choices import TERMINAL_JOB_STATUSES, JobStatus
 from registry.fleet.live import LIVE_GROUP
@@ -25,6 +26,10 @@ from registry.models import Job
 
 logger = logging.getLogger(__name__)
 PROGRESS_WRITE_INTERVAL_S = 0.5
+# Called with the job when a job of that kind ends failed or cancelled, however it ended
+# (its handler, the sweep): what the job was for must not stay half-done (a version
+# left "validating" forever).
+ENDED_WITHOUT_SUCCESS_HOOKS = {"validation": "registry.jobs.validation.ended_without_success"}
 UNSENT_GRACE_S = 5.0
 
 
@@ -75,6 +80,7 @@ def claim(job_id: int) -> Job | None:
         now = timezone.now()
         if job.cancel_requested:
             _set(job, status=JobStatus.CANCELLED, finished_at=now, error="cancelled before it started")
+            transaction.on_commit(lambda: _ended_without_success(job))
             return None
         _set(job, status=JobStatus.RUNNING, attempts=job.attempts + 1, started_at=now, heartbeat_at=now,
              done=0, rate_per_s=None, error="")
@@ -147,7 +153,15 @@ def _finish(job: Job, status: str, **fields) -> bool:
     for name, value in fields.items():
         setattr(job, name, value)
     relay(job)
+    if status != JobStatus.SUCCEEDED:
+        _ended_without_success(job)
     return True
+
+
+def _ended_without_success(job: Job) -> None:
+    hook = ENDED_WITHOUT_SUCCESS_HOOKS.get(job.kind)
+    if hook is not None:
+        import_string(hook)(job)
 
 
 def cancel(job: Job) -> Job:
@@ -155,11 +169,14 @@ def cancel(job: Job) -> Job:
     polls ``cancel_requested``). A finished job is left as it is."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
-        if job.status == JobStatus.QUEUED:
+        queued = job.status == JobStatus.QUEUED
+        if queued:
             _set(job, status=JobStatus.CANCELLED, cancel_requested=True, finished_at=timezone.now(), error="cancelled before it started")
         elif job.status == JobStatus.RUNNING:
             _set(job, cancel_requested=True)
     relay(job)
+    if queued:
+        _ended_without_success(job)
     return job
 
 
@@ -194,6 +211,8 @@ def _recover(job: Job, now) -> int:
         relay(job)
         if job.status == JobStatus.QUEUED:
             _send(job.pk)
+        else:
+            _ended_without_success(job)
     return changed
 
 
