@@ -1,0 +1,578 @@
+"""Streaming readers of job input files, and the cheap checks the console runs at upload.
+
+A job file can be far larger than memory, so nothing here loads a whole file: a `.npy`
+array is read a chunk of rows at a time with plain file reads after its header
+(`np.load`, or a memory map, would leave every page it touched in the process's RSS),
+the arrays of an `.npz` are zip member streams read in lockstep, `.jsonl` and `.csv`
+one line at a time. Nothing is ever unpickled: an array of Python objects is refused.
+
+Every problem is a `FormatError` whose `reason` is for people. In `.jsonl` and `.csv`
+a bad line is a `RowError` on that row alone, so its neighbours still run.
+
+Only numpy and the standard library: the console imports this module at upload time
+(`check_batch_input`, `check_dataset`), where it must not pull in ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import zipfile
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Self
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+ARRAY_FORMATS = ("npy", "npz")
+ROW_FORMATS = ("jsonl", "csv")
+BATCH_FORMATS = ARRAY_FORMATS + ROW_FORMATS
+DATASET_FORMATS = ("npz", "jsonl")
+LABELS_MEMBER = "labels"  # the array of answers in an .npz dataset
+LABEL_KEY = "label"  # the answer of one .jsonl dataset row
+NUMERIC_KINDS = "biuf"
+LABEL_KINDS = NUMERIC_KINDS + "U"
+MAX_HEADER_BYTES = 10_000
+MAX_LINE_BYTES = 64 * 1024 * 1024
+MAX_SHOWN_CHARS = 60
+READ_CHUNK_BYTES = 1024 * 1024
+
+
+class FormatError(ValueError):
+    """The file cannot be read, or does not fit the model; `reason` says why, for people."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RowError(ValueError):
+    """One line of a .jsonl or .csv file is unusable; the others still run."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def short(text: object) -> str:
+    """A prefix of client-controlled text, safe to put in a reason."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 3] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class InputLayout:
+    """What one row of a model input looks like in a file.
+
+    `row_shape` has None for a dynamic dimension. `stacked`: rows are fed stacked along
+    a leading axis (a batch); else one row is the whole input (a model without one)."""
+
+    name: str
+    dtype: np.dtype | None  # None: a type the jobs cannot feed (strings)
+    row_shape: tuple[int | None, ...]
+    stacked: bool = True
+
+    def describe(self) -> str:
+        return shape_text(self.row_shape)
+
+    @property
+    def row_bytes_hint(self) -> int:
+        itemsize = self.dtype.itemsize if self.dtype is not None else 8
+        return itemsize * math.prod(dim or 1 for dim in self.row_shape)
+
+
+def shape_text(shape: Sequence[int | None]) -> str:
+    return "[" + ", ".join("any" if dim is None else str(dim) for dim in shape) + "]"
+
+
+def fits(shape: Sequence[int], wanted: Sequence[int | None]) -> bool:
+    return len(shape) == len(wanted) and all(want is None or want == got for got, want in zip(shape, wanted))
+
+
+def require_numeric_inputs(layouts: Sequence[InputLayout]) -> None:
+    for layout in layouts:
+        if layout.dtype is None:
+            raise FormatError(f"input '{short(layout.name)}' is not a numeric tensor; jobs feed numeric inputs only")
+
+
+# ---------------------------------------------------------------- .npy and .npz
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayHeader:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dtype.itemsize * math.prod(self.row_shape)
+
+    @property
+    def data_bytes(self) -> int:
+        return self.rows * self.row_bytes
+
+
+def read_header(fp: IO[bytes], what: str, kinds: str = NUMERIC_KINDS) -> ArrayHeader:
+    """The header of the .npy array at `fp`'s position, which is left at the data."""
+    try:
+        version = npy_format.read_magic(fp)
+        if version == (1, 0):
+            shape, fortran_order, dtype = npy_format.read_array_header_1_0(fp, max_header_size=MAX_HEADER_BYTES)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = npy_format.read_array_header_2_0(fp, max_header_size=MAX_HEADER_BYTES)
+        else:
+            shape = fortran_order = dtype = None
+    except (ValueError, SyntaxError, EOFError, TypeError) as error:
+        raise FormatError(f"{what} is not a readable .npy array ({short(error)})") from None
+    if dtype is None:
+        raise FormatError(f"{what} uses .npy format version {version[0]}.{version[1]}; versions 1.0 and 2.0 are read")
+    _check_array_type(shape, fortran_order, dtype, what, kinds)
+    return ArrayHeader(tuple(shape), dtype)
+
+
+def _check_array_type(shape, fortran_order: bool, dtype: np.dtype, what: str, kinds: str) -> None:
+    if dtype.hasobject:
+        raise FormatError(f"{what} holds Python objects (a pickled array); only arrays of numbers are accepted")
+    if dtype.names is not None or dtype.subdtype is not None or dtype.kind not in kinds:
+        raise FormatError(f"{what} has dtype {short(dtype)}; only arrays of numbers are accepted")
+    if len(shape) == 0:
+        raise FormatError(f"{what} is a scalar; it needs a first axis of rows")
+    if fortran_order and len(shape) > 1:
+        raise FormatError(f"{what} is in Fortran order; save it in C order (numpy's default)")
+
+
+class ArrayStream:
+    """Rows of one array, read in order from a file object positioned at its data."""
+
+    def __init__(self, fp: IO[bytes], header: ArrayHeader, what: str):
+        self.header, self.what = header, what
+        self._fp = fp
+
+    def read(self, rows: int, dtype: np.dtype | None = None) -> np.ndarray:
+        count = rows * self.header.row_bytes
+        # Filled in place: the rows exist once, in an array the caller may write to.
+        data = bytearray(count)
+        try:
+            filled = self._fp.readinto(data)
+        except (zipfile.BadZipFile, zlib.error, EOFError) as error:
+            raise FormatError(f"{self.what} is corrupt ({short(error)})") from None
+        if filled != count:
+            raise FormatError(f"{self.what} is truncated: it ends inside its data")
+        array = np.frombuffer(data, dtype=self.header.dtype).reshape((rows, *self.header.row_shape))
+        wanted = dtype if dtype is not None else self.header.dtype.newbyteorder("=")
+        return array if array.dtype == wanted else array.astype(wanted)
+
+
+class ArrayFile:
+    """A .npy or .npz file opened for streaming: named arrays that all have the same rows.
+
+    The one array of a .npy file is named None. Headers are read, and sizes checked
+    against the file, when it opens; data only when `chunks` asks."""
+
+    def __init__(self, path: Path, file_format: str, *, label_member: str | None = None):
+        self._closing: list = []
+        self.streams: dict[str | None, ArrayStream] = {}
+        try:
+            if file_format == "npy":
+                self._open_npy(Path(path))
+            else:
+                self._open_npz(Path(path), label_member)
+        except BaseException:
+            self.close()
+            raise
+        self.rows = self._common_rows()
+
+    def _open_npy(self, path: Path) -> None:
+        fp = open(path, "rb")  # noqa: SIM115 (closed by close())
+        self._closing.append(fp)
+        header = read_header(fp, "the .npy file")
+        if path.stat().st_size - fp.tell() < header.data_bytes:
+            raise FormatError(f"the .npy file is truncated: its header promises {header.data_bytes} bytes of data, "
+                              f"it holds {path.stat().st_size - fp.tell()}")
+        self.streams[None] = ArrayStream(fp, header, "the .npy file")
+
+    def _open_npz(self, path: Path, label_member: str | None) -> None:
+        try:
+            archive = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as error:
+            raise FormatError(f"the .npz file is not a readable zip archive ({short(error)})") from None
+        self._closing.append(archive)
+        members = [info for info in archive.infolist() if not info.is_dir()]
+        if not members:
+            raise FormatError("the .npz file holds no arrays")
+        for info in members:
+            name = info.filename
+            if not name.endswith(".npy"):
+                raise FormatError(f"the .npz member '{short(name)}' is not a .npy array")
+            self._open_member(archive, info, name.removesuffix(".npy"), label_member)
+
+    def _open_member(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, label_member: str | None) -> None:
+        what = f"the .npz array '{short(name)}'"
+        try:
+            fp = archive.open(info)
+        except (zipfile.BadZipFile, NotImplementedError, RuntimeError, zlib.error) as error:
+            raise FormatError(f"{what} cannot be opened ({short(error)})") from None
+        self._closing.append(fp)
+        try:
+            header = read_header(fp, what, LABEL_KINDS if name == label_member else NUMERIC_KINDS)
+        except (zipfile.BadZipFile, zlib.error) as error:
+            raise FormatError(f"{what} is corrupt ({short(error)})") from None
+        if info.file_size - fp.tell() < header.data_bytes:
+            raise FormatError(f"{what} is truncated: its header promises {header.data_bytes} bytes of data, "
+                              f"it holds {info.file_size - fp.tell()}")
+        self.streams[name] = ArrayStream(fp, header, what)
+
+    def _common_rows(self) -> int:
+        rows = {name: stream.header.rows for name, stream in self.streams.items()}
+        if len(set(rows.values())) > 1:
+            listed = ", ".join(f"'{short(name)}' {count}" for name, count in rows.items())
+            raise FormatError(f"the .npz arrays have different numbers of rows ({listed}); they must match")
+        return next(iter(rows.values()))
+
+    def header(self, name: str | None) -> ArrayHeader:
+        return self.streams[name].header
+
+    def match_inputs(self, layouts: Sequence[InputLayout], *, extra: Sequence[str] = ()) -> list[str | None]:
+        """The array for each input, in the model's order; FormatError when the file does not fit."""
+        require_numeric_inputs(layouts)
+        names = [layout.name for layout in layouts]
+        if None in self.streams:
+            if len(layouts) != 1:
+                raise FormatError(f"a .npy file holds one array; this model has {len(layouts)} inputs "
+                                  f"({_listed(names)}): use an .npz file with one array per input")
+            members: list[str | None] = [None]
+        else:
+            unknown = sorted(set(self.streams) - set(names) - set(extra))
+            if unknown:
+                raise FormatError(f"the .npz array '{short(unknown[0])}' is not an input of the model "
+                                  f"(its inputs: {_listed(names)})")
+            missing = [name for name in [*names, *extra] if name not in self.streams]
+            if missing:
+                raise FormatError(f"the .npz file has no array '{short(missing[0])}' "
+                                  f"(it has: {_listed(sorted(self.streams))})")
+            members = list(names)
+        for member, layout in zip(members, layouts):
+            check_array(self.streams[member], layout)
+        return members
+
+    def chunks(self, members: Sequence[str | None], dtypes: Sequence[np.dtype | None],
+               rows_per_chunk: int) -> Iterator[tuple[int, list[np.ndarray]]]:
+        """(first row, [array per member]) for consecutive chunks of rows, read in lockstep."""
+        for start in range(0, self.rows, rows_per_chunk):
+            count = min(rows_per_chunk, self.rows - start)
+            yield start, [self.streams[member].read(count, dtype) for member, dtype in zip(members, dtypes)]
+
+    def close(self) -> None:
+        for closable in reversed(self._closing):
+            closable.close()
+        self._closing.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def check_array(stream: ArrayStream, layout: InputLayout) -> None:
+    header = stream.header
+    if not fits(header.row_shape, layout.row_shape):
+        raise FormatError(f"{stream.what} has rows of shape {shape_text(header.row_shape)}; input "
+                          f"'{short(layout.name)}' expects rows of shape {layout.describe()}")
+    if not np.can_cast(header.dtype, layout.dtype, casting="same_kind"):
+        raise FormatError(f"{stream.what} holds {header.dtype}; input '{short(layout.name)}' is {layout.dtype}, "
+                          "and the values would change kind in the conversion")
+
+
+def _listed(names: Sequence[str]) -> str:
+    return ", ".join(f"'{short(name)}'" for name in names[:10]) + (", ..." if len(names) > 10 else "")
+
+
+# ---------------------------------------------------------------- .jsonl and .csv
+
+
+@dataclass(slots=True)
+class Row:
+    """One line of a row file: its feeds (a row array per input) or why it has none."""
+
+    index: int  # 0-based, counting the data lines only
+    line: int  # 1-based line number in the file
+    feeds: tuple[np.ndarray, ...] | None
+    error: str | None = None
+    label: object = None
+
+
+def count_lines(path: Path) -> int:
+    """Lines in the file, counted in big chunks: a progress total, not a parse."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as fp:
+        while chunk := fp.read(READ_CHUNK_BYTES):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
+def _lines(fp: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes) of each non-blank line; bytes None for a line too long to read."""
+    number = 0
+    while line := fp.readline(MAX_LINE_BYTES):
+        number += 1
+        if not line.endswith(b"\n") and len(line) == MAX_LINE_BYTES:
+            while (rest := fp.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                pass
+            yield number, None
+        elif line.strip():
+            yield number, line
+
+
+def row_array(value: object, layout: InputLayout) -> np.ndarray:
+    """One row of `layout`'s input from a JSON value (nested lists of numbers)."""
+    name = short(layout.name)
+    try:
+        array = np.asarray(value)
+    except (ValueError, OverflowError, TypeError):
+        raise RowError(f"input '{name}' is not a rectangular array of numbers") from None
+    if array.dtype.kind not in NUMERIC_KINDS:
+        raise RowError(f"input '{name}' holds something other than numbers")
+    if not fits(array.shape, layout.row_shape):
+        raise RowError(f"input '{name}' has shape {shape_text(array.shape)}; the model expects {layout.describe()}")
+    if not np.can_cast(array.dtype, layout.dtype, casting="same_kind"):
+        raise RowError(f"input '{name}' holds {array.dtype} values; the model expects {layout.dtype}")
+    return array.astype(layout.dtype, copy=False)
+
+
+def parse_jsonl_row(text: bytes, layouts: Sequence[InputLayout], *, with_label: bool = False):
+    """(feeds, label) of one .jsonl line; RowError when it does not fit the model."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise RowError("the line is not valid JSON") from None
+    names = [layout.name for layout in layouts]
+    if not isinstance(value, dict) and len(layouts) == 1 and not with_label:
+        value = {names[0]: value}  # a bare value feeds a model with one input
+    if not isinstance(value, dict):
+        raise RowError("the line is not a JSON object keyed by input names")
+    label = None
+    if with_label:
+        if LABEL_KEY not in value:
+            raise RowError(f"the line has no '{LABEL_KEY}'")
+        label = value.pop(LABEL_KEY)
+    unknown = [key for key in value if key not in names]
+    if unknown:
+        raise RowError(f"'{short(unknown[0])}' is not an input of the model (its inputs: {_listed(names)})")
+    missing = [name for name in names if name not in value]
+    if missing:
+        raise RowError(f"the line has no value for input '{short(missing[0])}'")
+    return tuple(row_array(value[layout.name], layout) for layout in layouts), label
+
+
+def jsonl_rows(path: Path, layouts: Sequence[InputLayout], *, with_label: bool = False) -> Iterator[Row]:
+    require_numeric_inputs(layouts)
+    with open(path, "rb") as fp:
+        for index, (line, text) in enumerate(_lines(fp)):
+            if text is None:
+                yield Row(index, line, None, f"line {line} is longer than {MAX_LINE_BYTES} bytes")
+                continue
+            try:
+                feeds, label = parse_jsonl_row(text, layouts, with_label=with_label)
+            except RowError as error:
+                yield Row(index, line, None, f"line {line}: {error.reason}")
+            else:
+                yield Row(index, line, feeds, label=label)
+
+
+def group_rows(rows: Iterator[Row], max_rows: int, max_bytes: int) -> Iterator[list[Row]]:
+    """Consecutive good rows of one shape, as batches; a bad row alone, in its place."""
+    batch: list[Row] = []
+    batch_bytes = 0
+    for row in rows:
+        if batch and (row.feeds is None or len(batch) >= max_rows or batch_bytes >= max_bytes
+                      or _shapes(row) != _shapes(batch[0])):
+            yield batch
+            batch, batch_bytes = [], 0
+        if row.feeds is None:
+            yield [row]
+            continue
+        batch.append(row)
+        batch_bytes += sum(feed.nbytes for feed in row.feeds)
+    if batch:
+        yield batch
+
+
+def _shapes(row: Row) -> tuple:
+    return tuple(feed.shape for feed in row.feeds)
+
+
+def stack_feeds(batch: Sequence[Row]) -> list[np.ndarray]:
+    return [np.stack([row.feeds[position] for row in batch]) for position in range(len(batch[0].feeds))]
+
+
+def csv_layout(layouts: Sequence[InputLayout]) -> InputLayout:
+    """The one input a .csv file can feed: rows of a single feature axis."""
+    if len(layouts) != 1 or len(layouts[0].row_shape) != 1:
+        shapes = ", ".join(f"'{short(layout.name)}' rows {layout.describe()}" for layout in layouts)
+        raise FormatError("a .csv file feeds models with one input of shape [batch, features]; "
+                          f"this model has {shapes}: use .jsonl or .npz")
+    require_numeric_inputs(layouts)
+    return layouts[0]
+
+
+def parse_csv_fields(fields: Sequence[str], layout: InputLayout) -> np.ndarray:
+    width = layout.row_shape[0]
+    if width is not None and len(fields) != width:
+        raise RowError(f"the row has {len(fields)} values; input '{short(layout.name)}' expects {width}")
+    integral = layout.dtype.kind in "biu"
+    convert = int if integral else float
+    values = []
+    for position, field in enumerate(fields, start=1):
+        try:
+            values.append(convert(field))
+        except ValueError:
+            kind = "an integer" if integral else "a number"
+            raise RowError(f"field {position} ('{short(field)}') is not {kind}") from None
+    try:
+        return np.array(values, dtype=layout.dtype)
+    except OverflowError:
+        raise RowError(f"a value does not fit input '{short(layout.name)}' ({layout.dtype})") from None
+
+
+def _is_numeric_record(fields: Sequence[str]) -> bool:
+    try:
+        [float(field) for field in fields]
+    except ValueError:
+        return False
+    return bool(fields)
+
+
+def _csv_records(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of each non-empty record."""
+    # Undecodable bytes become U+FFFD and then fail as a value of their own row only.
+    with open(path, encoding="utf-8", errors="replace", newline="") as fp:
+        reader = csv.reader(fp)
+        try:
+            for fields in reader:
+                if any(field.strip() for field in fields):
+                    yield reader.line_num, fields
+        except csv.Error as error:
+            raise FormatError(f"the .csv file cannot be parsed at line {reader.line_num} ({short(error)})") from None
+
+
+def csv_rows(path: Path, layouts: Sequence[InputLayout]) -> Iterator[Row]:
+    """Rows of a .csv file; a first record that is not all numbers is a header, skipped."""
+    layout = csv_layout(layouts)
+    index = 0
+    for position, (line, fields) in enumerate(_csv_records(path)):
+        if position == 0 and not _is_numeric_record(fields):
+            continue
+        try:
+            yield Row(index, line, (parse_csv_fields(fields, layout),))
+        except RowError as error:
+            yield Row(index, line, None, f"line {line}: {error.reason}")
+        index += 1
+
+
+# ---------------------------------------------------------------- upload-time checks
+
+
+def check_batch_input(path: Path, file_format: str) -> int | None:
+    """Refuse a batch input that cannot be read, before a job is queued for it.
+
+    Cheap: headers for .npy/.npz (returns their rows), the first record for .jsonl and
+    .csv (returns None: later bad lines are per-row errors of the job)."""
+    path = Path(path)
+    if file_format in ARRAY_FORMATS:
+        with ArrayFile(path, file_format) as arrays:
+            return arrays.rows
+    if file_format == "jsonl":
+        _check_first_jsonl_line(path)
+        return None
+    if file_format == "csv":
+        _check_first_csv_record(path)
+        return None
+    raise FormatError(f"'{short(file_format)}' is not a batch input format ({', '.join(BATCH_FORMATS)})")
+
+
+def _check_first_jsonl_line(path: Path) -> None:
+    with open(path, "rb") as fp:
+        line, text = next(_lines(fp), (0, b""))
+    if not text:
+        raise FormatError("the .jsonl file has no rows" if line == 0 else f"line {line} is too long")
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise FormatError(f"line {line} is not valid JSON") from None
+    if not isinstance(value, dict | list):
+        raise FormatError(f"line {line} is not a JSON object (or list) of inputs")
+
+
+def _check_first_csv_record(path: Path) -> None:
+    records = _csv_records(path)
+    first = next(records, None)
+    if first is not None and not _is_numeric_record(first[1]):
+        first = next(records, None)
+    if first is None:
+        raise FormatError("the .csv file has no rows")
+    if not _is_numeric_record(first[1]):
+        raise FormatError(f"line {first[0]} of the .csv file is not a row of numbers")
+
+
+def check_dataset(path: Path, file_format: str) -> int:
+    """The number of rows of an evaluation dataset; FormatError when it cannot be used.
+
+    `.npz`: a `labels` array (one label per row) beside the input arrays. `.jsonl`:
+    every line an object with a `label` (a number, a string or a list of numbers)."""
+    path = Path(path)
+    if file_format == "npz":
+        return _check_npz_dataset(path)
+    if file_format == "jsonl":
+        return _check_jsonl_dataset(path)
+    raise FormatError(f"'{short(file_format)}' is not a dataset format ({', '.join(DATASET_FORMATS)})")
+
+
+def _check_npz_dataset(path: Path) -> int:
+    with ArrayFile(path, "npz", label_member=LABELS_MEMBER) as arrays:
+        if LABELS_MEMBER not in arrays.streams:
+            raise FormatError(f"the .npz dataset has no '{LABELS_MEMBER}' array")
+        if len(arrays.streams) < 2:
+            raise FormatError(f"the .npz dataset has no input arrays beside '{LABELS_MEMBER}'")
+        if arrays.rows == 0:
+            raise FormatError("the .npz dataset has no rows")
+        return arrays.rows
+
+
+def _check_jsonl_dataset(path: Path) -> int:
+    rows = 0
+    with open(path, "rb") as fp:
+        for line, text in _lines(fp):
+            if text is None:
+                raise FormatError(f"line {line} is longer than {MAX_LINE_BYTES} bytes")
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError):
+                raise FormatError(f"line {line} is not valid JSON") from None
+            if not isinstance(value, dict) or LABEL_KEY not in value:
+                raise FormatError(f"line {line} is not a JSON object with a '{LABEL_KEY}'")
+            if not is_label(value[LABEL_KEY]):
+                raise FormatError(f"line {line}: the label is not a number, a string or a list of numbers")
+            rows += 1
+    if rows == 0:
+        raise FormatError("the .jsonl dataset has no rows")
+    return rows
+
+
+def is_label(value: object) -> bool:
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(item, int | float) and not isinstance(item, bool) for item in value)
+    return isinstance(value, int | float | str) and not isinstance(value, bool)

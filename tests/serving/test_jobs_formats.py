@@ -1,0 +1,232 @@
+"""serving/jobs/formats.py: streaming readers of job files and the console's upload checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+from jobs_testkit import REPO_ROOT, write_jsonl
+
+from serving.jobs.formats import (
+    ArrayFile,
+    FormatError,
+    InputLayout,
+    check_batch_input,
+    check_dataset,
+    csv_rows,
+    group_rows,
+    jsonl_rows,
+)
+
+FLOAT = np.dtype(np.float32)
+FEATURES = InputLayout("input", FLOAT, (4,))
+
+
+def truncated_npy(path, rows=10, width=4):
+    np.save(path, np.ones((rows, width), np.float32))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 5])
+    return path
+
+
+# ---------------------------------------------------------------- upload checks
+
+
+def test_the_formats_module_imports_neither_onnxruntime_nor_onnx():
+    code = "import sys, serving.jobs.formats; print(sorted({'onnxruntime', 'onnx'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_check_batch_input_gives_the_rows_of_an_npy_file(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((7, 3), np.float32))
+    assert check_batch_input(tmp_path / "x.npy", "npy") == 7
+
+
+def test_a_truncated_npy_file_is_refused_as_truncated(tmp_path):
+    with pytest.raises(FormatError, match="truncated"):
+        check_batch_input(truncated_npy(tmp_path / "x.npy"), "npy")
+
+
+def test_a_pickled_npy_file_is_refused_without_unpickling_it(tmp_path):
+    np.save(tmp_path / "x.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    with pytest.raises(FormatError, match="pickled"):
+        check_batch_input(tmp_path / "x.npy", "npy")
+
+
+def test_a_file_that_is_not_npy_is_refused(tmp_path):
+    (tmp_path / "x.npy").write_bytes(b"hello, not an array")
+    with pytest.raises(FormatError, match="not a readable .npy array"):
+        check_batch_input(tmp_path / "x.npy", "npy")
+
+
+def test_a_fortran_order_array_is_refused(tmp_path):
+    np.save(tmp_path / "x.npy", np.asfortranarray(np.ones((3, 4), np.float32)))
+    with pytest.raises(FormatError, match="Fortran order"):
+        check_batch_input(tmp_path / "x.npy", "npy")
+
+
+def test_a_garbage_npz_file_is_refused(tmp_path):
+    (tmp_path / "x.npz").write_bytes(b"PK\x03\x04 but garbage after the magic")
+    with pytest.raises(FormatError, match="not a readable zip archive"):
+        check_batch_input(tmp_path / "x.npz", "npz")
+
+
+def test_an_npz_whose_arrays_differ_in_rows_is_refused(tmp_path):
+    np.savez(tmp_path / "x.npz", a=np.zeros((3, 2)), b=np.zeros((4, 2)))
+    with pytest.raises(FormatError, match="different numbers of rows"):
+        check_batch_input(tmp_path / "x.npz", "npz")
+
+
+def test_an_npz_member_that_is_not_an_array_is_refused(tmp_path):
+    with zipfile.ZipFile(tmp_path / "x.npz", "w") as archive:
+        archive.writestr("notes.txt", "hello")
+    with pytest.raises(FormatError, match="'notes.txt' is not a .npy array"):
+        check_batch_input(tmp_path / "x.npz", "npz")
+
+
+def test_a_truncated_npz_member_is_refused(tmp_path):
+    with zipfile.ZipFile(tmp_path / "x.npz", "w") as archive:
+        truncated = truncated_npy(tmp_path / "a.npy")
+        archive.write(truncated, "a.npy")
+    with pytest.raises(FormatError, match="'a' is truncated"):
+        check_batch_input(tmp_path / "x.npz", "npz")
+
+
+def test_a_jsonl_file_whose_first_line_is_not_json_is_refused(tmp_path):
+    (tmp_path / "x.jsonl").write_text("{oops\n[1, 2]\n")
+    with pytest.raises(FormatError, match="line 1 is not valid JSON"):
+        check_batch_input(tmp_path / "x.jsonl", "jsonl")
+
+
+def test_a_csv_file_with_only_a_header_is_refused(tmp_path):
+    (tmp_path / "x.csv").write_text("a,b,c\n")
+    with pytest.raises(FormatError, match="no rows"):
+        check_batch_input(tmp_path / "x.csv", "csv")
+
+
+def test_a_csv_file_with_a_header_and_numbers_passes(tmp_path):
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    assert check_batch_input(tmp_path / "x.csv", "csv") is None
+
+
+def test_an_unknown_batch_format_is_refused(tmp_path):
+    with pytest.raises(FormatError, match="not a batch input format"):
+        check_batch_input(tmp_path / "x.parquet", "parquet")
+
+
+def test_check_dataset_counts_the_rows_of_an_npz_dataset(tmp_path):
+    np.savez(tmp_path / "d.npz", input=np.zeros((5, 4), np.float32), labels=np.arange(5))
+    assert check_dataset(tmp_path / "d.npz", "npz") == 5
+
+
+def test_an_npz_dataset_without_labels_is_refused(tmp_path):
+    np.savez(tmp_path / "d.npz", input=np.zeros((5, 4), np.float32))
+    with pytest.raises(FormatError, match="no 'labels' array"):
+        check_dataset(tmp_path / "d.npz", "npz")
+
+
+def test_check_dataset_counts_the_rows_of_a_jsonl_dataset(tmp_path):
+    write_jsonl(tmp_path / "d.jsonl", [{"input": [1, 2], "label": "cat"}, {"input": [3, 4], "label": 2}])
+    assert check_dataset(tmp_path / "d.jsonl", "jsonl") == 2
+
+
+def test_a_jsonl_dataset_row_without_a_label_is_refused_by_line(tmp_path):
+    write_jsonl(tmp_path / "d.jsonl", [{"input": [1, 2], "label": 0}, {"input": [3, 4]}])
+    with pytest.raises(FormatError, match="line 2 is not a JSON object with a 'label'"):
+        check_dataset(tmp_path / "d.jsonl", "jsonl")
+
+
+def test_a_jsonl_dataset_with_a_label_of_the_wrong_kind_is_refused(tmp_path):
+    write_jsonl(tmp_path / "d.jsonl", [{"input": [1, 2], "label": {"class": 1}}])
+    with pytest.raises(FormatError, match="line 1: the label is not"):
+        check_dataset(tmp_path / "d.jsonl", "jsonl")
+
+
+# ---------------------------------------------------------------- readers
+
+
+def test_npz_arrays_are_read_in_lockstep_chunks(tmp_path):
+    a, b = np.arange(20, dtype=np.float32).reshape(10, 2), np.arange(10, dtype=np.int64)
+    np.savez_compressed(tmp_path / "x.npz", a=a, b=b)
+    with ArrayFile(tmp_path / "x.npz", "npz") as arrays:
+        chunks = list(arrays.chunks(["a", "b"], [None, None], 4))
+    assert [start for start, _ in chunks] == [0, 4, 8]
+    np.testing.assert_array_equal(np.concatenate([chunk[0] for _, chunk in chunks]), a)
+    np.testing.assert_array_equal(np.concatenate([chunk[1] for _, chunk in chunks]), b)
+
+
+def test_chunks_are_converted_to_the_input_dtype(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(8, dtype=">f8").reshape(2, 4))
+    with ArrayFile(tmp_path / "x.npy", "npy") as arrays:
+        [(_, [chunk])] = list(arrays.chunks([None], [FLOAT], 10))
+    assert chunk.dtype == FLOAT
+    np.testing.assert_array_equal(chunk, np.arange(8, dtype=np.float32).reshape(2, 4))
+
+
+def test_an_array_with_the_wrong_feature_count_does_not_fit_the_input(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((3, 5), np.float32))
+    with ArrayFile(tmp_path / "x.npy", "npy") as arrays, pytest.raises(FormatError) as refused:
+        arrays.match_inputs([FEATURES])
+    assert refused.value.reason == "the .npy file has rows of shape [5]; input 'input' expects rows of shape [4]"
+
+
+def test_floats_do_not_fit_an_integer_input(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((3, 4), np.float32))
+    with ArrayFile(tmp_path / "x.npy", "npy") as arrays, pytest.raises(FormatError, match="change kind"):
+        arrays.match_inputs([InputLayout("ids", np.dtype(np.int64), (4,))])
+
+
+def test_a_single_npy_does_not_feed_a_model_with_two_inputs(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((3, 4), np.float32))
+    with ArrayFile(tmp_path / "x.npy", "npy") as arrays, pytest.raises(FormatError, match="use an .npz file"):
+        arrays.match_inputs([FEATURES, InputLayout("other", FLOAT, (4,))])
+
+
+def test_an_npz_array_that_is_not_an_input_is_named(tmp_path):
+    np.savez(tmp_path / "x.npz", input=np.zeros((3, 4), np.float32), extra=np.zeros((3, 1)))
+    with ArrayFile(tmp_path / "x.npz", "npz") as arrays, pytest.raises(FormatError, match="'extra' is not an input"):
+        arrays.match_inputs([FEATURES])
+
+
+def test_jsonl_rows_accept_objects_and_bare_lists_and_flag_bad_lines(tmp_path):
+    write_jsonl(tmp_path / "x.jsonl", [{"input": [1, 2, 3, 4]}, [5, 6, 7, 8], [1, 2], {"inptu": [1, 2, 3, 4]},
+                                       ["a", "b", "c", "d"]])
+    rows = list(jsonl_rows(tmp_path / "x.jsonl", [FEATURES]))
+    assert [row.feeds[0].tolist() if row.feeds else None for row in rows] == [[1, 2, 3, 4], [5, 6, 7, 8], None, None, None]
+    assert [row.error for row in rows[2:]] == [
+        "line 3: input 'input' has shape [2]; the model expects [4]",
+        "line 4: 'inptu' is not an input of the model (its inputs: 'input')",
+        "line 5: input 'input' holds something other than numbers",
+    ]
+    assert rows[0].feeds[0].dtype == FLOAT
+
+
+def test_blank_jsonl_lines_are_skipped_but_line_numbers_stay_true(tmp_path):
+    (tmp_path / "x.jsonl").write_text("[1,2,3,4]\n\n{bad\n")
+    rows = list(jsonl_rows(tmp_path / "x.jsonl", [FEATURES]))
+    assert [(row.index, row.line, row.error) for row in rows] == [(0, 1, None), (1, 3, "line 3: the line is not valid JSON")]
+
+
+def test_a_csv_header_is_skipped_and_a_short_row_is_its_own_error(tmp_path):
+    (tmp_path / "x.csv").write_text("a,b,c,d\n1,2,3,4\n1,2,3\n5,6,7,x\n")
+    rows = list(csv_rows(tmp_path / "x.csv", [FEATURES]))
+    assert rows[0].feeds[0].tolist() == [1, 2, 3, 4]
+    assert [row.error for row in rows] == [None, "line 3: the row has 3 values; input 'input' expects 4",
+                                           "line 4: field 4 ('x') is not a number"]
+
+
+def test_csv_feeds_only_a_single_rank_two_input(tmp_path):
+    (tmp_path / "x.csv").write_text("1,2\n")
+    with pytest.raises(FormatError, match="one input of shape \\[batch, features\\]"):
+        list(csv_rows(tmp_path / "x.csv", [InputLayout("image", FLOAT, (3, 8, 8))]))
+
+
+def test_rows_are_grouped_by_shape_and_split_around_bad_rows(tmp_path):
+    free = InputLayout("input", FLOAT, (None,))
+    write_jsonl(tmp_path / "x.jsonl", [[1, 2], [3, 4], [5, 6, 7], "bad", [8, 9, 1], [2, 3, 4]])
+    batches = group_rows(jsonl_rows(tmp_path / "x.jsonl", [free]), max_rows=2, max_bytes=1 << 20)
+    assert [[row.index for row in batch] for batch in batches] == [[0, 1], [2], [3], [4, 5]]
