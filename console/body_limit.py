@@ -17,7 +17,7 @@ from django.urls import Resolver404, resolve
 
 from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
 
-UPLOAD_URL_NAMES = frozenset({"api-versions", "model-upload"})
+UPLOAD_URL_NAMES = frozenset({"api-versions", "model-upload", "model-jobs-new", "model-datasets-new"})
 
 
 def body_limit_for(path: str) -> int | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from django import forms
 
+from registry.domain.choices import DatasetTask
 from registry.domain.traffic import canary_split
 
 PRESET_WEIGHTS = (1, 10, 50, 100)
@@ -147,3 +148,24 @@ class TryForm(forms.Form):
             return json.loads(self.cleaned_data["inputs"])
         except json.JSONDecodeError as error:
             raise forms.ValidationError(f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class BatchJobForm(forms.Form):
+    """A batch inference job: the file, and optionally the version (the stable one when
+    empty) and batch size. Which files and versions will do is ``batch_jobs.submit``'s to say."""
+
+    input = forms.FileField(label="Input file")
+    version = forms.IntegerField(required=False, min_value=1, label="Version")
+    batch_size = forms.IntegerField(required=False, min_value=1, max_value=1_000_000, label="Batch size")
+
+
+class DatasetForm(forms.Form):
+    """An evaluation data set; whether its file fits the model is ``datasets.add``'s to say."""
+
+    file = forms.FileField(label="Data set file")
+    name = forms.SlugField(max_length=100, label="Name")
+    task = forms.ChoiceField(choices=DatasetTask.choices, label="Task")
+    description = forms.CharField(required=False, max_length=2000, label="Description")

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import rollout_views, views
+from console import job_views, rollout_views, views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
@@ -22,6 +22,10 @@ urlpatterns = [
     path("models/<slug:name>/rollouts/<int:pk>/pause/", rollout_views.pause_rollout, name="model-rollout-pause"),
     path("models/<slug:name>/rollouts/<int:pk>/resume/", rollout_views.resume_rollout, name="model-rollout-resume"),
     path("models/<slug:name>/rollouts/<int:pk>/abort/", rollout_views.abort_rollout, name="model-rollout-abort"),
+    path("models/<slug:name>/jobs/", job_views.jobs_page, name="model-jobs"),
+    path("models/<slug:name>/jobs/new", job_views.new_batch_job, name="model-jobs-new"),
+    path("models/<slug:name>/jobs/<int:pk>/cancel", job_views.cancel_job, name="model-job-cancel"),
+    path("models/<slug:name>/datasets/new", job_views.new_dataset, name="model-datasets-new"),
     path("models/<slug:name>/versions/<int:number>/", views.version_page, name="version"),
     path("models/<slug:name>/versions/<int:number>/try/", views.try_version, name="version-try"),
     path("workers/", views.workers_page, name="workers"),

@@ -33,6 +33,12 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console import forms, outage, readiness
+from console.metric_summaries import (
+    evaluation_context,
+    headline,
+    measuring,
+    version_metrics_context,
+)
 from console.summaries import (
     canary_route,
     describe_routes,
@@ -220,6 +226,7 @@ MODEL_FRAGMENTS = {
     "versions-table": "console/fragments/versions_table.html",
     "audit": "console/fragments/audit.html",
     "drills": "console/fragments/model_drills.html",
+    "evaluation-table": "console/fragments/evaluation_table.html",
 }
 
 
@@ -236,6 +243,7 @@ def model_context(model: RegisteredModel) -> dict:
     panel = _release_panel_context(model, release, versions)
     level, words = model_health(model, release, panel["convergence"], recent_traffic(model.name))
     served = _served(model)
+    running = measuring(model)
     return {
         "nav": "models",
         "model": model,
@@ -244,7 +252,9 @@ def model_context(model: RegisteredModel) -> dict:
         **rollout_panel_context(model, release, versions),
         "health_level": level,
         "health": words,
-        "versions": [{"version": version, "role": roles.get(version.number, ""), "served": served.get(version.number)} for version in versions],
+        "versions": [{"version": version, "role": roles.get(version.number, ""), "served": served.get(version.number), "headline": headline(version.metrics),
+                      "measuring": running.get(version.number, [])} for version in versions],
+        "evaluation": evaluation_context(model),
         "live_rows": _live_rows(model, roles, figures),
         "audit_entries": audit_entries(model),
         "drills": model.drills.select_related("model", "actor")[:5],
@@ -563,10 +573,13 @@ def _upload(request, model: RegisteredModel):
 # ---------------------------------------------------------------- version page
 
 
+VERSION_FRAGMENTS = {"benchmark": "console/fragments/benchmark.html", "evaluation": "console/fragments/evaluation_details.html"}
+
+
 @login_required
 def version_page(request, name: str, number: int):
     version = _version(name, number)
-    return render(request, "console/version.html", version_context(version))
+    return _page(request, "console/version.html", version_context(version), VERSION_FRAGMENTS)
 
 
 def _version(name: str, number: int) -> ModelVersion:
@@ -589,6 +602,8 @@ def version_context(version: ModelVersion, **extra) -> dict:
         "download_url": reverse("api-version-artifact", kwargs={"name": version.model.name, "number": version.number}),
         "try_form": forms.TryForm(initial={"inputs": example_inputs(version.signature or {})}),
         "worker_url": serving_url(),
+        "jobs_config": {"model": version.model.name, "page": "version", "version": version.number},
+        **version_metrics_context(version, release.stable_version if release else None),
     }
     context.update(extra)
     return context

@@ -128,3 +128,26 @@ def likeliest(answer) -> str:
         return ""
     best = max(range(len(values)), key=values.__getitem__)
     return f"class {best} ({values[best]:.1%})"
+
+
+@register.filter
+def count(value) -> str:
+    """12345 -> '12,345'; None -> '—'."""
+    value = _number(value)
+    return "—" if value is None else f"{int(value):,}"
+
+
+@register.filter
+def duration(value) -> str:
+    """Seconds as a person reads them: '42 s', '3 min 20 s', '2 h 5 min'; None -> '—'."""
+    value = _number(value)
+    if value is None:
+        return "—"
+    if value < 10:
+        return f"{value:.1f} s"
+    whole = round(value)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"

@@ -49,12 +49,16 @@
       if (!mine || mine.generation !== currentGeneration()) refreshRelease();
       drill.sawState(mine);
     },
+    job(message) {
+      if (window.ModelOpsJobs) window.ModelOpsJobs.modelPage(config.model, message.job);
+    },
     open() {
       liveSince = Date.now();
       refreshRelease();  // catch up on whatever happened while the feed was off
+      M.refreshSoon("evaluation-table");
     },
     close() { liveSince = 0; },
-  }, { fallback: () => M.refreshAll(...RELEASE_PARTS, "model-drills") });
+  }, { fallback: () => M.refreshAll(...RELEASE_PARTS, "model-drills", "evaluation-table") });
 
   // ---- once a second: table cells, history, charts
   function tick() {
