@@ -46,7 +46,7 @@ from registry.building.onnx_build import (
     random_mlp,
     to_bytes,
 )
-from tools.stack import Stack, wait_until
+from tools.stack import Stack, upload_version, wait_until
 from tools.traffic import SteadyLoad, request_bodies
 
 SIZES = [64, 32, 10]
@@ -76,7 +76,8 @@ def start_stack(work: Path, redis_url: str) -> tuple[Stack, httpx.Client]:
 def register(api: httpx.Client, stack: Stack, name: str, canary) -> None:
     api.post("/api/models/", json={"name": name}).raise_for_status()
     for model in (random_mlp(SIZES, seed=len(name)), canary):
-        api.post(f"/api/models/{name}/versions/", files={"artifact": ("model.onnx", to_bytes(model))}).raise_for_status()
+        if upload_version(api, name, to_bytes(model))["status"] != "ready":  # validated by the stack's Celery worker
+            raise RuntimeError(f"a version of {name} was rejected")
     probe = request_bodies(name, count=1)[0]
     for worker in stack.workers:
         if not wait_until(lambda worker=worker: httpx.post(worker.url + "/predict", content=probe, timeout=5).status_code == 200, 30, 0.1):

@@ -561,13 +561,11 @@ def _upload(request, model: RegisteredModel):
     if not form.is_valid() or not isinstance(form.cleaned_data["artifact"], StagedUploadedFile):
         return _answer(request, name, "error", "choose an .onnx file to upload" if form.is_valid() else _first_error(form), status=400)
     try:
-        version = uploads.register_staged(model, form.cleaned_data["artifact"].staged, uploaded_by=request.user, description=form.cleaned_data["description"])
+        version, job = uploads.accept_staged(model, form.cleaned_data["artifact"].staged, uploaded_by=request.user, description=form.cleaned_data["description"])
     except uploads.UploadRefused as refusal:
-        response = _answer(request, name, "error", f"Upload refused: {refusal.reason}", status=refusal.status)
-        if refusal.retry_after_s is not None:  # 503: every inspection slot is busy
-            response["Retry-After"] = str(refusal.retry_after_s)
-        return response
-    return _answer(request, name, "success", f"Version {version.number} validated and registered.", version=version.number)
+        return _answer(request, name, "error", f"Upload refused: {refusal.reason}", status=refusal.status)
+    text = f"Version {version.number} uploaded; it is being validated (job #{job.pk}): the versions table shows whether it is ready or rejected."
+    return _answer(request, name, "success", text, version=version.number, job=job.pk, status=202)
 
 
 # ---------------------------------------------------------------- version page

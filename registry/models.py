@@ -50,8 +50,9 @@ class VersionQuerySet(models.QuerySet):
         return self.filter(status=VersionStatus.READY)
 
     def with_artifact(self):
-        """Versions whose artifact is still in the store."""
-        return self.exclude(status=VersionStatus.ARCHIVED)
+        """Versions whose artifact is in the store: ready ones, and those still being
+        validated (a rejected or archived version's bytes are not kept for it)."""
+        return self.filter(status__in=(VersionStatus.VALIDATING, VersionStatus.READY))
 
 
 class ModelVersion(models.Model):

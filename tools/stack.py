@@ -1,6 +1,7 @@
 """A live stack as real processes: the console under uvicorn (ASGI, Channels) on a given
 database and the real Redis, serving workers as `manage.py serve` processes, and, where
-asked for, a Celery worker running beat (the rollout analysis, retention).
+asked for, a Celery worker running beat (the rollout analysis, retention) and the
+background jobs (an upload's validation: ``upload_version`` waits for its verdict).
 
 Outside tests/ because both the integration tests and the benchmarks (bench/) start it.
 """
@@ -23,6 +24,7 @@ import httpx
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
+VERDICT_TIMEOUT_S = 120.0  # a validation job: the queue ahead of it and INSPECTION_TIMEOUT_S
 
 
 def free_port() -> int:
@@ -94,12 +96,18 @@ class Stack:
         wait_http(worker, "/v2/health/ready" if wait_ready else "/v2/health/live")
         return worker
 
-    def start_celery(self, **extra_env) -> Process:
+    def start_celery(self, *, purge: bool | None = None, **extra_env) -> Process:
         """A Celery worker with beat, as `manage.py runstack` starts it, on this stack's
         database and Redis; returns once it is ready to take tasks. The beat schedule
-        file lives in the work dir, so a restarted one keeps its place."""
+        file lives in the work dir, so a restarted one keeps its place.
+
+        ``purge`` (the default for this stack's first Celery worker): drop the messages
+        waiting in the broker's queue first, which other runs sharing the Redis database
+        left (their job ids would name this database's jobs). Start it before anything
+        queues a job. A restarted worker keeps the queue: it holds this stack's jobs."""
+        purge = self.celery is None if purge is None else purge
         command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--concurrency", "1", "--loglevel", "INFO",
-                   "--without-mingle", "--without-gossip", "--schedule", str(self.work_dir / "beat-schedule")]
+                   "--without-mingle", "--without-gossip", "--schedule", str(self.work_dir / "beat-schedule"), *(["--purge"] if purge else [])]
         self.celery = self._spawn("celery", command, "", extra_env)
         wait_log(self.celery, " ready.")
         return self.celery
@@ -196,6 +204,29 @@ def wait_log(process: Process, text: str, timeout_s: float = START_TIMEOUT_S) ->
                 return
         time.sleep(0.1)
     raise RuntimeError(f"{process.name} did not log {text!r} within {timeout_s} s:\n{process.log()}")
+
+
+def upload_version(api: httpx.Client, name: str, artifact: bytes, *, timeout_s: float | None = None, **fields) -> dict:
+    """Upload a version over the API and wait for its validation job's verdict (a Celery
+    worker must run: ``Stack.start_celery``); the version as ``GET …/versions/{n}/`` shows it."""
+    response = api.post(f"/api/models/{name}/versions/", files={"artifact": ("model.onnx", artifact, "application/octet-stream")}, data=fields)
+    if response.status_code != 202:
+        raise RuntimeError(f"upload to {name} answered {response.status_code}: {response.text}")
+    return wait_for_verdict(api, name, response.json()["number"], timeout_s=timeout_s)
+
+
+def wait_for_verdict(api: httpx.Client, name: str, number: int, *, timeout_s: float | None = None) -> dict:
+    """The version once it is no longer ``validating``; RuntimeError past ``timeout_s``."""
+    timeout_s = VERDICT_TIMEOUT_S if timeout_s is None else timeout_s
+
+    def judged():
+        body = api.get(f"/api/models/{name}/versions/{number}/").json()
+        return body if body.get("status") != "validating" else None
+
+    body = wait_until(judged, timeout_s, 0.1)
+    if body is None:
+        raise RuntimeError(f"{name} v{number} was still validating after {timeout_s} s (is a Celery worker running?)")
+    return body
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):

@@ -53,6 +53,14 @@ def upload_refused(model: RegisteredModel, user, reason: str, sha256: str = "") 
     )
 
 
+def version_rejected(version: ModelVersion, reason: str) -> AuditEvent:
+    """The validation job refused a stored version (an upload refused after its answer)."""
+    return AuditEvent.objects.create(
+        model=version.model, kind=AuditKind.UPLOAD_REFUSED, actor=_actor(version.uploaded_by),
+        message=f"Upload refused: version {version.number} rejected: {reason}", data={"version": version.number, "sha256": version.sha256},
+    )
+
+
 def version_archived(version: ModelVersion) -> AuditEvent:
     return AuditEvent.objects.create(
         model=version.model, kind=AuditKind.VERSION_ARCHIVED, message=f"Version {version.number} archived by retention; artifact deleted", data={"version": version.number}

@@ -4,7 +4,8 @@ NEVER delete the artifact of a version that
 - is among the newest ``RETENTION_KEEP_VERSIONS`` versions of its model,
 - is routed now (any weight, shadows included) or kept warm,
 - or could be reached by up to ``RETENTION_ROLLBACK_DEPTH`` rollbacks from the
-  current release (one rollback always, whatever the setting).
+  current release (one rollback always, whatever the setting),
+- or is still being validated (its validation job reads the stored bytes).
 Rows are never deleted: an archived version keeps its metadata, report and metrics.
 A file shared by several versions (same bytes) is deleted only when none of them
 still needs it. Models are handled one at a time, each in its own transaction.
@@ -44,7 +45,8 @@ DELETE_CHUNK = 1000
 
 def protected_versions(model: RegisteredModel, keep: int) -> set[int]:
     """Numbers of the versions of ``model`` whose artifacts must stay."""
-    newest = model.versions.order_by("-number").values_list("number", flat=True)[:keep]
+    # A rejected version never had a usable artifact: it takes none of the kept places.
+    newest = model.versions.exclude(status=VersionStatus.REJECTED).order_by("-number").values_list("number", flat=True)[:keep]
     depth = max(settings.RETENTION_ROLLBACK_DEPTH, 1)
     return set(newest) | rollback_reachable(model.current_release(), depth)
 
@@ -79,7 +81,8 @@ def _apply_to_model(model_pk: int, keep: int) -> list[ModelVersion]:
         ServingGeneration.objects.lock()
         model = RegisteredModel.objects.get(pk=model_pk)
         protected = protected_versions(model, keep)
-        doomed = model.versions.with_artifact().exclude(number__in=protected).order_by("pk")
+        # Only ready versions: one still being validated is about to be judged, not archived.
+        doomed = model.versions.ready().exclude(number__in=protected).order_by("pk")
         archived = [_archive(version) for version in doomed]
     return archived
 

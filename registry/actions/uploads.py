@@ -1,12 +1,23 @@
-"""Registering model versions: a version is registered whole or not at all.
+"""Registering model versions.
+
+An upload over HTTP (``accept_staged``) is answered at once: what is cheap to refuse
+(empty, not a protobuf ModelProto at all: ``artifacts.sniff``) is refused with no file
+and no row, only an audit event saying why; anything else is moved into the
+content-addressed store and recorded as a version in ``validating``, its number taken
+now, and a ``validation`` job (``registry.jobs.validation``) inspects it after the
+answer. The inspection's verdict makes the version ``ready`` (``mark_ready``) or
+``rejected`` (``mark_rejected``: it keeps its number and report, loses its artifact).
+Nothing routes, serves or downloads a version that is not ready.
+
+``register_stream`` / ``register_staged`` (the demo models, fixtures, tests) inspect
+inline and register a ready version whole, or nothing.
 
 Bytes are staged and hashed (``storage``), inspected in a child process
-(``inspection``), moved into the content-addressed store, and only then recorded.
-A refused upload leaves no file and no row, only an audit event saying why.
-A version whose inputs differ from the stable version's is still registered, but its
-report says it is incompatible (``validation_report["compatibility"]``).
-At most ``INSPECTION_MAX_CONCURRENT`` inspections run at once across every console
-process; beyond that an upload is a 503 with ``Retry-After``, and leaves nothing.
+(``inspection``), then recorded. A version whose inputs differ from the stable
+version's is still registered, but its report says it is incompatible
+(``validation_report["compatibility"]``). At most ``INSPECTION_MAX_CONCURRENT``
+inspections run at once across every process; beyond that an inline registration is a
+503 with ``Retry-After`` (a validation job waits for a slot instead).
 """
 
 from __future__ import annotations
@@ -18,15 +29,17 @@ from django.db import transaction
 from django.db.models import Max
 
 from registry.actions import events, releases
-from registry.artifacts import storage
+from registry.artifacts import sniff, storage
 from registry.artifacts.inspection import (
     InspectionError,
+    InspectionReport,
     inspect_artifact,
     inspection_slot,
 )
-from registry.domain.choices import VersionStatus
+from registry.domain.choices import JobKind, VersionStatus
 from registry.domain.compatibility import compatibility_report
-from registry.models import ModelVersion, RegisteredModel
+from registry.jobs import records, scheduling
+from registry.models import Job, ModelVersion, RegisteredModel
 
 
 class UploadRefused(Exception):
@@ -39,6 +52,85 @@ class UploadRefused(Exception):
         self.retry_after_s = retry_after_s
 
 
+# ---------------------------------------------------------------- answered at once, validated by a job
+
+
+def accept_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, uploaded_by, description: str = "") -> tuple[ModelVersion, Job]:
+    """Refuse at once what is cheap to refuse (UploadRefused); else store the bytes and
+    record a ``validating`` version with its validation job, queued after commit."""
+    try:
+        reason = sniff.not_onnx_reason(staged.path)
+        if reason is not None:
+            _refuse(model, uploaded_by, reason, 400, staged.sha256)
+        created_file = storage.commit(staged)
+    finally:
+        storage.discard(staged)
+    try:
+        with transaction.atomic():
+            version = _insert_next(model, staged, uploaded_by, description=description, metrics={})
+            job = records.create(JobKind.VALIDATION, version.model, version=version, key=validation_key(version), created_by=uploaded_by)
+    except BaseException:
+        if created_file:
+            _forget_unreferenced(staged.sha256)
+        raise
+    return version, job
+
+
+def validation_key(version: ModelVersion) -> str:
+    return f"validation:{version.pk}"
+
+
+def inspect_stored(version: ModelVersion) -> InspectionReport:
+    """Inspect a stored version's bytes (the caller holds an inspection slot)."""
+    return _inspect_path(version.model, storage.path_for(version.sha256))
+
+
+def mark_ready(version: ModelVersion, report: InspectionReport) -> bool:
+    """The inspection passed: the version becomes ready (once; False if it was not
+    validating any more), the first ready version is routed, its jobs are queued."""
+    with transaction.atomic():
+        locked = _lock_validating(version)
+        if locked is None:
+            return False
+        fields = {"status": VersionStatus.READY, "status_reason": "", **_ready_fields(locked.model, report)}
+        for name, value in fields.items():
+            setattr(locked, name, value)
+        locked.save(update_fields=list(fields))
+        events.version_uploaded(locked, locked.uploaded_by)
+    _after_ready(locked, locked.uploaded_by)
+    return True
+
+
+def mark_rejected(version: ModelVersion, reason: str, report: dict | None = None) -> bool:
+    """The version is refused: it keeps its number and the checks run so far, loses its
+    artifact (unless another version needs the same bytes). Once; False if it was not
+    validating any more."""
+    with transaction.atomic():
+        locked = _lock_validating(version)
+        if locked is None:
+            return False
+        locked.status = VersionStatus.REJECTED
+        locked.status_reason = reason
+        locked.validation_report = {**(report or {}), "refused": reason}
+        locked.save(update_fields=["status", "status_reason", "validation_report"])
+        events.version_rejected(locked, reason)
+    _forget_unreferenced(locked.sha256)  # after the row says rejected: no version needs the bytes now
+    return True
+
+
+def _lock_validating(version: ModelVersion) -> ModelVersion | None:
+    # Model row first, then the version: the order _insert_next and releases lock in.
+    RegisteredModel.objects.select_for_update().filter(pk=version.model_id).first()
+    # No select_related: PostgreSQL cannot lock the nullable side of an outer join (uploaded_by).
+    locked = ModelVersion.objects.select_for_update().filter(pk=version.pk).first()
+    if locked is None or locked.status != VersionStatus.VALIDATING:
+        return None
+    return locked
+
+
+# ---------------------------------------------------------------- inline: registered whole or not at all
+
+
 def register_stream(model: RegisteredModel, source: BinaryIO, *, uploaded_by, description: str = "", metrics: dict | None = None) -> ModelVersion:
     """Stage bytes from any file-like object, then register them."""
     try:
@@ -49,38 +141,48 @@ def register_stream(model: RegisteredModel, source: BinaryIO, *, uploaded_by, de
 
 
 def register_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, uploaded_by, description: str = "", metrics: dict | None = None) -> ModelVersion:
+    """Inspect now (holding the request), and register a ready version or nothing."""
     try:
         report = _inspect(model, staged, uploaded_by)
         created_file = storage.commit(staged)
     finally:
         storage.discard(staged)
     try:
-        version = _insert_next(model, staged, report, uploaded_by, description, metrics or {})
+        version = _insert_next(model, staged, uploaded_by, report=report, description=description, metrics=metrics or {})
     except BaseException:
         if created_file:
             _forget_unreferenced(staged.sha256)
         raise
-    releases.route_first_version(version, uploaded_by)
+    _after_ready(version, uploaded_by)
     return version
 
 
-def _inspect(model: RegisteredModel, staged: storage.StagedArtifact, uploaded_by):
+def _after_ready(version: ModelVersion, actor) -> None:
+    releases.route_first_version(version, actor)
+    scheduling.version_ready(version)
+
+
+def _inspect(model: RegisteredModel, staged: storage.StagedArtifact, uploaded_by) -> InspectionReport:
     if staged.size_bytes == 0:
         _refuse(model, uploaded_by, "the artifact is empty", 400, staged.sha256)
     try:
         with inspection_slot(settings.DATA_DIR / "inspection-slots", settings.INSPECTION_MAX_CONCURRENT):
-            return inspect_artifact(
-                staged.path,
-                timeout_s=settings.INSPECTION_TIMEOUT_S,
-                memory_limit_bytes=settings.INSPECTION_MEMORY_LIMIT_BYTES,
-                cpu_limit_s=settings.INSPECTION_CPU_LIMIT_S,
-                # The worker warms every size up to this before routing the version.
-                max_batch_size=model.max_batch_size or settings.SERVING_DEFAULT_MAX_BATCH_SIZE,
-            )
+            return _inspect_path(model, staged.path)
     except InspectionError as error:
         if error.retry_after_s is not None:  # busy, not a verdict on the model: no audit event
             raise UploadRefused(error.reason, error.status, error.retry_after_s) from None
         _refuse(model, uploaded_by, error.reason, error.status, staged.sha256)
+
+
+def _inspect_path(model: RegisteredModel, path) -> InspectionReport:
+    return inspect_artifact(
+        path,
+        timeout_s=settings.INSPECTION_TIMEOUT_S,
+        memory_limit_bytes=settings.INSPECTION_MEMORY_LIMIT_BYTES,
+        cpu_limit_s=settings.INSPECTION_CPU_LIMIT_S,
+        # The worker warms every size up to this before routing the version.
+        max_batch_size=model.max_batch_size or settings.SERVING_DEFAULT_MAX_BATCH_SIZE,
+    )
 
 
 def _refuse(model, uploaded_by, reason: str, status: int, sha256: str):
@@ -89,29 +191,38 @@ def _refuse(model, uploaded_by, reason: str, status: int, sha256: str):
 
 
 @transaction.atomic
-def _insert_next(model, staged, report, uploaded_by, description: str, metrics: dict) -> ModelVersion:
+def _insert_next(model, staged, uploaded_by, *, report: InspectionReport | None = None, description: str, metrics: dict) -> ModelVersion:
+    """The model's next version: ``ready`` with the report of an inline inspection,
+    else ``validating``."""
     # The model's row lock (PostgreSQL) or the write lock taken at BEGIN (SQLite in
     # IMMEDIATE mode) makes concurrent uploads take numbers one after the other.
     locked = RegisteredModel.objects.select_for_update().get(pk=model.pk)
     number = (locked.versions.aggregate(top=Max("number"))["top"] or 0) + 1
-    # Compared inside the insert's transaction: the row is never stored without it.
-    validation_report = {**report.report, "compatibility": _compatibility_with_stable(locked, report.signature)}
+    verdict = {} if report is None else _ready_fields(locked, report)
     version = ModelVersion.objects.create(
         model=locked,
         number=number,
         sha256=staged.sha256,
         size_bytes=staged.size_bytes,
-        status=VersionStatus.READY,
-        signature=report.signature,
-        opset=report.opset,
-        producer=report.producer,
-        validation_report=validation_report,
+        status=VersionStatus.READY if report is not None else VersionStatus.VALIDATING,
         description=description,
         metrics=metrics,
         uploaded_by=uploaded_by if uploaded_by is not None and uploaded_by.is_authenticated else None,
+        **verdict,
     )
-    events.version_uploaded(version, uploaded_by)
+    if report is not None:
+        events.version_uploaded(version, uploaded_by)
     return version
+
+
+def _ready_fields(model: RegisteredModel, report: InspectionReport) -> dict:
+    # Compared inside the transaction that stores the verdict: never stored without it.
+    return {
+        "signature": report.signature,
+        "opset": report.opset,
+        "producer": report.producer,
+        "validation_report": {**report.report, "compatibility": _compatibility_with_stable(model, report.signature)},
+    }
 
 
 def _compatibility_with_stable(model: RegisteredModel, signature: dict) -> dict:

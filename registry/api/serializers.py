@@ -12,10 +12,12 @@ from registry.domain.canary_analysis import (
     InvalidAnalysis,
     json_schema,
 )
+from registry.domain.choices import JobKind, JobStatus, VersionStatus
 from registry.fleet import workers as fleet
 from registry.models import (
     AuditEvent,
     Drill,
+    Job,
     ModelVersion,
     RegisteredModel,
     Release,
@@ -184,22 +186,57 @@ class ModelUpdateSerializer(StrictModelSerializer):
         return value
 
 
+VALIDATION_JOB_SCHEMA = {
+    "type": "object", "nullable": True,
+    "properties": {"id": {"type": "integer"}, "status": {"type": "string", "enum": list(JobStatus.values)}, "error": {"type": "string"}},
+    "description": "The version's validation job (null for a version registered inline, e.g. the demo models).",
+}
+
+
+def with_validation_jobs(versions: models.QuerySet) -> models.QuerySet:
+    """Versions with their validation job fetched in one more query (``validation_jobs``)."""
+    return versions.prefetch_related(models.Prefetch("jobs", queryset=Job.objects.filter(kind=JobKind.VALIDATION), to_attr="validation_jobs"))
+
+
 class VersionSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", read_only=True)
     uploaded_by = UserNameField(read_only=True)
     artifact_url = serializers.SerializerMethodField()
+    validation_job = serializers.SerializerMethodField()
 
     class Meta:
         model = ModelVersion
         fields = [
             "model", "number", "status", "status_reason", "sha256", "size_bytes", "signature", "opset", "producer",
-            "validation_report", "description", "metrics", "uploaded_by", "created_at", "archived_at", "artifact_url",
+            "validation_report", "validation_job", "description", "metrics", "uploaded_by", "created_at", "archived_at", "artifact_url",
         ]
 
     def get_artifact_url(self, version) -> str | None:
-        if version.status == "archived":
+        if version.status != VersionStatus.READY:  # nothing to download while validating, once rejected or archived
             return None
         return reverse("api-version-artifact", kwargs={"name": version.model.name, "number": version.number})
+
+    @extend_schema_field(VALIDATION_JOB_SCHEMA)
+    def get_validation_job(self, version) -> dict | None:
+        jobs = getattr(version, "validation_jobs", None)
+        if jobs is None:
+            jobs = list(version.jobs.filter(kind=JobKind.VALIDATION))
+        job = jobs[0] if jobs else None
+        return None if job is None else {"id": job.pk, "status": job.status, "error": job.error}
+
+
+@extend_schema_field({"type": "object", "description": "The validation job's payload (as GET …/jobs/{id}/ answers it)."})
+class JobPayloadField(serializers.DictField):
+    pass
+
+
+class VersionUploadAnswerSerializer(VersionSerializer):
+    """The 202 of an upload: the version (status 'validating') and its validation job."""
+
+    job = JobPayloadField(read_only=True)
+
+    class Meta(VersionSerializer.Meta):
+        fields = [*VersionSerializer.Meta.fields, "job"]
 
 
 class VersionUploadSerializer(serializers.Serializer):

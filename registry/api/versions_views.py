@@ -31,6 +31,7 @@ from registry.artifacts.upload_handler import (
     start_staging,
 )
 from registry.domain.choices import VersionStatus
+from registry.jobs import records
 from registry.models import ModelVersion, RegisteredModel
 
 ARTIFACT_SHA256_HEADER = OpenApiParameter("X-Artifact-SHA256", str, OpenApiParameter.HEADER, response=[200], description="The sha256 of the bytes, hex.")
@@ -56,17 +57,22 @@ class VersionList(generics.ListAPIView):
     authentication_classes = [TokenAuthentication, HeaderCsrfSessionAuthentication]
 
     def get_queryset(self):
-        return get_model(self.kwargs["name"]).versions.select_related("model", "uploaded_by")
+        return serializers.with_validation_jobs(get_model(self.kwargs["name"]).versions.select_related("model", "uploaded_by"))
 
     @extend_schema(
         request=serializers.VersionUploadSerializer,
-        responses={201: serializers.VersionSerializer, **error_responses(400, 404, 413, 415, 422, 503)},
+        responses={202: serializers.VersionUploadAnswerSerializer, **error_responses(400, 403, 404, 413, 415)},
         description=(
-            "Upload an ONNX file. It is inspected (ONNX checker, no external data, known operator domains, "
-            "a real ONNX Runtime session run once) before anything is stored. A refused upload creates no "
-            "version and leaves no file: 400 (not an ONNX model, empty), 413 (over MAX_UPLOAD_BYTES) or 422 "
-            "(unusable model), with {\"error\": reason}; the refusal is kept in the model's audit timeline. "
-            "An accepted version is 'ready' at once."
+            "Upload an ONNX file. What is cheap to refuse is refused at once, creating no version and leaving "
+            "no file: 400 (empty, or not an ONNX model: not a protobuf ModelProto with an IR version and a graph), "
+            "413 (over MAX_UPLOAD_BYTES), 403 (not an operator), with {\"error\": reason}; the refusal is kept in "
+            "the model's audit timeline. Otherwise the bytes are stored and the answer is 202 at once: the new "
+            "version, its number taken, with status 'validating', and \"job\", its validation job. The expensive "
+            "checks (ONNX checker, no external data, known operator domains, a real ONNX Runtime session run at the "
+            "batch sizes a worker warms) run after the answer and end in 'ready' or 'rejected'. A rejected version "
+            "keeps its number and its validation_report (the checks run so far, and status_reason says why) but no "
+            "artifact; only a ready version can be routed, served or downloaded. Poll GET "
+            "/api/models/{name}/versions/{number}/ (status, validation_job) or the job until it ends."
         ),
     )
     def post(self, request, name: str):
@@ -88,13 +94,10 @@ class VersionList(generics.ListAPIView):
         if not isinstance(artifact, StagedUploadedFile):
             return error_response("the artifact must be sent as a multipart file field named 'artifact'", status.HTTP_400_BAD_REQUEST)
         try:
-            version = uploads.register_staged(model, artifact.staged, uploaded_by=request.user, description=form.validated_data["description"])
+            version, job = uploads.accept_staged(model, artifact.staged, uploaded_by=request.user, description=form.validated_data["description"])
         except uploads.UploadRefused as refusal:
-            response = error_response(refusal.reason, refusal.status)
-            if refusal.retry_after_s is not None:  # 503: every inspection slot is busy
-                response["Retry-After"] = str(refusal.retry_after_s)
-            return response
-        return Response(serializers.VersionSerializer(version).data, status=status.HTTP_201_CREATED)
+            return error_response(refusal.reason, refusal.status)
+        return Response({**serializers.VersionSerializer(version).data, "job": records.payload(job)}, status=status.HTTP_202_ACCEPTED)
 
 
 @extend_schema_view(get=extend_schema(responses={200: serializers.VersionSerializer, **error_responses(404)}))
@@ -102,7 +105,8 @@ class VersionDetail(generics.RetrieveAPIView):
     serializer_class = serializers.VersionSerializer
 
     def get_object(self):
-        return get_object_or_404(ModelVersion.objects.select_related("model"), model__name=self.kwargs["name"], number=self.kwargs["number"])
+        versions = serializers.with_validation_jobs(ModelVersion.objects.select_related("model"))
+        return get_object_or_404(versions, model__name=self.kwargs["name"], number=self.kwargs["number"])
 
 
 @extend_schema_view(get=extend_schema(responses={200: serializers.MetricMinuteSerializer(many=True), **error_responses(404)}))
@@ -123,13 +127,18 @@ class VersionArtifact(APIView):
     permission_classes = []
 
     @extend_schema(
-        responses={(200, "application/octet-stream"): OpenApiResponse(bytes), **error_responses(404, 410)},
+        responses={(200, "application/octet-stream"): OpenApiResponse(bytes), **error_responses(404, 409, 410)},
+        description="Only a ready version's bytes: 409 while it is validated, 410 once rejected or archived (no artifact kept).",
         parameters=[ARTIFACT_SHA256_HEADER],
     )
     def get(self, request, name: str, number: int):
         if not request.user or not request.user.is_authenticated:
             return error_response("authentication required", status.HTTP_401_UNAUTHORIZED)
         version = get_object_or_404(ModelVersion.objects.select_related("model"), model__name=name, number=number)
+        if version.status == VersionStatus.VALIDATING:
+            return error_response(f"{version} is still being validated; its artifact is served once it is ready", status.HTTP_409_CONFLICT)
+        if version.status == VersionStatus.REJECTED:
+            return error_response(f"{version} was rejected ({version.status_reason}); its artifact was not kept", status.HTTP_410_GONE)
         if version.status == VersionStatus.ARCHIVED or not storage.exists(version.sha256):
             return error_response(f"the artifact of {version} was deleted by retention", status.HTTP_410_GONE)
         response = FileResponse(open(storage.path_for(version.sha256), "rb"), as_attachment=True, filename=f"{name}-v{number}.onnx", content_type="application/octet-stream")

@@ -9,6 +9,8 @@
   const book = M.reportBook(config.gone_after_s);
   const HISTORY_S = 120;
   const BATCH_WINDOW_S = 60;
+  const VERDICT_POLL_MS = 1000;
+  const VERDICT_WAIT_MS = 10 * 60 * 1000;  // INSPECTION_TIMEOUT_S and a queue ahead of it
   const RELEASE_PARTS = ["release-panel", "rollout-panel", "health", "live-figures", "versions-table", "audit"];
 
   const history = { t: [], series: new Map() };  // version -> {requests_per_s: [], ...}
@@ -289,14 +291,36 @@
       form.reset();
       let body = {};
       try { body = JSON.parse(request.responseText); } catch (error) { body = {}; }
-      if (request.status === 201) {
-        verdict("ok", describeVersion(body), body);
+      if (request.status === 202) {
+        verdict("working", [`v${body.number} is stored; validating it in ONNX Runtime…`], body);
         refreshRelease();
+        awaitVerdict(body.number, Date.now());
       } else {
         verdict("refused", [`Refused (HTTP ${request.status}): ${body.error || "the console gave no reason"}`]);
         M.refreshSoon("audit");
       }
     }
+  }
+
+  // The validation runs after the 202: ask for the version until it is judged.
+  function awaitVerdict(number, startedAt) {
+    fetch(`${form.dataset.api}${number}/`, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+      .then((response) => (response.ok ? response.json() : {}))
+      .catch(() => ({}))
+      .then((version) => {
+        if (version.status === "ready") {
+          verdict("ok", describeVersion(version), version);
+          refreshRelease();
+        } else if (version.status === "rejected") {
+          verdict("refused", [`v${number} was rejected: ${version.status_reason || "no reason given"}`], version);
+          refreshRelease();
+          M.refreshSoon("audit");
+        } else if (Date.now() - startedAt < VERDICT_WAIT_MS) {
+          setTimeout(() => awaitVerdict(number, startedAt), VERDICT_POLL_MS);
+        } else {
+          verdict("working", [`v${number} is still validating; the versions table shows its verdict when it is in.`], version);
+        }
+      });
   }
 
   function describeVersion(version) {

@@ -1,7 +1,7 @@
 """The browser suite's stack: the real console (uvicorn, ASGI, websockets), one real
-serving worker with its control plane, the test command's Redis, and a database of its
-own, started the way ``manage.py runstack`` starts them; and Debian's Chromium driven
-by Playwright.
+serving worker with its control plane, a Celery worker (an upload's validation job), the
+test command's Redis, and a database of its own, started the way ``manage.py runstack``
+starts them; and Debian's Chromium driven by Playwright.
 
 The database belongs to the stack, not to pytest-django: a SQLite file in a temporary
 DATA_DIR, or, when DATABASE_URL names PostgreSQL (CI), a ``<name>_browser`` database
@@ -15,6 +15,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
@@ -192,6 +193,22 @@ def _start(stack: Stack) -> None:
     wait_http(f"{stack.console_url}/healthz", console)
     worker = _spawn(stack, "worker", [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(worker_port)])
     wait_http(f"{stack.worker_url}/v2/health/ready", worker)
+    # Uploads are validated by a job: a Celery worker runs it (no beat: the tests drive
+    # the rollout analysis themselves). --purge: messages other runs left in this Redis.
+    celery = _spawn(stack, "celery", [sys.executable, "-m", "celery", "-A", "console", "worker", "--concurrency", "1", "--loglevel", "INFO",
+                                      "--without-mingle", "--without-gossip", "--purge"])
+    wait_log(stack.data_dir / "celery.log", " ready.", celery)
+
+
+def wait_log(path: Path, text: str, process: subprocess.Popen, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{path.stem} exited with {process.returncode}:\n{path.read_text(errors='replace')[-3000:]}")
+        if text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{path.stem} did not log {text!r} within {timeout_s} s:\n{path.read_text(errors='replace')[-3000:]}")
 
 
 def _spawn(stack: Stack, name: str, command: list[str]) -> subprocess.Popen:

@@ -9,7 +9,8 @@ import pytest
 from django.contrib.messages import get_messages
 
 from registry.building.onnx_build import random_mlp, to_bytes
-from registry.models import AuditEvent, Drill, ModelVersion, Release
+from registry.models import AuditEvent, Drill, Job, ModelVersion, Release
+from tests.fixtures.jobs import run_queued_jobs
 from tests.fixtures.store import stored_files
 
 CHANGES = [
@@ -190,15 +191,30 @@ def test_pages_render_the_generation_into_every_traffic_form(operator_page, cana
     assert '<input type="hidden" name="expected_generation" value="2">' in html
 
 
-def test_operator_upload_registers_a_version(operator_page, digits, artifact_root):
+def test_operator_upload_registers_a_version_that_is_validated_after_the_answer(operator_page, digits, artifact_root):
     upload = io.BytesIO(to_bytes(random_mlp([4, 3], seed=11)))
     upload.name = "v3.onnx"
 
     response = operator_page.post("/models/digits/upload/", {"artifact": upload, "description": "bigger"})
 
-    assert messages_of(response) == ["Version 3 validated and registered."]
-    assert digits.versions.get(number=3).description == "bigger"
+    job = Job.objects.get(version__number=3)
+    assert response.status_code == 302 and response["Location"] == "/models/digits/"
+    assert messages_of(response) == [f"Version 3 uploaded; it is being validated (job #{job.pk}): the versions table shows whether it is ready or rejected."]
+    assert (digits.versions.get(number=3).status, digits.versions.get(number=3).description) == ("validating", "bigger")
     assert staged_files(artifact_root) == []
+    run_queued_jobs()
+    assert digits.versions.get(number=3).status == "ready"
+
+
+def test_a_script_upload_through_the_page_twin_is_answered_202_with_its_job(operator_page, digits):
+    upload = io.BytesIO(to_bytes(random_mlp([4, 3], seed=11)))
+    upload.name = "v3.onnx"
+
+    response = operator_page.post("/models/digits/upload/", {"artifact": upload}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 202
+    body = response.json()
+    assert (body["level"], body["version"], body["job"]) == ("success", 3, Job.objects.get(version__number=3).pk)
 
 
 def test_refused_upload_says_why_and_leaves_nothing(operator_page, digits, artifact_root):
@@ -211,6 +227,7 @@ def test_refused_upload_says_why_and_leaves_nothing(operator_page, digits, artif
     assert response.json()["message"].startswith("Upload refused: ")
     assert AuditEvent.objects.filter(kind="upload_refused").count() == 1
     assert digits.versions.count() == 2
+    assert Job.objects.count() == 0
     assert stored_files(artifact_root) == []
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from registry.models import Drill
-from tests.console.conftest import report_from, served
+from tests.console.conftest import add_version, report_from, served
 
 PAGES = ["/", "/models/digits/", "/models/digits/versions/1/", "/workers/", "/drills/"]
 
@@ -167,3 +167,26 @@ def test_confirmation_page_posts_plainly_without_javascript_enhancement(operator
 def test_models_page_offers_operators_a_rollback_shortcut(operator_page, viewer_page, canary_digits):
     assert b'href="/models/digits/rollback/"' in operator_page.get("/").content
     assert b'href="/models/digits/rollback/"' not in viewer_page.get("/").content
+
+
+def test_the_versions_table_shows_a_validating_and_a_rejected_version_with_its_reason(viewer_page, digits):
+    add_version(digits, 3, status="validating", signature={}, validation_report={})
+    add_version(digits, 4, status="rejected", status_reason="the ONNX checker refused the model: bad node", signature={})
+
+    html = viewer_page.get("/models/digits/?fragment=versions-table").content.decode()
+
+    assert '<span class="badge badge-validating" title="">Validating</span>' in html
+    assert '<span class="badge badge-rejected" title="the ONNX checker refused the model: bad node">Rejected</span>' in html
+    assert '<div class="hint status-reason">the ONNX checker refused the model: bad node</div>' in html
+
+
+def test_the_page_of_a_version_not_ready_offers_no_download(viewer_page, digits):
+    add_version(digits, 3, status="validating", signature={}, validation_report={})
+    add_version(digits, 4, status="rejected", status_reason="the ONNX checker refused the model", signature={})
+
+    validating = viewer_page.get("/models/digits/versions/3/").content.decode()
+    rejected = viewer_page.get("/models/digits/versions/4/").content.decode()
+
+    assert "Download .onnx" not in validating and "being validated" in validating
+    assert "Download .onnx" not in rejected and "its artifact was not kept" in rejected
+    assert "the ONNX checker refused the model" in rejected

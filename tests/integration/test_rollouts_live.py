@@ -20,7 +20,7 @@ from registry.building.onnx_build import (
     random_mlp,
     to_bytes,
 )
-from tools.stack import running_stack, wait_until
+from tools.stack import running_stack, upload_version, wait_until
 from tools.traffic import SteadyLoad, request_bodies
 
 pytestmark = pytest.mark.integration
@@ -57,11 +57,8 @@ def api(stack) -> httpx.Client:
 def register(api: httpx.Client, stack, name: str, stable, canary) -> dict:
     """Model ``name`` with v1 (stable, served by every worker) and v2; v2's version body."""
     assert api.post("/api/models/", json={"name": name}).status_code == 201
-    bodies = []
-    for model in (stable, canary):
-        response = api.post(f"/api/models/{name}/versions/", files={"artifact": ("model.onnx", to_bytes(model), "application/octet-stream")})
-        assert response.status_code == 201, response.text
-        bodies.append(response.json())
+    bodies = [upload_version(api, name, to_bytes(model)) for model in (stable, canary)]  # validated by the stack's Celery worker
+    assert [body["status"] for body in bodies] == ["ready", "ready"], bodies
     probe = request_bodies(name, count=1)[0]
     for worker in stack.workers:
         assert wait_until(lambda worker=worker: httpx.post(worker.url + "/predict", content=probe, timeout=5).status_code == 200, 20, 0.1)

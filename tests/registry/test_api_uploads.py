@@ -1,4 +1,6 @@
-"""Uploading versions through the REST API: accepted whole, or refused with nothing left."""
+"""Uploading versions through the REST API: answered at once (202, validating), then
+ready with its report once the validation job ran; what is cheap to refuse is refused at
+once with nothing left."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from django.test import Client
 
 from registry.actions import releases
 from registry.building.onnx_build import random_mlp
-from registry.models import AuditEvent, ModelVersion, RegisteredModel, Release
+from registry.models import AuditEvent, Job, ModelVersion, RegisteredModel, Release
+from tests.fixtures.jobs import validated
 from tests.fixtures.onnx_files import write_model
 from tests.fixtures.store import stored_files
 
@@ -26,11 +29,14 @@ def upload(client, path, name="digits", **extra):
         return client.post(f"/api/models/{name}/versions/", {"artifact": handle, **extra}, format="multipart")
 
 
-def test_upload_registers_a_ready_version_with_its_signature(operator_client, model, good_onnx):
-    response = upload(operator_client, good_onnx, description="first")
+def upload_validated(client, path, name="digits", **extra) -> dict:
+    """Upload, run the validation job, and return the version as the API shows it then."""
+    return validated(client, upload(client, path, name, **extra))
 
-    assert response.status_code == 201, response.content
-    body = response.json()
+
+def test_upload_registers_a_version_ready_with_its_signature_once_validated(operator_client, model, good_onnx):
+    body = upload_validated(operator_client, good_onnx, description="first")
+
     assert body["number"] == 1
     assert body["status"] == "ready"
     assert body["description"] == "first"
@@ -44,7 +50,7 @@ def test_upload_registers_a_ready_version_with_its_signature(operator_client, mo
 
 
 def test_first_ready_version_becomes_stable_at_full_weight(operator_client, model, good_onnx):
-    upload(operator_client, good_onnx)
+    upload_validated(operator_client, good_onnx)
 
     release = Release.objects.get(model=model)
     assert release.routes == [{"version": 1, "weight": 100}]
@@ -54,16 +60,16 @@ def test_first_ready_version_becomes_stable_at_full_weight(operator_client, mode
 
 
 def test_second_version_does_not_change_traffic(operator_client, model, good_onnx, good_onnx_v2):
-    upload(operator_client, good_onnx)
-    response = upload(operator_client, good_onnx_v2)
+    upload_validated(operator_client, good_onnx)
+    second = upload_validated(operator_client, good_onnx_v2)
 
-    assert response.json()["number"] == 2
+    assert (second["number"], second["status"]) == (2, "ready")
     assert list(Release.objects.filter(model=model).values_list("routes", flat=True)) == [[{"version": 1, "weight": 100}]]
 
 
 def test_same_bytes_twice_are_stored_once(operator_client, model, good_onnx, artifact_root):
-    first = upload(operator_client, good_onnx).json()
-    second = upload(operator_client, good_onnx).json()
+    first = upload_validated(operator_client, good_onnx)
+    second = upload_validated(operator_client, good_onnx)
 
     assert (first["number"], second["number"]) == (1, 2)
     assert first["sha256"] == second["sha256"]
@@ -71,7 +77,7 @@ def test_same_bytes_twice_are_stored_once(operator_client, model, good_onnx, art
 
 
 def test_artifact_download_returns_the_bytes_and_their_sha256(operator_client, model, good_onnx):
-    upload(operator_client, good_onnx)
+    upload_validated(operator_client, good_onnx)
 
     response = operator_client.get("/api/models/digits/versions/1/artifact")
 
@@ -82,24 +88,44 @@ def test_artifact_download_returns_the_bytes_and_their_sha256(operator_client, m
 
 
 @pytest.mark.parametrize(
-    ("fixture_name", "status", "words"),
+    ("fixture_name", "words"),
     [
-        ("truncated_onnx", 400, "not an ONNX model"),
-        ("random_bytes_file", 400, "not an ONNX model"),
-        ("empty_file", 400, "empty"),
-        ("external_data_onnx", 422, "external data"),
-        ("unknown_domain_onnx", 422, "com.example.evil"),
-        ("checker_failing_onnx", 422, "checker"),
+        ("truncated_onnx", "not an ONNX model: it is cut short"),
+        ("random_bytes_file", "not an ONNX model"),
+        ("empty_file", "empty"),
     ],
 )
-def test_refused_upload_names_the_problem_and_leaves_nothing(request, operator_client, model, artifact_root, fixture_name, status, words):
+def test_an_upload_cheap_to_refuse_is_refused_at_once_naming_the_problem_and_leaves_nothing(request, operator_client, model, artifact_root, fixture_name, words):
     path = request.getfixturevalue(fixture_name)
 
     response = upload(operator_client, path)
 
-    assert response.status_code == status, response.content
+    assert response.status_code == 400, response.content
     assert words.lower() in response.json()["error"].lower()
     assert ModelVersion.objects.count() == 0
+    assert Job.objects.count() == 0
+    assert Release.objects.count() == 0
+    assert stored_files(artifact_root) == []
+    assert AuditEvent.objects.filter(kind="upload_refused").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("fixture_name", "words"),
+    [
+        ("external_data_onnx", "external data"),
+        ("unknown_domain_onnx", "com.example.evil"),
+        ("checker_failing_onnx", "checker"),
+    ],
+)
+def test_an_upload_failing_inspection_is_rejected_with_its_report_and_keeps_no_artifact(request, operator_client, model, artifact_root, fixture_name, words):
+    path = request.getfixturevalue(fixture_name)
+
+    body = upload_validated(operator_client, path)
+
+    assert (body["number"], body["status"]) == (1, "rejected")
+    assert words.lower() in body["status_reason"].lower()
+    assert body["validation_report"]["refused"] == body["status_reason"]
+    assert body["artifact_url"] is None
     assert Release.objects.count() == 0
     assert stored_files(artifact_root) == []
     assert AuditEvent.objects.filter(kind="upload_refused").count() == 1
@@ -113,6 +139,7 @@ def test_upload_over_the_size_limit_is_refused_with_413(settings, operator_clien
     assert response.status_code == 413
     assert "larger than the limit" in response.json()["error"]
     assert ModelVersion.objects.count() == 0
+    assert Job.objects.count() == 0
     assert stored_files(artifact_root) == []
 
 
@@ -137,6 +164,7 @@ def test_viewer_cannot_upload(viewer_client, model, good_onnx, artifact_root):
 
     assert response.status_code == 403
     assert ModelVersion.objects.count() == 0
+    assert Job.objects.count() == 0
     assert stored_files(artifact_root) == []
 
 
@@ -156,26 +184,26 @@ def sixty_four_inputs_onnx(tmp_path):
 
 
 def test_a_first_version_has_no_stable_to_be_compatible_with(operator_client, model, good_onnx):
-    body = upload(operator_client, good_onnx).json()
+    body = upload_validated(operator_client, good_onnx)
 
     assert body["validation_report"]["compatibility"] == {"stable_version": None, "compatible": True, "differences": [], "notes": []}
 
 
 def test_a_version_with_the_stable_inputs_is_reported_compatible(operator_client, model, good_onnx, sixty_four_inputs_onnx):
-    upload(operator_client, good_onnx)
+    upload_validated(operator_client, good_onnx)
 
-    body = upload(operator_client, sixty_four_inputs_onnx).json()
+    body = upload_validated(operator_client, sixty_four_inputs_onnx)
 
     assert body["validation_report"]["compatibility"] == {"stable_version": 1, "compatible": True, "differences": [], "notes": []}
 
 
 def test_a_version_with_other_inputs_is_registered_but_reported_incompatible(operator_client, model, good_onnx, sixty_inputs_onnx):
-    upload(operator_client, good_onnx)
+    upload_validated(operator_client, good_onnx)
 
-    response = upload(operator_client, sixty_inputs_onnx)
+    body = upload_validated(operator_client, sixty_inputs_onnx)
 
-    assert response.status_code == 201, response.content
-    compatibility = response.json()["validation_report"]["compatibility"]
+    assert body["status"] == "ready"
+    compatibility = body["validation_report"]["compatibility"]
     assert compatibility["stable_version"] == 1
     assert compatibility["compatible"] is False
     assert compatibility["differences"] == ["input 'input' dimension 1: 64 on v1, 60 here"]
@@ -183,20 +211,20 @@ def test_a_version_with_other_inputs_is_registered_but_reported_incompatible(ope
 
 
 def test_compatibility_is_judged_against_the_current_stable(operator_client, operator, model, good_onnx, sixty_inputs_onnx, sixty_four_inputs_onnx):
-    upload(operator_client, good_onnx)
-    upload(operator_client, sixty_inputs_onnx)
+    upload_validated(operator_client, good_onnx)
+    upload_validated(operator_client, sixty_inputs_onnx)
     releases.set_routes(model, [{"version": 2, "weight": 100}], operator, "a test of the stable's change", force=True)  # v2 (60 inputs) is stable now
 
-    compatibility = upload(operator_client, sixty_four_inputs_onnx).json()["validation_report"]["compatibility"]
+    compatibility = upload_validated(operator_client, sixty_four_inputs_onnx)["validation_report"]["compatibility"]
 
     assert compatibility["stable_version"] == 2
     assert compatibility["differences"] == ["input 'input' dimension 1: 60 on v2, 64 here"]
 
 
 def test_the_upload_audit_event_says_whether_the_version_is_compatible(operator_client, model, good_onnx, sixty_inputs_onnx, sixty_four_inputs_onnx):
-    upload(operator_client, good_onnx)
-    upload(operator_client, sixty_four_inputs_onnx)
-    upload(operator_client, sixty_inputs_onnx)
+    upload_validated(operator_client, good_onnx)
+    upload_validated(operator_client, sixty_four_inputs_onnx)
+    upload_validated(operator_client, sixty_inputs_onnx)
 
     messages = dict(AuditEvent.objects.filter(kind="version_uploaded").values_list("data__version", "message"))
     assert "compatible" not in messages[1]
@@ -205,8 +233,8 @@ def test_the_upload_audit_event_says_whether_the_version_is_compatible(operator_
 
 
 def test_the_version_page_shows_an_incompatible_version_and_its_differences(operator, operator_client, model, good_onnx, sixty_inputs_onnx):
-    upload(operator_client, good_onnx)
-    upload(operator_client, sixty_inputs_onnx)
+    upload_validated(operator_client, good_onnx)
+    upload_validated(operator_client, sixty_inputs_onnx)
     page = Client()
     page.force_login(operator)
 
@@ -219,8 +247,8 @@ def test_the_version_page_shows_an_incompatible_version_and_its_differences(oper
 
 
 def test_the_version_page_shows_a_compatible_version(operator, operator_client, model, good_onnx, sixty_four_inputs_onnx):
-    upload(operator_client, good_onnx)
-    upload(operator_client, sixty_four_inputs_onnx)
+    upload_validated(operator_client, good_onnx)
+    upload_validated(operator_client, sixty_four_inputs_onnx)
     page = Client()
     page.force_login(operator)
 

@@ -1,16 +1,21 @@
-"""Hostile and awkward model files uploaded through the REST API: refused whole, or
-registered with what the worker must know (``batchable``)."""
+"""Hostile and awkward model files uploaded through the REST API: rejected by their
+validation job with the reason (no artifact kept, never routed), or registered with what
+the worker must know (``batchable``)."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
+import time
 
 import pytest
 
+from registry.actions import uploads
 from registry.building.onnx_build import to_bytes
 from registry.fleet.state import desired_state
 from registry.models import AuditEvent, ModelVersion, RegisteredModel, Release
+from tests.fixtures.jobs import run_queued_jobs, validated
 from tests.fixtures.onnx_files import (
     ESCAPING_LOCATION,
     EXTERNAL_DATA_PLACES,
@@ -41,52 +46,76 @@ def assert_nothing_registered(artifact_root, refusals: int) -> None:
     assert AuditEvent.objects.filter(kind="upload_refused").count() == refusals
 
 
+def assert_rejected_and_kept_nothing(body: dict, artifact_root) -> None:
+    assert body["status"] == "rejected"
+    assert Release.objects.count() == 0
+    assert stored_files(artifact_root) == []
+    assert AuditEvent.objects.filter(kind="upload_refused").count() == 1
+
+
 @pytest.mark.parametrize("place", sorted(EXTERNAL_DATA_PLACES))
-def test_external_data_anywhere_in_the_file_is_refused_at_upload(place, operator_client, model, artifact_root, tmp_path):
+def test_external_data_anywhere_in_the_file_is_rejected_by_its_validation(place, operator_client, model, artifact_root, tmp_path):
     path = write_model(tmp_path, f"{place}.onnx", EXTERNAL_DATA_PLACES[place]())
 
-    response = upload(operator_client, path)
+    body = validated(operator_client, upload(operator_client, path))
 
-    assert response.status_code == 422, response.content
-    error = response.json()["error"]
-    assert f"points at external data '{ESCAPING_LOCATION}'" in error
-    assert "external data files are not accepted" in error
-    assert_nothing_registered(artifact_root, refusals=1)
+    reason = body["status_reason"]
+    assert f"points at external data '{ESCAPING_LOCATION}'" in reason
+    assert "external data files are not accepted" in reason
+    assert_rejected_and_kept_nothing(body, artifact_root)
 
 
 @pytest.mark.parametrize("shape", [["batch", -1], ["batch", 0], ["batch", 2**40]], ids=["negative", "zero", "absurd"])
-def test_unservable_declared_dimension_is_a_422_not_a_500(shape, operator_client, model, artifact_root, tmp_path):
+def test_unservable_declared_dimension_is_rejected_with_its_reason_not_a_crash(shape, operator_client, model, artifact_root, tmp_path):
     path = write_model(tmp_path, "dims.onnx", build_declared_input_shape(shape))
 
-    response = upload(operator_client, path)
+    body = validated(operator_client, upload(operator_client, path))
 
-    assert response.status_code == 422, response.content
-    assert response.json()["error"].startswith(f"input 'x' declares a dimension of {shape[1]}")
-    assert_nothing_registered(artifact_root, refusals=1)
+    assert body["status_reason"].startswith(f"input 'x' declares a dimension of {shape[1]}")
+    assert_rejected_and_kept_nothing(body, artifact_root)
 
 
-def test_upload_beyond_the_concurrent_inspections_is_a_503_that_leaves_nothing(settings, operator_client, model, good_onnx, artifact_root):
+def hold_the_only_slot(settings, seconds: float) -> subprocess.Popen:
+    """Another process holds the only inspection slot for ``seconds``."""
     settings.INSPECTION_MAX_CONCURRENT = 1
     slot = settings.DATA_DIR / "inspection-slots" / "slot-0"
     slot.parent.mkdir(parents=True, exist_ok=True)
-    # Another console process holds the only slot.
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'ab'); "
-         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(slot)],
+        [sys.executable, "-c", ("import fcntl, sys, time; f = open(sys.argv[1], 'ab'); "
+                                f"fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep({seconds})"), str(slot)],
         stdout=subprocess.PIPE,
     )
+    assert holder.stdout.readline() == b"held\n"
+    return holder
+
+
+def test_inline_registration_beyond_the_concurrent_inspections_is_a_503_that_leaves_nothing(settings, model, good_onnx, artifact_root):
+    holder = hold_the_only_slot(settings, 60)
     try:
-        assert holder.stdout.readline() == b"held\n"
-        response = upload(operator_client, good_onnx)
+        with pytest.raises(uploads.UploadRefused) as refused:
+            uploads.register_stream(model, io.BytesIO(good_onnx.read_bytes()), uploaded_by=None)
     finally:
         holder.kill()
         holder.wait(timeout=10)
 
-    assert response.status_code == 503, response.content
-    assert response["Retry-After"] == "5"
-    assert response.json() == {"error": "too many inspections are running (limit 1); try again shortly"}
+    assert (refused.value.status, refused.value.retry_after_s) == (503, 5)
+    assert refused.value.reason == "too many inspections are running (limit 1); try again shortly"
     assert_nothing_registered(artifact_root, refusals=0)
-    assert upload(operator_client, good_onnx).status_code == 201  # the slot is free again
+
+
+def test_a_validation_job_waits_for_a_free_inspection_slot_instead_of_refusing(settings, operator_client, model, good_onnx):
+    response = upload(operator_client, good_onnx)
+    holder = hold_the_only_slot(settings, 1.5)
+    started = time.monotonic()
+    try:
+        (job,) = run_queued_jobs()
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+    assert time.monotonic() - started >= 1.0  # it waited for the holder to let go
+    assert (job.status, job.result["verdict"]) == ("succeeded", "ready")
+    assert ModelVersion.objects.get(number=response.json()["number"]).status == "ready"
 
 
 @pytest.mark.parametrize("build", [build_reduce_over_batch, build_sequence_softmax], ids=["reduce-over-batch", "sequence-softmax"])
@@ -94,10 +123,9 @@ def test_model_mixing_rows_is_registered_as_not_batchable(build, operator_client
     path = tmp_path / "mixing.onnx"
     path.write_bytes(to_bytes(build()))
 
-    response = upload(operator_client, path)
+    body = validated(operator_client, upload(operator_client, path))
 
-    assert response.status_code == 201, response.content
-    body = response.json()
+    assert body["status"] == "ready"
     assert body["signature"]["batchable"] is False
     assert body["validation_report"]["not_batchable_reason"]
     # The desired state hands workers the signature, flag included.
@@ -105,7 +133,6 @@ def test_model_mixing_rows_is_registered_as_not_batchable(build, operator_client
 
 
 def test_demo_style_mlp_is_registered_as_batchable(operator_client, model, good_onnx):
-    response = upload(operator_client, good_onnx)
+    body = validated(operator_client, upload(operator_client, good_onnx))
 
-    assert response.status_code == 201, response.content
-    assert response.json()["signature"]["batchable"] is True
+    assert body["signature"]["batchable"] is True

@@ -17,6 +17,7 @@ from registry import tasks
 from registry.artifacts import storage
 from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
 from registry.models import ModelVersion, RegisteredModel
+from tests.fixtures.jobs import run_queued_jobs
 from tests.fixtures.store import stored_files
 
 pytestmark = pytest.mark.django_db
@@ -125,8 +126,10 @@ def test_operator_session_upload_with_the_header_token_registers_the_version(ope
 
     response = client.post("/api/models/digits/versions/", multipart(good_onnx), content_type=MULTIPART_CONTENT, HTTP_X_CSRFTOKEN=token)
 
-    assert response.status_code == 201, response.content
+    assert response.status_code == 202, response.content
     assert [path.parent.parent.name for path in stored_files(artifact_root)] == ["sha256"]
+    run_queued_jobs()
+    assert ModelVersion.objects.get(model=model).status == "ready"
 
 
 def test_operator_plain_form_upload_with_the_body_token_registers_the_version(operator, model, good_onnx, artifact_root):
@@ -141,6 +144,8 @@ def test_operator_plain_form_upload_with_the_body_token_registers_the_version(op
     assert response.status_code == 302
     assert ModelVersion.objects.filter(model=model).count() == 1
     assert [path.parent.parent.name for path in stored_files(artifact_root)] == ["sha256"]
+    run_queued_jobs()
+    assert ModelVersion.objects.get(model=model).status == "ready"
 
 
 def _too_many_fields_after_the_file(good_onnx) -> bytes:
