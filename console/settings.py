@@ -278,6 +278,10 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT_S", int(JOB_TIMEOUT_S) 
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # One task at a time per pool process: a long batch job must not hold others it prefetched.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Jobs run on their own queue and worker: a long batch job must never hold up the canary
+# analysis tick, retention or the job sweep, which stay on the default queue ("celery").
+JOBS_QUEUE = "jobs"
+CELERY_TASK_ROUTES = {"registry.tasks.run_job": {"queue": JOBS_QUEUE}}
 CELERY_BEAT_SCHEDULE = {
     "apply-retention": {"task": "registry.tasks.apply_retention", "schedule": env_float("RETENTION_INTERVAL_S", 3600.0, minimum=10.0)},
     "sweep-staging": {"task": "registry.tasks.sweep_staging", "schedule": env_float("STAGING_SWEEP_INTERVAL_S", 300.0, minimum=10.0)},

@@ -76,6 +76,7 @@ class Stack:
     console: Process | None = None
     workers: list[Process] = field(default_factory=list)
     celery: Process | None = None
+    jobs: Process | None = None  # the Celery worker of the jobs queue
 
     def start_console(self, *, port: int | None = None, **extra_env) -> Process:
         """``port``: the port of a console stopped before, so its workers find it again."""
@@ -96,24 +97,39 @@ class Stack:
         wait_http(worker, "/v2/health/ready" if wait_ready else "/v2/health/live")
         return worker
 
-    def start_celery(self, *, purge: bool | None = None, **extra_env) -> Process:
-        """A Celery worker with beat, as `manage.py runstack` starts it, on this stack's
-        database and Redis; returns once it is ready to take tasks. The beat schedule
-        file lives in the work dir, so a restarted one keeps its place.
+    def start_celery(self, *, purge: bool | None = None, jobs: bool = True, **extra_env) -> Process:
+        """Celery as `manage.py runstack` starts it, on this stack's database and Redis: a
+        worker with beat on the default queue and (``jobs``) one on the jobs queue; returns
+        once they are ready to take tasks. The beat schedule file lives in the work dir, so
+        a restarted one keeps its place.
 
         ``purge`` (the default for this stack's first Celery worker): drop the messages
         waiting in the broker's queue first, which other runs sharing the Redis database
         left (their job ids would name this database's jobs). Start it before anything
         queues a job. A restarted worker keeps the queue: it holds this stack's jobs."""
         purge = self.celery is None if purge is None else purge
-        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--concurrency", "1", "--loglevel", "INFO",
-                   "--without-mingle", "--without-gossip", "--schedule", str(self.work_dir / "beat-schedule"), *(["--purge"] if purge else [])]
+        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues", "celery", "--concurrency", "1",
+                   "--hostname", f"control-{os.getpid()}@%h", "--loglevel", "INFO", "--without-mingle", "--without-gossip",
+                   "--schedule", str(self.work_dir / "beat-schedule"), *(["--purge"] if purge else [])]
         self.celery = self._spawn("celery", command, "", extra_env)
+        if jobs:
+            self.start_job_worker(purge=purge, **extra_env)
         wait_log(self.celery, " ready.")
         return self.celery
 
+    def start_job_worker(self, *, purge: bool | None = None, **extra_env) -> Process:
+        """The Celery worker of the jobs queue (validation, benchmark, evaluation, batch
+        inference), one job at a time; ``purge`` as in ``start_celery``."""
+        purge = self.jobs is None if purge is None else purge
+        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", "jobs", "--concurrency", "1",
+                   "--hostname", f"jobs-{os.getpid()}@%h", "--loglevel", "INFO", "--without-mingle", "--without-gossip",
+                   *(["--purge"] if purge else [])]
+        self.jobs = self._spawn("celery-jobs", command, "", extra_env)
+        wait_log(self.jobs, " ready.")
+        return self.jobs
+
     def stop(self) -> None:
-        for process in [*self.workers, self.console, self.celery]:
+        for process in [*self.workers, self.console, self.celery, self.jobs]:
             if process is not None:
                 process.stop()
 
@@ -129,7 +145,7 @@ class Stack:
         return self.manage("shell", "--no-imports", "-c", code).strip().splitlines()[-1]
 
     def processes(self) -> list[Process]:
-        return [process for process in [self.console, self.celery, *self.workers] if process is not None]
+        return [process for process in [self.console, self.celery, self.jobs, *self.workers] if process is not None]
 
     def _spawn(self, name: str, command: list[str], url: str, extra_env: dict) -> Process:
         log_path = self.work_dir / f"{name}.log"

@@ -195,8 +195,8 @@ def _start(stack: Stack) -> None:
     wait_http(f"{stack.worker_url}/v2/health/ready", worker)
     # Uploads are validated by a job: a Celery worker runs it (no beat: the tests drive
     # the rollout analysis themselves). --purge: messages other runs left in this Redis.
-    celery = _spawn(stack, "celery", [sys.executable, "-m", "celery", "-A", "console", "worker", "--concurrency", "1", "--loglevel", "INFO",
-                                      "--without-mingle", "--without-gossip", "--purge"])
+    celery = _spawn(stack, "celery", [sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", "celery,jobs", "--concurrency", "1",
+                                      "--loglevel", "INFO", "--without-mingle", "--without-gossip", "--purge"])
     wait_log(stack.data_dir / "celery.log", " ready.", celery)
 
 

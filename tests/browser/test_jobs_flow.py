@@ -53,7 +53,8 @@ setInterval(() => {
 def celery_worker(stack):
     with open(stack.data_dir / "celery-jobs.log", "wb") as log:  # copied to test-artifacts/browser-logs/ with the others
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo", "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
+            [sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", "jobs", "--pool", "solo", "--hostname", "browser-jobs@%h",
+             "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
             cwd=ROOT, env=stack.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         yield process

@@ -49,9 +49,13 @@ class Command(BaseCommand):
             children.append(self._spawn([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"], env))
             wait_http(f"http://{host}:{port}/healthz", children[-1])
             children.append(self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env)))
-            children.append(self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--concurrency", "1", "--loglevel", "INFO",
-                                         "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env))
-            wait_http(f"http://{host}:{serving_port}/v2/health/ready", children[-2])
+            serving_worker = children[-1]
+            children.append(self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues", "celery", "--concurrency", "1",
+                                         "--hostname", "control@%h", "--loglevel", "INFO", "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env))
+            # Jobs (validation, benchmark, evaluation, batch inference) on their own worker.
+            children.append(self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", settings.JOBS_QUEUE, "--concurrency", "1",
+                                         "--hostname", "jobs@%h", "--loglevel", "INFO"], env))
+            wait_http(f"http://{host}:{serving_port}/v2/health/ready", serving_worker)
             self._banner(host, port, serving_port, time.monotonic() - started)
             self._wait(children)
         except KeyboardInterrupt:
