@@ -234,6 +234,16 @@ JOB_MAX_ATTEMPTS = env_int("JOB_MAX_ATTEMPTS", 2, minimum=1)
 JOB_SWEEP_INTERVAL_S = env_float("JOB_SWEEP_INTERVAL_S", 10.0, minimum=0.5)
 JOB_TIMEOUT_S = env_float("JOB_TIMEOUT_S", 3600.0, minimum=1.0)
 JOB_MEMORY_LIMIT_BYTES = env_int("JOB_MEMORY_LIMIT_BYTES", 0, minimum=0) or None
+# Jobs that follow a version becoming ready (registry/jobs/scheduling.py), and their
+# inputs: a batch job's file and an evaluation data set are streamed to disk, never read
+# whole, and refused past their limit (413). Outputs and inputs of finished jobs are
+# deleted by retention after JOB_OUTPUT_RETENTION_S.
+BENCHMARK_ENABLED = env_bool("BENCHMARK_ENABLED", True)
+BENCHMARK_NICE = env_int("BENCHMARK_NICE", 19, minimum=0, maximum=19)
+JOB_MAX_INPUT_BYTES = env_int("JOB_MAX_INPUT_BYTES", MAX_UPLOAD_BYTES, minimum=1)
+DATASET_MAX_BYTES = env_int("DATASET_MAX_BYTES", 512 * 1024**2, minimum=1)
+BATCH_JOB_BATCH_SIZE = env_int("BATCH_JOB_BATCH_SIZE", 256, minimum=1, maximum=4096)
+JOB_OUTPUT_RETENTION_S = env_float("JOB_OUTPUT_RETENTION_S", 7 * 86400.0, minimum=60.0)
 RETENTION_KEEP_VERSIONS = env_int("RETENTION_KEEP_VERSIONS", 3, minimum=1)
 RETENTION_ROLLBACK_DEPTH = env_int("RETENTION_ROLLBACK_DEPTH", 3, minimum=1)
 

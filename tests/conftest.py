@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.personas", "tests.fixtures.onnx_files", "tests.fixtures.store", "tests.fixtures.jobs"]
+pytest_plugins = ["tests.fixtures.personas", "tests.fixtures.onnx_files", "tests.fixtures.store", "tests.fixtures.jobs", "tests.fixtures.job_world"]
 
 
 def _reachable(url: str, default_port: int) -> bool:

@@ -6,6 +6,7 @@ from registry.domain.choices import AuditKind
 from registry.models import (
     AuditEvent,
     Drill,
+    EvaluationDataset,
     ModelVersion,
     RegisteredModel,
     Release,
@@ -88,6 +89,16 @@ def drill_finished(drill: Drill) -> AuditEvent:
         actor=drill.actor,
         message=f"Rollback drill {drill.status}: last ack {_seconds(drill.last_ack_s)}, {drill.failed_requests or 0} failed requests",
         data={"drill": drill.pk, "status": drill.status},
+    )
+
+
+def dataset_added(dataset: EvaluationDataset, user) -> AuditEvent:
+    return AuditEvent.objects.create(
+        model=dataset.model,
+        kind=AuditKind.DATASET_ADDED,
+        actor=_actor(user),
+        message=f"Data set {dataset.name} added ({dataset.task}, {dataset.rows} rows, {dataset.size_bytes} bytes, sha256 {dataset.sha256[:12]})",
+        data={"dataset": dataset.name, "task": dataset.task, "rows": dataset.rows, "sha256": dataset.sha256},
     )
 
 

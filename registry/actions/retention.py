@@ -11,6 +11,7 @@ A file shared by several versions (same bytes) is deleted only when none of them
 still needs it. Models are handled one at a time, each in its own transaction.
 
 Fleet rows (``forget_gone_workers``) are pruned too; what must stay is said there.
+So are the files of old jobs (``job_retention``), with their own rules.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from django.db import transaction
 from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
-from registry.actions import events
+from registry.actions import events, job_retention
 from registry.artifacts import storage
 from registry.domain.choices import DrillStatus, VersionStatus
 from registry.fleet.state import current_generation
@@ -71,6 +72,7 @@ def apply_retention(keep: int | None = None) -> list[ModelVersion]:
     _delete_unreferenced_files([version.sha256 for version in archived])
     _delete_stale_uploads()
     forget_gone_workers()
+    job_retention.remove_old_job_files()
     return archived
 
 

@@ -2,7 +2,9 @@ from django.urls import path
 
 from registry.api import (
     audit_views,
+    datasets_views,
     drills_views,
+    jobs_views,
     models_views,
     releases_views,
     rollouts_views,
@@ -31,6 +33,12 @@ urlpatterns = [
     path("models/<slug:name>/rollouts/<int:pk>/abort/", rollouts_views.AbortRollout.as_view(), name="api-rollout-abort"),
     path("models/<slug:name>/drills/", drills_views.Drills.as_view(), name="api-drills"),
     path("models/<slug:name>/audit/", audit_views.Audit.as_view(), name="api-audit"),
+    path("models/<slug:name>/jobs/", jobs_views.JobList.as_view(), name="api-jobs"),
+    path("models/<slug:name>/jobs/<int:job_id>/", jobs_views.JobDetail.as_view(), name="api-job"),
+    path("models/<slug:name>/jobs/<int:job_id>/output", jobs_views.JobOutput.as_view(), name="api-job-output"),
+    path("models/<slug:name>/jobs/<int:job_id>/cancel/", jobs_views.CancelJob.as_view(), name="api-job-cancel"),
+    path("models/<slug:name>/datasets/", datasets_views.DatasetList.as_view(), name="api-datasets"),
+    path("models/<slug:name>/datasets/<slug:dataset>/", datasets_views.DatasetDetail.as_view(), name="api-dataset"),
     path("workers/", workers_views.Workers.as_view(), name="api-workers"),
     path("drills/", drills_views.AllDrills.as_view(), name="api-all-drills"),
     path("serving/state", serving_views.ServingState.as_view(), name="api-serving-state"),

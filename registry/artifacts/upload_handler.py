@@ -56,14 +56,15 @@ class StagingUploadHandler(FileUploadHandler):
     """Streams file parts into the store's staging folder while hashing them, and stops
     reading the body once the size limit is passed."""
 
-    def __init__(self, request=None):
+    def __init__(self, request=None, max_bytes: int | None = None):
         super().__init__(request)
+        self.max_bytes = settings.MAX_UPLOAD_BYTES if max_bytes is None else max_bytes
         self.writers: list[storage.StagingWriter] = []
         self.files: list[StagedUploadedFile] = []
 
     def new_file(self, *args, **kwargs):
         super().new_file(*args, **kwargs)
-        self.writer = storage.StagingWriter(settings.MAX_UPLOAD_BYTES)
+        self.writer = storage.StagingWriter(self.max_bytes)
         self.writers.append(self.writer)
 
     def receive_data_chunk(self, raw_data, start):
@@ -93,19 +94,21 @@ class StagingUploadHandler(FileUploadHandler):
             writer.abort()
 
 
-def declared_too_large(request: HttpRequest) -> bool:
-    """A Content-Length past the upload limit: refused before one byte is read."""
+def declared_too_large(request: HttpRequest, max_bytes: int | None = None) -> bool:
+    """A Content-Length past the upload limit (``MAX_UPLOAD_BYTES`` unless another is
+    given): refused before one byte is read."""
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         return False  # the server refuses malformed lengths before we see them
-    return declared > settings.MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES
+    return declared > (settings.MAX_UPLOAD_BYTES if max_bytes is None else max_bytes) + MULTIPART_OVERHEAD_BYTES
 
 
-def start_staging(request: HttpRequest) -> StagingUploadHandler:
-    """Only after authentication and the role check: from here file parts are staged.
-    Raises AttributeError when something has parsed the body already."""
-    handler = StagingUploadHandler(request)
+def start_staging(request: HttpRequest, max_bytes: int | None = None) -> StagingUploadHandler:
+    """Only after authentication and the role check: from here file parts are staged
+    (each up to ``max_bytes``, default ``MAX_UPLOAD_BYTES``). Raises AttributeError when
+    something has parsed the body already."""
+    handler = StagingUploadHandler(request, max_bytes)
     request.upload_handlers = [handler]
     return handler
 

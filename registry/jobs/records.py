@@ -29,7 +29,10 @@ PROGRESS_WRITE_INTERVAL_S = 0.5
 # Called with the job when a job of that kind ends failed or cancelled, however it ended
 # (its handler, the sweep): what the job was for must not stay half-done (a version
 # left "validating" forever).
-ENDED_WITHOUT_SUCCESS_HOOKS = {"validation": "registry.jobs.validation.ended_without_success"}
+ENDED_WITHOUT_SUCCESS_HOOKS = {
+    "validation": "registry.jobs.validation.ended_without_success",
+    "batch": "registry.jobs.batch.ended_without_success",  # its input file goes
+}
 UNSENT_GRACE_S = 5.0
 
 

@@ -5,8 +5,8 @@ Schemathesis generates requests for every operation of the schema drf-spectacula
 answer: no 500, only documented statuses, documented content types, bodies and headers
 that conform. The requests go through the Django WSGI app as a signed-in operator (worker
 endpoints with the worker token), against a model with versions, a canary split, a worker,
-a drill and metric roll-ups, so paths with ``{name}`` and ``{number}`` reach real rows as
-often as unknown ones.
+a drill, metric roll-ups, jobs and a data set, so paths with ``{name}``, ``{number}``,
+``{job_id}`` and ``{dataset}`` reach real rows as often as unknown ones.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 
 import hypothesis
+import numpy as np
 import pytest
 import schemathesis
 from django.conf import settings
@@ -28,9 +29,12 @@ from console.wsgi import application
 from registry.actions import releases
 from registry.artifacts import storage
 from registry.building.onnx_build import random_mlp, to_bytes
-from registry.domain.choices import DrillStatus, VersionStatus
+from registry.domain.choices import DrillStatus, JobKind, JobStatus, VersionStatus
+from registry.jobs import files
 from registry.models import (
     Drill,
+    EvaluationDataset,
+    Job,
     ModelVersion,
     RegisteredModel,
     VersionMetricMinute,
@@ -39,6 +43,10 @@ from registry.models import (
 
 MODEL_NAME = "digits"
 VERSION_NUMBERS = (1, 2, 3)
+# Explicit ids, so generated paths can name them: a batch job with its output, a queued
+# benchmark and a failed evaluation.
+JOB_IDS = (900001, 900002, 900003)
+DATASET_NAME = "holdout"
 
 # Every built-in check runs on every answer. One is told about rules no JSON schema can
 # state: a body that matches the schema may still be refused with 400 when the rule
@@ -50,6 +58,8 @@ SEMANTIC_REFUSALS = [
     ("POST", "/api/models/{name}/release/", [400]),
     ("POST", "/api/models/{name}/release/restore/", [400]),
     ("POST", "/api/models/{name}/versions/", [400, 413]),
+    ("POST", "/api/models/{name}/jobs/", [400, 413]),
+    ("POST", "/api/models/{name}/datasets/", [400, 413]),
 ]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429"]
 CONFIG = schemathesis.Config.from_dict({
@@ -69,6 +79,10 @@ def flatmap_path_parameters(context, path_parameters):
     if not path_parameters or "name" not in path_parameters:
         return st.just(path_parameters)
     known = {**path_parameters, "name": MODEL_NAME}
+    if "job_id" in path_parameters:
+        return st.one_of(st.just(path_parameters), st.sampled_from(JOB_IDS).map(lambda job_id: {**known, "job_id": job_id}))
+    if "dataset" in path_parameters:
+        return st.sampled_from([path_parameters, known, {**known, "dataset": DATASET_NAME}])
     if "number" in path_parameters:
         known_version = st.sampled_from(VERSION_NUMBERS).map(lambda number: {**known, "number": number})
         return st.one_of(st.just(path_parameters), known_version)
@@ -125,7 +139,30 @@ def api_world(db, operator, wsgi_keeps_the_test_connection):
         error="no ack",
     )
     VersionMetricMinute.objects.create(version=model.versions.get(number=1), minute=now.replace(second=0, microsecond=0), requests=10, latency_sum_s=0.5)
+    jobs_and_a_dataset(model, versions, operator)
     return {"Authorization": f"Token {Token.objects.get_or_create(user=operator)[0].key}"}
+
+
+def jobs_and_a_dataset(model: RegisteredModel, versions: list[ModelVersion], operator) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, input=np.zeros((2, 8), np.float32), labels=np.array([0, 1]))
+    staged = storage.stage_stream(io.BytesIO(buffer.getvalue()))
+    dataset = EvaluationDataset(model=model, name=DATASET_NAME, task="classification", file_format="npz", sha256=staged.sha256,
+                                size_bytes=staged.size_bytes, rows=2, created_by=operator)
+    files.dataset_path(dataset).parent.mkdir(parents=True, exist_ok=True)
+    staged.path.rename(files.dataset_path(dataset))
+    dataset.save()
+    now = timezone.now()
+    batch = Job.objects.create(pk=JOB_IDS[0], kind=JobKind.BATCH, model=model, version=versions[0], status=JobStatus.SUCCEEDED,
+                               input_format="npy", input_name="in.npy", output_format="npy", output_bytes=128, done=2, total=2,
+                               rate_per_s=10.0, params={"batch_size": 2}, result={"rows": 2, "errors": 0}, attempts=1,
+                               created_by=operator, started_at=now, finished_at=now)
+    files.job_dir(batch).mkdir(parents=True, exist_ok=True)
+    np.save(files.output_path(batch), np.zeros((2, 4), np.float32))
+    Job.objects.create(pk=JOB_IDS[1], kind=JobKind.BENCHMARK, model=model, version=versions[0], key=f"benchmark:{versions[0].pk}")
+    Job.objects.create(pk=JOB_IDS[2], kind=JobKind.EVALUATION, model=model, version=versions[1], dataset=dataset, status=JobStatus.FAILED,
+                       key=f"evaluation:{versions[1].pk}:{dataset.pk}", error="the .npz array 'input' has rows of shape [5]", attempts=1,
+                       started_at=now, finished_at=now)
 
 
 def credentials_for(case, operator_headers: dict) -> dict:

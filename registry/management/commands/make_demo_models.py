@@ -6,11 +6,15 @@ import hashlib
 import io
 from pathlib import Path
 
+import numpy as np
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management.base import BaseCommand
 
-from registry.actions import events, uploads
+from registry.actions import datasets, events, uploads
 from registry.building import demo
 from registry.models import RegisteredModel
+
+TEST_DATASET_NAME = "digits-test"
 
 
 class Command(BaseCommand):
@@ -27,6 +31,7 @@ class Command(BaseCommand):
         model = self._model()
         for number, candidate in enumerate(built[:versions], start=1):
             self._register(model, number, candidate)
+        self._add_test_split(model)
 
     def _model(self) -> RegisteredModel:
         model, created = RegisteredModel.objects.get_or_create(name=demo.demo_model_name, defaults={"description": demo.demo_model_description})
@@ -42,6 +47,20 @@ class Command(BaseCommand):
             return
         version = uploads.register_stream(model, io.BytesIO(candidate.artifact), uploaded_by=None, description=candidate.description, metrics=candidate.metrics)
         self.stdout.write(f"{model.name} demo {number}: registered as version {version.number} (accuracy {candidate.metrics['accuracy']:.3f})")
+
+    def _add_test_split(self, model: RegisteredModel) -> None:
+        """The held-out split the versions' accuracy was measured on, as a data set, so
+        Celery's evaluations show the same numbers (and a new version gets one too)."""
+        if model.datasets.filter(name=TEST_DATASET_NAME).exists():
+            self.stdout.write(f"{model.name} data set {TEST_DATASET_NAME}: already added")
+            return
+        pixels, labels = demo.demo_test_split()
+        buffer = io.BytesIO()
+        np.savez(buffer, input=pixels.astype(np.float32), labels=labels.astype(np.int64))
+        upload = SimpleUploadedFile(f"{TEST_DATASET_NAME}.npz", buffer.getvalue(), content_type="application/zip")
+        dataset = datasets.add(model, upload, name=TEST_DATASET_NAME, task="classification", created_by=None,
+                               description=f"The held-out test split of {demo.DATASET_NAME} ({len(labels)} digits, raw pixels 0..16).")
+        self.stdout.write(f"{model.name} data set {dataset.name}: added ({dataset.rows} rows)")
 
     def _export(self, built, export_dir: Path) -> None:
         export_dir.mkdir(parents=True, exist_ok=True)

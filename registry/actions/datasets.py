@@ -1,0 +1,96 @@
+"""Adding a labelled data set to a model, on which every ready version is evaluated.
+
+The file (``.npz`` with the model's input arrays and ``labels``, or ``.jsonl`` with one
+object per row and its ``label``) is streamed to disk, checked
+(``serving.jobs.formats.check_dataset``, which counts its rows), and stored by content
+(``files.dataset_path``: ``datasets/<sha256>.<format>``). A refused file leaves no file
+and no row. Names are slugs, unique per model.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_slug
+from django.db import IntegrityError, transaction
+
+from registry.actions import events, received_files
+from registry.artifacts import storage
+from registry.domain.choices import DatasetTask
+from registry.jobs import files, scheduling
+from registry.models import EvaluationDataset, RegisteredModel
+from serving.jobs import formats
+
+DATASET_FORMATS = ("npz", "jsonl")
+NAME_MAX_CHARS = 100
+
+
+class DatasetRefused(received_files.Refused):
+    """A data set that is not added: 400 bad name, task or file, 409 name taken, 413 too large."""
+
+
+def add(model: RegisteredModel, upload, *, name: str, task: str, description: str = "", created_by) -> EvaluationDataset:
+    """Store the data set, record it, and queue its evaluations; returns it."""
+    _check_name(model, name)
+    if task not in DatasetTask.values:
+        raise DatasetRefused(f"task must be one of {', '.join(DatasetTask.values)}", 400)
+    file_format = received_files.extension(upload, DATASET_FORMATS, "the data set", DatasetRefused)
+    staged = received_files.stage(upload, settings.DATASET_MAX_BYTES, "DATASET_MAX_BYTES", "the data set", DatasetRefused)
+    try:
+        rows = _rows(staged, file_format)
+        dataset = EvaluationDataset(model=model, name=name, task=task, file_format=file_format, sha256=staged.sha256,
+                                    size_bytes=staged.size_bytes, rows=rows, description=description,
+                                    created_by=created_by if created_by is not None and created_by.is_authenticated else None)
+        return _store(dataset, staged, created_by)
+    finally:
+        storage.discard(staged)  # moved into place by now, or refused
+
+
+def _check_name(model: RegisteredModel, name) -> None:
+    try:
+        if not isinstance(name, str) or not name or len(name) > NAME_MAX_CHARS:
+            raise ValidationError("")
+        validate_slug(name)
+    except ValidationError:
+        raise DatasetRefused(f"name must be a slug of at most {NAME_MAX_CHARS} letters, digits, '-' or '_'", 400) from None
+    if model.datasets.filter(name=name).exists():
+        raise _taken(model, name)
+
+
+def _taken(model: RegisteredModel, name: str) -> DatasetRefused:
+    return DatasetRefused(f"model {model.name} has a data set named {name} already", 409)
+
+
+def _rows(staged: storage.StagedArtifact, file_format: str) -> int:
+    try:
+        return formats.check_dataset(staged.path, file_format)
+    except formats.FormatError as error:
+        raise DatasetRefused(f"the data set cannot be used: {error.reason}", 400) from None
+
+
+def _store(dataset: EvaluationDataset, staged: storage.StagedArtifact, created_by) -> EvaluationDataset:
+    target = files.dataset_path(dataset)
+    created_file = not target.is_file()
+    if created_file:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged.path, target)
+    try:
+        with transaction.atomic():
+            dataset.save()
+            events.dataset_added(dataset, created_by)
+            scheduling.dataset_added(dataset)
+    except IntegrityError:
+        _forget(dataset, created_file)
+        raise _taken(dataset.model, dataset.name) from None
+    except BaseException:
+        _forget(dataset, created_file)
+        raise
+    return dataset
+
+
+def _forget(dataset: EvaluationDataset, created_file: bool) -> None:
+    """Remove a file this call stored, unless a data set recorded meanwhile uses it."""
+    if created_file and not EvaluationDataset.objects.filter(sha256=dataset.sha256, file_format=dataset.file_format).exists():
+        files.dataset_path(dataset).unlink(missing_ok=True)

@@ -1,0 +1,82 @@
+"""The batch-inference job: a version run over an uploaded file (``.npy``, ``.npz``,
+``.jsonl``, ``.csv``), written to an output file of the same family.
+
+The child writes ``output.pending`` (through ``.part`` and scratch files of its own),
+renamed to ``files.output_path`` once the result names the output's format. When the job
+ends, however it ends, everything else in its folder goes, the input first: nothing
+reads it again, and it can be as large as ``JOB_MAX_INPUT_BYTES``. A corrupt file fails
+the job with the child's reason.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+
+from registry.domain.choices import JobStatus
+from registry.jobs import files
+from registry.jobs.child import run_child
+from registry.jobs.runner import JobFailed
+from registry.jobs.versions import artifact_path, memory_limit_bytes
+from registry.models import Job
+
+PENDING_OUTPUT = "output.pending"
+MAX_BATCH_SIZE = 4096  # rows per model call; BATCH_JOB_BATCH_SIZE is bounded the same
+
+
+def run(job) -> dict:
+    try:
+        return _run(job)
+    finally:
+        if _still_held(job):  # a runner that lost the job must not take the rerun's input
+            remove_all_but_output(job)
+
+
+def _run(job) -> dict:
+    version = job.version
+    model_path = artifact_path(version)
+    source = files.input_path(job)
+    if not job.input_format or not source.is_file():
+        raise JobFailed("the job's input file is gone (it is deleted once a batch job ends)")
+    pending = files.job_dir(job) / PENDING_OUTPUT
+    batch_size = int(job.params.get("batch_size") or settings.BATCH_JOB_BATCH_SIZE)
+    argv = ["batch", "--model", str(model_path), "--input", str(source), "--format", job.input_format,
+            "--output", str(pending), "--batch-size", str(batch_size)]
+    result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), timeout_s=settings.JOB_TIMEOUT_S)
+    _keep_output(job, pending, result)
+    return result
+
+
+def _keep_output(job, pending, result: dict) -> None:
+    output_format = str(result.get("output_format") or "")
+    if output_format not in {"npy", "npz", "jsonl", "csv"} or not pending.is_file():
+        raise JobFailed("the job's process finished without writing its output file")
+    job.output_format = output_format
+    target = files.output_path(job)
+    os.replace(pending, target)
+    job.output_bytes = target.stat().st_size
+    _held(job).update(output_format=job.output_format, output_bytes=job.output_bytes)
+
+
+def _held(job):
+    return Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts)
+
+
+def _still_held(job) -> bool:
+    return _held(job).exists()
+
+
+def remove_all_but_output(job) -> None:
+    """The input, and whatever a stopped child left (its ``.part`` and scratch files)."""
+    folder = files.job_dir(job)
+    keep = files.output_path(job) if job.output_format else None
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if path != keep and path.is_file():
+            path.unlink(missing_ok=True)
+
+
+def ended_without_success(job) -> None:
+    """A batch job cancelled or failed, by its runner or by the sweep: only an output
+    could be worth keeping, and it has none."""
+    files.remove_job_files(job)

@@ -1,0 +1,32 @@
+"""The evaluation job: one version on one labelled data set (accuracy, per-class
+precision and recall and the confusion matrix for classification; MAE and MSE for
+regression), kept in ``version.metrics["evaluation"][<data set name>]`` with the data
+set's sha256, so a result always says which bytes it was measured on."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from registry.jobs import files
+from registry.jobs.child import run_child
+from registry.jobs.runner import JobFailed
+from registry.jobs.versions import (
+    artifact_path,
+    measured,
+    memory_limit_bytes,
+    store_metric,
+)
+
+
+def run(job) -> dict:
+    version, dataset = job.version, job.dataset
+    model_path = artifact_path(version)
+    if dataset is None:
+        raise JobFailed("the job names no data set")
+    dataset_file = files.dataset_path(dataset)
+    if not dataset_file.is_file():
+        raise JobFailed(f"the file of data set {dataset.name} is missing from the artifact store")
+    argv = ["evaluate", "--model", str(model_path), "--dataset", str(dataset_file), "--task", dataset.task]
+    result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), timeout_s=settings.JOB_TIMEOUT_S)
+    store_metric(version, "evaluation", measured(result, job, dataset_sha256=dataset.sha256), entry=dataset.name)
+    return result

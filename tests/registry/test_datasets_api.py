@@ -1,0 +1,150 @@
+"""Evaluation data sets through the API: added once per name, stored by content, each
+ready version evaluated on it; a refused file leaves no file and no row.
+
+Tests marked ``child`` run the evaluation for real (``python -m serving.jobs``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from registry.domain import version_metrics
+from registry.domain.choices import AuditKind, JobKind, JobStatus
+from registry.jobs import files, runner
+from registry.models import EvaluationDataset, Job
+from tests.fixtures.job_world import (
+    CLASSES,
+    jsonl_upload,
+    npz_upload,
+    predictions,
+    rows,
+)
+from tests.fixtures.store import stored_files
+
+pytestmark = pytest.mark.django_db
+DATASETS = "/api/models/digits/datasets/"
+
+
+def add(client, upload, name="holdout", task="classification", **fields):
+    return client.post(DATASETS, {"file": upload, "name": name, "task": task, **fields}, format="multipart")
+
+
+def labelled(count: int = 6, seed: int = 0, name: str = "holdout.npz"):
+    return npz_upload(name, input=rows(count, seed), labels=np.arange(count) % CLASSES)
+
+
+def dataset_files(artifact_root) -> list:
+    return [path for path in stored_files(artifact_root) if path.relative_to(artifact_root).parts[0] != "sha256"]
+
+
+def evaluations() -> list[tuple[int, str]]:
+    return sorted(Job.objects.filter(kind=JobKind.EVALUATION).values_list("version__number", "key"))
+
+
+def test_a_data_set_is_stored_by_content_and_every_ready_version_is_evaluated_on_it(jobs_model, operator_client):
+    response = add(operator_client, labelled(6), description="held out")
+
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert {key: body[key] for key in ("name", "task", "file_format", "rows", "description", "created_by")} == {
+        "name": "holdout", "task": "classification", "file_format": "npz", "rows": 6, "description": "held out", "created_by": "olivia"}
+    dataset = EvaluationDataset.objects.get(model=jobs_model, name="holdout")
+    assert files.dataset_path(dataset).name == f"{body['sha256']}.npz" and files.dataset_path(dataset).stat().st_size == body["size_bytes"]
+    versions = dict(jobs_model.versions.values_list("number", "pk"))
+    assert evaluations() == [(1, f"evaluation:{versions[1]}:{dataset.pk}"), (2, f"evaluation:{versions[2]}:{dataset.pk}")]
+    event = jobs_model.audit_events.get(kind=AuditKind.DATASET_ADDED)
+    assert event.message.startswith("Data set holdout added (classification, 6 rows") and event.actor.username == "olivia"
+
+
+def test_a_jsonl_data_set_counts_its_rows(jobs_model, operator_client):
+    lines = [{"input": row.tolist(), "label": 1.5} for row in rows(3)]
+
+    response = add(operator_client, jsonl_upload(lines, "targets.jsonl"), name="targets", task="regression")
+
+    assert response.status_code == 201
+    assert (response.json()["file_format"], response.json()["rows"], response.json()["task"]) == ("jsonl", 3, "regression")
+
+
+def test_a_data_set_name_taken_is_409_and_leaves_nothing_new(jobs_model, operator_client, artifact_root):
+    add(operator_client, labelled(6))
+    before = dataset_files(artifact_root)
+
+    response = add(operator_client, labelled(8, seed=1))
+
+    assert (response.status_code, response.json()["error"]) == (409, "model digits has a data set named holdout already")
+    assert dataset_files(artifact_root) == before and EvaluationDataset.objects.count() == 1
+
+
+def test_a_data_set_without_labels_is_refused_naming_the_problem(jobs_model, operator_client, artifact_root):
+    response = add(operator_client, npz_upload("holdout.npz", input=rows(4)))
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("the data set cannot be used: ") and "labels" in response.json()["error"]
+    assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+def test_a_jsonl_row_without_a_label_is_refused(jobs_model, operator_client, artifact_root):
+    response = add(operator_client, jsonl_upload([{"input": [0.0] * 8, "label": 1}, {"input": [0.0] * 8}], "rows.jsonl"))
+
+    assert response.status_code == 400 and "line 2" in response.json()["error"]
+    assert dataset_files(artifact_root) == []
+
+
+@pytest.mark.parametrize("name", ["holdout.csv", "holdout.npy", "holdout"])
+def test_a_data_set_file_of_another_format_is_refused(jobs_model, operator_client, artifact_root, name):
+    response = add(operator_client, SimpleUploadedFile(name, b"1,2\n"))
+
+    assert response.status_code == 400 and ".npz, .jsonl" in response.json()["error"]
+    assert EvaluationDataset.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+@pytest.mark.parametrize("fields", [{"name": "has space"}, {"name": ""}, {"task": "ranking"}])
+def test_a_bad_name_or_task_is_400(jobs_model, operator_client, artifact_root, fields):
+    response = add(operator_client, labelled(), **{"name": "holdout", "task": "classification", **fields})
+
+    assert response.status_code == 400
+    assert EvaluationDataset.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+def test_a_data_set_past_its_limit_is_413(jobs_model, operator_client, artifact_root, settings):
+    settings.DATASET_MAX_BYTES = 500
+
+    response = add(operator_client, labelled(50))
+
+    assert (response.status_code, response.json()["error"]) == (413, "the data set is larger than the limit of 500 bytes (DATASET_MAX_BYTES)")
+    assert EvaluationDataset.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+def test_a_viewer_may_not_add_a_data_set_but_reads_them(jobs_model, operator_client, viewer_client, artifact_root):
+    refused = add(viewer_client, labelled(), name="mine")
+    add(operator_client, labelled())
+
+    assert refused.status_code == 403
+    assert [dataset["name"] for dataset in viewer_client.get(DATASETS).json()] == ["holdout"]
+    assert viewer_client.get(f"{DATASETS}holdout/").json()["rows"] == 6
+    assert viewer_client.get(f"{DATASETS}mine/").status_code == 404
+
+
+def test_the_data_sets_of_an_unknown_model_are_404(operator_client, db):
+    assert operator_client.get("/api/models/nope/datasets/").status_code == 404
+    assert add(operator_client, labelled()).status_code == 404
+
+
+@pytest.mark.child
+def test_an_evaluation_measures_the_exact_accuracy_and_keeps_it_with_the_data_set(jobs_model, operator_client):
+    pixels = rows(40, seed=3)
+    version = jobs_model.versions.get(number=1)
+    answers = predictions(version, pixels)
+    labels = np.where(np.arange(40) < 30, answers, (answers + 1) % CLASSES)  # the last 10 wrong
+    add(operator_client, npz_upload("holdout.npz", input=pixels, labels=labels))
+    job = Job.objects.get(kind=JobKind.EVALUATION, version=version)
+
+    assert runner.run(job.pk) == JobStatus.SUCCEEDED
+
+    version.refresh_from_db()
+    kept = version.metrics["evaluation"]["holdout"]
+    assert (kept["accuracy"], kept["samples"], kept["job"]) == (0.75, 40, job.pk)
+    assert kept["dataset_sha256"] == EvaluationDataset.objects.get(name="holdout").sha256
+    table = version_metrics.evaluation_table(jobs_model)
+    assert [(row["version"], row["cells"]) for row in table["rows"]] == [(2, {"holdout": {"status": "queued"}}), (1, {"holdout": {"accuracy": 0.75}})]

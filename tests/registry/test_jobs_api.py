@@ -1,0 +1,301 @@
+"""Batch-inference jobs through the API: a file in, a job queued on a ready version, its
+output downloaded; every refusal a clear 4xx that leaves no file and no job.
+
+Tests marked ``child`` run the job for real (``python -m serving.jobs``)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from registry.domain.choices import JobKind, JobStatus
+from registry.jobs import batch, files, records, runner
+from registry.models import Job
+from tests.fixtures.job_world import (
+    INPUT_WIDTH,
+    jsonl_upload,
+    npy_upload,
+    predictions,
+    rows,
+)
+from tests.fixtures.store import stored_files
+
+pytestmark = pytest.mark.django_db
+JOBS = "/api/models/digits/jobs/"
+
+
+def submit(client, upload, **fields):
+    return client.post(JOBS, {"input": upload, **fields}, format="multipart")
+
+
+def job_files(artifact_root) -> list:
+    return [path for path in stored_files(artifact_root) if path.relative_to(artifact_root).parts[0] == "jobs"]
+
+
+def left_behind(artifact_root) -> list:
+    """Every stored file but the versions' artifacts: staged, job or data set files."""
+    return [path for path in stored_files(artifact_root) if path.relative_to(artifact_root).parts[0] != "sha256"]
+
+
+def batch_jobs() -> int:
+    return Job.objects.filter(kind=JobKind.BATCH).count()
+
+
+def test_a_batch_job_is_queued_on_the_stable_version_with_its_input_stored(jobs_model, operator_client):
+    response = submit(operator_client, npy_upload(rows(10)))
+
+    assert response.status_code == 202, response.json()
+    body = response.json()
+    assert (body["kind"], body["status"], body["version"], body["total"], body["done"]) == ("batch", "queued", 1, 10, 0)
+    assert (body["input_format"], body["input_name"], body["params"]) == ("npy", "inputs.npy", {"batch_size": 256})
+    job = Job.objects.get(pk=body["id"])
+    assert np.array_equal(np.load(files.input_path(job)), rows(10))
+
+
+def test_a_batch_job_runs_on_a_named_version_with_its_batch_size(jobs_model, operator_client):
+    response = submit(operator_client, npy_upload(rows(3)), version=2, batch_size=7)
+
+    assert response.status_code == 202
+    assert (response.json()["version"], response.json()["params"]) == (2, {"batch_size": 7})
+
+
+@pytest.mark.child
+def test_a_finished_batch_job_gives_the_models_answers_for_download(jobs_model, operator_client, artifact_root):
+    job_id = submit(operator_client, npy_upload(rows(50)), batch_size=16).json()["id"]
+
+    assert runner.run(job_id) == JobStatus.SUCCEEDED
+    response = operator_client.get(f"{JOBS}{job_id}/output")
+
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == f'attachment; filename="digits-job{job_id}-output.npy"'
+    assert response["Content-Type"] == "application/octet-stream"
+    downloaded = b"".join(response.streaming_content)
+    output = np.load(io.BytesIO(downloaded))
+    assert np.array_equal(output.argmax(axis=1), predictions(jobs_model.versions.get(number=1), rows(50)))
+    job = operator_client.get(f"{JOBS}{job_id}/").json()
+    assert (job["status"], job["done"], job["total"], job["output_format"], job["output_available"]) == ("succeeded", 50, 50, "npy", True)
+    assert job["output_bytes"] == len(downloaded)
+    assert [path.name for path in job_files(artifact_root)] == ["output.npy"]  # the input went once it ended
+
+
+@pytest.mark.child
+def test_a_jsonl_batch_job_answers_every_row_and_reports_bad_ones(jobs_model, operator_client):
+    lines = [{"input": row.tolist()} for row in rows(3)] + [{"input": [1.0, 2.0]}]
+    job_id = submit(operator_client, jsonl_upload(lines)).json()["id"]
+
+    assert runner.run(job_id) == JobStatus.SUCCEEDED
+    response = operator_client.get(f"{JOBS}{job_id}/output")
+
+    assert response["Content-Type"] == "application/x-ndjson"
+    answers = b"".join(response.streaming_content).decode().splitlines()
+    assert len(answers) == 4 and '"error"' in answers[3] and all('"outputs"' in answer for answer in answers[:3])
+    assert Job.objects.get(pk=job_id).result["errors"] == 1
+
+
+@pytest.mark.child
+def test_an_input_that_does_not_fit_the_model_fails_the_job_with_the_reason(jobs_model, operator_client, artifact_root):
+    job_id = submit(operator_client, npy_upload(np.zeros((4, INPUT_WIDTH - 3), np.float32))).json()["id"]
+
+    assert runner.run(job_id) == JobStatus.FAILED
+    job = operator_client.get(f"{JOBS}{job_id}/").json()
+    assert "input" in job["error"] and str(INPUT_WIDTH) in job["error"]
+    assert job_files(artifact_root) == []
+
+
+@pytest.mark.child
+def test_a_running_batch_job_stops_on_cancel_and_leaves_no_files(jobs_model, operator_client, artifact_root):
+    job_id = submit(operator_client, npy_upload(rows(20000))).json()["id"]
+    job = records.claim(job_id)
+    operator_client.post(f"{JOBS}{job_id}/cancel/")
+
+    with pytest.raises(runner.JobCancelled):
+        batch.run(job)
+
+    assert job_files(artifact_root) == []
+
+
+@pytest.mark.parametrize("name", ["inputs.txt", "inputs", "inputs.onnx", "inputs.npy.exe"])
+def test_a_file_whose_extension_names_no_input_format_is_refused(jobs_model, operator_client, artifact_root, name):
+    response = submit(operator_client, SimpleUploadedFile(name, b"1,2,3\n"))
+
+    assert response.status_code == 400
+    assert ".npy, .npz, .jsonl, .csv" in response.json()["error"]
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_a_corrupt_npy_file_is_refused_naming_the_problem(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, SimpleUploadedFile("inputs.npy", b"\x93NUMPY garbage that is no header"))
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("the input file cannot be used: ")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_an_array_without_rows_is_refused(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, npy_upload(np.zeros((0, INPUT_WIDTH), np.float32)))
+
+    assert (response.status_code, response.json()["error"]) == (400, "the input file cannot be used: its arrays have no rows")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_an_empty_input_file_is_refused(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, SimpleUploadedFile("inputs.csv", b""))
+
+    assert response.status_code == 400
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_an_input_past_the_limit_is_refused_with_413(jobs_model, operator_client, artifact_root, settings):
+    settings.JOB_MAX_INPUT_BYTES = 1000
+
+    response = submit(operator_client, npy_upload(rows(100)))
+
+    assert response.status_code == 413
+    assert response.json()["error"] == "the input file is larger than the limit of 1000 bytes (JOB_MAX_INPUT_BYTES)"
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_a_body_declared_past_the_limit_is_refused_unread(jobs_model, operator_client, artifact_root, settings):
+    settings.JOB_MAX_INPUT_BYTES = 10
+
+    response = submit(operator_client, SimpleUploadedFile("inputs.csv", b"1\n" * 40000))
+
+    assert response.status_code == 413 and "(JOB_MAX_INPUT_BYTES)" in response.json()["error"]
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_an_unknown_version_is_404(jobs_model, operator_client):
+    response = submit(operator_client, npy_upload(rows(2)), version=9)
+
+    assert (response.status_code, response.json()["error"]) == (404, "model digits has no version 9")
+    assert batch_jobs() == 0
+
+
+def test_a_version_that_is_not_ready_is_409(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, npy_upload(rows(2)), version=3)
+
+    assert (response.status_code, response.json()["error"]) == (409, "version 3 is validating: only a ready version runs batch jobs")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_a_model_without_a_release_needs_a_version(jobs_model, operator_client):
+    jobs_model.releases.all().delete()
+
+    response = submit(operator_client, npy_upload(rows(2)))
+
+    assert response.status_code == 409 and "name the version" in response.json()["error"]
+
+
+@pytest.mark.parametrize("batch_size", [0, 4097, "many"])
+def test_a_batch_size_out_of_range_is_400(jobs_model, operator_client, batch_size):
+    response = submit(operator_client, npy_upload(rows(2)), batch_size=batch_size)
+
+    assert response.status_code == 400 and response.json()["error"].startswith("batch_size")
+    assert batch_jobs() == 0
+
+
+def test_a_request_without_a_file_is_400(jobs_model, operator_client):
+    response = operator_client.post(JOBS, {"version": "1"}, format="multipart")
+
+    assert response.status_code == 400 and response.json()["error"].startswith("input")
+
+
+def test_a_viewer_may_not_submit_a_job(jobs_model, viewer_client, artifact_root):
+    response = submit(viewer_client, npy_upload(rows(2)))
+
+    assert response.status_code == 403
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_a_stranger_may_not_list_jobs(jobs_model, stranger_client):
+    assert stranger_client.get(JOBS).status_code == 401
+
+
+def test_a_viewer_reads_the_jobs_newest_first(jobs_model, operator_client, viewer_client):
+    first = submit(operator_client, npy_upload(rows(2))).json()["id"]
+    second = submit(operator_client, npy_upload(rows(3))).json()["id"]
+
+    listed = viewer_client.get(JOBS, {"kind": "batch"})
+    one = viewer_client.get(f"{JOBS}{first}/")
+
+    assert [job["id"] for job in listed.json()] == [second, first]
+    assert (one.status_code, one.json()["id"], one.json()["total"]) == (200, first, 2)
+
+
+def test_jobs_are_filtered_by_status(jobs_model, operator_client):
+    kept = submit(operator_client, npy_upload(rows(2))).json()["id"]
+    cancelled = submit(operator_client, npy_upload(rows(2))).json()["id"]
+    operator_client.post(f"{JOBS}{cancelled}/cancel/")
+
+    assert [job["id"] for job in operator_client.get(JOBS, {"status": "queued", "kind": "batch"}).json()] == [kept]
+    assert [job["id"] for job in operator_client.get(JOBS, {"status": "cancelled"}).json()] == [cancelled]
+
+
+@pytest.mark.parametrize("query", [{"kind": "training"}, {"status": "done"}])
+def test_an_unknown_filter_value_is_400(jobs_model, operator_client, query):
+    response = operator_client.get(JOBS, query)
+
+    assert response.status_code == 400 and "must be one of" in response.json()["error"]
+
+
+def test_a_job_of_another_model_is_404(jobs_model, operator_client):
+    job_id = submit(operator_client, npy_upload(rows(2))).json()["id"]
+
+    assert operator_client.get(f"/api/models/other/jobs/{job_id}/").status_code == 404
+    assert operator_client.get(f"{JOBS}{job_id + 1000}/").status_code == 404
+
+
+def test_cancelling_a_queued_job_cancels_it_and_removes_its_input(jobs_model, operator_client, artifact_root):
+    job_id = submit(operator_client, npy_upload(rows(2))).json()["id"]
+
+    response = operator_client.post(f"{JOBS}{job_id}/cancel/")
+
+    assert response.status_code == 202
+    assert (response.json()["status"], response.json()["error"]) == ("cancelled", "cancelled before it started")
+    assert job_files(artifact_root) == []
+    assert runner.run(job_id) is None
+
+
+def test_cancelling_a_running_job_asks_its_runner_to_stop(jobs_model, operator_client):
+    job_id = submit(operator_client, npy_upload(rows(2))).json()["id"]
+    records.claim(job_id)
+
+    response = operator_client.post(f"{JOBS}{job_id}/cancel/")
+
+    assert response.status_code == 202
+    assert (response.json()["status"], response.json()["cancel_requested"]) == ("running", True)
+
+
+def test_cancelling_a_finished_job_is_409(jobs_model, operator_client):
+    job_id = submit(operator_client, npy_upload(rows(2))).json()["id"]
+    operator_client.post(f"{JOBS}{job_id}/cancel/")
+
+    response = operator_client.post(f"{JOBS}{job_id}/cancel/")
+
+    assert (response.status_code, response.json()["error"]) == (409, f"job {job_id} has finished (cancelled): there is nothing to cancel")
+
+
+def test_a_viewer_may_not_cancel_a_job(jobs_model, operator_client, viewer_client):
+    job_id = submit(operator_client, npy_upload(rows(2))).json()["id"]
+
+    assert viewer_client.post(f"{JOBS}{job_id}/cancel/").status_code == 403
+    assert Job.objects.get(pk=job_id).status == JobStatus.QUEUED
+
+
+def test_the_output_of_a_job_that_has_not_succeeded_is_409(jobs_model, operator_client):
+    job_id = submit(operator_client, npy_upload(rows(2))).json()["id"]
+
+    response = operator_client.get(f"{JOBS}{job_id}/output")
+
+    assert (response.status_code, response.json()["error"]) == (409, f"job {job_id} is queued: its output can be downloaded once it has succeeded")
+
+
+def test_a_job_that_makes_no_output_file_has_no_output(jobs_model, operator_client):
+    job = records.create(JobKind.BENCHMARK, jobs_model, version=jobs_model.versions.get(number=1), key="benchmark:test")
+
+    response = operator_client.get(f"{JOBS}{job.pk}/output")
+
+    assert response.status_code == 404 and "only batch jobs" in response.json()["error"]
