@@ -30,6 +30,7 @@ from console.views import (
     _wants_json,
     operator_required,
 )
+from registry.actions import batch_jobs, datasets
 from registry.artifacts import storage
 from registry.artifacts.upload_handler import (
     csrf_failure,
@@ -66,7 +67,7 @@ def jobs_context(model: RegisteredModel, **extra) -> dict:
         "stable_version": stable,
         "batch_form": forms.BatchJobForm(),
         "dataset_form": forms.DatasetForm(initial={"task": "classification"}),
-        "jobs_api_url": reverse("api-model", kwargs={"name": model.name}) + "jobs/",
+        "jobs_api_url": reverse("api-jobs", kwargs={"name": model.name}),
         "jobs_config": {"model": model.name, "page": "jobs"},
     }
     context.update(extra)
@@ -85,7 +86,7 @@ def job_row(job: Job) -> dict:
         "is_active": job.status in ACTIVE_STATUSES,
         "percent": min(100, job.done * 100 // total) if total else None,
         "output_available": records.output_available(job),
-        "output_url": reverse("api-model", kwargs={"name": job.model.name}) + f"jobs/{job.pk}/output",
+        "output_url": reverse("api-job-output", kwargs={"name": job.model.name, "job_id": job.pk}),
     }
 
 
@@ -107,21 +108,21 @@ def _refused(request, model: RegisteredModel, text: str, status: int, **forms_sh
     return render(request, "console/jobs.html", jobs_context(model, **forms_shown), status=status)
 
 
-def _with_upload(request, model: RegisteredModel, act):
+def _with_upload(request, model: RegisteredModel, act, max_bytes: int):
     """``act(request, model)`` with the file parts staged (after the role check, which
     the decorators did), and removed again whatever happened. CSRF as for a version
     upload: a script's header token is checked before the body is read."""
-    if declared_too_large(request):
-        return _refused(request, model, str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), 413)
+    if declared_too_large(request, max_bytes):
+        return _refused(request, model, str(storage.UploadTooLarge(max_bytes)), 413)
     token_in_header = settings.CSRF_HEADER_NAME in request.META
     if token_in_header:
         _refuse_forgery(csrf_failure_from_headers(request))
-    staging = start_staging(request)
+    staging = start_staging(request, max_bytes)
     try:
         if not token_in_header:
             _refuse_forgery(csrf_failure(request))
         if getattr(request, "upload_too_large", False):
-            return _refused(request, model, str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), 413)
+            return _refused(request, model, str(storage.UploadTooLarge(max_bytes)), 413)
         return act(request, model)
     finally:
         staging.discard()  # whatever the action kept, it has copied or moved
@@ -134,7 +135,7 @@ def _with_upload(request, model: RegisteredModel, act):
 @require_POST
 @operator_required
 def new_batch_job(request, name: str):
-    return _with_upload(request, _model(name), _submit_batch)
+    return _with_upload(request, _model(name), _submit_batch, settings.JOB_MAX_INPUT_BYTES)
 
 
 def _submit_batch(request, model: RegisteredModel):
@@ -142,9 +143,6 @@ def _submit_batch(request, model: RegisteredModel):
     if not form.is_valid():
         return _refused(request, model, f"Batch job not started: {_first_error(form)}", 400, batch_form=form)
     data = form.cleaned_data
-    # Imported on use, so the URL conf (and every other page) imports without the jobs' actions.
-    from registry.actions import batch_jobs
-
     try:
         job = batch_jobs.submit(model, data["input"], version_number=data["version"], batch_size=data["batch_size"], created_by=request.user)
     except batch_jobs.JobRefused as refusal:
@@ -161,7 +159,7 @@ def _submit_batch(request, model: RegisteredModel):
 @require_POST
 @operator_required
 def new_dataset(request, name: str):
-    return _with_upload(request, _model(name), _add_dataset)
+    return _with_upload(request, _model(name), _add_dataset, settings.DATASET_MAX_BYTES)
 
 
 def _add_dataset(request, model: RegisteredModel):
@@ -169,8 +167,6 @@ def _add_dataset(request, model: RegisteredModel):
     if not form.is_valid():
         return _refused(request, model, f"Data set not added: {_first_error(form)}", 400, dataset_form=form)
     data = form.cleaned_data
-    from registry.actions import datasets  # imported on use, as in _submit_batch
-
     try:
         dataset = datasets.add(model, data["file"], name=data["name"], task=data["task"], description=data["description"], created_by=request.user)
     except datasets.DatasetRefused as refusal:

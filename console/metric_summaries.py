@@ -3,24 +3,18 @@ each version, its benchmark beside the stable version's, and its evaluation per 
 
 The numbers are the benchmark and evaluation jobs' results, stored in ``version.metrics``
 (``"benchmark"``, ``"evaluation"``); the comparisons across versions are
-``registry.domain.version_metrics``' (imported where used, see ``_version_metrics``).
+``registry.domain.version_metrics``'.
 """
 
 from __future__ import annotations
 
+from registry.domain import version_metrics
 from registry.domain.choices import JobKind, JobStatus
 from registry.models import Job, ModelVersion, RegisteredModel
 
 MEASURED_KEYS = ("benchmark", "evaluation")
 SAME_SPEED_PCT = 0.5  # closer than this to the stable's samples/s reads "about the same"
 MEASURING_KINDS = (JobKind.BENCHMARK, JobKind.EVALUATION)
-
-
-def _version_metrics():
-    # Imported on use: the console's other pages must not depend on the comparison module.
-    from registry.domain import version_metrics
-
-    return version_metrics
 
 
 # ---------------------------------------------------------------- versions table
@@ -77,7 +71,7 @@ def evaluation_context(model: RegisteredModel) -> dict:
     """The versions × data sets table; asked only when the model has a data set."""
     if not model.datasets.exists():
         return {"datasets": [], "rows": []}
-    return _version_metrics().evaluation_table(model)
+    return version_metrics.evaluation_table(model)
 
 
 # ---------------------------------------------------------------- version page
@@ -103,7 +97,7 @@ def benchmark_rows(version: ModelVersion, stable: ModelVersion | None) -> list[d
     own = benchmark_sizes(_mapping(version.metrics).get("benchmark"))
     compared = {}
     if own and stable is not None and _mapping(_mapping(stable.metrics).get("benchmark")):
-        compared = {row["batch_size"]: row for row in _version_metrics().benchmark_comparison(version, stable)}
+        compared = {row["batch_size"]: row for row in version_metrics.benchmark_comparison(version, stable)}
     return [{**size, **_against(compared.get(size.get("batch_size")))} for size in own]
 
 

@@ -240,6 +240,9 @@ JOB_MEMORY_LIMIT_BYTES = env_int("JOB_MEMORY_LIMIT_BYTES", 0, minimum=0) or None
 # deleted by retention after JOB_OUTPUT_RETENTION_S.
 BENCHMARK_ENABLED = env_bool("BENCHMARK_ENABLED", True)
 BENCHMARK_NICE = env_int("BENCHMARK_NICE", 19, minimum=0, maximum=19)
+BENCHMARK_SECONDS_PER_SIZE = env_float("BENCHMARK_SECONDS_PER_SIZE", 1.0, minimum=0.01)
+# Batch inference and evaluation children yield to serving too, less than a benchmark.
+JOB_NICE = env_int("JOB_NICE", 10, minimum=0, maximum=19)
 JOB_MAX_INPUT_BYTES = env_int("JOB_MAX_INPUT_BYTES", MAX_UPLOAD_BYTES, minimum=1)
 DATASET_MAX_BYTES = env_int("DATASET_MAX_BYTES", 512 * 1024**2, minimum=1)
 BATCH_JOB_BATCH_SIZE = env_int("BATCH_JOB_BATCH_SIZE", 256, minimum=1, maximum=4096)

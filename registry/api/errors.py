@@ -56,7 +56,9 @@ COMMON_ERRORS = (401, 403, 406, 503)
 
 def error_responses(*codes: int, conflict=None) -> dict[int, OpenApiResponse]:
     """The documented refusals of one operation; ``conflict`` replaces 409's body."""
-    from registry.api.serializers import ErrorSerializer  # serializers import models; keep this module light
+    from registry.api.serializers import (
+        ErrorSerializer,  # serializers import models; keep this module light
+    )
 
     responses = {code: OpenApiResponse(ErrorSerializer, description=ERROR_MEANINGS[code]) for code in sorted({*COMMON_ERRORS, *codes})}
     if conflict is not None and 409 in responses:

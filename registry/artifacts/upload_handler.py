@@ -75,7 +75,6 @@ class StagingUploadHandler(FileUploadHandler):
             # rest of the body is left unread.
             self.request.upload_too_large = True
             raise StopUpload(connection_reset=True)
-        return None
 
     def file_complete(self, file_size):
         uploaded = StagedUploadedFile(self.writer.finish(), self.file_name, self.content_type)

@@ -28,5 +28,5 @@ def publish_desired_state() -> None:
     state = signed_desired_state()
     try:
         async_to_sync(get_channel_layer().group_send)(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": state})
-    except Exception:  # noqa: BLE001 - any transport failure: workers catch up by polling
+    except Exception:
         logger.warning("could not publish generation %s; workers will catch up on reconcile", state["generation"], exc_info=True)

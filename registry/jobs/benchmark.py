@@ -35,7 +35,8 @@ def run(job) -> dict:
     version = job.version
     model_path = artifact_path(version)
     max_batch_size = version.model.max_batch_size or settings.SERVING_DEFAULT_MAX_BATCH_SIZE
-    argv = ["benchmark", "--model", str(model_path), "--max-batch-size", str(max_batch_size)]
+    argv = ["benchmark", "--model", str(model_path), "--max-batch-size", str(max_batch_size),
+            "--seconds-per-size", str(settings.BENCHMARK_SECONDS_PER_SIZE)]
     with exclusive_slot(job, Path(settings.DATA_DIR) / "benchmark.lock"):
         result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), nice=settings.BENCHMARK_NICE,
                            timeout_s=settings.JOB_TIMEOUT_S)

@@ -202,7 +202,7 @@ def test_operator_upload_registers_a_version_that_is_validated_after_the_answer(
     assert messages_of(response) == [f"Version 3 uploaded; it is being validated (job #{job.pk}): the versions table shows whether it is ready or rejected."]
     assert (digits.versions.get(number=3).status, digits.versions.get(number=3).description) == ("validating", "bigger")
     assert staged_files(artifact_root) == []
-    run_queued_jobs()
+    run_queued_jobs("validation")
     assert digits.versions.get(number=3).status == "ready"
 
 

@@ -403,7 +403,7 @@ def test_versions_table_shows_why_a_version_was_rejected(viewer_page, digits):
 
     html = viewer_page.get("/models/digits/").content.decode()
 
-    assert '<span class="hint status-reason">validation could not run: the child was killed</span>' in html
+    assert '<div class="hint status-reason">validation could not run: the child was killed</div>' in html
 
 
 def test_model_page_without_data_sets_invites_one(viewer_page, digits):
@@ -414,7 +414,7 @@ def test_model_page_without_data_sets_invites_one(viewer_page, digits):
 
 
 def test_model_page_compares_versions_on_each_data_set(viewer_page, digits):
-    EvaluationDataset.objects.create(model=digits, name="holdout", task=DatasetTask.CLASSIFICATION, file_format="npz", sha256="c" * 64, size_bytes=10, rows=10)
+    EvaluationDataset.objects.create(model=digits, name="holdout", task=DatasetTask.CLASSIFICATION, file_format="npz", sha256=CLASSIFIED["dataset_sha256"], size_bytes=10, rows=10)
     for number, accuracy in ((1, 0.8), (2, 0.85)):
         version = digits.versions.get(number=number)
         version.metrics = {"evaluation": {"holdout": {**CLASSIFIED, "accuracy": accuracy}}}

@@ -108,7 +108,7 @@ def test_a_validation_job_waits_for_a_free_inspection_slot_instead_of_refusing(s
     holder = hold_the_only_slot(settings, 1.5)
     started = time.monotonic()
     try:
-        (job,) = run_queued_jobs()
+        (job,) = run_queued_jobs("validation")
     finally:
         holder.kill()
         holder.wait(timeout=10)

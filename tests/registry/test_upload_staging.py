@@ -128,7 +128,7 @@ def test_operator_session_upload_with_the_header_token_registers_the_version(ope
 
     assert response.status_code == 202, response.content
     assert [path.parent.parent.name for path in stored_files(artifact_root)] == ["sha256"]
-    run_queued_jobs()
+    run_queued_jobs("validation")
     assert ModelVersion.objects.get(model=model).status == "ready"
 
 
@@ -144,7 +144,7 @@ def test_operator_plain_form_upload_with_the_body_token_registers_the_version(op
     assert response.status_code == 302
     assert ModelVersion.objects.filter(model=model).count() == 1
     assert [path.parent.parent.name for path in stored_files(artifact_root)] == ["sha256"]
-    run_queued_jobs()
+    run_queued_jobs("validation")
     assert ModelVersion.objects.get(model=model).status == "ready"
 
 

@@ -42,7 +42,7 @@ def version(number: int) -> ModelVersion:
 def ready_stable(operator_client, model, good_onnx) -> ModelVersion:
     """v1 uploaded and validated: ready, stable at 100%."""
     upload(operator_client, good_onnx)
-    run_queued_jobs()
+    run_queued_jobs("validation")
     return version(1)
 
 
@@ -77,7 +77,7 @@ def test_the_version_takes_its_number_at_upload(operator_client, model, good_onn
 def test_after_its_validation_job_the_version_is_ready_with_its_report_and_routed_first(operator_client, model, good_onnx):
     upload(operator_client, good_onnx)
 
-    (job,) = run_queued_jobs()
+    (job,) = run_queued_jobs("validation")
 
     body = operator_client.get("/api/models/digits/versions/1/").json()
     assert (body["status"], body["status_reason"]) == ("ready", "")
@@ -97,7 +97,7 @@ def test_a_later_ready_version_is_compared_with_the_stable_one_and_not_routed(op
     other.write_bytes(to_bytes(random_mlp([60, 10], seed=2)))
     upload(operator_client, other)
 
-    run_queued_jobs()
+    run_queued_jobs("validation")
 
     compatibility = version(2).validation_report["compatibility"]
     assert (version(2).status, compatibility["stable_version"], compatibility["compatible"]) == ("ready", 1, False)
@@ -107,7 +107,7 @@ def test_a_later_ready_version_is_compared_with_the_stable_one_and_not_routed(op
 def test_a_file_that_fails_inspection_ends_rejected_with_its_report_and_no_artifact(operator_client, model, checker_failing_onnx, artifact_root):
     upload(operator_client, checker_failing_onnx)
 
-    (job,) = run_queued_jobs()
+    (job,) = run_queued_jobs("validation")
 
     rejected = version(1)
     assert rejected.status == "rejected"
@@ -124,10 +124,10 @@ def test_a_file_that_fails_inspection_ends_rejected_with_its_report_and_no_artif
 
 def test_a_rejected_version_keeps_its_number(operator_client, model, unknown_domain_onnx, good_onnx):
     upload(operator_client, unknown_domain_onnx)
-    run_queued_jobs()
+    run_queued_jobs("validation")
 
     second = upload(operator_client, good_onnx).json()
-    run_queued_jobs()
+    run_queued_jobs("validation")
 
     assert second["number"] == 2
     assert [(v.number, v.status) for v in ModelVersion.objects.order_by("number")] == [(1, "rejected"), (2, "ready")]
@@ -236,7 +236,7 @@ def test_a_validation_whose_bytes_are_gone_fails_and_rejects_the_version(operato
     upload(operator_client, good_onnx)
     storage.delete(version(1).sha256)
 
-    (job,) = run_queued_jobs()
+    (job,) = run_queued_jobs("validation")
 
     assert job.status == JobStatus.FAILED
     assert version(1).status == "rejected"
@@ -294,7 +294,7 @@ def test_retention_never_archives_a_version_being_validated(operator_client, mod
 def test_retention_keeps_the_newest_versions_not_counting_rejected_ones(operator_client, model, ready_stable, good_onnx_v2, checker_failing_onnx):
     uploads.register_stream(model, io.BytesIO(good_onnx_v2.read_bytes()), uploaded_by=None)  # v2: ready
     upload(operator_client, checker_failing_onnx)  # v3: rejected
-    run_queued_jobs()
+    run_queued_jobs("validation")
 
     archived = retention.apply_retention(keep=1)
 
@@ -309,7 +309,7 @@ def test_a_version_made_ready_by_its_job_or_inline_asks_for_its_follow_up_jobs(m
     asked = []
     monkeypatch.setattr(scheduling, "version_ready", lambda version: asked.append(version.number) or [])
     upload(operator_client, good_onnx)
-    run_queued_jobs()
+    run_queued_jobs("validation")
     uploads.register_stream(model, io.BytesIO(good_onnx_v2.read_bytes()), uploaded_by=None)
 
     assert asked == [1, 2]
