@@ -160,10 +160,12 @@ class ArrayStream:
         self.header, self.what = header, what
         self._fp = fp
 
-    def read(self, rows: int, dtype: np.dtype | None = None) -> np.ndarray:
+    def read(self, rows: int, dtype: np.dtype | None = None, into: bytearray | None = None) -> np.ndarray:
+        """The next `rows` rows, as `dtype`; read into the start of `into` when given (the
+        array is then a view of it, valid until it is reused), else into a new buffer."""
         count = rows * self.header.row_bytes
         # Filled in place: the rows exist once, in an array the caller may write to.
-        data = bytearray(count)
+        data = bytearray(count) if into is None else memoryview(into)[:count]
         try:
             filled = self._fp.readinto(data)
         except (zipfile.BadZipFile, zlib.error, EOFError) as error:

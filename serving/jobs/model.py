@@ -18,7 +18,8 @@ from serving.engine import Engine, TensorSpec, resolve_device
 from serving.jobs.formats import InputLayout, short
 
 MAX_ERROR_CHARS = 300
-# Input bytes per run: rows per batch are capped so that one batch, not the file, bounds memory.
+# Input bytes in memory at once: rows per batch are capped so that the batches held at the same
+# time (one, or a batch job's input buffers), not the file, bound memory.
 BATCH_BUDGET_BYTES = 64 * 1024 * 1024
 
 
@@ -35,8 +36,8 @@ def load_engine(model_path: Path, config: ServingConfig) -> Engine:
     return Engine(Path(model_path).read_bytes(), config, resolve_device(config))
 
 
-def rows_per_batch(batch_size: int, row_bytes: int) -> int:
-    return max(1, min(batch_size, BATCH_BUDGET_BYTES // max(1, row_bytes)))
+def rows_per_batch(batch_size: int, row_bytes: int, batches_at_once: int = 1) -> int:
+    return max(1, min(batch_size, BATCH_BUDGET_BYTES // (batches_at_once * max(1, row_bytes))))
 
 
 def input_layouts(engine: Engine) -> tuple[InputLayout, ...]:

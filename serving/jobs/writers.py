@@ -1,9 +1,11 @@
 """Writers of batch job outputs, one batch of rows at a time.
 
-`.npy` and `.npz` headers hold the final shape, which is known only at the end, so each
-output's rows go to a raw temporary file beside the output and are copied behind their
-header when the job finishes (`.npz` member by member, zip64 always: an output may pass
-4 GiB). `.jsonl` is written line by line; `.csv` too, after its header, whose columns
+`.npy` and `.npz` headers hold the final shape. When the number of rows is known at the
+start (an array input) and there is one `.npy` output, the header is written before the
+first batch's rows, from that batch's row shape, and the rows go straight behind it.
+Otherwise each output's rows go to a raw temporary file beside the output and are copied
+behind their header when the job finishes (`.npz` member by member, zip64 always: an
+output may pass 4 GiB). `.jsonl` is written line by line; `.csv` too, after its header, whose columns
 come from the model's declared output shapes or, when those are dynamic, from the
 first row that ran. Each writer builds `<output>.part` and renames it at the end, so a
 stopped job never leaves a half file under the output's name.
@@ -39,14 +41,19 @@ def output_format_for(input_format: str, output_count: int) -> str:
 
 
 class RawRows:
-    """One output's rows as raw C-order bytes in a temporary file, shape checked as they come."""
+    """One output's rows as raw C-order bytes in a file, shape checked as they come.
 
-    def __init__(self, spec: TensorSpec, directory: Path):
+    By default the file is a temporary one, copied behind a header by `write_npy`. With
+    `header_rows`, `file` is the output itself: the header for that many rows goes in
+    before the first rows, and `finish_npy` checks that they all came."""
+
+    def __init__(self, spec: TensorSpec, directory: Path, *, file=None, header_rows: int | None = None):
         self.spec = spec
         self.rows = 0
         self.dtype: np.dtype | None = None
         self.row_shape: tuple[int, ...] | None = None
-        self._file = tempfile.TemporaryFile(dir=directory, prefix=".rows-")  # noqa: SIM115 (closed by close())
+        self._header_rows = header_rows
+        self._file = file if file is not None else tempfile.TemporaryFile(dir=directory, prefix=".rows-")  # noqa: SIM115 (closed by close())
 
     def append(self, array: np.ndarray) -> None:
         name = short(self.spec.name)
@@ -55,22 +62,34 @@ class RawRows:
                               "send the input as .jsonl or .csv")
         if self.dtype is None:
             self.dtype, self.row_shape = array.dtype, array.shape[1:]
+            if self._header_rows is not None:
+                self._write_header(self._file, self._header_rows)
         elif array.shape[1:] != self.row_shape:
             raise FormatError(f"output '{name}' changed shape from {list(self.row_shape)} to {list(array.shape[1:])} "
                               "between batches; one array cannot hold both: send the input as .jsonl")
         self._file.write(memoryview(np.ascontiguousarray(array, dtype=self.dtype)).cast("B"))
         self.rows += len(array)
 
-    def write_npy(self, target) -> None:
+    def _write_header(self, target, rows: int) -> None:
         dtype = self.dtype if self.dtype is not None else (self.spec.dtype or np.dtype(np.float32))
         row_shape = self.row_shape if self.row_shape is not None else tuple(dim or 0 for dim in self.spec.shape[1:])
-        header = {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False, "shape": (self.rows, *row_shape)}
+        header = {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False, "shape": (rows, *row_shape)}
         if _needs_v2(header):
             npy_format.write_array_header_2_0(target, header)
         else:
             npy_format.write_array_header_1_0(target, header)
+
+    def write_npy(self, target) -> None:
+        self._write_header(target, self.rows)
         self._file.seek(0)
         shutil.copyfileobj(self._file, target, COPY_CHUNK_BYTES)
+
+    def finish_npy(self) -> None:
+        """The end of rows written behind their header: an empty output gets its header now."""
+        if self.rows != self._header_rows:
+            raise FormatError(f"output '{short(self.spec.name)}' has {self.rows} rows; the input has {self._header_rows}")
+        if self.dtype is None:
+            self._write_header(self._file, 0)
 
     def close(self) -> None:
         self._file.close()
@@ -98,10 +117,16 @@ class _Part:
 class NpyWriter(_Part):
     """`.npy` for one output, `.npz` (arrays named by output names) for several."""
 
-    def __init__(self, path: Path, outputs: Sequence[TensorSpec], *, as_npz: bool):
+    def __init__(self, path: Path, outputs: Sequence[TensorSpec], *, as_npz: bool, rows: int | None = None):
         super().__init__(path)
         self.as_npz = as_npz
-        self._raw = [RawRows(spec, self.path.parent) for spec in outputs]
+        self._direct = None
+        if not as_npz and rows is not None:
+            # One write per batch, straight into the output: no temporary copy to make at the end.
+            self._direct = open(self.part, "wb")  # noqa: SIM115 (closed by close/abort)
+            self._raw = [RawRows(outputs[0], self.path.parent, file=self._direct, header_rows=rows)]
+        else:
+            self._raw = [RawRows(spec, self.path.parent) for spec in outputs]
 
     def write(self, start: int, outputs: Sequence[np.ndarray]) -> None:
         for raw, output in zip(self._raw, outputs):
@@ -109,7 +134,10 @@ class NpyWriter(_Part):
 
     def close(self) -> int:
         try:
-            if self.as_npz:
+            if self._direct is not None:
+                self._raw[0].finish_npy()
+                self._direct.close()
+            elif self.as_npz:
                 self._write_npz()
             else:
                 with open(self.part, "wb") as target:
@@ -246,9 +274,11 @@ def _declared_width(spec: TensorSpec) -> int | None:
     return math.prod(dims) if all(dim is not None for dim in dims) else None
 
 
-def open_writer(path: Path, output_format: str, outputs: Sequence[TensorSpec], *, batchable: bool):
+def open_writer(path: Path, output_format: str, outputs: Sequence[TensorSpec], *, batchable: bool,
+                rows: int | None = None):
+    """`rows`: how many rows will be written, when known now (lets a `.npy` output skip its copy)."""
     if output_format in ("npy", "npz"):
-        return NpyWriter(path, outputs, as_npz=output_format == "npz")
+        return NpyWriter(path, outputs, as_npz=output_format == "npz", rows=rows)
     if output_format == "jsonl":
         return JsonlWriter(path, outputs)
     return CsvWriter(path, outputs, batchable=batchable)

@@ -179,6 +179,12 @@ def test_rows_per_batch_are_capped_by_the_byte_budget():
     assert rows_per_batch(8, 10 * BATCH_BUDGET_BYTES) == 1
 
 
+def test_batches_held_at_once_share_the_byte_budget():
+    row_bytes = 1024 * 1024
+    assert rows_per_batch(10_000, row_bytes, 2) == BATCH_BUDGET_BYTES // (2 * row_bytes)
+    assert rows_per_batch(10_000, BATCH_BUDGET_BYTES, 2) == 1
+
+
 # ---------------------------------------------------------------- bad files: error event, exit 2
 
 
@@ -256,7 +262,8 @@ def test_a_huge_batch_size_is_capped_by_the_byte_budget(tmp_path, big_npy):
     model = write_model(tmp_path / "small.onnx", random_mlp([BIG_WIDTH, 4], seed=8))
     job = run_job_cli("batch", "--model", model, "--input", big_npy, "--format", "npy",
                       "--output", tmp_path / "out.npy", "--batch-size", BIG_ROWS)
-    assert job.result["batch_size"] == BATCH_BUDGET_BYTES // (BIG_WIDTH * 4)
+    # The job holds batch.INPUT_BUFFERS batches of input at once; together they fit the budget.
+    assert job.result["batch_size"] == BATCH_BUDGET_BYTES // (batch.INPUT_BUFFERS * BIG_WIDTH * 4)
     assert job.result["peak_rss_bytes"] < 0.8 * big_npy.stat().st_size
 
 
@@ -305,3 +312,16 @@ def test_sigterm_stops_a_running_batch_within_a_second(tmp_path, big_npy):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_corrupt_npz_midway_is_an_error_event_and_leaves_no_output(tmp_path, capsys, mlp):
+    rows = np.random.default_rng(8).standard_normal((4000, 8)).astype(np.float32)
+    np.savez_compressed(tmp_path / "x.npz", input=rows)
+    data = bytearray((tmp_path / "x.npz").read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(64)  # the deflate stream breaks well after the first batches
+    (tmp_path / "x.npz").write_bytes(bytes(data))
+    code, events = run_in_process(capsys, mlp, tmp_path / "x.npz", "npz", tmp_path / "out.npz", 64)
+    assert code == 2
+    assert events[-1]["event"] == "error" and events[-1]["reason"].startswith("the .npz array 'input' is corrupt")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["x.npz"]

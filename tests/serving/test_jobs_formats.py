@@ -167,6 +167,20 @@ def test_chunks_are_converted_to_the_input_dtype(tmp_path):
     np.testing.assert_array_equal(chunk, np.arange(8, dtype=np.float32).reshape(2, 4))
 
 
+def test_rows_read_into_a_given_buffer_fill_its_start_and_are_a_view_of_it(tmp_path):
+    rows = np.arange(24, dtype=np.float32).reshape(6, 4)
+    np.save(tmp_path / "x.npy", rows)
+    buffer = bytearray(4 * rows[0].nbytes)
+    with ArrayFile(tmp_path / "x.npy", "npy") as arrays:
+        stream = arrays.streams[None]
+        first = stream.read(4, FLOAT, into=buffer)
+        np.testing.assert_array_equal(first, rows[:4])
+        assert np.shares_memory(first, np.frombuffer(buffer, np.uint8))
+        rest = stream.read(2, FLOAT, into=buffer)
+    np.testing.assert_array_equal(rest, rows[4:])
+    np.testing.assert_array_equal(np.frombuffer(buffer, np.float32)[8:], rows[2:4].ravel())  # the tail is untouched
+
+
 def test_an_array_with_the_wrong_feature_count_does_not_fit_the_input(tmp_path):
     np.save(tmp_path / "x.npy", np.zeros((3, 5), np.float32))
     with ArrayFile(tmp_path / "x.npy", "npy") as arrays, pytest.raises(FormatError) as refused:
