@@ -2,6 +2,7 @@ from django.urls import path
 
 from registry.api import (
     audit_views,
+    comparison_views,
     datasets_views,
     drills_views,
     jobs_views,
@@ -37,6 +38,7 @@ urlpatterns = [
     path("models/<slug:name>/jobs/<int:job_id>/", jobs_views.JobDetail.as_view(), name="api-job"),
     path("models/<slug:name>/jobs/<int:job_id>/output", jobs_views.JobOutput.as_view(), name="api-job-output"),
     path("models/<slug:name>/jobs/<int:job_id>/cancel/", jobs_views.CancelJob.as_view(), name="api-job-cancel"),
+    path("models/<slug:name>/comparison/", comparison_views.Comparison.as_view(), name="api-comparison"),
     path("models/<slug:name>/datasets/", datasets_views.DatasetList.as_view(), name="api-datasets"),
     path("models/<slug:name>/datasets/<slug:dataset>/", datasets_views.DatasetDetail.as_view(), name="api-dataset"),
     path("workers/", workers_views.Workers.as_view(), name="api-workers"),
