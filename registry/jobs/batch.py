@@ -43,7 +43,8 @@ def _run(job) -> dict:
     batch_size = int(job.params.get("batch_size") or settings.BATCH_JOB_BATCH_SIZE)
     argv = ["batch", "--model", str(model_path), "--input", str(source), "--format", job.input_format,
             "--output", str(pending), "--batch-size", str(batch_size)]
-    result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), nice=settings.JOB_NICE, timeout_s=settings.JOB_TIMEOUT_S)
+    result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), nice=settings.JOB_NICE, timeout_s=settings.JOB_TIMEOUT_S,
+                       max_file_bytes=settings.JOB_MAX_OUTPUT_BYTES)
     _keep_output(job, pending, result)
     return result
 

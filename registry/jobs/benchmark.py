@@ -19,7 +19,7 @@ from pathlib import Path
 from django.conf import settings
 
 from registry.jobs import records
-from registry.jobs.child import run_child
+from registry.jobs.child import CHILD_MAX_FILE_BYTES, run_child
 from registry.jobs.runner import JobCancelled
 from registry.jobs.versions import (
     artifact_path,
@@ -39,7 +39,7 @@ def run(job) -> dict:
             "--seconds-per-size", str(settings.BENCHMARK_SECONDS_PER_SIZE)]
     with exclusive_slot(job, Path(settings.DATA_DIR) / "benchmark.lock"):
         result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), nice=settings.BENCHMARK_NICE,
-                           timeout_s=settings.JOB_TIMEOUT_S)
+                           timeout_s=settings.JOB_TIMEOUT_S, max_file_bytes=CHILD_MAX_FILE_BYTES)
     store_metric(version, "benchmark", measured(result, job))
     return result
 

@@ -34,29 +34,34 @@ STOP_GRACE_S = 0.5
 MAX_LINE_BYTES = 1 << 20
 INHERITED = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 SECRET_SERVING_VARIABLES = {"SERVING_WORKER_TOKEN"}
+CHILD_MAX_FILE_BYTES = 8 * 1024 * 1024  # a benchmark or an evaluation writes no file of its own
 
 
-def run_child(job, argv: list[str], *, memory_limit_bytes: int | None = None, nice: int = 0, timeout_s: float) -> dict:
+def run_child(job, argv: list[str], *, memory_limit_bytes: int | None = None, nice: int = 0, timeout_s: float,
+              max_file_bytes: int | None = None) -> dict:
     """Run ``python -m serving.jobs *argv``; return its result, reporting its progress on
-    ``job``. Raises JobFailed (an error event, a crash, the time limit) or JobCancelled."""
+    ``job``. Raises JobFailed (an error event, a crash, the time limit) or JobCancelled.
+    ``max_file_bytes`` caps every file the child writes (RLIMIT_FSIZE): a small file that
+    declares billions of rows (a compressed .npz) must not fill the disk with outputs."""
     with tempfile.TemporaryDirectory(prefix="modelops-job-", ignore_cleanup_errors=True) as private:
         stderr_path = Path(private) / "stderr"
         with open(stderr_path, "wb") as stderr:
-            process = subprocess.Popen(command(argv, memory_limit_bytes, nice), cwd=private, env=environment(private),
+            process = subprocess.Popen(command(argv, memory_limit_bytes, nice, max_file_bytes), cwd=private, env=environment(private),
                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr)
         try:
             outcome = _follow(job, process, timeout_s)
         finally:
             _stop(process)
-        return _result(outcome, process.returncode, _tail(stderr_path), memory_limit_bytes)
+        return _result(outcome, process.returncode, _tail(stderr_path), memory_limit_bytes, max_file_bytes)
 
 
-def command(argv: list[str], memory_limit_bytes: int | None, nice: int) -> list[str]:
+def command(argv: list[str], memory_limit_bytes: int | None, nice: int, max_file_bytes: int | None = None) -> list[str]:
     prefix: list[str] = []
     if shutil.which("setpriv"):
         prefix += ["setpriv", "--pdeathsig", "KILL", "--"]
     if shutil.which("prlimit"):
-        prefix += ["prlimit", "--core=0", *([f"--as={memory_limit_bytes}"] if memory_limit_bytes else []), "--"]
+        limits = [*([f"--as={memory_limit_bytes}"] if memory_limit_bytes else []), *([f"--fsize={max_file_bytes}"] if max_file_bytes else [])]
+        prefix += ["prlimit", "--core=0", *limits, "--"]
     if nice:
         prefix += ["nice", "-n", str(nice)]
     # -P: the private working directory is not put on sys.path; PYTHONPATH names the code.
@@ -119,7 +124,7 @@ def _take_event(job, line: bytes, outcome: dict) -> None:
         outcome["error"] = str(event.get("reason") or "the job's input was refused")[:2000]
 
 
-def _result(outcome: dict, returncode: int | None, stderr: str, memory_limit_bytes: int | None) -> dict:
+def _result(outcome: dict, returncode: int | None, stderr: str, memory_limit_bytes: int | None, max_file_bytes: int | None = None) -> dict:
     if "error" in outcome:
         raise JobFailed(outcome["error"])
     if returncode == 0 and "result" in outcome:
@@ -127,6 +132,8 @@ def _result(outcome: dict, returncode: int | None, stderr: str, memory_limit_byt
     if any(marker in stderr for marker in ("MemoryError", "bad_alloc", "Failed to allocate memory")):
         limit = f" of {memory_limit_bytes / 2**30:.1f} GiB" if memory_limit_bytes else ""
         raise JobFailed(f"the job ran out of memory: it needs more than its memory limit{limit} (JOB_MEMORY_LIMIT_BYTES)")
+    if returncode == -signal.SIGXFSZ or "File too large" in stderr:
+        raise JobFailed(f"the job's output grew past its limit of {max_file_bytes or 0} bytes (JOB_MAX_OUTPUT_BYTES)")
     if returncode is not None and returncode < 0:
         raise JobFailed(f"the job's process was killed by {signal.Signals(-returncode).name}")
     logger.error("job child exited with %s: %s", returncode, stderr)

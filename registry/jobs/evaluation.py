@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from registry.jobs import files
-from registry.jobs.child import run_child
+from registry.jobs.child import CHILD_MAX_FILE_BYTES, run_child
 from registry.jobs.runner import JobFailed
 from registry.jobs.versions import (
     artifact_path,
@@ -27,6 +27,7 @@ def run(job) -> dict:
     if not dataset_file.is_file():
         raise JobFailed(f"the file of data set {dataset.name} is missing from the artifact store")
     argv = ["evaluate", "--model", str(model_path), "--dataset", str(dataset_file), "--task", dataset.task]
-    result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), nice=settings.JOB_NICE, timeout_s=settings.JOB_TIMEOUT_S)
+    result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), nice=settings.JOB_NICE, timeout_s=settings.JOB_TIMEOUT_S,
+                       max_file_bytes=CHILD_MAX_FILE_BYTES)
     store_metric(version, "evaluation", measured(result, job, dataset_sha256=dataset.sha256), entry=dataset.name)
     return result

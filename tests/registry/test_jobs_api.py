@@ -106,6 +106,17 @@ def test_an_input_that_does_not_fit_the_model_fails_the_job_with_the_reason(jobs
 
 
 @pytest.mark.child
+def test_an_output_past_its_limit_fails_the_job_instead_of_filling_the_disk(jobs_model, operator_client, artifact_root, settings):
+    settings.JOB_MAX_OUTPUT_BYTES = 64 * 1024  # 20,000 rows of 4 float32 outputs are 320 kB
+    job_id = submit(operator_client, npy_upload(rows(20000))).json()["id"]
+
+    assert runner.run(job_id) == JobStatus.FAILED
+    job = operator_client.get(f"{JOBS}{job_id}/").json()
+    assert "grew past its limit of 65536 bytes" in job["error"] and not job["output_available"]
+    assert job_files(artifact_root) == []
+
+
+@pytest.mark.child
 def test_a_running_batch_job_stops_on_cancel_and_leaves_no_files(jobs_model, operator_client, artifact_root):
     job_id = submit(operator_client, npy_upload(rows(20000))).json()["id"]
     job = records.claim(job_id)
