@@ -80,9 +80,10 @@ def validation_key(version: ModelVersion) -> str:
     return f"validation:{version.pk}"
 
 
-def inspect_stored(version: ModelVersion) -> InspectionReport:
-    """Inspect a stored version's bytes (the caller holds an inspection slot)."""
-    return _inspect_path(version.model, storage.path_for(version.sha256))
+def inspect_stored(version: ModelVersion, should_stop=None) -> InspectionReport:
+    """Inspect a stored version's bytes (the caller holds an inspection slot); raises
+    ``InspectionStopped`` when ``should_stop()`` says so while the child runs."""
+    return _inspect_path(version.model, storage.path_for(version.sha256), should_stop)
 
 
 def mark_ready(version: ModelVersion, report: InspectionReport) -> bool:
@@ -174,9 +175,10 @@ def _inspect(model: RegisteredModel, staged: storage.StagedArtifact, uploaded_by
         _refuse(model, uploaded_by, error.reason, error.status, staged.sha256)
 
 
-def _inspect_path(model: RegisteredModel, path) -> InspectionReport:
+def _inspect_path(model: RegisteredModel, path, should_stop=None) -> InspectionReport:
     return inspect_artifact(
         path,
+        should_stop=should_stop,
         timeout_s=settings.INSPECTION_TIMEOUT_S,
         memory_limit_bytes=settings.INSPECTION_MEMORY_LIMIT_BYTES,
         cpu_limit_s=settings.INSPECTION_CPU_LIMIT_S,

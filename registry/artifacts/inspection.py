@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +66,7 @@ MEMORY_LIMIT_BYTES_PER_MODEL_BYTE = 6
 
 ONNX_RUNTIME_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 MAX_REASON_CHARS = 400
+STOP_POLL_S = 0.25
 
 # The child writes nothing but its answer (to a pipe, which RLIMIT_FSIZE does not
 # count) and needs a handful of descriptors once its imports are done.
@@ -140,6 +141,11 @@ class InspectionError(Exception):
         self.retry_after_s = retry_after_s
 
 
+class InspectionStopped(Exception):
+    """The caller asked the inspection to stop (a cancelled validation job); the child
+    was killed and no verdict was reached."""
+
+
 @dataclass
 class InspectionReport:
     signature: dict
@@ -171,8 +177,11 @@ def inspect_artifact(
     memory_limit_bytes: int | None = None,
     cpu_limit_s: float | None = None,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    should_stop: Callable[[], bool] | None = None,
 ) -> InspectionReport:
     """Inspect the ONNX file at ``path`` in a child process; raise InspectionError.
+    ``should_stop`` is asked every ``STOP_POLL_S`` while the child runs: when it says so,
+    the child is killed and InspectionStopped raised.
 
     ``memory_limit_bytes=None`` sizes the limit from the file (see
     ``default_memory_limit_bytes``); ``cpu_limit_s=None`` allows the wall-clock
@@ -180,10 +189,12 @@ def inspect_artifact(
     will warm this model at: the child runs it too.
     """
     path = Path(path).resolve()
+    if should_stop is not None and should_stop():
+        raise InspectionStopped()
     if memory_limit_bytes is None:
         memory_limit_bytes = default_memory_limit_bytes(path.stat().st_size)
     limits = ChildLimits(memory_limit_bytes, math.ceil(cpu_limit_s or timeout_s), max(1, max_batch_size))
-    completed = _run_child(path, timeout_s, limits)
+    completed = _run_child(path, timeout_s, limits, should_stop)
     return _result_from_child(completed, limits)
 
 
@@ -235,25 +246,38 @@ def _child_environment(private_directory: str) -> dict[str, str]:
     return environment
 
 
-def _run_child(path: Path, timeout_s: float, limits: ChildLimits) -> subprocess.CompletedProcess:
+def _run_child(path: Path, timeout_s: float, limits: ChildLimits, should_stop: Callable[[], bool] | None = None) -> subprocess.CompletedProcess:
     # A fresh empty directory (mkdtemp: mode 0700) as cwd: a relative path the checks
     # missed would resolve to nothing, never to the project's var/ or database.
     with tempfile.TemporaryDirectory(prefix="modelops-inspect-", ignore_cleanup_errors=True) as private_directory:
+        # The child sets its own rlimits first thing: preexec_fn is unsafe in a
+        # threaded parent (it can deadlock between fork and exec).
+        with subprocess.Popen(_child_command(path, limits), cwd=private_directory, env=_child_environment(private_directory),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+            stdout, stderr = _wait_for(child, timeout_s, should_stop)
+        return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+
+
+def _wait_for(child: subprocess.Popen, timeout_s: float, should_stop: Callable[[], bool] | None) -> tuple[bytes, bytes]:
+    """The child's output once it exits; killed past ``timeout_s`` or when asked to stop."""
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
-            # The child sets its own rlimits first thing: preexec_fn is unsafe in a
-            # threaded parent (it can deadlock between fork and exec).
-            return subprocess.run(
-                _child_command(path, limits),
-                cwd=private_directory,
-                env=_child_environment(private_directory),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout_s,
-                check=False,
-            )
+            # communicate() may be called again after a timeout without losing output.
+            return child.communicate(timeout=max(0.0, min(STOP_POLL_S, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            # subprocess.run has already killed and reaped the child.
+            pass
+        if time.monotonic() >= deadline:
+            _kill(child)
             raise InspectionError(f"inspection timed out after {timeout_s:g} s") from None
+        if should_stop is not None and should_stop():
+            _kill(child)
+            raise InspectionStopped()
+
+
+def _kill(child: subprocess.Popen) -> None:
+    child.kill()
+    child.communicate()
 
 
 def _result_from_child(completed: subprocess.CompletedProcess, limits: ChildLimits) -> InspectionReport:

@@ -7,7 +7,8 @@ verdict: ``ready`` or ``rejected`` (``uploads.mark_ready`` / ``mark_rejected``, 
 conditional change of a ``validating`` row, so a job run twice gives one verdict, one
 route and one audit event). The job *succeeds* whenever the inspection gave a verdict
 (``result = {"verdict", "reason"}``); it fails only when the inspection could not run,
-and then ``ended_without_success`` rejects the version saying so.
+and then ``ended_without_success`` rejects the version saying so. A cancel stops it while
+it waits for a slot or while the inspection child runs (the child is killed).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from django.conf import settings
 
 from registry.actions import uploads
 from registry.artifacts import storage
-from registry.artifacts.inspection import InspectionError, inspection_slot
+from registry.artifacts.inspection import InspectionError, InspectionStopped, inspection_slot
 from registry.domain.choices import JobStatus, VersionStatus
 from registry.jobs import records
 from registry.jobs.runner import JobCancelled, JobFailed
@@ -41,7 +42,9 @@ def run(job: Job) -> dict:
     try:
         with _free_slot(job):
             records.progress(job, 1, STEPS, force=True)
-            report = uploads.inspect_stored(version)
+            report = uploads.inspect_stored(version, should_stop=lambda: records.cancel_requested(job))
+    except InspectionStopped:
+        raise JobCancelled() from None
     except InspectionError as error:
         if error.status >= 500:  # the inspection itself failed: no verdict on the model
             raise JobFailed(f"the inspection failed: {error.reason}") from None

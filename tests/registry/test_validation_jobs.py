@@ -253,6 +253,19 @@ def test_a_cancelled_validation_leaves_the_version_rejected(operator_client, mod
     assert run_queued_jobs() == []
 
 
+def test_a_validation_cancelled_once_it_runs_stops_before_its_verdict(operator_client, model, good_onnx, artifact_root):
+    upload(operator_client, good_onnx)
+    job = records.claim(Job.objects.get().pk)
+    records.cancel(job)  # running: its runner is asked to stop
+
+    with pytest.raises(runner.JobCancelled):
+        validation.run(job)  # asked before the inspection child starts, and at every poll while it runs
+    records.cancelled(job)
+
+    assert (version(1).status, version(1).status_reason) == ("rejected", "validation was cancelled")
+    assert stored_files(artifact_root) == []
+
+
 # ---------------------------------------------------------------- a version not ready is never served
 
 
