@@ -21,7 +21,11 @@ from django.conf import settings
 
 from registry.actions import uploads
 from registry.artifacts import storage
-from registry.artifacts.inspection import InspectionError, InspectionStopped, inspection_slot
+from registry.artifacts.inspection import (
+    InspectionError,
+    InspectionStopped,
+    inspection_slot,
+)
 from registry.domain.choices import JobStatus, VersionStatus
 from registry.jobs import records
 from registry.jobs.runner import JobCancelled, JobFailed
