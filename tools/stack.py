@@ -112,7 +112,7 @@ class Stack:
                    "--hostname", f"control-{os.getpid()}@%h", "--loglevel", "INFO", "--without-mingle", "--without-gossip",
                    "--schedule", str(self.work_dir / "beat-schedule"), *(["--purge"] if purge else [])]
         self.celery = self._spawn("celery", command, "", extra_env)
-        if jobs:
+        if jobs and (self.jobs is None or self.jobs.popen.poll() is not None):  # a restart of beat keeps a running jobs worker
             self.start_job_worker(purge=purge, **extra_env)
         wait_log(self.celery, " ready.")
         return self.celery
