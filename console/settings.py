@@ -283,6 +283,9 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
+# The same prefix keeps the Celery queues of deployments sharing one Redis apart: without
+# it one deployment's workers would take the other's jobs (and find no such job).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{CHANNEL_LAYER_PREFIX}:"} if REDIS_URL else {}
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_ACKS_LATE = True

@@ -96,7 +96,7 @@ def start_a_rollout(page, stack) -> None:
     stack.screenshot(page, "15-rollout-start")
     panel.get_by_role("button", name="Start rollout").click()
 
-    expect(page.locator("#messages")).to_contain_text(re.compile(r"Rollout #\d+ started: v2 at 1% \(step 1 of 4\)"))
+    expect(page.locator("#messages")).to_contain_text(re.compile(r"Rollout #\d+ started: v2 at 1% \(step 1 of 4\)"), timeout=LIVE_S)  # a redirect on two busy cores
     rollout = panel.locator("#rollout")
     expect(rollout.locator("[data-field=rollout-status]")).to_have_text("Running")
     expect(rollout.locator(".step-current")).to_contain_text("1%")

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def celery_worker(tmp_path, settings):
-    stack = make_stack(tmp_path, settings, connection.settings_dict, RETENTION_KEEP_VERSIONS="1")
+    # This process sends the task: the worker listens under this process's broker prefix.
+    stack = make_stack(tmp_path, settings, connection.settings_dict, RETENTION_KEEP_VERSIONS="1", CHANNEL_LAYER_PREFIX=settings.CHANNEL_LAYER_PREFIX)
     log = open(tmp_path / "celery.log", "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo", "--loglevel", "INFO", "--without-mingle", "--without-gossip"],

@@ -187,7 +187,7 @@ def test_a_shadow_step_judges_mirrored_runs_and_rolls_back_a_disagreeing_canary_
 
     assert rollout["status"] == "rolled_back", rollout["status_reason"]
     assert "shadow agreement" in rollout["status_reason"]
-    verdict = failed_verdicts(rollout)[-1]
+    verdict = failed_verdicts(rollout)[0]  # the newest (verdicts come newest first): the window that rolled it back
     assert verdict["weight"] == 0 and verdict["canary"]["shadow"]["compared"] >= FAST["min_requests"]
     assert signal(verdict, "shadow_agreement")["passed"] is False
     assert signal(verdict, "output:probabilities")["passed"] is False  # the mirrored runs' own predictions
