@@ -186,17 +186,28 @@ def cancel(job: Job) -> Job:
 def sweep_stale() -> int:
     """Jobs whose runner went silent (its Celery worker was killed) are queued again, or
     failed once they have used ``JOB_MAX_ATTEMPTS``; queued jobs whose send failed are
-    sent again. Returns how many jobs it touched."""
+    sent again, and so are jobs whose message was lost (``_lost``). Returns how many jobs
+    it touched."""
     now = timezone.now()
     stale_before = now - timedelta(seconds=settings.JOB_STALE_AFTER_S)
     touched = 0
     for job in Job.objects.filter(status=JobStatus.RUNNING, heartbeat_at__lt=stale_before):
         touched += _recover(job, now)
     unsent = Job.objects.filter(status=JobStatus.QUEUED, heartbeat_at__isnull=True, created_at__lt=now - timedelta(seconds=UNSENT_GRACE_S))
-    for job_id in unsent.values_list("pk", flat=True):
+    for job_id in [*unsent.values_list("pk", flat=True), *_lost(stale_before)]:
         _send(job_id)
         touched += 1
     return touched
+
+
+def _lost(sent_before) -> list[int]:
+    """Queued jobs sent long ago while no job runs anywhere: an idle jobs worker would have
+    taken them, so their message is gone (a Redis restarted without persistence, a purged
+    queue). Sent again at most once per ``JOB_STALE_AFTER_S``; a duplicate is harmless
+    (``claim``). While any job runs, a long queue is just waiting, and nothing is resent."""
+    if Job.objects.filter(status=JobStatus.RUNNING).exists():
+        return []
+    return list(Job.objects.filter(status=JobStatus.QUEUED, heartbeat_at__lt=sent_before).values_list("pk", flat=True))
 
 
 def _recover(job: Job, now) -> int:

@@ -162,6 +162,7 @@ def _environment(data_dir: Path, redis_url: str, database_url: str | None) -> di
         # a prefix of its own keeps other stacks' states away from this stack's worker.
         "CHANNEL_LAYER_PREFIX": f"browser-{secrets.token_hex(4)}",
         "SERVING_DEVICE": "cpu",
+        "BENCHMARK_SECONDS_PER_SIZE": "0.1",  # each ready version is benchmarked: briefly, beside the browser
         "SERVING_CACHE_DIR": str(data_dir / "serving-cache"),
         "PYTHONUNBUFFERED": "1",
     })
@@ -194,9 +195,10 @@ def _start(stack: Stack) -> None:
     worker = _spawn(stack, "worker", [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(worker_port)])
     wait_http(f"{stack.worker_url}/v2/health/ready", worker)
     # Uploads are validated by a job: a Celery worker runs it (no beat: the tests drive
-    # the rollout analysis themselves). --purge: messages other runs left in this Redis.
+    # the rollout analysis themselves). No --purge: this stack's queues are its own (its
+    # CHANNEL_LAYER_PREFIX), and they hold the demo's benchmark and evaluation jobs.
     celery = _spawn(stack, "celery", [sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", "celery,jobs", "--concurrency", "1",
-                                      "--loglevel", "INFO", "--without-mingle", "--without-gossip", "--purge"])
+                                      "--loglevel", "INFO", "--without-mingle", "--without-gossip"])
     wait_log(stack.data_dir / "celery.log", " ready.", celery)
 
 

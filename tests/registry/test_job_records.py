@@ -153,3 +153,26 @@ def test_the_payload_names_the_model_and_says_whether_an_output_exists(model):
     job = records.create(JobKind.BATCH, model, input_format="npy", input_name="rows.npy")
     shown = records.payload(job)
     assert shown["model"] == "jobs-model" and shown["status"] == "queued" and shown["output_available"] is False
+
+
+def _sent(job: Job, seconds_ago: float) -> None:
+    Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=seconds_ago))
+
+
+def test_a_job_queued_long_ago_while_nothing_runs_is_sent_again(model, settings):
+    settings.JOB_STALE_AFTER_S = 30
+    lost = records.create(JobKind.BATCH, model)
+    _sent(lost, 31)  # its message was lost: an idle worker would have taken it by now
+
+    assert records.sweep_stale() == 1
+    lost.refresh_from_db()
+    assert lost.status == JobStatus.QUEUED and lost.heartbeat_at > timezone.now() - timedelta(seconds=5)  # sent just now
+
+
+def test_a_job_waiting_behind_a_running_one_is_not_sent_again(model, settings):
+    settings.JOB_STALE_AFTER_S = 30
+    records.claim(records.create(JobKind.BATCH, model).pk)  # running, heartbeat fresh
+    waiting = records.create(JobKind.BATCH, model)
+    _sent(waiting, 31)
+
+    assert records.sweep_stale() == 0
