@@ -87,6 +87,7 @@ def version_metrics_context(version: ModelVersion, stable_number: int | None) ->
         "benchmark_rows": benchmark_rows(version, stable),
         "compared_with": stable if stable is not None and _mapping(_mapping(stable.metrics).get("benchmark")) else None,
         "evaluations": evaluation_details(metrics.get("evaluation")),
+        "dataset_names": list(version.model.datasets.order_by("name").values_list("name", flat=True)),
         "other_metrics": {key: value for key, value in metrics.items() if key not in MEASURED_KEYS},
     }
 

@@ -477,6 +477,14 @@ def test_version_page_says_when_it_was_not_benchmarked(viewer_page, digits):
     assert "Not evaluated yet" in html
 
 
+def test_version_page_names_the_data_sets_it_is_not_evaluated_on_yet(viewer_page, digits):
+    EvaluationDataset.objects.create(model=digits, name="holdout", task=DatasetTask.CLASSIFICATION, file_format="npz", sha256="e" * 64, size_bytes=10, rows=10)
+
+    html = viewer_page.get("/models/digits/versions/2/").content.decode()
+
+    assert "Not evaluated yet on holdout" in html and "add a data set" not in html
+
+
 def test_version_page_shows_the_evaluation_per_class_and_its_confusion_matrix(viewer_page, digits):
     digits.versions.filter(number=2).update(metrics={"evaluation": {"holdout": CLASSIFIED}})
 
