@@ -114,6 +114,26 @@ class _Part:
         self.part.unlink(missing_ok=True)
 
 
+class _TextPart(_Part):
+    """A line-per-row output (`.jsonl`, `.csv`) written as it goes into its `.part` file."""
+
+    def __init__(self, path: Path, newline: str | None = None):
+        super().__init__(path)
+        self.errors = 0
+        self._file = open(self.part, "w", encoding="utf-8", newline=newline)  # noqa: SIM115 (closed by close/abort)
+
+    def close(self) -> int:
+        self._file.close()
+        try:
+            return self.commit()
+        finally:
+            self.discard()
+
+    def abort(self) -> None:
+        self._file.close()
+        self.discard()
+
+
 class NpyWriter(_Part):
     """`.npy` for one output, `.npz` (arrays named by output names) for several."""
 
@@ -167,14 +187,12 @@ def finite_rows(output: np.ndarray) -> np.ndarray:
     return np.isfinite(output.reshape(len(output), -1)).all(axis=1)
 
 
-class JsonlWriter(_Part):
+class JsonlWriter(_TextPart):
     """`{"row": i, "outputs": {name: value}}` or `{"row": i, "error": "..."}` per input row."""
 
     def __init__(self, path: Path, outputs: Sequence[TensorSpec]):
         super().__init__(path)
         self._names = [spec.name for spec in outputs]
-        self.errors = 0
-        self._file = open(self.part, "w", encoding="utf-8")  # noqa: SIM115 (closed by close/abort)
 
     def write(self, start: int, outputs: Sequence[np.ndarray]) -> None:
         finite_by_output = [finite_rows(output) for output in outputs]
@@ -189,29 +207,16 @@ class JsonlWriter(_Part):
         self.errors += 1
         self._file.write(json.dumps({"row": row, "error": reason}, separators=(",", ":")) + "\n")
 
-    def close(self) -> int:
-        self._file.close()
-        try:
-            return self.commit()
-        finally:
-            self.discard()
 
-    def abort(self) -> None:
-        self._file.close()
-        self.discard()
-
-
-class CsvWriter(_Part):
+class CsvWriter(_TextPart):
     """Header `row,<output>[_k]...,error`: one column per value of each output, flattened."""
 
     def __init__(self, path: Path, outputs: Sequence[TensorSpec], *, batchable: bool):
-        super().__init__(path)
+        super().__init__(path, newline="")
         self._specs = list(outputs)
         # Without a batch axis the rows' shape is not the declared one (see serving/jobs/model.py).
         self._widths = [_declared_width(spec) if batchable else None for spec in outputs]
         self._waiting: list[tuple[int, str]] = []  # errors before the widths are known
-        self.errors = 0
-        self._file = open(self.part, "w", encoding="utf-8", newline="")  # noqa: SIM115 (closed by close/abort)
         self._csv = csv.writer(self._file)
         if None not in self._widths:
             self._write_header()
@@ -258,15 +263,7 @@ class CsvWriter(_Part):
             self._write_header()
             for row, reason in self._waiting:
                 self._write_error_row(row, reason)
-        self._file.close()
-        try:
-            return self.commit()
-        finally:
-            self.discard()
-
-    def abort(self) -> None:
-        self._file.close()
-        self.discard()
+        return super().close()
 
 
 def _declared_width(spec: TensorSpec) -> int | None:
