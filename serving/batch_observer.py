@@ -1,6 +1,7 @@
 """What each batch reports: counts, the version's batch metrics, and a debug log line.
 
-Called once per batch that ran whole, on the event loop, after its answers are set.
+Called once per batch that ran whole, on the event loop, after its answers are set. The
+version's Triton statistics (`metrics.InferenceStats`) are folded here too, once a batch.
 """
 
 from __future__ import annotations
@@ -44,4 +45,5 @@ class BatchObserver:
         self.metrics.batch_size.observe(rows)
         self.metrics.compute_time.observe(compute_s)
         self.metrics.queue_depth.set(depth)
-        observe_many(self.metrics.queue_time, [started_s - request.enqueued_s for request in requests])
+        queue_s = observe_many(self.metrics.queue_time, [started_s - request.enqueued_s for request in requests])
+        self.metrics.stats.batch_ran(len(requests), rows, queue_s, compute_s, started_s)

@@ -2,7 +2,8 @@
 
 Model lookup and readiness, the traffic split, admission before the body is read,
 decode, submit to the version's batcher, the deadline, encode, and the shadow mirror
-after the answer; and the documents the metadata, readiness and health endpoints show.
+after the answer; and the documents the metadata, readiness and health endpoints show,
+with Triton's model-configuration and statistics documents (`serving.triton`).
 The endpoints (`serving.endpoints`) call it with what they parsed from the request and
 turn what it returns, or the `ServingError` it raises, into a response. A failure once
 a version is chosen carries that version (`exc.version`), so it is counted against it.
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import generate_latest
 
-from serving import metrics, protocol
+from serving import metrics, protocol, triton
 from serving.errors import DeadlineExceeded, NotReady, ServingError, VersionNotFound
 from serving.loaded_version import LoadedVersion
 from serving.reports import failed_total
@@ -127,13 +128,9 @@ class DataPlane:
         table = self.repository.router.table
         routes = table.model(name)
         if version is not None:
-            target = routes.targets.get(version)
-            if target is None:
-                raise VersionNotFound(name, version)
+            target = _loaded(routes, name, version)
             return target.metadata(), target
-        if not routes.targets:
-            raise NotReady(f"model '{name}' has no loaded version")
-        default = routes.targets[max(zip(routes.weights, routes.versions))[1]] if routes.versions else max(routes.targets.items())[1]
+        default = _default_version(routes, name)
         document = default.metadata([str(v) for v in sorted(routes.targets)])
         document["parameters"] = {
             "generation": table.generation,
@@ -143,6 +140,25 @@ class DataPlane:
             "default_version": default.version,
         }
         return document, None
+
+    def model_config(self, name: str, version: int | None) -> dict:
+        """Triton's model configuration of the named version, else of the one the metadata shows."""
+        routes = self.repository.router.table.model(name)
+        target = _default_version(routes, name) if version is None else _loaded(routes, name, version)
+        return triton.model_config(target, list(routes.targets), self.repository.device,
+                                   self.repository.config.max_batches_in_flight, self.request_timeout_s)
+
+    def model_statistics(self, name: str | None, version: int | None) -> dict:
+        """Triton's statistics of every loaded version, of one model's (`name`), or of one."""
+        metrics.flush_pending()  # success and fail counts wait in the pending lists
+        table = self.repository.router.table
+        if name is None:
+            targets = [target for _, routes in sorted(table.models.items()) for _, target in sorted(routes.targets.items())]
+        elif version is None:
+            targets = [target for _, target in sorted(table.model(name).targets.items())]
+        else:
+            targets = [_loaded(table.model(name), name, version)]
+        return triton.model_statistics(targets, time.time() - time.monotonic())
 
     def is_model_ready(self, name: str, version: int | None) -> bool:
         routes = self.repository.router.table.model(name)
@@ -159,3 +175,20 @@ class DataPlane:
         metrics.flush_pending()
         metrics.update_device_memory(self.repository.device)
         return generate_latest()
+
+
+def _loaded(routes, name: str, version: int) -> LoadedVersion:
+    target = routes.targets.get(version)
+    if target is None:
+        raise VersionNotFound(name, version)
+    return target
+
+
+def _default_version(routes, name: str) -> LoadedVersion:
+    """What a model's path without a version describes: the most weighted routed version,
+    else the newest loaded one."""
+    if not routes.targets:
+        raise NotReady(f"model '{name}' has no loaded version")
+    if routes.versions:
+        return routes.targets[max(zip(routes.weights, routes.versions))[1]]
+    return max(routes.targets.items())[1]

@@ -35,7 +35,8 @@ JSON = b"application/json"
 SHED_BODY = orjson.dumps({"error": "overloaded: too many requests in flight; retry later"})
 SHED_HEADERS = ((b"content-type", JSON), (b"content-length", str(len(SHED_BODY)).encode()), (b"retry-after", b"1"))
 SHED_BODY_MESSAGE = {"type": "http.response.body", "body": SHED_BODY}
-SERVER_METADATA = orjson.dumps({"name": "modelops-serving", "version": "1", "extensions": ["binary_tensor_data"]})
+SERVER_METADATA = orjson.dumps({"name": "modelops-serving", "version": "1",
+                                "extensions": ["binary_tensor_data", "model_configuration", "statistics"]})
 OPERATOR_PATHS = frozenset(("/health", "/metrics"))  # behind the worker token when so configured
 Hook = Callable[[], Awaitable[None]]
 
@@ -152,7 +153,7 @@ class ServingApp:
 
     def _account(self, path: str, is_inference: bool, response: Response, request_id, started_s: float) -> None:
         version = response.version
-        if version is not None:
+        if version is not None and is_inference:  # metadata of a named version is no inference
             version.metrics.record(response.status, time.monotonic() - started_s)
         elif is_inference:
             metrics.count_unrouted(response.status)
@@ -197,6 +198,10 @@ class ServingApp:
             if self.dataplane.is_model_ready(name, version):
                 return Response(200, b'{"ready":true}')
             return Response(503, b'{"ready":false}', NotReady.headers)
+        if action == "config":
+            return Response(200, orjson.dumps(self.dataplane.model_config(name, version)))
+        if action == "stats":
+            return Response(200, orjson.dumps(self.dataplane.model_statistics(name, version)))
         document, target = self.dataplane.model_metadata(name, version)
         return Response(200, orjson.dumps(document), (), target)
 

@@ -105,8 +105,14 @@ class RequestIds:
         return f"{self._prefix}-{next(self._counter):x}".encode()
 
 
-def model_path(parts: list[str]) -> tuple[str, int | None, str | None]:
-    """/v2/models/{name}[/versions/{v}][/ready|/infer] -> (name, version, action)."""
+MODEL_ACTIONS = ("ready", "infer", "config", "stats")
+
+
+def model_path(parts: list[str]) -> tuple[str | None, int | None, str | None]:
+    """/v2/models/{name}[/versions/{v}][/ready|/infer|/config|/stats] -> (name, version, action);
+    /v2/models/stats (every model's statistics, as Triton has it) -> (None, None, "stats")."""
+    if parts == ["stats"]:
+        return None, None, "stats"
     name, rest = parts[0], parts[1:]
     if not name:
         raise NotFound("model name missing from the path")
@@ -116,7 +122,7 @@ def model_path(parts: list[str]) -> tuple[str, int | None, str | None]:
             raise NotFound("version missing from the path")
         version = _version_number(name, rest[1])
         rest = rest[2:]
-    if rest and rest[0] not in ("ready", "infer") or len(rest) > 1:
+    if rest and rest[0] not in MODEL_ACTIONS or len(rest) > 1:
         raise NotFound(f"no such endpoint under model '{clip(name)}'")
     return name, version, rest[0] if rest else None
 

@@ -66,6 +66,8 @@ class Repository:
             started_s = time.perf_counter()
             result = await self._apply(state)
             result.load_ms = (time.perf_counter() - started_s) * 1000
+            if result.ok:
+                metrics.STATE_GENERATION.set(result.generation)
             log = logger.info if result.ok else logger.error
             log("apply generation %s: %s", result.generation, result.as_dict())
             return result.as_dict()

@@ -248,7 +248,7 @@ def test_model_metadata_reports_routes_warm_versions_and_generation(digits_worke
 def test_health_endpoints(digits_worker, client):
     assert client.get(digits_worker.url + "/v2/health/live").status_code == 200
     assert client.get(digits_worker.url + "/v2/health/ready").status_code == 200
-    assert client.get(digits_worker.url + "/v2").json()["extensions"] == ["binary_tensor_data"]
+    assert client.get(digits_worker.url + "/v2").json()["extensions"] == ["binary_tensor_data", "model_configuration", "statistics"]
     assert client.get(digits_worker.url + "/v2/models/digits/versions/2/ready").status_code == 200
     health = client.get(digits_worker.url + "/health").json()
     assert (health["status"], health["device"], health["generation"]) == ("ready", "cpu", 1)
@@ -267,6 +267,17 @@ def test_metrics_endpoint_exposes_the_named_series(digits_worker, client):
         "modelops_loaded_versions", 'modelops_device_memory_used_bytes{device="cpu"}',
     ):
         assert series in text, series
+
+
+def test_metrics_show_the_generation_of_the_state_last_applied(start_worker, client, mlp_v1):
+    digits = {"digits": {"routes": [route(1, 100, *mlp_v1)]}}
+    worker = start_worker(state(3, digits))
+    assert worker.apply(state(7, digits))["ok"]
+
+    refused = worker.apply({"generation": 8, "models": "not a map"})
+
+    assert not refused["ok"]
+    assert "modelops_state_generation 7.0" in client.get(worker.url + "/metrics").text.splitlines()
 
 
 def test_requests_past_the_in_flight_cap_get_503_before_the_body_is_read(start_worker, mlp_v1):

@@ -48,3 +48,16 @@ def test_a_full_pending_list_flushes_itself():
 
     assert metrics.REQUESTS.labels("test-limit", "1", "200")._value.get() == metrics.PENDING_LIMIT
     version.remove()
+
+
+def test_a_flush_splits_answers_into_successes_and_failures_with_their_latencies():
+    version = metrics.VersionMetrics("test-stats", 1)
+    for code, latency_s in ((200, 0.5), (503, 0.25), (200, 1.0), (400, 0.125), (503, 0.0625)):
+        version.record(code, latency_s)
+
+    version.flush()
+
+    stats = version.stats
+    assert (stats.success_count, stats.success_s) == (2, 1.5)
+    assert (stats.fail_count, stats.fail_s) == (3, 0.4375)
+    version.remove()

@@ -63,3 +63,32 @@ def test_tritonclient_sees_server_errors_as_exceptions(triton_client):
     with pytest.raises(triton.InferenceServerException, match="dimension 1 must be 64"):
         triton_client.infer("digits", [tensor])
 
+
+
+def test_tritonclient_reads_the_model_config(triton_client):
+    config = triton_client.get_model_config("digits")
+
+    assert (config["name"], config["platform"], config["max_batch_size"]) == ("digits", "onnxruntime_onnx", 16)
+    assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [("input", "TYPE_FP32", [64])]
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert triton_client.get_model_config("digits", "1") == config
+
+
+def test_tritonclient_reads_statistics_that_grow_with_inferences(triton_client):
+    def stat() -> dict:
+        (only,) = triton_client.get_inference_statistics("digits")["model_stats"]
+        return only
+
+    before = stat()
+    tensor = triton.InferInput("input", [2, 64], "FP32")
+    tensor.set_data_from_numpy(np.ones((2, 64), np.float32))
+    for _ in range(3):
+        triton_client.infer("digits", [tensor])
+
+    after = stat()
+
+    assert after["inference_count"] - before["inference_count"] == 6
+    assert after["execution_count"] - before["execution_count"] == 3
+    success, earlier = after["inference_stats"]["success"], before["inference_stats"]["success"]
+    assert success["count"] - earlier["count"] == 3 and success["ns"] > earlier["ns"]
+    assert "statistics" in triton_client.get_server_metadata()["extensions"]
