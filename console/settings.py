@@ -266,6 +266,9 @@ WORKER_FORGET_AFTER_S = env_float("WORKER_FORGET_AFTER_S", 86400.0, minimum=1.0)
 DRILL_TARGET_S = env_float("DRILL_TARGET_S", 60.0, minimum=0.1)
 DRILL_ACK_TIMEOUT_S = env_float("DRILL_ACK_TIMEOUT_S", 10.0, minimum=0.1)
 
+# GET /metrics (console/metrics.py) answers only with this bearer token; unset, it is a 404.
+CONSOLE_METRICS_TOKEN = env_secret("CONSOLE_METRICS_TOKEN")
+
 REDIS_URL = env_secret("REDIS_URL")  # may carry a password
 # Channels groups ("serving", "live") are global to a Redis database: deployments that
 # share one Redis keep apart by prefix, or one's workers would apply the other's states.
