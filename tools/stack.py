@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,22 +77,31 @@ class Stack:
     workers: list[Process] = field(default_factory=list)
     celery: Process | None = None
     jobs: Process | None = None  # the Celery worker of the jobs queue
+    # Put before every command (e.g. ``ip netns exec NS``, which execs it: the PID stays
+    # the process's own); a worker may be given its own. The waits for a process to
+    # answer connect from the calling thread, which must see the address it listens on.
+    command_prefix: Sequence[str] = ()
 
-    def start_console(self, *, port: int | None = None, **extra_env) -> Process:
-        """``port``: the port of a console stopped before, so its workers find it again."""
+    def start_console(self, *, port: int | None = None, host: str = "127.0.0.1", **extra_env) -> Process:
+        """``port``: the port of a console stopped before, so its workers find it again;
+        ``host``: the address it listens on, and the one its workers are given."""
         port = port or free_port()
-        command = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
-        self.console = self._spawn("console", command, f"http://127.0.0.1:{port}", extra_env)
+        command = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"]
+        self.console = self._spawn("console", command, f"http://{host}:{port}", extra_env)
         self.env["CONSOLE_URL"] = self.console.url
         wait_http(self.console, "/healthz")
         return self.console
 
-    def start_worker(self, *, wait_ready: bool = True, **extra_env) -> Process:
-        port = free_port()
+    def start_worker(self, *, wait_ready: bool = True, host: str = "127.0.0.1", port: int | None = None,
+                     command_prefix: Sequence[str] | None = None, **extra_env) -> Process:
+        """A worker listening on ``host:port`` (a free loopback port by default), which it
+        reports to the console as its ``--public-url``; ``command_prefix`` replaces the stack's."""
+        port = port or free_port()
         index = len(self.workers)
+        url = f"http://{host}:{port}"
         env = {"SERVING_WORKER_ID": f"worker-{index}", "SERVING_CACHE_DIR": str(self.work_dir / f"cache-{index}"), **extra_env}
-        command = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)]
-        worker = self._spawn(f"worker-{index}", command, f"http://127.0.0.1:{port}", env)
+        command = [sys.executable, "manage.py", "serve", "--host", host, "--port", str(port), "--public-url", url]
+        worker = self._spawn(f"worker-{index}", command, url, env, command_prefix)
         self.workers.append(worker)
         wait_http(worker, "/v2/health/ready" if wait_ready else "/v2/health/live")
         return worker
@@ -135,7 +144,8 @@ class Stack:
 
     def manage(self, *args: str) -> str:
         """``manage.py ARGS`` on this stack's database; its output."""
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=self.env, check=True, capture_output=True, text=True).stdout
+        command = [*self.command_prefix, sys.executable, "manage.py", *args]
+        return subprocess.run(command, cwd=REPO_ROOT, env=self.env, check=True, capture_output=True, text=True).stdout
 
     def operator_token(self, username: str = "olivia") -> str:
         """An API token of a new user in the operator group (the migrations make the groups)."""
@@ -147,15 +157,16 @@ class Stack:
     def processes(self) -> list[Process]:
         return [process for process in [self.console, self.celery, self.jobs, *self.workers] if process is not None]
 
-    def _spawn(self, name: str, command: list[str], url: str, extra_env: dict) -> Process:
+    def _spawn(self, name: str, command: list[str], url: str, extra_env: dict, command_prefix: Sequence[str] | None = None) -> Process:
         log_path = self.work_dir / f"{name}.log"
+        command = [*(self.command_prefix if command_prefix is None else command_prefix), *command]
         with open(log_path, "ab") as log:  # a process started again (a restart) adds to its log; the child keeps its own descriptor
             log_start = log.tell()
             popen = subprocess.Popen(command, cwd=REPO_ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return Process(name, url, popen, log_path, log_start)
 
 
-def make_stack(work_dir: Path, settings, db_settings: dict, **env) -> Stack:
+def make_stack(work_dir: Path, settings, db_settings: dict, *, command_prefix: Sequence[str] = (), **env) -> Stack:
     base = {
         **os.environ,
         "DATABASE_URL": database_url(db_settings),
@@ -171,7 +182,7 @@ def make_stack(work_dir: Path, settings, db_settings: dict, **env) -> Stack:
         "CHANNEL_LAYER_PREFIX": f"test-{secrets.token_hex(4)}",  # this stack's own groups
         **env,
     }
-    return Stack(env=base, work_dir=work_dir)
+    return Stack(env=base, work_dir=work_dir, command_prefix=command_prefix)
 
 
 @contextmanager

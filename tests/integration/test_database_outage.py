@@ -2,37 +2,29 @@
 ``Retry-After`` (API and pages alike), readiness names the database, and everything
 recovers when the database returns, with no restart.
 
-The test starts its own PostgreSQL cluster (``initdb`` + ``pg_ctl``, as the ``postgres``
-user when run as root, which PostgreSQL refuses), so it can stop it without touching the
-machine's shared database, whatever database the rest of the suite uses.
+The test starts its own PostgreSQL cluster (tests/fixtures/postgres_cluster.py), so it can
+stop it without touching the machine's shared database.
 """
 
 from __future__ import annotations
 
 import collections
-import glob
-import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Self
 
 import httpx
 import pytest
 
-from tools.stack import REPO_ROOT, Stack, free_port, make_stack, wait_until
+from tools.stack import REPO_ROOT, Stack, make_stack, wait_until
 
 pytestmark = [pytest.mark.integration]
 
 ROW = [0.5] * 16
-PG_TIMEOUT_S = 30
 SEED_TIMEOUT_S = 120
 READINESS_BOUND_S = 3.0
 OUTAGE_PREDICTIONS = 50  # answered by the worker while the database is down
@@ -54,71 +46,9 @@ print("TOKEN=" + Token.objects.create(user=user).key)
 """
 
 
-def _postgres_tool(name: str) -> str | None:
-    return shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
-
-
-@dataclass
-class Cluster:
-    """A throwaway PostgreSQL cluster on a free loopback port, stopped by its data dir."""
-
-    root: Path
-    port: int
-    pg_ctl: str
-
-    @property
-    def data_dir(self) -> Path:
-        return self.root / "data"
-
-    @property
-    def settings_dict(self) -> dict:
-        return {"ENGINE": "django.db.backends.postgresql", "NAME": "postgres", "USER": "postgres", "HOST": "127.0.0.1", "PORT": self.port}
-
-    def start(self) -> None:
-        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories={self.root} -c fsync=off"
-        self._pg_ctl("start", "-o", options, "-l", str(self.root / "postgres.log"))
-
-    def stop(self) -> None:
-        self._pg_ctl("stop", "-m", "immediate")
-
-    def log(self) -> str:
-        path = self.root / "postgres.log"
-        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
-
-    def _pg_ctl(self, *args: str) -> None:
-        command = [*_as_postgres(), self.pg_ctl, "-D", str(self.data_dir), "-w", "-t", str(PG_TIMEOUT_S), *args]
-        subprocess.run(command, cwd=self.root, check=True, timeout=PG_TIMEOUT_S + 10, capture_output=True)
-
-
-def _as_postgres() -> list[str]:
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-
-
 @pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    initdb, pg_ctl = _postgres_tool("initdb"), _postgres_tool("pg_ctl")
-    if not (initdb and pg_ctl):  # a missing service fails the test, never skips it (tests/conftest.py)
-        pytest.fail("the database outage test needs PostgreSQL's initdb and pg_ctl (Debian: postgresql)")
-    root = Path(tempfile.mkdtemp(prefix="outage-pg-", dir="/tmp"))  # outside root's private pytest dir
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
-    subprocess.run([*_as_postgres(), initdb, "-D", str(root / "data"), "-A", "trust", "-U", "postgres", "--no-sync"],
-                   cwd=root, check=True, timeout=PG_TIMEOUT_S, capture_output=True)
-    cluster = Cluster(root, free_port(), pg_ctl)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        try:
-            cluster.stop()
-        except subprocess.CalledProcessError:
-            pass  # already stopped by the test
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def stack(tmp_path, settings, cluster) -> Iterator[Stack]:
-    stack = make_stack(tmp_path, settings, cluster.settings_dict, SECURE_COOKIES="false")
+def stack(tmp_path, settings, postgres_cluster) -> Iterator[Stack]:
+    stack = make_stack(tmp_path, settings, postgres_cluster.settings_dict, SECURE_COOKIES="false")
     try:
         yield stack
     finally:
@@ -126,7 +56,7 @@ def stack(tmp_path, settings, cluster) -> Iterator[Stack]:
         for process in [stack.console, *stack.workers]:
             if process is not None:
                 print(f"--- {process.name} ---\n{process.log()}")
-        print(f"--- postgres ---\n{cluster.log()}")
+        print(f"--- postgres ---\n{postgres_cluster.log()}")
 
 
 def manage(stack: Stack, *args: str) -> str:
@@ -175,7 +105,7 @@ class PredictionLoad:
                 time.sleep(0.01)
 
 
-def test_database_outage_answers_503_keeps_serving_and_recovers_without_restart(stack, cluster):
+def test_database_outage_answers_503_keeps_serving_and_recovers_without_restart(stack, postgres_cluster):
     token = seeded_token(stack)
     console = stack.start_console()
     worker = stack.start_worker()
@@ -186,7 +116,7 @@ def test_database_outage_answers_503_keeps_serving_and_recovers_without_restart(
     assert httpx.get(console.url + "/readyz", timeout=5).json() == {"ready": True, "database": {"ok": True}, "redis": {"ok": True}}
 
     with PredictionLoad(worker.url) as load:
-        cluster.stop()
+        postgres_cluster.stop()
         stopped = time.monotonic()
 
         models = api.get("/api/models/")
@@ -215,7 +145,7 @@ def test_database_outage_answers_503_keeps_serving_and_recovers_without_restart(
         assert wait_until(lambda: load.statuses[200] >= answered_before + OUTAGE_PREDICTIONS and time.monotonic() - stopped >= OUTAGE_S, 10), load.statuses
 
         outage_s = time.monotonic() - stopped
-        cluster.start()  # returns once PostgreSQL accepts connections
+        postgres_cluster.start()  # returns once PostgreSQL accepts connections
         started = time.monotonic()
         recovered = api.get("/api/models/")
         recovery_s = time.monotonic() - started
