@@ -6,4 +6,4 @@ class ConsoleConfig(AppConfig):
     verbose_name = "Console"
 
     def ready(self):
-        from console import signals  # noqa: F401  (connects the role upkeep)
+        from console import password_change, signals  # noqa: F401  (connect the role upkeep and the one-time password check)

@@ -99,6 +99,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "console.password_change.PasswordChangeRequiredMiddleware",  # a one-time password only opens the password change
     "axes.middleware.AxesMiddleware",  # last, as django-axes requires
 ]
 

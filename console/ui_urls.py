@@ -1,7 +1,14 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import job_views, metrics, rollout_views, views
+from console import (
+    job_views,
+    metrics,
+    password_change,
+    rollout_views,
+    user_views,
+    views,
+)
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
@@ -31,4 +38,9 @@ urlpatterns = [
     path("models/<slug:name>/versions/<int:number>/try/", views.try_version, name="version-try"),
     path("workers/", views.workers_page, name="workers"),
     path("drills/", views.drills_page, name="drills"),
+    path("account/password/", password_change.ChangePasswordView.as_view(), name="password-change"),
+    path("users/", user_views.users_page, name="users"),
+    path("users/new/", user_views.new_user, name="users-new"),
+    path("users/<int:pk>/", user_views.user_page, name="user"),
+    *[path(f"users/<int:pk>/{change}/", user_views.change_user, {"change": change}, name=f"user-{change}") for change in user_views.ACTIONS],
 ]

@@ -152,9 +152,9 @@ def test_drills_page_lists_every_drill_with_its_result(viewer_page, canary_digit
     assert "badge-passed" in html and "0.142 s" in html and "0.500 s" in html and "2 → 3" in html
 
 
-def test_admins_get_the_user_admin_link(admin_page, viewer_page, digits):
-    assert b"/admin/auth/user/" in admin_page.get("/").content
-    assert b"/admin/auth/user/" not in viewer_page.get("/").content
+def test_admins_get_the_users_link(admin_page, viewer_page, digits):
+    assert b'href="/users/"' in admin_page.get("/").content
+    assert b'href="/users/"' not in viewer_page.get("/").content
 
 
 def test_confirmation_page_posts_plainly_without_javascript_enhancement(operator_page, canary_digits):
