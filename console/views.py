@@ -672,14 +672,13 @@ def workers_page(request):
 
 def workers_context() -> dict:
     now = timezone.now()
-    live_after = now - timedelta(seconds=settings.WORKER_GONE_AFTER_S)
     generation = current_generation()
     digests = fleet.IssuedDigests()
-    rows = [
-        {"worker": worker, "is_live": worker.last_seen_at >= live_after,
-         "is_behind": not fleet.worker_status(worker, generation, digests)["converged"], **report_totals(worker.last_report)}
-        for worker in Worker.objects.filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR)
-    ]
+    rows = []
+    for worker in Worker.objects.filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR):
+        lifecycle = fleet.lifecycle(worker, now)
+        rows.append({"worker": worker, "lifecycle": lifecycle, "is_live": lifecycle in ("serving", "draining"),
+                     "is_behind": not fleet.worker_status(worker, generation, digests)["converged"], **report_totals(worker.last_report)})
     rows.sort(key=lambda row: (not row["is_live"], row["worker"].worker_id))
     return {"rows": rows, "generation": generation, "gone_after_s": settings.WORKER_GONE_AFTER_S}
 

@@ -48,7 +48,8 @@ class ServingConfig:
     api_keys_refresh_s: float = 3.0
     metrics_token_required: bool = False
     switch_interval_s: float = 0.005
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = 20.0  # a retired version's drain, and the worker's own on SIGTERM
+    drain_delay_s: float = 0.0  # on SIGTERM: not ready, still serving, for this long (serving/drain.py)
     cache_dir: str = "var/serving-cache"
     worker_token: str = ""
     console_url: str = "http://127.0.0.1:8000"
@@ -91,7 +92,8 @@ class ServingConfig:
             api_keys_refresh_s=env_float("SERVING_API_KEYS_REFRESH_S", 3.0, minimum=0.1),
             metrics_token_required=env_bool("SERVING_METRICS_TOKEN_REQUIRED", False),
             switch_interval_s=env_float("SERVING_SWITCH_INTERVAL_S", 0.005, minimum=0.0001),
-            drain_timeout_s=env_float("SERVING_DRAIN_TIMEOUT_S", 30.0),
+            drain_timeout_s=env_float("SERVING_DRAIN_TIMEOUT_S", 20.0),
+            drain_delay_s=env_float("SERVING_DRAIN_DELAY_S", 0.0),
             cache_dir=env_str("SERVING_CACHE_DIR", str(default_data_dir() / "serving-cache")),
             worker_token=env_secret("SERVING_WORKER_TOKEN"),
             console_url=env_str("CONSOLE_URL", "http://127.0.0.1:8000").rstrip("/"),

@@ -8,7 +8,9 @@ defaults. Standard library only: the worker imports it without Django.
 Versioning: every message carries ``contract`` (CONTRACT_VERSION), and the console
 covers it by the state's digest and signature. A receiver refuses a message of another
 version, or of none, whole, naming both versions: fields are never guessed across
-versions. Any change to a shape here bumps CONTRACT_VERSION. A worker that refuses a
+versions. Any change to a shape here bumps CONTRACT_VERSION, except a new optional field
+whose absence means what it meant before (a report's ``state``): both sides of a rolling
+upgrade then still understand each other, since unknown fields are ignored. A worker that refuses a
 state says so in its ack and keeps serving what it has; the console answers an ack or a
 report of another version with a 400.
 
@@ -38,6 +40,9 @@ DEFAULT_MAX_QUEUE_DELAY_S = 0.002
 DEFAULT_MAX_QUEUE_SIZE = 4096
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
+# A report's ``state``: serving; draining (stopping gracefully: not ready, still answering
+# what it accepted); stopped (its last report: it answered everything and exits).
+WORKER_STATES = ("serving", "draining", "stopped")
 SHOWN_CHARS = 40
 
 # A report's figures are read by the console's canary analysis, and a worker's report may
@@ -124,6 +129,12 @@ def _is_finite(value: float) -> bool:
 def _str(value: object, path: str) -> str:
     if not isinstance(value, str):
         raise ContractError(path, "must be a string")
+    return value
+
+
+def _worker_state(value: object, path: str) -> str:
+    if value not in WORKER_STATES:
+        raise ContractError(path, f"must be one of {', '.join(WORKER_STATES)}")
     return value
 
 
@@ -589,7 +600,7 @@ class WorkerReport:
 
     Every count is an integer 0..MAX_COUNT. The top-level ``shadow`` list (per shadow
     version: compared, agreed, errors, dropped since the worker started) is kept as
-    sent."""
+    sent. ``state`` is one of WORKER_STATES; absent (a worker before it), "serving"."""
 
     worker: WorkerIdentity
     generation: int | None = None
@@ -601,13 +612,14 @@ class WorkerReport:
     requests_failed_total: int | None = None  # 5xx answers since the worker started (drills count them)
     shadow: tuple[dict, ...] = ()
     device_memory_bytes: int | None = None
+    state: str = "serving"
     contract: int = CONTRACT_VERSION
 
     def to_dict(self) -> dict:
         return {"worker": self.worker.to_dict(), "generation": self.generation, "digest": self.digest, "epoch": self.epoch,
                 "loaded": [entry.to_dict() for entry in self.loaded], "interval_s": self.interval_s, "versions": list(self.versions),
                 "requests_failed_total": self.requests_failed_total, "shadow": list(self.shadow),
-                "device_memory_bytes": self.device_memory_bytes, "contract": self.contract}
+                "device_memory_bytes": self.device_memory_bytes, "state": self.state, "contract": self.contract}
 
     @classmethod
     def parse(cls, value: object) -> WorkerReport:
@@ -624,5 +636,6 @@ class WorkerReport:
             requests_failed_total=_optional(report, "requests_failed_total", "", lambda v, p: _int(v, p, minimum=0)),
             shadow=_optional(report, "shadow", "", _objects, ()),
             device_memory_bytes=_optional(report, "device_memory_bytes", "", lambda v, p: _int(v, p, minimum=0)),
+            state=_optional(report, "state", "", _worker_state, "serving"),
             contract=report["contract"],
         )

@@ -16,6 +16,8 @@
 - Acks (``contract.Ack``) and the once-a-second report (``contract.WorkerReport``) go
   to the console over HTTP with the worker token. The first
   report goes before any ack: the console refuses acks from a worker it has not heard of.
+  A graceful stop (``serving.drain``) is reported at once (``state: "draining"``), and
+  the last report, once everything accepted was answered, says ``state: "stopped"``.
 - Every state applied is persisted beside the artifact cache (``state_store``). A worker
   that started on that persisted state (the console could not answer) serves it, says
   so in its reports, acks it once the console answers, and retries the console every
@@ -48,6 +50,7 @@ logger = logging.getLogger("serving.control")
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 UNREACHABLE_RETRY_S = 1.0  # how soon to ask again when the console did not answer
+FINAL_REPORT_TIMEOUT_S = 2.0  # a stopping worker waits no longer for the console
 
 
 @dataclass(frozen=True)
@@ -129,9 +132,18 @@ class ControlPlane:
         return applied
 
     async def stop(self) -> None:
+        """First in the lifespan shutdown, which a graceful stop runs once every accepted
+        request is answered: the last report says so, and the console shows the worker
+        stopped at once instead of gone after WORKER_GONE_AFTER_S."""
+        was_running = bool(self._tasks)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if was_running:
+            try:
+                await asyncio.wait_for(self.send_report("stopped"), FINAL_REPORT_TIMEOUT_S)
+            except TimeoutError:
+                logger.warning(event("report_not_delivered", reason=f"the last report took over {FINAL_REPORT_TIMEOUT_S:g} s", state="stopped"))
         if self._http is not None:
             await self._http.aclose()
 
@@ -285,11 +297,12 @@ class ControlPlane:
     async def _report_forever(self) -> None:
         while True:  # report first: a new worker is listed at once
             await self.send_report()
-            await asyncio.sleep(self.report_interval_s)
+            await self.worker.drain.changes_within(self.report_interval_s)  # a graceful stop is reported at once
 
-    async def send_report(self) -> None:
+    async def send_report(self, state: str | None = None) -> None:
+        """``state``: the worker's (serving, draining) unless given (the last report's "stopped")."""
         applied = {"generation": self.applied.generation, "digest": self.applied.digest, "epoch": self.applied.epoch}
-        report = self.reports.build(self.identity, self.worker.repository, applied)
+        report = self.reports.build(self.identity, self.worker.repository, applied, state or self.worker.drain.phase)
         try:
             response = await self._http.post("/api/serving/reports", json=report.to_dict())
             if response.status_code >= 400:

@@ -25,6 +25,7 @@ from serving import metrics
 from serving.api_keys import ApiKeyRing, worker_token_matches
 from serving.config import ConfigError, ServingConfig
 from serving.dataplane import Answer, DataPlane, RequestContext
+from serving.drain import Drain
 from serving.errors import InternalError, MethodNotAllowed, NotFound, NotReady, ServingError, Unauthorized, clip
 from serving.http_request import RequestHeaders, RequestIds, check_headers, model_path, receive_body
 from serving.loaded_version import LoadedVersion
@@ -37,6 +38,7 @@ SHED_HEADERS = ((b"content-type", JSON), (b"content-length", str(len(SHED_BODY))
 SHED_BODY_MESSAGE = {"type": "http.response.body", "body": SHED_BODY}
 SERVER_METADATA = orjson.dumps({"name": "modelops-serving", "version": "1",
                                 "extensions": ["binary_tensor_data", "model_configuration", "statistics"]})
+DRAINING_BODY = b'{"ready":false,"draining":true}'
 OPERATOR_PATHS = frozenset(("/health", "/metrics"))  # behind the worker token when so configured
 Hook = Callable[[], Awaitable[None]]
 
@@ -51,8 +53,9 @@ class Response:
 
 
 class ServingApp:
-    def __init__(self, dataplane: DataPlane, config: ServingConfig):
+    def __init__(self, dataplane: DataPlane, config: ServingConfig, drain: Drain | None = None):
         self.dataplane = dataplane
+        self.drain = drain or Drain()  # readiness turns 503 once a graceful stop began (serving.drain)
         self.max_body_bytes = config.max_body_bytes
         self.on_startup: list[Hook] = []
         self.on_shutdown: list[Hook] = []
@@ -195,6 +198,8 @@ class ServingApp:
             return _inference_response(answer)
         _require(method, "GET")
         if action == "ready":
+            if self.drain.is_draining:
+                return Response(503, DRAINING_BODY, NotReady.headers)
             if self.dataplane.is_model_ready(name, version):
                 return Response(200, b'{"ready":true}')
             return Response(503, b'{"ready":false}', NotReady.headers)
@@ -206,6 +211,8 @@ class ServingApp:
         return Response(200, orjson.dumps(document), (), target)
 
     def _server_ready(self) -> Response:
+        if self.drain.is_draining:  # still serving, but on its way out: balancers stop sending
+            return Response(503, DRAINING_BODY, NotReady.headers)
         if self.dataplane.is_ready:
             return Response(200, b'{"ready":true}')
         return Response(503, b'{"ready":false}', NotReady.headers)

@@ -29,7 +29,12 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from serving.drain import Drain
+
 logger = logging.getLogger("serving.http")
+# On a graceful stop, how long a connection accepted just before the listener closed may
+# take to send its first request: a client writes right after connecting.
+FIRST_REQUEST_GRACE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ class HeadersTooLarge(Exception):
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits = HttpLimits()
+    drain: Drain = Drain()  # the worker's own, set by protocol_class
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -105,13 +111,43 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
-        self._raw_header_bytes = 0
+        self._raw_header_bytes = self._parsed_header_bytes = 0
         self._cancel()
         super().on_headers_complete()
+        if self.drain.is_draining and self.cycle is not None:  # the client reconnects, to where the balancer now points
+            self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         self._cancel()
         super().on_message_complete()
+
+    # ---- graceful stop (serving.drain) -------------------------------------------------
+
+    def shutdown(self) -> None:
+        """uvicorn's, called once the listener is closed (a response in progress ends with
+        ``Connection: close``, an idle keep-alive connection is closed), except that a
+        request still arriving is let in: its connection was accepted, its client wrote."""
+        if self.cycle is None or self.cycle.response_complete:
+            if self._raw_header_bytes or self._parsed_header_bytes:
+                return  # on_headers_complete turns keep-alive off; the header deadline still holds
+            if self.cycle is None and not self.transport.is_closing():  # accepted, its first bytes not read yet
+                self._arm(min(self.limits.header_timeout_s, FIRST_REQUEST_GRACE_S), self._on_header_deadline)
+                return
+        super().shutdown()
+
+    def cut(self, message: str) -> int:
+        """Past the drain's bound: a 503 for the request not answered yet (1), or a close (0)."""
+        if self.transport.is_closing():
+            return 0
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.close()
+            return 0
+        if self.cycle.response_started:
+            self._drop_cycle()
+            self.transport.close()
+        else:
+            self._refuse(503, message, b"retry-after: 1\r\n")
+        return 1
 
     # ---- deadlines and refusals -------------------------------------------------------
 
@@ -206,11 +242,12 @@ class CoalescingHttpToolsProtocol(GuardedHttpToolsProtocol):
         super().connection_made(CoalescingTransport(transport, self.loop))
 
 
-def protocol_class(limits: HttpLimits, coalesce_writes: bool) -> type[GuardedHttpToolsProtocol]:
-    """The protocol uvicorn is given: our guards with these limits, coalescing or not."""
+def protocol_class(limits: HttpLimits, coalesce_writes: bool, drain: Drain | None = None) -> type[GuardedHttpToolsProtocol]:
+    """The protocol uvicorn is given: our guards with these limits, coalescing or not,
+    following this worker's graceful stop."""
     base = CoalescingHttpToolsProtocol if coalesce_writes else GuardedHttpToolsProtocol
     limits = replace(limits, max_connections=fit_open_file_limit(limits.max_connections))
-    return type(base.__name__, (base,), {"limits": limits})
+    return type(base.__name__, (base,), {"limits": limits, "drain": drain or Drain()})
 
 
 FILES_BESIDES_CONNECTIONS = 256  # models, cache, logs, the console and Redis clients

@@ -123,8 +123,9 @@ class ReportBuilder:
         self._previous_at = time.monotonic()
         self._warned_too_many = False
 
-    def build(self, identity: WorkerIdentity, repository, applied: dict | None = None) -> WorkerReport:
-        """``applied``: the generation, digest and epoch of the state served, as acked."""
+    def build(self, identity: WorkerIdentity, repository, applied: dict | None = None, state: str = "serving") -> WorkerReport:
+        """``applied``: the generation, digest and epoch of the state served, as acked;
+        ``state``: serving, draining or stopped (serving.drain)."""
         now, table = time.monotonic(), repository.router.table
         current, shadows, outputs = snapshot(), shadow_counts(), output_summaries(table)
         interval_s = max(now - self._previous_at, 1e-6)
@@ -142,6 +143,7 @@ class ReportBuilder:
             requests_failed_total=failed_total(),
             shadow=tuple(shadow_totals()),
             device_memory_bytes=device_memory_bytes(repository.device),
+            state=state,
         )
 
     def _entries(self, current: dict[Key, dict], shadows: dict[Key, dict], outputs: dict[Key, list], mirrored: set[Key],

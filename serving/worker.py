@@ -5,7 +5,9 @@ startup, so uvicorn accepts no connection before every routed version is warm. W
 console cannot answer, the worker serves the last state it applied, persisted beside
 its artifact cache (serving/state_store.py) and re-checked before use.
 The control plane (serving/control.py) plugs in through `Worker.on_startup` /
-`Worker.on_shutdown` hooks and `Worker.apply(state)`.
+`Worker.on_shutdown` hooks and `Worker.apply(state)`. SIGTERM stops it gracefully
+(serving/drain.py): not ready, then no new connection, then every accepted request
+answered, and only then the lifespan shutdown.
 
     python -m serving.worker --host 127.0.0.1 --port 8001 [--state-file state.json]
 """
@@ -27,6 +29,7 @@ from serving.api_keys import KEYS_PATH, ApiKeyRefresher
 from serving.config import ServingConfig
 from serving.console_client import ConsoleClient, StateError, console_only, console_timeout, read_state_file
 from serving.dataplane import DataPlane
+from serving.drain import Drain, DrainingServer
 from serving.endpoints import ServingApp
 from serving.engine import resolve_device
 from serving.http_protocol import HttpLimits, protocol_class
@@ -51,7 +54,8 @@ class Worker:
                                      allow_local=config.allow_local_artifacts)
         self.repository = Repository(config, self.device, self.console.fetch_artifact)
         self.dataplane = DataPlane(self.repository, config.request_timeout_s)
-        self.app = ServingApp(self.dataplane, config)
+        self.drain = Drain(config.drain_delay_s, config.drain_timeout_s)  # the graceful stop on SIGTERM
+        self.app = ServingApp(self.dataplane, config, self.drain)
         self.state_store = StateStore(config.cache_dir, signing_key(config.worker_token) if config.worker_token else None)
         self.initial_persisted: tuple[dict, dict] | None = None  # (state, apply result) when served from disk at start
         self.on_startup = self.app.on_startup  # async callables, run in order before serving
@@ -84,7 +88,7 @@ class Worker:
         """The uvicorn protocol class, with this worker's connection limits."""
         config = self.config
         limits = HttpLimits(config.header_timeout_s, config.body_timeout_s, config.max_header_bytes, config.max_connections)
-        return protocol_class(limits, config.coalesce_writes)
+        return protocol_class(limits, config.coalesce_writes, self.drain)
 
     async def apply(self, state: dict) -> dict:
         """Converge on a desired state; returns the ack body {generation, ok, error?, load_ms}."""
@@ -133,7 +137,7 @@ class Worker:
         # Last, once everything is loaded; only here, where this process is the server
         # (an in-process test worker leaves its host's collector alone).
         self.on_startup.append(self._tune_garbage_collector)
-        server = uvicorn.Server(uvicorn.Config(
+        server = DrainingServer(uvicorn.Config(
             self.app, host=host, port=port, loop="uvloop", lifespan="on",
             http=self.http_protocol(),
             # Nothing here reads the client address or scheme, so uvicorn's X-Forwarded-*
@@ -141,8 +145,10 @@ class Worker:
             proxy_headers=False,
             access_log=False, log_level=self.config.log_level, workers=1,
             log_config=None,  # uvicorn's lines go through our JSON handler (serving/logs.py) like every other
-        ))
+        ), self.drain)
         server.run()
+        if server.exit_status:  # the drain's bound cut requests (serving/drain.py)
+            sys.exit(server.exit_status)
 
 
 GC_THRESHOLDS = (20_000, 50, 100)  # CPython's defaults: (700, 10, 10)

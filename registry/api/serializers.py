@@ -315,13 +315,17 @@ class WorkerSerializer(serializers.ModelSerializer):
     digest = serializers.SerializerMethodField()
     converged = serializers.SerializerMethodField()
     state = serializers.SerializerMethodField()
+    lifecycle = serializers.SerializerMethodField(help_text="serving, draining (stopping gracefully), stopped (said so), or gone (silent)")
 
     class Meta:
         model = Worker
         fields = [
-            "worker_id", "host", "pid", "url", "device", "generation", "digest", "converged", "state", "ok", "error", "loaded",
+            "worker_id", "host", "pid", "url", "device", "generation", "digest", "converged", "state", "lifecycle", "ok", "error", "loaded",
             "started_at", "last_seen_at", "last_report",
         ]
+
+    def get_lifecycle(self, worker) -> str:
+        return fleet.lifecycle(worker)
 
     def get_digest(self, worker) -> str | None:
         report = worker.last_report if isinstance(worker.last_report, dict) else {}

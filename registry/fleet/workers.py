@@ -13,11 +13,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from registry.fleet.state import issued_digest, serving_counter, warm_versions
 from registry.models import Release, Worker, WorkerAck
-from serving.contract import Ack, ContractError, WorkerReport, check_version
+from serving.contract import WORKER_STATES, Ack, ContractError, WorkerReport, check_version
 
 SHOWN_ID_CHARS = 40
 SHOWN_ERROR_CHARS = 300
@@ -47,9 +48,24 @@ def check_contract(message: object) -> None:
 
 
 def live_workers():
-    """Workers that reported within WORKER_GONE_AFTER_S."""
+    """Workers that reported within WORKER_GONE_AFTER_S and did not say they stopped."""
     cutoff = timezone.now() - timedelta(seconds=settings.WORKER_GONE_AFTER_S)
-    return Worker.objects.filter(last_seen_at__gte=cutoff)
+    # has_key first: a report without a state (an older worker) is a live one, not NULL.
+    said_stopped = Q(last_report__has_key="state") & Q(last_report__state="stopped")
+    return Worker.objects.filter(last_seen_at__gte=cutoff).exclude(said_stopped)
+
+
+def lifecycle(worker: Worker, now=None) -> str:
+    """serving or draining (as its last report says), stopped (its last report said so:
+    it answered everything it accepted and exited), or gone (silent for
+    WORKER_GONE_AFTER_S without a word)."""
+    report = worker.last_report if isinstance(worker.last_report, dict) else {}
+    said = report.get("state", "serving")
+    if said == "stopped":
+        return "stopped"
+    if worker.last_seen_at < (now or timezone.now()) - timedelta(seconds=settings.WORKER_GONE_AFTER_S):
+        return "gone"
+    return said if said in WORKER_STATES else "serving"
 
 
 def record_report(message: dict) -> Worker:

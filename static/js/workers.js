@@ -1,5 +1,6 @@
 // Workers page: each report refreshes its worker's age and requests/s; a worker that
-// stops reporting fades out; a new worker or a generation change re-renders the table.
+// stops reporting fades out as gone, one that said it stopped shows so at once; a new
+// worker, a generation change or a change of lifecycle re-renders the table.
 "use strict";
 
 (function () {
@@ -11,7 +12,8 @@
     report(message) {
       const previous = book.add(message);
       const row = findRow(message.worker);
-      if (!row || row.classList.contains("gone") || (previous && previous.generation !== message.generation)) {
+      if (!row || row.classList.contains("gone") || row.dataset.lifecycle !== (message.state || "serving")
+          || (previous && previous.generation !== message.generation)) {
         M.refreshSoon("workers-table");
         return;
       }
@@ -34,7 +36,7 @@
   setInterval(() => {
     document.querySelectorAll("#workers-table tr[data-worker]").forEach((row) => {
       const seen = new Date(row.querySelector("[data-field=age] time").getAttribute("datetime"));
-      if (Date.now() - seen.getTime() > goneAfterS * 1000 && !row.classList.contains("gone")) {
+      if (Date.now() - seen.getTime() > goneAfterS * 1000 && !row.classList.contains("gone") && !row.classList.contains("stopped")) {
         row.classList.add("gone");
         row.querySelectorAll("[data-field=requests_per_s], [data-field=error_rate], [data-field=client_error_rate]").forEach((cell) => { cell.textContent = "—"; });
       }

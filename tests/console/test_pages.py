@@ -140,6 +140,17 @@ def test_workers_page_highlights_a_worker_behind_and_fades_a_gone_one(viewer_pag
     assert "1 · behind" in html
 
 
+def test_workers_page_shows_a_worker_that_said_it_stopped_as_stopped_not_gone(viewer_page, canary_digits):
+    worker = report_from("retired", generation=2, versions=[])
+    worker.last_report = {**worker.last_report, "state": "stopped"}
+    worker.save()
+
+    html = viewer_page.get("/workers/").content.decode()
+
+    assert '<tr data-lifecycle="stopped" data-worker="retired" data-generation="2" class="stopped">' in html
+    assert 'retired <span class="hint">stopped</span>' in html
+
+
 def test_drills_page_lists_every_drill_with_its_result(viewer_page, canary_digits, operator):
     from django.utils import timezone
 

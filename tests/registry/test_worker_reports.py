@@ -3,6 +3,8 @@ worker that needs attention: not converged, with its state in words."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from registry.fleet.state import issued_digest
@@ -60,3 +62,35 @@ def test_a_report_with_a_nul_character_anywhere_is_refused_and_nothing_recorded(
 
     assert (response.status_code, response.json()["error"]) == (400, "a report must not contain NUL (\\u0000) characters")
     assert Worker.objects.count() == 0
+
+
+def lifecycles(viewer_client, **params) -> dict[str, str]:
+    return {row["worker_id"]: row["lifecycle"] for row in viewer_client.get("/api/workers/", params).json()}
+
+
+def test_a_worker_whose_last_report_says_stopped_is_listed_stopped_at_once_and_not_live(worker_client, viewer_client):
+    worker_client.post("/api/serving/reports", {**stateless_report(), "state": "stopped"}, format="json")
+
+    assert lifecycles(viewer_client) == {}
+    assert lifecycles(viewer_client, all="1") == {"w-new": "stopped"}
+
+
+def test_a_draining_worker_is_still_live_and_listed_draining(worker_client, viewer_client):
+    worker_client.post("/api/serving/reports", {**stateless_report(), "state": "draining"}, format="json")
+
+    assert lifecycles(viewer_client) == {"w-new": "draining"}
+
+
+def test_a_worker_silent_past_gone_after_is_gone_not_stopped(worker_client, viewer_client, settings):
+    worker_client.post("/api/serving/reports", stateless_report(), format="json")
+    Worker.objects.update(last_seen_at=Worker.objects.get().last_seen_at - timedelta(seconds=settings.WORKER_GONE_AFTER_S + 1))
+
+    assert lifecycles(viewer_client, all="1") == {"w-new": "gone"}
+
+
+def test_a_report_without_a_state_keeps_a_worker_live(worker_client, viewer_client):
+    report = stateless_report()
+    worker_client.post("/api/serving/reports", report, format="json")
+    Worker.objects.update(last_report={key: value for key, value in report.items() if key != "state"})  # as an older worker left it
+
+    assert lifecycles(viewer_client) == {"w-new": "serving"}

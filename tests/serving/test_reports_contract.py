@@ -175,3 +175,19 @@ UNREADABLE = object()  # what no reader takes: an item read before the length is
 )
 def test_a_list_or_object_past_its_limit_is_refused_before_any_item_is_read(path, value, message):
     assert refusal(changed(path, value)) == message
+
+
+def test_a_report_without_a_state_is_one_of_a_serving_worker():
+    """Workers from before the field say nothing: they serve, and the console takes them so."""
+    assert WorkerReport.parse(report()).state == "serving"
+
+
+@pytest.mark.parametrize("state", ["draining", "stopped"])
+def test_a_report_names_the_workers_stop_state(state):
+    assert WorkerReport.parse({**report(), "state": state}).state == state
+
+
+@pytest.mark.parametrize("state", ["gone", "", 1, ["stopped"]])
+def test_a_report_with_an_unknown_state_is_refused_naming_the_field(state):
+    with pytest.raises(ContractError, match="^state: must be one of serving, draining, stopped$"):
+        WorkerReport.parse({**report(), "state": state})

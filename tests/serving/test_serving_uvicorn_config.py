@@ -13,13 +13,15 @@ def test_the_app_is_served_without_uvicorns_forwarded_headers_middleware(tmp_pat
     configs = []
 
     class CapturedServer:
-        def __init__(self, config):
+        exit_status = 0
+
+        def __init__(self, config, drain):
             configs.append(config)
 
         def run(self) -> None:
             pass
 
-    monkeypatch.setattr(worker_module.uvicorn, "Server", CapturedServer)
+    monkeypatch.setattr(worker_module, "DrainingServer", CapturedServer)
 
     Worker(make_config(tmp_path)).serve("127.0.0.1", 0)
 

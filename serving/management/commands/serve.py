@@ -76,8 +76,8 @@ def _leave_the_code_tree(config: ServingConfig, state_file: str | None) -> tuple
 
 
 def _remover(directory: Path):
-    # uvicorn re-raises SIGTERM after its shutdown, so atexit never runs: clean up in
-    # the lifespan shutdown instead.
+    # A forced stop (a second SIGTERM, serving/drain.py) re-raises the signal, so atexit
+    # may never run: clean up in the lifespan shutdown instead.
     async def remove() -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
