@@ -72,7 +72,7 @@ def new_user(request):
     except users.UserAdminError as error:
         form.add_error(None, error.message)
         return render(request, "console/users_new.html", {"nav": "users", "form": form}, status=error.status)
-    return _secret(request, person, "password", password, f"{person.username} created as {data['role']}.")
+    return _show_once(request, person, "password", password, f"{person.username} created as {data['role']}.")
 
 
 @admin_required
@@ -83,7 +83,7 @@ def user_page(request, pk: int):
                                                           "is_self": person.pk == request.user.pk})
 
 
-def _secret(request, person: User, what: str, value: str, done: str):
+def _show_once(request, person: User, what: str, value: str, done: str):
     """The one page that shows a new password or token key."""
     return render(request, "console/users_secret.html", {"nav": "users", "person": person, "what": what, "secret": value, "done": done})
 
@@ -149,11 +149,11 @@ def _reactivate(request, person, form):
 
 
 def _reset_password(request, person, form):
-    return _secret(request, person, "password", users.reset_password(person, request.user), f"{person.username}'s password reset.")
+    return _show_once(request, person, "password", users.reset_password(person, request.user), f"{person.username}'s password reset.")
 
 
 def _token(request, person, form):
-    return _secret(request, person, "token", users.rotate_token(person, request.user), f"New API token for {person.username}.")
+    return _show_once(request, person, "token", users.rotate_token(person, request.user), f"New API token for {person.username}.")
 
 
 def _revoke_token(request, person, form):
