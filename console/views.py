@@ -597,6 +597,7 @@ def version_context(version: ModelVersion, **extra) -> dict:
     context = {
         "nav": "models", "model": version.model, "version": version, "version_role": version_roles(release).get(version.number, ""),
         "signature": version.signature or {}, "checks": checks, "report_facts": report, "rollup": rollup,
+        "served": _served(version.model).get(version.number),
         "download_url": reverse("api-version-artifact", kwargs={"name": version.model.name, "number": version.number}),
         "try_form": forms.TryForm(initial={"inputs": example_inputs(version.signature or {})}),
         "worker_url": serving_url(),

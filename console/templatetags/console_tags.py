@@ -17,6 +17,21 @@ def _number(value) -> float | None:
     return float(value)
 
 
+# As many colours as static/js/charts.js VERSION_COLORS (and .vc-* in console.css).
+VERSION_COLOR_COUNT = 8
+
+
+@register.filter
+def version_color(number) -> str:
+    """The CSS class of a version's colour: it follows the number, not the role, so a
+    canary keeps its colour once it is stable."""
+    try:
+        index = (max(int(number), 1) - 1) % VERSION_COLOR_COUNT
+    except (TypeError, ValueError):
+        return ""
+    return f"vc-{index}"
+
+
 @register.filter
 def seconds(value) -> str:
     """0.1234 -> '0.123 s'; None -> '—' (not measured)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -17,14 +18,16 @@ logger = logging.getLogger(__name__)
 LIVE_GROUP = "live"
 
 
-def ingest_report(worker: Worker, report: dict) -> None:
+def ingest_report(worker: Worker, report: dict, received_at: datetime | None = None) -> None:
     """Roll the report's per-version figures up per minute, keep them as samples for the
-    canary analysis, and relay them to browsers. The figures were validated with the
-    report (``serving.contract``); versions this console does not know are skipped."""
+    canary analysis and the charts, and relay them to browsers. The figures were validated
+    with the report (``serving.contract``); versions this console does not know are skipped.
+    ``received_at`` is now, unless a test replays a report at another moment."""
+    at = received_at or timezone.now()
     resolved = _resolve_versions(report.get("versions") or [])
     for version, figures in resolved:
-        add_to_rollup(version, figures)
-    samples.store(worker.worker_id, resolved)
+        add_to_rollup(version, figures, at)
+    samples.store(worker.worker_id, resolved, at)
     relay(worker, report)
 
 
@@ -39,8 +42,8 @@ def _resolve_versions(entries: list[dict]) -> list[tuple[ModelVersion, dict]]:
     return [(known[(entry["model"], entry["version"])], entry) for entry in entries if (entry["model"], entry["version"]) in known]
 
 
-def add_to_rollup(version: ModelVersion, figures: dict) -> None:
-    minute = timezone.now().replace(second=0, microsecond=0)
+def add_to_rollup(version: ModelVersion, figures: dict, at: datetime | None = None) -> None:
+    minute = (at or timezone.now()).replace(second=0, microsecond=0)
     with transaction.atomic():
         row, _ = VersionMetricMinute.objects.select_for_update().get_or_create(version=version, minute=minute)
         row.requests += int(figures.get("requests", 0))

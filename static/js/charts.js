@@ -1,11 +1,16 @@
 // Chart helpers for the model page (live, per second) and the version page (per
-// minute): uPlot line charts, a small SVG grouped-bar chart for batch sizes, and the
+// minute): uPlot line charts with release markers, colours per version, a small SVG grouped-bar chart for batch sizes, and the
 // histogram arithmetic both need.
 "use strict";
 
 window.Charts = (function () {
   const ROLE_COLORS = { stable: "#2f6fdf", canary: "#e8590c", shadow: "#8b5cf6", warm: "#64748b" };
   const SPARE_COLORS = ["#0d9488", "#a21caf", "#ca8a04", "#475569", "#be123c"];
+  // A version's colour follows its number, not its role, so v2 keeps its colour when it
+  // goes from canary to stable. The same list is .vc-0 … .vc-7 in console.css; each is dark
+  // enough for white split-bar labels (WCAG AA).
+  const VERSION_COLORS = ["#2f6fdf", "#c2410c", "#0f766e", "#7c3aed", "#a16207", "#be123c", "#475569", "#4d7c0f"];
+  const MARKER_COLOR = "#374151";
   const HEIGHT = 170;
   const AXIS = { stroke: "#5d6875", grid: { stroke: "#eef1f4", width: 1 }, ticks: { stroke: "#dce1e7", width: 1 } };
 
@@ -13,18 +18,25 @@ window.Charts = (function () {
     return ROLE_COLORS[role] || SPARE_COLORS[index % SPARE_COLORS.length];
   }
 
-  // A uPlot line chart whose width follows its container; y starts at 0.
-  function line(container, series, { format = (v) => String(v), time = true, windowS = null } = {}) {
+  function versionColor(version) {
+    return VERSION_COLORS[(Math.max(Number(version) || 1, 1) - 1) % VERSION_COLORS.length];
+  }
+
+  // A uPlot line chart whose width follows its container; y starts at 0. ``windowS`` (a
+  // number or a function answering one) makes it a live chart of that many seconds ending
+  // now; ``markers`` answers the release markers [{t, label}] to draw as vertical lines.
+  function line(container, series, { format = (v) => String(v), time = true, windowS = null, markers = null } = {}) {
     container.innerHTML = "";
+    const span = () => (typeof windowS === "function" ? windowS() : windowS);
     const options = {
       width: Math.max(container.clientWidth, 200),
       height: HEIGHT,
       scales: {
         // A live chart shows a fixed window ending now, so it scrolls and is never blank-dated.
-        x: windowS ? { time, range: () => { const now = Date.now() / 1000; return [now - windowS, now]; } } : { time },
+        x: windowS ? { time, range: () => { const now = Date.now() / 1000; return [now - span(), now]; } } : { time },
         y: { range: (u, min, max) => [0, max > 0 ? max * 1.15 : 1] } },
       axes: [
-        windowS ? { ...AXIS, space: 70, values: (u, ticks) => ticks.map(clockTime) } : { ...AXIS },
+        windowS ? { ...AXIS, space: 70, values: (u, ticks) => ticks.map((tick) => clockTime(tick, span() > 3600)) } : { ...AXIS },
         { ...AXIS, size: 52, values: (u, values) => values.map(format) },
       ],
       series: [
@@ -37,6 +49,7 @@ window.Charts = (function () {
       cursor: { drag: { x: false, y: false } },
       // The figures table beside the charts carries the numbers; the legend names the lines.
       legend: { live: false },
+      hooks: markers ? { draw: [(u) => drawMarkers(u, markers() || [])] } : {},
     };
     const data = [[], ...series.map(() => [])];
     const chart = new uPlot(options, data, container);
@@ -45,8 +58,48 @@ window.Charts = (function () {
     return { chart, destroy: () => { observer.disconnect(); chart.destroy(); } };
   }
 
-  function clockTime(seconds) {
-    return new Date(seconds * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
+  // A dashed vertical line per release inside the x range, its label at the top in the
+  // first row where it overlaps no other label (drawn left of its line near the right
+  // edge); a label with no free row keeps only its line.
+  const MARKER_ROWS = 4;
+
+  function drawMarkers(u, markers) {
+    const [min, max] = [u.scales.x.min, u.scales.x.max];
+    const ratio = window.devicePixelRatio || 1;
+    const { ctx } = u;
+    const { left, top, width, height } = u.bbox;
+    const rowHeight = 13 * ratio;
+    const rows = Array.from({ length: MARKER_ROWS }, () => []);  // [[from, to], ...] taken per row
+    ctx.save();
+    ctx.font = `${11 * ratio}px system-ui, sans-serif`;
+    ctx.textBaseline = "top";
+    markers.filter((marker) => marker.t >= min && marker.t <= max).sort((a, b) => a.t - b.t).forEach((marker) => {
+      const x = Math.round(u.valToPos(marker.t, "x", true));
+      ctx.strokeStyle = MARKER_COLOR;
+      ctx.lineWidth = ratio;
+      ctx.setLineDash([4 * ratio, 3 * ratio]);
+      ctx.beginPath();
+      ctx.moveTo(x, top);
+      ctx.lineTo(x, top + height);
+      ctx.stroke();
+      const textWidth = ctx.measureText(marker.label).width;
+      const textX = x + 3 * ratio + textWidth > left + width ? x - 3 * ratio - textWidth : x + 3 * ratio;
+      const span = [textX - 2 * ratio, textX + textWidth + 2 * ratio];
+      const row = rows.findIndex((taken) => taken.every(([from, to]) => span[1] < from || span[0] > to));
+      if (row < 0) return;
+      rows[row].push(span);
+      const textY = top + 2 * ratio + row * rowHeight;
+      ctx.fillStyle = "rgba(255, 255, 255, 0.85)";
+      ctx.fillRect(span[0], textY - ratio, span[1] - span[0], rowHeight);
+      ctx.fillStyle = MARKER_COLOR;
+      ctx.fillText(marker.label, textX, textY);
+    });
+    ctx.restore();
+  }
+
+  function clockTime(seconds, minutesOnly = false) {
+    const parts = minutesOnly ? { hour: "2-digit", minute: "2-digit" } : { hour: "2-digit", minute: "2-digit", second: "2-digit" };
+    return new Date(seconds * 1000).toLocaleTimeString([], { ...parts, hour12: false });
   }
 
   // Cumulative Prometheus-style {le: count} -> ascending [{bound, count}] per bucket.
@@ -147,9 +200,39 @@ window.Charts = (function () {
     return { labels, values };
   }
 
+  // ---- the past: GET /api/models/{name}/series/ (registry/fleet/series.py)
+  const RANGE_SPANS_S = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400 };
+
+  async function fetchSeries(model, range, version = null) {
+    const url = new URL(`/api/models/${encodeURIComponent(model)}/series/`, location.origin);
+    url.searchParams.set("range", range);
+    if (version != null) url.searchParams.set("version", version);
+    try {
+      const response = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+      return response.ok ? await response.json() : null;
+    } catch (error) {
+      return null;  // unreachable: the charts keep what they have
+    }
+  }
+
+  // The range buttons (templates/console/fragments/range_picker.html): one pressed at a time.
+  function rangePicker(group, onChange) {
+    const buttons = [...group.querySelectorAll("button[data-range]")];
+    const pressed = () => (buttons.find((button) => button.getAttribute("aria-pressed") === "true") || buttons[0]).dataset.range;
+    group.addEventListener("click", (event) => {
+      const button = event.target.closest("button[data-range]");
+      if (!button || button.dataset.range === pressed()) return;
+      buttons.forEach((other) => other.setAttribute("aria-pressed", String(other === button)));
+      group.dataset.range = button.dataset.range;
+      onChange(button.dataset.range);
+    });
+    group.dataset.range = pressed();
+    return pressed();
+  }
+
   function escapeText(text) {
     return String(text).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
   }
 
-  return { colorFor, line, bars, shares, bucketCounts, quantileMs, addBuckets };
+  return { colorFor, versionColor, line, fetchSeries, rangePicker, RANGE_SPANS_S, bars, shares, bucketCounts, quantileMs, addBuckets };
 })();

@@ -7,18 +7,35 @@
   const C = window.Charts;
   const config = JSON.parse(document.getElementById("live-config").textContent);
   const book = M.reportBook(config.gone_after_s);
-  const HISTORY_S = 120;
   const BATCH_WINDOW_S = 60;
   const VERDICT_POLL_MS = 1000;
   const VERDICT_WAIT_MS = 10 * 60 * 1000;  // INSPECTION_TIMEOUT_S and a queue ahead of it
   const RELEASE_PARTS = ["release-panel", "rollout-panel", "health", "live-figures", "versions-table", "audit"];
 
+  const FIELDS = ["requests_per_s", "p50_ms", "p99_ms", "error_rate", "client_error_rate", "queue_depth"];
+  // The charts draw ``history``: the past the series API answered (``past``, up to its
+  // ``end``), then the live reports recorded since (``recent``), cut to the chosen range.
   const history = { t: [], series: new Map() };  // version -> {requests_per_s: [], ...}
+  const past = { t: [], series: new Map(), end: 0 };
+  const recent = { t: [], series: new Map() };
   const batches = new Map();  // version -> [{at, buckets}]
+  const markers = [];  // release markers [{t, generation, label}], oldest first
+  const picker = document.getElementById("chart-range");
+  let range = picker ? C.rangePicker(picker, (chosen) => { range = chosen; chartKey = null; loadPast(); }) : "15m";
   let charts = null;
   let chartKey = null;
   let liveSince = 0;
-  window.modelPage = { history };  // what the charts draw, for the browser tests and curious humans
+  let loading = 0;
+  let chartedGeneration = currentGeneration();  // the model's generation the markers know of
+  // What the charts draw, for the browser tests and curious humans: the composed history,
+  // the markers, and each chart's own data and series colours.
+  window.modelPage = {
+    history, markers, range: () => range, loaded: 0,
+    charts: () => Object.fromEntries([...(charts || new Map())].map(([name, { chart }]) => [name, {
+      data: chart.data, series: chart.series.slice(1).map((s) => ({ label: s.label, color: s._stroke || (typeof s.stroke === "function" ? s.stroke(chart, 1) : s.stroke) })),
+    }])),
+  };
+  const windowS = () => C.RANGE_SPANS_S[range];
 
   // ---- what the page currently shows (the server-rendered fragments are the truth)
   function currentGeneration() {
@@ -49,6 +66,11 @@
     state(message) {
       const mine = message.models && message.models[config.model];
       if (!mine || mine.generation !== currentGeneration()) refreshRelease();
+      // A traffic change of this model: its marker (and the figures up to it) come from the series API.
+      if (mine && mine.generation !== chartedGeneration) {
+        chartedGeneration = mine.generation;
+        loadPast();
+      }
       drill.sawState(mine);
     },
     job(message) {
@@ -57,6 +79,7 @@
     open() {
       liveSince = Date.now();
       refreshRelease();  // catch up on whatever happened while the feed was off
+      if (window.modelPage.loaded) loadPast();  // a reconnect: fill the charts' gap too
       M.refreshSoon("evaluation-table");
     },
     close() { liveSince = 0; },
@@ -82,14 +105,15 @@
   }
   setInterval(tick, 1000);
   tick();
+  loadPast();
 
   function record(figures, rows) {
-    const versions = new Set([...rows.map((row) => row.version), ...figures.keys(), ...history.series.keys()]);
-    history.t.push(Date.now() / 1000);
+    const versions = new Set([...rows.map((row) => row.version), ...figures.keys(), ...recent.series.keys()]);
+    recent.t.push(Date.now() / 1000);
     for (const version of versions) {
-      if (!history.series.has(version)) history.series.set(version, emptySeries(history.t.length - 1));
+      if (!recent.series.has(version)) recent.series.set(version, emptySeries(recent.t.length - 1));
       const figure = figures.get(version);
-      const series = history.series.get(version);
+      const series = recent.series.get(version);
       series.requests_per_s.push(figure ? figure.requests_per_s : null);
       series.p50_ms.push(figure ? figure.p50_ms : null);
       series.p99_ms.push(figure ? figure.p99_ms : null);
@@ -97,15 +121,54 @@
       series.client_error_rate.push(figure && figure.client_error_rate != null ? figure.client_error_rate * 100 : null);
       series.queue_depth.push(figure ? figure.queue_depth : null);
     }
-    if (history.t.length > HISTORY_S) {
-      history.t.shift();
-      history.series.forEach((series) => Object.values(series).forEach((values) => values.shift()));
+    const cutoff = Date.now() / 1000 - Math.max(windowS(), BATCH_WINDOW_S);
+    while (recent.t.length && recent.t[0] < cutoff) {
+      recent.t.shift();
+      recent.series.forEach((series) => Object.values(series).forEach((values) => values.shift()));
     }
+    compose();
   }
 
   function emptySeries(length) {
-    const gap = () => new Array(length).fill(null);
-    return { requests_per_s: gap(), p50_ms: gap(), p99_ms: gap(), error_rate: gap(), client_error_rate: gap(), queue_depth: gap() };
+    return Object.fromEntries(FIELDS.map((field) => [field, new Array(length).fill(null)]));
+  }
+
+  // ---- the past, from the series API: on load, on another range, on a traffic change
+  async function loadPast() {
+    const ticket = ++loading;
+    const body = await C.fetchSeries(config.model, range);
+    if (!body || ticket !== loading) return;  // failed, or overtaken by a newer request
+    past.t = body.t;
+    past.end = body.end;
+    past.series = new Map(body.versions.map((entry) => [entry.version, {
+      requests_per_s: entry.requests_per_s, p50_ms: entry.p50_ms, p99_ms: entry.p99_ms, queue_depth: entry.queue_depth,
+      error_rate: entry.error_rate.map((v) => (v == null ? null : v * 100)),
+      client_error_rate: entry.client_error_rate.map((v) => (v == null ? null : v * 100)),
+    }]));
+    body.versions.forEach((entry) => {
+      if (!(batches.get(entry.version) || []).length) batches.set(entry.version, [{ at: body.end * 1000, buckets: entry.batch_size_buckets }]);
+    });
+    markers.splice(0, markers.length, ...body.markers);
+    window.modelPage.loaded += 1;
+    compose();
+    draw(versionRows());
+  }
+
+  // history = past, then what live reports added after it, inside the range
+  function compose() {
+    const cutoff = Date.now() / 1000 - windowS();
+    const fromPast = past.t.map((t, i) => i).filter((i) => past.t[i] >= cutoff);
+    const fromRecent = recent.t.map((t, i) => i).filter((i) => recent.t[i] > past.end && recent.t[i] >= cutoff);
+    history.t = [...fromPast.map((i) => past.t[i]), ...fromRecent.map((i) => recent.t[i])];
+    const versions = [...new Set([...past.series.keys(), ...recent.series.keys()])].sort((a, b) => a - b);
+    history.series = new Map(versions.map((version) => {
+      const older = past.series.get(version) || {};
+      const newer = recent.series.get(version) || {};
+      return [version, Object.fromEntries(FIELDS.map((field) => [field, [
+        ...fromPast.map((i) => (older[field] ? older[field][i] : null)),
+        ...fromRecent.map((i) => (newer[field] ? newer[field][i] : null)),
+      ]]))];
+    }));
   }
 
   function addBatches(version, cumulative) {
@@ -116,9 +179,17 @@
     batches.set(version, window);
   }
 
-  // ---- charts: rebuilt when the set of versions or their roles change
-  function draw(rows) {
-    const key = rows.map((row) => `${row.version}:${row.role}`).join(",");
+  // ---- charts: rebuilt when the set of versions or their roles change. Versions no
+  // longer in the table but in the range's history are drawn too, without a role.
+  function chartRows(rows) {
+    const listed = new Set(rows.map((row) => row.version));
+    const gone = [...history.series.keys()].filter((version) => !listed.has(version)).map((version) => ({ version, role: "" }));
+    return [...rows, ...gone].sort((a, b) => a.version - b.version);
+  }
+
+  function draw(tableRows) {
+    const rows = chartRows(tableRows);
+    const key = `${range}|${rows.map((row) => `${row.version}:${row.role}`).join(",")}`;
     if (key !== chartKey) {
       if (charts) charts.forEach((chart) => chart.destroy());
       charts = buildCharts(rows);
@@ -136,25 +207,27 @@
     })]);
     charts.get("queue_depth").chart.setData([history.t, ...column("queue_depth")]);
     drawBatches(rows);
+    document.getElementById("charts").dataset.points = String(history.t.length);
   }
 
   function buildCharts(rows) {
     const label = (row) => `v${row.version}${row.role ? " " + row.role : ""}`;
-    const each = rows.map((row, index) => ({ label: label(row), color: C.colorFor(row.role, index) }));
-    const latency = rows.flatMap((row, index) => [
-      { label: `${label(row)} p50`, color: C.colorFor(row.role, index), dash: [5, 4], width: 1.5 },
-      { label: `${label(row)} p99`, color: C.colorFor(row.role, index) },
+    const each = rows.map((row) => ({ label: label(row), color: C.versionColor(row.version) }));
+    const latency = rows.flatMap((row) => [
+      { label: `${label(row)} p50`, color: C.versionColor(row.version), dash: [5, 4], width: 1.5 },
+      { label: `${label(row)} p99`, color: C.versionColor(row.version) },
     ]);
-    const errors = rows.flatMap((row, index) => [
-      { label: `${label(row)} 5xx`, color: C.colorFor(row.role, index) },
-      { label: `${label(row)} 4xx`, color: C.colorFor(row.role, index), dash: [5, 4], width: 1.5 },
+    const errors = rows.flatMap((row) => [
+      { label: `${label(row)} 5xx`, color: C.versionColor(row.version) },
+      { label: `${label(row)} 4xx`, color: C.versionColor(row.version), dash: [5, 4], width: 1.5 },
     ]);
     const chart = (name) => document.querySelector(`#charts [data-chart="${name}"]`);
+    const live = { windowS, markers: () => markers };
     return new Map([
-      ["requests_per_s", C.line(chart("requests_per_s"), each, { format: M.format.rate, windowS: HISTORY_S })],
-      ["latency", C.line(chart("latency"), latency, { format: (v) => (v < 10 ? v.toFixed(1) : v.toFixed(0)), windowS: HISTORY_S })],
-      ["error_rate", C.line(chart("error_rate"), errors, { format: (v) => `${+v.toFixed(2)}`, windowS: HISTORY_S })],
-      ["queue_depth", C.line(chart("queue_depth"), each, { format: (v) => String(Math.round(v * 10) / 10), windowS: HISTORY_S })],
+      ["requests_per_s", C.line(chart("requests_per_s"), each, { format: M.format.rate, ...live })],
+      ["latency", C.line(chart("latency"), latency, { format: (v) => (v < 10 ? v.toFixed(1) : v.toFixed(0)), ...live })],
+      ["error_rate", C.line(chart("error_rate"), errors, { format: (v) => `${+v.toFixed(2)}`, ...live })],
+      ["queue_depth", C.line(chart("queue_depth"), each, { format: (v) => String(Math.round(v * 10) / 10), ...live })],
     ]);
   }
 
@@ -165,7 +238,7 @@
       return C.bucketCounts(total);
     });
     const { labels, values } = C.shares(counts);
-    const series = rows.map((row, index) => ({ label: `v${row.version}${row.role ? " " + row.role : ""}`, color: C.colorFor(row.role, index), values: values[index] }))
+    const series = rows.map((row, index) => ({ label: `v${row.version}${row.role ? " " + row.role : ""}`, color: C.versionColor(row.version), values: values[index] }))
       .filter((s) => s.values.some((value) => value > 0));
     C.bars(document.querySelector('#charts [data-chart="batch_sizes"]'), labels, series);
   }

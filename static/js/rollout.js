@@ -11,8 +11,6 @@
   if (!panel) return;
   const chartsBox = document.getElementById("rollout-charts");
   const POLL_MS = 3000;
-  const CANARY = C.colorFor("canary", 0);
-  const STABLE = C.colorFor("stable", 0);
   const LIMIT = "#9ca3af";
   const page = { verdicts: 0, rollout: null };
   window.rolloutPage = page;  // what the charts draw, for the browser tests and curious humans
@@ -85,11 +83,11 @@
     chartsBox.hidden = verdicts.length === 0;
     if (!verdicts.length) return;
     const outputs = [...new Set(verdicts.flatMap((verdict) => verdict.signals.map((signal) => signal.name).filter((name) => name.startsWith("output:"))))];
-    const key = `${rollout.id}|${outputs.join(",")}`;
+    const key = `${rollout.id}|${rollout.canary_version}|${rollout.stable_version}|${outputs.join(",")}`;
     if (key !== chartKey) {
       if (charts) charts.forEach((chart) => chart.destroy());
       const statistics = new Map(verdicts.flatMap((verdict) => verdict.signals.filter((item) => item.statistic).map((item) => [item.name, item.statistic])));
-      charts = build(outputs, statistics);
+      charts = build(outputs, statistics, rollout);
       chartKey = key;
     }
     const t = verdicts.map((verdict) => Date.parse(verdict.window_end) / 1000);
@@ -114,11 +112,14 @@
     charts.get("distribution").chart.setData([t, ...(outputs.length ? distribution : [verdicts.map(() => null)])]);
   }
 
-  function build(outputs, statistics = new Map()) {
+  function build(outputs, statistics, rollout) {
+    // Each side in its version's colour, as on every other chart of the model.
+    const CANARY = C.versionColor(rollout.canary_version);
+    const STABLE = C.versionColor(rollout.stable_version);
     const chart = (name) => chartsBox.querySelector(`[data-chart="${name}"]`);
     const sides = (unit) => [
-      { label: `canary ${unit}`, color: CANARY },
-      { label: `stable ${unit}`, color: STABLE },
+      { label: `canary v${rollout.canary_version} ${unit}`, color: CANARY },
+      { label: `stable v${rollout.stable_version} ${unit}`, color: STABLE },
       { label: "allowed", color: LIMIT, dash: [5, 4], width: 1.5 },
     ];
     const pct = (v) => `${+v.toFixed(2)}`;

@@ -1,0 +1,238 @@
+"""Charts that remember, in a real browser against the running stack: real traffic to the
+worker for a model of this file's own, then a reload draws the minutes before it on every
+chart (from the reports the console stored, GET /api/models/{name}/series/), with a
+labelled marker for each traffic change, also one made while the page is open; a version
+keeps its colour across a promote; the range buttons answer the keyboard.
+
+The charts' data and colours are read from the page (``window.modelPage.charts()``), not
+from pixels. Screenshots land in test-artifacts/charts-*.png.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import threading
+import time
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from registry.building.onnx_build import random_mlp, to_bytes
+from tests.browser.conftest import sign_in
+
+pytestmark = pytest.mark.browser
+
+LIVE_S = 20_000  # ms: anything that waits for a worker's ack or report
+LINE_CHARTS = ("requests_per_s", "latency", "error_rate", "queue_depth")
+expect.set_options(timeout=10_000)
+
+
+class Traffic:
+    """About 40 requests a second to the worker's /predict for ``model``; one in ten has
+    a malformed input, so 4xx answers show beside the 2xx."""
+
+    def __init__(self, worker_url: str, model: str):
+        self.worker_url, self.model = worker_url, model
+        self.answers: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        rows = random.Random(1)
+        with httpx.Client(base_url=self.worker_url, timeout=5) as client:
+            for count in range(10**9):
+                if self._stop.wait(1 / 40):
+                    return
+                inputs = [rows.random() for _ in range(8 if count % 10 else 3)]
+                try:
+                    status = client.post("/predict", json={"model_name": self.model, "inputs": inputs}).status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.answers[status] = self.answers.get(status, 0) + 1
+
+
+class Api:
+    """The console's REST API as the signed-in operator in ``page`` calls it."""
+
+    def __init__(self, page, stack):
+        self.page, self.stack = page, stack
+
+    def headers(self) -> dict:
+        csrf = next(cookie["value"] for cookie in self.page.context.cookies() if cookie["name"] == "csrftoken")
+        return {"X-CSRFToken": csrf, "Referer": self.stack.console_url + "/", "Accept": "application/json"}
+
+    def post(self, path: str, **kwargs):
+        response = self.page.request.post(path, headers=self.headers(), **kwargs)
+        assert response.ok, (path, response.status, response.text())
+        return response.json() if response.status != 204 else None
+
+    def get(self, path: str) -> dict:
+        response = self.page.request.get(path, headers={"Accept": "application/json"})
+        assert response.ok, (path, response.status, response.text())
+        return response.json()
+
+
+def wait_until(check, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def upload(api: Api, model: str, seed: int) -> int:
+    artifact = {"name": f"{model}-{seed}.onnx", "mimeType": "application/octet-stream", "buffer": to_bytes(random_mlp([8, 6, 4], seed=seed))}
+    number = api.post(f"/api/models/{model}/versions/", multipart={"artifact": artifact, "description": "charts test"})["number"]
+    wait_until(lambda: api.get(f"/api/models/{model}/versions/{number}/")["status"] == "ready", 90, f"{model} v{number} ready")
+    return number
+
+
+def set_split(api: Api, model: str, canary_weight: int) -> None:
+    api.post(f"/api/models/{model}/release/", data={"routes": [{"version": 1, "weight": 100 - canary_weight}, {"version": 2, "weight": canary_weight}],
+                                                     "reason": f"charts test: v2 at {canary_weight}%"})
+    wait_converged(api, model)
+
+
+def wait_converged(api: Api, model: str) -> None:
+    wait_until(lambda: api.get(f"/api/models/{model}/release/")["converged"], 30, f"the worker serving {model}'s release")
+
+
+@pytest.fixture(scope="module")
+def charted(browser, stack):
+    """A model of this file's own, v1 stable and v2 a 50% canary, that served real
+    traffic for some seconds; its name."""
+    model = f"charts-{secrets.token_hex(3)}"
+    context = browser.new_context(base_url=stack.console_url)
+    page = context.new_page()
+    sign_in(page, "olivia")
+    api = Api(page, stack)
+    api.post("/api/models/", data={"name": model, "description": "the charts' own model"})
+    seed = int(secrets.token_hex(3), 16)
+    upload(api, model, seed)
+    upload(api, model, seed + 1)
+    wait_converged(api, model)
+    set_split(api, model, 50)
+    with Traffic(stack.worker_url, model) as traffic:
+        time.sleep(12)
+    context.close()
+    assert traffic.answers.get(200, 0) > 100 and traffic.answers.get(400, 0) > 5, traffic.answers
+    return model
+
+
+def open_model(page, model: str) -> None:
+    page.goto(f"/models/{model}/")
+    page.wait_for_function("() => window.modelPage && window.modelPage.loaded >= 1")
+
+
+def points_before(page, moment_s: float) -> dict[str, int]:
+    """Per line chart: how many points, of any series, lie before ``moment_s`` with a value."""
+    return page.evaluate("""(moment) => Object.fromEntries(Object.entries(window.modelPage.charts()).map(([name, chart]) => {
+        const [t, ...lines] = chart.data;
+        return [name, lines.reduce((count, values) => count + values.filter((v, i) => v != null && t[i] < moment).length, 0)];
+    }))""", moment_s)
+
+
+def marker_labels(page) -> list[str]:
+    return page.evaluate("() => window.modelPage.markers.map((marker) => marker.label)")
+
+
+def series_color(page, chart: str, label_start: str) -> str:
+    return page.evaluate("([chart, start]) => window.modelPage.charts()[chart].series.find((s) => s.label.startsWith(start)).color", [chart, label_start])
+
+
+def test_a_reload_keeps_the_last_minutes_of_every_chart(page, stack, charted):
+    sign_in(page, "victor")  # a viewer reads the past too
+    open_model(page, charted)
+    reloaded_at = page.evaluate("() => Date.now() / 1000")
+
+    page.reload()
+    page.wait_for_function("() => window.modelPage.loaded >= 1")
+
+    before = points_before(page, reloaded_at)
+    assert set(before) == set(LINE_CHARTS)
+    assert all(count >= 2 for count in before.values()), before
+    canary = page.evaluate("(moment) => { const h = window.modelPage.history; const s = h.series.get(2); "
+                           "return h.t.filter((t, i) => t < moment && s.requests_per_s[i] > 0 && s.client_error_rate[i] > 0).length; }", reloaded_at)
+    assert canary >= 2  # v2's own requests, 4xx included, from before the reload
+    page.locator("#charts").scroll_into_view_if_needed()
+    stack.screenshot(page, "charts-reloaded")
+
+
+def test_a_traffic_change_is_a_marker_on_reload_and_live(page, stack, charted):
+    sign_in(page, "olivia")
+    open_model(page, charted)
+    assert "v2 50%" in marker_labels(page)  # made before this page was opened
+
+    set_split(Api(page, stack), charted, 20)
+
+    page.wait_for_function("() => window.modelPage.markers.some((marker) => marker.label === 'v2 20%')", timeout=LIVE_S)
+    in_view = page.evaluate("() => { const m = window.modelPage.markers.at(-1); return m.t > Date.now() / 1000 - 900 && m.t <= Date.now() / 1000 + 5; }")
+    assert in_view
+    page.locator("#charts").scroll_into_view_if_needed()
+    stack.screenshot(page, "charts-live-marker")
+    page.reload()
+    page.wait_for_function("() => window.modelPage.loaded >= 1")
+    assert marker_labels(page)[-2:] == ["v2 50%", "v2 20%"]
+
+
+def test_the_range_buttons_work_from_the_keyboard(page, stack, charted):
+    sign_in(page, "victor")
+    open_model(page, charted)
+    hour = page.get_by_role("button", name="Last 1 h")
+    expect(page.get_by_role("button", name="Last 15 min")).to_have_attribute("aria-pressed", "true")
+
+    hour.focus()
+    page.keyboard.press("Enter")
+
+    expect(hour).to_have_attribute("aria-pressed", "true")
+    page.wait_for_function("() => window.modelPage.range() === '1h' && window.modelPage.loaded >= 2")
+    steps = page.evaluate("() => { const t = window.modelPage.charts().requests_per_s.data[0]; return t.length > 1 ? t[1] - t[0] : null; }")
+    assert steps == 60  # per minute beyond 15 minutes
+    stack.screenshot(page, "charts-range-1h")
+
+
+def test_a_version_keeps_its_colour_across_a_promote(page, stack, charted):
+    sign_in(page, "olivia")
+    open_model(page, charted)
+    api = Api(page, stack)
+    release = api.get(f"/api/models/{charted}/release/")["release"]
+    assert release["stable_version"] == 1
+    split_v2 = page.locator("#release-panel .split-seg[title^='v2 ']")
+    canary_chart, canary_bar = series_color(page, "requests_per_s", "v2"), split_v2.evaluate("(e) => getComputedStyle(e).backgroundColor")
+    stable_before = series_color(page, "requests_per_s", "v1")
+
+    api.post(f"/api/models/{charted}/release/promote/", data={"reason": "charts test"})
+
+    expect(page.locator("#live-table tr[data-version='2']")).to_have_attribute("data-role", "stable", timeout=LIVE_S)
+    page.wait_for_function("() => window.modelPage.charts().requests_per_s.series.some((s) => s.label === 'v2 stable')", timeout=LIVE_S)
+    assert series_color(page, "requests_per_s", "v2 stable") == canary_chart != stable_before
+    expect(split_v2).to_have_count(1)
+    assert split_v2.evaluate("(e) => getComputedStyle(e).backgroundColor") == canary_bar
+    swatch = page.locator("#live-table tr[data-version='2'] .swatch").evaluate("(e) => getComputedStyle(e).backgroundColor")
+    assert swatch == canary_bar
+    stack.screenshot(page, "charts-promoted")
+
+
+def test_the_version_page_charts_its_past_with_the_markers(page, stack, charted):
+    sign_in(page, "victor")
+    page.goto(f"/models/{charted}/versions/2/")
+
+    page.wait_for_function("() => window.versionPage && window.versionPage.loaded >= 1")
+
+    served = page.evaluate("() => window.versionPage.series.requests_per_s.filter((v) => v > 0).length")
+    assert served >= 1
+    assert "v2 50%" in page.evaluate("() => window.versionPage.markers.map((marker) => marker.label)")
+    page.locator("#rollup-charts").scroll_into_view_if_needed()
+    stack.screenshot(page, "charts-version")
