@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+handler403 = "console.views.permission_denied"
 handler404 = "console.views.not_found"
 handler500 = "console.views.server_error"
 

@@ -67,6 +67,7 @@ from registry.artifacts.upload_handler import (
     declared_too_large,
     start_staging,
 )
+from registry.domain import audit_log
 from registry.domain.choices import (
     ACTIVE_ROLLOUT_STATUSES,
     ANALYSED_ROLLOUT_STATUSES,
@@ -104,6 +105,13 @@ def not_found(request, exception=None):
     if request.path.startswith("/api/"):
         return json_not_found(request, exception)
     return _error_page("404.html", 404)
+
+
+def permission_denied(request, exception=None):
+    """handler403, without the database like the others (a styled static page)."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": str(exception) if exception and str(exception) else "not allowed"}, status=403)
+    return _error_page("403.html", 403)
 
 
 def server_error(request):
@@ -232,10 +240,18 @@ MODEL_FRAGMENTS = {
 
 @login_required
 def model_page(request, name: str):
-    return _page(request, "console/model.html", model_context(_model(name)), MODEL_FRAGMENTS)
+    model = _model(name)
+    try:
+        chosen, refusal = audit_log.AuditFilter.parse(request.GET), ""
+    except audit_log.AuditFilterError as error:
+        chosen, refusal = audit_log.NO_FILTER, error.message
+    response = _page(request, "console/model.html", {**model_context(model, chosen), **audit_filter_context(model, chosen, refusal)}, MODEL_FRAGMENTS)
+    if refusal:
+        response.status_code = 400
+    return response
 
 
-def model_context(model: RegisteredModel) -> dict:
+def model_context(model: RegisteredModel, chosen: audit_log.AuditFilter = audit_log.NO_FILTER) -> dict:
     release = model.current_release()
     figures = live_figures(list(fleet.live_workers()))
     roles = version_roles(release)
@@ -256,7 +272,7 @@ def model_context(model: RegisteredModel) -> dict:
                       "measuring": running.get(version.number, [])} for version in versions],
         "evaluation": evaluation_context(model),
         "live_rows": _live_rows(model, roles, figures),
-        "audit_entries": audit_entries(model),
+        "audit_entries": audit_entries(model, chosen),
         "drills": model.drills.select_related("model", "actor")[:5],
         "upload_form": forms.UploadForm(),
         "live_config": {"model": model.name, "gone_after_s": settings.WORKER_GONE_AFTER_S},
@@ -297,10 +313,17 @@ def _served(model: RegisteredModel) -> dict[int, dict]:
     return served_since(rows)
 
 
-def audit_entries(model: RegisteredModel) -> list[dict]:
-    """The newest audit events, each with the generation in force when it happened (a
-    release event names its own) and its reason or rollout."""
-    events = list(model.audit_events.select_related("actor")[:AUDIT_EVENTS_SHOWN])
+def audit_filter_context(model: RegisteredModel, chosen: audit_log.AuditFilter, refusal: str) -> dict:
+    """The audit panel's filter form and its CSV link, which carries the same filters."""
+    export = reverse("api-audit", kwargs={"name": model.name}) + "?" + urlencode({**chosen.as_query(), "format": "csv"})
+    return {"audit_filter": chosen, "audit_filter_error": refusal, "audit_kinds": AuditKind.choices, "audit_actors": audit_log.actors(model),
+            "audit_csv_url": export}
+
+
+def audit_entries(model: RegisteredModel, chosen: audit_log.AuditFilter = audit_log.NO_FILTER) -> list[dict]:
+    """The newest audit events (of ``chosen``), each with the generation in force when it
+    happened, the one a release event made, and the reason typed with the action."""
+    events = list(audit_log.events(model, chosen)[:AUDIT_EVENTS_SHOWN])
     if not events:
         return []
     oldest, newest = events[-1].created_at, events[0].created_at
@@ -308,8 +331,8 @@ def audit_entries(model: RegisteredModel) -> list[dict]:
     before = model.releases.filter(created_at__lt=oldest).order_by("-generation").values_list("created_at", "generation").first()
     in_force = releases_in_force([event.created_at for event in events], ([before] if before else []) + timeline)
     return [
-        {"event": event, "generation": (event.data.get("generation") if event.kind == AuditKind.RELEASE else None) or generation,
-         "reason": event.data.get("reason", "") if event.kind == AuditKind.RELEASE else "", "rollout": event.data.get("rollout")}
+        {"event": event, "generation": audit_log.generation_made(event) or generation, "made": audit_log.generation_made(event),
+         "reason": audit_log.reason(event), "rollout": event.data.get("rollout")}
         for event, generation in zip(events, in_force, strict=True)
     ]
 

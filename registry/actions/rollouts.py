@@ -127,7 +127,7 @@ def start(model: RegisteredModel, canary_version: int, steps: object, step_durat
             actor=actor if actor is not None and actor.is_authenticated else None, reason=reason,
         )
         events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} started: v{canary_version} over steps {plan} "
-                             f"({duration_s:g} s each, windows of {settings.interval_s:g} s){_because(reason)}", {"event": "started"})
+                             f"({duration_s:g} s each, windows of {settings.interval_s:g} s){_because(reason)}", {"event": "started", "reason": reason})
         _apply_step(rollout, actor, reason, force=force)
     return rollout
 
@@ -181,7 +181,7 @@ def resume(rollout: Rollout, actor, reason: str = "") -> Rollout:
             raise RolloutConflict(f"rollout #{rollout.pk} is {rollout.get_status_display().lower()}: only a paused rollout can be resumed")
         _restart_step(rollout, timezone.now())
         rollout.status, rollout.status_reason = RolloutStatus.RUNNING, f"resumed by {_who(actor)}{_because(reason)}"
-        events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} {rollout.status_reason}", {"event": "resumed"})
+        events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} {rollout.status_reason}", {"event": "resumed", "reason": reason})
         _apply_step(rollout, actor, reason)
     return rollout
 

@@ -7,6 +7,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from registry.domain import audit_log
 from registry.domain.canary_analysis import (
     AnalysisSettings,
     InvalidAnalysis,
@@ -352,10 +353,18 @@ class MetricMinuteSerializer(serializers.ModelSerializer):
 
 class AuditEventSerializer(serializers.ModelSerializer):
     actor = UserNameField(read_only=True)
+    reason = serializers.SerializerMethodField(help_text="What the person typed with the action; empty when none.")
+    generation = serializers.SerializerMethodField(help_text="The generation this release (or the rollout's release) made; null for other events.")
 
     class Meta:
         model = AuditEvent
-        fields = ["kind", "message", "actor", "data", "created_at"]
+        fields = ["kind", "message", "actor", "reason", "generation", "data", "created_at"]
+
+    def get_reason(self, event) -> str:
+        return audit_log.reason(event)
+
+    def get_generation(self, event) -> int | None:
+        return audit_log.generation_made(event)
 
 
 class RolloutStartSerializer(ReasonSerializer):

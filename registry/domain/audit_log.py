@@ -1,0 +1,122 @@
+"""Reading a model's audit timeline: the filters people apply to it (by kind, by person)
+and its export as CSV, shared by the API and the model page so both refuse the same bad
+values and write the same rows.
+
+The export is read by spreadsheets, which execute a cell that starts with ``=``, ``+``,
+``-`` or ``@`` as a formula (CSV injection): every text cell that starts with one of
+those, or with a tab or carriage return, is prefixed with an apostrophe, which makes it
+text. Messages and reasons are typed by people and so are hostile.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.db.models import QuerySet
+
+from registry.domain.choices import AuditKind
+from registry.models import AuditEvent, RegisteredModel
+
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+CSV_HEADER = ["time", "kind", "actor", "generation", "rollout", "reason", "message"]
+CSV_CHUNK_ROWS = 500  # rows read from the database at a time while streaming
+SHOWN_PREFIX = 40  # of a refused value, in the error
+
+
+class AuditFilterError(ValueError):
+    """A filter value that names nothing; ``parameter`` is the query parameter."""
+
+    def __init__(self, parameter: str, message: str):
+        super().__init__(f"{parameter}: {message}")
+        self.parameter = parameter
+        self.message = f"{parameter}: {message}"
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    kind: str = ""
+    actor: str = ""
+
+    @classmethod
+    def parse(cls, query) -> AuditFilter:
+        """From a request's query parameters; empty means no filter."""
+        kind = (query.get("kind") or "").strip()
+        actor = (query.get("actor") or "").strip()
+        if kind and kind not in AuditKind.values:
+            raise AuditFilterError("kind", f"no audit kind {kind[:SHOWN_PREFIX]!r}; one of {', '.join(AuditKind.values)}")
+        if actor and not get_user_model().objects.filter(username=actor).exists():
+            raise AuditFilterError("actor", f"no user named {actor[:SHOWN_PREFIX]!r}")
+        return cls(kind=kind, actor=actor)
+
+    @property
+    def is_active(self) -> bool:
+        return bool(self.kind or self.actor)
+
+    def as_query(self) -> dict[str, str]:
+        return {key: value for key, value in (("kind", self.kind), ("actor", self.actor)) if value}
+
+
+NO_FILTER = AuditFilter()
+
+
+def events(model: RegisteredModel, chosen: AuditFilter = NO_FILTER) -> QuerySet[AuditEvent]:
+    """The model's events, newest first, narrowed to ``chosen``."""
+    found = AuditEvent.objects.filter(model=model).select_related("actor")
+    if chosen.kind:
+        found = found.filter(kind=chosen.kind)
+    if chosen.actor:
+        found = found.filter(actor__username=chosen.actor)
+    return found
+
+
+def actors(model: RegisteredModel) -> list[str]:
+    """Everyone who appears in the model's timeline, for the person filter."""
+    names = AuditEvent.objects.filter(model=model, actor__isnull=False).values_list("actor__username", flat=True).distinct()
+    return sorted(names)
+
+
+def reason(event: AuditEvent) -> str:
+    """What the person typed with the action (releases and rollouts keep it)."""
+    return str(event.data.get("reason") or "")
+
+
+def generation_made(event: AuditEvent) -> int | None:
+    """The generation a release event made, or a rollout event's release."""
+    value = event.data.get("generation")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def csv_cell(value) -> str:
+    """Text a spreadsheet shows as text, never runs as a formula."""
+    if value is None:
+        return ""
+    text = str(value)
+    return "'" + text if isinstance(value, str) and text.startswith(FORMULA_PREFIXES) else text
+
+
+def csv_row(event: AuditEvent) -> list[str]:
+    actor = event.actor.get_username() if event.actor else ""
+    values = [event.created_at.isoformat(), event.kind, actor, generation_made(event), event.data.get("rollout"), reason(event), event.message]
+    return [csv_cell(value) for value in values]
+
+
+class _Line:
+    """csv.writer's file: hands back each line it writes instead of keeping it."""
+
+    def write(self, text: str) -> str:
+        return text
+
+
+def csv_lines(found: Iterable[AuditEvent]) -> Iterator[str]:
+    """The header, then one line per event: a generator, so a long timeline streams."""
+    writer = csv.writer(_Line())
+    yield writer.writerow(CSV_HEADER)
+    for event in found:
+        yield writer.writerow(csv_row(event))
+
+
+def stream(found: QuerySet[AuditEvent]) -> Iterator[str]:
+    return csv_lines(found.iterator(chunk_size=CSV_CHUNK_ROWS))

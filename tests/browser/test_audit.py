@@ -1,0 +1,222 @@
+"""The audit timeline, the error pages, keyboard use and the accessibility check, in a
+real browser against the running stack.
+
+A model of this file's own (``audit-<hex>``, two versions made here, one release by ada
+and two by olivia) keeps the demo model ``digits`` as the other tests expect it.
+Screenshots: test-artifacts/audit-*.png; axe-core's findings: test-artifacts/axe-*.json.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.accessibility import assert_no_serious_violations
+from tests.browser.conftest import django_shell, sign_in
+
+pytestmark = pytest.mark.browser
+
+LIVE_S = 20_000  # ms: anything that waits for a worker's ack
+TAB_LIMIT = 120  # presses of Tab before a control counts as unreachable
+expect.set_options(timeout=10_000)
+
+HOSTILE_REASON = '=HYPERLINK("http://evil.example","click") canary by ada'
+MAKE_MODEL = """
+import io
+from django.contrib.auth.models import User
+from registry.actions import events, releases, uploads
+from registry.building.onnx_build import random_mlp, to_bytes
+from registry.models import RegisteredModel
+olivia, ada = User.objects.get(username="olivia"), User.objects.get(username="ada")
+model = RegisteredModel.objects.create(name={name!r}, description="made by the audit browser test")
+events.model_created(model, olivia)
+for seed in {seeds!r}:
+    uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([8, 4], seed=seed))), uploaded_by=olivia)
+canary = releases.set_routes(model, [{{"version": 1, "weight": 90}}, {{"version": 2, "weight": 10}}], ada, {reason!r})
+releases.set_routes(model, [{{"version": 1, "weight": 100}}], olivia, "back to v1 while we look")
+print(canary.generation)
+"""
+
+
+@dataclass(frozen=True)
+class Audited:
+    name: str
+    canary_generation: int  # ada's release (generations count across all models)
+
+
+@pytest.fixture(scope="module")
+def audited(stack) -> Audited:
+    """A model with v1 stable at 100%: v2 was a canary by ada, then olivia took it back;
+    the model's timeline has both people and a hostile reason."""
+    name = f"audit-{secrets.token_hex(3)}"
+    seeds = [secrets.randbelow(10**6) + 1000, secrets.randbelow(10**6) + 2_000_000]  # bytes no other version has
+    generation = django_shell(stack, MAKE_MODEL.format(name=name, seeds=seeds, reason=HOSTILE_REASON), timeout_s=120).strip().splitlines()[-1]
+    return Audited(name=name, canary_generation=int(generation))
+
+
+# ---------------------------------------------------------------- the audit timeline
+
+
+def test_timeline_shows_reasons_links_the_release_made_and_filters_by_kind_and_person(page, stack, audited):
+    sign_in(page, "olivia")
+    page.goto(f"/models/{audited.name}/")
+    made = f"made generation {audited.canary_generation}"
+    timeline = page.locator("#audit")
+    canary = timeline.locator(".event", has_text="ada").filter(has_text="Traffic changed")
+    expect(canary).to_contain_text(f"Reason: “{HOSTILE_REASON}”")
+    expect(canary.get_by_role("link", name=made)).to_have_attribute("href", f"/models/{audited.name}/releases/{audited.canary_generation}/")
+    stack.screenshot(page, "audit-timeline")
+
+    page.get_by_label("Kind").select_option(label="Traffic changed")
+    page.get_by_label("Person").select_option("ada")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r"\?kind=release&actor=ada"))
+    expect(timeline.locator(".event")).to_have_count(1)
+    expect(timeline.locator(".event")).to_contain_text("ada")
+    stack.screenshot(page, "audit-timeline-filtered")
+
+    timeline.get_by_role("link", name=made).click()
+    page.wait_for_url(f"**/models/{audited.name}/releases/{audited.canary_generation}/")
+    expect(page.locator("h1")).to_contain_text(str(audited.canary_generation))
+
+
+def test_timeline_downloads_as_csv_with_the_filters_and_defused_formulas(page, stack, audited):
+    sign_in(page, "victor")  # reading the timeline is every role's
+    page.goto(f"/models/{audited.name}/?kind=release&actor=ada")
+    with page.expect_download() as download:
+        page.get_by_role("link", name=re.compile("Download CSV")).click()
+    assert download.value.suggested_filename == f"{audited.name}-audit.csv"
+    rows = list(csv.reader(io.StringIO(Path(download.value.path()).read_text(encoding="utf-8"))))
+    assert rows[0] == ["time", "kind", "actor", "generation", "rollout", "reason", "message"]
+    assert [row[1:4] for row in rows[1:]] == [["release", "ada", str(audited.canary_generation)]]
+    assert rows[1][5] == "'" + HOSTILE_REASON  # a spreadsheet shows it, never runs it
+
+
+def test_a_bad_filter_value_is_named_and_the_whole_timeline_shown(page, stack, audited):
+    sign_in(page, "olivia")
+    response = page.goto(f"/models/{audited.name}/?kind=nonsense")
+    assert response.status == 400
+    expect(page.locator(".audit-filter [role=alert]")).to_contain_text("kind: no audit kind 'nonsense'")
+    expect(page.locator("#audit .event")).to_have_count(6)  # registered, two uploads, three releases
+
+
+# ---------------------------------------------------------------- error pages
+
+
+def test_403_page_is_styled_and_has_no_user_menu(page, stack):
+    sign_in(page, "victor")
+    response = page.goto("/models/digits/promote/")
+    assert response.status == 403
+    expect(page.get_by_role("heading", level=1)).to_have_text("Not allowed")
+    expect(page).to_have_title(re.compile("Not allowed · ModelOps console"))
+    assert page.locator(".topbar").evaluate("element => getComputedStyle(element).backgroundColor") == "rgb(17, 24, 39)"  # console.css loaded
+    expect(page.get_by_role("button", name="Sign out")).to_have_count(0)  # nothing read the session
+    expect(page.get_by_role("link", name="Back to the models")).to_be_visible()
+    stack.screenshot(page, "audit-403")
+
+
+def test_404_page_is_styled_and_offers_ways_on(page, stack):
+    sign_in(page, "olivia")
+    response = page.goto("/models/no-such-model-anywhere/")
+    assert response.status == 404
+    expect(page.get_by_role("heading", level=1)).to_have_text("Not found")
+    assert page.locator(".panel").evaluate("element => getComputedStyle(element).backgroundColor") == "rgb(255, 255, 255)"
+    expect(page.get_by_role("navigation", name="Ways on").get_by_role("link")).to_have_count(3)
+    stack.screenshot(page, "audit-404")
+
+
+# ---------------------------------------------------------------- keyboard
+
+
+def tab_to(page, selector: str) -> None:
+    """Press Tab from where focus is until ``selector`` has it (bounded)."""
+    for _ in range(TAB_LIMIT):
+        page.keyboard.press("Tab")
+        if page.evaluate("selector => document.activeElement?.matches(selector) ?? false", selector):
+            return
+    raise AssertionError(f"{selector} not reached in {TAB_LIMIT} presses of Tab")
+
+
+def focused_id_or_text(page) -> str:
+    return page.evaluate("() => document.activeElement.id || document.activeElement.textContent.trim()")
+
+
+def has_visible_focus(page) -> bool:
+    return page.evaluate("() => { const style = getComputedStyle(document.activeElement); return style.outlineStyle !== 'none' && parseFloat(style.outlineWidth) >= 2; }")
+
+
+def test_keyboard_alone_sends_a_preset_share_and_rolls_it_back(page, stack, audited):
+    sign_in(page, "olivia")
+    page.goto(f"/models/{audited.name}/")
+    page.locator("body").focus()
+
+    tab_to(page, "#release-panel button[name=preset][value='10']")
+    assert has_visible_focus(page)
+    stack.screenshot(page, "audit-keyboard-preset-focused")
+    page.keyboard.press("Enter")
+    expect(page.locator("#messages")).to_contain_text("v1 90%, v2 10%")
+    expect(page.locator("#release-panel .seg-canary")).to_contain_text("v2 · 10%")
+
+    tab_to(page, "#rollback-button")
+    assert has_visible_focus(page)
+    page.keyboard.press("Enter")
+    dialog = page.locator("#rollback-dialog")
+    expect(dialog).to_be_visible()
+    assert focused_id_or_text(page) == "Roll back now"  # the dialog takes focus: Enter would confirm
+    page.keyboard.press("Shift+Tab")
+    assert focused_id_or_text(page) == "rollback-reason"
+    page.keyboard.type("rolled back with the keyboard")
+    page.keyboard.press("Tab")
+    assert has_visible_focus(page)
+    page.keyboard.press("Space")
+    expect(page.locator("#release-panel .seg-canary")).to_have_count(0)
+    expect(page.locator("#audit .event").first).to_contain_text("rolled back with the keyboard")
+    stack.screenshot(page, "audit-keyboard-rolled-back")
+
+
+def test_the_upload_is_reachable_by_keyboard_without_dragging(page, stack, audited):
+    sign_in(page, "olivia")
+    page.goto(f"/models/{audited.name}/")
+    page.locator("body").focus()
+    tab_to(page, "#id_artifact")
+    expect(page.locator("#dropzone")).to_have_css("outline-style", "solid")  # where focus is, seen
+    with page.expect_file_chooser() as chooser:
+        page.keyboard.press("Space")
+    assert chooser.value.element.get_attribute("id") == "id_artifact"
+
+
+# ---------------------------------------------------------------- accessibility (axe-core)
+
+
+def signed_in_pages(model: Audited) -> dict[str, str]:
+    return {
+        "models": "/", "model": "/models/digits/", "model-audited": f"/models/{model.name}/", "version": "/models/digits/versions/1/",
+        "workers": "/workers/", "drills": "/drills/", "jobs": "/models/digits/jobs/", "release": f"/models/{model.name}/releases/{model.canary_generation}/",
+    }
+
+
+@pytest.mark.parametrize("name", ["models", "model", "model-audited", "version", "workers", "drills", "jobs", "release"])
+def test_signed_in_page_has_no_serious_accessibility_violations(page, stack, audited, name):
+    sign_in(page, "olivia")
+    page.goto(signed_in_pages(audited)[name])
+    page.wait_for_load_state("networkidle")
+    assert_no_serious_violations(page, name)
+
+
+def test_login_page_has_no_serious_accessibility_violations(page, stack):
+    page.goto("/login/")
+    assert_no_serious_violations(page, "login")
+
+
+@pytest.mark.parametrize(("name", "user", "path"), [("403", "victor", "/models/digits/promote/"), ("404", "olivia", "/no-such-page/")])
+def test_error_page_has_no_serious_accessibility_violations(page, stack, name, user, path):
+    sign_in(page, user)
+    page.goto(path)
+    assert_no_serious_violations(page, name)
