@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import job_views, metrics, rollout_views, views
+from console import job_views, metrics, registry_views, rollout_views, views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
@@ -10,7 +10,11 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.models_page, name="models"),
+    path("models/", registry_views.create_model, name="model-create"),
     path("models/<slug:name>/", views.model_page, name="model"),
+    path("models/<slug:name>/details/", registry_views.change_model, name="model-details"),
+    path("models/<slug:name>/archive/", registry_views.archive_model, name="model-archive"),
+    path("models/<slug:name>/unarchive/", registry_views.unarchive_model, name="model-unarchive"),
     path("models/<slug:name>/upload/", views.upload_version, name="model-upload"),
     path("models/<slug:name>/split/", views.set_split, name="model-split"),
     path("models/<slug:name>/promote/", views.promote, name="model-promote"),
