@@ -8,9 +8,12 @@ import re
 from dataclasses import dataclass
 
 from django import forms
+from django.contrib.auth import get_user_model
 
 from registry.domain.choices import DatasetTask
+from registry.domain.tags import InvalidTags, check_tags, parse_typed_tags
 from registry.domain.traffic import canary_split
+from registry.models import RegisteredModel
 
 PRESET_WEIGHTS = (1, 10, 50, 100)
 FULL_WEIGHT = 100  # a share that makes the canary the only route: asked for twice
@@ -138,6 +141,8 @@ class RolloutActionForm(forms.Form):
 class UploadForm(forms.Form):
     artifact = forms.FileField(label="ONNX file", allow_empty_file=True)
     description = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
+    # Bytes identical to an existing version's are refused unless this says a copy is meant.
+    allow_duplicate = forms.BooleanField(required=False, label="Upload as a copy even if identical to an existing version")
 
 
 class TryForm(forms.Form):
@@ -169,3 +174,72 @@ class DatasetForm(forms.Form):
     name = forms.SlugField(max_length=100, label="Name")
     task = forms.ChoiceField(choices=DatasetTask.choices, label="Task")
     description = forms.CharField(required=False, max_length=2000, label="Description")
+
+
+# ---------------------------------------------------------------- the model catalogue
+
+
+class TagsFormField(forms.CharField):
+    """Tags typed as words separated by commas or spaces; ``check_tags`` says what is valid."""
+
+    def to_python(self, value):
+        return parse_typed_tags(super().to_python(value) or "")
+
+    def validate(self, value):
+        try:
+            check_tags(value)
+        except InvalidTags as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def prepare_value(self, value):
+        return ", ".join(value) if isinstance(value, list) else value
+
+
+def _owner_field() -> forms.ModelChoiceField:
+    return forms.ModelChoiceField(queryset=get_user_model().objects.filter(is_active=True).order_by("username"), required=False,
+                                  to_field_name="username", label="Owner", empty_label="nobody")
+
+
+class ModelDetailsForm(forms.Form):
+    """Description, tags and owner: what a model page's operator may change."""
+
+    description = forms.CharField(required=False, max_length=2000, label="Description", widget=forms.Textarea(attrs={"rows": 2}))
+    tags = TagsFormField(required=False, max_length=400, label="Tags", help_text="Lowercase words separated by commas, e.g. fraud, cards")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["owner"] = _owner_field()
+
+
+class ModelCreateForm(ModelDetailsForm):
+    name = forms.SlugField(max_length=100, label="Name", help_text="Letters, digits, '-' and '_'; it names the model in URLs and requests.")
+    field_order = ("name", "description", "tags", "owner")
+
+    def clean_name(self):
+        name = self.cleaned_data["name"]
+        if RegisteredModel.objects.filter(name=name).exists():
+            raise forms.ValidationError(f"a model named {name!r} already exists")
+        return name
+
+
+MODEL_SORTS = {"name": "Name (A–Z)", "updated": "Last updated", "created": "Newest first", "requests": "Requests/s (busiest first)"}
+
+
+class ModelListForm(forms.Form):
+    """The Models page's query string: search, filters and order (all optional)."""
+
+    q = forms.CharField(required=False, max_length=100, label="Search")
+    tag = forms.ChoiceField(required=False, label="Tag")
+    owner = forms.ChoiceField(required=False, label="Owner")
+    sort = forms.ChoiceField(required=False, choices=list(MODEL_SORTS.items()), label="Sort by")
+    archived = forms.BooleanField(required=False, label="Show archived")
+    page = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+    def __init__(self, *args, tags: list[str], owners: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tag"].choices = [("", "any tag"), *((tag, tag) for tag in tags)]
+        self.fields["owner"].choices = [("", "anyone"), *((owner, owner) for owner in owners)]
+
+
+class ArchiveForm(forms.Form):
+    reason = forms.CharField(required=False, max_length=500, label="Reason (optional)")

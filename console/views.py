@@ -32,7 +32,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
-from console import forms, outage, readiness
+from console import forms, model_list, outage, readiness
 from console.metric_summaries import (
     evaluation_context,
     headline,
@@ -59,6 +59,7 @@ from console.summaries import (
 )
 from registry.actions import drills, releases, rollouts, uploads
 from registry.api.errors import json_not_found, json_server_error
+from registry.api.versions_views import duplicate_details
 from registry.artifacts import storage
 from registry.artifacts.upload_handler import (
     StagedUploadedFile,
@@ -192,14 +193,20 @@ def _model(name: str) -> RegisteredModel:
 
 @login_required
 def models_page(request):
-    context = {"nav": "models", "rows": _model_rows(), "gone_after_s": settings.WORKER_GONE_AFTER_S}
+    context = {"nav": "models", **_model_rows(request.GET), "gone_after_s": settings.WORKER_GONE_AFTER_S}
     return _page(request, "console/models.html", context, {"models-table": "console/fragments/models_table.html"})
 
 
-def _model_rows() -> list[dict]:
+def _model_rows(params) -> dict:
+    """One page of the models the query string asks for (``console.model_list``)."""
     figures = live_figures(list(fleet.live_workers()))
     recent = recent_traffic()
-    return [_model_row(model, figures, recent) for model in RegisteredModel.objects.prefetch_related("versions")]
+    form = model_list.list_form(params)
+    options = {key: form.cleaned_data.get(key) for key in ("q", "tag", "owner", "sort", "archived")}
+    page = model_list.page_of(model_list.sorted_models(model_list.matching_models(options), options["sort"] or "name", figures), form.cleaned_data.get("page"))
+    return {"rows": [_model_row(model, figures, recent) for model in page], "page": page, "list_form": form, "list_options": options,
+            "filtered": any(options[key] for key in ("q", "tag", "owner")), "any_models": RegisteredModel.objects.exists(),
+            "create_form": forms.ModelCreateForm()}
 
 
 def _model_row(model: RegisteredModel, figures: dict, recent: dict) -> dict:
@@ -275,6 +282,7 @@ def model_context(model: RegisteredModel, chosen: audit_log.AuditFilter = audit_
         "audit_entries": audit_entries(model, chosen),
         "drills": model.drills.select_related("model", "actor")[:5],
         "upload_form": forms.UploadForm(),
+        "details_form": forms.ModelDetailsForm(initial={"description": model.description, "tags": model.tags, "owner": model.owner.get_username() if model.owner else ""}),
         "live_config": {"model": model.name, "gone_after_s": settings.WORKER_GONE_AFTER_S},
     }
 
@@ -584,7 +592,10 @@ def _upload(request, model: RegisteredModel):
     if not form.is_valid() or not isinstance(form.cleaned_data["artifact"], StagedUploadedFile):
         return _answer(request, name, "error", "choose an .onnx file to upload" if form.is_valid() else _first_error(form), status=400)
     try:
-        version, job = uploads.accept_staged(model, form.cleaned_data["artifact"].staged, uploaded_by=request.user, description=form.cleaned_data["description"])
+        version, job = uploads.accept_staged(model, form.cleaned_data["artifact"].staged, uploaded_by=request.user, description=form.cleaned_data["description"],
+                                             allow_duplicate=form.cleaned_data["allow_duplicate"])
+    except uploads.DuplicateUpload as refusal:
+        return _answer(request, name, "error", f"Upload refused: {refusal.reason}", status=409, **duplicate_details(refusal.existing))
     except uploads.UploadRefused as refusal:
         return _answer(request, name, "error", f"Upload refused: {refusal.reason}", status=refusal.status)
     text = f"Version {version.number} uploaded; it is being validated (job #{job.pk}): the versions table shows whether it is ready or rejected."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 
 from django.conf import settings
@@ -21,9 +22,30 @@ from registry.domain.choices import (
 )
 
 
+class RegisteredModelQuerySet(models.QuerySet):
+    def active(self):
+        """Models not archived: what the Models page lists by default."""
+        return self.filter(archived_at__isnull=True)
+
+    def tagged(self, tag: str):
+        """Models carrying ``tag`` (tags are checked to be plain words, so the JSON text
+        holds it quoted exactly once; this works the same on SQLite and PostgreSQL)."""
+        return self.filter(tags__icontains=json.dumps(tag))
+
+    def matching(self, text: str):
+        """Models whose name, description or a tag contains ``text``."""
+        return self.filter(models.Q(name__icontains=text) | models.Q(description__icontains=text) | models.Q(tags__icontains=text))
+
+
 class RegisteredModel(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
+    # Short labels (registry/domain/tags.py says which), for finding models on the Models page.
+    tags = models.JSONField(default=list, blank=True)
+    # Who answers for the model; the creator unless someone else is named.
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="owned_models")
+    # Set while archived: hidden from the Models page, nothing routed (registry/actions/catalog.py).
+    archived_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     # Batching policy sent to workers with the desired state; null means the default.
@@ -34,6 +56,8 @@ class RegisteredModel(models.Model):
     # (registry/domain/canary_analysis.py); a rollout's own "analysis" overrides these.
     analysis = models.JSONField(default=dict, blank=True)
 
+    objects = RegisteredModelQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
@@ -42,6 +66,10 @@ class RegisteredModel(models.Model):
 
     def current_release(self) -> Release | None:
         return self.releases.order_by("-generation").first()
+
+    @property
+    def is_archived(self) -> bool:
+        return self.archived_at is not None
 
 
 class VersionQuerySet(models.QuerySet):

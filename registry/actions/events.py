@@ -22,6 +22,31 @@ def model_created(model: RegisteredModel, user) -> AuditEvent:
     return AuditEvent.objects.create(model=model, kind=AuditKind.MODEL_CREATED, actor=_actor(user), message=f"Model {model.name} registered")
 
 
+def model_changed(model: RegisteredModel, user, changed: dict) -> AuditEvent:
+    shown = {field: _shown(value) for field, value in changed.items()}
+    words = "; ".join(f"{field} {value}" for field, value in shown.items())
+    return AuditEvent.objects.create(model=model, kind=AuditKind.MODEL_CHANGED, actor=_actor(user), message=f"Model {model.name} changed: {words}",
+                                     data={"changed": shown})
+
+
+def _shown(value) -> str:
+    if isinstance(value, list):
+        return ", ".join(value) or "none"
+    if hasattr(value, "get_username"):
+        return value.get_username()
+    return "none" if value in (None, "") else str(value)[:200]
+
+
+def model_archived(model: RegisteredModel, user, reason: str) -> AuditEvent:
+    return AuditEvent.objects.create(model=model, kind=AuditKind.MODEL_ARCHIVED, actor=_actor(user),
+                                     message=f"Model {model.name} archived{f': {reason}' if reason else ''}", data={"reason": reason})
+
+
+def model_restored(model: RegisteredModel, user, reason: str) -> AuditEvent:
+    return AuditEvent.objects.create(model=model, kind=AuditKind.MODEL_RESTORED, actor=_actor(user),
+                                     message=f"Model {model.name} restored from the archive{f': {reason}' if reason else ''}", data={"reason": reason})
+
+
 def version_uploaded(version: ModelVersion, user) -> AuditEvent:
     return AuditEvent.objects.create(
         model=version.model,

@@ -87,6 +87,7 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
         counter = ServingGeneration.objects.lock()
         current = model.current_release()
         check_expected_generation(model, current, expected_generation)
+        _check_not_archived(model)
         try:
             parsed = check_routes(routes, _ready_numbers(model))
         except InvalidRoutes as error:
@@ -191,7 +192,8 @@ def route_first_version(version: ModelVersion, actor) -> Release | None:
     """The first ready version of a model becomes its stable route at 100%."""
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
-        if version.model.releases.exists():
+        # Read under the lock catalog.archive takes: an archived model serves nothing.
+        if version.model.releases.exists() or RegisteredModel.objects.filter(pk=version.model_id, archived_at__isnull=False).exists():
             return None
         routes = [Route(version=version.number, weight=100)]
         release = _append(counter, version.model, routes, version.number, ReleaseAction.INITIAL, None, actor, "first ready version")
@@ -289,6 +291,11 @@ def _publish() -> None:
     from registry.fleet.publish import publish_desired_state
 
     publish_desired_state()
+
+
+def _check_not_archived(model: RegisteredModel) -> None:
+    if RegisteredModel.objects.filter(pk=model.pk, archived_at__isnull=False).exists():
+        raise ReleaseConflict(f"{model.name} is archived: restore it from the archive before routing traffic to it")
 
 
 def _ready_numbers(model: RegisteredModel) -> set[int]:

@@ -52,22 +52,37 @@ class UploadRefused(Exception):
         self.retry_after_s = retry_after_s
 
 
+class DuplicateUpload(UploadRefused):
+    """The bytes are those of an existing version of the same model; nothing was stored."""
+
+    def __init__(self, existing: ModelVersion):
+        super().__init__(
+            f"the file is identical to version {existing.number} of {existing.model.name} ({existing.get_status_display().lower()}, "
+            f"sha256 {existing.sha256[:12]}): nothing was stored; send allow_duplicate=true to register it as a new version anyway",
+            status=409,
+        )
+        self.existing = existing
+
+
 # ---------------------------------------------------------------- answered at once, validated by a job
 
 
-def accept_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, uploaded_by, description: str = "") -> tuple[ModelVersion, Job]:
-    """Refuse at once what is cheap to refuse (UploadRefused); else store the bytes and
+def accept_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, uploaded_by, description: str = "",
+                  allow_duplicate: bool = False) -> tuple[ModelVersion, Job]:
+    """Refuse at once what is cheap to refuse (UploadRefused; DuplicateUpload for the
+    bytes of an existing version unless ``allow_duplicate``); else store the bytes and
     record a ``validating`` version with its validation job, queued after commit."""
     try:
         reason = sniff.not_onnx_reason(staged.path)
         if reason is not None:
             _refuse(model, uploaded_by, reason, 400, staged.sha256)
+        _check_open(model, staged.sha256, allow_duplicate)  # before storing; again under the lock below
         created_file = storage.commit(staged)
     finally:
         storage.discard(staged)
     try:
         with transaction.atomic():
-            version = _insert_next(model, staged, uploaded_by, description=description, metrics={})
+            version = _insert_next(model, staged, uploaded_by, description=description, metrics={}, allow_duplicate=allow_duplicate)
             job = records.create(JobKind.VALIDATION, version.model, version=version, key=validation_key(version), created_by=uploaded_by)
     except BaseException:
         if created_file:
@@ -192,13 +207,27 @@ def _refuse(model, uploaded_by, reason: str, status: int, sha256: str):
     raise UploadRefused(reason, status)
 
 
+def _check_open(model: RegisteredModel, sha256: str, allow_duplicate: bool) -> None:
+    """An upload over HTTP goes to a model that is not archived, and brings new bytes
+    unless it says it means a copy (what the inline registrations never check)."""
+    if model.is_archived:
+        raise UploadRefused(f"{model.name} is archived: restore it from the archive before uploading versions", 409)
+    existing = None if allow_duplicate else model.versions.filter(sha256=sha256).order_by("number").first()
+    if existing is not None:
+        raise DuplicateUpload(existing)
+
+
 @transaction.atomic
-def _insert_next(model, staged, uploaded_by, *, report: InspectionReport | None = None, description: str, metrics: dict) -> ModelVersion:
+def _insert_next(model, staged, uploaded_by, *, report: InspectionReport | None = None, description: str, metrics: dict,
+                 allow_duplicate: bool | None = None) -> ModelVersion:
     """The model's next version: ``ready`` with the report of an inline inspection,
-    else ``validating``."""
+    else ``validating``. ``allow_duplicate`` False or True: an HTTP upload, checked
+    again under the lock (two identical uploads at once make one version)."""
     # The model's row lock (PostgreSQL) or the write lock taken at BEGIN (SQLite in
     # IMMEDIATE mode) makes concurrent uploads take numbers one after the other.
     locked = RegisteredModel.objects.select_for_update().get(pk=model.pk)
+    if allow_duplicate is not None:
+        _check_open(locked, staged.sha256, allow_duplicate)
     number = (locked.versions.aggregate(top=Max("number"))["top"] or 0) + 1
     verdict = {} if report is None else _ready_fields(locked, report)
     version = ModelVersion.objects.create(

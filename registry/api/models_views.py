@@ -1,36 +1,71 @@
-"""REST API for registered models: list, create, read."""
+"""REST API for registered models: list (searched, filtered), create, read, change,
+archive and restore."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, extend_schema_view
-from rest_framework import generics, status
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import exceptions, generics, status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from registry.actions import events
+from registry.actions import catalog
 from registry.api import serializers
-from registry.api.errors import error_responses
+from registry.api.errors import error_response, error_responses
+from registry.api.lookups import get_model
 from registry.models import RegisteredModel
+
+LIST_PARAMETERS = [
+    OpenApiParameter("q", str, description="Only models whose name, description or a tag contains this text (any case)."),
+    OpenApiParameter("tag", str, description="Only models carrying this tag."),
+    OpenApiParameter("owner", str, description="Only models owned by this username."),
+    OpenApiParameter("archived", OpenApiTypes.BOOL, description="true: only archived models; false: only the others. All when absent."),
+]
+ARCHIVED_VALUES = {"true": True, "false": False}
+
+
+def filtered_models(params) -> QuerySet[RegisteredModel]:
+    """The models the list's query parameters ask for; a bad ``archived`` is a 400."""
+    models = RegisteredModel.objects.select_related("created_by", "owner")
+    if params.get("q"):
+        models = models.matching(params["q"])
+    if params.get("tag"):
+        models = models.tagged(params["tag"])
+    if params.get("owner"):
+        models = models.filter(owner__username=params["owner"])
+    if "archived" in params:
+        if params["archived"] not in ARCHIVED_VALUES:
+            raise exceptions.ValidationError({"archived": ["must be true or false"]})
+        models = models.filter(archived_at__isnull=not ARCHIVED_VALUES[params["archived"]])
+    return models
 
 
 @extend_schema_view(
-    get=extend_schema(responses={200: serializers.ModelSerializer(many=True), **error_responses()}),
+    get=extend_schema(parameters=LIST_PARAMETERS, responses={200: serializers.ModelSerializer(many=True), **error_responses(400)}),
     post=extend_schema(request=serializers.ModelCreateSerializer, responses={201: serializers.ModelSerializer, **error_responses(400, 415)}),
 )
 class ModelList(generics.ListCreateAPIView):
-    queryset = RegisteredModel.objects.all()
     parser_classes = [JSONParser]  # nullable numbers have no form spelling
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # the schema generator has no request
+            return RegisteredModel.objects.none()
+        return filtered_models(self.request.query_params)
 
     def get_serializer_class(self):
         return serializers.ModelCreateSerializer if self.request.method == "POST" else serializers.ModelSerializer
 
-    def perform_create(self, serializer):
-        model = serializer.save(created_by=self.request.user)
-        events.model_created(model, self.request.user)
-
     def create(self, request, *args, **kwargs):
-        super().create(request, *args, **kwargs)
-        model = RegisteredModel.objects.get(name=request.data["name"])
+        form = serializers.ModelCreateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = dict(form.validated_data)
+        owner = data.pop("owner", catalog.UNSET)
+        try:
+            model = catalog.create_model(created_by=request.user, owner=owner, **data)
+        except catalog.CatalogError as error:
+            return error_response(error.message, error.status, fields={"name": [error.message]})
         return Response(serializers.ModelSerializer(model).data, status=status.HTTP_201_CREATED)
 
 
@@ -48,5 +83,45 @@ class ModelDetail(generics.RetrieveUpdateAPIView):
         return serializers.ModelUpdateSerializer if self.request.method == "PATCH" else serializers.ModelSerializer
 
     def update(self, request, *args, **kwargs):
-        super().update(request, *args, partial=True)
-        return Response(serializers.ModelSerializer(self.get_object()).data)
+        model = self.get_object()
+        form = serializers.ModelUpdateSerializer(model, data=request.data, partial=True)
+        form.is_valid(raise_exception=True)
+        data = dict(form.validated_data)
+        if "analysis" in data:  # thresholds are not catalogue facts: saved as before
+            model.analysis = data.pop("analysis")
+            model.save(update_fields=["analysis"])
+        model = catalog.change_model(model, request.user, **data)
+        return Response(serializers.ModelSerializer(model).data)
+
+
+class _ArchiveAction(APIView):
+    parser_classes = [JSONParser]
+    change = None  # catalog.archive or catalog.unarchive
+
+    def post(self, request, name: str):
+        model = get_model(name)
+        form = serializers.ArchiveSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            model = type(self).change(model, request.user, form.validated_data["reason"])
+        except catalog.CatalogError as error:
+            return error_response(error.message, error.status)
+        return Response(serializers.ModelSerializer(model).data)
+
+
+@extend_schema(
+    request=serializers.ArchiveSerializer, responses={200: serializers.ModelSerializer, **error_responses(400, 404, 409, 415)},
+    description=("Archive the model: hidden from the console's Models page (unless asked for), no uploads, nothing routed to it. "
+                 "409 while the model has a release (it serves its stable version: only a model never served can be archived) "
+                 "or is archived already. Recorded in the audit timeline."),
+)
+class ArchiveModel(_ArchiveAction):
+    change = staticmethod(catalog.archive)
+
+
+@extend_schema(
+    request=serializers.ArchiveSerializer, responses={200: serializers.ModelSerializer, **error_responses(400, 404, 409, 415)},
+    description="Restore an archived model (409 when it is not archived). Recorded in the audit timeline.",
+)
+class UnarchiveModel(_ArchiveAction):
+    change = staticmethod(catalog.unarchive)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.db import models
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
@@ -14,6 +15,13 @@ from registry.domain.canary_analysis import (
     json_schema,
 )
 from registry.domain.choices import JobKind, JobStatus, VersionStatus
+from registry.domain.tags import (
+    MAX_TAG_LENGTH,
+    MAX_TAGS,
+    TAG_PATTERN,
+    InvalidTags,
+    check_tags,
+)
 from registry.fleet import workers as fleet
 from registry.models import (
     AuditEvent,
@@ -137,16 +145,60 @@ class ReleaseSerializer(serializers.ModelSerializer):
         return None if target is None else target.generation
 
 
+TAGS_SCHEMA = {
+    "type": "array", "maxItems": MAX_TAGS, "uniqueItems": True,
+    "items": {"type": "string", "minLength": 1, "maxLength": MAX_TAG_LENGTH, "pattern": TAG_PATTERN},
+    "description": f"Short labels for finding the model: lowercase letters, digits, '.', '_' and '-'; at most {MAX_TAGS}, each once.",
+}
+
+
+@extend_schema_field(TAGS_SCHEMA)
+class TagsField(serializers.Field):
+    """Tags, checked by ``registry.domain.tags.check_tags`` (which names the first bad one)."""
+
+    def to_internal_value(self, data):
+        try:
+            return check_tags(data)
+        except InvalidTags as error:
+            raise serializers.ValidationError(str(error)) from None
+
+    def to_representation(self, value):
+        return list(value)
+
+
+OWNER_HELP = "The username of whoever answers for the model (an active user), or null for nobody; the creator when not given."
+
+
+class OwnerField(serializers.SlugRelatedField):
+    """An active user by username; anything but a string is refused as invalid."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+def owner_field(**kwargs) -> OwnerField:
+    return OwnerField(slug_field="username", queryset=get_user_model().objects.filter(is_active=True), allow_null=True, help_text=OWNER_HELP,
+                      error_messages={"does_not_exist": "no active user has that username", "invalid": "must be a username (a string) or null"}, **kwargs)
+
+
 class ModelSerializer(serializers.ModelSerializer):
     created_by = UserNameField(read_only=True)
+    owner = UserNameField(read_only=True)
+    tags = TagsField(read_only=True)
+    archived = serializers.SerializerMethodField()
     current_release = serializers.SerializerMethodField()
     versions_count = serializers.SerializerMethodField()
 
     class Meta:
         model = RegisteredModel
-        fields = ["name", "description", "created_at", "created_by", "max_batch_size", "max_queue_delay_s", "latency_target_s", "analysis",
-                  "versions_count", "current_release"]
-        read_only_fields = ["created_at"]
+        fields = ["name", "description", "tags", "owner", "archived", "archived_at", "created_at", "created_by", "max_batch_size", "max_queue_delay_s",
+                  "latency_target_s", "analysis", "versions_count", "current_release"]
+        read_only_fields = ["created_at", "archived_at"]
+
+    def get_archived(self, model) -> bool:
+        return model.is_archived
 
     @extend_schema_field(ReleaseSerializer(allow_null=True))
     def get_current_release(self, model):
@@ -158,9 +210,12 @@ class ModelSerializer(serializers.ModelSerializer):
 
 
 class ModelCreateSerializer(StrictModelSerializer):
+    tags = TagsField(required=False)
+    owner = owner_field(required=False)
+
     class Meta:
         model = RegisteredModel
-        fields = ["name", "description", "max_batch_size", "max_queue_delay_s", "latency_target_s"]
+        fields = ["name", "description", "tags", "owner", "max_batch_size", "max_queue_delay_s", "latency_target_s"]
 
 
 @extend_schema_field(json_schema())
@@ -174,10 +229,12 @@ class ModelUpdateSerializer(StrictModelSerializer):
     workers with the desired state, so they are set at creation)."""
 
     analysis = AnalysisField(required=False)
+    tags = TagsField(required=False)
+    owner = owner_field(required=False)
 
     class Meta:
         model = RegisteredModel
-        fields = ["description", "analysis"]
+        fields = ["description", "tags", "owner", "analysis"]
 
     def validate_analysis(self, value):
         try:
@@ -243,6 +300,21 @@ class VersionUploadAnswerSerializer(VersionSerializer):
 class VersionUploadSerializer(serializers.Serializer):
     artifact = serializers.FileField(allow_empty_file=True, help_text="The ONNX file (multipart form field).")
     description = serializers.CharField(required=False, allow_blank=True, default="")
+    allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=(
+        "Register the file as a new version even when its sha256 equals an existing version's of this model "
+        "(otherwise that upload is refused with 409, naming the version)."))
+
+
+class DuplicateUploadSerializer(ErrorSerializer):
+    """An upload whose bytes are an existing version's: nothing was stored."""
+
+    existing_version = serializers.IntegerField(required=False, help_text="The number of the version with the same sha256.")
+    url = serializers.CharField(required=False, help_text="That version in the API (GET it).")
+    page_url = serializers.CharField(required=False, help_text="That version's page in the console.")
+
+
+class ArchiveSerializer(serializers.Serializer):
+    reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500, help_text="Why; recorded in the audit timeline.")
 
 
 FORCE_HELP = ("Route traffic to a version whose inputs differ from the stable version's (names, datatypes, non-batch "

@@ -19,6 +19,8 @@ from registry.api import (
 urlpatterns = [
     path("models/", models_views.ModelList.as_view(), name="api-models"),
     path("models/<slug:name>/", models_views.ModelDetail.as_view(), name="api-model"),
+    path("models/<slug:name>/archive/", models_views.ArchiveModel.as_view(), name="api-model-archive"),
+    path("models/<slug:name>/unarchive/", models_views.UnarchiveModel.as_view(), name="api-model-unarchive"),
     path("models/<slug:name>/versions/", versions_views.VersionList.as_view(), name="api-versions"),
     path("models/<slug:name>/versions/<int:number>/", versions_views.VersionDetail.as_view(), name="api-version"),
     path("models/<slug:name>/versions/<int:number>/artifact", versions_views.VersionArtifact.as_view(), name="api-version-artifact"),

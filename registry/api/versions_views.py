@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -61,12 +62,14 @@ class VersionList(generics.ListAPIView):
 
     @extend_schema(
         request=serializers.VersionUploadSerializer,
-        responses={202: serializers.VersionUploadAnswerSerializer, **error_responses(400, 403, 404, 413, 415)},
+        responses={202: serializers.VersionUploadAnswerSerializer, **error_responses(400, 403, 404, 409, 413, 415, conflict=serializers.DuplicateUploadSerializer)},
         description=(
             "Upload an ONNX file. What is cheap to refuse is refused at once, creating no version and leaving "
             "no file: 400 (empty, or not an ONNX model: not a protobuf ModelProto with an IR version and a graph), "
             "413 (over MAX_UPLOAD_BYTES), 403 (not an operator), with {\"error\": reason}; the refusal is kept in "
-            "the model's audit timeline. Otherwise the bytes are stored and the answer is 202 at once: the new "
+            "the model's audit timeline. 409 when the model is archived, or when the bytes' sha256 equals an existing "
+            "version's of this model: then the body names it (\"existing_version\", \"url\", \"page_url\") and nothing "
+            "is stored or recorded, unless the form field allow_duplicate=true asks for a copy. Otherwise the bytes are stored and the answer is 202 at once: the new "
             "version, its number taken, with status 'validating', and \"job\", its validation job. The expensive "
             "checks (ONNX checker, no external data, known operator domains, a real ONNX Runtime session run at the "
             "batch sizes a worker warms) run after the answer and end in 'ready' or 'rejected'. A rejected version "
@@ -94,10 +97,19 @@ class VersionList(generics.ListAPIView):
         if not isinstance(artifact, StagedUploadedFile):
             return error_response("the artifact must be sent as a multipart file field named 'artifact'", status.HTTP_400_BAD_REQUEST)
         try:
-            version, job = uploads.accept_staged(model, artifact.staged, uploaded_by=request.user, description=form.validated_data["description"])
+            version, job = uploads.accept_staged(model, artifact.staged, uploaded_by=request.user, description=form.validated_data["description"],
+                                                 allow_duplicate=form.validated_data["allow_duplicate"])
+        except uploads.DuplicateUpload as refusal:
+            return error_response(refusal.reason, refusal.status, **duplicate_details(refusal.existing))
         except uploads.UploadRefused as refusal:
             return error_response(refusal.reason, refusal.status)
         return Response({**serializers.VersionSerializer(version).data, "job": records.payload(job)}, status=status.HTTP_202_ACCEPTED)
+
+
+def duplicate_details(existing: ModelVersion) -> dict:
+    """What a duplicate upload's 409 carries beside ``error``: where the existing version is."""
+    names = {"name": existing.model.name, "number": existing.number}
+    return {"existing_version": existing.number, "url": reverse("api-version", kwargs=names), "page_url": reverse("version", kwargs=names)}
 
 
 @extend_schema_view(get=extend_schema(responses={200: serializers.VersionSerializer, **error_responses(404)}))

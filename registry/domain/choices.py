@@ -20,6 +20,9 @@ class ReleaseAction(models.TextChoices):
 
 class AuditKind(models.TextChoices):
     MODEL_CREATED = "model_created", "Model registered"
+    MODEL_CHANGED = "model_changed", "Model details changed"
+    MODEL_ARCHIVED = "model_archived", "Model archived"
+    MODEL_RESTORED = "model_restored", "Model restored from the archive"
     VERSION_UPLOADED = "version_uploaded", "Version uploaded"
     UPLOAD_REFUSED = "upload_refused", "Upload refused"
     VERSION_ARCHIVED = "version_archived", "Version archived"

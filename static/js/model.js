@@ -335,17 +335,18 @@
       if (event.dataTransfer.files.length) upload(event.dataTransfer.files[0]);
     });
 
-    function upload(file) {
+    function upload(file, options = {}) {
       const body = new FormData();
       body.append("artifact", file, file.name);
-      body.append("description", form.elements.description.value);
+      body.append("description", options.description ?? form.elements.description.value);
+      if (options.allowDuplicate) body.append("allow_duplicate", "true");
       const request = new XMLHttpRequest();
       request.open("POST", form.dataset.api);
       request.setRequestHeader("X-CSRFToken", M.csrfToken);
       request.setRequestHeader("Accept", "application/json");
       request.upload.onprogress = (event) => progress(file, event);
       request.upload.onload = () => verdict("working", [`Sent ${file.name}. Validating in ONNX Runtime…`]);
-      request.onload = () => answered(request);
+      request.onload = () => answered(request, file, body.get("description"));
       request.onerror = () => verdict("refused", ["The upload was interrupted: the console could not be reached."]);
       verdict("working", [`Sending ${file.name}…`]);
       request.send(body);
@@ -359,12 +360,14 @@
       document.getElementById("upload-progress-text").textContent = `${percent}% of ${(file.size / 1024).toFixed(0)} KiB`;
     }
 
-    function answered(request) {
+    function answered(request, file, description) {
       document.getElementById("upload-progress").hidden = true;
       form.reset();
       let body = {};
       try { body = JSON.parse(request.responseText); } catch (error) { body = {}; }
-      if (request.status === 202) {
+      if (request.status === 409 && body.existing_version) {
+        duplicate(file, body, () => upload(file, { allowDuplicate: true, description }));
+      } else if (request.status === 202) {
         verdict("working", [`v${body.number} is stored; validating it in ONNX Runtime…`], body);
         refreshRelease();
         awaitVerdict(body.number, Date.now());
@@ -373,6 +376,18 @@
         M.refreshSoon("audit");
       }
     }
+  }
+
+  // Identical bytes: say which version has them, link it, and offer the copy explicitly.
+  function duplicate(file, body, uploadCopy) {
+    const box = document.getElementById("upload-result");
+    box.className = "upload-result refused duplicate";
+    const words = `Not uploaded: ${file.name} is identical to version ${body.existing_version} (the same sha256); nothing was stored.`;
+    const text = Object.assign(document.createElement("p"), { textContent: words });
+    const link = Object.assign(document.createElement("a"), { href: body.page_url, textContent: `Open v${body.existing_version}` });
+    const copy = Object.assign(document.createElement("button"), { type: "button", className: "button small copy-anyway", textContent: "Upload as a copy anyway" });
+    copy.addEventListener("click", () => { copy.disabled = true; uploadCopy(); });
+    box.replaceChildren(text, link, copy);
   }
 
   // The validation runs after the 202: ask for the version until it is judged.

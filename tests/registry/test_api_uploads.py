@@ -69,7 +69,7 @@ def test_second_version_does_not_change_traffic(operator_client, model, good_onn
 
 def test_same_bytes_twice_are_stored_once(operator_client, model, good_onnx, artifact_root):
     first = upload_validated(operator_client, good_onnx)
-    second = upload_validated(operator_client, good_onnx)
+    second = upload_validated(operator_client, good_onnx, allow_duplicate="true")
 
     assert (first["number"], second["number"]) == (1, 2)
     assert first["sha256"] == second["sha256"]

@@ -51,10 +51,11 @@ DATASET_NAME = "holdout"
 # Every built-in check runs on every answer. One is told about rules no JSON schema can
 # state: a body that matches the schema may still be refused with 400 when the rule
 # is about the data's meaning (weights that sum to 100, a generation that exists, bytes that
-# are an ONNX model, a name nobody took), so positive_data_acceptance also expects 400
+# are an ONNX model, a name nobody took, an owner who is a user), so positive_data_acceptance also expects 400
 # there (413 for an upload). Each refusal still has to be documented and conform.
 SEMANTIC_REFUSALS = [
     ("POST", "/api/models/", [400]),
+    ("PATCH", "/api/models/{name}/", [400]),  # an owner must be an existing user
     ("POST", "/api/models/{name}/release/", [400]),
     ("POST", "/api/models/{name}/release/restore/", [400]),
     ("POST", "/api/models/{name}/versions/", [400, 413]),

@@ -1,0 +1,74 @@
+"""Console pages of the model catalogue: register a model, change its description, tags
+and owner, archive and restore it. Each is a form post (act, message, redirect) that
+calls ``registry.actions.catalog``; a refused form is shown again with its errors."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from console import forms
+from console.views import _model, model_context, operator_required
+from registry.actions import catalog
+
+
+@require_http_methods(["GET", "POST"])
+@operator_required
+def create_model(request):
+    """The Models page's form posts here; GET shows it alone (a link without JS)."""
+    form = forms.ModelCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            model = catalog.create_model(data["name"], created_by=request.user, description=data["description"], tags=data["tags"], owner=data["owner"])
+        except catalog.CatalogError as error:
+            form.add_error("name", error.message)
+        else:
+            messages.success(request, f"Model {model.name} registered. Upload its first version below.")
+            return redirect("model", name=model.name)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "console/model_new.html", {"nav": "models", "create_form": form}, status=status)
+
+
+@require_POST
+@operator_required
+def change_model(request, name: str):
+    model = _model(name)
+    form = forms.ModelDetailsForm(request.POST)
+    if not form.is_valid():
+        context = {**model_context(model), "details_form": form, "details_open": True}
+        return render(request, "console/model.html", context, status=400)
+    data = form.cleaned_data
+    catalog.change_model(model, request.user, description=data["description"], tags=data["tags"], owner=data["owner"])
+    messages.success(request, f"Details of {model.name} saved.")
+    return redirect("model", name=model.name)
+
+
+@require_http_methods(["GET", "POST"])
+@operator_required
+def archive_model(request, name: str):
+    model = _model(name)
+    if request.method == "GET":
+        release = model.current_release()
+        return render(request, "console/confirm.html", {"nav": "models", "model": model, "release": release, "standalone": True,
+                                                        "confirm_fragment": "console/fragments/confirm_archive.html"})
+    return _archive_change(request, model, catalog.archive, "archived: it is hidden from the Models page and takes no uploads")
+
+
+@require_POST
+@operator_required
+def unarchive_model(request, name: str):
+    return _archive_change(request, _model(name), catalog.unarchive, "restored from the archive")
+
+
+def _archive_change(request, model, change, done: str):
+    form = forms.ArchiveForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    try:
+        change(model, request.user, reason)
+    except catalog.CatalogError as error:
+        messages.error(request, f"Not done: {error.message}")
+        return redirect("model", name=model.name)
+    messages.success(request, f"{model.name} {done}.")
+    return redirect("model", name=model.name)

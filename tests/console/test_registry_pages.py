@@ -1,0 +1,223 @@
+"""The model catalogue in the console: creating a model from the Models page, its tags
+and owner, search / filter / sort through the query string, archive and restore."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from django.contrib.messages import get_messages
+
+from registry.actions import catalog
+from registry.building.onnx_build import random_mlp, to_bytes
+from registry.models import AuditEvent, RegisteredModel
+from tests.console.conftest import add_version, report_from
+
+pytestmark = pytest.mark.django_db
+
+
+def messages_of(response) -> list[str]:
+    return [str(message) for message in get_messages(response.wsgi_request)]
+
+
+def listed(response) -> list[str]:
+    assert response.status_code == 200
+    return re.findall(r'<tr data-model="([^"]+)"', response.content.decode())
+
+
+# ---------------------------------------------------------------- create
+
+
+def test_operator_creates_a_model_from_the_form_and_lands_on_its_page(operator_page, viewer):
+    response = operator_page.post("/models/", {"name": "fraud", "description": "cards", "tags": "Risk, cards", "owner": "victor"})
+
+    assert response.status_code == 302 and response["Location"] == "/models/fraud/"
+    assert messages_of(response) == ["Model fraud registered. Upload its first version below."]
+    model = RegisteredModel.objects.get(name="fraud")
+    assert (model.description, model.tags, model.owner.username, model.created_by.username) == ("cards", ["risk", "cards"], "victor", "olivia")
+    assert AuditEvent.objects.filter(model=model, kind="model_created").count() == 1
+
+
+def test_a_duplicate_name_is_shown_on_the_form_and_creates_nothing(operator_page, digits):
+    response = operator_page.post("/models/", {"name": "digits", "owner": "olivia"})
+
+    assert response.status_code == 400
+    assert "a model named &#x27;digits&#x27; already exists" in response.content.decode()
+    assert RegisteredModel.objects.count() == 1
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"name": "no spaces!"}, "Enter a valid “slug”"),
+    ({"name": "ok", "tags": "has/slash"}, "use lowercase letters"),
+    ({"name": "ok", "tags": ", ".join(f"t{index}" for index in range(11))}, "at most 10 tags"),
+])
+def test_a_bad_name_or_bad_tags_are_shown_on_the_form(operator_page, fields, words):
+    response = operator_page.post("/models/", fields)
+
+    assert response.status_code == 400
+    assert words in response.content.decode()
+    assert RegisteredModel.objects.count() == 0
+
+
+def test_viewer_sees_no_create_control_and_cannot_post(viewer_page, digits):
+    assert 'id="model-create-form"' not in viewer_page.get("/").content.decode()
+
+    response = viewer_page.post("/models/", {"name": "sneaky"})
+
+    assert response.status_code == 403
+    assert not RegisteredModel.objects.filter(name="sneaky").exists()
+
+
+def test_operator_sees_the_create_form_on_the_models_page(operator_page):
+    html = operator_page.get("/").content.decode()
+
+    assert 'id="model-create-form"' in html
+    assert '<label for="id_new_name">Name</label>' in html
+
+
+# ---------------------------------------------------------------- search, filters, sort
+
+
+@pytest.fixture
+def catalogue(operator, viewer):
+    for name, description, tags, owner in [
+        ("digits", "handwritten digits", ["cv"], viewer),
+        ("churn", "who leaves", ["risk"], operator),
+        ("fraud-cards", "card fraud", ["risk", "cards"], operator),
+    ]:
+        catalog.create_model(name, created_by=operator, description=description, tags=tags, owner=owner)
+
+
+def test_search_matches_name_description_and_tags(operator_page, catalogue):
+    assert listed(operator_page.get("/", {"q": "fraud"})) == ["fraud-cards"]
+    assert listed(operator_page.get("/", {"q": "handwritten"})) == ["digits"]
+    assert listed(operator_page.get("/", {"q": "risk"})) == ["churn", "fraud-cards"]
+
+
+def test_tag_and_owner_filters(operator_page, catalogue):
+    assert listed(operator_page.get("/", {"tag": "risk"})) == ["churn", "fraud-cards"]
+    assert listed(operator_page.get("/", {"owner": "victor"})) == ["digits"]
+    assert listed(operator_page.get("/", {"tag": "risk", "owner": "victor"})) == []
+
+
+def test_sort_by_name_newest_and_last_updated(operator_page, catalogue):
+    assert listed(operator_page.get("/", {"sort": "name"})) == ["churn", "digits", "fraud-cards"]
+    assert listed(operator_page.get("/", {"sort": "created"})) == ["fraud-cards", "churn", "digits"]
+    add_version(RegisteredModel.objects.get(name="digits"), 1)
+    assert listed(operator_page.get("/", {"sort": "updated"})) == ["digits", "fraud-cards", "churn"]
+
+
+def test_sort_by_requests_per_second_follows_the_live_figures(operator_page, catalogue):
+    report_from("w1", generation=0, versions=[
+        {"model": "fraud-cards", "version": 1, "requests": 50, "requests_per_s": 50.0},
+        {"model": "digits", "version": 1, "requests": 5, "requests_per_s": 5.0},
+    ])
+
+    assert listed(operator_page.get("/", {"sort": "requests"})) == ["fraud-cards", "digits", "churn"]
+
+
+def test_an_unknown_tag_in_a_shared_link_is_ignored_not_an_error(operator_page, catalogue):
+    assert listed(operator_page.get("/", {"tag": "gone", "sort": "name"})) == ["churn", "digits", "fraud-cards"]
+
+
+def test_every_filter_control_has_a_label(operator_page, catalogue):
+    html = operator_page.get("/").content.decode()
+    form = html[html.index('id="model-filters"'):html.index("</form>", html.index('id="model-filters"'))]
+
+    for control in re.findall(r'<(?:input|select)[^>]*\bid="([^"]+)"', form):
+        assert f'for="{control}"' in form, control
+
+
+def test_the_list_pages_after_fifty_models_keeping_the_query(operator_page, operator):
+    for index in range(52):
+        catalog.create_model(f"m{index:02d}", created_by=operator, tags=["bulk"])
+
+    first = operator_page.get("/", {"tag": "bulk"})
+    second = operator_page.get("/", {"tag": "bulk", "page": 2})
+
+    assert len(listed(first)) == 50
+    assert listed(second) == ["m50", "m51"]
+    assert 'href="?tag=bulk&amp;page=2"' in first.content.decode()
+
+
+# ---------------------------------------------------------------- details, archive
+
+
+def test_operator_changes_tags_and_owner_on_the_model_page(operator_page, digits, viewer):
+    response = operator_page.post("/models/digits/details/", {"description": "new words", "tags": "cv, mnist", "owner": "victor"})
+
+    assert response.status_code == 302
+    digits.refresh_from_db()
+    assert (digits.description, digits.tags, digits.owner.username) == ("new words", ["cv", "mnist"], "victor")
+    assert "mnist" in operator_page.get("/models/digits/").content.decode()
+
+
+def test_bad_tags_on_the_model_page_are_shown_and_change_nothing(operator_page, digits):
+    response = operator_page.post("/models/digits/details/", {"description": "x", "tags": "Bad/Tag"})
+
+    assert response.status_code == 400
+    assert "use lowercase letters" in response.content.decode()
+    digits.refresh_from_db()
+    assert (digits.description, digits.tags) == ("test digits", [])
+
+
+def test_viewer_cannot_change_details_or_archive(viewer_page, digits):
+    assert viewer_page.post("/models/digits/details/", {"tags": "x"}).status_code == 403
+    assert viewer_page.post("/models/digits/archive/").status_code == 403
+    assert 'id="model-details-form"' not in viewer_page.get("/models/digits/").content.decode()
+
+
+def test_archive_asks_first_then_hides_the_model_until_show_archived(operator_page, operator):
+    catalog.create_model("draft", created_by=operator)
+
+    confirm = operator_page.get("/models/draft/archive/")
+    done = operator_page.post("/models/draft/archive/", {"reason": "unused"})
+
+    assert "Archive draft?" in confirm.content.decode()
+    assert done.status_code == 302
+    assert "draft" not in listed(operator_page.get("/"))
+    assert listed(operator_page.get("/", {"archived": "true"})) == ["draft"]
+    assert AuditEvent.objects.get(kind="model_archived").data == {"reason": "unused"}
+
+
+def test_archiving_a_served_model_is_refused_with_the_reason(operator_page, digits):
+    confirm = operator_page.get("/models/digits/archive/")
+    response = operator_page.post("/models/digits/archive/")
+
+    assert "cannot be archived" in confirm.content.decode()
+    assert messages_of(response)[0].startswith("Not done: digits still takes traffic (generation 1: v1 100%)")
+    digits.refresh_from_db()
+    assert digits.archived_at is None
+
+
+def test_restore_brings_an_archived_model_back(operator_page, operator):
+    model = catalog.create_model("draft", created_by=operator)
+    catalog.archive(model, operator)
+
+    page = operator_page.get("/models/draft/").content.decode()
+    response = operator_page.post("/models/draft/unarchive/")
+
+    assert "Restore from the archive" in page and 'id="upload-form"' not in page
+    assert response.status_code == 302
+    assert listed(operator_page.get("/")) == ["draft"]
+
+
+# ---------------------------------------------------------------- duplicate upload through the page twin
+
+
+def test_the_page_twin_answers_a_duplicate_upload_with_the_existing_version(operator_page, digits, artifact_root):
+    data = to_bytes(random_mlp([4, 3], seed=11))
+    first = io.BytesIO(data)
+    first.name = "v3.onnx"
+    operator_page.post("/models/digits/upload/", {"artifact": first}, HTTP_ACCEPT="application/json")
+    again = io.BytesIO(data)
+    again.name = "again.onnx"
+
+    response = operator_page.post("/models/digits/upload/", {"artifact": again}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 409
+    body = response.json()
+    assert (body["level"], body["existing_version"], body["page_url"]) == ("error", 3, "/models/digits/versions/3/")
+    assert "identical to version 3" in body["message"]
+    assert list(digits.versions.values_list("number", flat=True)) == [3, 2, 1]
