@@ -15,6 +15,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.accessibility import assert_no_serious_violations
 from tests.browser.conftest import WORKER_ID, django_shell, sign_in
 from tests.browser.test_console_flow import Traffic
 
@@ -105,6 +106,7 @@ def test_models_page_on_a_phone_shows_split_and_traffic_without_panning(phone, s
     expect(row.locator('td[data-label="Workers"]')).to_contain_text("converged", timeout=LIVE_S)
     assert_no_sideways_pan(phone)
     stack.screenshot(phone, "phone-models")
+    assert_no_serious_violations(phone, "phone-models")
 
 
 def test_model_page_on_a_phone_fits_its_traffic_panel_charts_and_tables(phone, stack):
@@ -124,6 +126,7 @@ def test_model_page_on_a_phone_fits_its_traffic_panel_charts_and_tables(phone, s
             assert_on_screen(charts.nth(index))
         assert_no_sideways_pan(phone)
         stack.screenshot(phone, "phone-model")
+        assert_no_serious_violations(phone, "phone-model")
 
 
 def test_model_jobs_tab_on_a_phone_shows_each_job_as_a_card(phone, stack):

@@ -12,6 +12,7 @@ import secrets
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.accessibility import assert_no_serious_violations
 from tests.browser.conftest import sign_in
 
 pytestmark = pytest.mark.browser
@@ -37,6 +38,7 @@ def create_viewer(page, stack, username: str) -> str:
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Users & roles").click()
     expect(page.locator("tr[data-user=ada]")).to_have_attribute("data-role", "admin")
     stack.screenshot(page, "users-list")
+    assert_no_serious_violations(page, "users-list")
     page.get_by_role("link", name="New user").click()
     page.get_by_label("User name").fill(username)
     page.get_by_label("Role").select_option("viewer")
@@ -44,6 +46,7 @@ def create_viewer(page, stack, username: str) -> str:
     expect(page.get_by_role("status").first).to_contain_text(f"{username} created as viewer")
     expect(page.get_by_role("button", name="Copy")).to_be_visible()
     stack.screenshot(page, "users-created")
+    assert_no_serious_violations(page, "users-created")
     return page.locator("#secret").input_value()
 
 
