@@ -14,6 +14,7 @@ import secrets
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.accessibility import assert_no_serious_violations
 from tests.browser.conftest import sign_in
 
 pytestmark = pytest.mark.browser
@@ -39,6 +40,7 @@ def test_operator_creates_a_model_from_the_models_page(page, stack):
     page.get_by_role("button", name="Create model").click()
     expect(page.locator("#model-create-form")).to_contain_text("a model named 'digits' already exists")
     stack.screenshot(page, "registry-create-refused")
+    assert_no_serious_violations(page, "registry-create-refused")
 
     page.get_by_label("Name", exact=True).fill(name)
     page.get_by_label("Description (optional)").fill("made in the browser")
@@ -71,6 +73,7 @@ def test_models_page_search_tag_filter_and_sort_are_in_the_query_string(page, st
     expect(rows.first).to_have_attribute("data-model", f"{label}-gamma")
     assert [row.get_attribute("data-model") for row in rows.all()] == [f"{label}-gamma", f"{label}-beta", f"{label}-alpha"]
     stack.screenshot(page, "registry-search-sorted")
+    assert_no_serious_violations(page, "registry-search-sorted")
 
     page.goto(f"/?q={label}&tag=blue")  # a shared link opens the same view
     expect(rows).to_have_count(2)
@@ -93,6 +96,7 @@ def test_duplicate_upload_links_the_existing_version_and_can_be_sent_as_a_copy(p
     expect(result).to_contain_text("identical to version 1")
     expect(result.get_by_role("link", name="Open v1")).to_have_attribute("href", f"/models/{name}/versions/1/")
     stack.screenshot(page, "registry-duplicate-refused")
+    assert_no_serious_violations(page, "registry-duplicate-refused")
 
     result.get_by_role("button", name="Upload as a copy anyway").click()
     expect(result).to_contain_text("v2 is ready", timeout=VALIDATION_S)
