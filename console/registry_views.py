@@ -50,25 +50,36 @@ def change_model(request, name: str):
 def archive_model(request, name: str):
     model = _model(name)
     if request.method == "GET":
-        release = model.current_release()
-        return render(request, "console/confirm.html", {"nav": "models", "model": model, "release": release, "standalone": True,
+        return render(request, "console/confirm.html", {"nav": "models", "model": model, "standalone": True,
+                                                        "archive_preview": catalog.archive_preview(model),
                                                         "confirm_fragment": "console/fragments/confirm_archive.html"})
-    return _archive_change(request, model, catalog.archive, "archived: it is hidden from the Models page and takes no uploads")
+    reason = _reason(request)
+    try:
+        _, release = catalog.archive(model, request.user, reason)
+    except catalog.CatalogError as error:
+        return _refused(request, model, error)
+    served = f" It stopped serving at generation {release.generation}; workers are unloading it." if release else ""
+    messages.success(request, f"{model.name} archived: it is hidden from the Models page and takes no uploads.{served}")
+    return redirect("model", name=model.name)
 
 
 @require_POST
 @operator_required
 def unarchive_model(request, name: str):
-    return _archive_change(request, _model(name), catalog.unarchive, "restored from the archive")
-
-
-def _archive_change(request, model, change, done: str):
-    form = forms.ArchiveForm(request.POST)
-    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    model = _model(name)
     try:
-        change(model, request.user, reason)
+        _, _, outcome = catalog.unarchive(model, request.user, _reason(request))
     except catalog.CatalogError as error:
-        messages.error(request, f"Not done: {error.message}")
-        return redirect("model", name=model.name)
-    messages.success(request, f"{model.name} {done}.")
+        return _refused(request, model, error)
+    messages.success(request, f"{model.name} restored from the archive: {outcome}.")
+    return redirect("model", name=model.name)
+
+
+def _reason(request) -> str:
+    form = forms.ArchiveForm(request.POST)
+    return form.cleaned_data["reason"] if form.is_valid() else ""
+
+
+def _refused(request, model, error: catalog.CatalogError):
+    messages.error(request, f"Not done: {error.message}")
     return redirect("model", name=model.name)

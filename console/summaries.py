@@ -162,6 +162,8 @@ def health(release: Release | None, convergence: dict, recent: dict[int, dict], 
     every version's 5xx and 4xx rates within the canary analysis' default thresholds."""
     if release is None:
         return "idle", "No version routed yet"
+    if release.is_archive:
+        return "idle", "Archived: serves nothing"
     problem = _fleet_problem(release, convergence)
     if problem:
         return problem

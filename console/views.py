@@ -288,7 +288,9 @@ def model_context(model: RegisteredModel, chosen: audit_log.AuditFilter = audit_
 
 
 def _release_panel_context(model: RegisteredModel, release: Release | None, versions: list[ModelVersion]) -> dict:
-    target = release.rollback_target if release else None
+    archived = release is not None and release.is_archive
+    # An archive release keeps the routes it replaced as what a restore brings back; no rollback goes there.
+    target = release.rollback_target if release and not archived else None
     canary = canary_route(release)
     choices = canary_choices(release, versions)
     return {
@@ -298,6 +300,7 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "weighted_canaries": weighted_canaries(release),
         "rollback_target": target,
         "rollback_summary": describe_routes(target.routes) if target else "",
+        "archive_restores": describe_routes(release.rollback_target.routes) if archived and release.rollback_target else "",
         "rollback_preview": releases.rollback_preview(release),
         "promote_returns_to": _promote_returns_to(model, release) if canary else "",
         "active_rollout": model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first(),
@@ -523,7 +526,8 @@ def release_page(request, name: str, generation: int):
     model = _model(name)
     shown = get_object_or_404(model.releases.select_related("actor", "rollback_target"), generation=generation)
     context = {
-        "nav": "models", "model": model, "shown": shown, "segments": split_segments(shown), "summary": describe_routes(shown.routes),
+        "nav": "models", "model": model, "shown": shown, "segments": split_segments(shown),
+        "summary": "nothing (archived: no worker serves the model)" if shown.is_archive else describe_routes(shown.routes),
         "previous": model.releases.filter(generation__lt=generation).order_by("-generation").first(),
         "following": model.releases.filter(generation__gt=generation).order_by("generation").first(),
         "events": model.audit_events.filter(data__generation=generation).select_related("actor")[:AUDIT_EVENTS_SHOWN],

@@ -161,6 +161,11 @@ class Release(models.Model):
     def routed_versions(self) -> list[int]:
         return [route["version"] for route in self.routes]
 
+    @property
+    def is_archive(self) -> bool:
+        """The model was archived here: no routes, and no place in the desired state."""
+        return self.action == ReleaseAction.ARCHIVE
+
 
 class Drill(models.Model):
     """A timed rollback: when the operator acted, when each worker followed, what failed."""

@@ -1,14 +1,13 @@
 """The model catalogue: registering a model, changing its description, tags and owner,
 archiving it and restoring it. Each change is one transaction with its audit event.
 
-Archiving is refused (``CatalogConflict``, 409) while the model has a release: a release
-always routes 100% of the model's traffic somewhere (``releases`` has no "route
-nothing"), so an archived model that kept its release would go on serving while the
-Models page hides it. What may be archived is a model nothing was ever routed to (no
-version became ready); archiving it takes the serving-generation lock, the lock
-``releases.route_first_version`` takes, so a version that becomes ready afterwards is
-not routed (``releases`` checks ``archived_at`` under that lock), and uploads to an
-archived model are refused (``uploads``).
+Archiving a served model is a traffic change as well as a flag: ``releases.archive_traffic``
+appends a release with no routes (workers unload the model), under the serving-generation
+lock that every traffic change and ``releases.route_first_version`` take, so nothing is
+routed to an archived model afterwards (``releases`` checks ``archived_at`` under that
+lock) and uploads to it are refused (``uploads``). Restoring brings back the routes served
+before the archive in a new release (``releases.restore_from_archive``), or only the flag
+when those versions are gone. A model never served is archived and restored by the flag.
 """
 
 from __future__ import annotations
@@ -16,10 +15,10 @@ from __future__ import annotations
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from registry.actions import events
+from registry.actions import events, releases
 from registry.domain.tags import check_tags
 from registry.domain.traffic import Route
-from registry.models import RegisteredModel, ServingGeneration
+from registry.models import RegisteredModel, Release, ServingGeneration
 
 UNSET = object()  # "not given": owner=None means nobody
 
@@ -69,31 +68,39 @@ def change_model(model: RegisteredModel, actor, *, description=UNSET, tags=UNSET
     return locked
 
 
-def archive(model: RegisteredModel, actor, reason: str = "") -> RegisteredModel:
+def archive(model: RegisteredModel, actor, reason: str = "") -> tuple[RegisteredModel, Release | None]:
+    """The archived model, and the release that stopped serving it (None: it served nothing)."""
     with transaction.atomic():
-        ServingGeneration.objects.lock()  # serialises with route_first_version
+        ServingGeneration.objects.lock()
         locked = RegisteredModel.objects.select_for_update().get(pk=model.pk)
         if locked.is_archived:
             raise CatalogConflict(f"{locked.name} is archived already")
-        release = locked.current_release()
-        if release is not None:
-            routes = ", ".join(Route.from_json(route).describe() for route in release.routes)
-            raise CatalogConflict(
-                f"{locked.name} still takes traffic (generation {release.generation}: {routes}); a release always routes all of "
-                "a model's traffic to a version, so only a model that was never served can be archived: nothing was changed"
-            )
+        release = releases.archive_traffic(locked, actor, reason)
         locked.archived_at = timezone.now()
         locked.save(update_fields=["archived_at"])
-        events.model_archived(locked, actor, reason)
-    return locked
+        events.model_archived(locked, actor, reason, release)
+    return locked, release
 
 
-def unarchive(model: RegisteredModel, actor, reason: str = "") -> RegisteredModel:
+def unarchive(model: RegisteredModel, actor, reason: str = "") -> tuple[RegisteredModel, Release | None, str]:
+    """The restored model, the release that serves it again (None: it serves nothing
+    yet) and what happened to its traffic, in words."""
     with transaction.atomic():
+        ServingGeneration.objects.lock()
         locked = RegisteredModel.objects.select_for_update().get(pk=model.pk)
         if not locked.is_archived:
             raise CatalogConflict(f"{locked.name} is not archived")
+        release, outcome = releases.restore_from_archive(locked, actor, reason)
         locked.archived_at = None
         locked.save(update_fields=["archived_at"])
-        events.model_restored(locked, actor, reason)
-    return locked
+        events.model_restored(locked, actor, reason, release, outcome)
+    return locked, release, outcome
+
+
+def archive_preview(model: RegisteredModel) -> str:
+    """What archiving ``model`` does, in words (the confirmation says it)."""
+    current = model.current_release()
+    if current is None or current.is_archive:
+        return f"{model.name} serves nothing: archiving only hides it and refuses uploads and traffic changes until it is restored."
+    served = ", ".join(Route.from_json(route).describe() for route in current.routes)
+    return f"{served} stops serving on every worker; restore brings back {served}."

@@ -73,6 +73,7 @@ def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generatio
         ServingGeneration.objects.lock()
         current = model.current_release()
         releases.check_expected_generation(model, current, expected_generation)
+        releases.check_not_archived(model)
         _abandon_stale_drills(model)
         running = model.drills.filter(status=DrillStatus.RUNNING).first()
         if running is not None:

@@ -37,14 +37,17 @@ def _shown(value) -> str:
     return "none" if value in (None, "") else str(value)[:200]
 
 
-def model_archived(model: RegisteredModel, user, reason: str) -> AuditEvent:
+def model_archived(model: RegisteredModel, user, reason: str, release: Release | None = None) -> AuditEvent:
+    served = f"; it stopped serving at generation {release.generation}" if release else ""
     return AuditEvent.objects.create(model=model, kind=AuditKind.MODEL_ARCHIVED, actor=_actor(user),
-                                     message=f"Model {model.name} archived{f': {reason}' if reason else ''}", data={"reason": reason})
+                                     message=f"Model {model.name} archived{served}{f': {reason}' if reason else ''}",
+                                     data={"reason": reason, "generation": release.generation if release else None})
 
 
-def model_restored(model: RegisteredModel, user, reason: str) -> AuditEvent:
+def model_restored(model: RegisteredModel, user, reason: str, release: Release | None = None, outcome: str = "") -> AuditEvent:
     return AuditEvent.objects.create(model=model, kind=AuditKind.MODEL_RESTORED, actor=_actor(user),
-                                     message=f"Model {model.name} restored from the archive{f': {reason}' if reason else ''}", data={"reason": reason})
+                                     message=f"Model {model.name} restored from the archive{f'; {outcome}' if outcome else ''}{f': {reason}' if reason else ''}",
+                                     data={"reason": reason, "generation": release.generation if release else None})
 
 
 def version_uploaded(version: ModelVersion, user) -> AuditEvent:

@@ -7,6 +7,12 @@ model serialise and generations stay gap-free), checks the request, appends a
 Rollback is "undo": every release remembers the release a rollback from it returns
 to (``rollback_target``), so rolling back twice walks back twice.
 
+Archiving a served model is a release too (``archive_traffic``): one with no routes that
+leaves the model out of the desired state from its generation on, keeping the stable
+version and, as rollback target, the release it replaced, so ``restore_from_archive``
+brings back exactly what was served and retention keeps those artifacts. While the model
+is archived every other traffic change is refused.
+
 Every change may carry ``expected_generation``: the generation of the model's newest
 release as the operator saw it (the number on the model page; 0 when the model has no
 release yet). It is compared under the same lock that serialises the change, so a double
@@ -24,6 +30,7 @@ from django.utils import timezone
 
 from registry.actions import events
 from registry.domain.choices import (
+    ACTIVE_ROLLOUT_STATUSES,
     ANALYSED_ROLLOUT_STATUSES,
     ReleaseAction,
     RolloutStatus,
@@ -87,7 +94,7 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
         counter = ServingGeneration.objects.lock()
         current = model.current_release()
         check_expected_generation(model, current, expected_generation)
-        _check_not_archived(model)
+        check_not_archived(model)
         try:
             parsed = check_routes(routes, _ready_numbers(model))
         except InvalidRoutes as error:
@@ -109,6 +116,7 @@ def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generat
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         check_expected_generation(model, model.current_release(), expected_generation)
+        check_not_archived(model)
         current = require_current(model)
         canary = _only_canary(current)
         _check_still_ready(model, [canary])
@@ -128,6 +136,7 @@ def to_stable(model: RegisteredModel, stable_version: int | None, actor, reason:
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         check_expected_generation(model, model.current_release(), expected_generation)
+        check_not_archived(model)
         current = require_current(model)
         stable_version = current.stable_version if stable_version is None else stable_version
         _check_still_ready(model, [stable_version])
@@ -148,7 +157,7 @@ def last_all_stable(model: RegisteredModel, stable_version: int) -> Release | No
 
 def rollback_preview(release: Release | None) -> str | None:
     """What a rollback from ``release`` returns to, in words (the confirmation shows it)."""
-    if release is None or release.rollback_target is None:
+    if release is None or release.rollback_target is None or release.is_archive:
         return None
     target = release.rollback_target
     return f"{_describe_routes(target)} (generation {target.generation})"
@@ -161,6 +170,7 @@ def rollback(model: RegisteredModel, actor, reason: str = "", *, expected_genera
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         check_expected_generation(model, model.current_release(), expected_generation)
+        check_not_archived(model)
         current = require_current(model)
         target = current.rollback_target
         if target is None:
@@ -177,15 +187,67 @@ def restore(model: RegisteredModel, generation: int, actor, reason: str = "", *,
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         check_expected_generation(model, model.current_release(), expected_generation)
+        check_not_archived(model)
         earlier = model.releases.filter(generation=generation).first()
         if earlier is None:
             raise ReleaseError(f"model {model.name} has no release with generation {generation}")
+        if earlier.is_archive:
+            raise ReleaseConflict(f"generation {generation} archived {model.name}: archive the model instead of restoring it")
         routes = [Route.from_json(route) for route in earlier.routes]
         _check_still_ready(model, [route.version for route in routes])
         note = reason or f"restore of generation {generation}"
         release = _append(counter, model, routes, earlier.stable_version, ReleaseAction.RESTORE, model.current_release(), actor, note)
         events.release_made(release, f"Restored generation {generation}: traffic {_describe(routes)} (generation {release.generation})")
     return release
+
+
+def archive_traffic(model: RegisteredModel, actor, reason: str) -> Release | None:
+    """Stop serving ``model``: a release with no routes, which keeps the stable version
+    and, as rollback target, the release it replaces (what a restore brings back); its
+    rollouts are aborted. None when nothing serves the model. Only ``catalog.archive``
+    calls it, inside its transaction, which sets the flag under the same lock."""
+    counter = ServingGeneration.objects.lock()
+    current = model.current_release()
+    if current is None or current.is_archive:
+        return None
+    note = reason or "model archived"
+    release = _append(counter, model, [], current.stable_version, ReleaseAction.ARCHIVE, current, actor, note)
+    _abort_rollouts(model, release)
+    events.release_made(release, f"Archived: {_describe_routes(current)} stop serving on every worker (generation {release.generation}); "
+                                 f"a restore brings back {_describe_routes(current)}")
+    return release
+
+
+def restore_from_archive(model: RegisteredModel, actor, reason: str) -> tuple[Release | None, str]:
+    """The routes served before the archive, in a new generation, when every one of
+    their versions is still ready; else nothing (the model then serves nothing until a
+    version is routed). Returns the release (or None) and what happened, in words."""
+    counter = ServingGeneration.objects.lock()
+    current = model.current_release()
+    if current is None or not current.is_archive:
+        return None, "it was never served: it serves nothing until a version becomes ready"
+    before = current.rollback_target
+    if before is None:
+        return None, "the release it served before the archive is gone: it serves nothing until a version is routed"
+    routes = [Route.from_json(route) for route in before.routes]
+    missing = sorted({route.version for route in routes} - _ready_numbers(model))
+    if missing:
+        return None, f"version(s) {missing} it served before are no longer ready: it serves nothing until a version is routed"
+    note = reason or f"restored from the archive, back to the routes of generation {before.generation}"
+    # Rolling back from here is what rolling back before the archive would have been.
+    release = _append(counter, model, routes, before.stable_version, ReleaseAction.RESTORE, before.rollback_target, actor, note)
+    events.release_made(release, f"Restored from the archive: traffic {_describe(routes)} (generation {release.generation})")
+    return release, f"traffic is back to {_describe(routes)} (generation {release.generation})"
+
+
+def _abort_rollouts(model: RegisteredModel, release: Release) -> None:
+    """An archived model has no traffic to roll out on: its rollouts end, and say why."""
+    who = release.actor.get_username() if release.actor else "an operator"
+    for rollout in Rollout.objects.select_for_update().filter(model=model, status__in=ACTIVE_ROLLOUT_STATUSES):
+        rollout.status, rollout.finished_at = RolloutStatus.ABORTED, timezone.now()
+        rollout.status_reason = f"aborted: {model.name} was archived by {who} (generation {release.generation}); nothing serves it any more"
+        rollout.save(update_fields=["status", "status_reason", "finished_at"])
+        events.rollout_event(rollout, release.actor, f"Rollout #{rollout.pk} {rollout.status_reason}", {"event": "aborted", "generation": release.generation})
 
 
 def route_first_version(version: ModelVersion, actor) -> Release | None:
@@ -247,7 +309,7 @@ def _append(counter: ServingGeneration, model, routes: list[Route], stable: int,
         reason=reason,
     )
     transaction.on_commit(_publish)
-    if rollout is None:
+    if rollout is None and action != ReleaseAction.ARCHIVE:
         _pause_rollouts(model, release)
     return release
 
@@ -293,7 +355,7 @@ def _publish() -> None:
     publish_desired_state()
 
 
-def _check_not_archived(model: RegisteredModel) -> None:
+def check_not_archived(model: RegisteredModel) -> None:
     if RegisteredModel.objects.filter(pk=model.pk, archived_at__isnull=False).exists():
         raise ReleaseConflict(f"{model.name} is archived: restore it from the archive before routing traffic to it")
 
@@ -340,4 +402,6 @@ def _describe(routes: list[Route]) -> str:
 
 
 def _describe_routes(release: Release) -> str:
+    if release.is_archive:
+        return "nothing (archived)"
     return _describe([Route.from_json(route) for route in release.routes])

@@ -4,7 +4,8 @@ NEVER delete the artifact of a version that
 - is among the newest ``RETENTION_KEEP_VERSIONS`` versions of its model,
 - is routed now (any weight, shadows included) or kept warm,
 - or could be reached by up to ``RETENTION_ROLLBACK_DEPTH`` rollbacks from the
-  current release (one rollback always, whatever the setting),
+  current release (one rollback always, whatever the setting); for an archived model
+  that counts from the release served before the archive, which a restore brings back,
 - or is still being validated (its validation job reads the stored bytes).
 Rows are never deleted: an archived version keeps its metadata, report and metrics.
 A file shared by several versions (same bytes) is deleted only when none of them
@@ -49,7 +50,10 @@ def protected_versions(model: RegisteredModel, keep: int) -> set[int]:
     # A rejected version never had a usable artifact: it takes none of the kept places.
     newest = model.versions.exclude(status=VersionStatus.REJECTED).order_by("-number").values_list("number", flat=True)[:keep]
     depth = max(settings.RETENTION_ROLLBACK_DEPTH, 1)
-    return set(newest) | rollback_reachable(model.current_release(), depth)
+    current = model.current_release()
+    if current is not None and current.is_archive:
+        current = current.rollback_target  # routes nothing itself: what a restore serves again is what counts
+    return set(newest) | rollback_reachable(current, depth)
 
 
 def rollback_reachable(release: Release | None, depth: int) -> set[int]:

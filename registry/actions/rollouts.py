@@ -116,6 +116,7 @@ def start(model: RegisteredModel, canary_version: int, steps: object, step_durat
         _refuse_second_rollout(model)
         current = releases.require_current(model)
         releases.check_expected_generation(model, current, expected_generation)
+        releases.check_not_archived(model)
         if canary_version == current.stable_version:
             raise RolloutError(f"version {canary_version} is already the stable version of {model.name}")
         _check_canary(model, current, canary_version, force, reason)

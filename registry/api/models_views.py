@@ -103,7 +103,7 @@ class _ArchiveAction(APIView):
         form = serializers.ArchiveSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         try:
-            model = type(self).change(model, request.user, form.validated_data["reason"])
+            model = type(self).change(model, request.user, form.validated_data["reason"])[0]
         except catalog.CatalogError as error:
             return error_response(error.message, error.status)
         return Response(serializers.ModelSerializer(model).data)
@@ -111,9 +111,10 @@ class _ArchiveAction(APIView):
 
 @extend_schema(
     request=serializers.ArchiveSerializer, responses={200: serializers.ModelSerializer, **error_responses(400, 404, 409, 415)},
-    description=("Archive the model: hidden from the console's Models page (unless asked for), no uploads, nothing routed to it. "
-                 "409 while the model has a release (it serves its stable version: only a model never served can be archived) "
-                 "or is archived already. Recorded in the audit timeline."),
+    description=("Archive the model: hidden from the console's Models page (unless asked for), no uploads, no traffic changes, "
+                 "drills or rollouts (409). A served model stops serving: a release with action `archive` and no routes is appended "
+                 "(`current_release` in the answer), the model leaves the desired state and workers unload it; its running rollout "
+                 "is aborted. 409 when it is archived already. Recorded in the audit timeline."),
 )
 class ArchiveModel(_ArchiveAction):
     change = staticmethod(catalog.archive)
@@ -121,7 +122,9 @@ class ArchiveModel(_ArchiveAction):
 
 @extend_schema(
     request=serializers.ArchiveSerializer, responses={200: serializers.ModelSerializer, **error_responses(400, 404, 409, 415)},
-    description="Restore an archived model (409 when it is not archived). Recorded in the audit timeline.",
+    description=("Restore an archived model (409 when it is not archived). A model archived while served gets back the routes it served "
+                 "before, in a new release (action `restore`, `current_release` in the answer); when a version of those is no longer "
+                 "ready it serves nothing until a version is routed. Recorded in the audit timeline."),
 )
 class UnarchiveModel(_ArchiveAction):
     change = staticmethod(catalog.unarchive)

@@ -21,7 +21,7 @@ from registry.models import RegisteredModel, Release
 
 
 def release_body(model: RegisteredModel, release: Release | None) -> dict:
-    body = {"model": model.name, "release": None if release is None else serializers.ReleaseSerializer(release).data,
+    body = {"model": model.name, "archived": model.is_archived, "release": None if release is None else serializers.ReleaseSerializer(release).data,
             "rollback_returns_to": releases.rollback_preview(release)}
     body.update(fleet.convergence(release))
     return body

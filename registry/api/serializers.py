@@ -362,6 +362,7 @@ class ReleaseStateSerializer(serializers.Serializer):
     """A model's current release and how far the live workers are in serving it."""
 
     model = serializers.CharField()
+    archived = serializers.BooleanField(help_text="The model is archived: its release (action `archive`) routes nothing and workers do not serve it.")
     release = ReleaseSerializer(allow_null=True)
     rollback_returns_to = serializers.CharField(allow_null=True, help_text="What a rollback from this release returns to, in words; null when nothing.")
     workers = WorkerConvergenceSerializer(many=True)

@@ -16,6 +16,7 @@ class ReleaseAction(models.TextChoices):
     PROMOTE = "promote", "Canary promoted"
     ROLLBACK = "rollback", "Rolled back"
     RESTORE = "restore", "Earlier release restored"
+    ARCHIVE = "archive", "Archived: serves nothing"
 
 
 class AuditKind(models.TextChoices):

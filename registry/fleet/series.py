@@ -196,18 +196,26 @@ def quantile_ms(cumulative: dict[str, int], q: float) -> float | None:
 
 def release_markers(model: RegisteredModel, start: datetime, end: datetime) -> list[dict]:
     """One marker per generation change of ``model`` in [start, end], oldest first."""
-    releases = model.releases.filter(created_at__gte=start, created_at__lte=end).order_by("generation")
-    return [marker(release) for release in releases]
+    releases = list(model.releases.filter(created_at__gte=start, created_at__lte=end).order_by("generation"))
+    if not releases:
+        return []
+    previous = model.releases.filter(generation__lt=releases[0].generation).order_by("-generation").first()
+    return [marker(release, before) for release, before in zip(releases, [previous, *releases[:-1]], strict=True)]
 
 
-def marker(release: Release) -> dict:
+def marker(release: Release, previous: Release | None = None) -> dict:
     return {"t": release.created_at.timestamp(), "generation": release.generation, "action": release.action,
-            "label": marker_label(release), "routes": release.routes}
+            "label": marker_label(release, previous), "routes": release.routes}
 
 
-def marker_label(release: Release) -> str:
-    """A few words for the line: "v2 50%", "promote v2", "rollback to v1"."""
+def marker_label(release: Release, previous: Release | None = None) -> str:
+    """A few words for the line: "v2 50%", "promote v2", "rollback to v1", "archived";
+    ``previous`` is the model's release before this one (an archive's end is "restored")."""
     routes = [Route.from_json(route) for route in release.routes]
+    if release.is_archive:
+        return "archived"
+    if previous is not None and previous.is_archive:
+        return f"restored {_short(routes, release.stable_version)}"
     if release.action == ReleaseAction.PROMOTE:
         return f"promote v{release.stable_version}"
     if release.action == ReleaseAction.ROLLBACK:

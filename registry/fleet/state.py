@@ -1,7 +1,9 @@
 """The desired serving state: the whole truth workers converge to, never a diff.
 
 A state is a function of its generation: the newest release of each model at or below
-it. Reading the counter first and then only releases up to it gives a consistent state
+it, unless that release archived the model (then the model is left out, and workers
+unload it). The model's ``archived_at`` flag is never read here: it is today's fact, and
+a state issued before the archive must recompute to the same digest. Reading the counter first and then only releases up to it gives a consistent state
 without a transaction (generations commit gap-free with their release), and lets the
 console recompute any state it issued to check what a worker acks.
 """
@@ -48,7 +50,7 @@ def build_state(generation: int, epoch: str) -> DesiredState:
     models = {}
     for model in RegisteredModel.objects.all():
         release = model.releases.filter(generation__lte=generation).order_by("-generation").first()
-        if release is not None:
+        if release is not None and not release.is_archive:
             models[model.name] = model_state(model, release)
     state = DesiredState(generation=generation, epoch=epoch, models=models)
     return replace(state, digest=state_digest(state))
@@ -76,7 +78,7 @@ def model_state(model: RegisteredModel, release: Release) -> ModelState:
 def warm_versions(release: Release) -> list[int]:
     """Versions of the rollback target, kept loaded so a rollback is only a swap."""
     target = release.rollback_target
-    return [] if target is None else target.routed_versions()
+    return [] if target is None or release.is_archive else target.routed_versions()
 
 
 def batching(model: RegisteredModel) -> BatchPolicy:

@@ -142,7 +142,7 @@ def convergence(release: Release | None) -> dict:
     return {
         "workers": rows,
         "converged": bool(rows) and all(row["converged"] for row in rows),
-        "rollback_ready": bool(rows) and release is not None and release.rollback_target is not None and all(row["rollback_warm"] for row in rows),
+        "rollback_ready": bool(rows) and release is not None and release.rollback_target is not None and not release.is_archive and all(row["rollback_warm"] for row in rows),
     }
 
 

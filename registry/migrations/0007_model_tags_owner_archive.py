@@ -1,5 +1,5 @@
-"""Tags, an owner and an archive flag on registered models; existing models are owned by
-whoever created them."""
+"""Tags, an owner and an archive flag on registered models, and the archive release action;
+existing models are owned by whoever created them."""
 
 import django.db.models.deletion
 from django.conf import settings
@@ -38,6 +38,11 @@ class Migration(migrations.Migration):
             model_name='auditevent',
             name='kind',
             field=models.CharField(choices=[('model_created', 'Model registered'), ('model_changed', 'Model details changed'), ('model_archived', 'Model archived'), ('model_restored', 'Model restored from the archive'), ('version_uploaded', 'Version uploaded'), ('upload_refused', 'Upload refused'), ('version_archived', 'Version archived'), ('release', 'Traffic changed'), ('drill', 'Rollback drill'), ('rollout', 'Rollout'), ('dataset_added', 'Evaluation data set added'), ('job', 'Job')], max_length=32),
+        ),
+        migrations.AlterField(
+            model_name='release',
+            name='action',
+            field=models.CharField(choices=[('initial', 'First version routed'), ('set_routes', 'Traffic split changed'), ('promote', 'Canary promoted'), ('rollback', 'Rolled back'), ('restore', 'Earlier release restored'), ('archive', 'Archived: serves nothing')], max_length=16),
         ),
         migrations.RunPython(owners_are_creators, migrations.RunPython.noop),
     ]

@@ -178,17 +178,54 @@ def test_archive_asks_first_then_hides_the_model_until_show_archived(operator_pa
     assert done.status_code == 302
     assert "draft" not in listed(operator_page.get("/"))
     assert listed(operator_page.get("/", {"archived": "true"})) == ["draft"]
-    assert AuditEvent.objects.get(kind="model_archived").data == {"reason": "unused"}
+    assert AuditEvent.objects.get(kind="model_archived").data == {"reason": "unused", "generation": None}
 
 
-def test_archiving_a_served_model_is_refused_with_the_reason(operator_page, digits):
-    confirm = operator_page.get("/models/digits/archive/")
-    response = operator_page.post("/models/digits/archive/")
+def test_the_archive_confirmation_of_a_served_model_says_what_stops_and_what_comes_back(operator_page, digits):
+    confirm = operator_page.get("/models/digits/archive/").content.decode()
 
-    assert "cannot be archived" in confirm.content.decode()
-    assert messages_of(response)[0].startswith("Not done: digits still takes traffic (generation 1: v1 100%)")
-    digits.refresh_from_db()
-    assert digits.archived_at is None
+    assert "v1 100% stops serving on every worker; restore brings back v1 100%." in confirm
+
+
+def test_archiving_a_served_model_from_the_page_stops_serving_it(operator_page, digits):
+    response = operator_page.post("/models/digits/archive/", {"reason": "retired"})
+
+    assert messages_of(response) == [("digits archived: it is hidden from the Models page and takes no uploads. "
+                                      "It stopped serving at generation 2; workers are unloading it.")]
+    assert (digits.current_release().action, digits.current_release().reason) == ("archive", "retired")
+
+
+def test_an_archived_served_model_renders_on_its_page_and_the_models_page(operator_page, digits, operator):
+    catalog.archive(digits, operator)
+
+    page = operator_page.get("/models/digits/")
+    listing = operator_page.get("/", {"archived": "true"})
+
+    assert page.status_code == 200
+    assert "Archived at generation 2: digits serves nothing" in page.content.decode()
+    assert "Restoring it brings back v1 100%." in page.content.decode()
+    assert 'id="rollback-button"' not in page.content.decode()
+    row = re.search(r'<tr data-model="digits".*?</tr>', listing.content.decode(), re.DOTALL).group(0)
+    assert listing.status_code == 200 and "archived" in row and "serves nothing" in row and "split-seg" not in row
+
+
+def test_the_archive_release_page_says_it_serves_nothing_and_what_a_restore_brings_back(operator_page, digits, operator):
+    catalog.archive(digits, operator, "retired")
+
+    page = operator_page.get("/models/digits/releases/2/").content.decode()
+
+    assert "Traffic: nothing (archived: no worker serves the model)" in page
+    assert "from the archive brings back the routes of" in page and "A rollback from here" not in page
+    assert "Model digits archived; it stopped serving at generation 2: retired" in page
+
+
+def test_restoring_a_served_model_from_the_page_serves_it_again(operator_page, digits, operator):
+    catalog.archive(digits, operator)
+
+    response = operator_page.post("/models/digits/unarchive/")
+
+    assert messages_of(response) == ["digits restored from the archive: traffic is back to v1 100% (generation 3)."]
+    assert digits.current_release().routes == [{"version": 1, "weight": 100}]
 
 
 def test_restore_brings_an_archived_model_back(operator_page, operator):

@@ -150,15 +150,14 @@ def test_archiving_an_unserved_model_hides_it_and_records_why(operator_client):
     assert AuditEvent.objects.get(kind="model_archived").message == "Model draft archived: replaced by fraud-v2"
 
 
-def test_archiving_a_served_model_is_a_409_and_changes_nothing(operator_client, operator):
+def test_archiving_a_served_model_stops_serving_it_in_a_release(operator_client, operator):
     served_model("live", operator)
 
     response = operator_client.post("/api/models/live/archive/", {}, format="json")
 
-    assert response.status_code == 409
-    assert "still takes traffic (generation 1: v1 100%)" in response.json()["error"]
-    assert RegisteredModel.objects.get(name="live").archived_at is None
-    assert not AuditEvent.objects.filter(kind="model_archived").exists()
+    assert response.status_code == 200, response.content
+    assert (response.json()["archived"], response.json()["current_release"]["action"]) == (True, "archive")
+    assert AuditEvent.objects.get(kind="model_archived").message == "Model live archived; it stopped serving at generation 2"
 
 
 def test_unarchive_restores_the_model_and_twice_is_a_409(operator_client):
