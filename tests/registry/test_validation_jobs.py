@@ -29,9 +29,9 @@ def model(operator) -> RegisteredModel:
     return RegisteredModel.objects.create(name="digits", created_by=operator)
 
 
-def upload(client, path, name="digits"):
+def upload(client, path, name="digits", **fields):
     with open(path, "rb") as handle:
-        return client.post(f"/api/models/{name}/versions/", {"artifact": handle}, format="multipart")
+        return client.post(f"/api/models/{name}/versions/", {"artifact": handle, **fields}, format="multipart")
 
 
 def version(number: int) -> ModelVersion:
@@ -135,7 +135,7 @@ def test_a_rejected_version_keeps_its_number(operator_client, model, unknown_dom
 
 
 def test_a_rejected_upload_of_bytes_a_ready_version_has_keeps_the_file(operator_client, ready_stable, good_onnx, artifact_root):
-    upload(operator_client, good_onnx)  # v2: the same bytes as v1
+    upload(operator_client, good_onnx, allow_duplicate="true")  # v2: the same bytes as v1, a copy asked for
     records.cancel(Job.objects.get(version__number=2))
 
     assert version(2).status == "rejected"
