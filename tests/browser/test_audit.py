@@ -184,9 +184,11 @@ def test_keyboard_alone_sends_a_preset_share_and_rolls_it_back(page, stack, audi
 def test_the_upload_is_reachable_by_keyboard_without_dragging(page, stack, audited):
     sign_in(page, "olivia")
     page.goto(f"/models/{audited.name}/")
+    page.bring_to_front()  # keyboard focus and the file chooser belong to the front page only
     page.locator("body").focus()
     tab_to(page, "#id_artifact")
     expect(page.locator("#dropzone")).to_have_css("outline-style", "solid")  # where focus is, seen
+    expect(page.locator("#id_artifact")).to_be_focused()
     with page.expect_file_chooser() as chooser:
         page.keyboard.press("Space")
     assert chooser.value.element.get_attribute("id") == "id_artifact"
