@@ -639,3 +639,20 @@ class WorkerReport:
             state=_optional(report, "state", "", _worker_state, "serving"),
             contract=report["contract"],
         )
+
+
+def quantile_ms(cumulative: Mapping[str, float], q: float) -> float | None:
+    """Upper bound (ms) of the bucket holding quantile ``q`` of a report's cumulative
+    latency histogram (bounds in seconds as strings, ``"+Inf"`` last): how a worker's
+    report states its p50/p99 and how the console's charts restate them from the stored
+    buckets, so a chart and a live table agree."""
+    ordered = sorted((float(bound), count) for bound, count in cumulative.items())
+    total = ordered[-1][1] if ordered else 0
+    if total <= 0:
+        return None
+    previous_bound = 0.0
+    for bound, count in ordered:
+        if count >= q * total:
+            return round((previous_bound if math.isinf(bound) else bound) * 1000, 3)
+        previous_bound = bound
+    return None

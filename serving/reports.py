@@ -25,6 +25,7 @@ from serving.contract import (
     LoadedEntry,
     WorkerIdentity,
     WorkerReport,
+    quantile_ms,
 )
 from serving.shadow import COMPARISONS
 
@@ -100,20 +101,6 @@ def output_summaries(table) -> dict[Key, list[dict]]:
 def shadow_versions(table) -> set[Key]:
     """The versions the routing table mirrors requests to now."""
     return {(name, str(version)) for name, routes in table.models.items() for version, _ in routes.shadows}
-
-
-def quantile_ms(buckets: dict[str, float], q: float) -> float | None:
-    """Upper bound of the bucket holding quantile ``q`` of a cumulative histogram."""
-    ordered = sorted(((float(bound), count) for bound, count in buckets.items()), key=lambda item: item[0])
-    total = ordered[-1][1] if ordered else 0
-    if total <= 0:
-        return None
-    previous_bound = 0.0
-    for bound, count in ordered:
-        if count >= q * total:
-            return round((bound if bound != float("inf") else previous_bound) * 1000, 3)
-        previous_bound = bound
-    return None
 
 
 class ReportBuilder:

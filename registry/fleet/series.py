@@ -19,6 +19,7 @@ from django.utils import timezone
 from registry.domain.choices import ReleaseAction
 from registry.domain.traffic import Route
 from registry.models import RegisteredModel, Release, ReportSample, VersionMetricMinute
+from serving.contract import quantile_ms
 
 
 @dataclass(frozen=True)
@@ -174,21 +175,6 @@ def _recent_batches(buckets: dict[int, Bucket], starts: list[int], end_s: float)
             for bound, count in bucket.batch_size_buckets.items():
                 total[bound] += count
     return dict(total)
-
-
-def quantile_ms(cumulative: dict[str, int], q: float) -> float | None:
-    """Upper bound (ms) of the bucket holding quantile ``q``: the workers' own method
-    (serving.reports.quantile_ms), so a chart and a live table agree."""
-    ordered = sorted((float(bound), count) for bound, count in cumulative.items())
-    total = ordered[-1][1] if ordered else 0
-    if total <= 0:
-        return None
-    previous = 0.0
-    for bound, count in ordered:
-        if count >= q * total:
-            return round((previous if math.isinf(bound) else bound) * 1000, 3)
-        previous = bound
-    return None
 
 
 # ---------------------------------------------------------------- release markers

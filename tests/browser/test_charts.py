@@ -10,55 +10,21 @@ from pixels. Screenshots land in test-artifacts/charts-*.png.
 
 from __future__ import annotations
 
-import random
 import secrets
-import threading
 import time
 
-import httpx
 import pytest
 from playwright.sync_api import expect
 
 from registry.building.onnx_build import random_mlp, to_bytes
 from tests.browser.conftest import sign_in
+from tests.browser.test_console_flow import Traffic
 
 pytestmark = pytest.mark.browser
 
 LIVE_S = 20_000  # ms: anything that waits for a worker's ack or report
 LINE_CHARTS = ("requests_per_s", "latency", "error_rate", "queue_depth")
 expect.set_options(timeout=10_000)
-
-
-class Traffic:
-    """About 40 requests a second to the worker's /predict for ``model``; one in ten has
-    a malformed input, so 4xx answers show beside the 2xx."""
-
-    def __init__(self, worker_url: str, model: str):
-        self.worker_url, self.model = worker_url, model
-        self.answers: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        rows = random.Random(1)
-        with httpx.Client(base_url=self.worker_url, timeout=5) as client:
-            for count in range(10**9):
-                if self._stop.wait(1 / 40):
-                    return
-                inputs = [rows.random() for _ in range(8 if count % 10 else 3)]
-                try:
-                    status = client.post("/predict", json={"model_name": self.model, "inputs": inputs}).status_code
-                except httpx.HTTPError:
-                    status = 0
-                self.answers[status] = self.answers.get(status, 0) + 1
 
 
 class Api:
@@ -124,7 +90,7 @@ def charted(browser, stack):
     upload(api, model, seed + 1)
     wait_converged(api, model)
     set_split(api, model, 50)
-    with Traffic(stack.worker_url, model) as traffic:
+    with Traffic(stack.worker_url, model, width=8, rate_per_s=40, malformed_every=10) as traffic:
         time.sleep(12)
     context.close()
     assert traffic.answers.get(200, 0) > 100 and traffic.answers.get(400, 0) > 5, traffic.answers

@@ -7,6 +7,7 @@ Screenshots of every page land in test-artifacts/ (git-ignored).
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import threading
@@ -24,10 +25,12 @@ expect.set_options(timeout=10_000)  # two busy cores run the stack and the brows
 
 
 class Traffic:
-    """Requests to the worker's /predict from a background thread, about 60 a second."""
+    """Requests to the worker's /predict for ``model`` from a background thread,
+    ``rate_per_s`` a second, each ``width`` values wide; with ``malformed_every`` N, every
+    Nth is 3 values wide, so 4xx answers show beside the 2xx."""
 
-    def __init__(self, worker_url: str):
-        self.worker_url = worker_url
+    def __init__(self, worker_url: str, model: str = "digits", *, width: int = 64, rate_per_s: float = 60, malformed_every: int = 0):
+        self.worker_url, self.model, self.width, self.rate_per_s, self.malformed_every = worker_url, model, width, rate_per_s, malformed_every
         self.answers: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -43,10 +46,13 @@ class Traffic:
     def _run(self) -> None:
         rows = random.Random(0)
         with httpx.Client(base_url=self.worker_url, timeout=5) as client:
-            while not self._stop.wait(1 / 60):
-                pixels = [rows.randint(0, 16) for _ in range(64)]
+            for count in itertools.count():
+                if self._stop.wait(1 / self.rate_per_s):
+                    return
+                malformed = self.malformed_every and count % self.malformed_every == 0
+                inputs = [rows.randint(0, 16) for _ in range(3 if malformed else self.width)]
                 try:
-                    status = client.post("/predict", json={"model_name": "digits", "inputs": pixels}).status_code
+                    status = client.post("/predict", json={"model_name": self.model, "inputs": inputs}).status_code
                 except httpx.HTTPError:
                     status = 0
                 self.answers[status] = self.answers.get(status, 0) + 1

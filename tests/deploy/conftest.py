@@ -28,7 +28,8 @@ COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 
 @pytest.fixture(scope="module")
 def deploy_worker(tmp_path_factory) -> SubprocessWorker:
-    """A real worker process (``python -m serving.worker``) serving model ``demo`` after
+    """A real worker process per test module (``python -m serving.worker``; a session-wide one
+    refused connections late in a full run, cause not found) serving model ``demo`` after
     traffic: successes, a 4xx and a request for an unknown model, so every histogram and
     labelled counter has series."""
     tmp_path = tmp_path_factory.mktemp("deploy-worker")

@@ -6,7 +6,6 @@ an unknown field is an error), then compared with the project itself."""
 from __future__ import annotations
 
 import copy
-import hashlib
 from urllib.parse import urlparse
 
 import httpx
@@ -16,7 +15,6 @@ import yaml
 from django.urls import resolve
 
 from console import views
-from registry.building.onnx_build import random_mlp, to_bytes
 from tests.deploy import k8s_checks as k8s
 from tests.deploy.consistency import (
     command_problems,
@@ -24,7 +22,6 @@ from tests.deploy.consistency import (
     promql_metric_names,
     settings_read,
 )
-from tests.serving.serving_testkit import SubprocessWorker, route, state, write_state
 
 KUBERNETES_VERSION = "1.33.0"
 # The image's user (Dockerfile): pods run as it, never as root.
@@ -45,19 +42,6 @@ def _render(name: str):
 
 def _relative(path) -> str:
     return str(path.relative_to(k8s.REPO_ROOT))
-
-
-@pytest.fixture(scope="module")
-def worker_url(tmp_path_factory):
-    """A real worker process serving one model: the probes and /metrics are asked of it."""
-    tmp_path = tmp_path_factory.mktemp("k8s-worker")
-    data = to_bytes(random_mlp([4, 8, 2], seed=3))
-    model_path = tmp_path / "model.onnx"
-    model_path.write_bytes(data)
-    desired = state(1, {"demo": {"routes": [route(1, 100, model_path, hashlib.sha256(data).hexdigest())]}})
-    worker = SubprocessWorker(write_state(tmp_path / "state.json", desired), tmp_path).wait_ready()
-    yield worker.url
-    worker.stop()
 
 
 # ---------------------------------------------------------------- schemas
@@ -208,14 +192,14 @@ def test_the_console_port_agrees_in_command_container_service_and_probes(name):
     assert _probe_ports(console) == [port, port]
 
 
-def test_the_worker_probe_and_scrape_paths_answer_on_a_ready_worker(worker_url):
+def test_the_worker_probe_and_scrape_paths_answer_on_a_ready_worker(deploy_worker):
     worker = k8s.the_container(k8s.overlay("cpu"), "worker")
     annotations = worker.workload["spec"]["template"]["metadata"]["annotations"]
     paths = {probe: worker.spec[probe]["httpGet"]["path"] for probe in ("readinessProbe", "livenessProbe")}
 
     assert paths == {"readinessProbe": "/v2/health/ready", "livenessProbe": "/v2/health/live"}
     for path in [*paths.values(), annotations["prometheus.io/path"]]:
-        assert httpx.get(f"{worker_url}{path}", timeout=5).status_code == 200, path
+        assert httpx.get(f"{deploy_worker.url}{path}", timeout=5).status_code == 200, path
 
 
 def test_the_console_probe_paths_are_its_health_views():

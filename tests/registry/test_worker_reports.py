@@ -94,3 +94,19 @@ def test_a_report_without_a_state_keeps_a_worker_live(worker_client, viewer_clie
     Worker.objects.update(last_report={key: value for key, value in report.items() if key != "state"})  # as an older worker left it
 
     assert lifecycles(viewer_client) == {"w-new": "serving"}
+
+
+@pytest.mark.parametrize("state", ["gone", "STOPPED", 0, {"state": "stopped"}])
+def test_a_report_with_a_state_the_contract_does_not_know_is_refused_and_stores_nothing(worker_client, state):
+    response = worker_client.post("/api/serving/reports", {**stateless_report(), "state": state}, format="json")
+
+    assert response.status_code == 400
+    assert "state: must be one of serving, draining, stopped" in response.json()["error"]
+    assert Worker.objects.count() == 0
+
+
+def test_a_stopped_worker_that_reports_serving_again_is_live_again(worker_client, viewer_client):
+    worker_client.post("/api/serving/reports", {**stateless_report(), "state": "stopped"}, format="json")
+    worker_client.post("/api/serving/reports", stateless_report(), format="json")  # the same id, restarted
+
+    assert lifecycles(viewer_client) == {"w-new": "serving"}

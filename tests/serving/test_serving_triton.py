@@ -95,6 +95,18 @@ def test_unknown_model_or_version_answers_404_as_metadata_does(digits_worker, cl
     assert metadata.status_code == 404
 
 
+@pytest.mark.parametrize("path", [
+    "/v2/models/digits/versions/abc/config", "/v2/models/digits/versions/-1/stats", "/v2/models/digits/versions/9999999999/config",
+    "/v2/models/digits/versions/config", "/v2/models/digits/config/extra", "/v2/models/digits/stats/stats",
+    "/v2/models//config", "/v2/models/" + "x" * 5000 + "/stats",
+])
+def test_a_malformed_config_or_statistics_path_is_a_404_naming_no_more_than_a_clip_of_it(digits_worker, client, path):
+    response = client.get(digits_worker.url + path)
+
+    assert response.status_code == 404
+    assert len(response.json()["error"]) < 200  # the path is quoted clipped, never echoed whole
+
+
 def test_config_and_statistics_need_no_api_key_as_metadata(start_worker, client, mlp_v1):
     worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}), api_keys="required")
     worker.worker.app.api_keys.replace(frozenset({digest(b"mk_good-key")}))
