@@ -62,6 +62,7 @@ class DataPlane:
         """A V2 inference request. Admission is asked before `read_body`: an overloaded
         worker does not pay for reading and decoding what it would refuse."""
         target = self._resolve(name, version, context.routing_key)
+        target.hold()  # from here to the answer: a swap that retires this version waits for it
         try:
             refusal = target.refusal(context.started_s + self._timeout_s(context.timeout_s))
             if refusal is not None:
@@ -72,6 +73,8 @@ class DataPlane:
         except ServingError as exc:
             exc.version = target
             raise
+        finally:
+            target.release()
         if version is None:
             self._mirror(name, target, decoded, outputs)
         return Answer(target, payload, json_length)
@@ -81,12 +84,15 @@ class DataPlane:
         document = protocol.load_object(body)
         name, version = protocol.predict_target(document)
         target = self._resolve(name, version, context.routing_key)
+        target.hold()
         try:
             decoded = protocol.decode_predict(document, target.io)
             outputs = await self._run(target, decoded, context)
         except ServingError as exc:
             exc.version = target
             raise
+        finally:
+            target.release()
         if version is None:
             self._mirror(name, target, decoded, outputs)
         latency_ms = (time.monotonic() - context.started_s) * 1000

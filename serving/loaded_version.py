@@ -21,7 +21,7 @@ from serving.config import ServingConfig
 from serving.contract import BatchPolicy
 from serving.dispatch import DispatchThreads, EngineGate
 from serving.engine import Engine
-from serving.errors import BadRequest, ModelFailed, QueueFull, ServingError
+from serving.errors import BadRequest, ModelFailed, NotReady, QueueFull, ServingError
 from serving.output_summary import OutputSummary, summarising
 from serving.protocol import Decoded, ModelIO
 
@@ -53,8 +53,26 @@ class LoadedVersion:
         # run the batchers call (the warm-up calls the engine directly and is not counted).
         self.output_summary = OutputSummary(engine.outputs)
         self._run = summarising(engine, self.output_summary, self.is_batchable)
+        # Requests routed here and not answered yet, whether queued or still reading their
+        # body: a retiring version's drain waits for each of them, not only for its queues.
+        self._holders = 0
+        self._released = asyncio.Event()
+        self._released.set()
+        self._closed = False
+
+    def hold(self) -> None:
+        """A request was routed here; `release()` once it is answered or failed."""
+        self._holders += 1
+        self._released.clear()
+
+    def release(self) -> None:
+        self._holders -= 1
+        if not self._holders:
+            self._released.set()
 
     def submit(self, decoded: Decoded, deadline_s: float, request_id: str) -> asyncio.Future:
+        if self._closed:  # past the drain's bound: fail now, never queue where nothing runs
+            raise NotReady("this version was unloaded")
         batcher = self._batchers.get(decoded.shape_key) or self._new_batcher(decoded.shape_key)
         return batcher.submit(decoded.tensors, decoded.rows, deadline_s, request_id)
 
@@ -100,10 +118,17 @@ class LoadedVersion:
         return sum(batcher.depth for batcher in self._batchers.values())
 
     async def drain(self, timeout_s: float) -> bool:
-        results = await asyncio.gather(*(batcher.drain(timeout_s) for batcher in self._batchers.values()))
+        """Wait until every request routed here is answered; False if `timeout_s` passed first."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._released.wait()
+                results = await asyncio.gather(*(batcher.drain(timeout_s) for batcher in self._batchers.values()))
+        except TimeoutError:
+            return False
         return all(results)
 
     def close(self) -> None:
+        self._closed = True
         for batcher in self._batchers.values():
             batcher.close()
         self._batchers.clear()

@@ -69,12 +69,15 @@ class ShadowMirror:
 
     async def _mirror(self, target, decoded, served_outputs) -> None:
         labels = (target.model_name, str(target.version))
+        target.hold()
         try:
             shadow_outputs = await target.submit(decoded, time.monotonic() + SHADOW_TIMEOUT_S, "shadow")
         except Exception as error:  # noqa: BLE001 - a failing shadow must never reach clients
             logger.debug("shadow run of %s v%s failed: %s", *labels, error)
             COMPARISONS.labels(*labels, "error").inc()
             return
+        finally:
+            target.release()
         result = "agree" if outputs_agree(list(served_outputs), list(shadow_outputs)) else "disagree"
         COMPARISONS.labels(*labels, result).inc()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -221,6 +222,46 @@ def test_routing_swap_under_load_fails_no_request(start_worker, mlp_v1, mlp_v2):
 
     assert set(statuses) == {200}
     assert versions == {"1", "2"}
+
+
+def test_a_request_routed_before_a_swap_is_answered_by_the_version_it_was_routed_to(start_worker, mlp_v1, mlp_v2):
+    # Its headers arrive, it is routed to v1; v1 is retired while its body is still on the
+    # way. The retiring version's drain must wait for it, not only for what is queued.
+    v1, v2 = route(1, 100, *mlp_v1), route(2, 100, *mlp_v2)
+    worker = start_worker(state(1, {"digits": {"routes": [v1]}}))
+    body = orjson.dumps(v2_body(np.zeros((1, 64), np.float32)))
+    head = (f"POST {INFER} HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=10) as held:
+        held.sendall(head)
+        time.sleep(0.3)  # routed, now waiting for its body
+        swap = asyncio.run_coroutine_threadsafe(worker.worker.apply(state(2, {"digits": {"routes": [v2]}})), worker.loop)
+        deadline = time.monotonic() + 10
+        while httpx.post(worker.url + INFER, content=body).headers.get("x-model-version") != "2":
+            assert time.monotonic() < deadline, "the swap to v2 did not happen"
+        held.sendall(body)
+        answer = held.recv(65536)
+
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b"x-model-version: 1\r\n" in answer
+    assert swap.result(timeout=10)["ok"] is True
+
+
+def test_a_request_outliving_the_drain_bound_of_its_retired_version_is_a_prompt_503(start_worker, mlp_v1, mlp_v2):
+    v1, v2 = route(1, 100, *mlp_v1), route(2, 100, *mlp_v2)
+    worker = start_worker(state(1, {"digits": {"routes": [v1]}}), drain_timeout_s=0.2)
+    body = orjson.dumps(v2_body(np.zeros((1, 64), np.float32)))
+    head = (f"POST {INFER} HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=10) as held:
+        held.sendall(head)
+        time.sleep(0.3)
+        assert worker.apply(state(2, {"digits": {"routes": [v2]}}))["ok"] is True  # v1 closed after 0.2 s
+        held.sendall(body)
+        answer = held.recv(65536)
+
+    assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+    assert b"unloaded" in answer
 
 
 def test_bad_sha256_is_refused_and_previous_routes_keep_serving(digits_worker, client, mlp_v2):
