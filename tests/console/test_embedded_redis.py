@@ -7,6 +7,8 @@ import stat
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from console import embedded_redis
 
@@ -23,10 +25,11 @@ def test_embedded_redis_refuses_a_client_without_the_password(server):
     _, _, url = server
     port = redis.Redis.from_url(url).connection_pool.connection_kwargs["port"]
 
+    no_retry = Retry(NoBackoff(), 0)  # redis-py retries a refused AUTH with back-off: 10 s for nothing
     with pytest.raises(redis.exceptions.AuthenticationError):
-        redis.Redis(host="127.0.0.1", port=port, socket_timeout=2).ping()
+        redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, retry=no_retry).ping()
     with pytest.raises(redis.exceptions.AuthenticationError):
-        redis.Redis(host="127.0.0.1", port=port, password="guessed", socket_timeout=2).ping()
+        redis.Redis(host="127.0.0.1", port=port, password="guessed", socket_timeout=2, retry=no_retry).ping()
 
 
 def test_embedded_redis_accepts_the_generated_password_kept_in_a_private_file(server):

@@ -32,16 +32,22 @@ def report(worker_id: str, generation: int, failed_total: int) -> dict:
 
 
 def follow_rollback(worker_client, worker_id: str, *, delay_s: float, failed_total: int) -> threading.Thread:
-    """A worker that acks generation 3 ``delay_s`` after it exists, then reports serving it."""
+    """A worker that acks generation 3 ``delay_s`` after it exists, then reports serving it,
+    then acks the drill's roll forward (generation 4), which the drill waits for."""
+
+    def ack(generation: int, after_s: float = 0.0) -> None:
+        deadline = time.monotonic() + 10
+        while not Release.objects.filter(generation=generation).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(after_s)
+        worker_client.post("/api/serving/acks", {"worker": worker_id, "generation": generation, "digest": issued_digest(generation),
+                                                 "ok": True, "contract": CONTRACT_VERSION}, format="json")
 
     def run():
         try:
-            deadline = time.monotonic() + 10
-            while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(delay_s)
-            worker_client.post("/api/serving/acks", {"worker": worker_id, "generation": 3, "digest": issued_digest(3), "ok": True, "contract": CONTRACT_VERSION}, format="json")
+            ack(3, delay_s)
             worker_client.post("/api/serving/reports", report(worker_id, 3, failed_total), format="json")
+            ack(4)
         finally:
             connection.close()
 
