@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
+import uvloop
 
 from bench.serve_bench import (
     MODELS,
@@ -44,7 +45,7 @@ from bench.serve_bench import (
     closed_loop,
     http_request,
     infer_body,
-    read_response,
+    read_answer,
     write_models,
 )
 from serving.contract import DesiredState, ModelState, Route
@@ -135,22 +136,29 @@ async def open_loop(port: int, request: bytes, rate_per_s: float, duration_s: fl
     """Requests at a fixed rate whatever the answers, on `connections` keep-alive
     connections; a request finding none free opens its own (as a new client would), up
     to `max_connections`, beyond which it is status 0 (a client-side drop, so the offered
-    rate stays honest). A connection the server closed is status -1 for the request on
-    it, and is reopened."""
+    rate stays honest). Like any HTTP client, it does not reuse a connection the server
+    answered `Connection: close` on or closed while idle (uvicorn's keep-alive timeout);
+    a request whose connection fails to open or breaks while in flight is status -1."""
     result, free = LoadResult(duration_s), asyncio.Queue()
     for _ in range(connections):
         free.put_nowait(await _connect(port))
 
     async def one(connection, scheduled_s: float) -> None:
         reader, writer = connection
+        if reader is None or reader.at_eof():  # closed while idle, or after a `Connection: close` answer
+            writer is not None and writer.close()
+            reader, writer = connection = await _connect(port)
+        keep_alive = False
         try:
             if reader is None:
-                raise ConnectionError("not connected")
+                raise ConnectionError("could not connect")
             writer.write(request)
-            status = await read_response(reader)
+            status, keep_alive = await read_answer(reader)
         except (ConnectionError, RuntimeError, asyncio.IncompleteReadError):
+            status = -1
+        if not keep_alive:
             writer is not None and writer.close()
-            status, connection = -1, await _connect(port)
+            connection = (None, None)  # the next request on this slot opens a new connection
         result.add(status, time.perf_counter() - scheduled_s)
         free.put_nowait(connection)
 
@@ -302,7 +310,8 @@ def measure(args, workdir: Path) -> list[dict]:
                                 probe.result, errors, cpu))
         offered = 3 * capacity
         with CpuMeter(pid) as cpu:
-            result = asyncio.run(open_loop(worker.port, request, offered, args.duration_s, connections=args.open_connections))
+            # uvloop: the generator shares the worker's cores, so the less CPU it needs the better
+            result = uvloop.run(open_loop(worker.port, request, offered, args.duration_s, connections=args.open_connections))
         counts = {status: len(values) for status, values in result.latencies_s.items()}
         drops = counts.pop(0, 0)
         result.latencies_s.pop(0, None)

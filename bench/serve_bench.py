@@ -67,10 +67,15 @@ def http_request(path: str, body: bytes) -> bytes:
 
 
 async def read_response(reader: asyncio.StreamReader) -> int:
+    return (await read_answer(reader))[0]
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    """One response's status, and whether the server keeps the connection open."""
     head = await reader.readuntil(b"\r\n\r\n")
     match = re.search(rb"content-length: *(\d+)", head, re.IGNORECASE)
     await reader.readexactly(int(match.group(1)) if match else 0)
-    return int(head[9:12])
+    return int(head[9:12]), re.search(rb"^connection: *close", head, re.IGNORECASE | re.MULTILINE) is None
 
 
 async def closed_loop(port: int, request: bytes, concurrency: int, duration_s: float) -> LoadResult:
