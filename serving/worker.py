@@ -32,7 +32,7 @@ from serving.dataplane import DataPlane
 from serving.drain import Drain, DrainingServer
 from serving.endpoints import ServingApp
 from serving.engine import resolve_device
-from serving.http_protocol import HttpLimits, protocol_class
+from serving.http_protocol import HttpLimits, listen_backlog, protocol_class
 from serving.logs import configure_logging, event
 from serving.repository import Repository
 from serving.state_signing import signing_key
@@ -143,6 +143,7 @@ class Worker:
             # Nothing here reads the client address or scheme, so uvicorn's X-Forwarded-*
             # middleware would only cost a header scan and a coroutine per request (1.2 µs).
             proxy_headers=False,
+            backlog=listen_backlog(self.config.max_connections),
             access_log=False, log_level=self.config.log_level, workers=1,
             log_config=None,  # uvicorn's lines go through our JSON handler (serving/logs.py) like every other
         ), self.drain)

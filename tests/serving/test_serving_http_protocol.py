@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from serving.http_protocol import CoalescingTransport
+from serving.http_protocol import CoalescingTransport, listen_backlog
 from serving_testkit import route, state, v2_body
 
 
@@ -299,3 +299,10 @@ def test_the_open_file_limit_is_raised_to_fit_the_connection_cap():
 
 def test_the_connection_cap_is_lowered_to_fit_a_hard_open_file_limit():
     assert fit_in_child(1024, 1024, 4096) == (1024 - 256, 1024)
+
+
+def test_the_listen_backlog_follows_the_connection_cap():
+    assert listen_backlog(4096) == 4096
+    assert listen_backlog(10_000) == 10_000
+    assert listen_backlog(100) == 2048  # never shorter than uvicorn's own: a quick 503 beats a dropped SYN
+    assert listen_backlog(0) == 65535  # no cap: as long as the kernel allows

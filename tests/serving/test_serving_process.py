@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tritonclient.http as triton
@@ -16,6 +19,16 @@ def process_worker(tmp_path_factory, mlp_v1):
     worker = SubprocessWorker(state_file, tmp_path).wait_ready()
     yield worker
     worker.stop()
+
+
+def test_the_listen_queue_is_as_long_as_the_connection_cap(process_worker):
+    # uvicorn's default (2,048) is shorter than the 4,096-connection cap: past it, the
+    # kernel drops a new client's SYN and the client waits a 1 s retransmission.
+    port = process_worker.url.rsplit(":", 1)[1]
+    listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout.split()
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+
+    assert int(listening[2]) == min(4096, somaxconn)  # Send-Q of a listening socket: its backlog
 
 
 @pytest.fixture
