@@ -2,7 +2,8 @@
 
 Converging: fetch and verify each new version's artifact, load and warm it
 (`serving.version_loader`), *then* swap the routing table (one reference assignment),
-then drain and unload versions neither routed nor kept warm. If anything fails to load,
+then ack, while versions neither routed nor kept warm drain and unload in the background.
+If anything fails to load,
 nothing is swapped: the previous routes keep serving and the result says why.
 """
 
@@ -55,6 +56,7 @@ class Repository:
     _loaded: dict = field(default_factory=dict)  # (model, version) -> LoadedVersion
     _desired: ServingPlan | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _retiring: set = field(default_factory=set)  # drain-then-close tasks of retired versions
 
     @property
     def loaded(self) -> MappingProxyType:
@@ -90,7 +92,7 @@ class Repository:
         self.router.swap(self._table(generation, desired))
         self.is_ready = True
         metrics.LOADED_VERSIONS.set(len(loaded))
-        await self._retire(retired)
+        self._retire_after_the_ack(retired)
         return ApplyResult(generation, True)
 
     def _set_generation(self, generation: int) -> None:
@@ -137,10 +139,20 @@ class Repository:
             models[model_name] = build_routes(dict(weights), targets, shadows.get(model_name, ()))
         return RoutingTable(generation, MappingProxyType(models), self.config.allow_pinning_unrouted)
 
-    async def _retire(self, retired: list[LoadedVersion]) -> None:
+    def _retire_after_the_ack(self, retired: list[LoadedVersion]) -> None:
+        """Drain and unload in the background. The new routes serve from the swap; a retired
+        version's drain waits for every request routed to it, a slow client's body included,
+        up to SERVING_DRAIN_TIMEOUT_S, and must hold neither this ack nor the next apply."""
         for version in retired:
+            task = asyncio.get_running_loop().create_task(self._retire(version))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, version: LoadedVersion) -> None:
+        try:
             if not await version.drain(self.config.drain_timeout_s):
                 logger.warning("%s v%s: drain timed out; failing what is left", version.model_name, version.version)
+        finally:
             version.close()
 
     # ---- read side for /health and metadata -----------------------------------------
@@ -165,6 +177,10 @@ class Repository:
         }
 
     async def close(self) -> None:
+        retiring = list(self._retiring)
+        for task in retiring:
+            task.cancel()  # each closes its version on the way out
+        await asyncio.gather(*retiring, return_exceptions=True)
         for version in self._loaded.values():
             version.close()
         self._loaded.clear()

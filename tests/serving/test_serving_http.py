@@ -239,12 +239,13 @@ def test_a_request_routed_before_a_swap_is_answered_by_the_version_it_was_routed
         deadline = time.monotonic() + 10
         while httpx.post(worker.url + INFER, content=body).headers.get("x-model-version") != "2":
             assert time.monotonic() < deadline, "the swap to v2 did not happen"
+        acked = swap.result(timeout=2)  # the ack does not wait for the slow client (the drain bound is 5 s)
         held.sendall(body)
         answer = held.recv(65536)
 
+    assert acked["ok"] is True
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     assert b"x-model-version: 1\r\n" in answer
-    assert swap.result(timeout=10)["ok"] is True
 
 
 def test_a_request_outliving_the_drain_bound_of_its_retired_version_is_a_prompt_503(start_worker, mlp_v1, mlp_v2):
@@ -256,7 +257,8 @@ def test_a_request_outliving_the_drain_bound_of_its_retired_version_is_a_prompt_
     with socket.create_connection(("127.0.0.1", worker.port), timeout=10) as held:
         held.sendall(head)
         time.sleep(0.3)
-        assert worker.apply(state(2, {"digits": {"routes": [v2]}}))["ok"] is True  # v1 closed after 0.2 s
+        assert worker.apply(state(2, {"digits": {"routes": [v2]}}))["ok"] is True
+        time.sleep(0.5)  # past the 0.2 s drain bound: v1 closed
         held.sendall(body)
         answer = held.recv(65536)
 
