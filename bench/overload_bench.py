@@ -152,6 +152,7 @@ async def open_loop(port: int, request: bytes, rate_per_s: float, duration_s: fl
         try:
             if reader is None:
                 raise ConnectionError("could not connect")
+            result.send_lags_s.append(time.perf_counter() - scheduled_s)
             writer.write(request)
             status, keep_alive = await read_answer(reader)
         except (ConnectionError, RuntimeError, asyncio.IncompleteReadError):
@@ -316,7 +317,9 @@ def measure(args, workdir: Path) -> list[dict]:
         drops = counts.pop(0, 0)
         result.latencies_s.pop(0, None)
         sent = sum(counts.values())
-        note = f"{sent / args.duration_s:,.0f} req/s actually sent; {drops:,} found no free client connection (not sent)"
+        note = (f"{sent / args.duration_s:,.0f} req/s actually sent; {drops:,} found no free client connection (not sent); "
+                f"send lag p50 / p99 {_ms(result.send_lags_s, 50):.1f} / {_ms(result.send_lags_s, 99):.1f} ms "
+                "(scheduled time to write, connecting included: the client's own delay, inside every latency above)")
         rows.append(row("3x capacity", f"open loop, {offered:,.0f} req/s", result.seconds, counts, capacity, result, note, cpu))
     return rows
 

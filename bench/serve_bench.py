@@ -46,6 +46,7 @@ class LoadResult:
     seconds: float
     latencies_s: dict[int, list[float]] = field(default_factory=dict)  # status -> latencies
     reported_ms: dict[float, float] = field(default_factory=dict)  # percentiles a tool reported (wrk)
+    send_lags_s: list[float] = field(default_factory=list)  # open loop: from the scheduled time to the write
 
     def add(self, status: int, latency_s: float) -> None:
         self.latencies_s.setdefault(status, []).append(latency_s)
