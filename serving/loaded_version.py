@@ -127,13 +127,16 @@ class LoadedVersion:
             return False
         return all(results)
 
-    def close(self) -> None:
+    def close(self, forget_metrics: bool = True) -> None:
+        """Unload. `forget_metrics=False` when another copy of this version is loaded (it was
+        routed again while this one drained): the series are shared, and they are its now."""
         self._closed = True
         for batcher in self._batchers.values():
             batcher.close()
         self._batchers.clear()
         self._dispatch.close()
-        self.metrics.remove()
+        if forget_metrics:
+            self.metrics.remove()
 
     def metadata(self, versions: list[str] | None = None) -> dict:
         return {

@@ -153,7 +153,7 @@ class Repository:
             if not await version.drain(self.config.drain_timeout_s):
                 logger.warning("%s v%s: drain timed out; failing what is left", version.model_name, version.version)
         finally:
-            version.close()
+            version.close(forget_metrics=(version.model_name, version.version) not in self._loaded)
 
     # ---- read side for /health and metadata -----------------------------------------
 

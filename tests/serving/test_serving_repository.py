@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import numpy as np
+from prometheus_client import generate_latest
 
 from serving.protocol import Decoded
 from serving.repository import Repository
@@ -109,3 +110,21 @@ async def test_new_generation_with_the_same_routes_only_bumps_the_generation(rep
 
     assert repository.router.table.generation == 5
     assert dict(repository.loaded) == loaded
+
+
+async def test_a_version_routed_again_while_its_old_copy_drains_keeps_its_metrics(repository, mlp_v1, mlp_v2):
+    # v1 retired with a request still on it (a slow client), then routed again (a quick
+    # rollback): the old copy's unload must not take the new copy's series with it.
+    await repository.apply(digits(1, route(1, 100, *mlp_v1)))
+    old_v1 = repository.loaded[("digits", 1)]
+    old_v1.hold()
+    await repository.apply(digits(2, route(2, 100, *mlp_v2)))
+    await repository.apply(digits(3, route(1, 100, *mlp_v1)))
+    assert repository.loaded[("digits", 1)] is not old_v1
+
+    old_v1.release()  # its drain ends, it is unloaded
+    await asyncio.sleep(0.1)
+    assert await infer(repository) == 1
+
+    exposition = generate_latest().decode()
+    assert 'modelops_batch_size_count{model="digits",version="1"} ' in exposition
