@@ -248,6 +248,26 @@ def test_a_request_routed_before_a_swap_is_answered_by_the_version_it_was_routed
     assert b"x-model-version: 1\r\n" in answer
 
 
+def test_a_client_that_hangs_up_mid_body_does_not_hold_its_retired_version(start_worker, mlp_v1, mlp_v2):
+    # The hold is released when the client goes away: v1 unloads (its series leave
+    # /metrics) well before the 5 s drain bound, not at it.
+    v1, v2 = route(1, 100, *mlp_v1), route(2, 100, *mlp_v2)
+    worker = start_worker(state(1, {"digits": {"routes": [v1]}}))
+    body = orjson.dumps(v2_body(np.zeros((1, 64), np.float32)))
+    httpx.post(worker.url + INFER, content=body)  # v1 has series to lose
+    head = (f"POST {INFER} HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=10) as held:
+        held.sendall(head + body[:10])
+        time.sleep(0.3)
+    assert worker.apply(state(2, {"digits": {"routes": [v2]}}))["ok"] is True
+
+    deadline = time.monotonic() + 2.0
+    while 'version="1"' in httpx.get(worker.url + "/metrics").text:
+        assert time.monotonic() < deadline, "v1 still loaded: the abandoned request kept holding it"
+        time.sleep(0.05)
+
+
 def test_a_request_outliving_the_drain_bound_of_its_retired_version_is_a_prompt_503(start_worker, mlp_v1, mlp_v2):
     v1, v2 = route(1, 100, *mlp_v1), route(2, 100, *mlp_v2)
     worker = start_worker(state(1, {"digits": {"routes": [v1]}}), drain_timeout_s=0.2)
