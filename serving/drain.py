@@ -7,8 +7,9 @@
    it out of rotation meanwhile, and sending it a request still works. Every response
    from now on carries ``Connection: close``, so keep-alive clients reconnect, and their
    new connections go where the balancer now sends them.
-2. Then it stops accepting (uvicorn's ``Server.shutdown``): the listener closes (the
-   connections the kernel had already completed are taken in first rather than reset),
+2. Then it stops accepting (uvicorn's ``Server.shutdown``): a socket filter stops new
+   handshakes, the connections the kernel had already completed are taken in (closing
+   the listener would reset them), the listener closes,
    an idle keep-alive connection is closed, a request in progress finishes with
    ``Connection: close``, and one still arriving is let in. Everything accepted, queued
    in the batchers included, gets its answer within SERVING_DRAIN_TIMEOUT_S; what is left
@@ -26,10 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import socket
+import struct
+import sys
 import time
 from types import FrameType
 
@@ -40,6 +44,7 @@ from serving.logs import event
 logger = logging.getLogger("serving.drain")
 SERVING, DRAINING, STOPPED = "serving", "draining", "stopped"
 POLL_S = 0.05  # how often the drain looks whether everything was answered
+SO_ATTACH_FILTER, BPF_RET_K = 26, 0x06  # <asm-generic/socket.h>, <linux/bpf_common.h>: BPF_RET | BPF_K
 CUT_MESSAGE = "the worker stopped before this request was answered; retry it"
 
 
@@ -149,6 +154,7 @@ class DrainingServer(uvicorn.Server):
         for server in self.servers:
             for listener in server.sockets or ():
                 with socket.socket(fileno=os.dup(listener.fileno())) as accepting:
+                    complete_no_more_handshakes(accepting)
                     accepting.setblocking(False)
                     while True:
                         try:
@@ -172,6 +178,19 @@ class DrainingServer(uvicorn.Server):
         for task in self.server_state.tasks:
             task.cancel(msg="cut: graceful stop timeout exceeded")
         return cut
+
+
+def complete_no_more_handshakes(listener: socket.socket) -> None:
+    """Drop every packet that reaches ``listener`` from now on (a socket filter: Linux
+    only): no handshake completes into its backlog any more, so the backlog taken next is
+    everything the kernel accepted, even when this process is preempted before the
+    listener closes. A client whose SYN is dropped retries it and then meets the closed
+    port: refused, never reset after its connect succeeded."""
+    if sys.platform != "linux":
+        return
+    program = ctypes.create_string_buffer(struct.pack("HBBI", BPF_RET_K, 0, 0, 0))  # return 0: keep nothing
+    with contextlib.suppress(OSError):  # without a filter the window is the few microseconds to the close
+        listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HL", 1, ctypes.addressof(program)))
 
 
 def _signal_name(sig: int | None) -> str | None:

@@ -8,6 +8,7 @@ import http.client
 import json
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -17,6 +18,7 @@ import pytest
 from serving_testkit import SubprocessWorker, route, state, v2_body, write_model, write_state
 
 from registry.building.onnx_build import random_mlp
+from serving.drain import complete_no_more_handshakes
 
 ROW = np.ones((1, 64), np.float32)
 BODY = json.dumps(v2_body(ROW)).encode()
@@ -229,3 +231,39 @@ def test_a_bad_drain_delay_is_refused_at_start(tmp_path, mlp_v1, raw):
         worker.stop()
 
     assert status != 0 and "SERVING_DRAIN_DELAY_S" in message
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="socket filters are Linux's")
+def test_a_listener_closed_to_new_handshakes_still_hands_over_its_backlog():
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as listener:
+        port = listener.getsockname()[1]
+        waiting = socket.create_connection(("127.0.0.1", port), timeout=2)
+        complete_no_more_handshakes(listener)
+        late = socket.socket()
+        late.settimeout(0.3)
+        try:
+            with pytest.raises(TimeoutError):  # its SYN goes unanswered: it never believes it is connected
+                late.connect(("127.0.0.1", port))
+            accepted, peer = listener.accept()
+            accepted.close()
+            assert peer == waiting.getsockname()  # the connection completed before is still there to take
+            listener.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                listener.accept()
+        finally:
+            waiting.close()
+            late.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="socket filters are Linux's")
+def test_closing_a_listener_to_new_handshakes_leaves_its_accepted_connections_working():
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as listener:
+        client = socket.create_connection(listener.getsockname(), timeout=2)
+        accepted, _ = listener.accept()
+        complete_no_more_handshakes(listener)
+        with client, accepted:
+            client.sendall(b"ping")
+            accepted.settimeout(2)
+            assert accepted.recv(4) == b"ping"
+            accepted.sendall(b"pong")
+            assert client.recv(4) == b"pong"
