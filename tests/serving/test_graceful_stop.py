@@ -15,7 +15,14 @@ import time
 import httpx
 import numpy as np
 import pytest
-from serving_testkit import SubprocessWorker, route, state, v2_body, write_model, write_state
+from serving_testkit import (
+    SubprocessWorker,
+    route,
+    state,
+    v2_body,
+    write_model,
+    write_state,
+)
 
 from registry.building.onnx_build import random_mlp
 from serving.drain import complete_no_more_handshakes
