@@ -7,6 +7,8 @@ httptools, access log off, log level warning):
 
   raw       a bare ASGI handler: read the POST body, answer a fixed small JSON
   raw1write the same, with uvicorn's protocol wrapped so head and body leave in one write
+  raw2proc  the bare handler in two processes sharing one port (SO_REUSEPORT): what
+            several event loops per worker would buy at many connections
   batcher   the same plus a minimal asyncio batcher: orjson body -> np.array -> a queue
             drained by one loop task into ONE run_in_executor(session.run) per batch
             (the small MLP, same session options as the worker) -> orjson answer
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -129,14 +132,24 @@ def serve(kind: str, port: int, model_path: str) -> None:
 
     app = batcher_app(model_path) if kind == "batcher" else raw_app()
     http = CoalescingHttpToolsProtocol if kind == "raw1write" else "httptools"
-    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http=http, access_log=False,
-                log_level="warning", lifespan="on" if kind == "batcher" else "off")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http=http, access_log=False,
+                            log_level="warning", lifespan="on" if kind == "batcher" else "off", backlog=4096)
+    if kind != "raw2proc":
+        uvicorn.Server(config).run()
+        return
+    shared = socket.socket()
+    shared.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # the kernel spreads connections over the processes
+    shared.bind(("127.0.0.1", port))
+    shared.listen(4096)
+    uvicorn.Server(config).run(sockets=[shared])
 
 
 # ---- the comparison --------------------------------------------------------------------
 
 
-def cpu_s(pid: int) -> float:
+def cpu_s(pid: int | list[subprocess.Popen]) -> float:
+    if isinstance(pid, list):
+        return sum(cpu_s(process.pid) for process in pid)
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS_S  # utime + stime, every thread
 
@@ -184,7 +197,7 @@ def wait_up(url: str, process: subprocess.Popen) -> None:
 
 
 def start(kind: str, workdir: Path, model_path: Path, state_file: Path, worker_env: dict,
-          baseline_dir: Path | None) -> tuple[subprocess.Popen, int]:
+          baseline_dir: Path | None) -> tuple[list[subprocess.Popen], int]:
     from bench.serve_bench import free_port
 
     port = free_port()
@@ -198,9 +211,10 @@ def start(kind: str, workdir: Path, model_path: Path, state_file: Path, worker_e
             cwd, env["PYTHONPATH"] = baseline_dir, str(baseline_dir)
     else:
         command = [sys.executable, "-m", "bench.http_ceiling", "--serve", kind, "--port", str(port), "--model", str(model_path)]
-    process = subprocess.Popen(command, cwd=cwd, env=env)
-    wait_up(f"http://127.0.0.1:{port}/v2/health/ready" if kind in ("worker", "baseline") else f"http://127.0.0.1:{port}/", process)
-    return process, port
+    processes = [subprocess.Popen(command, cwd=cwd, env=env) for _ in range(2 if kind == "raw2proc" else 1)]
+    for process in processes:
+        wait_up(f"http://127.0.0.1:{port}/v2/health/ready" if kind in ("worker", "baseline") else f"http://127.0.0.1:{port}/", process)
+    return processes, port
 
 
 def compare(args, workdir: Path) -> list[dict]:
@@ -218,6 +232,7 @@ def compare(args, workdir: Path) -> list[dict]:
     targets = [  # (label, server kind, path, script)
         ("a. raw ASGI, fixed JSON", "raw", "/", v2_script),
         ("a2. raw ASGI, head+body in one write", "raw1write", "/", v2_script),
+        ("a3. raw ASGI, 2 processes on one port", "raw2proc", "/", v2_script),
         ("b. raw ASGI + minimal batcher + ORT", "batcher", "/", v2_script),
         ("c. worker GET /v2/health/live", "worker", "/v2/health/live", None),
         ("d. worker POST /v2/models/small/infer", "worker", "/v2/models/small/infer", v2_script),
@@ -231,18 +246,18 @@ def compare(args, workdir: Path) -> list[dict]:
         ]
     best: dict[tuple[str, int], dict] = {}
     for round_index in range(args.rounds):
-        servers: dict[str, tuple[subprocess.Popen, int]] = {}
+        servers: dict[str, tuple[list[subprocess.Popen], int]] = {}
         try:
             for label, kind, path, script in targets:
                 if kind not in servers:
                     servers[kind] = start(kind, workdir, small_path, state_file, worker_env, args.baseline_dir)
-                process, port = servers[kind]
+                processes, port = servers[kind]
                 url = f"http://127.0.0.1:{port}{path}"
                 wrk(url, 8, 1, script)  # warm connections, caches, the latency model
                 for concurrency in args.conc:
-                    before = cpu_s(process.pid)
+                    before = cpu_s(processes)
                     result = wrk(url, concurrency, args.duration_s, script)
-                    result["server_cpu_us"] = (cpu_s(process.pid) - before) / max(result["requests"], 1) * 1e6
+                    result["server_cpu_us"] = (cpu_s(processes) - before) / max(result["requests"], 1) * 1e6
                     result.update(target=label, concurrency=concurrency, round=round_index + 1,
                                   load=os.getloadavg()[0])
                     print(f"  round {round_index + 1} {label} c{concurrency}: {result['req_s']:,.0f} req/s, "
@@ -251,7 +266,7 @@ def compare(args, workdir: Path) -> list[dict]:
                     if key not in best or result["req_s"] > best[key]["req_s"]:
                         best[key] = result
         finally:
-            for process, _ in servers.values():
+            for process in (process for processes, _ in servers.values() for process in processes):
                 process.terminate()
                 process.wait(timeout=15)
     return [best[(label, concurrency)] for concurrency in args.conc for label, *_ in targets]
@@ -274,7 +289,7 @@ def main() -> None:
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--baseline-dir", type=Path, help="also run the worker from DIR/serving (before/after)")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--serve", choices=("raw", "raw1write", "batcher"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=("raw", "raw1write", "raw2proc", "batcher"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
