@@ -133,8 +133,9 @@ def test_under_load_every_accepted_request_is_answered_and_the_worker_exits_0(tm
 
 @pytest.fixture(scope="module")
 def slow_mlp(model_dir):
-    """About 60 ms a batch of 256 rows on one thread: a burst keeps its batcher's queue full."""
-    return write_model(model_dir, "slow_mlp", random_mlp([64, 2048, 2048, 10], seed=3))
+    """About 50 ms a batch of 256 rows on one thread on a fast machine, where hidden layers
+    of 2,048 took 12 ms (60 ms on a slower one): a burst keeps its batcher's queue full."""
+    return write_model(model_dir, "slow_mlp", random_mlp([64, 4096, 4096, 10], seed=3))
 
 
 def test_requests_queued_in_a_batcher_at_sigterm_are_answered(tmp_path, slow_mlp):
@@ -147,8 +148,8 @@ def test_requests_queued_in_a_batcher_at_sigterm_are_answered(tmp_path, slow_mlp
     def send() -> None:
         answers.append(httpx.post(worker.url + INFER, content=body, headers={"content-type": "application/json"}, timeout=10).status_code)
 
-    # 16 batches of ~60 ms: still about half a second of work queued when the stop begins
-    # (uvicorn notices the signal on its next 0.1 s tick); with 8 the queue could empty first.
+    # 16 batches: 8 or more still queued when the stop begins, at least 0.36 s of work, so
+    # the queue cannot empty before uvicorn notices the signal on its next 0.1 s tick.
     senders = [threading.Thread(target=send) for _ in range(16)]
     try:
         for sender in senders:
