@@ -15,6 +15,7 @@ import yaml
 from django.urls import resolve
 
 from console import views
+from tests.console.test_outage import unreachable_database
 from tests.deploy import k8s_checks as k8s
 from tests.deploy.consistency import (
     command_problems,
@@ -202,22 +203,42 @@ def test_the_worker_probe_and_scrape_paths_answer_on_a_ready_worker(deploy_worke
         assert httpx.get(f"{deploy_worker.url}{path}", timeout=5).status_code == 200, path
 
 
-def test_the_console_probe_paths_are_its_health_views():
-    console = k8s.the_container(k8s.overlay("cpu"), "console")
-
-    assert resolve(console.spec["readinessProbe"]["httpGet"]["path"]).func is views.readyz
-    assert resolve(console.spec["livenessProbe"]["httpGet"]["path"]).func is views.healthz
+CONSOLE_PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 
 
-def test_the_console_probes_send_a_host_the_console_answers(client, settings):
+def console_probe_answers(client, settings) -> dict[str, int]:
+    """Each console probe's status, sent as the kubelet sends it (path and Host header)."""
     objects = k8s.overlay("cpu")
     console = k8s.the_container(objects, "console")
     settings.ALLOWED_HOSTS = k8s.environment(objects, console)["ALLOWED_HOSTS"].split(",")
-    probe = console.spec["livenessProbe"]["httpGet"]
-    headers = {header["name"]: header["value"] for header in probe["httpHeaders"]}
+    answers = {}
+    for name in CONSOLE_PROBES:
+        probe = console.spec[name]["httpGet"]
+        headers = {header["name"]: header["value"] for header in probe["httpHeaders"]}
+        answers[name] = client.get(probe["path"], HTTP_HOST=headers["Host"]).status_code
+    return answers
 
-    assert client.get(probe["path"], HTTP_HOST=headers["Host"]).status_code == 200
-    assert console.spec["readinessProbe"]["httpGet"]["httpHeaders"] == probe["httpHeaders"]
+
+@pytest.mark.django_db
+def test_the_console_probes_pass_on_a_console_that_reaches_its_database_and_redis(client, settings):
+    assert console_probe_answers(client, settings) == dict.fromkeys(CONSOLE_PROBES, 200)
+
+
+@pytest.mark.django_db(transaction=True)  # the outage closes and reopens the connection
+def test_a_database_outage_keeps_a_started_console_in_its_service_but_holds_back_a_new_one(client, settings):
+    with unreachable_database():
+        answers = console_probe_answers(client, settings)
+
+    # Every replica shares the outage: out of the Service, none could answer its 503 with
+    # Retry-After. A pod that never reached the database is not started (a rollout stalls).
+    assert answers == {"startupProbe": 503, "readinessProbe": 200, "livenessProbe": 200}
+
+
+def test_the_console_probes_are_its_health_views():
+    console = k8s.the_container(k8s.overlay("cpu"), "console")
+    views_by_probe = {name: resolve(console.spec[name]["httpGet"]["path"]).func for name in CONSOLE_PROBES}
+
+    assert views_by_probe == {"startupProbe": views.readyz, "readinessProbe": views.healthz, "livenessProbe": views.healthz}
 
 
 # ---------------------------------------------------------------- graceful stop
