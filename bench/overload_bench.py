@@ -10,8 +10,9 @@ model built by `registry.building.onnx_build`, one row per request, JSON tensors
 2. closed loop at 256 and 2,048 connections (wrk); a probe on its own keep-alive
    connections sends a few requests a second meanwhile and records each answer's status
    and latency, since wrk's latency histogram mixes 200s with 503s;
-3. open loop at 3x capacity (the asyncio client: requests leave on schedule whatever the
-   answers; latency counts from the scheduled time, so client-side queueing is included).
+3. open loop at 3x capacity (bench/open_loop_client.c where a C compiler is, else the asyncio
+   client: requests leave on schedule whatever the answers; latency counts from the
+   scheduled time, so client-side queueing is included).
 
 Goodput is 200s per second (over the whole run, the drain included); "kept deadline" is the share of 200s answered within the
 worker's request timeout (SERVING_REQUEST_TIMEOUT_S, 10 s by default). The table prints
@@ -36,6 +37,7 @@ import numpy as np
 import orjson
 import uvloop
 
+from bench import native_client
 from bench.serve_bench import (
     MODELS,
     LoadResult,
@@ -311,15 +313,19 @@ def measure(args, workdir: Path) -> list[dict]:
                                 probe.result, errors, cpu))
         offered = 3 * capacity
         with CpuMeter(pid) as cpu:
-            # uvloop: the generator shares the worker's cores, so the less CPU it needs the better
-            result = uvloop.run(open_loop(worker.port, request, offered, args.duration_s, connections=args.open_connections))
+            if args.open_loop_client == "native":
+                result, summary = native_client.open_loop(worker.port, request, offered, args.duration_s, args.open_connections)
+            else:  # uvloop: the generator shares the worker's cores, so the less CPU it needs the better
+                result = uvloop.run(open_loop(worker.port, request, offered, args.duration_s, connections=args.open_connections))
+                summary = ""
         counts = {status: len(values) for status, values in result.latencies_s.items()}
         drops = counts.pop(0, 0)
         result.latencies_s.pop(0, None)
         sent = sum(counts.values())
         note = (f"{sent / args.duration_s:,.0f} req/s actually sent; {drops:,} found no free client connection (not sent); "
                 f"send lag p50 / p99 {_ms(result.send_lags_s, 50):.1f} / {_ms(result.send_lags_s, 99):.1f} ms "
-                "(scheduled time to write, connecting included: the client's own delay, inside every latency above)")
+                "(scheduled time to write, connecting included: the client's own delay, inside every latency above)"
+                + (f"; C client: {summary}" if summary else ""))
         rows.append(row("3x capacity", f"open loop, {offered:,.0f} req/s", result.seconds, counts, capacity, result, note, cpu))
     return rows
 
@@ -329,10 +335,13 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=8.0)
     parser.add_argument("--model", default="small", choices=tuple(MODELS))
     parser.add_argument("--open-connections", type=int, default=512, help="keep-alive client connections the open-loop run starts with")
+    parser.add_argument("--open-loop-client", choices=("native", "asyncio"), default="native" if native_client.available() else "asyncio",
+                        help="the open-loop generator: C (bench/open_loop_client.c, built with the machine's compiler) or asyncio")
     add_common_arguments(parser)
     args = parser.parse_args()
     apply_common_arguments(args)
-    print(f"model {args.model} {MODELS[args.model]}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, client {args.client}")
+    print(f"model {args.model} {MODELS[args.model]}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
+          f"client {args.client}, open loop {args.open_loop_client}")
     with tempfile.TemporaryDirectory(prefix="overload-bench-") as tmp:
         rows = measure(args, Path(tmp))
     print_table(rows)
