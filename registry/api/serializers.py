@@ -172,9 +172,13 @@ OWNER_HELP = "The username of whoever answers for the model (an active user), or
 class OwnerField(serializers.SlugRelatedField):
     """An active user by username; anything but a string is refused as invalid."""
 
+    default_error_messages = {"null_characters": "a username cannot contain NUL (\\u0000) characters."}
+
     def to_internal_value(self, data):
         if not isinstance(data, str):
             self.fail("invalid")
+        if "\x00" in data:  # PostgreSQL refuses NUL in a text parameter: the lookup itself would fail (a 500)
+            self.fail("null_characters")
         return super().to_internal_value(data)
 
 

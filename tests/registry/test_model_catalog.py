@@ -49,6 +49,20 @@ def test_an_unknown_owner_is_a_400(operator_client):
     assert RegisteredModel.objects.count() == 0
 
 
+def test_an_owner_with_a_nul_character_is_a_400_naming_the_owner(operator_client):
+    # On PostgreSQL the lookup of such a username failed inside the database: a 500.
+    RegisteredModel.objects.create(name="fraud")
+    created = create(operator_client, name="other", owner="olivia\x00")
+    patched = operator_client.patch("/api/models/fraud/", {"owner": "olivia\x00"}, format="json")
+
+    for response in (created, patched):
+        assert response.status_code == 400, response.content
+        assert response.json()["error"].startswith("owner:")
+        assert "NUL" in response.json()["error"]
+    assert RegisteredModel.objects.get(name="fraud").owner is None
+    assert not RegisteredModel.objects.filter(name="other").exists()
+
+
 @pytest.mark.parametrize(
     ("tags", "words"),
     [
