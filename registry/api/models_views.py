@@ -27,7 +27,11 @@ ARCHIVED_VALUES = {"true": True, "false": False}
 
 
 def filtered_models(params) -> QuerySet[RegisteredModel]:
-    """The models the list's query parameters ask for; a bad ``archived`` is a 400."""
+    """The models the list's query parameters ask for; a bad ``archived`` is a 400, and so
+    is a NUL character, which PostgreSQL refuses in a text parameter (the query would fail)."""
+    for name in ("q", "tag", "owner"):
+        if "\x00" in params.get(name, ""):
+            raise exceptions.ValidationError({name: ["must not contain NUL (\\u0000) characters"]})
     models = RegisteredModel.objects.select_related("created_by", "owner")
     if params.get("q"):
         models = models.matching(params["q"])

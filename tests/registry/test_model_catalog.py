@@ -141,6 +141,15 @@ def test_owner_filter(operator_client, catalogue):
     assert names(operator_client.get("/api/models/", {"owner": "victor"})) == ["digits"]
 
 
+@pytest.mark.parametrize("name", ["q", "tag", "owner"])
+def test_a_filter_with_a_nul_character_is_a_400_naming_it(operator_client, catalogue, name):
+    # On PostgreSQL the query itself failed: a 500.
+    response = operator_client.get(f"/api/models/?{name}=digits%00")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == f"{name}: must not contain NUL (\\u0000) characters"
+
+
 def test_archived_filter_and_a_bad_value(operator_client, catalogue):
     operator_client.post("/api/models/churn/archive/", {}, format="json")
 
