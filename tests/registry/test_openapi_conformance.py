@@ -12,6 +12,7 @@ a drill, metric roll-ups, jobs and a data set, so paths with ``{name}``, ``{numb
 from __future__ import annotations
 
 import io
+import os
 
 import hypothesis
 import numpy as np
@@ -24,6 +25,7 @@ from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import strategies as st
 from rest_framework.authtoken.models import Token
+from schemathesis.core.parameters import ParameterLocation
 
 from console.wsgi import application
 from registry.actions import releases
@@ -168,6 +170,8 @@ def jobs_and_a_dataset(model: RegisteredModel, versions: list[ModelVersion], ope
 
 
 def credentials_for(case, operator_headers: dict) -> dict:
+    if case.meta is not None and case.meta.is_negative_at(ParameterLocation.HEADER) and "Authorization" not in (case.headers or {}):
+        return {}  # a case generated without its credentials: putting them back would make it valid, and its check wrong
     if case.path.startswith("/api/serving/"):
         return {"Authorization": f"Bearer {settings.SERVING_WORKER_TOKEN}"}
     return operator_headers
@@ -179,6 +183,10 @@ def credentials_for(case, operator_headers: dict) -> dict:
     deadline=None,
     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture, hypothesis.HealthCheck.too_slow, hypothesis.HealthCheck.filter_too_much],
     database=None,
+    # The same draw every run, so CI judges the code, not the luck of a random draw (one
+    # found a real bug, a NUL owner, and failed CI by chance). Fuzz by hand with a fresh
+    # draw each run: `HYPOTHESIS_RANDOM=1 .venv/bin/python -m pytest tests/registry/test_openapi_conformance.py`.
+    derandomize=not os.environ.get("HYPOTHESIS_RANDOM"),
 )
 def test_every_operation_conforms_to_the_schema(case, api_world):
     case.call_and_validate(headers=credentials_for(case, api_world))
