@@ -13,7 +13,6 @@ import pytest
 
 from bench import native_client
 
-pytestmark = pytest.mark.skipif(not native_client.available(), reason="no C compiler on this machine")
 REQUEST = b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}"
 
 
