@@ -201,6 +201,38 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_seconds(pid: int) -> float:
+    """CPU time of a process's live children (the worker's listen-queue keeper)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0.0
+    total = 0.0
+    for child in children:
+        try:
+            total += cpu_seconds(int(child))
+        except OSError:  # it ended meanwhile
+            pass
+    return total
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of a process onto ``cpus`` (sched_setaffinity moves one thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
+def pin_apart(worker_pid: int, worker_cpu: int) -> None:
+    """The worker alone on one core; its keeper and the load generator (this process and
+    the clients it starts from now on) on the others: what the worker keeps when nothing
+    else takes its core, as on a server whose clients are other machines."""
+    others = set(range(os.cpu_count() or 1)) - {worker_cpu}
+    pin(worker_pid, {worker_cpu})
+    for child in Path(f"/proc/{worker_pid}/task/{worker_pid}/children").read_text().split():
+        pin(int(child), others)
+    pin(os.getpid(), others)
+
+
 def generator_cpu_seconds() -> float:
     """CPU time of the load generator: this process (the asyncio clients and the probe)
     and its finished children (wrk)."""
@@ -217,6 +249,7 @@ class CpuMeter:
 
     def __enter__(self) -> CpuMeter:
         self._cpu_s, self._generator_s, self._wall_s = cpu_seconds(self.pid), generator_cpu_seconds(), time.perf_counter()
+        self._children_s = children_cpu_seconds(self.pid)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -224,6 +257,7 @@ class CpuMeter:
         self.cpu_s = cpu_seconds(self.pid) - self._cpu_s
         self.cores = self.cpu_s / wall_s
         self.generator_cores = (generator_cpu_seconds() - self._generator_s) / wall_s
+        self.keeper_cores = (children_cpu_seconds(self.pid) - self._children_s) / wall_s
 
 
 def row(run: str, offered: str, seconds: float, counts: dict[int, int], capacity: float, probe: LoadResult | None, note: str = "",
@@ -240,6 +274,7 @@ def row(run: str, offered: str, seconds: float, counts: dict[int, int], capacity
         "rejected_p50_ms": _ms(rejected, 50), "rejected_p99_ms": _ms(rejected, 99), "samples": sum(len(v) for v in latencies.values()),
         "worker_cores": cpu.cores if cpu else float("nan"), "ok_per_cpu_s": ok / cpu.cpu_s if cpu and cpu.cpu_s else float("nan"),
         "generator_cores": cpu.generator_cores if cpu else float("nan"),
+        "keeper_cores": cpu.keeper_cores if cpu else float("nan"),
         "note": note,
     }
 
@@ -253,15 +288,16 @@ def print_table(rows: list[dict]) -> None:
     capacity (200s per CPU-second near 100 % of capacity's) that got fewer cores lost
     them to the load generator, which shares the machine."""
     print("| run | offered | goodput req/s | % of capacity | answers by status | accepted p50 / p99 / max ms | within deadline | "
-          "rejected p50 / p99 ms | latency samples | worker CPU cores | 200s per worker CPU-s | % of capacity's | generator CPU cores |")
-    print("|---|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|")
+          "rejected p50 / p99 ms | latency samples | worker CPU cores | 200s per worker CPU-s | % of capacity's | generator CPU cores | "
+          "keeper CPU cores |")
+    print("|---|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
     efficiency = rows[0]["ok_per_cpu_s"] if rows else float("nan")
     for r in rows:
         statuses = ", ".join(f"{status}: {n:,}" for status, n in r["statuses"].items())
         print(f"| {r['run']} | {r['offered']} | {r['goodput_req_s']:,.0f} | {r['pct_capacity']:.0f}% | {statuses} | "
               f"{r['accepted_p50_ms']:.1f} / {r['accepted_p99_ms']:.1f} / {r['accepted_max_ms']:.1f} | {r['kept_deadline_pct']:.1f}% | "
               f"{r['rejected_p50_ms']:.1f} / {r['rejected_p99_ms']:.1f} | {r['samples']:,} | {r['worker_cores']:.2f} | {r['ok_per_cpu_s']:,.0f} | "
-              f"{100 * r['ok_per_cpu_s'] / efficiency:.0f}% | {r['generator_cores']:.2f} |")
+              f"{100 * r['ok_per_cpu_s'] / efficiency:.0f}% | {r['generator_cores']:.2f} | {r.get('keeper_cores', float('nan')):.2f} |")
     for r in rows:
         if r["note"]:
             print(f"  {r['run']}: {r['note']}")
@@ -297,6 +333,8 @@ def measure(args, workdir: Path) -> list[dict]:
     with WorkerProcess(state_file, workdir / "cache") as worker:
         asyncio.run(closed_loop(worker.port, request, 4, 1.0))  # warm connections and the latency model
         pid = worker.process.pid
+        if args.pin_worker_cpu is not None:
+            pin_apart(pid, args.pin_worker_cpu)
         with CpuMeter(pid) as cpu:
             if args.client == "wrk":
                 seconds, counts, errors = wrk_statuses(worker.port, path, body_file, 64, args.duration_s)
@@ -337,6 +375,7 @@ def main() -> None:
     parser.add_argument("--open-connections", type=int, default=512, help="keep-alive client connections the open-loop run starts with")
     parser.add_argument("--open-loop-client", choices=("native", "asyncio"), default="native" if native_client.available() else "asyncio",
                         help="the open-loop generator: C (bench/open_loop_client.c, built with the machine's compiler) or asyncio")
+    parser.add_argument("--pin-worker-cpu", type=int, help="run the worker alone on this core, everything else on the others")
     add_common_arguments(parser)
     args = parser.parse_args()
     apply_common_arguments(args)

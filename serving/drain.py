@@ -39,6 +39,8 @@ from types import FrameType
 
 import uvicorn
 
+from serving import metrics
+from serving.listen_queue import Keepers
 from serving.logs import event
 
 logger = logging.getLogger("serving.drain")
@@ -91,11 +93,17 @@ class DrainingServer(uvicorn.Server):
     """uvicorn's server with the stop above: its signal capture, main loop, connection
     ``shutdown()`` and task wait, with a delay before and a 503 for what the bound cuts."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain):
+    def __init__(self, config: uvicorn.Config, drain: Drain, keepers: Keepers | None = None):
         super().__init__(config)
         self.drain = drain
+        self.keepers = keepers or Keepers()
         self.exit_status = 0
         self._announced = False
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:  # listening now: the keepers take what the loop cannot take in time
+            self.keepers.start([listener for server in self.servers for listener in server.sockets or ()])
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain.is_draining or self.should_exit:  # the second signal: stop now
@@ -106,6 +114,9 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         drain = self.drain
+        if not drain.is_draining:
+            self.keepers.check()
+        metrics.count_refused_connections(self.keepers.refused)
         if drain.is_draining and not self._announced:
             self._announced = True
             logger.warning(event("drain_started", signal=_signal_name(drain.signal), delay_s=drain.delay_s, timeout_s=drain.timeout_s,
@@ -118,6 +129,7 @@ class DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.drain.begin()  # stopped by other means than a signal (max requests): drain all the same
         answered_before, stopped_at = self.server_state.total_requests, time.monotonic()
+        self.keepers.stop()  # a keeper holds the listener too: it would keep the port open after the close
         taken = self._take_backlog()
         for server in self.servers:
             server.close()

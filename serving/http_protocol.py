@@ -30,6 +30,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from serving.drain import Drain
+from serving.listen_queue import Keepers
 
 logger = logging.getLogger("serving.http")
 # On a graceful stop, how long a connection accepted just before the listener closed may
@@ -52,8 +53,10 @@ class HeadersTooLarge(Exception):
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits = HttpLimits()
     drain: Drain = Drain()  # the worker's own, set by protocol_class
+    keepers: Keepers = Keepers()  # the listen queue's keepers count what the loop accepts (serving/listen_queue.py)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.keepers.accepted()
         super().connection_made(transport)
         self._timer: asyncio.TimerHandle | None = None
         self._awaiting_headers = True
@@ -242,12 +245,13 @@ class CoalescingHttpToolsProtocol(GuardedHttpToolsProtocol):
         super().connection_made(CoalescingTransport(transport, self.loop))
 
 
-def protocol_class(limits: HttpLimits, coalesce_writes: bool, drain: Drain | None = None) -> type[GuardedHttpToolsProtocol]:
+def protocol_class(limits: HttpLimits, coalesce_writes: bool, drain: Drain | None = None,
+                   keepers: Keepers | None = None) -> type[GuardedHttpToolsProtocol]:
     """The protocol uvicorn is given: our guards with these limits, coalescing or not,
-    following this worker's graceful stop."""
+    following this worker's graceful stop and counting accepts for its listen-queue keepers."""
     base = CoalescingHttpToolsProtocol if coalesce_writes else GuardedHttpToolsProtocol
     limits = replace(limits, max_connections=fit_open_file_limit(limits.max_connections))
-    return type(base.__name__, (base,), {"limits": limits, "drain": drain or Drain()})
+    return type(base.__name__, (base,), {"limits": limits, "drain": drain or Drain(), "keepers": keepers or Keepers()})
 
 
 FILES_BESIDES_CONNECTIONS = 256  # models, cache, logs, the console and Redis clients

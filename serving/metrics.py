@@ -46,6 +46,10 @@ QUEUE_DEPTH = Gauge("modelops_queue_depth", "Requests waiting in batch queues.",
 LOADED_VERSIONS = Gauge("modelops_loaded_versions", "Model versions loaded and warm in this worker.")
 STATE_GENERATION = Gauge("modelops_state_generation", "Generation of the desired state this worker last applied.")
 DEVICE_MEMORY = Gauge("modelops_device_memory_used_bytes", "Memory in use on the inference device.", ["device"])
+CONNECTIONS_REFUSED = Counter(
+    "modelops_connections_refused",
+    "New connections answered 503 by the listen queue's keeper: the event loop could not take them in time.",
+)
 
 
 PENDING_LIMIT = 2048
@@ -202,6 +206,17 @@ def count_unrouted(code: int) -> None:
     if child is None:
         child = _UNROUTED_BY_CODE[code] = REQUESTS.labels("", "", str(code))
     child.inc()
+
+
+_refused_connections_counted = [0]
+
+
+def count_refused_connections(total: int) -> None:
+    """Bring the counter up to the keepers' running total (serving/listen_queue.py)."""
+    delta = total - _refused_connections_counted[0]
+    if delta > 0:
+        CONNECTIONS_REFUSED.inc(delta)
+        _refused_connections_counted[0] = total
 
 
 def flush_pending() -> None:

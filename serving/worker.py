@@ -33,6 +33,7 @@ from serving.drain import Drain, DrainingServer
 from serving.endpoints import ServingApp
 from serving.engine import resolve_device
 from serving.http_protocol import HttpLimits, listen_backlog, protocol_class
+from serving.listen_queue import Keepers
 from serving.logs import configure_logging, event
 from serving.repository import Repository
 from serving.state_signing import signing_key
@@ -55,6 +56,7 @@ class Worker:
         self.repository = Repository(config, self.device, self.console.fetch_artifact)
         self.dataplane = DataPlane(self.repository, config.request_timeout_s)
         self.drain = Drain(config.drain_delay_s, config.drain_timeout_s)  # the graceful stop on SIGTERM
+        self.keepers = Keepers(config.accept_wait_s, config.log_level)  # started once listening, by serve()
         self.app = ServingApp(self.dataplane, config, self.drain)
         self.state_store = StateStore(config.cache_dir, signing_key(config.worker_token) if config.worker_token else None)
         self.initial_persisted: tuple[dict, dict] | None = None  # (state, apply result) when served from disk at start
@@ -88,7 +90,7 @@ class Worker:
         """The uvicorn protocol class, with this worker's connection limits."""
         config = self.config
         limits = HttpLimits(config.header_timeout_s, config.body_timeout_s, config.max_header_bytes, config.max_connections)
-        return protocol_class(limits, config.coalesce_writes, self.drain)
+        return protocol_class(limits, config.coalesce_writes, self.drain, self.keepers)
 
     async def apply(self, state: dict) -> dict:
         """Converge on a desired state; returns the ack body {generation, ok, error?, load_ms}."""
@@ -146,7 +148,7 @@ class Worker:
             backlog=listen_backlog(self.config.max_connections),
             access_log=False, log_level=self.config.log_level, workers=1,
             log_config=None,  # uvicorn's lines go through our JSON handler (serving/logs.py) like every other
-        ), self.drain)
+        ), self.drain, self.keepers)
         server.run()
         if server.exit_status:  # the drain's bound cut requests (serving/drain.py)
             sys.exit(server.exit_status)

@@ -124,6 +124,16 @@ def ort_reference(path: Path, batch: np.ndarray) -> np.ndarray:
 def v2_body(batch: np.ndarray, name: str = "input") -> dict:
     return {"inputs": [{"name": name, "shape": list(batch.shape), "datatype": "FP32", "data": batch.ravel().tolist()}]}
 
+def wait_until(predicate, timeout_s: float = 5.0) -> bool:
+    """Poll ``predicate`` every 10 ms until it holds or ``timeout_s`` passes; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
 class SubprocessWorker:
     """`python -m serving.worker` as its own process, as deployed."""
 

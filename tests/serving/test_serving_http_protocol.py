@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from serving.http_protocol import CoalescingTransport, listen_backlog
-from serving_testkit import route, state, v2_body
+from serving_testkit import route, state, v2_body, wait_until
 
 
 class RecordingTransport:
@@ -109,14 +109,6 @@ def read_until_closed(connection: socket.socket, timeout_s: float = 5.0) -> byte
             return answer
         answer += chunk
 
-
-def wait_until(predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 @pytest.fixture

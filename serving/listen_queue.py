@@ -1,0 +1,297 @@
+"""The listen queue's keeper: a new connection the event loop cannot take in time gets its
+503 within milliseconds, and that refusal costs the event loop nothing.
+
+Why: libuv (under uvloop) accepts one connection per pass of the event loop, and under
+overload a pass takes milliseconds. New clients then wait in the kernel's listen queue,
+full at thousands, for seconds, with their requests already sent (issue #9: 503s 7-8 s
+late for an event-loop-bound model at 3x its capacity). Accepting faster in the loop was
+measured to be worse: the loop then spent its time refusing, and served a sixth as much
+(docs/reliability.md §2). The one-a-pass accept is the worker's admission control for new
+connections; what was missing is a fast answer for those it will not take in time.
+
+How: a small child process, ``python -m serving.listen_queue``, holds a duplicate of the
+worker's listening socket, and the worker counts the connections it accepts in a shared
+page. While the queue is not empty the keeper looks at its length every TICK_S
+(``TCP_INFO``: one syscall) and measures the pace at which the worker takes connections
+from it while it is backlogged; the queue may hold what the worker takes in
+SERVING_ACCEPT_WAIT_S at that pace (and at least KEEP_AT_LEAST), and the keeper takes the
+rest from the head of the queue (the connections that waited longest) and answers each
+with 503, ``Retry-After: 1`` and ``Connection: close``. A burst the worker takes in
+time is never refused: nothing is refused before MIN_EVIDENCE_S of backlog has shown the
+pace. An idle queue costs nothing: the keeper then sleeps until a connection arrives.
+
+The keeper runs on another core than the loop where there is one, reads at most
+READ_LIMIT bytes of a refused request (never parses it) and holds one connection at a
+time. It ends when the worker does (the end of a pipe the worker holds) or when asked to
+(the graceful stop, serving/drain.py, before the listener closes: a keeper holding the
+listener would keep the port open). If the keeper dies, the worker goes on as before it
+existed. Linux only (``TCP_INFO`` on a listener); elsewhere there is no keeper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import mmap
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import orjson
+
+from serving.logs import configure_logging, event
+
+logger = logging.getLogger("serving.listen_queue")
+
+TICK_S = 0.002  # how often a backlogged queue is looked at: 2 ms of arrivals at most go unanswered
+PACE_WINDOW_S = 0.5  # the worker's accept pace is measured over this much of the backlog
+MIN_EVIDENCE_S = 0.05  # no refusal before the backlog has lasted this long: a burst the loop takes in time passes
+KEEP_AT_LEAST = 16  # the queue always keeps this many, so a worker that is only slow never starves
+READ_LIMIT = 64 * 1024  # what of a refused request is read (so the close is not a reset), never parsed
+LOG_EVERY_S = 1.0
+ACCEPTED, REFUSED = 0, 1  # slots of the shared counters
+TCP_INFO_UNACKED = struct.Struct("8x5I")  # struct tcp_info: 8 u8, then rto, ato, snd_mss, rcv_mss, unacked
+REFUSAL_MESSAGE = "the worker is overloaded: new connections wait longer than it takes them in; retry later"
+
+
+def refusal_bytes() -> bytes:
+    body = orjson.dumps({"error": REFUSAL_MESSAGE})
+    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"retry-after: 1\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+
+
+REFUSAL = refusal_bytes()
+_DISCARD = bytearray(READ_LIMIT)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where `-m serving.listen_queue` is found, whatever the cwd
+
+
+def supported() -> bool:
+    return sys.platform == "linux" and hasattr(socket, "TCP_INFO")
+
+
+def queue_length(listener: socket.socket) -> int:
+    """Connections the kernel completed that nobody has accepted yet (a listener's
+    ``tcpi_unacked`` is its accept queue's length)."""
+    info = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_UNACKED.size)
+    return TCP_INFO_UNACKED.unpack_from(info)[4]
+
+
+class AcceptPace:
+    """The pace at which the worker takes connections from its queue while the queue is
+    backlogged: when it is empty, the arrivals set the pace, not the worker."""
+
+    def __init__(self, window_s: float = PACE_WINDOW_S, evidence_s: float = MIN_EVIDENCE_S):
+        self.window_s, self.evidence_s = window_s, evidence_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def observe(self, now: float, queued: int, accepted: int) -> None:
+        if queued == 0:
+            self._samples.clear()
+            return
+        samples = self._samples
+        samples.append((now, accepted))
+        while len(samples) > 2 and now - samples[1][0] >= self.window_s:
+            samples.popleft()
+
+    def per_second(self) -> float | None:
+        """Accepts per second over the backlog's last window, or None before MIN_EVIDENCE_S of it."""
+        if len(self._samples) < 2:
+            return None
+        (first_t, first_n), (last_t, last_n) = self._samples[0], self._samples[-1]
+        span = last_t - first_t
+        return (last_n - first_n) / span if span >= self.evidence_s else None
+
+    def may_wait(self, wait_s: float) -> int | None:
+        """How many connections the queue may hold: what the worker takes in ``wait_s``."""
+        pace = self.per_second()
+        return None if pace is None else max(KEEP_AT_LEAST, int(pace * wait_s))
+
+
+def refuse(listener: socket.socket, count: int, answer: bytes = REFUSAL) -> int:
+    """Take up to ``count`` connections from the head of the queue and answer each 503.
+    Returns how many were refused (fewer when the worker took the rest meanwhile)."""
+    refused = 0
+    for _ in range(count):
+        try:
+            connection, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            break
+        except OSError:  # out of files, a connection reset in the queue: the next tick tries again
+            break
+        with connection, contextlib.suppress(OSError):
+            connection.recv_into(_DISCARD, READ_LIMIT, socket.MSG_DONTWAIT)  # what arrived: the close is then a FIN, not a reset
+            connection.send(answer, socket.MSG_DONTWAIT)
+        refused += 1
+    return refused
+
+
+def keep(listener: socket.socket, counters: memoryview, parent_fd: int, wait_s: float) -> None:
+    """The keeper's loop, until ``parent_fd`` reads end of file."""
+    listener.setblocking(False)
+    idle, backlogged = select.poll(), select.poll()
+    for poll in (idle, backlogged):
+        poll.register(parent_fd, select.POLLIN)
+    idle.register(listener.fileno(), select.POLLIN)
+    pace, queued = AcceptPace(), 0
+    report = RefusalLog()
+    while True:
+        ready = (backlogged.poll(TICK_S * 1000) if queued else idle.poll()) or ()
+        if any(fd == parent_fd for fd, _ in ready):
+            report.flush(force=True)
+            return
+        queued, now = queue_length(listener), time.monotonic()
+        pace.observe(now, queued, counters[ACCEPTED])
+        may_wait = pace.may_wait(wait_s)
+        if may_wait is not None and queued > may_wait:
+            refused = refuse(listener, queued - may_wait)
+            counters[REFUSED] += refused
+            report.add(refused, queued, pace.per_second())
+            queued -= refused
+        report.flush()
+
+
+class RefusalLog:
+    """At most one line a second while refusing: how many, how long the queue was, the pace."""
+
+    def __init__(self) -> None:
+        self.refused, self.longest, self.pace, self.since = 0, 0, 0.0, time.monotonic()
+
+    def add(self, refused: int, queued: int, pace: float | None) -> None:
+        self.refused += refused
+        self.longest = max(self.longest, queued)
+        self.pace = pace or 0.0
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.refused and (force or now - self.since >= LOG_EVERY_S):
+            logger.warning(event("new_connections_refused", refused=self.refused, seconds=round(now - self.since, 3),
+                                 longest_queue=self.longest, worker_accepts_per_s=round(self.pace, 1)))
+            self.refused, self.longest = 0, 0
+        if not self.refused:
+            self.since = now
+
+
+class Keeper:
+    """The worker's side: the shared counters, the child process, and how to stop it."""
+
+    def __init__(self, process: subprocess.Popen, counters: memoryview, stop_fd: int, shared: mmap.mmap):
+        self.process, self.counters, self._stop_fd, self._shared = process, counters, stop_fd, shared
+        self._reported_death = False
+
+    @classmethod
+    def start(cls, listener: socket.socket, wait_s: float, log_level: str = "info") -> Keeper | None:
+        """A keeper for ``listener``, or None where there can be none (not Linux, turned off)."""
+        if wait_s <= 0 or not supported() or listener.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        try:
+            counter_fd = os.memfd_create("modelops-listen-queue")
+        except OSError as exc:
+            logger.error(event("listen_queue_keeper_not_started", reason=str(exc)))
+            return None
+        read_end, stop_fd = os.pipe()
+        try:
+            os.ftruncate(counter_fd, mmap.PAGESIZE)
+            shared = mmap.mmap(counter_fd, mmap.PAGESIZE)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "serving.listen_queue", "--listener-fd", str(listener.fileno()),
+                 "--counters-fd", str(counter_fd), "--parent-fd", str(read_end), "--wait-s", repr(wait_s),
+                 "--log-level", log_level],
+                pass_fds=(listener.fileno(), counter_fd, read_end), stdin=subprocess.DEVNULL, cwd=PROJECT_ROOT)
+        except OSError as exc:  # no process to be had: the worker serves as it did before keepers
+            os.close(stop_fd)
+            logger.error(event("listen_queue_keeper_not_started", reason=str(exc)))
+            return None
+        finally:
+            os.close(read_end)
+            os.close(counter_fd)
+        return cls(process, memoryview(shared).cast("Q"), stop_fd, shared)
+
+    def accepted(self) -> None:
+        self.counters[ACCEPTED] += 1
+
+    @property
+    def refused(self) -> int:
+        return self.counters[REFUSED]
+
+    def alive(self) -> bool:
+        """False once the keeper has died on its own (logged once): the worker goes on without it."""
+        status = self.process.poll()
+        if status is not None and self._stop_fd >= 0 and not self._reported_death:
+            self._reported_death = True
+            logger.error(event("listen_queue_keeper_died", status=status,
+                               consequence="new connections wait for the event loop to take them"))
+        return status is None
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """End the keeper and wait for it: once this returns, it holds the listener no more."""
+        if self._stop_fd < 0:
+            return
+        os.close(self._stop_fd)
+        self._stop_fd = -1
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class Keepers:
+    """Every keeper of one worker: one per listening socket, started once uvicorn listens.
+    Shared by the HTTP protocol (which counts accepts) and the server (which stops them)."""
+
+    def __init__(self, wait_s: float = 0.0, log_level: str = "info"):
+        self.wait_s, self.log_level = wait_s, log_level
+        self._keepers: list[Keeper] = []
+
+    def start(self, listeners) -> None:
+        for listener in listeners:
+            keeper = Keeper.start(listener, self.wait_s, self.log_level)
+            if keeper is not None:
+                self._keepers.append(keeper)
+        if self._keepers:
+            logger.info(event("listen_queue_kept", keepers=len(self._keepers), wait_s=self.wait_s,
+                              pids=[keeper.process.pid for keeper in self._keepers]))
+
+    def accepted(self) -> None:
+        for keeper in self._keepers:
+            keeper.accepted()
+
+    @property
+    def refused(self) -> int:
+        return sum(keeper.refused for keeper in self._keepers)
+
+    def check(self) -> None:
+        for keeper in self._keepers:
+            keeper.alive()
+
+    def stop(self) -> None:
+        for keeper in self._keepers:
+            keeper.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m serving.listen_queue", description=__doc__.splitlines()[0])
+    parser.add_argument("--listener-fd", type=int, required=True)
+    parser.add_argument("--counters-fd", type=int, required=True)
+    parser.add_argument("--parent-fd", type=int, required=True)
+    parser.add_argument("--wait-s", type=float, required=True)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the worker too: the worker stops us in order
+    with socket.socket(fileno=args.listener_fd) as listener:
+        shared = mmap.mmap(args.counters_fd, mmap.PAGESIZE)
+        os.close(args.counters_fd)
+        keep(listener, memoryview(shared).cast("Q"), args.parent_fd, args.wait_s)
+
+
+if __name__ == "__main__":
+    main()

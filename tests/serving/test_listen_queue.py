@@ -1,0 +1,301 @@
+"""The listen queue's keeper (serving/listen_queue.py): new connections the event loop
+cannot take within SERVING_ACCEPT_WAIT_S get a 503 within milliseconds from a child
+process, a burst the loop takes in time is never refused, and the keeper never outlives
+its worker or holds the port open after a stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from serving_testkit import REPO_ROOT, SubprocessWorker, route, state, v2_body, wait_until, write_state
+
+from serving.listen_queue import KEEP_AT_LEAST, REFUSAL_MESSAGE, AcceptPace, Keeper, queue_length, refuse
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the keeper reads TCP_INFO of a listener: Linux only")
+
+BODY = json.dumps(v2_body(np.ones((1, 64), np.float32))).encode()
+REQUEST = (b"POST /v2/models/digits/infer HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+           b"content-length: %d\r\n\r\n%s" % (len(BODY), BODY))
+
+
+@pytest.fixture
+def listener():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    yield sock
+    sock.close()
+
+
+def connect_and_send(address, count: int) -> list[socket.socket]:
+    clients = []
+    for _ in range(count):
+        client = socket.create_connection(address, timeout=5)
+        client.sendall(REQUEST)
+        clients.append(client)
+    return clients
+
+
+def read_answer(client: socket.socket, timeout_s: float = 5.0) -> bytes:
+    """Everything the server sends until it closes (or the timeout)."""
+    client.settimeout(timeout_s)
+    chunks = []
+    try:
+        while chunk := client.recv(65536):
+            chunks.append(chunk)
+    except TimeoutError:
+        pass
+    return b"".join(chunks)
+
+
+def status_line(client: socket.socket, timeout_s: float = 5.0) -> bytes:
+    """The answer's first line (a kept-alive answer does not close)."""
+    client.settimeout(timeout_s)
+    received = b""
+    try:
+        while b"\r\n" not in received and (chunk := client.recv(4096)):
+            received += chunk
+    except TimeoutError:
+        pass
+    return received.split(b"\r\n", 1)[0]
+
+
+
+# ---- the queue and the pace ------------------------------------------------------------
+
+
+def test_queue_length_counts_completed_connections_nobody_accepted(listener):
+    clients = connect_and_send(listener.getsockname(), 5)
+    assert wait_until(lambda: queue_length(listener) == 5, 2)
+    listener.accept()[0].close()
+    assert queue_length(listener) == 4
+    for client in clients:
+        client.close()
+
+
+def test_no_pace_before_the_backlog_has_lasted_long_enough_to_show_it():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    pace.observe(0.0, 10, 0)
+    pace.observe(0.04, 10, 4)
+    assert pace.per_second() is None and pace.may_wait(0.1) is None
+
+
+def test_the_pace_is_accepts_per_second_while_backlogged():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    for tick in range(11):
+        pace.observe(tick * 0.01, 50, tick * 3)  # 3 accepts every 10 ms
+    assert pace.per_second() == pytest.approx(300)
+    assert pace.may_wait(1.0) == 300
+
+
+def test_an_empty_queue_forgets_the_pace_since_arrivals_not_the_worker_set_it():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    for tick in range(11):
+        pace.observe(tick * 0.01, 50, 0)
+    assert pace.per_second() == 0
+    pace.observe(0.11, 0, 0)
+    assert pace.per_second() is None
+
+
+def test_the_pace_follows_the_last_window_only():
+    pace = AcceptPace(window_s=0.1, evidence_s=0.05)
+    for tick in range(30):
+        pace.observe(tick * 0.01, 50, 0 if tick < 15 else (tick - 15) * 10)  # stalled, then 1,000/s
+    assert pace.per_second() == pytest.approx(1000, rel=0.15)
+
+
+def test_a_stalled_worker_keeps_a_few_connections_queued_never_none():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    for tick in range(11):
+        pace.observe(tick * 0.01, 500, 7)
+    assert pace.may_wait(0.1) == KEEP_AT_LEAST
+
+
+# ---- refusing ------------------------------------------------------------------------
+
+
+def test_a_refused_connection_gets_a_503_with_retry_after_and_is_closed(listener):
+    [client] = connect_and_send(listener.getsockname(), 1)
+    assert wait_until(lambda: queue_length(listener) == 1, 2)
+    assert refuse(listener, 1) == 1
+    answer = read_answer(client)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ")
+    assert b"retry-after: 1" in head.lower() and b"connection: close" in head.lower()
+    assert json.loads(body) == {"error": REFUSAL_MESSAGE}
+    client.close()
+
+
+def test_refuse_takes_at_most_what_it_is_asked_from_the_head_of_the_queue(listener):
+    clients = connect_and_send(listener.getsockname(), 3)
+    assert wait_until(lambda: queue_length(listener) == 3, 2)
+    listener.setblocking(False)
+    assert refuse(listener, 2) == 2
+    assert queue_length(listener) == 1
+    assert [read_answer(c, 0.5)[:12] for c in clients] == [b"HTTP/1.1 503", b"HTTP/1.1 503", b""]  # oldest first
+    assert refuse(listener, 5) == 1  # an empty queue ends the round
+    for client in clients:
+        client.close()
+
+
+# ---- the keeper process --------------------------------------------------------------
+
+
+def test_a_keeper_refuses_in_milliseconds_what_a_stalled_loop_cannot_take_and_keeps_the_rest(listener):
+    keeper = Keeper.start(listener, wait_s=0.1)
+    clients = []
+    try:
+        started = time.monotonic()
+        clients = connect_and_send(listener.getsockname(), 60)  # nobody accepts: a loop that is stuck
+        refused = [status_line(client, 2.0) for client in clients[: 60 - KEEP_AT_LEAST]]  # the oldest go first
+        refused_in_s = time.monotonic() - started
+        waiting, _, _ = select.select(clients[60 - KEEP_AT_LEAST:], [], [], 0.3)
+        assert refused == [b"HTTP/1.1 503 Service Unavailable"] * (60 - KEEP_AT_LEAST) and refused_in_s < 2.0
+        assert waiting == []  # the newest still wait for the loop: neither answered nor dropped
+        assert queue_length(listener) == KEEP_AT_LEAST and keeper.refused == 60 - KEEP_AT_LEAST
+    finally:
+        keeper.stop()
+        for client in clients:
+            client.close()
+
+
+def test_a_burst_the_loop_takes_in_time_is_never_refused(listener):
+    keeper = Keeper.start(listener, wait_s=0.1)
+    accepted, stop = [], threading.Event()
+
+    def loop() -> None:  # a worker that keeps up: takes every connection as it comes
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            keeper.accepted()
+            accepted.append(connection)
+
+    taker = threading.Thread(target=loop)
+    taker.start()
+    try:
+        clients = [socket.create_connection(listener.getsockname(), timeout=5) for _ in range(300)]
+        assert wait_until(lambda: len(accepted) == 300, 5)
+        assert keeper.refused == 0
+    finally:
+        stop.set()
+        taker.join()
+        keeper.stop()
+        for sock in clients + accepted:
+            sock.close()
+
+
+def test_a_stopped_keeper_no_longer_holds_the_port_open(listener):
+    keeper = Keeper.start(listener, wait_s=0.1)
+    address = listener.getsockname()
+    keeper.stop()
+    assert keeper.process.poll() is not None
+    listener.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(address, timeout=2)
+
+
+def test_a_keeper_ends_when_its_worker_is_killed(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import socket, sys, time
+        from serving.listen_queue import Keeper
+        listener = socket.socket(); listener.bind(("127.0.0.1", 0)); listener.listen(16)
+        keeper = Keeper.start(listener, wait_s=0.1)
+        print(keeper.process.pid, flush=True)
+        time.sleep(60)
+    """)], cwd=REPO_ROOT, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        keeper_pid = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(5)
+        assert wait_until(lambda: not _alive(keeper_pid), 5)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_keeper_is_not_started_when_turned_off(listener):
+    assert Keeper.start(listener, wait_s=0) is None
+
+
+# ---- with a real worker --------------------------------------------------------------
+
+
+def _worker(tmp_path, mlp_v1, **env) -> SubprocessWorker:
+    tmp_path.mkdir(exist_ok=True)
+    desired = state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}})
+    return SubprocessWorker(write_state(tmp_path / "state.json", desired), tmp_path, **env).wait_ready()
+
+
+def _keeper_pids(worker: SubprocessWorker) -> list[int]:
+    path = f"/proc/{worker.process.pid}/task/{worker.process.pid}/children"
+    with open(path) as children:
+        return [int(pid) for pid in children.read().split()]
+
+
+def test_a_stuck_worker_s_new_clients_get_503s_in_milliseconds_and_the_kept_ones_are_served(tmp_path, mlp_v1):
+    worker = _worker(tmp_path, mlp_v1)
+    clients = []
+    try:
+        os.kill(worker.process.pid, signal.SIGSTOP)  # its event loop takes nothing any more
+        started = time.monotonic()
+        clients = connect_and_send(("127.0.0.1", worker.port), 50)
+        refused = [status_line(client, 2.0) for client in clients[: 50 - KEEP_AT_LEAST]]  # the oldest go first
+        refused_in_s = time.monotonic() - started
+        os.kill(worker.process.pid, signal.SIGCONT)
+        kept = [status_line(client) for client in clients[50 - KEEP_AT_LEAST:]]
+        after = httpx.post(f"{worker.url}/v2/models/digits/infer", content=BODY, timeout=5)
+        counted = f"modelops_connections_refused_total {50 - KEEP_AT_LEAST}.0"
+        scraped = wait_until(lambda: counted in httpx.get(f"{worker.url}/metrics", timeout=5).text, 3)
+    finally:
+        os.kill(worker.process.pid, signal.SIGCONT)
+        worker.stop()
+        for client in clients:
+            client.close()
+
+    assert refused == [b"HTTP/1.1 503 Service Unavailable"] * (50 - KEEP_AT_LEAST) and refused_in_s < 2.0
+    assert kept == [b"HTTP/1.1 200 OK"] * KEEP_AT_LEAST
+    assert after.status_code == 200
+    assert scraped, "the worker's /metrics counts the keeper's refusals"
+
+
+def test_a_worker_runs_one_keeper_and_none_when_turned_off(tmp_path, mlp_v1):
+    on = _worker(tmp_path / "on", mlp_v1)
+    off = _worker(tmp_path / "off", mlp_v1, SERVING_ACCEPT_WAIT_S="0")
+    try:
+        assert len(_keeper_pids(on)) == 1 and _keeper_pids(off) == []
+    finally:
+        on.stop()
+        off.stop()
+
+
+def test_a_graceful_stop_ends_the_keeper_and_closes_the_port(tmp_path, mlp_v1):
+    worker = _worker(tmp_path, mlp_v1)
+    [keeper_pid] = _keeper_pids(worker)
+    worker.process.send_signal(signal.SIGTERM)
+    assert worker.process.wait(10) == 0
+    assert not _alive(keeper_pid)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", worker.port), timeout=2)
