@@ -44,7 +44,7 @@ class ServingConfig:
     body_timeout_s: float = 30.0
     max_header_bytes: int = 16 * 1024
     max_connections: int = 4096
-    accept_wait_s: float = 0.1  # longest a new connection waits in the listen queue; 0: no keeper (serving/listen_queue.py)
+    accept_wait_s: float = 0.5  # longest a new connection waits in the listen queue; 0: no keeper (serving/listen_queue.py)
     api_keys: str = "off"
     api_keys_refresh_s: float = 3.0
     metrics_token_required: bool = False
@@ -89,7 +89,7 @@ class ServingConfig:
             body_timeout_s=env_float("SERVING_BODY_TIMEOUT_S", 30.0, minimum=0.01),
             max_header_bytes=env_int("SERVING_MAX_HEADER_BYTES", 16 * 1024, minimum=1024),
             max_connections=env_int("SERVING_MAX_CONNECTIONS", 4096),
-            accept_wait_s=env_float("SERVING_ACCEPT_WAIT_S", 0.1),
+            accept_wait_s=env_float("SERVING_ACCEPT_WAIT_S", 0.5),
             api_keys=env_choice("SERVING_API_KEYS", "off", ("off", "optional", "required")),
             api_keys_refresh_s=env_float("SERVING_API_KEYS_REFRESH_S", 3.0, minimum=0.1),
             metrics_token_required=env_bool("SERVING_METRICS_TOKEN_REQUIRED", False),

@@ -55,6 +55,15 @@ class DataPlane:
         self.request_timeout_s = request_timeout_s
         self.shadow = ShadowMirror()
 
+    def refuses_every_request(self) -> bool:
+        """Whether every routed version would refuse a request arriving now (its queues
+        full, or unable to answer within the deadline): the listen queue's keeper then
+        refuses new connections instead of letting them wait to be refused."""
+        deadline_s = time.monotonic() + self.request_timeout_s
+        routed = [routes.targets[version] for routes in self.repository.router.table.models.values()
+                  for version in routes.versions if version in routes.targets]
+        return bool(routed) and all(target.refusal(deadline_s) is not None for target in routed)
+
     # ---- inference ----------------------------------------------------------------
 
     async def infer_v2(self, name: str, version: int | None, read_body: BodyReader, header_length: int | None,

@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -57,7 +58,10 @@ MIN_EVIDENCE_S = 0.05  # no refusal before the backlog has lasted this long: a b
 KEEP_AT_LEAST = 16  # the queue always keeps this many, so a worker that is only slow never starves
 READ_LIMIT = 64 * 1024  # what of a refused request is read (so the close is not a reset), never parsed
 LOG_EVERY_S = 1.0
-ACCEPTED, REFUSED = 0, 1  # slots of the shared counters
+ACCEPTED, REFUSED, SATURATED = 0, 1, 2  # slots of the shared page: the worker writes 0 and 2, the keeper 1
+LINGER_S = 1.0  # how long a refused connection waits for its client to close
+LINGER_TICK_S = 0.1
+MAX_LINGERING = 4096
 TCP_INFO_UNACKED = struct.Struct("8x5I")  # struct tcp_info: 8 u8, then rto, ato, snd_mss, rcv_mss, unacked
 REFUSAL_MESSAGE = "the worker is overloaded: new connections wait longer than it takes them in; retry later"
 
@@ -115,10 +119,82 @@ class AcceptPace:
         return None if pace is None else max(KEEP_AT_LEAST, int(pace * wait_s))
 
 
-def refuse(listener: socket.socket, count: int, answer: bytes = REFUSAL) -> int:
+def room(pace: AcceptPace, wait_s: float, saturated: bool) -> int | None:
+    """How many connections the queue may hold now (None: any, no evidence yet). A worker
+    that refuses every request would only refuse them after their wait: a few stay
+    queued, so the worker sees when it has room again."""
+    return KEEP_AT_LEAST if saturated else pace.may_wait(wait_s)
+
+
+class Lingering:
+    """Refused connections whose write side is shut, kept open until their client closes
+    (or LINGER_S): a request that arrives after the 503 is then read and dropped, where a
+    closed socket would answer it with a reset, and a client that sees the reset first
+    loses the 503 it had not read yet. At most MAX_LINGERING; past it the oldest closes."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._open: dict[int, socket.socket] = {}
+        self._order: deque[tuple[float, int, socket.socket]] = deque()  # (close by, fd, socket), oldest first
+
+    def fileno(self) -> int:
+        return self._epoll.fileno()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def add(self, connection: socket.socket, now: float) -> None:
+        fd = connection.fileno()
+        try:
+            connection.shutdown(socket.SHUT_WR)  # the 503, then end of file
+            self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+        except OSError:  # the client is gone already
+            connection.close()
+            return
+        self._open[fd] = connection
+        self._order.append((now + LINGER_S, fd, connection))
+        while len(self._open) > MAX_LINGERING:
+            self._close_oldest()
+
+    def service(self) -> None:
+        """Read and drop what clients sent; close those that closed."""
+        for fd, _ in self._epoll.poll(0):
+            connection = self._open.get(fd)
+            if connection is None:
+                continue
+            try:
+                received = connection.recv_into(_DISCARD, READ_LIMIT, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except OSError:
+                received = 0
+            if received == 0:
+                self._close(fd)
+
+    def expire(self, now: float) -> None:
+        order = self._order
+        while order:
+            close_by, fd, connection = order[0]
+            if self._open.get(fd) is connection and close_by > now:
+                break
+            self._close_oldest()  # past its time, or closed by its client already
+
+    def _close_oldest(self) -> None:
+        _, fd, connection = self._order.popleft()
+        if self._open.get(fd) is connection:
+            self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        connection = self._open.pop(fd)
+        with contextlib.suppress(OSError, ValueError):
+            self._epoll.unregister(fd)
+        connection.close()
+
+
+def refuse(listener: socket.socket, count: int, lingering: Lingering | None = None, answer: bytes = REFUSAL) -> int:
     """Take up to ``count`` connections from the head of the queue and answer each 503.
     Returns how many were refused (fewer when the worker took the rest meanwhile)."""
-    refused = 0
+    refused, now = 0, time.monotonic()
     for _ in range(count):
         try:
             connection, _ = listener.accept()
@@ -126,9 +202,18 @@ def refuse(listener: socket.socket, count: int, answer: bytes = REFUSAL) -> int:
             break
         except OSError:  # out of files, a connection reset in the queue: the next tick tries again
             break
-        with connection, contextlib.suppress(OSError):
-            connection.recv_into(_DISCARD, READ_LIMIT, socket.MSG_DONTWAIT)  # what arrived: the close is then a FIN, not a reset
+        try:
+            arrived = connection.recv_into(_DISCARD, READ_LIMIT, socket.MSG_DONTWAIT)  # a close with unread data resets
+        except OSError:
+            arrived = 0
+        try:
             connection.send(answer, socket.MSG_DONTWAIT)
+        except OSError:
+            arrived = -1
+        if arrived or lingering is None:  # its request was read (or it is gone): nothing more will come
+            connection.close()
+        else:  # its request may still come: close once its client has read the 503 and closed
+            lingering.add(connection, now)
         refused += 1
     return refused
 
@@ -136,24 +221,33 @@ def refuse(listener: socket.socket, count: int, answer: bytes = REFUSAL) -> int:
 def keep(listener: socket.socket, counters: memoryview, parent_fd: int, wait_s: float) -> None:
     """The keeper's loop, until ``parent_fd`` reads end of file."""
     listener.setblocking(False)
-    idle, backlogged = select.poll(), select.poll()
-    for poll in (idle, backlogged):
+    lingering = Lingering()
+    polls = {}
+    for watch_listener in (True, False):
+        poll = polls[watch_listener] = select.poll()
         poll.register(parent_fd, select.POLLIN)
-    idle.register(listener.fileno(), select.POLLIN)
+        poll.register(lingering.fileno(), select.POLLIN)
+        if watch_listener:
+            poll.register(listener.fileno(), select.POLLIN)
     pace, queued = AcceptPace(), 0
     report = RefusalLog()
     while True:
-        ready = (backlogged.poll(TICK_S * 1000) if queued else idle.poll()) or ()
+        if queued:  # backlogged: the listener is readable all along, look again in a tick
+            ready = polls[False].poll(TICK_S * 1000)
+        else:  # asleep until a connection arrives, but lingering connections and a pending log line have their times
+            ready = polls[True].poll(LINGER_TICK_S * 1000 if len(lingering) or report.refused else None)
         if any(fd == parent_fd for fd, _ in ready):
             report.flush(force=True)
             return
+        lingering.service()
         queued, now = queue_length(listener), time.monotonic()
+        lingering.expire(now)
         pace.observe(now, queued, counters[ACCEPTED])
-        may_wait = pace.may_wait(wait_s)
+        may_wait = room(pace, wait_s, bool(counters[SATURATED]))
         if may_wait is not None and queued > may_wait:
-            refused = refuse(listener, queued - may_wait)
+            refused = refuse(listener, queued - may_wait, lingering)
             counters[REFUSED] += refused
-            report.add(refused, queued, pace.per_second())
+            report.add(refused, queued, pace.per_second(), bool(counters[SATURATED]))
             queued -= refused
         report.flush()
 
@@ -163,20 +257,23 @@ class RefusalLog:
 
     def __init__(self) -> None:
         self.refused, self.longest, self.pace, self.since = 0, 0, 0.0, time.monotonic()
+        self.saturated = False
 
-    def add(self, refused: int, queued: int, pace: float | None) -> None:
+    def add(self, refused: int, queued: int, pace: float | None, saturated: bool) -> None:
+        if not self.refused:
+            self.since = time.monotonic()
         self.refused += refused
         self.longest = max(self.longest, queued)
         self.pace = pace or 0.0
+        self.saturated = self.saturated or saturated
 
     def flush(self, force: bool = False) -> None:
         now = time.monotonic()
         if self.refused and (force or now - self.since >= LOG_EVERY_S):
             logger.warning(event("new_connections_refused", refused=self.refused, seconds=round(now - self.since, 3),
-                                 longest_queue=self.longest, worker_accepts_per_s=round(self.pace, 1)))
-            self.refused, self.longest = 0, 0
-        if not self.refused:
-            self.since = now
+                                 longest_queue=self.longest, worker_accepts_per_s=round(self.pace, 1),
+                                 worker_refusing_every_request=self.saturated))
+            self.refused, self.longest, self.saturated = 0, 0, False
 
 
 class Keeper:
@@ -247,8 +344,9 @@ class Keepers:
     """Every keeper of one worker: one per listening socket, started once uvicorn listens.
     Shared by the HTTP protocol (which counts accepts) and the server (which stops them)."""
 
-    def __init__(self, wait_s: float = 0.0, log_level: str = "info"):
+    def __init__(self, wait_s: float = 0.0, log_level: str = "info", refuses_everything: Callable[[], bool] | None = None):
         self.wait_s, self.log_level = wait_s, log_level
+        self.refuses_everything = refuses_everything  # the worker's own admission, asked every tick of its loop
         self._keepers: list[Keeper] = []
 
     def start(self, listeners) -> None:
@@ -269,7 +367,14 @@ class Keepers:
         return sum(keeper.refused for keeper in self._keepers)
 
     def check(self) -> None:
+        """Tell the keepers whether the worker now refuses every request it could be sent
+        (they then keep only KEEP_AT_LEAST queued: a new client would wait only to be
+        refused), and log a keeper that died."""
+        if not self._keepers:
+            return
+        saturated = int(bool(self.refuses_everything and self.refuses_everything()))
         for keeper in self._keepers:
+            keeper.counters[SATURATED] = saturated
             keeper.alive()
 
     def stop(self) -> None:

@@ -5,6 +5,7 @@ its worker or holds the port open after a stop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -15,13 +16,24 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import pytest
-from serving_testkit import REPO_ROOT, SubprocessWorker, route, state, v2_body, wait_until, write_state
+from serving_testkit import REPO_ROOT, HeldRun, SubprocessWorker, route, state, v2_body, wait_until, write_state
 
-from serving.listen_queue import KEEP_AT_LEAST, REFUSAL_MESSAGE, AcceptPace, Keeper, queue_length, refuse
+from serving.listen_queue import (
+    KEEP_AT_LEAST,
+    REFUSAL_MESSAGE,
+    SATURATED,
+    AcceptPace,
+    Keeper,
+    Lingering,
+    queue_length,
+    refuse,
+    room,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the keeper reads TCP_INFO of a listener: Linux only")
 
@@ -123,6 +135,12 @@ def test_a_stalled_worker_keeps_a_few_connections_queued_never_none():
     assert pace.may_wait(0.1) == KEEP_AT_LEAST
 
 
+def test_a_worker_that_refuses_every_request_leaves_room_for_a_few_only_even_before_any_pace():
+    fresh = AcceptPace()
+    assert room(fresh, 0.5, saturated=True) == KEEP_AT_LEAST
+    assert room(fresh, 0.5, saturated=False) is None
+
+
 # ---- refusing ------------------------------------------------------------------------
 
 
@@ -135,6 +153,33 @@ def test_a_refused_connection_gets_a_503_with_retry_after_and_is_closed(listener
     assert head.startswith(b"HTTP/1.1 503 ")
     assert b"retry-after: 1" in head.lower() and b"connection: close" in head.lower()
     assert json.loads(body) == {"error": REFUSAL_MESSAGE}
+    client.close()
+
+
+def test_a_client_that_writes_after_its_refusal_still_reads_the_503_and_a_clean_end(listener):
+    client = socket.create_connection(listener.getsockname(), timeout=5)  # connected, request not written yet
+    assert wait_until(lambda: queue_length(listener) == 1, 2)
+    lingering = Lingering()
+    assert refuse(listener, 1, lingering) == 1
+    time.sleep(0.05)  # the 503 and the end of file are in the client's buffer before it writes
+    client.sendall(REQUEST)  # to a closed socket this would be answered with a reset
+    time.sleep(0.05)
+    lingering.service()
+    answer = read_answer(client)  # raises ConnectionResetError on a reset
+    assert answer.startswith(b"HTTP/1.1 503 ") and answer.endswith(b"}")
+    client.close()
+    assert wait_until(lambda: (lingering.service(), len(lingering))[1] == 0, 2)  # closed once its client closed
+
+
+def test_a_lingering_connection_is_closed_after_its_time_whatever_its_client_does(listener):
+    client = socket.create_connection(listener.getsockname(), timeout=5)
+    assert wait_until(lambda: queue_length(listener) == 1, 2)
+    lingering = Lingering()
+    refuse(listener, 1, lingering)
+    lingering.expire(time.monotonic() + 0.5)
+    assert len(lingering) == 1
+    lingering.expire(time.monotonic() + 1.5)
+    assert len(lingering) == 0
     client.close()
 
 
@@ -171,32 +216,75 @@ def test_a_keeper_refuses_in_milliseconds_what_a_stalled_loop_cannot_take_and_ke
             client.close()
 
 
-def test_a_burst_the_loop_takes_in_time_is_never_refused(listener):
-    keeper = Keeper.start(listener, wait_s=0.1)
-    accepted, stop = [], threading.Event()
+class TakingLoop(threading.Thread):
+    """A stand-in for the worker's event loop: takes connections from the listener, one
+    every ``pause_s``, and counts each in the keeper's shared page as the worker does."""
 
-    def loop() -> None:  # a worker that keeps up: takes every connection as it comes
-        listener.settimeout(0.05)
-        while not stop.is_set():
+    def __init__(self, listener: socket.socket, keeper: Keeper, pause_s: float = 0.0):
+        super().__init__()
+        self.listener, self.keeper, self.pause_s = listener, keeper, pause_s
+        self.accepted: list[socket.socket] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        self.listener.settimeout(0.05)
+        while not self.stopping.is_set():
             try:
-                connection, _ = listener.accept()
+                connection, _ = self.listener.accept()
             except TimeoutError:
                 continue
-            keeper.accepted()
-            accepted.append(connection)
+            self.keeper.accepted()
+            self.accepted.append(connection)
+            time.sleep(self.pause_s)
 
-    taker = threading.Thread(target=loop)
-    taker.start()
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+        for connection in self.accepted:
+            connection.close()
+
+
+def test_a_burst_the_loop_takes_in_time_is_never_refused(listener):
+    keeper = Keeper.start(listener, wait_s=0.1)
+    loop = TakingLoop(listener, keeper)
+    loop.start()
+    host, port = listener.getsockname()
+    # The burst comes from another process, so the taking loop has this one's GIL to itself.
+    clients = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import socket, sys
+        held = [socket.create_connection(({host!r}, {port}), timeout=5) for _ in range(300)]
+        print("connected", flush=True)
+        sys.stdin.read()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        clients = [socket.create_connection(listener.getsockname(), timeout=5) for _ in range(300)]
-        assert wait_until(lambda: len(accepted) == 300, 5)
+        assert clients.stdout.readline() == b"connected\n"
+        assert wait_until(lambda: len(loop.accepted) == 300, 5)
         assert keeper.refused == 0
     finally:
-        stop.set()
-        taker.join()
+        clients.kill()
+        clients.wait()
+        loop.stop()
         keeper.stop()
-        for sock in clients + accepted:
-            sock.close()
+
+
+def test_while_its_worker_refuses_every_request_a_keeper_leaves_only_a_few_waiting(listener):
+    keeper = Keeper.start(listener, wait_s=60.0)  # by pace alone, a minute's worth could wait
+    keeper.counters[SATURATED] = 1
+    loop = TakingLoop(listener, keeper, pause_s=0.1)
+    loop.start()
+    clients = []
+    try:
+        clients = connect_and_send(listener.getsockname(), 80)
+        time.sleep(0.5)  # refusals take milliseconds; the rest wait for the slow loop
+        answers = [status_line(client, 0.01) for client in clients]
+        taken = len(loop.accepted)
+    finally:
+        loop.stop()
+        keeper.stop()
+        for client in clients:
+            client.close()
+    refused = answers.count(b"HTTP/1.1 503 Service Unavailable")
+    assert refused == keeper.refused and refused >= 80 - KEEP_AT_LEAST - taken - 5
 
 
 def test_a_stopped_keeper_no_longer_holds_the_port_open(listener):
@@ -279,6 +367,32 @@ def test_a_stuck_worker_s_new_clients_get_503s_in_milliseconds_and_the_kept_ones
     assert kept == [b"HTTP/1.1 200 OK"] * KEEP_AT_LEAST
     assert after.status_code == 200
     assert scraped, "the worker's /metrics counts the keeper's refusals"
+
+
+def test_the_worker_refuses_every_request_only_while_every_routed_queue_is_full(start_worker, mlp_v1):
+    worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}, max_queue_size=1, max_batch_size=1))
+    version = worker.worker.repository.loaded[("digits", 1)]
+    held = version.engine.run = HeldRun(version.engine.run)
+
+    def refuses_every_request() -> bool:  # asked on the worker's own loop, as its server asks it
+        async def ask() -> bool:
+            return worker.worker.dataplane.refuses_every_request()
+        return asyncio.run_coroutine_threadsafe(ask(), worker.loop).result(5)
+
+    def post() -> int:
+        return httpx.post(f"{worker.url}/v2/models/digits/infer", content=BODY, timeout=10).status_code
+
+    with ThreadPoolExecutor(2) as pool:
+        before = refuses_every_request()
+        running = pool.submit(post)
+        assert held.entered.wait(5)
+        queued = pool.submit(post)
+        assert wait_until(lambda: version.queue_depth == 1, 5)
+        while_full = refuses_every_request()
+        held.release.set()
+        statuses = [running.result(), queued.result()]
+    assert (before, while_full, refuses_every_request()) == (False, True, False)
+    assert statuses == [200, 200]
 
 
 def test_a_worker_runs_one_keeper_and_none_when_turned_off(tmp_path, mlp_v1):
