@@ -69,6 +69,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(self.limits.header_timeout_s, self._on_header_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.keepers.closed()
         self._cancel()
         super().connection_lost(exc)
 

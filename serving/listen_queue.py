@@ -58,7 +58,7 @@ MIN_EVIDENCE_S = 0.05  # no refusal before the backlog has lasted this long: a b
 KEEP_AT_LEAST = 16  # the queue always keeps this many, so a worker that is only slow never starves
 READ_LIMIT = 64 * 1024  # what of a refused request is read (so the close is not a reset), never parsed
 LOG_EVERY_S = 1.0
-ACCEPTED, REFUSED, SATURATED = 0, 1, 2  # slots of the shared page: the worker writes 0 and 2, the keeper 1
+ACCEPTED, REFUSED, SATURATED, CLOSED = 0, 1, 2, 3  # slots of the shared page: the keeper writes REFUSED, the worker the rest
 LINGER_S = 1.0  # how long a refused connection waits for its client to close
 LINGER_TICK_S = 0.1
 MAX_LINGERING = 4096
@@ -119,11 +119,16 @@ class AcceptPace:
         return None if pace is None else max(KEEP_AT_LEAST, int(pace * wait_s))
 
 
-def room(pace: AcceptPace, wait_s: float, saturated: bool) -> int | None:
+def room(pace: AcceptPace, wait_s: float, saturated: bool, open_slots: int | None = None) -> int | None:
     """How many connections the queue may hold now (None: any, no evidence yet). A worker
     that refuses every request would only refuse them after their wait: a few stay
-    queued, so the worker sees when it has room again."""
-    return KEEP_AT_LEAST if saturated else pace.may_wait(wait_s)
+    queued, so the worker sees when it has room again. ``open_slots`` is what the
+    worker's connection cap leaves (None: no cap): a connection past it would be refused
+    by the event loop, at the loop's cost."""
+    allowed = KEEP_AT_LEAST if saturated else pace.may_wait(wait_s)
+    if open_slots is None:
+        return allowed
+    return max(open_slots, 0) if allowed is None else min(allowed, max(open_slots, 0))
 
 
 class Lingering:
@@ -218,7 +223,7 @@ def refuse(listener: socket.socket, count: int, lingering: Lingering | None = No
     return refused
 
 
-def keep(listener: socket.socket, counters: memoryview, parent_fd: int, wait_s: float) -> None:
+def keep(listener: socket.socket, counters: memoryview, parent_fd: int, wait_s: float, max_connections: int = 0) -> None:
     """The keeper's loop, until ``parent_fd`` reads end of file."""
     listener.setblocking(False)
     lingering = Lingering()
@@ -243,7 +248,8 @@ def keep(listener: socket.socket, counters: memoryview, parent_fd: int, wait_s: 
         queued, now = queue_length(listener), time.monotonic()
         lingering.expire(now)
         pace.observe(now, queued, counters[ACCEPTED])
-        may_wait = room(pace, wait_s, bool(counters[SATURATED]))
+        open_slots = max_connections - (counters[ACCEPTED] - counters[CLOSED]) if max_connections else None
+        may_wait = room(pace, wait_s, bool(counters[SATURATED]), open_slots)
         if may_wait is not None and queued > may_wait:
             refused = refuse(listener, queued - may_wait, lingering)
             counters[REFUSED] += refused
@@ -284,7 +290,7 @@ class Keeper:
         self._reported_death = False
 
     @classmethod
-    def start(cls, listener: socket.socket, wait_s: float, log_level: str = "info") -> Keeper | None:
+    def start(cls, listener: socket.socket, wait_s: float, log_level: str = "info", max_connections: int = 0) -> Keeper | None:
         """A keeper for ``listener``, or None where there can be none (not Linux, turned off)."""
         if wait_s <= 0 or not supported() or listener.family not in (socket.AF_INET, socket.AF_INET6):
             return None
@@ -300,7 +306,7 @@ class Keeper:
             process = subprocess.Popen(
                 [sys.executable, "-m", "serving.listen_queue", "--listener-fd", str(listener.fileno()),
                  "--counters-fd", str(counter_fd), "--parent-fd", str(read_end), "--wait-s", repr(wait_s),
-                 "--log-level", log_level],
+                 "--max-connections", str(max_connections), "--log-level", log_level],
                 pass_fds=(listener.fileno(), counter_fd, read_end), stdin=subprocess.DEVNULL, cwd=PROJECT_ROOT)
         except OSError as exc:  # no process to be had: the worker serves as it did before keepers
             os.close(stop_fd)
@@ -313,6 +319,9 @@ class Keeper:
 
     def accepted(self) -> None:
         self.counters[ACCEPTED] += 1
+
+    def closed(self) -> None:
+        self.counters[CLOSED] += 1
 
     @property
     def refused(self) -> int:
@@ -347,11 +356,12 @@ class Keepers:
     def __init__(self, wait_s: float = 0.0, log_level: str = "info", refuses_everything: Callable[[], bool] | None = None):
         self.wait_s, self.log_level = wait_s, log_level
         self.refuses_everything = refuses_everything  # the worker's own admission, asked every tick of its loop
+        self.max_connections = 0  # the HTTP protocol's cap once fitted to the open-file limit (0: none)
         self._keepers: list[Keeper] = []
 
     def start(self, listeners) -> None:
         for listener in listeners:
-            keeper = Keeper.start(listener, self.wait_s, self.log_level)
+            keeper = Keeper.start(listener, self.wait_s, self.log_level, self.max_connections)
             if keeper is not None:
                 self._keepers.append(keeper)
         if self._keepers:
@@ -361,6 +371,10 @@ class Keepers:
     def accepted(self) -> None:
         for keeper in self._keepers:
             keeper.accepted()
+
+    def closed(self) -> None:
+        for keeper in self._keepers:
+            keeper.closed()
 
     @property
     def refused(self) -> int:
@@ -388,6 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--counters-fd", type=int, required=True)
     parser.add_argument("--parent-fd", type=int, required=True)
     parser.add_argument("--wait-s", type=float, required=True)
+    parser.add_argument("--max-connections", type=int, default=0)
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
@@ -395,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     with socket.socket(fileno=args.listener_fd) as listener:
         shared = mmap.mmap(args.counters_fd, mmap.PAGESIZE)
         os.close(args.counters_fd)
-        keep(listener, memoryview(shared).cast("Q"), args.parent_fd, args.wait_s)
+        keep(listener, memoryview(shared).cast("Q"), args.parent_fd, args.wait_s, args.max_connections)
 
 
 if __name__ == "__main__":

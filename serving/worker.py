@@ -90,7 +90,9 @@ class Worker:
         """The uvicorn protocol class, with this worker's connection limits."""
         config = self.config
         limits = HttpLimits(config.header_timeout_s, config.body_timeout_s, config.max_header_bytes, config.max_connections)
-        return protocol_class(limits, config.coalesce_writes, self.drain, self.keepers)
+        protocol = protocol_class(limits, config.coalesce_writes, self.drain, self.keepers)
+        self.keepers.max_connections = protocol.limits.max_connections  # the cap as fitted to the open-file limit
+        return protocol
 
     async def apply(self, state: dict) -> dict:
         """Converge on a desired state; returns the ack body {generation, ok, error?, load_ms}."""

@@ -24,6 +24,7 @@ import pytest
 from serving_testkit import REPO_ROOT, HeldRun, SubprocessWorker, route, state, v2_body, wait_until, write_state
 
 from serving.listen_queue import (
+    ACCEPTED,
     KEEP_AT_LEAST,
     REFUSAL_MESSAGE,
     SATURATED,
@@ -139,6 +140,16 @@ def test_a_worker_that_refuses_every_request_leaves_room_for_a_few_only_even_bef
     fresh = AcceptPace()
     assert room(fresh, 0.5, saturated=True) == KEEP_AT_LEAST
     assert room(fresh, 0.5, saturated=False) is None
+
+
+def test_the_connection_cap_bounds_the_room_whatever_the_pace():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    for tick in range(11):
+        pace.observe(tick * 0.01, 50, tick * 100)  # 10,000 accepts/s: 5,000 may wait half a second
+    assert room(pace, 0.5, saturated=False, open_slots=40) == 40
+    assert room(pace, 0.5, saturated=False, open_slots=-3) == 0  # over the cap already
+    assert room(AcceptPace(), 0.5, saturated=False, open_slots=7) == 7  # no pace yet: the cap still holds
+    assert room(pace, 0.5, saturated=False, open_slots=None) == 5000
 
 
 # ---- refusing ------------------------------------------------------------------------
@@ -287,6 +298,20 @@ def test_while_its_worker_refuses_every_request_a_keeper_leaves_only_a_few_waiti
     assert refused == keeper.refused and refused >= 80 - KEEP_AT_LEAST - taken - 5
 
 
+def test_a_worker_at_its_connection_cap_gets_no_new_connection_they_are_refused_at_once(listener):
+    keeper = Keeper.start(listener, wait_s=60.0, max_connections=5)
+    keeper.counters[ACCEPTED] = 5  # five open, none closed: the cap is reached
+    clients = []
+    try:
+        clients = connect_and_send(listener.getsockname(), 20)
+        answers = [status_line(client, 2.0) for client in clients]
+    finally:
+        keeper.stop()
+        for client in clients:
+            client.close()
+    assert answers == [b"HTTP/1.1 503 Service Unavailable"] * 20
+
+
 def test_a_stopped_keeper_no_longer_holds_the_port_open(listener):
     keeper = Keeper.start(listener, wait_s=0.1)
     address = listener.getsockname()
@@ -407,9 +432,12 @@ def test_a_worker_runs_one_keeper_and_none_when_turned_off(tmp_path, mlp_v1):
 
 def test_a_graceful_stop_ends_the_keeper_and_closes_the_port(tmp_path, mlp_v1):
     worker = _worker(tmp_path, mlp_v1)
-    [keeper_pid] = _keeper_pids(worker)
-    worker.process.send_signal(signal.SIGTERM)
-    assert worker.process.wait(10) == 0
+    try:
+        [keeper_pid] = _keeper_pids(worker)
+        worker.process.send_signal(signal.SIGTERM)
+        assert worker.process.wait(10) == 0
+    finally:
+        worker.stop()
     assert not _alive(keeper_pid)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", worker.port), timeout=2)
