@@ -45,6 +45,7 @@ class ServingConfig:
     max_header_bytes: int = 16 * 1024
     max_connections: int = 4096
     accept_wait_s: float = 0.5  # longest a new connection waits in the listen queue; 0: no keeper (serving/listen_queue.py)
+    keeper_nice: int = 5  # the keeper's niceness: serving beats refusing on a busy machine
     api_keys: str = "off"
     api_keys_refresh_s: float = 3.0
     metrics_token_required: bool = False
@@ -90,6 +91,7 @@ class ServingConfig:
             max_header_bytes=env_int("SERVING_MAX_HEADER_BYTES", 16 * 1024, minimum=1024),
             max_connections=env_int("SERVING_MAX_CONNECTIONS", 4096),
             accept_wait_s=env_float("SERVING_ACCEPT_WAIT_S", 0.5),
+            keeper_nice=env_int("SERVING_KEEPER_NICE", 5, maximum=19),
             api_keys=env_choice("SERVING_API_KEYS", "off", ("off", "optional", "required")),
             api_keys_refresh_s=env_float("SERVING_API_KEYS_REFRESH_S", 3.0, minimum=0.1),
             metrics_token_required=env_bool("SERVING_METRICS_TOKEN_REQUIRED", False),

@@ -290,7 +290,8 @@ class Keeper:
         self._reported_death = False
 
     @classmethod
-    def start(cls, listener: socket.socket, wait_s: float, log_level: str = "info", max_connections: int = 0) -> Keeper | None:
+    def start(cls, listener: socket.socket, wait_s: float, log_level: str = "info", max_connections: int = 0,
+              nice: int = 0) -> Keeper | None:
         """A keeper for ``listener``, or None where there can be none (not Linux, turned off)."""
         if wait_s <= 0 or not supported() or listener.family not in (socket.AF_INET, socket.AF_INET6):
             return None
@@ -306,7 +307,7 @@ class Keeper:
             process = subprocess.Popen(
                 [sys.executable, "-m", "serving.listen_queue", "--listener-fd", str(listener.fileno()),
                  "--counters-fd", str(counter_fd), "--parent-fd", str(read_end), "--wait-s", repr(wait_s),
-                 "--max-connections", str(max_connections), "--log-level", log_level],
+                 "--max-connections", str(max_connections), "--nice", str(nice), "--log-level", log_level],
                 pass_fds=(listener.fileno(), counter_fd, read_end), stdin=subprocess.DEVNULL, cwd=PROJECT_ROOT)
         except OSError as exc:  # no process to be had: the worker serves as it did before keepers
             os.close(stop_fd)
@@ -353,15 +354,16 @@ class Keepers:
     """Every keeper of one worker: one per listening socket, started once uvicorn listens.
     Shared by the HTTP protocol (which counts accepts) and the server (which stops them)."""
 
-    def __init__(self, wait_s: float = 0.0, log_level: str = "info", refuses_everything: Callable[[], bool] | None = None):
-        self.wait_s, self.log_level = wait_s, log_level
+    def __init__(self, wait_s: float = 0.0, log_level: str = "info", refuses_everything: Callable[[], bool] | None = None,
+                 nice: int = 0):
+        self.wait_s, self.log_level, self.nice = wait_s, log_level, nice
         self.refuses_everything = refuses_everything  # the worker's own admission, asked every tick of its loop
         self.max_connections = 0  # the HTTP protocol's cap once fitted to the open-file limit (0: none)
         self._keepers: list[Keeper] = []
 
     def start(self, listeners) -> None:
         for listener in listeners:
-            keeper = Keeper.start(listener, self.wait_s, self.log_level, self.max_connections)
+            keeper = Keeper.start(listener, self.wait_s, self.log_level, self.max_connections, self.nice)
             if keeper is not None:
                 self._keepers.append(keeper)
         if self._keepers:
@@ -403,9 +405,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-fd", type=int, required=True)
     parser.add_argument("--wait-s", type=float, required=True)
     parser.add_argument("--max-connections", type=int, default=0)
+    parser.add_argument("--nice", type=int, default=0)
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
+    if args.nice > 0:  # serving beats refusing: on a busy machine the event loop gets the core first
+        os.nice(args.nice)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the worker too: the worker stops us in order
     with socket.socket(fileno=args.listener_fd) as listener:
         shared = mmap.mmap(args.counters_fd, mmap.PAGESIZE)

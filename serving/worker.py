@@ -56,7 +56,8 @@ class Worker:
         self.repository = Repository(config, self.device, self.console.fetch_artifact)
         self.dataplane = DataPlane(self.repository, config.request_timeout_s)
         self.drain = Drain(config.drain_delay_s, config.drain_timeout_s)  # the graceful stop on SIGTERM
-        self.keepers = Keepers(config.accept_wait_s, config.log_level, self.dataplane.refuses_every_request)  # started by serve()
+        # The listen queue's keepers, started by serve() once uvicorn listens.
+        self.keepers = Keepers(config.accept_wait_s, config.log_level, self.dataplane.refuses_every_request, config.keeper_nice)
         self.app = ServingApp(self.dataplane, config, self.drain)
         self.state_store = StateStore(config.cache_dir, signing_key(config.worker_token) if config.worker_token else None)
         self.initial_persisted: tuple[dict, dict] | None = None  # (state, apply result) when served from disk at start
