@@ -44,7 +44,9 @@ class ServingConfig:
     body_timeout_s: float = 30.0
     max_header_bytes: int = 16 * 1024
     max_connections: int = 4096
-    accept_wait_s: float = 0.5  # longest a new connection waits in the listen queue; 0: no keeper (serving/listen_queue.py)
+    # Longest a new connection waits in the listen queue: half the request timeout by default,
+    # the other half for the batch queue and the run; 0: no keeper (serving/listen_queue.py).
+    accept_wait_s: float = 5.0
     keeper_nice: int = 5  # the keeper's niceness: serving beats refusing on a busy machine
     api_keys: str = "off"
     api_keys_refresh_s: float = 3.0
@@ -63,6 +65,7 @@ class ServingConfig:
 
     @classmethod
     def from_env(cls) -> ServingConfig:
+        request_timeout_s = env_float("SERVING_REQUEST_TIMEOUT_S", 10.0, minimum=0.001)
         return cls(
             device=env_choice("SERVING_DEVICE", "auto", ("auto", "cpu", "cuda")),
             intra_op_threads=env_int("SERVING_INTRA_OP_THREADS", 0),
@@ -81,7 +84,7 @@ class ServingConfig:
             max_queue_size=env_int("SERVING_MAX_QUEUE_SIZE", DEFAULT_MAX_QUEUE_SIZE, minimum=1),
             max_batches_in_flight=env_int("SERVING_MAX_BATCHES_IN_FLIGHT", 1, minimum=1),
             max_shape_queues=env_int("SERVING_MAX_SHAPE_QUEUES", 16, minimum=1),
-            request_timeout_s=env_float("SERVING_REQUEST_TIMEOUT_S", 10.0, minimum=0.001),
+            request_timeout_s=request_timeout_s,
             max_body_bytes=env_int("SERVING_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
             max_elements=env_int("SERVING_MAX_ELEMENTS", 16 * 1024 * 1024, minimum=1),
             compute_nice=env_int("SERVING_COMPUTE_NICE", 5),
@@ -90,7 +93,7 @@ class ServingConfig:
             body_timeout_s=env_float("SERVING_BODY_TIMEOUT_S", 30.0, minimum=0.01),
             max_header_bytes=env_int("SERVING_MAX_HEADER_BYTES", 16 * 1024, minimum=1024),
             max_connections=env_int("SERVING_MAX_CONNECTIONS", 4096),
-            accept_wait_s=env_float("SERVING_ACCEPT_WAIT_S", 0.5),
+            accept_wait_s=env_float("SERVING_ACCEPT_WAIT_S", request_timeout_s / 2),
             keeper_nice=env_int("SERVING_KEEPER_NICE", 5, maximum=19),
             api_keys=env_choice("SERVING_API_KEYS", "off", ("off", "optional", "required")),
             api_keys_refresh_s=env_float("SERVING_API_KEYS_REFRESH_S", 3.0, minimum=0.1),
