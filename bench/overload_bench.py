@@ -1,7 +1,7 @@
 """Overload benchmark: goodput, deadlines and rejection times far past capacity.
 
     .venv/bin/python -m bench.overload_bench [--duration-s 8] [--model small|mid] [--json out.json]
-                                             [--worker-env SERVING_X=Y] [--worker-dir DIR]
+                                             [--worker-env SERVING_X=Y] [--worker-dir DIR] [--pin-worker-cpu N]
 
 One worker (`python -m serving.worker`, default settings: nothing is tuned) serves one
 model built by `registry.building.onnx_build`, one row per request, JSON tensors. The runs:
@@ -16,7 +16,9 @@ model built by `registry.building.onnx_build`, one row per request, JSON tensors
 
 Goodput is 200s per second (over the whole run, the drain included); "kept deadline" is the share of 200s answered within the
 worker's request timeout (SERVING_REQUEST_TIMEOUT_S, 10 s by default). The table prints
-goodput as a share of the capacity measured in the same run: the machine is shared.
+goodput as a share of the capacity measured in the same run: the machine is shared. The
+CPU columns are the worker's, the load generator's and the worker's listen-queue keeper's
+(serving/listen_queue.py, a child process of the worker).
 """
 
 from __future__ import annotations
