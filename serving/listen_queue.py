@@ -10,22 +10,29 @@ measured to be worse: the loop then spent its time refusing, and served a sixth 
 connections; what was missing is a fast answer for those it will not take in time.
 
 How: a small child process, ``python -m serving.listen_queue``, holds a duplicate of the
-worker's listening socket, and the worker counts the connections it accepts in a shared
-page. While the queue is not empty the keeper looks at its length every TICK_S
+worker's listening socket, and the worker counts the connections it accepts and closes in
+a shared page. While the queue is not empty the keeper looks at its length every TICK_S
 (``TCP_INFO``: one syscall) and measures the pace at which the worker takes connections
-from it while it is backlogged; the queue may hold what the worker takes in
-SERVING_ACCEPT_WAIT_S at that pace (and at least KEEP_AT_LEAST), and the keeper takes the
-rest from the head of the queue (the connections that waited longest) and answers each
-with 503, ``Retry-After: 1`` and ``Connection: close``. A burst the worker takes in
-time is never refused: nothing is refused before MIN_EVIDENCE_S of backlog has shown the
-pace. An idle queue costs nothing: the keeper then sleeps until a connection arrives.
+from it while it is backlogged. The queue may hold (``room``) what the worker takes in
+SERVING_ACCEPT_WAIT_S at that pace, at least KEEP_AT_LEAST; no more than the worker's
+connection cap leaves room for (a connection past it would be refused by the loop, at
+the loop's cost); and only KEEP_AT_LEAST while the worker says every routed version
+refuses requests anyway (a new client would wait only to be refused). The keeper takes
+the rest from the head of the queue (the connections that waited longest) and answers
+each with 503, ``Retry-After: 1`` and ``Connection: close``. A burst the worker takes in
+time is never refused: the pace rule refuses nothing before MIN_EVIDENCE_S of backlog has
+shown the pace. An idle queue costs nothing: the keeper then sleeps until a connection
+arrives.
 
-The keeper runs on another core than the loop where there is one, reads at most
-READ_LIMIT bytes of a refused request (never parses it) and holds one connection at a
-time. It ends when the worker does (the end of a pipe the worker holds) or when asked to
-(the graceful stop, serving/drain.py, before the listener closes: a keeper holding the
-listener would keep the port open). If the keeper dies, the worker goes on as before it
-existed. Linux only (``TCP_INFO`` on a listener); elsewhere there is no keeper.
+The keeper runs at SERVING_KEEPER_NICE (5), so on a busy machine the loop, which serves,
+gets the core before the keeper, which refuses. It reads at most READ_LIMIT bytes of a
+refused request and never parses it; a refused connection whose request had not arrived
+is kept half-closed until its client closes (``Lingering``), so the request that comes
+after the 503 does not meet a reset. It ends when the worker does (the end of a pipe the
+worker holds) or when asked to (the graceful stop, serving/drain.py, before the listener
+closes: a keeper holding the listener would keep the port open). If it dies, the worker
+logs it and goes on as before keepers existed. Linux only (``TCP_INFO`` on a listener,
+``memfd``); elsewhere there is no keeper.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ logger = logging.getLogger("serving.listen_queue")
 TICK_S = 0.002  # how often a backlogged queue is looked at: 2 ms of arrivals at most go unanswered
 PACE_WINDOW_S = 0.5  # the worker's accept pace is measured over this much of the backlog
 MIN_EVIDENCE_S = 0.05  # no refusal before the backlog has lasted this long: a burst the loop takes in time passes
-KEEP_AT_LEAST = 16  # the queue always keeps this many, so a worker that is only slow never starves
+KEEP_AT_LEAST = 16  # a slow or saturated worker keeps this many queued, so it sees when it has room again
 READ_LIMIT = 64 * 1024  # what of a refused request is read (so the close is not a reset), never parsed
 LOG_EVERY_S = 1.0
 ACCEPTED, REFUSED, SATURATED, CLOSED = 0, 1, 2, 3  # slots of the shared page: the keeper writes REFUSED, the worker the rest
@@ -63,7 +70,7 @@ LINGER_S = 1.0  # how long a refused connection waits for its client to close
 LINGER_TICK_S = 0.1
 MAX_LINGERING = 4096
 TCP_INFO_UNACKED = struct.Struct("8x5I")  # struct tcp_info: 8 u8, then rto, ato, snd_mss, rcv_mss, unacked
-REFUSAL_MESSAGE = "the worker is overloaded: new connections wait longer than it takes them in; retry later"
+REFUSAL_MESSAGE = "the worker is overloaded and cannot take this connection in time; retry later"
 
 
 def refusal_bytes() -> bytes:
