@@ -15,7 +15,7 @@ def test_the_app_is_served_without_uvicorns_forwarded_headers_middleware(tmp_pat
     class CapturedServer:
         exit_status = 0
 
-        def __init__(self, config, drain):
+        def __init__(self, config, drain, keepers=None):
             configs.append(config)
 
         def run(self) -> None:
