@@ -142,9 +142,11 @@ class Lingering:
     """Refused connections whose write side is shut, kept open until their client closes
     (or LINGER_S): a request that arrives after the 503 is then read and dropped, where a
     closed socket would answer it with a reset, and a client that sees the reset first
-    loses the 503 it had not read yet. At most MAX_LINGERING; past it the oldest closes."""
+    loses the 503 it had not read yet. At most ``limit``; past it the oldest closes, so
+    clients that never close cannot hold the keeper's files."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_LINGERING) -> None:
+        self.limit = limit
         self._epoll = select.epoll()
         self._open: dict[int, socket.socket] = {}
         self._order: deque[tuple[float, int, socket.socket]] = deque()  # (close by, fd, socket), oldest first
@@ -165,7 +167,7 @@ class Lingering:
             return
         self._open[fd] = connection
         self._order.append((now + LINGER_S, fd, connection))
-        while len(self._open) > MAX_LINGERING:
+        while len(self._open) > self.limit:
             self._close_oldest()
 
     def service(self) -> None:

@@ -34,9 +34,8 @@ from serving.listen_queue import (
     queue_length,
     refuse,
     room,
+    supported,
 )
-
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the keeper reads TCP_INFO of a listener: Linux only")
 
 BODY = json.dumps(v2_body(np.ones((1, 64), np.float32))).encode()
 REQUEST = (b"POST /v2/models/digits/infer HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
@@ -87,6 +86,11 @@ def status_line(client: socket.socket, timeout_s: float = 5.0) -> bytes:
 
 
 # ---- the queue and the pace ------------------------------------------------------------
+
+
+def test_the_keeper_is_supported_where_the_project_runs():
+    # Linux (TCP_INFO of a listener, memfd): the keeper is never silently off in CI or an image.
+    assert supported()
 
 
 def test_queue_length_counts_completed_connections_nobody_accepted(listener):
@@ -195,6 +199,28 @@ def test_a_lingering_connection_is_closed_after_its_time_whatever_its_client_doe
     lingering.expire(time.monotonic() + 1.5)
     assert len(lingering) == 0
     client.close()
+
+
+def test_a_request_of_binary_garbage_gets_the_same_503_and_is_never_interpreted(listener):
+    client = socket.create_connection(listener.getsockname(), timeout=5)
+    client.sendall(os.urandom(32 * 1024))  # not HTTP at all
+    assert wait_until(lambda: queue_length(listener) == 1, 2)
+    time.sleep(0.05)  # all of it arrived
+    assert refuse(listener, 1, Lingering()) == 1
+    answer = read_answer(client)
+    assert answer.startswith(b"HTTP/1.1 503 ") and json.loads(answer.partition(b"\r\n\r\n")[2]) == {"error": REFUSAL_MESSAGE}
+    client.close()
+
+
+def test_clients_that_never_close_cannot_hold_more_than_the_lingering_limit(listener):
+    clients = [socket.create_connection(listener.getsockname(), timeout=5) for _ in range(3)]  # silent: no request
+    assert wait_until(lambda: queue_length(listener) == 3, 2)
+    lingering = Lingering(limit=2)
+    assert refuse(listener, 3, lingering) == 3
+    assert len(lingering) == 2
+    assert read_answer(clients[0], 2.0).startswith(b"HTTP/1.1 503 ")  # the oldest: answered and closed (read to the end)
+    for client in clients:
+        client.close()
 
 
 def test_refuse_takes_at_most_what_it_is_asked_from_the_head_of_the_queue(listener):
