@@ -38,6 +38,7 @@ import httpx
 import numpy as np
 import orjson
 import uvloop
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import native_client
 from bench.serve_bench import (
@@ -262,6 +263,39 @@ class CpuMeter:
         self.keeper_cores = (children_cpu_seconds(self.pid) - self._children_s) / wall_s
 
 
+class Refusals:
+    """Who answered the 503s of a run, from the worker's /metrics before and after: the
+    listen queue's keeper, the worker's connection cap, or the worker's admission (a
+    request refused by its version's queue or deadline)."""
+
+    def __init__(self, port: int):
+        self.port = port
+
+    def __enter__(self) -> Refusals:
+        self._before = self._scrape()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        time.sleep(0.3)  # the worker folds the keeper's count in on its 0.1 s tick
+        after = self._scrape()
+        self.by = {who: after[who] - self._before[who] for who in after}
+
+    def summary(self) -> str:
+        return ("503s by who answered: keeper {keeper:,.0f}, worker's connection cap {worker:,.0f}, "
+                "worker's admission {admission:,.0f}").format(**self.by)
+
+    def _scrape(self) -> dict[str, float]:
+        counts = {"keeper": 0.0, "worker": 0.0, "admission": 0.0}
+        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", headers={"Connection": "close"}, timeout=30).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "modelops_connections_refused_total":
+                    counts[sample.labels["by"]] += sample.value
+                elif sample.name == "modelops_requests_total" and sample.labels.get("code") == "503":
+                    counts["admission"] += sample.value
+        return counts
+
+
 def row(run: str, offered: str, seconds: float, counts: dict[int, int], capacity: float, probe: LoadResult | None, note: str = "",
         cpu: CpuMeter | None = None) -> dict:
     ok = counts.get(200, 0)
@@ -347,12 +381,12 @@ def measure(args, workdir: Path) -> list[dict]:
         rows.append(row("capacity", "closed loop, 64 connections", seconds, counts, capacity, None, errors, cpu))
         if args.client == "wrk":
             for connections in (256, 2048):
-                with Probe(worker.port, path, body) as probe, CpuMeter(pid) as cpu:
+                with Refusals(worker.port) as refusals, Probe(worker.port, path, body) as probe, CpuMeter(pid) as cpu:
                     seconds, counts, errors = wrk_statuses(worker.port, path, body_file, connections, args.duration_s)
                 rows.append(row(f"{connections:,} connections", f"closed loop, {connections:,} connections", seconds, counts, capacity,
-                                probe.result, errors, cpu))
+                                probe.result, "; ".join(filter(None, (errors, refusals.summary()))), cpu))
         offered = 3 * capacity
-        with CpuMeter(pid) as cpu:
+        with Refusals(worker.port) as refusals, CpuMeter(pid) as cpu:
             if args.open_loop_client == "native":
                 result, summary = native_client.open_loop(worker.port, request, offered, args.duration_s, args.open_connections)
             else:  # uvloop: the generator shares the worker's cores, so the less CPU it needs the better
@@ -365,7 +399,7 @@ def measure(args, workdir: Path) -> list[dict]:
         note = (f"{sent / args.duration_s:,.0f} req/s actually sent; {drops:,} found no free client connection (not sent); "
                 f"send lag p50 / p99 {_ms(result.send_lags_s, 50):.1f} / {_ms(result.send_lags_s, 99):.1f} ms "
                 "(scheduled time to write, connecting included: the client's own delay, inside every latency above)"
-                + (f"; C client: {summary}" if summary else ""))
+                + (f"; C client: {summary}" if summary else "") + f"; {refusals.summary()}")
         rows.append(row("3x capacity", f"open loop, {offered:,.0f} req/s", result.seconds, counts, capacity, result, note, cpu))
     return rows
 

@@ -29,6 +29,7 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from serving import metrics
 from serving.drain import Drain
 from serving.listen_queue import Keepers
 
@@ -64,6 +65,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._parsed_header_bytes = 0  # request line and headers parsed so far
         self._headers_too_large = False
         if self.limits.max_connections and len(self.connections) > self.limits.max_connections:
+            metrics.count_connection_refused_at_cap()
             self._refuse(503, "too many open connections; retry later", b"retry-after: 1\r\n")
             return
         self._arm(self.limits.header_timeout_s, self._on_header_deadline)

@@ -48,8 +48,13 @@ STATE_GENERATION = Gauge("modelops_state_generation", "Generation of the desired
 DEVICE_MEMORY = Gauge("modelops_device_memory_used_bytes", "Memory in use on the inference device.", ["device"])
 CONNECTIONS_REFUSED = Counter(
     "modelops_connections_refused",
-    "New connections answered 503 by the listen queue's keeper: the event loop could not take them in time.",
+    "New connections answered 503 before any request was read, by who refused: the listen queue's keeper "
+    "(the event loop could not take them in time) or the worker (past SERVING_MAX_CONNECTIONS).",
+    ["by"],
 )
+# Both children exist from the start, so a rate() over them never begins with a missing series.
+_REFUSED_BY_KEEPER = CONNECTIONS_REFUSED.labels("keeper")
+_REFUSED_BY_WORKER = CONNECTIONS_REFUSED.labels("worker")
 
 
 PENDING_LIMIT = 2048
@@ -215,8 +220,14 @@ def count_refused_connections(total: int) -> None:
     """Bring the counter up to the keepers' running total (serving/listen_queue.py)."""
     delta = total - _refused_connections_counted[0]
     if delta > 0:
-        CONNECTIONS_REFUSED.inc(delta)
+        _REFUSED_BY_KEEPER.inc(delta)
         _refused_connections_counted[0] = total
+
+
+def count_connection_refused_at_cap() -> None:
+    """A connection the event loop accepted past the cap (the keeper lets a few through
+    between its looks at the count) and answered 503 itself."""
+    _REFUSED_BY_WORKER.inc()
 
 
 def flush_pending() -> None:

@@ -414,7 +414,7 @@ def test_a_stuck_worker_s_new_clients_get_503s_in_milliseconds_and_the_kept_ones
         os.kill(worker.process.pid, signal.SIGCONT)
         kept = [status_line(client) for client in clients[50 - KEEP_AT_LEAST:]]
         after = httpx.post(f"{worker.url}/v2/models/digits/infer", content=BODY, timeout=5)
-        counted = f"modelops_connections_refused_total {50 - KEEP_AT_LEAST}.0"
+        counted = f'modelops_connections_refused_total{{by="keeper"}} {50 - KEEP_AT_LEAST}.0'
         scraped = wait_until(lambda: counted in httpx.get(f"{worker.url}/metrics", timeout=5).text, 3)
     finally:
         os.kill(worker.process.pid, signal.SIGCONT)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import numpy as np
 import orjson
 import pytest
@@ -224,6 +225,13 @@ def test_headers_under_the_cap_are_served(guarded_worker):
     assert answer.startswith(b"HTTP/1.1 200 ")
 
 
+def refused_by_worker(worker) -> float:
+    for line in httpx.get(worker.url + "/metrics", headers={"Connection": "close"}).text.splitlines():
+        if line.startswith('modelops_connections_refused_total{by="worker"}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("/metrics has no modelops_connections_refused_total{by=\"worker\"}")
+
+
 def test_connections_past_the_cap_get_503_and_are_closed(guarded_worker, client):
     worker = guarded_worker(max_connections=2, header_timeout_s=5.0)
     held = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(2)]
@@ -240,6 +248,23 @@ def test_connections_past_the_cap_get_503_and_are_closed(guarded_worker, client)
     assert b"retry-after: 1" in answer
     assert wait_until(lambda: len(worker.server.server_state.connections) == 0)
     assert client.post(worker.url + INFER, content=BODY).status_code == 200
+
+
+def test_a_refusal_past_the_connection_cap_is_counted_in_metrics(guarded_worker):
+    worker = guarded_worker(max_connections=2, header_timeout_s=5.0)
+    before = refused_by_worker(worker)  # the counter is the process's: other tests' workers add to it
+    assert wait_until(lambda: len(worker.server.server_state.connections) == 0)
+    held = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(2)]
+    try:
+        assert wait_until(lambda: len(worker.server.server_state.connections) == 2)
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as extra:
+            extra.sendall(head() + BODY)
+            read_until_closed(extra)
+    finally:
+        for connection in held:
+            connection.close()
+
+    assert refused_by_worker(worker) == before + 1
 
 
 def test_a_client_that_disconnects_mid_body_enqueues_nothing(guarded_worker):
