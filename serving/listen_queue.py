@@ -14,7 +14,11 @@ worker's listening socket, and the worker counts the connections it accepts and 
 a shared page. While the queue is not empty the keeper looks at its length every TICK_S
 (``TCP_INFO``: one syscall) and measures the pace at which the worker takes connections
 from it while it is backlogged. The queue may hold (``room``) what the worker takes in
-SERVING_ACCEPT_WAIT_S at that pace, at least KEEP_AT_LEAST; no more than the worker's
+SERVING_ACCEPT_WAIT_S at that pace, at least KEEP_AT_LEAST; only SUSTAINED_WAIT_S of it
+while arrivals keep outpacing the worker (a whole PACE_WINDOW_S, and still in the last
+RECENT_S: an open-loop overload, which waiting will not clear, where a closed-loop
+client's burst of connections arrives and stops), so past that short queue a refused
+client waits milliseconds, not for the thousands queued before it; no more than the worker's
 connection cap leaves room for (a connection past it would be refused by the loop, at
 the loop's cost); and only KEEP_AT_LEAST while the worker says every routed version
 refuses requests anyway (a new client would wait only to be refused). The keeper takes
@@ -62,6 +66,9 @@ logger = logging.getLogger("serving.listen_queue")
 TICK_S = 0.002  # how often a backlogged queue is looked at: 2 ms of arrivals at most go unanswered
 PACE_WINDOW_S = 0.5  # the worker's accept pace is measured over this much of the backlog
 MIN_EVIDENCE_S = 0.05  # no refusal before the backlog has lasted this long: a burst the loop takes in time passes
+RECENT_S = 0.1  # arrivals still outpacing the worker this recently (and a window before) are a sustained overload
+OUTPACE_FACTOR = 1.25  # arrivals at least this many times the accepts: clearly more than the worker takes
+SUSTAINED_WAIT_S = 0.05  # under a sustained overload the queue holds this much of the pace: refusals come at once
 KEEP_AT_LEAST = 16  # a slow or saturated worker keeps this many queued, so it sees when it has room again
 READ_LIMIT = 64 * 1024  # what of a refused request is read (so the close is not a reset), never parsed
 LOG_EVERY_S = 1.0
@@ -97,18 +104,19 @@ def queue_length(listener: socket.socket) -> int:
 
 class AcceptPace:
     """The pace at which the worker takes connections from its queue while the queue is
-    backlogged: when it is empty, the arrivals set the pace, not the worker."""
+    backlogged (when it is empty, the arrivals set the pace, not the worker), and whether
+    arrivals outpace it for longer than a burst lasts."""
 
     def __init__(self, window_s: float = PACE_WINDOW_S, evidence_s: float = MIN_EVIDENCE_S):
         self.window_s, self.evidence_s = window_s, evidence_s
-        self._samples: deque[tuple[float, int]] = deque()
+        self._samples: deque[tuple[float, int, int]] = deque()  # (time, accepted, arrived), arrived counting refusals
 
-    def observe(self, now: float, queued: int, accepted: int) -> None:
+    def observe(self, now: float, queued: int, accepted: int, refused: int = 0) -> None:
         if queued == 0:
             self._samples.clear()
             return
         samples = self._samples
-        samples.append((now, accepted))
+        samples.append((now, accepted, queued + accepted + refused))
         while len(samples) > 2 and now - samples[1][0] >= self.window_s:
             samples.popleft()
 
@@ -116,14 +124,37 @@ class AcceptPace:
         """Accepts per second over the backlog's last window, or None before MIN_EVIDENCE_S of it."""
         if len(self._samples) < 2:
             return None
-        (first_t, first_n), (last_t, last_n) = self._samples[0], self._samples[-1]
+        (first_t, first_n, _), (last_t, last_n, _) = self._samples[0], self._samples[-1]
         span = last_t - first_t
         return (last_n - first_n) / span if span >= self.evidence_s else None
 
+    def sustained(self) -> bool:
+        """True when arrivals outpaced the worker by OUTPACE_FACTOR both in the last
+        RECENT_S and in the rest of a whole window before it. A burst (a closed-loop client
+        opening its connections) arrives and stops: the recent part shows it stopped, and its
+        connections may wait their full time. Arrivals that go on are an overload that
+        waiting will not clear: those past a short queue are refused as they come."""
+        samples = self._samples
+        if len(samples) < 3 or samples[-1][0] - samples[0][0] < self.window_s * 0.9:
+            return False
+        last = samples[-1]
+        split = len(samples) - 2  # the latest sample at least RECENT_S before the last
+        while split > 0 and last[0] - samples[split][0] < RECENT_S:
+            split -= 1
+        return split > 0 and _outpaced(samples[0], samples[split]) and _outpaced(samples[split], last)
+
     def may_wait(self, wait_s: float) -> int | None:
-        """How many connections the queue may hold: what the worker takes in ``wait_s``."""
+        """How many connections the queue may hold: what the worker takes in ``wait_s``, or in
+        SUSTAINED_WAIT_S while arrivals keep outpacing it."""
         pace = self.per_second()
-        return None if pace is None else max(KEEP_AT_LEAST, int(pace * wait_s))
+        if pace is None:
+            return None
+        return max(KEEP_AT_LEAST, int(pace * (min(wait_s, SUSTAINED_WAIT_S) if self.sustained() else wait_s)))
+
+
+def _outpaced(start: tuple[float, int, int], end: tuple[float, int, int]) -> bool:
+    accepted, arrived = end[1] - start[1], end[2] - start[2]
+    return arrived > KEEP_AT_LEAST and arrived >= OUTPACE_FACTOR * accepted
 
 
 def room(pace: AcceptPace, wait_s: float, saturated: bool, open_slots: int | None = None) -> int | None:
@@ -256,13 +287,13 @@ def keep(listener: socket.socket, counters: memoryview, parent_fd: int, wait_s: 
         lingering.service()
         queued, now = queue_length(listener), time.monotonic()
         lingering.expire(now)
-        pace.observe(now, queued, counters[ACCEPTED])
+        pace.observe(now, queued, counters[ACCEPTED], counters[REFUSED])
         open_slots = max_connections - (counters[ACCEPTED] - counters[CLOSED]) if max_connections else None
         may_wait = room(pace, wait_s, bool(counters[SATURATED]), open_slots)
         if may_wait is not None and queued > may_wait:
             refused = refuse(listener, queued - may_wait, lingering)
             counters[REFUSED] += refused
-            report.add(refused, queued, pace.per_second(), bool(counters[SATURATED]))
+            report.add(refused, queued, pace.per_second(), bool(counters[SATURATED]), pace.sustained())
             queued -= refused
         report.flush()
 
@@ -272,23 +303,24 @@ class RefusalLog:
 
     def __init__(self) -> None:
         self.refused, self.longest, self.pace, self.since = 0, 0, 0.0, time.monotonic()
-        self.saturated = False
+        self.saturated = self.sustained = False
 
-    def add(self, refused: int, queued: int, pace: float | None, saturated: bool) -> None:
+    def add(self, refused: int, queued: int, pace: float | None, saturated: bool, sustained: bool = False) -> None:
         if not self.refused:
             self.since = time.monotonic()
         self.refused += refused
         self.longest = max(self.longest, queued)
         self.pace = pace or 0.0
         self.saturated = self.saturated or saturated
+        self.sustained = self.sustained or sustained
 
     def flush(self, force: bool = False) -> None:
         now = time.monotonic()
         if self.refused and (force or now - self.since >= LOG_EVERY_S):
             logger.warning(event("new_connections_refused", refused=self.refused, seconds=round(now - self.since, 3),
                                  longest_queue=self.longest, worker_accepts_per_s=round(self.pace, 1),
-                                 worker_refusing_every_request=self.saturated))
-            self.refused, self.longest, self.saturated = 0, 0, False
+                                 worker_refusing_every_request=self.saturated, arrivals_outpacing_worker=self.sustained))
+            self.refused, self.longest, self.saturated, self.sustained = 0, 0, False, False
 
 
 class Keeper:

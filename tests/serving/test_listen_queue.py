@@ -28,6 +28,7 @@ from serving.listen_queue import (
     KEEP_AT_LEAST,
     REFUSAL_MESSAGE,
     SATURATED,
+    SUSTAINED_WAIT_S,
     AcceptPace,
     Keeper,
     Lingering,
@@ -131,6 +132,29 @@ def test_the_pace_follows_the_last_window_only():
     for tick in range(30):
         pace.observe(tick * 0.01, 50, 0 if tick < 15 else (tick - 15) * 10)  # stalled, then 1,000/s
     assert pace.per_second() == pytest.approx(1000, rel=0.15)
+
+
+def test_arrivals_that_keep_outpacing_the_worker_leave_the_queue_a_moment_of_its_pace():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    for tick in range(61):  # 600 ms of 1,000 accepts/s against 3,000 arrivals/s, the rest refused
+        pace.observe(tick * 0.01, 50, tick * 10, tick * 20)
+    assert pace.sustained()
+    assert pace.may_wait(5.0) == int(1000 * SUSTAINED_WAIT_S)
+
+
+def test_a_burst_that_stopped_arriving_may_wait_its_full_time():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    for tick in range(61):  # 3,000 connections in the first 100 ms, then none; 1,000 accepts/s
+        pace.observe(tick * 0.01, 3000 - tick * 10, tick * 10)
+    assert not pace.sustained()
+    assert pace.may_wait(5.0) == 5000
+
+
+def test_a_backlog_younger_than_a_window_is_not_yet_a_sustained_overload():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    for tick in range(31):
+        pace.observe(tick * 0.01, 50, tick * 10, tick * 20)
+    assert not pace.sustained()
 
 
 def test_a_stalled_worker_keeps_a_few_connections_queued_never_none():
@@ -284,27 +308,84 @@ class TakingLoop(threading.Thread):
             connection.close()
 
 
-def test_a_burst_the_loop_takes_in_time_is_never_refused(listener):
-    keeper = Keeper.start(listener, wait_s=0.1)
-    loop = TakingLoop(listener, keeper)
-    loop.start()
-    host, port = listener.getsockname()
-    # The burst comes from another process, so the taking loop has this one's GIL to itself.
-    clients = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import socket, sys
-        held = [socket.create_connection(({host!r}, {port}), timeout=5) for _ in range(300)]
+def burst_of_held_connections(address, count: int, spread_s: float = 0.0) -> subprocess.Popen:
+    """``count`` connections opened by another process (so a taking loop has this one's GIL
+    to itself) over ``spread_s``, and held until the process is killed; its first line
+    says when they are open."""
+    host, port = address
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import socket, sys, time
+        held = []
+        for _ in range({count}):
+            held.append(socket.create_connection(({host!r}, {port}), timeout=5))
+            time.sleep({spread_s / count!r})
         print("connected", flush=True)
         sys.stdin.read()
     """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("wait_s, pause_s, spread_s", [
+    (0.1, 0.0, 0.0),  # a loop that takes the 300 at once
+    # A loop that takes them in 1.5 s, a client that opens them over 0.2 s (a closed-loop
+    # client on a busy machine): the backlog outlasts the window that detects a sustained
+    # overload and most of it is arrivals, but none arrive after the burst, so each may
+    # wait its full time.
+    (5.0, 0.005, 0.2),
+], ids=["fast loop", "burst outlasting the overload window"])
+def test_a_burst_the_loop_takes_in_time_is_never_refused(listener, wait_s, pause_s, spread_s):
+    keeper = Keeper.start(listener, wait_s=wait_s)
+    loop = TakingLoop(listener, keeper, pause_s=pause_s)
+    loop.start()
+    clients = burst_of_held_connections(listener.getsockname(), 300, spread_s)
     try:
         assert clients.stdout.readline() == b"connected\n"
-        assert wait_until(lambda: len(loop.accepted) == 300, 5)
+        assert wait_until(lambda: len(loop.accepted) == 300, 10)
         assert keeper.refused == 0
     finally:
         clients.kill()
         clients.wait()
         loop.stop()
         keeper.stop()
+
+
+OPEN_LOOP_CLIENT = textwrap.dedent("""
+    import json, selectors, socket, sys, time
+    port, rate, seconds, request = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4].encode()
+    waiting, answered, held = selectors.DefaultSelector(), [], []
+    start = time.monotonic()
+    for i in range(int(rate * seconds)):  # a new client every 1/rate s, whatever happened to the others
+        while (now := time.monotonic()) < start + i / rate:
+            for key, _ in waiting.select(start + i / rate - now):
+                waiting.unregister(key.fileobj)
+                answered.append(time.monotonic() - key.data)
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        client.sendall(request)
+        waiting.register(client, selectors.EVENT_READ, time.monotonic())
+        held.append(client)
+    end = time.monotonic() + 1.0  # the last refusals still on their way
+    while (now := time.monotonic()) < end:
+        for key, _ in waiting.select(end - now):
+            waiting.unregister(key.fileobj)
+            answered.append(time.monotonic() - key.data)
+    print(json.dumps(sorted(answered)))
+""")
+
+
+def test_under_a_sustained_overload_new_connections_are_refused_in_milliseconds_not_after_the_queue(listener):
+    # The loop takes 100 connections a second; 400 a second arrive for 2.5 s. By pace alone
+    # 200 (2 s of it) could wait, and every refused client would wait for the 200 before it.
+    keeper = Keeper.start(listener, wait_s=2.0)
+    loop = TakingLoop(listener, keeper, pause_s=0.01)
+    loop.start()
+    try:
+        client = subprocess.run([sys.executable, "-c", OPEN_LOOP_CLIENT, str(listener.getsockname()[1]), "400", "2.5",
+                                 REQUEST.decode()], capture_output=True, timeout=30, check=True)
+    finally:
+        loop.stop()
+        keeper.stop()
+    answered_in_s = json.loads(client.stdout)
+    assert len(answered_in_s) == keeper.refused > 500  # only refusals are answered: the taking loop never answers
+    assert answered_in_s[len(answered_in_s) // 2] < 0.1
 
 
 def test_while_its_worker_refuses_every_request_a_keeper_leaves_only_a_few_waiting(listener):
