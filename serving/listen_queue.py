@@ -68,6 +68,7 @@ PACE_WINDOW_S = 0.5  # the worker's accept pace is measured over this much of th
 MIN_EVIDENCE_S = 0.05  # no refusal before the backlog has lasted this long: a burst the loop takes in time passes
 RECENT_S = 0.1  # arrivals still outpacing the worker this recently (and a window before) are a sustained overload
 OUTPACE_FACTOR = 1.25  # arrivals at least this many times the accepts: clearly more than the worker takes
+FEW_ARRIVALS = 16  # no more arrivals than this in a stretch is a trickle, not an overload, whatever the accepts
 SUSTAINED_WAIT_S = 0.05  # under a sustained overload the queue holds this much of the pace: refusals come at once
 KEEP_AT_LEAST = 16  # a slow or saturated worker keeps this many queued, so it sees when it has room again
 READ_LIMIT = 64 * 1024  # what of a refused request is read (so the close is not a reset), never parsed
@@ -110,15 +111,18 @@ class AcceptPace:
     def __init__(self, window_s: float = PACE_WINDOW_S, evidence_s: float = MIN_EVIDENCE_S):
         self.window_s, self.evidence_s = window_s, evidence_s
         self._samples: deque[tuple[float, int, int]] = deque()  # (time, accepted, arrived), arrived counting refusals
+        self.sustained = False  # as of the last observation: see _outpaced_throughout
 
     def observe(self, now: float, queued: int, accepted: int, refused: int = 0) -> None:
         if queued == 0:
             self._samples.clear()
+            self.sustained = False
             return
         samples = self._samples
         samples.append((now, accepted, queued + accepted + refused))
         while len(samples) > 2 and now - samples[1][0] >= self.window_s:
             samples.popleft()
+        self.sustained = self._outpaced_throughout()
 
     def per_second(self) -> float | None:
         """Accepts per second over the backlog's last window, or None before MIN_EVIDENCE_S of it."""
@@ -128,7 +132,7 @@ class AcceptPace:
         span = last_t - first_t
         return (last_n - first_n) / span if span >= self.evidence_s else None
 
-    def sustained(self) -> bool:
+    def _outpaced_throughout(self) -> bool:
         """True when arrivals outpaced the worker by OUTPACE_FACTOR both in the last
         RECENT_S and in the rest of a whole window before it. A burst (a closed-loop client
         opening its connections) arrives and stops: the recent part shows it stopped, and its
@@ -149,12 +153,12 @@ class AcceptPace:
         pace = self.per_second()
         if pace is None:
             return None
-        return max(KEEP_AT_LEAST, int(pace * (min(wait_s, SUSTAINED_WAIT_S) if self.sustained() else wait_s)))
+        return max(KEEP_AT_LEAST, int(pace * (min(wait_s, SUSTAINED_WAIT_S) if self.sustained else wait_s)))
 
 
 def _outpaced(start: tuple[float, int, int], end: tuple[float, int, int]) -> bool:
     accepted, arrived = end[1] - start[1], end[2] - start[2]
-    return arrived > KEEP_AT_LEAST and arrived >= OUTPACE_FACTOR * accepted
+    return arrived > FEW_ARRIVALS and arrived >= OUTPACE_FACTOR * accepted
 
 
 def room(pace: AcceptPace, wait_s: float, saturated: bool, open_slots: int | None = None) -> int | None:
@@ -293,7 +297,7 @@ def keep(listener: socket.socket, counters: memoryview, parent_fd: int, wait_s: 
         if may_wait is not None and queued > may_wait:
             refused = refuse(listener, queued - may_wait, lingering)
             counters[REFUSED] += refused
-            report.add(refused, queued, pace.per_second(), bool(counters[SATURATED]), pace.sustained())
+            report.add(refused, queued, pace.per_second(), bool(counters[SATURATED]), pace.sustained)
             queued -= refused
         report.flush()
 
@@ -305,7 +309,7 @@ class RefusalLog:
         self.refused, self.longest, self.pace, self.since = 0, 0, 0.0, time.monotonic()
         self.saturated = self.sustained = False
 
-    def add(self, refused: int, queued: int, pace: float | None, saturated: bool, sustained: bool = False) -> None:
+    def add(self, refused: int, queued: int, pace: float | None, saturated: bool, sustained: bool) -> None:
         if not self.refused:
             self.since = time.monotonic()
         self.refused += refused

@@ -138,7 +138,7 @@ def test_arrivals_that_keep_outpacing_the_worker_leave_the_queue_a_moment_of_its
     pace = AcceptPace(window_s=0.5, evidence_s=0.05)
     for tick in range(61):  # 600 ms of 1,000 accepts/s against 3,000 arrivals/s, the rest refused
         pace.observe(tick * 0.01, 50, tick * 10, tick * 20)
-    assert pace.sustained()
+    assert pace.sustained
     assert pace.may_wait(5.0) == int(1000 * SUSTAINED_WAIT_S)
 
 
@@ -146,7 +146,7 @@ def test_a_burst_that_stopped_arriving_may_wait_its_full_time():
     pace = AcceptPace(window_s=0.5, evidence_s=0.05)
     for tick in range(61):  # 3,000 connections in the first 100 ms, then none; 1,000 accepts/s
         pace.observe(tick * 0.01, 3000 - tick * 10, tick * 10)
-    assert not pace.sustained()
+    assert not pace.sustained
     assert pace.may_wait(5.0) == 5000
 
 
@@ -154,7 +154,7 @@ def test_a_backlog_younger_than_a_window_is_not_yet_a_sustained_overload():
     pace = AcceptPace(window_s=0.5, evidence_s=0.05)
     for tick in range(31):
         pace.observe(tick * 0.01, 50, tick * 10, tick * 20)
-    assert not pace.sustained()
+    assert not pace.sustained
 
 
 def test_a_stalled_worker_keeps_a_few_connections_queued_never_none():
