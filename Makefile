@@ -45,6 +45,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.targets
 	$(BIN)/python -m bench.overload_bench --model mid
 	$(BIN)/python -m bench.overload_bench --model small
+	$(BIN)/python -m bench.interference_bench --model mid
+	$(BIN)/python -m bench.interference_bench --model small
 	$(BIN)/python -m console.embedded_redis $(BIN)/python -m bench.drill_bench
 	$(BIN)/python -m bench.soak_bench
 
