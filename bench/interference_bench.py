@@ -72,9 +72,8 @@ class Flood:
         request_file.write_bytes(request)
         port = self.sink.getsockname()[1]
         self.client = subprocess.Popen(
-            [str(native_client.build()), str(port), f"{rate_per_s:.3f}", f"{duration_s:.3f}", str(FLOOD_KEEP_ALIVE),
-             str(FLOOD_KEEP_ALIVE + 6000), str(request_file), str(self.out_file)],
-            stdout=subprocess.PIPE, text=True)
+            native_client.command(port, rate_per_s, duration_s, FLOOD_KEEP_ALIVE, 6000, request_file, self.out_file),
+            stdout=subprocess.DEVNULL)
         self.started_s = time.perf_counter()
         self._client_s, self._keeper_s = self._cpu()
 
@@ -87,7 +86,7 @@ class Flood:
         client_s, keeper_s = self._cpu()
         self.keeper.stop()
         self.sink.close()  # what is still queued is reset; requests still scheduled meet a closed port
-        self.client.communicate(timeout=duration_s + 60)
+        self.client.wait(timeout=duration_s + 60)
         statuses = np.fromfile(self.out_file, dtype=native_client.RECORD)["status"]
         sent = statuses[statuses != 0]  # 0: found no free connection slot, never sent
         return FloodFigures(len(sent) / duration_s, (client_s - self._client_s) / wall_s, (keeper_s - self._keeper_s) / wall_s,

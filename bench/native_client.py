@@ -41,6 +41,14 @@ def build() -> Path:
     return binary
 
 
+def command(port: int, rate_per_s: float, duration_s: float, connections: int, max_connections: int,
+            request_file: Path, out_file: Path) -> list[str]:
+    """The C client's command line: `connections` opened before the clock starts, up to
+    `max_connections` more opened by requests that find none free; records to `out_file`."""
+    return [str(build()), str(port), f"{rate_per_s:.3f}", f"{duration_s:.3f}", str(connections),
+            str(connections + max_connections), str(request_file), str(out_file)]
+
+
 def open_loop(port: int, request: bytes, rate_per_s: float, duration_s: float, connections: int,
               max_connections: int = 6000) -> tuple[LoadResult, str]:
     """Runs the C client; returns its results and its one-line summary. Its connection
@@ -50,8 +58,7 @@ def open_loop(port: int, request: bytes, rate_per_s: float, duration_s: float, c
         request_file, out_file = Path(tmp) / "request.http", Path(tmp) / "records.bin"
         request_file.write_bytes(request)
         summary = subprocess.run(
-            [str(build()), str(port), f"{rate_per_s:.3f}", f"{duration_s:.3f}", str(connections),
-             str(connections + max_connections), str(request_file), str(out_file)],
+            command(port, rate_per_s, duration_s, connections, max_connections, request_file, out_file),
             capture_output=True, text=True, check=True, timeout=duration_s + 60,
         ).stdout.strip()
         records = np.fromfile(out_file, dtype=RECORD)
