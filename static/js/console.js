@@ -44,7 +44,9 @@ window.ModelOps = (function () {
 
   function swap(element, html) {
     const focused = focusSelector(element);
+    const edits = editsIn(element);
     element.innerHTML = html;
+    restoreEdits(element, edits);
     tickAges(element);
     const again = focused && element.querySelector(focused);
     if (again) again.focus();  // keyboard users keep their place
@@ -57,6 +59,46 @@ window.ModelOps = (function () {
       refresh(element);
     }
   }), 500);
+
+  // A choice made in a form and not sent yet survives a refresh of the fragment holding it:
+  // the fresh copy would silently put the form back to its defaults, and the next click would
+  // send what nobody chose (a rollout of another version). Hidden fields take the server's
+  // fresh values (expected_generation is how the server refuses a stale form).
+  document.addEventListener("input", markEdited, true);
+  document.addEventListener("change", markEdited, true);
+  function markEdited(event) {
+    const form = event.target.form;
+    if (form && form.id) form.dataset.edited = "true";
+  }
+
+  function editableFields(form) {
+    return [...form.elements].filter((field) => field.name && !["hidden", "submit", "button", "file"].includes(field.type));
+  }
+
+  function editsIn(element) {
+    return [...element.querySelectorAll("form[data-edited][id]")].map((form) => ({
+      id: form.id,
+      fields: editableFields(form).map((field) => ({ name: field.name, value: field.value, checked: field.checked })),
+    }));
+  }
+
+  function restoreEdits(element, edits) {
+    edits.forEach(({ id, fields }) => {
+      const form = element.querySelector(`form#${CSS.escape(id)}`);
+      if (!form) return;  // the form is gone (a rollout started meanwhile): nothing to keep
+      form.dataset.edited = "true";
+      const fresh = editableFields(form);
+      fields.forEach(({ name, value, checked }) => {
+        fresh.filter((field) => field.name === name).forEach((field) => {
+          if (field.type === "radio" || field.type === "checkbox") {
+            if (field.value === value) field.checked = checked;
+          } else if (field.tagName !== "SELECT" || [...field.options].some((option) => option.value === value)) {
+            field.value = value;
+          }
+        });
+      });
+    });
+  }
 
   function focusSelector(element) {
     const active = document.activeElement;
@@ -183,6 +225,10 @@ window.ModelOps = (function () {
     document.dispatchEvent(new CustomEvent("modelops:submitting", { detail: { form } }));
     const answer = await post(form.action, body);
     buttons.forEach((button) => { button.disabled = false; });
+    if (answer.ok) {  // sent: the refresh that follows shows the server's form again (a copy swapped in meanwhile too)
+      delete form.dataset.edited;
+      if (form.id) document.querySelectorAll(`form#${CSS.escape(form.id)}`).forEach((copy) => delete copy.dataset.edited);
+    }
     flash(answer.data.level || (answer.ok ? "success" : "error"), answer.data.message);
     document.dispatchEvent(new CustomEvent("modelops:changed", { detail: { form, answer } }));
   });

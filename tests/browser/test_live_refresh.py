@@ -1,0 +1,37 @@
+"""A live refresh of a fragment never undoes a choice the operator made in a form there and
+has not sent: the next click sends what they chose, not the form's defaults. Hidden fields
+still take the server's fresh values (the stale-form check rests on them)."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.conftest import sign_in
+from tests.browser.test_rollout_flow import ensure_a_second_version
+
+pytestmark = pytest.mark.browser
+
+expect.set_options(timeout=10_000)
+
+
+def test_a_live_refresh_keeps_the_choices_made_in_a_form_and_takes_fresh_hidden_fields(page, stack):
+    sign_in(page, "olivia")
+    page.goto("/models/digits/")
+    ensure_a_second_version(page, stack)
+    form = page.locator("#rollout-panel #rollout-form")
+    expect(form).to_be_visible()
+    plans = form.get_by_role("radio")
+    last_plan = plans.nth(plans.count() - 1)
+    last_plan.check()
+    form.get_by_role("textbox", name="Reason").fill("chosen before the refresh")
+    fresh_generation = form.locator("input[name=expected_generation]").input_value()
+    form.evaluate("f => { f.dataset.before = 'true'; f.elements.expected_generation.value = 'stale'; }")
+    page.locator("h1").click()  # focus leaves the form: nothing holds the refresh back
+
+    page.evaluate("ModelOps.refreshAll('rollout-panel')")
+
+    expect(page.locator("#rollout-form[data-before]")).to_have_count(0)  # the server's copy replaced it
+    expect(form.get_by_role("textbox", name="Reason")).to_have_value("chosen before the refresh")
+    expect(form.get_by_role("radio").nth(plans.count() - 1)).to_be_checked()
+    expect(form.locator("input[name=expected_generation]")).to_have_value(fresh_generation)
