@@ -153,6 +153,8 @@ class TryForm(forms.Form):
             return json.loads(self.cleaned_data["inputs"])
         except json.JSONDecodeError as error:
             raise forms.ValidationError(f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+        except RecursionError:  # the decoder recurses per level: a page of brackets is not a 500
+            raise forms.ValidationError("not valid JSON: nested too deeply") from None
 
 
 # ---------------------------------------------------------------- jobs

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, status
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
 from registry.actions import drills, releases
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
+from registry.api.parsers import JSONParser
 from registry.models import Drill
 
 

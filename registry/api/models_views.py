@@ -7,7 +7,6 @@ from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import exceptions, generics, status
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,6 +14,7 @@ from registry.actions import catalog
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
+from registry.api.parsers import JSONParser
 from registry.models import RegisteredModel
 
 LIST_PARAMETERS = [

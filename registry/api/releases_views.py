@@ -8,7 +8,6 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, status
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -16,6 +15,7 @@ from registry.actions import releases
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
+from registry.api.parsers import JSONParser
 from registry.fleet import workers as fleet
 from registry.models import RegisteredModel, Release
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, status
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -14,6 +13,7 @@ from registry.actions import releases, rollouts
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
+from registry.api.parsers import JSONParser
 
 DEFAULT_STEPS = [1, 10, 50, 100]
 DEFAULT_STEP_DURATION_S = 300

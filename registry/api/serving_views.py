@@ -8,12 +8,12 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers as drf_serializers
 from rest_framework import status
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
+from registry.api.parsers import JSONParser
 from registry.api.permissions import (
     IsWorker,
     IsWorkerOrStaff,

@@ -271,3 +271,10 @@ def test_try_it_refuses_bad_json_before_sending(viewer_page, digits):
 
     assert response.json()["ok"] is False
     assert response.json()["error"].startswith("Inputs (JSON): not valid JSON")
+
+
+def test_try_it_refuses_json_nested_past_the_decoder_s_depth(viewer_page, digits):
+    response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": "[" * 5000 + "]" * 5000}, HTTP_ACCEPT="application/json")
+
+    assert response.json()["ok"] is False
+    assert response.json()["error"] == "Inputs (JSON): not valid JSON: nested too deeply"

@@ -97,6 +97,22 @@ def test_malformed_json_is_a_400_naming_the_problem(operator_client):
     assert "JSON parse error" in response.json()["error"]
 
 
+@pytest.mark.parametrize("path", ["/api/models/", "/api/models/digits/release/", "/api/models/digits/drills/"])
+def test_json_nested_past_the_decoder_s_depth_is_a_400_not_a_500(operator_client, three_versions, path):
+    response = operator_client.post(path, "[" * 5000 + "]" * 5000, content_type="application/json")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "JSON parse error - nested too deeply"
+
+
+def test_a_worker_report_nested_past_the_decoder_s_depth_is_a_400_not_a_500(worker_client):
+    body = '{"contract": 1, "shadow": ' + "[" * 5000 + "]" * 5000 + "}"
+    response = worker_client.post("/api/serving/reports", body, content_type="application/json")
+
+    assert response.status_code == 400
+    assert "nested too deeply" in response.json()["error"]
+
+
 def test_serving_state_needs_the_worker_token(client, settings):
     assert client.get("/api/serving/state").status_code == 401
     assert client.get("/api/serving/state", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
