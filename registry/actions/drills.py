@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
 
 from registry.actions import events, releases
@@ -37,6 +37,7 @@ from registry.models import (
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05
+DATABASE_DOWN = (OperationalError, InterfaceError)  # what an unreachable database raises (console/outage.py answers them 503)
 
 
 def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expected_generation: int | None = None) -> Drill:
@@ -55,15 +56,55 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
         _finish(drill, DrillStatus.ERROR, error=error.message)
         raise
     drill.to_generation = release.generation
+    window = RollbackWindow(release)
     try:
-        _judge(drill, _measure(drill, workers, release, failed_before))
+        _judge(drill, _measure(drill, workers, release, failed_before, window), window)
+    except DATABASE_DOWN as error:
+        logger.warning("drill #%s: the database became unavailable while it was measured: %s", drill.pk, error)
+        drill.workers, drill.status = [], DrillStatus.FAILED
+        drill.error = "the database became unavailable during the drill, so it could not be measured"
     except Exception as error:
         logger.exception("drill #%s could not be measured", drill.pk)
-        drill.workers = []
-        _finish(drill, DrillStatus.FAILED, error=f"the drill could not be measured: {error}"[:SHOWN_ERROR_CHARS])
+        drill.workers, drill.status = [], DrillStatus.FAILED
+        drill.error = f"the drill could not be measured: {error}"[:SHOWN_ERROR_CHARS]
+    through_outage(lambda: _finish(drill, drill.status, error=drill.error), f"drill #{drill.pk}: recording its end")
     if roll_forward:
-        _roll_forward(drill, model, actor, workers)
+        through_outage(lambda: _roll_forward(drill, model, actor, workers), f"drill #{drill.pk}: rolling forward")
     return drill
+
+
+def through_outage(step, what: str):
+    """``step()``, tried again while the database is unreachable, for up to
+    DRILL_ACK_TIMEOUT_S: a drill that already rolled back must record its end and roll
+    forward once the database answers, not leave the rollback in force. Each step is one
+    transaction, so a retry never half-repeats it."""
+    deadline, pause_s = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S, 0.1
+    while True:
+        try:
+            return step()
+        except DATABASE_DOWN as error:
+            if time.monotonic() + pause_s > deadline:
+                raise
+            logger.warning("%s: the database is unavailable, trying again in %.1f s: %s", what, pause_s, error)
+        close_old_connections()  # the broken connection goes; the next query opens a new one
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, 1.0)
+
+
+class RollbackWindow:
+    """The generations in which a drill's rollback is in force: from its release to the
+    next release of the same model, if one landed (looked up again on every call, since
+    an operator may change the model while the drill runs)."""
+
+    def __init__(self, release: Release):
+        self.release = release
+
+    def end(self) -> int | None:
+        later = Release.objects.filter(model_id=self.release.model_id, generation__gt=self.release.generation)
+        return later.order_by("generation").values_list("generation", flat=True).first()
+
+    def holds(self, generation: int, end: int | None) -> bool:
+        return generation >= self.release.generation and (end is None or generation < end)
 
 
 def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generation: int | None) -> Drill:
@@ -94,7 +135,9 @@ def _abandon_stale_drills(model: RegisteredModel) -> None:
     longest_s = 3 * settings.DRILL_ACK_TIMEOUT_S + 60
     cutoff = timezone.now() - timedelta(seconds=longest_s)
     model.drills.filter(status=DrillStatus.RUNNING, started_at__lt=cutoff).update(
-        status=DrillStatus.FAILED, finished_at=timezone.now(), error="abandoned: the process running it stopped before it finished",
+        status=DrillStatus.FAILED, finished_at=timezone.now(),
+        error=f"abandoned: not finished after {longest_s:g} s (the process running it stopped, or the database was "
+              "unavailable for longer than the drill waits): its rollback may still be in force, with no roll forward",
     )
 
 
@@ -104,10 +147,10 @@ def failed_total(report: object) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
-def _measure(drill: Drill, workers: list[Worker], release: Release, failed_before: dict) -> list[dict]:
+def _measure(drill: Drill, workers: list[Worker], release: Release, failed_before: dict, window: RollbackWindow) -> list[dict]:
     deadline = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S
-    acks = wait_for_acks([worker.worker_id for worker in workers], release.generation, deadline)
-    confirmed = wait_for_reports(drill, [worker_id for worker_id, ack in acks.items() if ack.ok], release.generation, deadline)
+    acks = wait_for_acks([worker.worker_id for worker in workers], window, deadline)
+    confirmed = wait_for_reports(drill, [worker_id for worker_id, ack in acks.items() if ack.ok], window, deadline)
     return [_worker_row(drill, worker, acks.get(worker.worker_id), confirmed.get(worker.worker_id), failed_before) for worker in workers]
 
 
@@ -125,25 +168,32 @@ def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: 
     }
 
 
-def wait_for_acks(worker_ids: list[str], generation: int, deadline: float) -> dict[str, WorkerAck]:
-    """The first ack of ``generation`` or later from each worker, until the deadline."""
+def wait_for_acks(worker_ids: list[str], window: RollbackWindow, deadline: float) -> dict[str, WorkerAck]:
+    """Each worker's first ok ack of a state in which the rollback is in force, else its
+    failed one, until every worker has an ok ack or the deadline: a worker that failed to
+    apply the state and succeeded on its retry has followed the rollback."""
     acks: dict[str, WorkerAck] = {}
     while True:
-        for ack in WorkerAck.objects.filter(worker_id__in=worker_ids, generation__gte=generation).order_by("received_at"):
-            acks.setdefault(ack.worker_id, ack)
-        if len(acks) == len(worker_ids) or time.monotonic() >= deadline:
+        end = window.end()
+        for ack in WorkerAck.objects.filter(worker_id__in=worker_ids, generation__gte=window.release.generation).order_by("received_at"):
+            if window.holds(ack.generation, end) and (ack.worker_id not in acks or ack.ok and not acks[ack.worker_id].ok):
+                acks[ack.worker_id] = ack
+        if sum(ack.ok for ack in acks.values()) == len(worker_ids) or time.monotonic() >= deadline:
             return acks
         time.sleep(POLL_S)
 
 
-def wait_for_reports(drill: Drill, worker_ids: list[str], generation: int, deadline: float) -> dict[str, tuple[float, dict]]:
-    """Per worker, when a report first showed it serving a state this console issued at
-    ``generation`` or later (seconds since the click), and that report."""
+def wait_for_reports(drill: Drill, worker_ids: list[str], window: RollbackWindow, deadline: float) -> dict[str, tuple[float, dict]]:
+    """Per worker, when a report first showed it serving a state this console issued in
+    which the rollback is in force (seconds since the click), and that report."""
     pending, found, digests = set(worker_ids), {}, IssuedDigests()
     while pending:
+        end = window.end()
         for worker in Worker.objects.filter(worker_id__in=pending):
-            if serves_issued_state(worker.last_report, generation, digests):
-                found[worker.worker_id] = (_since(drill, timezone.now()), worker.last_report)
+            report = worker.last_report
+            served = report.get("generation") if isinstance(report, dict) else None
+            if type(served) is int and window.holds(served, end) and serves_issued_state(report, served, digests):
+                found[worker.worker_id] = (_since(drill, timezone.now()), report)
                 pending.discard(worker.worker_id)
         if not pending or time.monotonic() >= deadline:
             break
@@ -161,7 +211,8 @@ def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int
     return ""
 
 
-def _judge(drill: Drill, rows: list[dict]) -> None:
+def _judge(drill: Drill, rows: list[dict], window: RollbackWindow) -> None:
+    """The drill's figures and verdict, in memory: ``_finish`` writes them."""
     drill.workers = rows
     ack_times = [row["ack_s"] for row in rows if row["ack_s"] is not None]
     confirmed = [row["confirmed_s"] for row in rows]
@@ -170,13 +221,14 @@ def _judge(drill: Drill, rows: list[dict]) -> None:
     drill.last_ack_s = max(ack_times) if len(ack_times) == len(rows) and rows else None
     drill.confirmed_s = max(confirmed) if rows and all(value is not None for value in confirmed) else None
     drill.failed_requests = sum(failures)
-    reasons = failure_reasons(drill, rows)
-    _finish(drill, DrillStatus.FAILED if reasons else DrillStatus.PASSED, error="; ".join(reasons))
+    reasons = failure_reasons(drill, rows, replaced_at=window.end())
+    drill.status, drill.error = (DrillStatus.FAILED if reasons else DrillStatus.PASSED), "; ".join(reasons)
 
 
-def failure_reasons(drill: Drill, rows: list[dict]) -> list[str]:
+def failure_reasons(drill: Drill, rows: list[dict], replaced_at: int | None = None) -> list[str]:
     """Every reason the drill failed, in words an operator reads in the summary alone;
-    empty when it passed."""
+    empty when it passed. ``replaced_at``: the generation of a later change of the model
+    that ended the rollback's window, if one landed."""
     if not rows:
         return ["no live workers to follow the rollback"]
     reasons = []
@@ -184,6 +236,9 @@ def failure_reasons(drill: Drill, rows: list[dict]) -> list[str]:
     if unconfirmed:
         who = ", ".join(f"{row['worker']} ({row['error']})" for row in unconfirmed)
         reasons.append(f"{len(unconfirmed)} of {len(rows)} workers never confirmed serving generation {drill.to_generation}: {who}")
+        if replaced_at is not None:
+            reasons.append(f"another change of {drill.model.name} (generation {replaced_at}) replaced the rollback during the drill; "
+                           "a worker that went straight to it never served the rollback")
     slow = [row for row in rows if row["ack_s"] is not None and row["ack_s"] > drill.target_s]
     if slow:
         who = ", ".join(f"{row['worker']} {row['ack_s']:.2f} s" for row in slow)
@@ -197,19 +252,28 @@ def _finish(drill: Drill, status: str, *, error: str = "") -> None:
     drill.status = status
     drill.error = error
     drill.finished_at = timezone.now()
-    drill.save()
-    events.drill_finished(drill)
+    with transaction.atomic():
+        drill.save()
+        events.drill_finished(drill)
 
 
 def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Worker]) -> None:
     try:
-        release = releases.restore(model, drill.from_generation, actor, f"roll forward after drill #{drill.pk}")
+        # Only over the drill's own rollback: a change an operator made meanwhile stands.
+        release = releases.restore(model, drill.from_generation, actor, f"roll forward after drill #{drill.pk}",
+                                   expected_generation=drill.to_generation)
+    except releases.GenerationConflict as conflict:
+        changed_at = conflict.current.generation if conflict.current else "?"
+        drill.error = "; ".join(filter(None, [drill.error, f"not rolled forward: {model.name} changed during the drill "
+                                                          f"(generation {changed_at}), and that change stands"]))
+        drill.save(update_fields=["error"])
+        return
     except releases.ReleaseError as error:
         drill.error = "; ".join(filter(None, [drill.error, f"roll forward failed: {error.message}"]))
         drill.save(update_fields=["error"])
         return
     try:
-        wait_for_acks([worker.worker_id for worker in workers], release.generation, time.monotonic() + settings.DRILL_ACK_TIMEOUT_S)
+        wait_for_acks([worker.worker_id for worker in workers], RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S)
     except Exception:
         logger.exception("drill #%s: waiting for the roll forward's acks failed", drill.pk)
 

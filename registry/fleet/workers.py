@@ -112,8 +112,10 @@ def check_ack(ack: Ack) -> None:
 
 
 def record_ack(message: dict) -> WorkerAck:
-    """Idempotent: a repeated ack for the same generation keeps the first. AckRefused
-    when the ack does not follow the contract or match a reported worker and an issued state."""
+    """Idempotent: a repeated ack for the same generation keeps the first, except that an
+    ok ack replaces a failed one (the worker's retry applied the state, and a drill
+    waiting for it must see so). AckRefused when the ack does not follow the contract or
+    match a reported worker and an issued state."""
     try:
         ack = Ack.parse(message)
     except ContractError as error:
@@ -124,6 +126,9 @@ def record_ack(message: dict) -> WorkerAck:
         with transaction.atomic():
             stored = WorkerAck.objects.create(worker_id=ack.worker, generation=ack.generation, ok=ack.ok, error=error, load_ms=ack.load_ms)
     except IntegrityError:
+        if ack.ok:
+            WorkerAck.objects.filter(worker_id=ack.worker, generation=ack.generation, ok=False).update(
+                ok=True, error="", load_ms=ack.load_ms, received_at=timezone.now())
         stored = WorkerAck.objects.get(worker_id=ack.worker, generation=ack.generation)
     changes = {"ok": ack.ok, "error": error, "last_seen_at": timezone.now()}
     if ack.ok:

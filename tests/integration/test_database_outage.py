@@ -20,6 +20,7 @@ from typing import Self
 import httpx
 import pytest
 
+from serving.contract import CONTRACT_VERSION
 from tools.stack import REPO_ROOT, Stack, make_stack, wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -192,3 +193,51 @@ def test_readiness_and_api_answer_in_bounded_time_when_the_database_hangs(tmp_pa
     assert models.status_code == 503
     assert int(models.headers["Retry-After"]) > 0
     assert CONNECT_TIMEOUT_S - 0.5 < models_s < CONNECT_TIMEOUT_S + 2
+
+
+SECOND_VERSION = """
+import io
+from django.contrib.auth.models import User
+from registry.actions import uploads
+from registry.models import RegisteredModel
+from registry.building.onnx_build import random_mlp, to_bytes
+uploads.register_stream(RegisteredModel.objects.get(name="tiny"), io.BytesIO(to_bytes(random_mlp([16, 8, 4], seed=2))),
+                        uploaded_by=User.objects.get(username="olivia"))
+"""
+DRILL_WAIT_S = 6  # DRILL_ACK_TIMEOUT_S: how long the drill waits for acks, and for the database to come back
+
+
+def test_a_drill_the_database_outage_interrupts_is_finished_as_failed_and_rolled_forward_when_it_returns(stack, postgres_cluster):
+    stack.env["DRILL_ACK_TIMEOUT_S"] = str(DRILL_WAIT_S)
+    token = seeded_token(stack)
+    manage(stack, "shell", "-c", SECOND_VERSION)
+    console = stack.start_console()
+    stack.start_worker()
+    api = httpx.Client(base_url=console.url, headers={"Authorization": f"Token {token}"}, timeout=60)
+    canary = api.post("/api/models/tiny/release/", json={"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]})
+    assert canary.status_code == 201, canary.text
+    # A live worker that never acks holds the drill in its measurement while the database goes.
+    ghost = httpx.post(console.url + "/api/serving/reports", headers={"Authorization": f"Bearer {stack.env['SERVING_WORKER_TOKEN']}"},
+                       json={"worker": {"id": "ghost", "host": "box"}, "generation": None, "contract": CONTRACT_VERSION}, timeout=10)
+    assert ghost.status_code == 204, ghost.text
+    answer: dict = {}
+    drill = threading.Thread(target=lambda: answer.update(response=api.post("/api/models/tiny/drills/", json={})))
+    drill.start()
+    assert wait_until(lambda: api.get("/api/models/tiny/release/").json()["release"]["action"] == "rollback", 10)
+
+    postgres_cluster.stop()
+    time.sleep(2)
+    postgres_cluster.start()
+    drill.join(60)
+
+    response = answer["response"]
+    assert response.status_code == 201, response.text[:500]
+    assert response.json()["status"] == "failed"
+    assert response.json()["error"] == "the database became unavailable during the drill, so it could not be measured"
+    current = api.get("/api/models/tiny/release/").json()["release"]
+    assert current["action"] == "restore"  # rolled forward: the canary is back
+    assert [(route["version"], route["weight"]) for route in current["routes"]] == [(1, 90), (2, 10)]
+    stored = api.get("/api/models/tiny/drills/").json()
+    stored = stored["results"] if isinstance(stored, dict) else stored
+    assert [(row["status"], row["finished_at"] is not None) for row in stored] == [("failed", True)]
+    assert console.popen.poll() is None  # the same console process all along

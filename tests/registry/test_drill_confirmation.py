@@ -1,0 +1,116 @@
+"""What confirms a drill's rollback: a worker's ok ack and a report of a state in which
+the rollback is in force. A failed apply that the worker's retry fixed still confirms; a
+later change of the model, which the worker may have gone straight to, does not, and the
+drill then does not roll forward over it. Workers here are threads speaking the worker API."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from registry.fleet.state import issued_digest
+from registry.models import Drill, Release, ServingGeneration, WorkerAck
+from serving.contract import CONTRACT_VERSION
+from tests.fixtures.personas import _client_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def canary(operator_client, three_versions, settings):
+    """digits at generation 2 (a canary split); a drill rolls back to generation 3."""
+    settings.DRILL_ACK_TIMEOUT_S = 3
+    operator_client.post("/api/models/digits/release/", {"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}, format="json")
+    return three_versions
+
+
+def wait_for_generation(generation: int) -> None:
+    deadline = time.monotonic() + 10
+    while not Release.objects.filter(generation=generation).exists():
+        assert time.monotonic() < deadline, f"generation {generation} never came"
+        time.sleep(0.01)
+
+
+def ack(client, generation: int, ok: bool = True, error: str = "") -> int:
+    body = {"worker": "w-1", "generation": generation, "digest": issued_digest(generation), "ok": ok, "contract": CONTRACT_VERSION}
+    if error:
+        body["error"] = error
+    return client.post("/api/serving/acks", body, format="json").status_code
+
+
+def report(client, generation: int) -> int:
+    return client.post("/api/serving/reports", {
+        "worker": {"id": "w-1", "host": "box"}, "generation": generation, "digest": issued_digest(generation),
+        "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": 0, "contract": CONTRACT_VERSION,
+    }, format="json").status_code
+
+
+def in_thread(steps) -> threading.Thread:
+    def run():
+        try:
+            steps()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_worker_whose_retry_applied_the_rollback_confirms_the_drill(worker_client, operator_client, canary):
+    report(worker_client, 2)
+
+    def fail_then_retry():
+        wait_for_generation(3)
+        assert ack(worker_client, 3, ok=False, error="artifact download timed out") == 204
+        time.sleep(0.3)
+        assert ack(worker_client, 3) == 204
+        assert report(worker_client, 3) == 204
+        wait_for_generation(4)  # the roll forward
+        ack(worker_client, 4)
+
+    worker = in_thread(fail_then_retry)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(15)
+
+    assert (drill["status"], drill["error"]) == ("passed", "")
+    assert drill["workers"][0]["ok"] is True and drill["workers"][0]["confirmed_s"] is not None
+    assert WorkerAck.objects.get(worker_id="w-1", generation=3).ok  # the ack history agrees with the worker's row
+
+
+def test_a_repeated_failed_ack_does_not_undo_an_ok_one(worker_client, canary):
+    report(worker_client, 2)
+
+    assert ack(worker_client, 2) == 204
+    assert ack(worker_client, 2, ok=False, error="late duplicate") == 204
+
+    assert WorkerAck.objects.get(worker_id="w-1", generation=2).ok
+
+
+def test_a_later_change_of_the_model_does_not_confirm_the_rollback_and_is_not_rolled_over(worker_client, operator_client, operator, canary):
+    report(worker_client, 2)
+    other_operator = _client_for(operator)
+
+    def change_then_follow_only_the_change():
+        wait_for_generation(3)
+        changed = other_operator.post("/api/models/digits/release/", {"routes": [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}]},
+                                      format="json")
+        assert changed.status_code == 201, changed.content
+        assert ack(worker_client, 4) == 204  # straight to the operator's change: the rollback was never served
+        assert report(worker_client, 4) == 204
+
+    worker = in_thread(change_then_follow_only_the_change)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(15)
+
+    assert drill["status"] == "failed"
+    reasons = drill["error"].split("; ")
+    assert reasons[0].startswith("1 of 1 workers never confirmed serving generation 3: w-1")
+    assert "another change of digits (generation 4) replaced the rollback during the drill" in reasons[1]
+    assert reasons[-1] == "not rolled forward: digits changed during the drill (generation 4), and that change stands"
+    current = Release.objects.filter(model__name="digits").order_by("-generation").first()
+    assert (current.generation, [(r["version"], r["weight"]) for r in current.routes]) == (4, [(1, 50), (2, 50)])
+    assert Drill.objects.get().finished_at is not None
