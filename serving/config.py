@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from serving.contract import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_S, DEFAULT_MAX_QUEUE_SIZE
-from serving.env import SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str
+from serving.env import SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str, env_url
 from serving.model_safety import default_data_dir
 
 # Older name, still raised by the engine and the app for settings that conflict.
@@ -103,7 +103,7 @@ class ServingConfig:
             drain_delay_s=env_float("SERVING_DRAIN_DELAY_S", 0.0),
             cache_dir=env_str("SERVING_CACHE_DIR", str(default_data_dir() / "serving-cache")),
             worker_token=env_secret("SERVING_WORKER_TOKEN"),
-            console_url=env_str("CONSOLE_URL", "http://127.0.0.1:8000").rstrip("/"),
+            console_url=env_url("CONSOLE_URL", "http://127.0.0.1:8000"),
             console_timeout_s=env_float("SERVING_CONSOLE_TIMEOUT_S", 10.0, minimum=0.1),
             allow_local_artifacts=env_bool("SERVING_ALLOW_LOCAL_ARTIFACTS", False),
             log_level=env_choice("SERVING_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),

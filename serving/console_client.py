@@ -18,6 +18,8 @@ from urllib.parse import unquote, urlsplit
 import httpx
 import orjson
 
+from serving.state_signing import checked_digest
+
 CHUNK_BYTES = 1024 * 1024
 DEFAULT_PORTS = {"http": 80, "https": 443}
 SHOWN_URL_CHARS = 80
@@ -142,6 +144,10 @@ class ConsoleClient:
             raise StateError(f"cannot fetch the serving state: {exc}") from None
         if not isinstance(document, dict):
             raise StateError("the serving state is not a JSON object")
+        try:
+            checked_digest(document)
+        except ValueError as error:
+            raise StateError(f"the serving state is refused: {error}") from None
         return document
 
     def fetch_artifact(self, url: str, sha256: str, dest: Path) -> Path:

@@ -43,7 +43,7 @@ from serving.contract import APPLY_MESSAGE, SERVING_GROUP, Ack, WorkerIdentity
 from serving.env import env_str
 from serving.logs import event
 from serving.reports import ReportBuilder
-from serving.state_signing import SignatureRefused, signing_key, state_digest, verify_state
+from serving.state_signing import SignatureRefused, checked_digest, signing_key, verify_state
 from serving.state_store import PersistedStateRefused
 
 logger = logging.getLogger("serving.control")
@@ -185,12 +185,9 @@ class ControlPlane:
             if state is None:
                 return None
             try:
-                digest = state_digest(state)
+                digest = checked_digest(state)
             except ValueError as error:
                 logger.warning(event("state_refused", reason=str(error)))
-                return None
-            if state.get("digest", digest) != digest:
-                logger.warning(event("state_refused", reason="the digest does not match the content"))
                 return None
             if digest == self.applied.digest:
                 await self._ack_persisted()

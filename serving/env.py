@@ -32,6 +32,25 @@ def env_str(name: str, default: str = "") -> str:
     return default if raw is None else raw
 
 
+def env_url(name: str, default: str = "") -> str:
+    """An http(s) URL with a host, without a trailing slash (``default`` when unset)."""
+    raw = _raw(name)
+    return default if raw is None else check_http_url(name, raw)
+
+
+def check_http_url(name: str, value: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingError(f"{name}={value!r}: expected an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
+    return value.rstrip("/")
+
+
 def env_secret(name: str, default: str = "") -> str:
     """A secret from the file named by ``NAME_FILE`` (container secrets), else from ``NAME``."""
     path = _raw(f"{name}_FILE")

@@ -56,6 +56,16 @@ def state_digest(state: DesiredState | Mapping) -> str:
         raise ValueError(f"the state is not canonical JSON: {error}") from None
 
 
+def checked_digest(state: Mapping) -> str:
+    """The digest of ``state``'s content, which must be the digest it names (when it names
+    one); ValueError naming the problem otherwise. Whatever a worker applies from the
+    console passes this first: a state whose routes and digest disagree is torn or forged."""
+    digest = state_digest(state)
+    if state.get("digest", digest) != digest:
+        raise ValueError("the digest does not match the content")
+    return digest
+
+
 def sign_state(state: DesiredState | Mapping, key: bytes) -> dict:
     """The state with its ``digest`` and ``signature`` (HMAC-SHA256 of the content)."""
     content = content_of(state)

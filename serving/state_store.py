@@ -10,11 +10,21 @@ everything: the digest must be the sha256 of the content, the signature must be 
 worker's key's, the content must be a state of this worker's contract version
 (``serving.contract``: a file written before an upgrade is not served), and the
 repository re-verifies every artifact's sha256 from the cache before it loads it. Writes are atomic (temporary file, fsync, rename), mode 0600.
+
+The signature cannot tell this worker's file from any other state the same token ever
+signed (every worker holds the token): an older state copied or linked into place would
+pass it. So the file must also be where and what this worker wrote: a regular file (not
+a link, which is not followed, nor a FIFO, which would block start-up), owned by this
+process's user, writable by no one else, in a directory others cannot replace it in. The
+temporary file is created exclusively (``mkstemp``), so a file or link left at its name
+is never written through.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 import orjson
@@ -40,9 +50,9 @@ class StateStore:
         if self._key is None:
             raise PersistedStateRefused("this worker has no worker token to sign its persisted state with")
         document = sign_state(content_of(state), self._key)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_name(f"{FILE_NAME}.{os.getpid()}.tmp")
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        descriptor, name = tempfile.mkstemp(dir=self.path.parent, prefix=f"{FILE_NAME}.", suffix=".tmp")  # O_EXCL, mode 0600
+        partial = Path(name)
         try:
             with os.fdopen(descriptor, "wb") as out:
                 out.write(orjson.dumps(document, option=orjson.OPT_SORT_KEYS))
@@ -82,12 +92,19 @@ class StateStore:
 
     def _read(self) -> dict | None:
         try:
-            with self.path.open("rb") as stream:
-                raw = stream.read(MAX_FILE_BYTES + 1)
+            descriptor = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         except OSError as error:
+            if os.path.islink(self.path):
+                raise PersistedStateRefused(f"{self.path} is a symbolic link; only a file this worker wrote is served") from None
             raise PersistedStateRefused(f"cannot read {self.path}: {error.strerror}") from None
+        with os.fdopen(descriptor, "rb") as stream:
+            _check_ownership(self.path, os.fstat(descriptor))
+            try:
+                raw = stream.read(MAX_FILE_BYTES + 1)
+            except OSError as error:
+                raise PersistedStateRefused(f"cannot read {self.path}: {error.strerror}") from None
         if len(raw) > MAX_FILE_BYTES:
             raise PersistedStateRefused(f"{self.path} is larger than {MAX_FILE_BYTES} bytes")
         try:
@@ -97,6 +114,19 @@ class StateStore:
         if not isinstance(document, dict):
             raise PersistedStateRefused(f"{self.path} does not hold a JSON object")
         return document
+
+
+def _check_ownership(path: Path, status: os.stat_result) -> None:
+    """The file is one this worker's user wrote and no one else could have changed."""
+    if not stat.S_ISREG(status.st_mode):
+        raise PersistedStateRefused(f"{path} is not a regular file")
+    if status.st_uid != os.geteuid():
+        raise PersistedStateRefused(f"{path} belongs to uid {status.st_uid}, not to this worker's user (uid {os.geteuid()})")
+    if status.st_mode & 0o022:
+        raise PersistedStateRefused(f"{path} is writable by other users (mode {stat.S_IMODE(status.st_mode):o})")
+    directory = path.parent.stat()
+    if directory.st_mode & stat.S_IWOTH and not directory.st_mode & stat.S_ISVTX:
+        raise PersistedStateRefused(f"{path.parent} is writable by every user: anyone could have put {path.name} there")
 
 
 def _fsync_directory(directory: Path) -> None:

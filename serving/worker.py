@@ -32,6 +32,7 @@ from serving.dataplane import DataPlane
 from serving.drain import Drain, DrainingServer
 from serving.endpoints import ServingApp
 from serving.engine import resolve_device
+from serving.env import SettingError
 from serving.http_protocol import HttpLimits, listen_backlog, protocol_class
 from serving.listen_queue import Keepers
 from serving.logs import configure_logging, event
@@ -193,7 +194,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--state-file", help="desired-state JSON to serve instead of asking the console")
     args = parser.parse_args(argv)
-    run(ServingConfig.from_env(), args.host, args.port, args.state_file)
+    try:
+        config = ServingConfig.from_env()
+    except SettingError as error:  # one log line naming the variable, not a traceback
+        configure_logging("info")
+        logger.error(event("bad_setting", reason=str(error)))
+        raise SystemExit(2) from None
+    run(config, args.host, args.port, args.state_file)
 
 
 if __name__ == "__main__":

@@ -201,3 +201,42 @@ async def test_an_unreachable_console_is_warned_about_once_per_outage(start_plan
     events = [(record.levelname, json.loads(record.getMessage())["event"])
               for record in caplog.records if record.name == "serving.control"]
     assert events == [("WARNING", "reconcile_failed"), ("INFO", "console_answers_again"), ("WARNING", "reconcile_failed")]
+
+
+@pytest.fixture
+def torn_console(mlp_v1, mlp_v2):
+    """A real HTTP console whose state names version 2's routes under version 1's digest."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    honest = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    torn = {**desired(3, [(2, 100)], mlp_v1, mlp_v2), "digest": honest["digest"]}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(torn).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_a_worker_does_not_serve_a_start_up_state_whose_digest_does_not_match_its_content(torn_console, tmp_path, caplog):
+    worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=torn_console))
+    try:
+        await worker.load_initial_state()
+
+        assert not worker.repository.is_ready  # nothing applied: not the torn routes, and no persisted state to fall back on
+        assert any("the digest does not match the content" in record.getMessage() for record in caplog.records)
+    finally:
+        await worker.close()

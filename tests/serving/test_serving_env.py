@@ -84,3 +84,33 @@ def test_an_unreadable_secret_file_is_refused_naming_it(monkeypatch, tmp_path):
 
     with pytest.raises(SettingError, match=r"A_SECRET_FILE='.*missing': cannot read it \(No such file or directory\)"):
         env_secret("A_SECRET")
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1:8000", "ftp://console:21", "http://", "http://console:port", "console.example"])
+def test_a_console_url_that_is_not_an_http_url_with_a_host_is_refused_naming_it(monkeypatch, value):
+    monkeypatch.setenv("CONSOLE_URL", value)
+
+    with pytest.raises(SettingError, match=r"CONSOLE_URL=.*expected an http:// or https:// URL with a host"):
+        ServingConfig.from_env()
+
+
+def test_a_console_url_loses_its_trailing_slash(monkeypatch):
+    monkeypatch.setenv("CONSOLE_URL", "https://console.example:8443/")
+
+    assert ServingConfig.from_env().console_url == "https://console.example:8443"
+
+
+def test_a_worker_started_with_a_bad_setting_exits_with_one_log_line_naming_it(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from serving_testkit import REPO_ROOT
+
+    finished = subprocess.run([sys.executable, "-m", "serving.worker", "--port", "9"], cwd=REPO_ROOT, capture_output=True, timeout=60,
+                              check=False, env={"PATH": "/usr/bin:/bin", "SERVING_MAX_BATCH_SIZE": "abc", "SERVING_CACHE_DIR": str(tmp_path)})
+
+    assert finished.returncode == 2
+    lines = finished.stderr.decode().splitlines()
+    assert len(lines) == 1, finished.stderr.decode()
+    assert json.loads(lines[0])["reason"] == "SERVING_MAX_BATCH_SIZE='abc': expected an integer"

@@ -46,3 +46,18 @@ def test_console_url_refuses_when_neither_names_a_console(monkeypatch, settings)
 
     with pytest.raises(CommandError, match="CONSOLE_URL is not set"):
         console_url()
+
+
+def test_a_console_url_without_a_scheme_is_refused_at_start(monkeypatch, settings):
+    monkeypatch.setenv("CONSOLE_URL", "127.0.0.1:8000")
+
+    with pytest.raises(CommandError, match="expected an http:// or https:// URL with a host"):
+        console_url()
+
+
+def test_a_console_setting_that_is_not_an_http_url_is_refused_too(monkeypatch, settings):
+    monkeypatch.delenv("CONSOLE_URL", raising=False)
+    settings.CONSOLE_URL = "console:8000"
+
+    with pytest.raises(CommandError, match="expected an http:// or https:// URL with a host"):
+        console_url()

@@ -107,3 +107,59 @@ def test_a_worker_without_a_token_neither_saves_nor_loads(tmp_path):
         store.save(STATE)
     with pytest.raises(PersistedStateRefused, match="no worker token"):
         store.load()
+
+
+# ---- the file must be the one this worker wrote: the signature alone cannot tell -------
+
+def test_a_symbolic_link_to_an_older_signed_state_is_refused(store, tmp_path):
+    older = tmp_path / "older-state.json"
+    older.write_bytes(json.dumps(sign_state({**STATE, "generation": 3}, KEY)).encode())
+    store.path.parent.mkdir()
+    store.path.symlink_to(older)
+
+    with pytest.raises(PersistedStateRefused, match="is a symbolic link"):
+        store.load()
+
+
+def test_a_fifo_in_place_of_the_file_is_refused_at_once_not_waited_on(store):
+    import threading
+
+    store.path.parent.mkdir()
+    os.mkfifo(store.path)
+    outcome = []
+    reader = threading.Thread(target=lambda: outcome.append(pytest.raises(PersistedStateRefused, store.load)), daemon=True)
+    reader.start()
+    reader.join(5)
+
+    assert outcome, "load() blocked on the FIFO"
+    assert "is not a regular file" in str(outcome[0].value)
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o620])
+def test_a_file_other_users_could_have_written_is_refused(store, mode):
+    store.save(STATE)
+    store.path.chmod(mode)
+
+    with pytest.raises(PersistedStateRefused, match="writable by other users"):
+        store.load()
+
+
+def test_a_file_in_a_directory_every_user_can_write_to_is_refused(store):
+    store.save(STATE)
+    store.path.parent.chmod(0o777)
+
+    with pytest.raises(PersistedStateRefused, match="writable by every user"):
+        store.load()
+
+
+def test_a_file_or_link_left_at_a_temporary_name_is_never_written_through(store, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("untouched")
+    store.path.parent.mkdir()
+    (store.path.parent / f"{FILE_NAME}.{os.getpid()}.tmp").symlink_to(victim)  # the name the writes used to go to
+
+    store.save(STATE)
+
+    assert victim.read_text() == "untouched"
+    assert not store.path.is_symlink() and stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    assert store.load()["generation"] == STATE["generation"]

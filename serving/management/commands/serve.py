@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from serving.config import ServingConfig
 from serving.control import ControlPlane
-from serving.env import env_float, env_str
+from serving.env import SettingError, check_http_url, env_float, env_str
 from serving.model_safety import enter_private_working_directory
 from serving.worker import Worker, configure_process
 
@@ -63,7 +63,10 @@ def console_url() -> str:
             "CONSOLE_URL is not set: name the console this worker takes its states and artifacts from, "
             "e.g. CONSOLE_URL=http://127.0.0.1:8000 (manage.py runstack sets it for the worker it starts)"
         )
-    return url.rstrip("/")
+    try:
+        return check_http_url("CONSOLE_URL", url)
+    except SettingError as error:
+        raise CommandError(str(error)) from None
 
 
 def _leave_the_code_tree(config: ServingConfig, state_file: str | None) -> tuple[ServingConfig, str | None, Path]:
