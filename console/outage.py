@@ -11,6 +11,10 @@ what a view raises (DRF's handler passes database errors through; a lazy ``reque
 evaluated in a view or while a template renders fails there too), in DEBUG as well.
 ``console.views.server_error`` covers errors raised inside other middleware, which
 Django converts to handler500's answer before any outer middleware could see them.
+
+A database that answers but refuses writes (a hot standby after a failover, writes switched
+off for maintenance: SQLSTATE 25006) is unavailable for this console too: every sign-in,
+report and change writes. It answers 500s and 400s otherwise.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from django.db import InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from django.utils.deprecation import MiddlewareMixin
@@ -28,12 +32,19 @@ logger = logging.getLogger(__name__)
 # OperationalError: cannot connect, connection lost, server shutting down, timeouts.
 # InterfaceError: the connection object is already closed (a request after a loss).
 DATABASE_UNAVAILABLE_ERRORS = (OperationalError, InterfaceError)
+READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction
 RETRY_AFTER_S = 5
 MESSAGE = f"the database is unavailable; retry in {RETRY_AFTER_S} s"
+READ_ONLY_MESSAGE = f"the database accepts no writes now (read-only); retry in {RETRY_AFTER_S} s"
 
 
 def is_database_unavailable(error: BaseException | None) -> bool:
-    return isinstance(error, DATABASE_UNAVAILABLE_ERRORS)
+    return isinstance(error, DATABASE_UNAVAILABLE_ERRORS) or is_read_only(error)
+
+
+def is_read_only(error: BaseException | None) -> bool:
+    """A write refused because the database is read-only (Django wraps the driver's error)."""
+    return isinstance(error, DatabaseError) and getattr(error.__cause__, "sqlstate", None) == READ_ONLY_SQLSTATE
 
 
 def database_unavailable_response(request, error: BaseException) -> HttpResponse:
@@ -42,10 +53,12 @@ def database_unavailable_response(request, error: BaseException) -> HttpResponse
     request_id = uuid.uuid4().hex
     reason = (str(error).strip().splitlines() or [""])[0][:200]
     logger.warning("database unavailable on %s %s (request %s): %s: %s", request.method, request.path, request_id, type(error).__name__, reason)
+    read_only = is_read_only(error)
     if request.path.startswith("/api/"):
-        response = JsonResponse({"error": MESSAGE, "request_id": request_id}, status=503)
+        response = JsonResponse({"error": READ_ONLY_MESSAGE if read_only else MESSAGE, "request_id": request_id}, status=503)
     else:
-        response = HttpResponse(render_to_string("503.html", {"retry_after_s": RETRY_AFTER_S, "request_id": request_id}), status=503)
+        context = {"retry_after_s": RETRY_AFTER_S, "request_id": request_id, "read_only": read_only}
+        response = HttpResponse(render_to_string("503.html", context), status=503)
     response["Retry-After"] = str(RETRY_AFTER_S)
     response["Cache-Control"] = "no-store"
     return response

@@ -23,13 +23,22 @@ logger = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 2.0
 
 
+class ReadOnlyDatabase(Exception):
+    """The database answers but takes no writes (a hot standby, writes switched off)."""
+
+
 def check_database() -> None:
-    """``SELECT 1`` on a new connection; raises what the driver raised."""
+    """``SELECT 1`` on a new connection, and on PostgreSQL that it takes writes; raises
+    what the driver raised, or ReadOnlyDatabase."""
     connection = connections.create_connection(DEFAULT_DB_ALIAS)
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
             cursor.fetchone()
+            if connection.vendor == "postgresql":
+                cursor.execute("SHOW transaction_read_only")
+                if cursor.fetchone()[0] == "on":
+                    raise ReadOnlyDatabase("the database accepts no writes")
     finally:
         connection.close()
 
@@ -69,5 +78,7 @@ def _result(name: str, future) -> dict:
     error = future.exception()
     if error is not None:  # any failure of the dependency is "not ready", never a 500
         logger.warning("readiness: %s failed: %s: %s", name, type(error).__name__, error)
+        if isinstance(error, ReadOnlyDatabase):
+            return {"ok": False, "error": "read-only: it accepts no writes"}
         return {"ok": False, "error": f"{CHECKS[name][1]} ({type(error).__name__})"}
     return {"ok": True}

@@ -14,7 +14,7 @@ from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.auth.models import User
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.db import OperationalError, connection
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
 
 from console import views
 from tests.console.conftest import signed_in
@@ -144,3 +144,78 @@ def test_readyz_names_redis_when_it_is_unreachable(client, settings):
 
     assert response.status_code == 503
     assert response.json() == {"ready": False, "database": {"ok": True}, "redis": {"ok": False, "error": "cannot connect or ping (ConnectionError)"}}
+
+
+# ---- a database that answers but takes no writes (a hot standby, writes switched off) ---
+
+needs_postgresql = pytest.mark.skipif(connection.vendor != "postgresql", reason="read-only transactions are PostgreSQL's (CI runs on it)")
+
+
+@pytest.fixture
+def read_only_database():
+    """New transactions on this test's connection are read-only, as on a standby; and, for
+    the checks that open their own connection, the database's default for new sessions."""
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        cursor.execute("SET SESSION default_transaction_read_only = on")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION default_transaction_read_only = off")
+            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+
+
+@needs_postgresql
+def test_a_change_on_a_read_only_database_is_a_503_that_says_so(operator_client, read_only_database):
+    response = operator_client.post("/api/models/", {"name": "fraud"}, format="json")
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert response.json()["error"] == "the database accepts no writes now (read-only); retry in 5 s"
+
+
+@needs_postgresql
+def test_a_worker_report_on_a_read_only_database_is_a_503(client, settings, read_only_database):
+    from serving.contract import CONTRACT_VERSION
+
+    report = {"worker": {"id": "w-1", "host": "box"}, "generation": None, "contract": CONTRACT_VERSION}
+    response = client.post("/api/serving/reports", report, content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
+
+    assert response.status_code == 503
+
+
+@needs_postgresql
+def test_signing_in_on_a_read_only_database_is_a_503_page_not_a_500(client, operator, read_only_database):
+    operator.set_password("pw-read-only")
+    response = client.post("/login/", {"username": operator.username, "password": "pw-read-only"})
+
+    assert response.status_code == 503
+    assert "The database accepts no writes" in response.content.decode()
+
+
+@pytest.fixture
+def browser(operator) -> Client:
+    """Signed in; what a browser gets back, handler500's answers included (the test client
+    would raise the error those answer instead)."""
+    client = Client(raise_request_exception=False)
+    client.force_login(operator)
+    return client
+
+
+@needs_postgresql
+def test_a_form_post_on_a_read_only_database_is_a_503_not_a_400_blaming_the_session(browser, digits, read_only_database):
+    response = browser.post("/models/digits/rollback/", {"reason": "drill"})
+
+    assert response.status_code == 503
+    assert "The database accepts no writes" in response.content.decode()
+
+
+@needs_postgresql
+def test_readyz_names_a_read_only_database(client, read_only_database):
+    response = client.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.json()["database"] == {"ok": False, "error": "read-only: it accepts no writes"}
