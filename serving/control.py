@@ -103,6 +103,8 @@ class ControlPlane:
         self._reported = False
         self._unacked: Ack | None = None  # the ack of a persisted state, sent once the console answers
         self._console_answered: bool | None = None  # None: not asked yet
+        self._refused_status: int | None = None  # the status refusing this worker's reports since the last accepted one
+        self._refused_reports = 0
         self._apply_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
         self._http: httpx.AsyncClient | None = None
@@ -303,8 +305,15 @@ class ControlPlane:
         try:
             response = await self._http.post("/api/serving/reports", json=report.to_dict())
             if response.status_code >= 400:
-                logger.warning(event("report_refused", status=response.status_code, body=response.text[:200]))
+                # Once per streak at WARNING: a console answering 503 through an outage
+                # would otherwise be a line a second from every worker.
+                log = logger.debug if response.status_code == self._refused_status else logger.warning
+                log(event("report_refused", status=response.status_code, body=response.text[:200]))
+                self._refused_status, self._refused_reports = response.status_code, self._refused_reports + 1
             else:
+                if self._refused_reports:
+                    logger.info(event("reports_accepted_again", refused=self._refused_reports))
+                self._refused_status, self._refused_reports = None, 0
                 self._reported = True
         except httpx.HTTPError as error:
             logger.debug(event("report_not_delivered", reason=str(error)))

@@ -25,6 +25,7 @@ class Console:
     def __init__(self):
         self.state: dict | None = None
         self.is_down = False
+        self.report_status = 204  # 503: the console's database is down
         self.acks: list[dict] = []
         self.reports: list[dict] = []
         self.transport = httpx.MockTransport(self.handle)
@@ -34,6 +35,8 @@ class Console:
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path == "/api/serving/state":
             return httpx.Response(200, json=self.state)
+        if request.url.path == "/api/serving/reports" and self.report_status != 204:
+            return httpx.Response(self.report_status, json={"error": "the database is unavailable; retry in 5 s"})
         {"/api/serving/acks": self.acks, "/api/serving/reports": self.reports}[request.url.path].append(json.loads(request.content))
         return httpx.Response(204)
 
@@ -201,6 +204,22 @@ async def test_an_unreachable_console_is_warned_about_once_per_outage(start_plan
     events = [(record.levelname, json.loads(record.getMessage())["event"])
               for record in caplog.records if record.name == "serving.control"]
     assert events == [("WARNING", "reconcile_failed"), ("INFO", "console_answers_again"), ("WARNING", "reconcile_failed")]
+
+
+async def test_reports_refused_through_an_outage_are_warned_about_once(start_plane, console, caplog):
+    plane = await start_plane()
+    console.report_status = 503
+
+    with caplog.at_level(logging.DEBUG, logger="serving.control"):
+        for _ in range(5):
+            await plane.send_report()
+        console.report_status = 204
+        await plane.send_report()
+
+    events = [(record.levelname, json.loads(record.getMessage())["event"])
+              for record in caplog.records if record.name == "serving.control"]
+    assert events == [("WARNING", "report_refused")] + [("DEBUG", "report_refused")] * 4 + [("INFO", "reports_accepted_again")]
+    assert len(console.reports) == 1
 
 
 @pytest.fixture

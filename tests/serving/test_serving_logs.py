@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 
 import httpx
+import numpy as np
 import orjson
 import pytest
 
@@ -156,3 +157,36 @@ def test_manage_py_serve_logs_json_lines_although_django_configured_logging_firs
     # Nothing else prints either (django-axes' banner, logged while Django sets up, is off: AXES_VERBOSE).
     lines = assert_every_line_is_one_json_object(output)
     assert any(line["logger"] == "uvicorn.error" and "Uvicorn running" in line["message"] for line in lines)
+
+
+def gather_model(path) -> tuple:
+    """y = table[int(x)]: ONNX Runtime fails the run for an index past the table's 3 rows."""
+    import hashlib
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.array([1.0, 2.0, 3.0], np.float32), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["index"], to=TensorProto.INT64), helper.make_node("Gather", ["table", "index"], ["y"])],
+        "gather", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+        initializer=[table],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_run_that_onnx_runtime_fails_leaves_no_line_outside_the_json_log(tmp_path):
+    model = gather_model(tmp_path / "gather.onnx")
+    state_path = write_state(tmp_path / "state.json", state(1, {"gather": {"routes": [route(1, 100, *model)]}}))
+    worker = SubprocessWorker(state_path, tmp_path, SERVING_LOG_LEVEL="info").wait_ready()
+    try:
+        bad = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [7.0]}]}
+        answers = [httpx.post(worker.url + "/v2/models/gather/infer", json=bad, timeout=10).status_code for _ in range(3)]
+    finally:
+        worker.stop()
+
+    assert answers[0] // 100 == 4 and len(set(answers)) == 1, answers  # the client's input, answered as such
+    lines = assert_every_line_is_one_json_object(worker.process.stderr.read().decode())
+    assert not [line for line in lines if line["level"] == "warning" and "failed" in line.get("message", "")]
