@@ -44,7 +44,9 @@ class AckSerializer(drf_serializers.Serializer):
     digest = serializers.StrictRegexField(HEX64, trim_whitespace=False, help_text="sha256 of the state applied (64 lowercase hex)")
     ok = serializers.StrictBooleanField()
     error = serializers.StrictCharField(required=False, allow_blank=True, allow_null=True)
-    load_ms = serializers.StrictFloatField(required=False, default=0.0)
+    load_ms = serializers.StrictFloatField(required=False, default=0.0, min_value=0.0)
+    epoch = serializers.StrictCharField(max_length=32, required=False, allow_null=True, allow_blank=True, default=None,
+                                        help_text="the epoch of the state applied; another database's is refused")
     contract = serializers.StrictIntegerField(help_text="serving.contract's CONTRACT_VERSION; any other is refused")
 
 

@@ -104,6 +104,9 @@ def served_generation(report: WorkerReport) -> int:
 def check_ack(ack: Ack) -> None:
     if not Worker.objects.filter(worker_id=ack.worker).exists():
         raise AckRefused(f"worker {ack.worker[:SHOWN_ID_CHARS]!r} has not reported: a worker reports before it acks")
+    epoch = serving_counter()[1]
+    if ack.epoch and ack.epoch != epoch:
+        raise AckRefused(f"epoch {ack.epoch[:SHOWN_ID_CHARS]!r} is not this console's ({epoch}): the ack is of another database's state")
     issued = issued_digest(ack.generation)
     if issued is None:
         raise AckRefused(f"generation {ack.generation} was never issued by this console")
@@ -191,6 +194,8 @@ def proven_generation(worker: Worker, digests: IssuedDigests) -> int | None:
     """The generation whose issued content ``worker`` serves, proved by a digest; None
     when nothing it sent proves any."""
     report = worker.last_report if isinstance(worker.last_report, dict) else {}
+    if report.get("epoch") and report["epoch"] != serving_counter()[1]:
+        return None  # another database's generation numbers name other states (served_generation counts it as 0 too)
     reported = report.get("generation")
     # Only an ok ack sets a generation above the report's, and an ack is stored only
     # when it names the digest issued for its generation: the ack is newer news than

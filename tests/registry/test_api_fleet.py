@@ -346,3 +346,32 @@ def test_a_drill_passes_on_acks_and_reports_of_the_rolled_back_state_alone(worke
     assert [(row["worker"], row["ok"], row["error"], row["failed_requests"]) for row in drill["workers"]] == [("w-1", True, "", 0)]
     assert drill["confirmed_s"] >= drill["last_ack_s"] > 0
     assert reported_host.received == []
+
+
+@pytest.mark.parametrize(("change", "field"), [({"epoch": "e" * 33}, "epoch"), ({"epoch": 5}, "epoch"), ({"load_ms": -1.0}, "load_ms")])
+def test_an_ack_with_a_malformed_epoch_or_load_time_is_refused_naming_the_field(worker_client, three_versions, change, field):
+    worker_client.post("/api/serving/reports", report(generation=1), format="json")
+
+    response = worker_client.post("/api/serving/acks", {**ack(1), **change}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(f"{field}:")
+    assert WorkerAck.objects.count() == 0
+
+
+def test_an_ack_of_another_database_s_epoch_is_refused_and_stored_nowhere(worker_client, three_versions):
+    worker_client.post("/api/serving/reports", report(generation=1), format="json")
+
+    response = worker_client.post("/api/serving/acks", {**ack(1), "epoch": "another-epoch"}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("epoch 'another-epoch' is not this console's")
+    assert WorkerAck.objects.count() == 0
+
+
+def test_a_report_of_another_epoch_is_not_counted_as_converged_even_with_a_matching_digest(worker_client, operator_client, three_versions):
+    worker_client.post("/api/serving/reports", report(generation=1, digest=issued_digest(1), epoch="another-epoch"), format="json")
+
+    worker = operator_client.get("/api/workers/").json()[0]
+
+    assert worker["converged"] is False
