@@ -51,6 +51,11 @@ FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 UNREACHABLE_RETRY_S = 1.0  # how soon to ask again when the console did not answer
 FINAL_REPORT_TIMEOUT_S = 2.0  # a stopping worker waits no longer for the console
+# A signed push that makes the worker ask the console (another epoch, other content at
+# the same generation) does so at most this often; more within it are one later reconcile.
+# Anyone who can publish to Redis could replay such a push as fast as they like, and
+# every worker would query the console's database at that rate.
+PUSH_RECONCILE_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,8 @@ class ControlPlane:
         self._refused_status: int | None = None  # the status refusing this worker's reports since the last accepted one
         self._refused_reports = 0
         self._apply_lock = asyncio.Lock()
+        self._push_reconciled_at = -PUSH_RECONCILE_EVERY_S  # loop time of the last reconcile a push asked for
+        self._deferred_reconcile: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
         self._http: httpx.AsyncClient | None = None
         worker.on_startup.append(self.start)
@@ -138,9 +145,10 @@ class ControlPlane:
         request is answered: the last report says so, and the console shows the worker
         stopped at once instead of gone after WORKER_GONE_AFTER_S."""
         was_running = bool(self._tasks)
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._deferred_reconcile] if self._deferred_reconcile else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if was_running:
             try:
                 await asyncio.wait_for(self.send_report("stopped"), FINAL_REPORT_TIMEOUT_S)
@@ -159,7 +167,7 @@ class ControlPlane:
         if digest is None:
             return None
         if state.get("epoch") != self.applied.epoch:
-            return await self.reconcile()
+            return await self._reconcile_for_push()
         async with self._apply_lock:
             generation = state.get("generation")
             if type(generation) is not int or digest == self.applied.digest:
@@ -169,7 +177,23 @@ class ControlPlane:
                 return await self._converge(state, digest)
             if generation < applied:
                 return None
-        return await self.reconcile()
+        return await self._reconcile_for_push()
+
+    async def _reconcile_for_push(self) -> dict | None:
+        """reconcile() now, or once PUSH_RECONCILE_EVERY_S after the last one a push asked
+        for (one deferred reconcile however many pushes ask meanwhile)."""
+        wait_s = self._push_reconciled_at + PUSH_RECONCILE_EVERY_S - asyncio.get_running_loop().time()
+        if wait_s <= 0:
+            self._push_reconciled_at = asyncio.get_running_loop().time()
+            return await self.reconcile()
+        if self._deferred_reconcile is None or self._deferred_reconcile.done():
+            self._deferred_reconcile = asyncio.create_task(self._reconcile_after(wait_s), name="control-deferred-reconcile")
+        return None
+
+    async def _reconcile_after(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self._push_reconciled_at = asyncio.get_running_loop().time()
+        await self.reconcile()
 
     def _verified(self, state: object) -> str | None:
         try:

@@ -26,6 +26,7 @@ class Console:
         self.state: dict | None = None
         self.is_down = False
         self.report_status = 204  # 503: the console's database is down
+        self.state_reads = 0
         self.acks: list[dict] = []
         self.reports: list[dict] = []
         self.transport = httpx.MockTransport(self.handle)
@@ -34,6 +35,7 @@ class Console:
         if self.is_down:
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path == "/api/serving/state":
+            self.state_reads += 1
             return httpx.Response(200, json=self.state)
         if request.url.path == "/api/serving/reports" and self.report_status != 204:
             return httpx.Response(self.report_status, json={"error": "the database is unavailable; retry in 5 s"})
@@ -220,6 +222,27 @@ async def test_reports_refused_through_an_outage_are_warned_about_once(start_pla
               for record in caplog.records if record.name == "serving.control"]
     assert events == [("WARNING", "report_refused")] + [("DEBUG", "report_refused")] * 4 + [("INFO", "reports_accepted_again")]
     assert len(console.reports) == 1
+
+
+async def test_a_replayed_push_asks_the_console_at_most_once_a_second_however_often_it_comes(start_plane, console, mlp_v1, mlp_v2):
+    import asyncio
+
+    from serving.control import PUSH_RECONCILE_EVERY_S
+    from serving.state_signing import sign_state, signing_key
+
+    plane = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    await plane.reconcile()
+    reads_before = console.state_reads
+    replayed = sign_state({**desired(3, [(2, 100)], mlp_v1, mlp_v2), "epoch": "another-epoch"}, signing_key(TOKEN))
+
+    for _ in range(50):  # signed, but of another epoch: each asks the console what is current
+        await plane.receive_push(replayed)
+    assert console.state_reads - reads_before == 1
+    await asyncio.sleep(PUSH_RECONCILE_EVERY_S + 0.2)
+
+    assert console.state_reads - reads_before == 2  # the fifty after the first are one later reconcile
+    assert plane.applied.digest == console.state["digest"]
 
 
 @pytest.fixture
