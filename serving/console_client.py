@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -155,24 +156,35 @@ class ConsoleClient:
         location = artifact_location(url, self.base_url, allow_local=self.allow_local)
         if origin(location) is None:  # a local path, allowed above
             return _verified(Path(location), sha256)
-        if dest.is_file() and sha256_of_file(dest) == sha256:
+        cached = dest.is_file()
+        if cached and sha256_of_file(dest) == sha256:
             return dest  # cache hit: the cache is keyed by sha256
-        return self._download(location, sha256, dest)
+        try:
+            return self._download(location, sha256, dest)
+        except ArtifactError as error:
+            if not cached:
+                raise
+            # Say so: "cannot download" alone sent an operator after the network.
+            raise ArtifactError(f"the cached copy {dest} does not match sha256 {sha256[:12]}…, and {error}") from None
 
     def _download(self, absolute: str, sha256: str, dest: Path) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        partial = dest.with_name(f"{dest.name}.{os.getpid()}.part")
+        # Created exclusively under an unpredictable name: never written through a file or link left in the cache.
+        descriptor, name = tempfile.mkstemp(dir=dest.parent, prefix=f"{dest.name}.", suffix=".part")
+        partial, out = Path(name), os.fdopen(descriptor, "wb")
         digest = hashlib.sha256()
         try:
-            with self._http.stream("GET", absolute) as response:
+            with out, self._http.stream("GET", absolute) as response:
                 response.raise_for_status()
-                with partial.open("wb") as out:
-                    for chunk in response.iter_bytes(CHUNK_BYTES):
-                        digest.update(chunk)
-                        out.write(chunk)
+                for chunk in response.iter_bytes(CHUNK_BYTES):
+                    digest.update(chunk)
+                    out.write(chunk)
         except (httpx.HTTPError, OSError) as exc:
             partial.unlink(missing_ok=True)
             raise ArtifactError(f"cannot download {absolute}: {exc}") from None
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         if digest.hexdigest() != sha256:
             partial.unlink(missing_ok=True)
             raise ArtifactError(f"sha256 mismatch for {absolute}: got {digest.hexdigest()}, expected {sha256}")

@@ -58,6 +58,35 @@ def test_artifact_with_the_wrong_sha256_is_refused_and_not_cached(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+
+def test_a_cached_artifact_swapped_on_disk_is_named_when_it_cannot_be_downloaded_again(tmp_path):
+    dest = tmp_path / f"{SHA256}.onnx"
+    dest.write_bytes(b"someone else's bytes")
+
+    def console_down(request):
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(ArtifactError) as refused:
+        console(console_down).fetch_artifact("/a", SHA256, dest)
+
+    assert str(refused.value).startswith(f"the cached copy {dest} does not match sha256 {SHA256[:12]}…, and cannot download")
+
+
+def test_a_download_never_writes_through_a_link_left_in_the_cache(tmp_path):
+    import os
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("untouched")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dest = cache / f"{SHA256}.onnx"
+    (cache / f"{dest.name}.{os.getpid()}.part").symlink_to(victim)  # the name downloads used to be written to
+
+    assert console(lambda request: httpx.Response(200, content=PAYLOAD)).fetch_artifact("/a", SHA256, dest) == dest
+
+    assert victim.read_text() == "untouched"
+    assert dest.read_bytes() == PAYLOAD and not dest.is_symlink()
+
 def test_local_artifact_urls_are_read_in_place_and_verified_when_allowed(tmp_path):
     source = tmp_path / "model.onnx"
     source.write_bytes(PAYLOAD)
