@@ -9,6 +9,12 @@ httptools, access log off, log level warning):
   raw1write the same, with uvicorn's protocol wrapped so head and body leave in one write
   raw2proc  the bare handler in two processes sharing one port (SO_REUSEPORT): what
             several event loops per worker would buy at many connections
+  protocol  no ASGI, no uvicorn: an asyncio protocol on uvloop parsing with httptools and
+            answering the same JSON from the parser's callback: what the kernel, uvloop and
+            the parser cost, the floor under any Python HTTP server on this machine
+  prototask the same, answered from one asyncio task per request, as an ASGI server runs
+            its app: what deferring each answer to a task adds, and how it grows with
+            connections
   batcher   the same plus a minimal asyncio batcher: orjson body -> np.array -> a queue
             drained by one loop task into ONE run_in_executor(session.run) per batch
             (the small MLP, same session options as the worker) -> orjson answer
@@ -18,7 +24,8 @@ httptools, access log off, log level warning):
   baseline  with --baseline-dir DIR: the same worker run from another checkout's
             serving/ package (cwd=DIR), to compare before/after in one machine state
 
-and drives each with `wrk -t1 -cN` (a Lua script for the POSTs). The rounds interleave
+and drives each with `wrk -t1 -cN` (a Lua script for the POSTs); `--targets a p` runs only
+the targets whose label starts with those letters. The rounds interleave
 the targets so a noisy neighbour hits all of them alike; the table gives the best round
 of each (the least disturbed) and the server's CPU time per request, read from
 /proc/PID/stat around the run (the load generator's CPU is not in it).
@@ -125,11 +132,57 @@ def batcher_app(model_path: str):
     return app
 
 
+class BareProtocol(asyncio.Protocol):
+    """HTTP/1.1 keep-alive with httptools and nothing else: the answer leaves from the
+    parser's callback (`answer_from_task` False) or from a task made for it."""
+
+    answer_from_task = False
+    body = b'{"ok":true}'
+    response = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+    def connection_made(self, transport) -> None:
+        import httptools
+
+        self.transport, self.loop = transport, asyncio.get_running_loop()
+        self.parser = httptools.HttpRequestParser(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except Exception:  # httptools' parse errors: a reference server just hangs up
+            self.transport.close()
+
+    def on_message_complete(self) -> None:
+        if self.answer_from_task:
+            self.loop.create_task(self.answer())
+        else:
+            self.transport.write(self.response)
+
+    async def answer(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(self.response)
+
+
+def serve_bare(port: int, answer_from_task: bool) -> None:
+    import uvloop
+
+    protocol = type("Bare", (BareProtocol,), {"answer_from_task": answer_from_task})
+
+    async def run() -> None:
+        server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", port, backlog=4096)
+        await server.serve_forever()
+
+    uvloop.run(run())
+
+
 def serve(kind: str, port: int, model_path: str) -> None:
     import uvicorn
 
     from serving.http_protocol import CoalescingHttpToolsProtocol
 
+    if kind in ("protocol", "prototask"):
+        serve_bare(port, answer_from_task=kind == "prototask")
+        return
     app = batcher_app(model_path) if kind == "batcher" else raw_app()
     http = CoalescingHttpToolsProtocol if kind == "raw1write" else "httptools"
     config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http=http, access_log=False,
@@ -233,6 +286,8 @@ def compare(args, workdir: Path) -> list[dict]:
         ("a. raw ASGI, fixed JSON", "raw", "/", v2_script),
         ("a2. raw ASGI, head+body in one write", "raw1write", "/", v2_script),
         ("a3. raw ASGI, 2 processes on one port", "raw2proc", "/", v2_script),
+        ("p. no ASGI: httptools protocol, answered in its callback", "protocol", "/", v2_script),
+        ("p2. no ASGI: the same, answered from a task per request", "prototask", "/", v2_script),
         ("b. raw ASGI + minimal batcher + ORT", "batcher", "/", v2_script),
         ("c. worker GET /v2/health/live", "worker", "/v2/health/live", None),
         ("d. worker POST /v2/models/small/infer", "worker", "/v2/models/small/infer", v2_script),
@@ -244,6 +299,8 @@ def compare(args, workdir: Path) -> list[dict]:
             ("e. baseline POST /v2/models/small/infer", "baseline", "/v2/models/small/infer", v2_script),
             ("e. baseline POST /predict", "baseline", "/predict", predict_script),
         ]
+    if args.targets:
+        targets = [target for target in targets if target[0].startswith(tuple(args.targets))]
     best: dict[tuple[str, int], dict] = {}
     for round_index in range(args.rounds):
         servers: dict[str, tuple[list[subprocess.Popen], int]] = {}
@@ -277,7 +334,9 @@ def print_table(rows: list[dict]) -> None:
     print("\n| target | conc | req/s (best round) | vs raw | p50 ms | p99 ms | non-2xx | server CPU us/req |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['target']} | {row['concurrency']} | {row['req_s']:,.0f} | {row['req_s'] / reference[row['concurrency']]:.0%} | "
+        raw = reference.get(row["concurrency"])
+        vs_raw = f"{row['req_s'] / raw:.0%}" if raw else "-"
+        print(f"| {row['target']} | {row['concurrency']} | {row['req_s']:,.0f} | {vs_raw} | "
               f"{row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['errors']} | {row['server_cpu_us']:.0f} |")
 
 
@@ -287,9 +346,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--conc", type=int, nargs="+", default=[64, 1])
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--targets", nargs="+", metavar="LETTER", help="only the targets whose label starts so (a, a3, p, d, ...)")
     parser.add_argument("--baseline-dir", type=Path, help="also run the worker from DIR/serving (before/after)")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--serve", choices=("raw", "raw1write", "raw2proc", "batcher"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=("raw", "raw1write", "raw2proc", "batcher", "protocol", "prototask"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
