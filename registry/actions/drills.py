@@ -149,8 +149,7 @@ def failed_total(report: object) -> int | None:
 
 def _measure(drill: Drill, workers: list[Worker], release: Release, failed_before: dict, window: RollbackWindow) -> list[dict]:
     deadline = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S
-    acks = wait_for_acks([worker.worker_id for worker in workers], window, deadline)
-    confirmed = wait_for_reports(drill, [worker_id for worker_id, ack in acks.items() if ack.ok], window, deadline)
+    acks, confirmed = watch_workers(drill, [worker.worker_id for worker in workers], window, deadline)
     return [_worker_row(drill, worker, acks.get(worker.worker_id), confirmed.get(worker.worker_id), failed_before) for worker in workers]
 
 
@@ -168,37 +167,44 @@ def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: 
     }
 
 
-def wait_for_acks(worker_ids: list[str], window: RollbackWindow, deadline: float) -> dict[str, WorkerAck]:
-    """Each worker's first ok ack of a state in which the rollback is in force, else its
-    failed one, until every worker has an ok ack or the deadline: a worker that failed to
-    apply the state and succeeded on its retry has followed the rollback."""
+def watch_workers(drill: Drill, worker_ids: list[str], window: RollbackWindow, deadline: float) -> tuple[dict, dict]:
+    """Each worker's ack (``latest_acks``) and, once it acked ok, when a report first showed
+    it serving a state this console issued in which the rollback is in force (seconds
+    since the click, and that report), watched together until every worker has both or
+    the deadline: a worker that never answers does not delay the others' figures."""
     acks: dict[str, WorkerAck] = {}
+    found: dict[str, tuple[float, dict]] = {}
+    digests = IssuedDigests()
     while True:
         end = window.end()
-        for ack in WorkerAck.objects.filter(worker_id__in=worker_ids, generation__gte=window.release.generation).order_by("received_at"):
-            if window.holds(ack.generation, end) and (ack.worker_id not in acks or ack.ok and not acks[ack.worker_id].ok):
-                acks[ack.worker_id] = ack
-        if sum(ack.ok for ack in acks.values()) == len(worker_ids) or time.monotonic() >= deadline:
-            return acks
-        time.sleep(POLL_S)
-
-
-def wait_for_reports(drill: Drill, worker_ids: list[str], window: RollbackWindow, deadline: float) -> dict[str, tuple[float, dict]]:
-    """Per worker, when a report first showed it serving a state this console issued in
-    which the rollback is in force (seconds since the click), and that report."""
-    pending, found, digests = set(worker_ids), {}, IssuedDigests()
-    while pending:
-        end = window.end()
-        for worker in Worker.objects.filter(worker_id__in=pending):
+        latest_acks(acks, worker_ids, window, end)
+        waiting = [worker_id for worker_id, ack in acks.items() if ack.ok and worker_id not in found]
+        for worker in Worker.objects.filter(worker_id__in=waiting):
             report = worker.last_report
             served = report.get("generation") if isinstance(report, dict) else None
             if type(served) is int and window.holds(served, end) and serves_issued_state(report, served, digests):
                 found[worker.worker_id] = (_since(drill, timezone.now()), report)
-                pending.discard(worker.worker_id)
-        if not pending or time.monotonic() >= deadline:
-            break
+        if len(found) == len(worker_ids) or time.monotonic() >= deadline:
+            return acks, found
         time.sleep(POLL_S)
-    return found
+
+
+def latest_acks(acks: dict[str, WorkerAck], worker_ids: list[str], window: RollbackWindow, end: int | None) -> None:
+    """Update ``acks``: each worker's first ok ack of a state in which the rollback is in
+    force, else its failed one (a worker whose retry applied the state has followed)."""
+    for ack in WorkerAck.objects.filter(worker_id__in=worker_ids, generation__gte=window.release.generation).order_by("received_at"):
+        if window.holds(ack.generation, end) and (ack.worker_id not in acks or ack.ok and not acks[ack.worker_id].ok):
+            acks[ack.worker_id] = ack
+
+
+def wait_for_acks(worker_ids: list[str], window: RollbackWindow, deadline: float) -> dict[str, WorkerAck]:
+    """``latest_acks`` until every worker acked ok or the deadline."""
+    acks: dict[str, WorkerAck] = {}
+    while True:
+        latest_acks(acks, worker_ids, window, window.end())
+        if sum(ack.ok for ack in acks.values()) == len(worker_ids) or time.monotonic() >= deadline:
+            return acks
+        time.sleep(POLL_S)
 
 
 def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int) -> str:

@@ -174,13 +174,28 @@ def rollback(model: RegisteredModel, actor, reason: str = "", *, expected_genera
         current = require_current(model)
         target = current.rollback_target
         if target is None:
-            raise ReleaseConflict(f"nothing to roll back to: generation {current.generation} is the first release of {model.name}")
+            raise ReleaseConflict(_nothing_before(model, current))
         routes = [Route.from_json(route) for route in target.routes]
+        if sorted(routes, key=_by_version) == sorted((Route.from_json(route) for route in current.routes), key=_by_version):
+            # A rollback that changes nothing would still be a new generation, and a drill of it would "pass".
+            raise ReleaseConflict(f"nothing to roll back to: generation {target.generation}, the release before, routes the same "
+                                  f"traffic ({_describe(routes)}); restore an earlier generation from the history instead")
         _check_still_ready(model, [route.version for route in routes])
         note = reason or f"rollback of generation {current.generation}, back to the routes of generation {target.generation}"
         release = _append(counter, model, routes, target.stable_version, ReleaseAction.ROLLBACK, target.rollback_target, actor, note)
         events.release_made(release, f"Rolled back generation {current.generation}: traffic back to {_describe(routes)} (generation {release.generation})")
     return release
+
+
+def _nothing_before(model: RegisteredModel, current: Release) -> str:
+    if not model.releases.filter(generation__lt=current.generation).exists():
+        return f"nothing to roll back to: generation {current.generation} is the first release of {model.name}"
+    return (f"nothing to roll back to: generation {current.generation} ({current.get_action_display().lower()}) "
+            "has no earlier routes to return to; restore an earlier generation from the history instead")
+
+
+def _by_version(route: Route) -> int:
+    return route.version
 
 
 def restore(model: RegisteredModel, generation: int, actor, reason: str = "", *, expected_generation: int | None = None) -> Release:

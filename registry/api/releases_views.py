@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -30,11 +32,14 @@ def release_body(model: RegisteredModel, release: Release | None) -> dict:
 def release_at(model: RegisteredModel, raw: str) -> Response:
     """The release that was in force at ``raw`` (an ISO 8601 time): the newest made at or
     before it."""
-    at = parse_datetime(raw.strip().replace(" ", "+")) if raw.strip() else None  # a "+" in a query string arrives as a space
+    try:
+        at = parse_datetime(raw.strip().replace(" ", "+")) if raw.strip() else None  # a "+" in a query string arrives as a space
+    except ValueError:  # well formed but impossible: a 25-hour offset, February 30th
+        at = None
     if at is None:
         return error_response(f"at must be an ISO 8601 time such as 2026-12-01T16:00:00Z, got {raw[:60]!r}", 400)
     if timezone.is_naive(at):
-        at = timezone.make_aware(at, timezone.utc)
+        at = at.replace(tzinfo=datetime.timezone.utc)  # a time without a zone is UTC, as the API's times are
     release = model.releases.filter(created_at__lte=at).order_by("-generation").select_related("actor", "rollback_target").first()
     if release is None:
         return error_response(f"{model.name} had no release at {at.isoformat()}: its first was made later (or never)", 404)

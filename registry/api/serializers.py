@@ -326,7 +326,7 @@ FORCE_HELP = ("Route traffic to a version whose inputs differ from the stable ve
 
 
 class ReasonSerializer(serializers.Serializer):
-    reason = StrictCharField(required=False, allow_blank=True, default="")
+    reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500)  # as the console's form field
     expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
 
 

@@ -308,7 +308,7 @@ def test_a_drill_whose_measurement_breaks_is_finished_as_failed_with_the_reason(
     def broken(*args, **kwargs):
         raise ValueError("a report no one expected")
 
-    monkeypatch.setattr(drills, "wait_for_acks", broken)
+    monkeypatch.setattr(drills, "watch_workers", broken)
 
     drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
 

@@ -100,6 +100,37 @@ def test_rollback_of_the_first_release_is_a_conflict(operator_client, three_vers
     assert Release.objects.count() == 1
 
 
+def test_a_rollback_that_would_change_no_traffic_is_a_conflict_naming_why(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])  # a retried call: the same split again
+    count = Release.objects.count()
+
+    response = operator_client.post(RELEASE + "rollback/", {}, format="json")
+
+    assert response.status_code == 409
+    assert response.json()["error"].startswith("nothing to roll back to: generation 2, the release before, routes the same traffic (v1 50%, v2 50%)")
+    assert Release.objects.count() == count
+
+
+def test_a_rollback_back_to_the_first_release_does_not_call_itself_the_first(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    rolled_back = operator_client.post(RELEASE + "rollback/", {}, format="json").json()["release"]["generation"]
+
+    response = operator_client.post(RELEASE + "rollback/", {}, format="json")
+
+    assert response.status_code == 409
+    assert response.json()["error"] == (f"nothing to roll back to: generation {rolled_back} (rolled back) has no earlier routes "
+                                         "to return to; restore an earlier generation from the history instead")
+
+
+def test_a_traffic_reason_past_500_characters_is_refused(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+
+    response = operator_client.post(RELEASE + "rollback/", {"reason": "x" * 501}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("reason:")
+
 def test_restore_brings_back_any_earlier_generation(operator_client, three_versions):
     split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
     split(operator_client, [{"version": 3, "weight": 100}])

@@ -141,6 +141,23 @@ def test_a_time_before_the_first_release_is_a_404_and_a_bad_time_a_400(three_ver
     assert bad.status_code == 400 and "ISO 8601" in bad.json()["error"]
 
 
+def test_a_time_without_a_zone_is_taken_as_utc(three_versions, operator_client):
+    made = three_versions.current_release().created_at.astimezone(timezone.get_fixed_timezone(0))
+    naive = (made + timedelta(seconds=1)).replace(tzinfo=None).isoformat()
+
+    response = operator_client.get("/api/models/digits/release/", {"at": naive})
+
+    assert response.status_code == 200, response.content
+    assert response.json()["at"].endswith("+00:00")
+
+
+@pytest.mark.parametrize("at", ["2026-12-03T14:24:00+25:00", "2026-02-30T00:00:00Z", "0001-01-01T00:00:00-01:00"])
+def test_an_impossible_time_is_a_400_not_a_500(three_versions, operator_client, at):
+    response = operator_client.get("/api/models/digits/release/", {"at": at})
+
+    assert response.status_code in (400, 404), response.content
+    assert response.json()["error"]
+
 def test_the_release_state_says_what_a_rollback_returns_to(three_versions, operator, operator_client):
     releases.set_routes(three_versions, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}], operator)
     releases.promote(three_versions, operator)

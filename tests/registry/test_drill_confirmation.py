@@ -114,3 +114,24 @@ def test_a_later_change_of_the_model_does_not_confirm_the_rollback_and_is_not_ro
     current = Release.objects.filter(model__name="digits").order_by("-generation").first()
     assert (current.generation, [(r["version"], r["weight"]) for r in current.routes]) == (4, [(1, 50), (2, 50)])
     assert Drill.objects.get().finished_at is not None
+
+
+def test_a_worker_that_never_answers_does_not_delay_the_others_confirmation(worker_client, operator_client, canary, settings):
+    report(worker_client, 2)
+    silent = {"worker": {"id": "w-silent", "host": "box"}, "generation": 2, "digest": issued_digest(2),
+              "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": 0, "contract": CONTRACT_VERSION}
+    assert worker_client.post("/api/serving/reports", silent, format="json").status_code == 204
+
+    def follow_at_once():
+        wait_for_generation(3)
+        ack(worker_client, 3)
+        report(worker_client, 3)
+
+    worker = in_thread(follow_at_once)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(15)
+
+    rows = {row["worker"]: row for row in drill["workers"]}
+    assert rows["w-silent"]["error"] == "no ack before the timeout"
+    # Confirmed as soon as its report came, not after the silent worker's whole timeout (3 s).
+    assert rows["w-1"]["confirmed_s"] < settings.DRILL_ACK_TIMEOUT_S / 2, rows["w-1"]
