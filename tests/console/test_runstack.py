@@ -1,5 +1,7 @@
 """`make run`'s stack stops whole: every child it started is gone after it exits, even
-when the stop signal comes twice (Ctrl-C pressed again, or make's SIGTERM after ours)."""
+when the stop signal comes twice (Ctrl-C pressed again, or make's SIGTERM after ours), or
+as a hangup (the terminal closed); a child that dies stops the rest with exit status 1;
+a port already taken is refused before anything starts."""
 
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ def alive(pids: list[int]) -> list[int]:
     return [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_a_second_stop_signal_does_not_cut_the_stop_short(tmp_path):
-    port, serving_port = free_port(), free_port()
+def start_stack(tmp_path, port: int | None = None) -> tuple[subprocess.Popen, int, Path]:
+    port, serving_port = port or free_port(), free_port()
     env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_SECRET_KEY"}}
     env.update(DATA_DIR=str(tmp_path / "data"), EMBEDDED_REDIS_PORT=str(free_port()))
     env.pop("REDIS_URL", None)  # the embedded server too, as `make run` starts it
@@ -34,6 +36,27 @@ def test_a_second_stop_signal_does_not_cut_the_stop_short(tmp_path):
         [sys.executable, "manage.py", "runstack", "--no-demo", "--port", str(port), "--serving-port", str(serving_port)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errors.open("w"),
     )
+    return stack, serving_port, errors
+
+
+def stop_leftovers(stack: subprocess.Popen, children: list[int]) -> None:
+    if stack.poll() is None:
+        stack.kill()
+        stack.wait(timeout=10)
+    for pid in alive(children):  # by PID: what this test's stack started and left
+        os.kill(pid, signal.SIGKILL)
+
+
+def all_gone(children: list[int]) -> bool:
+    deadline = time.monotonic() + 10
+    while alive(children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive(children) == []
+
+
+def test_a_second_stop_signal_does_not_cut_the_stop_short(tmp_path):
+    stack, serving_port, errors = start_stack(tmp_path)
+    children: list[int] = []
     try:
         wait_http(f"http://127.0.0.1:{serving_port}/v2/health/live", stack, timeout_s=120)
         children = [child.pid for child in psutil.Process(stack.pid).children(recursive=True)]
@@ -48,13 +71,56 @@ def test_a_second_stop_signal_does_not_cut_the_stop_short(tmp_path):
 
         assert "Traceback" not in errors.read_text()  # the stop ran to its end
         assert stack.returncode == 0
-        deadline = time.monotonic() + 10
-        while alive(children) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert alive(children) == []
+        assert all_gone(children)
     finally:
-        if stack.poll() is None:
-            stack.kill()
-            stack.wait(timeout=10)
-        for pid in alive([child.pid for child in psutil.Process(os.getpid()).children(recursive=True)]):
-            os.kill(pid, signal.SIGKILL)
+        stop_leftovers(stack, children)
+
+
+def test_a_hangup_stops_the_whole_stack(tmp_path):
+    stack, serving_port, errors = start_stack(tmp_path)
+    children: list[int] = []
+    try:
+        wait_http(f"http://127.0.0.1:{serving_port}/v2/health/live", stack, timeout_s=120)
+        children = [child.pid for child in psutil.Process(stack.pid).children(recursive=True)]
+
+        stack.send_signal(signal.SIGHUP)  # what closing the terminal sends
+        stack.wait(timeout=60)
+
+        assert stack.returncode == 0, errors.read_text()
+        assert all_gone(children)  # nothing left serving, or answering the next stack's readiness checks
+    finally:
+        stop_leftovers(stack, children)
+
+
+def test_a_child_that_dies_stops_the_stack_with_status_1_naming_it(tmp_path):
+    stack, serving_port, errors = start_stack(tmp_path)
+    children: list[int] = []
+    try:
+        wait_http(f"http://127.0.0.1:{serving_port}/v2/health/live", stack, timeout_s=120)
+        processes = psutil.Process(stack.pid).children(recursive=True)
+        children = [child.pid for child in processes]
+        worker = next(child for child in psutil.Process(stack.pid).children() if "serve" in child.cmdline())
+
+        os.kill(worker.pid, signal.SIGKILL)
+        stack.wait(timeout=60)
+
+        assert stack.returncode == 1
+        said = errors.read_text()
+        assert "'serve'" in said or "manage.py serve" in said
+        assert "exited with -9" in said and "the stack was stopped" in said
+        assert all_gone(children)
+    finally:
+        stop_leftovers(stack, children)
+
+
+def test_a_port_already_taken_is_refused_before_anything_starts(tmp_path):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        stack, _, errors = start_stack(tmp_path, port=port)
+        stack.wait(timeout=60)
+
+    assert stack.returncode == 1
+    assert f"127.0.0.1:{port} is not free" in errors.read_text()
+    assert not (tmp_path / "data" / "redis").exists()  # refused before Redis, migrations or anything else

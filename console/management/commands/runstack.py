@@ -1,17 +1,21 @@
 """Run the whole product in the foreground: Redis (embedded unless REDIS_URL is set),
-the console, one serving worker, and Celery worker + beat. Ctrl-C stops them all."""
+the console, one serving worker, and Celery worker + beat. Ctrl-C, SIGTERM or a hangup
+(the terminal closed) stops them all. A port already taken is refused before anything
+starts (otherwise another stack's console and worker would answer the readiness checks),
+and a child that exits stops the rest and makes the command exit 1, naming it."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from console import embedded_redis
 from console.processes import stop_all, wait_http, worker_environment
@@ -34,8 +38,11 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, serving_port, no_demo, **options):
         # Explicit handlers: a shell starting us in the background ignores SIGINT, and
         # SIGTERM (docker stop, CI) should stop the stack as cleanly as Ctrl-C.
-        signal.signal(signal.SIGINT, _interrupt)
-        signal.signal(signal.SIGTERM, _interrupt)
+        # The children run in their own sessions, so a terminal's hangup reaches only us.
+        for stop_signal in STOP_SIGNALS:
+            signal.signal(stop_signal, _interrupt)
+        for taken in (port, serving_port):
+            _check_free(host, taken)
         started = time.monotonic()
         children: list[subprocess.Popen] = []
         env = dict(os.environ)
@@ -60,11 +67,13 @@ class Command(BaseCommand):
             self._wait(children)
         except KeyboardInterrupt:
             pass
+        except RuntimeError as error:  # a child that never came up (processes.wait_http)
+            raise CommandError(f"{error}; the stack was stopped") from None
         finally:
             # A second Ctrl-C, or make's own SIGTERM arriving after ours, must not cut the
             # stop short and leave the children running.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for stop_signal in STOP_SIGNALS:
+                signal.signal(stop_signal, signal.SIG_IGN)
             stop_all(children)
 
     def _redis(self, children: list) -> str:
@@ -102,10 +111,26 @@ class Command(BaseCommand):
         while True:
             for child in children:
                 if child.poll() is not None:
-                    self.stderr.write(f"{' '.join(map(str, child.args[:4]))} exited with {child.returncode}; stopping")
-                    return
+                    raise CommandError(f"{' '.join(map(str, child.args[:4]))} exited with {child.returncode}; the stack was stopped")
             time.sleep(0.5)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+def _check_free(host: str, port: int) -> None:
+    """CommandError when something already listens on ``port`` (as uvicorn binds: with
+    SO_REUSEADDR, so connections of a stack stopped a moment ago do not count)."""
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+    except OSError as error:
+        raise CommandError(f"{host}:{port} is not free ({error.strerror}): another stack (`make run`) may be running; "
+                           "stop it, or choose other ports with --port and --serving-port") from None
+    finally:
+        probe.close()
