@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand
 
@@ -16,7 +17,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, username, **options):
         if User.objects.filter(username=username).exists():
-            self.stdout.write(f"Sign in as '{username}' (its password was printed when it was created; reset it with: python manage.py changepassword {username}).")
+            self.stdout.write(f"Sign in as '{username}' (its password was printed when it was created; reset it with: "
+                              f"DATA_DIR={settings.DATA_DIR} .venv/bin/python manage.py changepassword {username}).")
             return
         password = secrets.token_urlsafe(12)
         User.objects.create_superuser(username, "", password)

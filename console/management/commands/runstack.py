@@ -6,6 +6,7 @@ and a child that exits stops the rest and makes the command exit 1, naming it.""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -93,7 +94,10 @@ class Command(BaseCommand):
             # the jobs worker (this process read its settings before Redis started, and
             # would run them inline, holding up the start).
             subprocess.run([sys.executable, "manage.py", "make_demo_models"], env=env, cwd=settings.BASE_DIR, check=True)
-        call_command("ensure_login")
+        login = io.StringIO()
+        call_command("ensure_login", stdout=login)
+        self.login = login.getvalue().strip()
+        self.stdout.write(self.login)
 
     def _spawn(self, command: list[str], env: dict) -> subprocess.Popen:
         # A new process group each, so Ctrl-C reaches them only through us, in order.
@@ -101,7 +105,7 @@ class Command(BaseCommand):
 
     def _banner(self, host: str, port: int, serving_port: int, elapsed_s: float) -> None:
         self.stdout.write(self.style.SUCCESS(
-            f"\nReady in {elapsed_s:.1f} s.\n"
+            f"\nReady in {elapsed_s:.1f} s. {self.login}\n"
             f"  console:  http://{host}:{port}/  (API: http://{host}:{port}/api/, schema: /api/schema/)\n"
             f"  serving:  http://{host}:{serving_port}/v2/models/digits  and  POST http://{host}:{serving_port}/predict\n"
             "Press Ctrl-C to stop everything.\n"
