@@ -117,8 +117,12 @@ def _answer_split(batch, results: list, request_error: Callable[[Exception], Ser
     for request, result in zip(batch, results):
         if isinstance(result, Exception):
             failed += 1
-            logger.debug("request %s failed: %s", request.request_id, result)  # a client picks its inputs: counted, not a warning each
-            fail(request, request_error(result))
+            error = request_error(result)
+            # The model's own failure is the operator's to see; an input it refused (4xx) is
+            # the client's, and a client picks its inputs: counted, logged at debug.
+            log = logger.warning if error.status >= 500 else logger.debug
+            log("request %s failed: %s", request.request_id, result)
+            fail(request, error)
         elif not request.future.done():
             request.future.set_result(result)
     if len(batch) > 1:
