@@ -176,6 +176,8 @@ class Drill(models.Model):
     roll_forward = models.BooleanField(default=False)
     from_generation = models.PositiveBigIntegerField(null=True, blank=True)
     to_generation = models.PositiveBigIntegerField(null=True, blank=True)
+    to_digest = models.CharField(max_length=64, blank=True)  # the content issued as to_generation: what "confirmed" means
+    forward_generation = models.PositiveBigIntegerField(null=True, blank=True)  # the roll forward's release, when one was made
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     first_ack_s = models.FloatField(null=True, blank=True)
@@ -183,7 +185,7 @@ class Drill(models.Model):
     confirmed_s = models.FloatField(null=True, blank=True)
     failed_requests = models.PositiveIntegerField(null=True, blank=True)
     target_s = models.FloatField()
-    workers = models.JSONField(default=list)  # [{"worker", "ack_s", "ok", "confirmed", "error"}]
+    workers = models.JSONField(default=list)  # [{"worker", "ack_s", "ok", "confirmed_s", "generation", "digest", "error", "failed_requests"}]
     error = models.TextField(blank=True)
 
     class Meta:

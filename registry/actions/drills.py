@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from registry.actions import events, releases
 from registry.domain.choices import DrillStatus
+from registry.fleet.state import issued_digest
 from registry.fleet.workers import (
     SHOWN_ERROR_CHARS,
     IssuedDigests,
@@ -58,6 +59,7 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
     drill.to_generation = release.generation
     window = RollbackWindow(release)
     try:
+        drill.to_digest = issued_digest(release.generation) or ""
         _judge(drill, _measure(drill, workers, release, failed_before, window), window)
     except DATABASE_DOWN as error:
         logger.warning("drill #%s: the database became unavailable while it was measured: %s", drill.pk, error)
@@ -67,7 +69,7 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
         logger.exception("drill #%s could not be measured", drill.pk)
         drill.workers, drill.status = [], DrillStatus.FAILED
         drill.error = f"the drill could not be measured: {error}"[:SHOWN_ERROR_CHARS]
-    through_outage(lambda: _finish(drill, drill.status, error=drill.error), f"drill #{drill.pk}: recording its end")
+    through_outage(lambda: _record_end(drill), f"drill #{drill.pk}: recording its end")
     if roll_forward:
         through_outage(lambda: _roll_forward(drill, model, actor, workers), f"drill #{drill.pk}: rolling forward")
     return drill
@@ -163,6 +165,9 @@ def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: 
         "ok": ack.ok if ack else None,
         "error": _row_error(ack, confirmed_s, drill.to_generation),
         "confirmed_s": confirmed_s,
+        # What the confirming report said it serves: the issued content, by digest.
+        "generation": report.get("generation") if report else None,
+        "digest": report.get("digest") if report else None,
         "failed_requests": None if before is None or after is None else max(after - before, 0),
     }
 
@@ -254,6 +259,12 @@ def failure_reasons(drill: Drill, rows: list[dict], replaced_at: int | None = No
     return reasons
 
 
+def _record_end(drill: Drill) -> None:
+    if not drill.to_digest:  # the database went before the digest was read
+        drill.to_digest = issued_digest(drill.to_generation) or ""
+    _finish(drill, drill.status, error=drill.error)
+
+
 def _finish(drill: Drill, status: str, *, error: str = "") -> None:
     drill.status = status
     drill.error = error
@@ -278,6 +289,8 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         drill.error = "; ".join(filter(None, [drill.error, f"roll forward failed: {error.message}"]))
         drill.save(update_fields=["error"])
         return
+    drill.forward_generation = release.generation
+    drill.save(update_fields=["forward_generation"])
     try:
         wait_for_acks([worker.worker_id for worker in workers], RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S)
     except Exception:

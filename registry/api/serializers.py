@@ -381,7 +381,8 @@ class DrillSerializer(serializers.ModelSerializer):
     class Meta:
         model = Drill
         fields = [
-            "id", "model", "actor", "status", "roll_forward", "from_generation", "to_generation", "started_at", "finished_at",
+            "id", "model", "actor", "status", "roll_forward", "from_generation", "to_generation", "to_digest", "forward_generation",
+            "started_at", "finished_at",
             "first_ack_s", "last_ack_s", "confirmed_s", "failed_requests", "target_s", "workers", "error",
         ]
 

@@ -135,3 +135,23 @@ def test_a_worker_that_never_answers_does_not_delay_the_others_confirmation(work
     assert rows["w-silent"]["error"] == "no ack before the timeout"
     # Confirmed as soon as its report came, not after the silent worker's whole timeout (3 s).
     assert rows["w-1"]["confirmed_s"] < settings.DRILL_ACK_TIMEOUT_S / 2, rows["w-1"]
+
+
+def test_a_drill_says_what_was_applied_by_digest_not_only_by_number(worker_client, operator_client, canary):
+    report(worker_client, 2)
+
+    def follow():
+        wait_for_generation(3)
+        ack(worker_client, 3)
+        report(worker_client, 3)
+        wait_for_generation(4)
+        ack(worker_client, 4)
+
+    worker = in_thread(follow)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(15)
+
+    assert drill["status"] == "passed"
+    assert (drill["to_generation"], drill["to_digest"]) == (3, issued_digest(3))
+    assert drill["forward_generation"] == 4
+    assert (drill["workers"][0]["generation"], drill["workers"][0]["digest"]) == (3, issued_digest(3))
