@@ -12,9 +12,8 @@ evaluated in a view or while a template renders fails there too), in DEBUG as we
 ``console.views.server_error`` covers errors raised inside other middleware, which
 Django converts to handler500's answer before any outer middleware could see them.
 
-A database that answers but refuses writes (a hot standby after a failover, writes switched
-off for maintenance: SQLSTATE 25006) is unavailable for this console too: every sign-in,
-report and change writes. It answers 500s and 400s otherwise.
+Which errors count, an unreachable database or one that refuses writes, is
+``registry.db_unavailable``'s to say (the drills judge errors by it too).
 """
 
 from __future__ import annotations
@@ -22,29 +21,17 @@ from __future__ import annotations
 import logging
 import uuid
 
-from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from django.utils.deprecation import MiddlewareMixin
 
+from registry.db_unavailable import is_database_unavailable, is_read_only
+
 logger = logging.getLogger(__name__)
 
-# OperationalError: cannot connect, connection lost, server shutting down, timeouts.
-# InterfaceError: the connection object is already closed (a request after a loss).
-DATABASE_UNAVAILABLE_ERRORS = (OperationalError, InterfaceError)
-READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction
 RETRY_AFTER_S = 5
 MESSAGE = f"the database is unavailable; retry in {RETRY_AFTER_S} s"
 READ_ONLY_MESSAGE = f"the database accepts no writes now (read-only); retry in {RETRY_AFTER_S} s"
-
-
-def is_database_unavailable(error: BaseException | None) -> bool:
-    return isinstance(error, DATABASE_UNAVAILABLE_ERRORS) or is_read_only(error)
-
-
-def is_read_only(error: BaseException | None) -> bool:
-    """A write refused because the database is read-only (Django wraps the driver's error)."""
-    return isinstance(error, DatabaseError) and getattr(error.__cause__, "sqlstate", None) == READ_ONLY_SQLSTATE
 
 
 def database_unavailable_response(request, error: BaseException) -> HttpResponse:

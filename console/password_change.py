@@ -14,9 +14,9 @@ from django.shortcuts import redirect
 from django.urls import reverse, reverse_lazy
 from django.utils.deprecation import MiddlewareMixin
 
-from console.outage import DATABASE_UNAVAILABLE_ERRORS
 from console.user_forms import OwnPasswordForm
 from registry.actions import users
+from registry.db_unavailable import UNREACHABLE_ERRORS
 
 SESSION_KEY = "must_change_password"
 
@@ -41,7 +41,7 @@ def _required(request) -> bool:
     session = getattr(request, "session", None)
     try:
         return bool(session is not None and session.get(SESSION_KEY))
-    except DATABASE_UNAVAILABLE_ERRORS:
+    except UNREACHABLE_ERRORS:
         # Let the request go on: a page needing the database fails in its view, where
         # console.outage answers 503, and a 404 still renders without it.
         return False

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.contrib.sessions.backends import db
 from django.contrib.sessions.backends.base import UpdateError
 
-from console.outage import is_database_unavailable
+from registry.db_unavailable import is_database_unavailable
 
 
 class SessionStore(db.SessionStore):

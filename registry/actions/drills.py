@@ -14,10 +14,11 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, transaction
+from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
 from registry.actions import events, releases
+from registry.db_unavailable import is_database_unavailable
 from registry.domain.choices import DrillStatus
 from registry.fleet.state import issued_digest
 from registry.fleet.workers import (
@@ -38,7 +39,6 @@ from registry.models import (
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05
-DATABASE_DOWN = (OperationalError, InterfaceError)  # what an unreachable database raises (console/outage.py answers them 503)
 
 
 def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expected_generation: int | None = None) -> Drill:
@@ -61,14 +61,14 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
     try:
         drill.to_digest = issued_digest(release.generation) or ""
         _judge(drill, _measure(drill, workers, release, failed_before, window), window)
-    except DATABASE_DOWN as error:
-        logger.warning("drill #%s: the database became unavailable while it was measured: %s", drill.pk, error)
-        drill.workers, drill.status = [], DrillStatus.FAILED
-        drill.error = "the database became unavailable during the drill, so it could not be measured"
     except Exception as error:
-        logger.exception("drill #%s could not be measured", drill.pk)
         drill.workers, drill.status = [], DrillStatus.FAILED
-        drill.error = f"the drill could not be measured: {error}"[:SHOWN_ERROR_CHARS]
+        if is_database_unavailable(error):
+            logger.warning("drill #%s: the database became unavailable while it was measured: %s", drill.pk, error)
+            drill.error = "the database became unavailable during the drill, so it could not be measured"
+        else:
+            logger.exception("drill #%s could not be measured", drill.pk)
+            drill.error = f"the drill could not be measured: {error}"[:SHOWN_ERROR_CHARS]
     through_outage(lambda: _record_end(drill), f"drill #{drill.pk}: recording its end")
     if roll_forward:
         through_outage(lambda: _roll_forward(drill, model, actor, workers), f"drill #{drill.pk}: rolling forward")
@@ -84,8 +84,8 @@ def through_outage(step, what: str):
     while True:
         try:
             return step()
-        except DATABASE_DOWN as error:
-            if time.monotonic() + pause_s > deadline:
+        except DatabaseError as error:
+            if not is_database_unavailable(error) or time.monotonic() + pause_s > deadline:
                 raise
             logger.warning("%s: the database is unavailable, trying again in %.1f s: %s", what, pause_s, error)
         close_old_connections()  # the broken connection goes; the next query opens a new one

@@ -148,26 +148,24 @@ def test_readyz_names_redis_when_it_is_unreachable(client, settings):
 
 # ---- a database that answers but takes no writes (a hot standby, writes switched off) ---
 
-needs_postgresql = pytest.mark.skipif(connection.vendor != "postgresql", reason="read-only transactions are PostgreSQL's (CI runs on it)")
-
 
 @pytest.fixture
 def read_only_database():
-    """New transactions on this test's connection are read-only, as on a standby; and, for
-    the checks that open their own connection, the database's default for new sessions."""
-    name = connection.settings_dict["NAME"]
+    """Writes on this test's connection are refused as on a standby: PostgreSQL's
+    default_transaction_read_only, SQLite's query_only (the suite runs on either)."""
+    if connection.vendor == "postgresql":
+        on, off = "SET SESSION default_transaction_read_only = on", "SET SESSION default_transaction_read_only = off"
+    else:
+        on, off = "PRAGMA query_only = ON", "PRAGMA query_only = OFF"
     with connection.cursor() as cursor:
-        cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
-        cursor.execute("SET SESSION default_transaction_read_only = on")
+        cursor.execute(on)
     try:
         yield
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("SET SESSION default_transaction_read_only = off")
-            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            cursor.execute(off)
 
 
-@needs_postgresql
 def test_a_change_on_a_read_only_database_is_a_503_that_says_so(operator_client, read_only_database):
     response = operator_client.post("/api/models/", {"name": "fraud"}, format="json")
 
@@ -176,7 +174,6 @@ def test_a_change_on_a_read_only_database_is_a_503_that_says_so(operator_client,
     assert response.json()["error"] == "the database accepts no writes now (read-only); retry in 5 s"
 
 
-@needs_postgresql
 def test_a_worker_report_on_a_read_only_database_is_a_503(client, settings, read_only_database):
     from serving.contract import CONTRACT_VERSION
 
@@ -187,7 +184,6 @@ def test_a_worker_report_on_a_read_only_database_is_a_503(client, settings, read
     assert response.status_code == 503
 
 
-@needs_postgresql
 def test_signing_in_on_a_read_only_database_is_a_503_page_not_a_500(client, operator, read_only_database):
     operator.set_password("pw-read-only")
     response = client.post("/login/", {"username": operator.username, "password": "pw-read-only"})
@@ -205,7 +201,6 @@ def browser(operator) -> Client:
     return client
 
 
-@needs_postgresql
 def test_a_form_post_on_a_read_only_database_is_a_503_not_a_400_blaming_the_session(browser, digits, read_only_database):
     response = browser.post("/models/digits/rollback/", {"reason": "drill"})
 
@@ -213,8 +208,19 @@ def test_a_form_post_on_a_read_only_database_is_a_503_not_a_400_blaming_the_sess
     assert "The database accepts no writes" in response.content.decode()
 
 
-@needs_postgresql
-def test_readyz_names_a_read_only_database(client, read_only_database):
+def test_readyz_names_a_read_only_database(client, postgres_cluster, monkeypatch):
+    """A standby is PostgreSQL's: readiness asks a cluster of the test's own, every new
+    session of which is read-only, as after a failover."""
+    import psycopg
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    server = postgres_cluster.settings_dict
+    with psycopg.connect(host=server["HOST"], port=server["PORT"], user=server["USER"], dbname=server["NAME"], autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        admin.execute("SELECT pg_reload_conf()")
+    standby = connections.configure_settings({DEFAULT_DB_ALIAS: dict(server)})[DEFAULT_DB_ALIAS]
+    monkeypatch.setitem(connections.settings, DEFAULT_DB_ALIAS, standby)  # what readiness's new connection reads
+
     response = client.get("/readyz")
 
     assert response.status_code == 503

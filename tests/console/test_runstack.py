@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -54,63 +56,61 @@ def all_gone(children: list[int]) -> bool:
     return alive(children) == []
 
 
-def test_a_second_stop_signal_does_not_cut_the_stop_short(tmp_path):
+@dataclass
+class Running:
+    stack: subprocess.Popen
+    errors: Path
+    children: list[int]  # every process it started, by PID
+
+
+@pytest.fixture
+def running(tmp_path) -> Iterator[Running]:
+    """A stack up and serving; whatever it leaves behind is killed by PID afterwards."""
     stack, serving_port, errors = start_stack(tmp_path)
     children: list[int] = []
     try:
         wait_http(f"http://127.0.0.1:{serving_port}/v2/health/live", stack, timeout_s=120)
         children = [child.pid for child in psutil.Process(stack.pid).children(recursive=True)]
-        assert len(children) >= 4  # Redis, console, worker, Celery
-
-        for _ in range(20):  # the later ones arrive while the first stop is under way
-            if stack.poll() is not None:
-                break
-            stack.send_signal(signal.SIGTERM)
-            time.sleep(0.02)
-        stack.wait(timeout=60)
-
-        assert "Traceback" not in errors.read_text()  # the stop ran to its end
-        assert stack.returncode == 0
-        assert all_gone(children)
+        yield Running(stack, errors, children)
     finally:
         stop_leftovers(stack, children)
 
 
-def test_a_hangup_stops_the_whole_stack(tmp_path):
-    stack, serving_port, errors = start_stack(tmp_path)
-    children: list[int] = []
-    try:
-        wait_http(f"http://127.0.0.1:{serving_port}/v2/health/live", stack, timeout_s=120)
-        children = [child.pid for child in psutil.Process(stack.pid).children(recursive=True)]
+def test_a_second_stop_signal_does_not_cut_the_stop_short(running):
+    stack = running.stack
+    assert len(running.children) >= 4  # Redis, console, worker, Celery
 
-        stack.send_signal(signal.SIGHUP)  # what closing the terminal sends
-        stack.wait(timeout=60)
+    for _ in range(20):  # the later ones arrive while the first stop is under way
+        if stack.poll() is not None:
+            break
+        stack.send_signal(signal.SIGTERM)
+        time.sleep(0.02)
+    stack.wait(timeout=60)
 
-        assert stack.returncode == 0, errors.read_text()
-        assert all_gone(children)  # nothing left serving, or answering the next stack's readiness checks
-    finally:
-        stop_leftovers(stack, children)
+    assert "Traceback" not in running.errors.read_text()  # the stop ran to its end
+    assert stack.returncode == 0
+    assert all_gone(running.children)
 
 
-def test_a_child_that_dies_stops_the_stack_with_status_1_naming_it(tmp_path):
-    stack, serving_port, errors = start_stack(tmp_path)
-    children: list[int] = []
-    try:
-        wait_http(f"http://127.0.0.1:{serving_port}/v2/health/live", stack, timeout_s=120)
-        processes = psutil.Process(stack.pid).children(recursive=True)
-        children = [child.pid for child in processes]
-        worker = next(child for child in psutil.Process(stack.pid).children() if "serve" in child.cmdline())
+def test_a_hangup_stops_the_whole_stack(running):
+    running.stack.send_signal(signal.SIGHUP)  # what closing the terminal sends
+    running.stack.wait(timeout=60)
 
-        os.kill(worker.pid, signal.SIGKILL)
-        stack.wait(timeout=60)
+    assert running.stack.returncode == 0, running.errors.read_text()
+    assert all_gone(running.children)  # nothing left serving, or answering the next stack's readiness checks
 
-        assert stack.returncode == 1
-        said = errors.read_text()
-        assert "'serve'" in said or "manage.py serve" in said
-        assert "exited with -9" in said and "the stack was stopped" in said
-        assert all_gone(children)
-    finally:
-        stop_leftovers(stack, children)
+
+def test_a_child_that_dies_stops_the_stack_with_status_1_naming_it(running):
+    worker = next(child for child in psutil.Process(running.stack.pid).children() if "serve" in child.cmdline())
+
+    os.kill(worker.pid, signal.SIGKILL)
+    running.stack.wait(timeout=60)
+
+    assert running.stack.returncode == 1
+    said = running.errors.read_text()
+    assert "'serve'" in said or "manage.py serve" in said
+    assert "exited with -9" in said and "the stack was stopped" in said
+    assert all_gone(running.children)
 
 
 def test_a_port_already_taken_is_refused_before_anything_starts(tmp_path):

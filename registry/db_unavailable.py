@@ -1,0 +1,31 @@
+"""Which database errors mean "the database cannot do this console's work now", shared by
+the console's 503 (console/outage.py), its session store and the drills that outlast an
+outage (registry/actions/drills.py), so all three judge an error the same way.
+
+Unreachable: OperationalError (cannot connect, connection lost, server shutting down,
+timeouts) and InterfaceError (the connection object is already closed: a request after a
+loss). Read-only: the database answers but refuses writes, which every sign-in, report and
+change makes: PostgreSQL's SQLSTATE 25006 (a hot standby after a failover, writes switched
+off) or SQLite's SQLITE_READONLY (a read-only file, ``PRAGMA query_only``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from django.db import DatabaseError, InterfaceError, OperationalError
+
+UNREACHABLE_ERRORS = (OperationalError, InterfaceError)
+READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction
+
+
+def is_read_only(error: BaseException | None) -> bool:
+    """A write refused because the database is read-only (Django wraps the driver's error)."""
+    if not isinstance(error, DatabaseError):
+        return False
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) == READ_ONLY_SQLSTATE or getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_READONLY
+
+
+def is_database_unavailable(error: BaseException | None) -> bool:
+    return isinstance(error, UNREACHABLE_ERRORS) or is_read_only(error)
