@@ -185,7 +185,8 @@ class Drill(models.Model):
     confirmed_s = models.FloatField(null=True, blank=True)
     failed_requests = models.PositiveIntegerField(null=True, blank=True)
     target_s = models.FloatField()
-    workers = models.JSONField(default=list)  # [{"worker", "ack_s", "ok", "confirmed_s", "generation", "digest", "error", "failed_requests"}]
+    # [{"worker", "ack_s", "ok", "confirmed_s", "generation", "digest", "error", "failed_requests"}]
+    workers = models.JSONField(default=list)
     error = models.TextField(blank=True)
 
     class Meta:

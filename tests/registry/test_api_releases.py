@@ -108,7 +108,8 @@ def test_a_rollback_that_would_change_no_traffic_is_a_conflict_naming_why(operat
     response = operator_client.post(RELEASE + "rollback/", {}, format="json")
 
     assert response.status_code == 409
-    assert response.json()["error"].startswith("nothing to roll back to: generation 2, the release before, routes the same traffic (v1 50%, v2 50%)")
+    assert response.json()["error"].startswith(
+        "nothing to roll back to: generation 2, the release before, routes the same traffic (v1 50%, v2 50%)")
     assert Release.objects.count() == count
 
 

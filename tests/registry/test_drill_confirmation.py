@@ -23,7 +23,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def canary(operator_client, three_versions, settings):
     """digits at generation 2 (a canary split); a drill rolls back to generation 3."""
     settings.DRILL_ACK_TIMEOUT_S = 3
-    operator_client.post("/api/models/digits/release/", {"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}, format="json")
+    split = {"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}
+    operator_client.post("/api/models/digits/release/", split, format="json")
     return three_versions
 
 
@@ -96,8 +97,8 @@ def test_a_later_change_of_the_model_does_not_confirm_the_rollback_and_is_not_ro
 
     def change_then_follow_only_the_change():
         wait_for_generation(3)
-        changed = other_operator.post("/api/models/digits/release/", {"routes": [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}]},
-                                      format="json")
+        even = {"routes": [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}]}
+        changed = other_operator.post("/api/models/digits/release/", even, format="json")
         assert changed.status_code == 201, changed.content
         assert ack(worker_client, 4) == 204  # straight to the operator's change: the rollback was never served
         assert report(worker_client, 4) == 204

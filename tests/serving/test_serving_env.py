@@ -108,7 +108,8 @@ def test_a_worker_started_with_a_bad_setting_exits_with_one_log_line_naming_it(t
     from serving_testkit import REPO_ROOT
 
     finished = subprocess.run([sys.executable, "-m", "serving.worker", "--port", "9"], cwd=REPO_ROOT, capture_output=True, timeout=60,
-                              check=False, env={"PATH": "/usr/bin:/bin", "SERVING_MAX_BATCH_SIZE": "abc", "SERVING_CACHE_DIR": str(tmp_path)})
+                              check=False,
+                              env={"PATH": "/usr/bin:/bin", "SERVING_MAX_BATCH_SIZE": "abc", "SERVING_CACHE_DIR": str(tmp_path)})
 
     assert finished.returncode == 2
     lines = finished.stderr.decode().splitlines()

@@ -168,7 +168,9 @@ def gather_model(path) -> tuple:
     table = numpy_helper.from_array(np.array([1.0, 2.0, 3.0], np.float32), "table")
     graph = helper.make_graph(
         [helper.make_node("Cast", ["x"], ["index"], to=TensorProto.INT64), helper.make_node("Gather", ["table", "index"], ["y"])],
-        "gather", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+        "gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
         initializer=[table],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
