@@ -339,7 +339,14 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # A client decides how often a bad Host header, a CSRF refusal or a failed login is
+    # logged: each place in the code writes at most a few such lines a window (serving.log_throttle).
+    "filters": {"repeats": {"()": "serving.log_throttle.RepeatThrottle"}},
+    "formatters": {"plain": {"()": "serving.log_throttle.SuppressedFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["repeats"], "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")).upper()},
-    "loggers": {"django.request": {"level": "ERROR"}},
+    # uvicorn's own lines ("Invalid HTTP request received.", one per malformed request) through
+    # the same handler: uvicorn configured its loggers before Django, and the last configuration wins.
+    "loggers": {"django.request": {"level": "ERROR"},
+                "uvicorn": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }

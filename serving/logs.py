@@ -5,6 +5,9 @@ record (a message that is itself a JSON object, such as
 ``{"event": "push_refused", "reason": …}``) or ``"message"`` for a plain one, and
 ``"exc"`` when the record carries an exception. ``ts`` is ISO 8601 in UTC with
 milliseconds. Log shippers then parse every line the same way, and grep still works.
+A warning a client can cause once per request is held to a few lines a window
+(`serving.log_throttle`); a line after such a pause says how many were held back
+(``"suppressed"``).
 
 `configure_logging` replaces whatever configured the root logger before (Django's
 ``LOGGING`` under ``manage.py serve``, uvicorn's own handlers), since otherwise the
@@ -19,6 +22,8 @@ import sys
 from datetime import UTC, datetime
 
 import orjson
+
+from serving.log_throttle import RepeatThrottle
 
 RESERVED_KEYS = ("ts", "level", "logger")
 # Loggers whose own handlers (uvicorn's, Django's) would print a second, differently shaped line.
@@ -37,6 +42,9 @@ class JsonFormatter(logging.Formatter):
             line["message"] = message
         else:
             line.update((key, value) for key, value in fields.items() if key not in RESERVED_KEYS)
+        suppressed = getattr(record, "suppressed", 0)
+        if suppressed:
+            line["suppressed"] = suppressed  # lines like this one held back before it (serving.log_throttle)
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
@@ -69,6 +77,7 @@ def configure_logging(level: str, stream=None) -> logging.Handler:
     """Route every record of this process through one JSON handler on ``stream`` (stderr)."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(RepeatThrottle())
     root = logging.getLogger()
     for existing in list(root.handlers):
         root.removeHandler(existing)
