@@ -4,7 +4,6 @@ its output file, and cancelling it. Operators submit and cancel; every role read
 from __future__ import annotations
 
 from django.conf import settings
-from django.http import FileResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -18,6 +17,7 @@ from registry.api import file_uploads
 from registry.api.errors import error_response, error_responses
 from registry.api.jobs_serializers import BatchJobRequestSerializer, JobSerializer
 from registry.api.lookups import get_model
+from registry.api.streams import file_response
 from registry.api.versions_views import HeaderCsrfSessionAuthentication
 from registry.domain.choices import JobKind, JobStatus
 from registry.jobs import files, records
@@ -105,7 +105,7 @@ class JobOutput(APIView):
         if job.output_removed_at is not None or not path.is_file():
             when = f" on {job.output_removed_at:%Y-%m-%d %H:%M} UTC" if job.output_removed_at else ""
             return error_response(f"the output of job {job.pk} was deleted by retention{when} (JOB_OUTPUT_RETENTION_S)", status.HTTP_410_GONE)
-        return FileResponse(open(path, "rb"), as_attachment=True, filename=f"{name}-job{job.pk}-output.{job.output_format}",
+        return file_response(request, path, as_attachment=True, filename=f"{name}-job{job.pk}-output.{job.output_format}",
                             content_type=OUTPUT_CONTENT_TYPES.get(job.output_format, "application/octet-stream"))
 
 

@@ -4,7 +4,6 @@ its per-minute metrics."""
 from __future__ import annotations
 
 from django.conf import settings
-from django.http import FileResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.utils import (
@@ -24,6 +23,7 @@ from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.permissions import WorkerTokenAuthentication
+from registry.api.streams import file_response
 from registry.artifacts import storage
 from registry.artifacts.upload_handler import (
     StagedUploadedFile,
@@ -153,6 +153,7 @@ class VersionArtifact(APIView):
             return error_response(f"{version} was rejected ({version.status_reason}); its artifact was not kept", status.HTTP_410_GONE)
         if version.status == VersionStatus.ARCHIVED or not storage.exists(version.sha256):
             return error_response(f"the artifact of {version} was deleted by retention", status.HTTP_410_GONE)
-        response = FileResponse(open(storage.path_for(version.sha256), "rb"), as_attachment=True, filename=f"{name}-v{number}.onnx", content_type="application/octet-stream")
+        response = file_response(request, storage.path_for(version.sha256), as_attachment=True, filename=f"{name}-v{number}.onnx",
+                                 content_type="application/octet-stream")
         response["X-Artifact-SHA256"] = version.sha256
         return response

@@ -1,0 +1,50 @@
+"""Streamed answers (artifacts, job outputs, audit CSV) sent a part at a time under ASGI too.
+
+Django's ASGI handler cannot pull a synchronous iterator from the event loop, so it
+consumed one whole in a thread (`sync_to_async(list)`) before the first byte left: each
+download of an artifact (up to MAX_UPLOAD_BYTES, 2 GiB) held the whole file in the
+console's memory until it ended, a worker waited for the whole read before its download
+began, and a few concurrent downloads could exhaust the console. Under ASGI,
+`in_parts` hands the handler an asynchronous iterator instead, which takes a few parts
+at a time from the synchronous one in a thread. Under WSGI (the test client, `wsgi.py`)
+Django already streams a synchronous iterator, and the response is left as it is.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.http import FileResponse, StreamingHttpResponse
+
+FILE_PART_BYTES = 256 * 1024
+FILE_PARTS_PER_HOP = 4  # a file download holds at most about 1 MiB of it at a time
+LINES_PER_HOP = 256  # CSV lines are short: a trip to the thread costs more than a line
+
+
+def file_response(request, path: Path, **kwargs) -> FileResponse:
+    """FileResponse of `path` (its length, name and type as FileResponse sets them), in parts."""
+    response = FileResponse(open(path, "rb"), **kwargs)  # closed with the response
+    response.block_size = FILE_PART_BYTES
+    # File reads need no database connection: any thread will do.
+    return in_parts(request, response, FILE_PARTS_PER_HOP, thread_sensitive=False)
+
+
+def in_parts(request, response: StreamingHttpResponse, per_hop: int = LINES_PER_HOP,
+             thread_sensitive: bool = True) -> StreamingHttpResponse:
+    """`response`, its content handed to the ASGI handler `per_hop` parts at a time. A
+    database cursor must stay on its connection's thread: `thread_sensitive` unless the
+    iterator reads only files."""
+    if isinstance(getattr(request, "_request", request), ASGIRequest) and not response.is_async:
+        response.streaming_content = _from_thread(iter(response.streaming_content), per_hop, thread_sensitive)
+    return response
+
+
+async def _from_thread(parts: Iterator[bytes], per_hop: int, thread_sensitive: bool) -> AsyncIterator[bytes]:
+    take = sync_to_async(lambda: list(itertools.islice(parts, per_hop)), thread_sensitive=thread_sensitive)
+    while batch := await take():
+        for part in batch:
+            yield part
