@@ -7,16 +7,32 @@ its authentication) runs, so the size limit has to be enforced in front of it: a
 their file's limit (``MAX_UPLOAD_BYTES``, ``JOB_MAX_INPUT_BYTES``, ``DATASET_MAX_BYTES``)
 plus the multipart framing; every other path allows Django's
 ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (nothing else takes files).
+
+An upload endpoint's limit is only for those who may upload. Django spools the whole
+body to a temporary file before any view authenticates, so an anonymous 1 GB POST to an
+upload URL used to take 1 GB of disk before its 401. Here a body larger than the default
+limit is read only when the request's own credentials (an API token, or a session
+cookie) name an active operator or admin; anyone else is answered 401 or 403 before a
+byte of it is read.
 """
 
 from __future__ import annotations
 
 import json
+from http.cookies import CookieError, SimpleCookie
+from importlib import import_module
 
+from channels.db import database_sync_to_async
 from django.conf import settings
+from django.contrib.auth import get_user
+from django.http import HttpRequest
 from django.urls import Resolver404, resolve
+from rest_framework.authtoken.models import Token
 
+from console import outage
 from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
+from registry.db_unavailable import is_database_unavailable
+from registry.domain.roles import can_operate
 
 # The endpoints that take files, and the setting that limits each one's file.
 UPLOAD_LIMITS = {
@@ -32,15 +48,69 @@ UPLOAD_URL_NAMES = frozenset(UPLOAD_LIMITS)
 
 def body_limit_for(path: str) -> int | None:
     """The most bytes a request body to ``path`` may have; None for no limit."""
-    try:
-        limit_setting = UPLOAD_LIMITS.get(resolve(path).url_name)
-    except Resolver404:
-        limit_setting = None
+    limit_setting = _upload_limit_setting(path)
     if limit_setting is not None:
         return getattr(settings, limit_setting) + MULTIPART_OVERHEAD_BYTES
+    return default_body_limit()
+
+
+def default_body_limit() -> int | None:
     if settings.DATA_UPLOAD_MAX_MEMORY_SIZE is None:
         return None
     return settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES
+
+
+def _upload_limit_setting(path: str) -> str | None:
+    try:
+        return UPLOAD_LIMITS.get(resolve(path).url_name)
+    except Resolver404:
+        return None
+
+
+def uploader_refusal(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
+    """None when the request's own credentials name someone who may upload (an active
+    operator or admin); else the status and words of the refusal. Reads the database."""
+    user = _token_user(headers) or _session_user(headers)
+    if user is None:
+        return 401, "uploading needs an operator's sign-in or API token; the body was not read"
+    if not can_operate(user):
+        return 403, "your role may only read: operators and admins upload; the body was not read"
+    return None
+
+
+def _header(headers, wanted: bytes) -> str | None:
+    for name, value in headers:
+        if name == wanted:
+            return value.decode("latin-1")
+    return None
+
+
+def _token_user(headers):
+    words = (_header(headers, b"authorization") or "").split()
+    if len(words) != 2 or words[0].lower() != "token":
+        return None
+    token = Token.objects.select_related("user").filter(key=words[1]).first()
+    return token.user if token is not None and token.user.is_active else None
+
+
+def _session_user(headers):
+    try:
+        cookie = SimpleCookie(_header(headers, b"cookie") or "").get(settings.SESSION_COOKIE_NAME)
+    except CookieError:
+        return None
+    if cookie is None:
+        return None
+    request = HttpRequest()
+    request.session = import_module(settings.SESSION_ENGINE).SessionStore(cookie.value)
+    user = get_user(request)  # checks the session's password hash, as Django's own middleware does
+    return user if user.is_authenticated else None
+
+
+def _may_exceed(scope, declared: int | None, limit: int) -> bool:
+    """Whether the body may be larger than ``limit``: declared so, or chunked (no length)."""
+    if declared is not None:
+        return declared > limit
+    return _header(scope.get("headers", []), b"transfer-encoding") is not None
 
 
 def _declared_length(scope) -> int | None:
@@ -53,10 +123,15 @@ def _declared_length(scope) -> int | None:
     return None
 
 
-async def _refuse(send, limit: int) -> None:
-    body = json.dumps({"error": f"the request body is larger than the limit of {limit} bytes"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+async def _refuse(send, limit: int, refusal: tuple[int, str] | None = None) -> None:
+    status, words = refusal or (413, f"the request body is larger than the limit of {limit} bytes")
+    body = json.dumps({"error": words}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Token"))
+    elif status == 503:
+        headers.append((b"retry-after", str(outage.RETRY_AFTER_S).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -71,8 +146,19 @@ class BodySizeLimit:
         if limit is None:
             return await self.app(scope, receive, send)
         declared = _declared_length(scope)
+        refusal = None
+        default = default_body_limit()
+        if default is not None and limit > default and _may_exceed(scope, declared, default):
+            try:
+                refusal = await database_sync_to_async(uploader_refusal)(scope.get("headers", []))
+            except Exception as error:
+                if not is_database_unavailable(error):
+                    raise
+                return await _refuse(send, limit, (503, outage.MESSAGE))
+            if refusal is not None:
+                limit = default  # not an uploader: no more than any other request
         if declared is not None and declared > limit:
-            return await _refuse(send, limit)
+            return await _refuse(send, limit, refusal)
         received = 0
         refused = False
 
@@ -84,7 +170,7 @@ class BodySizeLimit:
                 if received > limit:
                     if not refused:
                         refused = True
-                        await _refuse(send, limit)
+                        await _refuse(send, limit, refusal)
                     return {"type": "http.disconnect"}  # Django stops reading and answers nothing
             return message
 

@@ -271,6 +271,87 @@ def test_asgi_limits_other_paths_to_the_form_size(settings):
     assert received == []
 
 
+# ---------------------------------------------------------------- only an uploader's body is read past the form size
+
+EVERY_UPLOAD_PATH = ["/api/models/digits/versions/", "/models/digits/upload/", "/api/models/digits/jobs/",
+                     "/models/digits/jobs/new", "/api/models/digits/datasets/", "/models/digits/datasets/new"]
+A_GIGABYTE = [(b"content-length", str(10**9).encode())]
+
+
+def _past_the_form_size(settings) -> int:
+    return settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES + 1
+
+
+def _session_cookie(user) -> tuple[bytes, bytes]:
+    client = Client()
+    client.force_login(user)
+    return b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+@pytest.mark.parametrize("path", EVERY_UPLOAD_PATH)
+def test_an_anonymous_upload_sized_body_is_401_before_a_byte_is_read(path):
+    from console.asgi import application
+
+    sent, received = asyncio.run(_call(application, _http_scope(path, A_GIGABYTE),
+                                       [{"type": "http.request", "body": b"x" * 10, "more_body": True}]))
+
+    assert sent[0]["status"] == 401
+    assert b"needs an operator's sign-in or API token" in sent[1]["body"]
+    assert received == []
+
+
+def test_an_anonymous_chunked_upload_is_cut_off_at_the_form_size(settings):
+    from console.asgi import application
+
+    chunks = [{"type": "http.request", "body": b"x" * 16384, "more_body": True} for _ in range(400)]
+    scope = _http_scope("/api/models/digits/versions/", [(b"transfer-encoding", b"chunked")])
+
+    sent, received = asyncio.run(_call(application, scope, chunks))
+
+    assert [message["status"] for message in sent if message["type"] == "http.response.start"] == [401]
+    assert len(received) == (_past_the_form_size(settings) - 1) // 16384 + 1  # the form size, not MAX_UPLOAD_BYTES
+
+
+@pytest.mark.django_db(transaction=True)  # the gate reads the database from its own thread
+def test_a_made_up_session_cookie_or_token_is_401_before_the_body_is_read():
+    from console.asgi import application
+
+    for credential in [(b"cookie", b"sessionid=madeupmadeupmadeupmadeupmadeup12"), (b"authorization", b"Token " + b"0" * 40)]:
+        sent, received = asyncio.run(_call(application, _http_scope("/api/models/digits/versions/", [*A_GIGABYTE, credential]), []))
+
+        assert sent[0]["status"] == 401, credential
+        assert received == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_viewer_upload_sized_body_is_403_before_a_byte_is_read(viewer):
+    from console.asgi import application
+
+    token = Token.objects.create(user=viewer).key
+    for credential in [(b"authorization", f"Token {token}".encode()), _session_cookie(viewer)]:
+        sent, received = asyncio.run(_call(application, _http_scope("/api/models/digits/versions/", [*A_GIGABYTE, credential]), []))
+
+        assert sent[0]["status"] == 403, credential
+        assert b"operators and admins upload" in sent[1]["body"]
+        assert received == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_upload_sized_body_is_read(settings, operator):
+    from console.asgi import application
+
+    size = _past_the_form_size(settings)
+    token = Token.objects.create(user=operator).key
+    for credential in [(b"authorization", f"Token {token}".encode()), _session_cookie(operator)]:
+        chunks = [{"type": "http.request", "body": b"x" * size, "more_body": False}]
+        headers = [(b"content-length", str(size).encode()), (b"content-type", b"application/octet-stream"), credential]
+
+        sent, received = asyncio.run(_call(application, _http_scope("/api/models/digits/versions/", headers), chunks))
+
+        assert received and received[0]["body"] == b"x" * size, (credential, sent)  # past the gate: Django read it
+        assert not [message for message in sent if message.get("status") in (401, 403, 413)], credential
+
+
 # ---------------------------------------------------------------- the sweep
 
 
