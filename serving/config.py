@@ -37,6 +37,7 @@ class ServingConfig:
     max_shape_queues: int = 16
     request_timeout_s: float = 10.0
     max_body_bytes: int = 64 * 1024 * 1024
+    max_body_buffer_bytes: int = 512 * 1024 * 1024  # every body being received at once, together
     max_elements: int = 16 * 1024 * 1024
     compute_nice: int = 5
     max_in_flight: int = 0
@@ -86,6 +87,7 @@ class ServingConfig:
             max_shape_queues=env_int("SERVING_MAX_SHAPE_QUEUES", 16, minimum=1),
             request_timeout_s=request_timeout_s,
             max_body_bytes=env_int("SERVING_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
+            max_body_buffer_bytes=env_int("SERVING_MAX_BODY_BUFFER_BYTES", 512 * 1024 * 1024, minimum=1024),
             max_elements=env_int("SERVING_MAX_ELEMENTS", 16 * 1024 * 1024, minimum=1),
             compute_nice=env_int("SERVING_COMPUTE_NICE", 5),
             max_in_flight=env_int("SERVING_MAX_IN_FLIGHT", 0),

@@ -27,7 +27,7 @@ from serving.config import ConfigError, ServingConfig
 from serving.dataplane import Answer, DataPlane, RequestContext
 from serving.drain import Drain
 from serving.errors import InternalError, MethodNotAllowed, NotFound, NotReady, ServingError, Unauthorized, clip
-from serving.http_request import RequestHeaders, RequestIds, check_headers, model_path, receive_body
+from serving.http_request import BodyBuffer, RequestHeaders, RequestIds, check_headers, model_path, receive_body
 from serving.loaded_version import LoadedVersion
 
 logger = logging.getLogger("serving.app")  # its name before the split: log lines keep their `logger` field
@@ -57,6 +57,7 @@ class ServingApp:
         self.dataplane = dataplane
         self.drain = drain or Drain()  # readiness turns 503 once a graceful stop began (serving.drain)
         self.max_body_bytes = config.max_body_bytes
+        self.body_buffer = BodyBuffer(config.max_body_buffer_bytes)  # every body being received, together
         self.on_startup: list[Hook] = []
         self.on_shutdown: list[Hook] = []
         # Inference requests between arrival and answer; past the cap, a canned 503 before
@@ -176,7 +177,7 @@ class ServingApp:
         if path == "/predict":
             _require(method, "POST")
             check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=False)
-            body = await receive_body(receive, self.max_body_bytes)
+            body = await receive_body(receive, self.max_body_bytes, self.body_buffer, headers.content_length)
             answer = await self.dataplane.predict(body, _context(headers, request_id, started_s))
             return Response(200, answer.body, (), answer.version)
         handler = self._simple_routes.get(path)
@@ -193,7 +194,8 @@ class ServingApp:
         if action == "infer":  # here, not in a coroutine of its own: one await less per request
             _require(method, "POST")
             check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=True)
-            answer = await self.dataplane.infer_v2(name, version, partial(receive_body, receive, self.max_body_bytes),
+            read_body = partial(receive_body, receive, self.max_body_bytes, self.body_buffer, headers.content_length)
+            answer = await self.dataplane.infer_v2(name, version, read_body,
                                                    headers.header_length, _context(headers, request_id, started_s))
             return _inference_response(answer)
         _require(method, "GET")

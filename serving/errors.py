@@ -97,6 +97,13 @@ class QueueFull(ServingError):
     headers = ((b"retry-after", b"1"),)
 
 
+class BodyBufferFull(ServingError):
+    """Every body being received at once, together, would pass SERVING_MAX_BODY_BUFFER_BYTES."""
+
+    status = 503
+    headers = ((b"retry-after", b"1"),)
+
+
 class DeadlineExceeded(ServingError):
     status = 504
 

@@ -204,6 +204,25 @@ def test_a_body_that_never_finishes_gets_408_and_frees_its_in_flight_slot(guarde
     assert client.post(worker.url + INFER, content=BODY).status_code == 200  # the only slot is free again
 
 
+def test_bodies_being_received_together_are_held_under_the_buffer(guarded_worker, client):
+    worker = guarded_worker(max_body_buffer_bytes=1_500_000)
+    app = worker.worker.app
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
+        holding.sendall(head(length=1_000_000) + b"[" * 500_000)  # most of a body, then it waits
+        assert wait_until(lambda: app.body_buffer.held == 1_000_000)
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as second:
+            second.sendall(head(length=1_000_000))
+            answer = second.recv(65536)
+
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b"retry-after: 1" in answer.lower()
+    assert b"SERVING_MAX_BODY_BUFFER_BYTES" in answer
+    assert wait_until(lambda: app.body_buffer.held == 0)  # the holder went away: its share is back
+    assert client.post(worker.url + INFER, content=BODY).status_code == 200
+    assert app.body_buffer.held == 0
+
+
 def test_headers_that_never_finish_get_408(guarded_worker):
     worker = guarded_worker(header_timeout_s=0.3)
 
