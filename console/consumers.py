@@ -4,10 +4,19 @@ pages re-render the split and convergence the moment an operator acts."""
 
 from __future__ import annotations
 
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from registry.fleet.live import LIVE_GROUP
 from serving.contract import SERVING_GROUP, ContractError, DesiredState
+
+
+class NoSuchSocket(AsyncWebsocketConsumer):
+    """Any other websocket path: the handshake is refused (403). Without it Channels'
+    router raised for the path, and every such handshake, anonymous ones too, logged an
+    ERROR with a traceback quoting the path."""
+
+    async def connect(self):
+        await self.close()
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):

@@ -341,9 +341,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     # A client decides how often a bad Host header, a CSRF refusal or a failed login is
     # logged: each place in the code writes at most a few such lines a window (serving.log_throttle).
-    "filters": {"repeats": {"()": "serving.log_throttle.RepeatThrottle"}},
+    "filters": {"repeats": {"()": "serving.log_throttle.RepeatThrottle"},
+                "security": {"()": "console.log_filters.SecurityWithoutTraceback"}},
     "formatters": {"plain": {"()": "serving.log_throttle.SuppressedFormatter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["repeats"], "formatter": "plain"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["security", "repeats"], "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")).upper()},
     # uvicorn's own lines ("Invalid HTTP request received.", one per malformed request) through
     # the same handler: uvicorn configured its loggers before Django, and the last configuration wins.

@@ -1,5 +1,5 @@
-from django.urls import path
+from django.urls import path, re_path
 
-from console.consumers import LiveConsumer
+from console.consumers import LiveConsumer, NoSuchSocket
 
-websocket_urlpatterns = [path("ws/live/", LiveConsumer.as_asgi())]
+websocket_urlpatterns = [path("ws/live/", LiveConsumer.as_asgi()), re_path(r"", NoSuchSocket.as_asgi())]

@@ -12,6 +12,9 @@ the rest are dropped and counted, and the first record that passes in a later wi
 carries the count as `record.suppressed` (the worker's JSON lines show it as the
 `"suppressed"` field; `SuppressedFormatter` appends it to a plain line). Records below
 WARNING are never held back: an operator who turns on debug asked for every line.
+
+A line can also be long because of what a client sent (a path or Host header of 8,000
+characters): the message of a WARNING-and-above record is cut to `MAX_MESSAGE_CHARS`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Callable
 
 BURST = 10
 WINDOW_S = 10.0
+MAX_MESSAGE_CHARS = 2000
 
 
 class RepeatThrottle(logging.Filter):
@@ -44,12 +48,19 @@ class RepeatThrottle(logging.Filter):
                 self._windows[key] = [now, 1, 0]
                 if suppressed:
                     record.suppressed = suppressed
-                return True
-            if window[1] < self.burst:
+            elif window[1] < self.burst:
                 window[1] += 1
-                return True
-            window[2] += 1
-            return False
+            else:
+                window[2] += 1
+                return False
+        _clip(record)
+        return True
+
+
+def _clip(record: logging.LogRecord) -> None:
+    message = record.getMessage()
+    if len(message) > MAX_MESSAGE_CHARS:
+        record.msg, record.args = f"{message[:MAX_MESSAGE_CHARS]}… ({len(message) - MAX_MESSAGE_CHARS} characters cut)", ()
 
 
 class SuppressedFormatter(logging.Formatter):

@@ -5,6 +5,7 @@ outside debug with a weak secret key."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import subprocess
@@ -196,13 +197,19 @@ def _session_cookie(user) -> bytes:
     return f"{django_settings.SESSION_COOKIE_NAME}={client.cookies[django_settings.SESSION_COOKIE_NAME].value}".encode()
 
 
-async def _connect(origin: bytes, cookie: bytes) -> bool:
+async def _connect(origin: bytes, cookie: bytes, path: str = "/ws/live/") -> bool:
     from console.asgi import application
 
-    communicator = WebsocketCommunicator(application, "/ws/live/", headers=[(b"origin", origin), (b"cookie", cookie), (b"host", b"testserver")])
+    communicator = WebsocketCommunicator(application, path, headers=[(b"origin", origin), (b"cookie", cookie), (b"host", b"testserver")])
     connected, _ = await communicator.connect(timeout=5)
     await communicator.disconnect()
     return connected
+
+
+@pytest.mark.parametrize("path", ["/ws/nope/", "/ws/" + "x" * 8000, "/"])
+def test_a_websocket_to_any_other_path_is_refused_without_an_error(caplog, path):
+    assert asyncio.run(_connect(b"http://testserver", b"", path)) is False
+    assert [record for record in caplog.records if record.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.django_db(transaction=True)

@@ -10,7 +10,7 @@ import socket
 import orjson
 from serving_testkit import SubprocessWorker, route, state, write_state
 
-from serving.log_throttle import BURST, RepeatThrottle, SuppressedFormatter
+from serving.log_throttle import BURST, MAX_MESSAGE_CHARS, RepeatThrottle, SuppressedFormatter
 from serving.logs import JsonFormatter
 
 
@@ -75,6 +75,14 @@ def test_debug_and_info_lines_are_never_held_back():
 
     assert all(throttle.filter(record(108, logging.DEBUG)) for _ in range(100))
     assert all(throttle.filter(record(109, logging.INFO)) for _ in range(100))
+
+
+def test_a_long_message_is_cut_and_says_how_much_was_cut():
+    line = logging.LogRecord("django.security.csrf", logging.WARNING, __file__, 1, "Forbidden: %s", ("/" + "a" * 8000,), None)
+
+    assert RepeatThrottle().filter(line)
+
+    assert line.getMessage() == "Forbidden: /" + "a" * (MAX_MESSAGE_CHARS - 12) + "… (6012 characters cut)"
 
 
 def malformed_request(port: int) -> bytes:
