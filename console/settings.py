@@ -309,7 +309,11 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-staging": {"task": "registry.tasks.sweep_staging", "schedule": env_float("STAGING_SWEEP_INTERVAL_S", 300.0, minimum=10.0)},
     "sweep-jobs": {"task": "registry.tasks.sweep_jobs", "schedule": JOB_SWEEP_INTERVAL_S, "options": {"expires": JOB_SWEEP_INTERVAL_S}},
     "analyse-rollouts": {"task": "registry.tasks.analyse_rollouts", "schedule": ROLLOUT_TICK_S, "options": {"expires": ROLLOUT_TICK_S}},
+    "prune-sign-in-records": {"task": "console.tasks.prune_sign_in_records",
+                              "schedule": env_float("SIGN_IN_PRUNE_INTERVAL_S", 3600.0, minimum=10.0)},
 }
+# Successful sign-ins kept in django-axes' access log (console/sign_in_records.py).
+ACCESS_LOG_RETENTION_S = env_int("ACCESS_LOG_RETENTION_S", 90 * 24 * 3600, minimum=60)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
