@@ -351,7 +351,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["security", "repeats"], "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")).upper()},
     # uvicorn's own lines ("Invalid HTTP request received.", one per malformed request) through
-    # the same handler: uvicorn configured its loggers before Django, and the last configuration wins.
+    # the same handler: uvicorn configured its loggers before Django, and the last configuration
+    # wins. Only uvicorn.error: configuring "uvicorn" would reset its child uvicorn.access and
+    # undo --no-access-log (an access line quotes the whole path, 8 KB for an 8,000-character one).
     "loggers": {"django.request": {"level": "ERROR"},
-                "uvicorn": {"handlers": ["console"], "level": "INFO", "propagate": False}},
+                "uvicorn.error": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }

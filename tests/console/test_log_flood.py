@@ -84,3 +84,13 @@ def test_requests_for_a_foreign_host_write_only_a_few_short_lines(console):
     assert 1 <= sum(line.startswith("Invalid HTTP_HOST header") for line in lines) <= BURST
     assert not [line for line in lines if line.startswith("Traceback")]  # Django's own frames, the same each time
     assert max(len(line) for line in lines) < MAX_MESSAGE_CHARS + 100
+
+
+def test_long_paths_write_no_access_lines_under_no_access_log(console):
+    port, process = console
+    long_path = "/" + "x" * 8000
+
+    answers = [httpx.get(f"http://127.0.0.1:{port}{long_path}", timeout=10) for _ in range(20)]
+
+    assert {answer.status_code for answer in answers} == {404}
+    assert "x" * 100 not in output_of(process)
