@@ -20,6 +20,7 @@ from serving.errors import (
 
 MAX_REQUEST_ID_CHARS = 128
 MAX_HEADER_INT_DIGITS = 18  # below 2**63: int() never sees thousands of digits
+LARGE_BODY_BYTES = 1024 * 1024  # past this, a body may use only half the body buffer
 
 
 class RequestHeaders:
@@ -139,17 +140,24 @@ class BodyBuffer:
     SERVING_MAX_BODY_BYTES, and a client that sends most of one and then waits holds it
     for SERVING_BODY_TIMEOUT_S: an audit held 16 such 60 MB bodies and took the worker
     from 175 to 1,093 MiB. Past the buffer, a body is refused (503) before it is read
-    on, and its connection keeps only what uvicorn buffers before it pauses reading."""
+    on, and its connection keeps only what uvicorn buffers before it pauses reading.
+
+    A body past `LARGE_BODY_BYTES` is only taken while the buffer is less than half full,
+    so clients holding large bodies (8 of 64 MiB filled it) leave the other half to the
+    usual small requests. What stops an anonymous client before its body is read at all
+    is an API key (SERVING_API_KEYS=required): the key is checked from the headers."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.held = 0
 
-    def take(self, size: int) -> None:
-        if self.held + size > self.max_bytes:
+    def take(self, more: int, body_size: int) -> None:
+        """Take `more` bytes for a body that is `body_size` bytes with them."""
+        limit = self.max_bytes if body_size <= LARGE_BODY_BYTES else self.max_bytes // 2
+        if self.held + more > limit:
             raise BodyBufferFull(f"request bodies being received fill the worker's buffer ({self.max_bytes} bytes, "
-                                 "SERVING_MAX_BODY_BUFFER_BYTES); retry later")
-        self.held += size
+                                 "SERVING_MAX_BODY_BUFFER_BYTES; a body over 1 MiB may use half); retry later")
+        self.held += more
 
     def give_back(self, size: int) -> None:
         self.held -= size
@@ -162,7 +170,7 @@ async def receive_body(receive, max_body_bytes: int, buffer: BodyBuffer, declare
     taken = 0
     try:
         if declared:
-            buffer.take(declared)
+            buffer.take(declared, declared)
             taken = declared
         message = await receive()
         body = message.get("body", b"")
@@ -176,7 +184,7 @@ async def receive_body(receive, max_body_bytes: int, buffer: BodyBuffer, declare
             if size > max_body_bytes:
                 raise PayloadTooLarge(f"body exceeds the limit of {max_body_bytes} bytes")
             if size > taken:
-                buffer.take(size - taken)
+                buffer.take(size - taken, size)
                 taken = size
         return _whole(message, b"".join(chunks))
     finally:

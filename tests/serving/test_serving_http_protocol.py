@@ -223,6 +223,34 @@ def test_bodies_being_received_together_are_held_under_the_buffer(guarded_worker
     assert app.body_buffer.held == 0
 
 
+def first_bytes(connection: socket.socket) -> bytes:
+    """What the server has sent so far (b"" when it is still waiting for the body)."""
+    connection.settimeout(0.5)
+    try:
+        return connection.recv(65536)
+    except TimeoutError:
+        return b""
+
+
+def test_clients_holding_large_bodies_leave_half_the_buffer_to_small_requests(guarded_worker, client):
+    worker = guarded_worker(max_body_buffer_bytes=6_000_000, max_body_bytes=4_000_000)
+    app = worker.worker.app
+    holders = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(3)]
+    try:
+        for holder in holders:
+            holder.sendall(head(length=2_000_000) + b"[" * 100)
+        assert wait_until(lambda: app.body_buffer.held == 2_000_000)  # a second large body would pass half
+        answers = [first_bytes(holder) for holder in holders]
+
+        assert sorted(answer[:13] for answer in answers) == [b"", b"HTTP/1.1 503 ", b"HTTP/1.1 503 "]
+        assert client.post(worker.url + INFER, content=BODY).status_code == 200  # the other half serves
+        assert [client.post(worker.url + INFER, content=BODY).status_code for _ in range(5)] == [200] * 5
+    finally:
+        for holder in holders:
+            holder.close()
+    assert wait_until(lambda: app.body_buffer.held == 0)
+
+
 def test_headers_that_never_finish_get_408(guarded_worker):
     worker = guarded_worker(header_timeout_s=0.3)
 
