@@ -3,14 +3,23 @@
 Adding a key asks only for a name; the key is generated, shown once in the success
 message, and only its sha256 is stored. Keys are revoked (an action), never deleted, and
 a saved key's fields cannot be edited: to rotate, create a new key and revoke the old one.
+
+DRF's own admin for users' API tokens is taken off the site: it listed every user's token
+key in clear to every admin-group member, a superuser's included, where the console's user
+pages show a key once, to whoever issued it, and keep it only in DRF's table.
 """
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
 
+from rest_framework.authtoken.models import TokenProxy
+
 from registry.actions import api_keys
 from registry.models import InferenceApiKey
+
+if admin.site.is_registered(TokenProxy):  # registered by rest_framework.authtoken, earlier in INSTALLED_APPS
+    admin.site.unregister(TokenProxy)
 
 
 @admin.register(InferenceApiKey)

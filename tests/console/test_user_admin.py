@@ -277,6 +277,19 @@ def test_a_revoked_token_stops_working(admin_page, viewer):
     assert api_status(key) == 401 and not Token.objects.filter(user=viewer).exists()
 
 
+def test_no_admin_page_lists_token_keys(viewer):
+    key = Token.objects.create(user=viewer).key
+    member = admin_member("ada")
+    client = Client()
+    client.force_login(member)
+
+    assert client.get("/admin/authtoken/tokenproxy/").status_code == 404
+    assert client.get("/admin/authtoken/token/").status_code == 404
+    index = client.get("/admin/")
+    assert index.status_code == 200 and "/admin/authtoken/" not in index.content.decode()
+    assert key not in client.get(f"/admin/auth/user/{viewer.pk}/change/").content.decode()
+
+
 # ---------------------------------------------------------------- lockouts and audit
 
 
