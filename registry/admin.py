@@ -12,7 +12,6 @@ pages show a key once, to whoever issued it, and keep it only in DRF's table.
 from __future__ import annotations
 
 from django.contrib import admin, messages
-
 from rest_framework.authtoken.models import TokenProxy
 
 from registry.actions import api_keys
