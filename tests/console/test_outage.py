@@ -6,6 +6,7 @@ where no database answers (a missing directory for SQLite, a closed port for Pos
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -15,6 +16,7 @@ from django.contrib.auth.models import User
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.db import OperationalError, connection
 from django.test import Client, RequestFactory
+from rest_framework.authtoken.models import Token
 
 from console import views
 from tests.console.conftest import signed_in
@@ -112,6 +114,33 @@ def test_database_error_raised_outside_a_view_is_a_503_not_a_500(operator):
     assert response.status_code == 503
     assert response["Retry-After"] == "5"
     assert b"The database is unavailable" in response.content
+
+
+def test_an_upload_sized_body_is_a_503_before_it_is_read_while_the_database_is_unreachable(operator):
+    """The upload gate in front of Django reads the database to know who is asking."""
+    from console.asgi import application
+
+    token = Token.objects.create(user=operator).key
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/api/models/digits/versions/", "raw_path": b"/api/models/digits/versions/", "query_string": b"",
+             "root_path": "", "headers": [(b"content-length", b"1000000000"), (b"authorization", f"Token {token}".encode())],
+             "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+    sent, received = [], []
+
+    async def receive():
+        received.append(True)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    with unreachable_database():
+        asyncio.run(asyncio.wait_for(application(scope, receive, send), timeout=20))
+
+    assert sent[0]["status"] == 503
+    assert (b"retry-after", b"5") in sent[0]["headers"]
+    assert b"the database is unavailable" in sent[1]["body"]
+    assert received == []
 
 
 def test_healthz_answers_ok_while_the_database_is_unreachable(client):
