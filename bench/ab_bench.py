@@ -28,7 +28,7 @@ from bench.targets import measured_wrk, scripts, write_all_models
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = {  # name -> (model, concurrency)
     "small_c1": ("small", 1), "small_c64": ("small", 64), "mid_c64": ("mid", 64), "conv_c64": ("conv", 64),
-    "mid_c1": ("mid", 1), "conv_c1": ("conv", 1),
+    "mid_c1": ("mid", 1), "conv_c1": ("conv", 1), "small_c2048": ("small", 2048),
 }
 
 
