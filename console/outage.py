@@ -25,6 +25,7 @@ from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from django.utils.deprecation import MiddlewareMixin
 
+from registry.committed_change import committed_change
 from registry.db_unavailable import is_database_unavailable, is_read_only
 
 logger = logging.getLogger(__name__)
@@ -39,16 +40,30 @@ def database_unavailable_response(request, error: BaseException) -> HttpResponse
     the database's host) under a request id the body repeats."""
     request_id = uuid.uuid4().hex
     reason = (str(error).strip().splitlines() or [""])[0][:200]
-    logger.warning("database unavailable on %s %s (request %s): %s: %s", request.method, request.path, request_id, type(error).__name__, reason)
-    read_only = is_read_only(error)
-    if request.path.startswith("/api/"):
+    committed = committed_change(request)
+    logger.warning("database unavailable on %s %s (request %s%s): %s: %s", request.method, request.path, request_id,
+                   f", after committing {committed}" if committed else "", type(error).__name__, reason)
+    if committed:
+        response = _committed_response(request, committed, request_id)
+    elif request.path.startswith("/api/"):
+        read_only = is_read_only(error)
         response = JsonResponse({"error": READ_ONLY_MESSAGE if read_only else MESSAGE, "request_id": request_id}, status=503)
     else:
-        context = {"retry_after_s": RETRY_AFTER_S, "request_id": request_id, "read_only": read_only}
+        context = {"retry_after_s": RETRY_AFTER_S, "request_id": request_id, "read_only": is_read_only(error)}
         response = HttpResponse(render_to_string("503.html", context), status=503)
-    response["Retry-After"] = str(RETRY_AFTER_S)
+    if not committed:
+        response["Retry-After"] = str(RETRY_AFTER_S)
     response["Cache-Control"] = "no-store"
     return response
+
+
+def _committed_response(request, committed: str, request_id: str) -> HttpResponse:
+    """No Retry-After: this request's change is made, only its answer is incomplete."""
+    if request.path.startswith("/api/"):
+        message = (f"the change was made ({committed}), but the database became unavailable before this answer was complete: "
+                   "do not repeat it")
+        return JsonResponse({"error": message, "committed": committed, "request_id": request_id}, status=503)
+    return HttpResponse(render_to_string("503_committed.html", {"committed": committed, "request_id": request_id}), status=503)
 
 
 class DatabaseOutageMiddleware(MiddlewareMixin):

@@ -68,6 +68,7 @@ from registry.artifacts.upload_handler import (
     declared_too_large,
     start_staging,
 )
+from registry.committed_change import mark_committed
 from registry.domain import audit_log
 from registry.domain.choices import (
     ACTIVE_ROLLOUT_STATUSES,
@@ -164,7 +165,11 @@ def _wants_json(request) -> bool:
 
 
 def _answer(request, model_name: str, level: str, text: str, *, status: int = 200, **extra):
-    """A fetch gets JSON; a plain form post gets a message and a redirect to the model."""
+    """A fetch gets JSON; a plain form post gets a message and a redirect to the model.
+    A success answers a committed change: saving its message needs the database, and
+    should that fail the outage page says the change was made instead of "try again"."""
+    if level == "success":
+        mark_committed(request, f"{model_name}: {text}")
     if _wants_json(request):
         return JsonResponse({"level": level, "message": text, **extra}, status=status)
     messages.add_message(request, messages.SUCCESS if level == "success" else messages.ERROR, text)
@@ -549,6 +554,7 @@ def drill(request, name: str):
         result = drills.run_drill(model, request.user, roll_forward=form.cleaned_data["roll_forward"], expected_generation=form.cleaned_data["expected_generation"])
     except releases.ReleaseError as error:
         return _answer(request, name, "error", f"Drill not run: {error.message}", status=error.status, **error.details())
+    mark_committed(request, f"{name}: {_drill_words(result)}")  # a failed drill ran too, and may have changed traffic
     level = "success" if result.status == DrillStatus.PASSED else "error"
     return _answer(request, name, level, _drill_words(result), drill=result.pk, status_name=result.status)
 

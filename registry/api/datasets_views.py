@@ -18,6 +18,7 @@ from registry.api.errors import error_response, error_responses
 from registry.api.jobs_serializers import DatasetRequestSerializer, DatasetSerializer
 from registry.api.lookups import get_model
 from registry.api.versions_views import HeaderCsrfSessionAuthentication
+from registry.committed_change import mark_committed
 from registry.models import EvaluationDataset
 
 
@@ -52,6 +53,7 @@ class DatasetList(APIView):
             return file_uploads.too_large_response(limit, "DATASET_MAX_BYTES", "the data set")
         except datasets.DatasetRefused as refusal:
             return error_response(refusal.reason, refusal.status)
+        mark_committed(request, f"{model.name}: data set {dataset.name!r} added")
         return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 
 

@@ -12,6 +12,7 @@ from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.parsers import JSONParser
+from registry.committed_change import mark_committed
 from registry.models import Drill
 
 
@@ -37,6 +38,7 @@ class Drills(generics.ListAPIView):
             )
         except releases.ReleaseError as error:
             return error_response(error.message, error.status, **error.details())
+        mark_committed(request, f"{model.name}: drill {drill.pk} ran ({drill.status})")
         return Response(serializers.DrillSerializer(drill).data, status=status.HTTP_201_CREATED)
 
 

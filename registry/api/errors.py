@@ -26,7 +26,17 @@ def exception_handler(exc, context):
         response.status_code = status.HTTP_401_UNAUTHORIZED
     else:
         response.data = {"error": str(exc.detail) if hasattr(exc, "detail") else str(exc)}
+    if response.status_code == 404 and not response.data["error"].strip():
+        response.data["error"] = _unnamed_not_found(context.get("request"))
     return response
+
+
+def _unnamed_not_found(request) -> str:
+    """DRF's content negotiation refuses an unknown ``?format=`` with a 404 that says nothing."""
+    wanted = request.query_params.get("format") if request is not None else None
+    if wanted is not None:
+        return f"format {wanted[:40]!r} is not one this endpoint answers: leave out ?format= for JSON"
+    return f"no such resource: {request.path if request is not None else ''}"
 
 
 def error_response(message: str, status_code: int, **extra) -> Response:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from registry.api.serializers import UserNameField
+from registry.api.serializers import DESCRIPTION_MAX_CHARS, UserNameField
 from registry.domain.choices import DatasetTask, JobKind, JobStatus
 from registry.jobs.batch import MAX_BATCH_SIZE
 from registry.models import EvaluationDataset
@@ -56,4 +56,4 @@ class DatasetRequestSerializer(serializers.Serializer):
     file = serializers.FileField(help_text=".npz (the model's input arrays and 'labels') or .jsonl (one object per row, inputs and 'label').")
     name = serializers.SlugField(max_length=100)
     task = serializers.ChoiceField(DatasetTask.choices)
-    description = serializers.CharField(required=False, allow_blank=True, default="")
+    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=DESCRIPTION_MAX_CHARS)

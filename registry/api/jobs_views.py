@@ -19,6 +19,7 @@ from registry.api.jobs_serializers import BatchJobRequestSerializer, JobSerializ
 from registry.api.lookups import get_model
 from registry.api.streams import file_response
 from registry.api.versions_views import HeaderCsrfSessionAuthentication
+from registry.committed_change import mark_committed
 from registry.domain.choices import JobKind, JobStatus
 from registry.jobs import files, records
 from registry.models import Job
@@ -75,6 +76,7 @@ class JobList(APIView):
             return file_uploads.too_large_response(limit, "JOB_MAX_INPUT_BYTES", "the input file")
         except batch_jobs.JobRefused as refusal:
             return error_response(refusal.reason, refusal.status)
+        mark_committed(request, f"{model.name}: job {job.pk} queued")
         return Response(records.payload(job), status=status.HTTP_202_ACCEPTED)
 
 

@@ -15,6 +15,7 @@ from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.parsers import JSONParser
+from registry.committed_change import mark_committed
 from registry.models import RegisteredModel
 
 LIST_PARAMETERS = [
@@ -70,6 +71,7 @@ class ModelList(generics.ListCreateAPIView):
             model = catalog.create_model(created_by=request.user, owner=owner, **data)
         except catalog.CatalogError as error:
             return error_response(error.message, error.status, fields={"name": [error.message]})
+        mark_committed(request, f"model {model.name} created")
         return Response(serializers.ModelSerializer(model).data, status=status.HTTP_201_CREATED)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 
+from django.db import DatabaseError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -18,6 +19,8 @@ from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.parsers import JSONParser
+from registry.committed_change import mark_committed
+from registry.db_unavailable import is_database_unavailable
 from registry.fleet import workers as fleet
 from registry.models import RegisteredModel, Release
 
@@ -27,6 +30,20 @@ def release_body(model: RegisteredModel, release: Release | None) -> dict:
             "rollback_returns_to": releases.rollback_preview(release)}
     body.update(fleet.convergence(release))
     return body
+
+
+def committed_release_body(model: RegisteredModel, release: Release) -> dict:
+    """``release_body``, or, when the database fails after the commit, what the call
+    knows without it: the change is made, and a 503 would have the client make it twice."""
+    try:
+        return release_body(model, release)
+    except DatabaseError as error:
+        if not is_database_unavailable(error):
+            raise
+    warning = ("the database became unavailable right after this change was committed: workers' convergence and the "
+               "rollback preview could not be read; GET this model's release once it answers")
+    return {"model": model.name, "archived": model.is_archived, "release": serializers.ReleaseSerializer(release).data,
+            "rollback_returns_to": None, "workers": [], "converged": False, "rollback_ready": False, "warning": warning}
 
 
 def release_at(model: RegisteredModel, raw: str) -> Response:
@@ -68,9 +85,10 @@ class ReleaseAction(APIView):
             release = self.act(model, form.validated_data)
         except releases.ReleaseError as error:
             return error_response(error.message, error.status, **error.details())
+        mark_committed(request, f"{model.name}: generation {release.generation}")
         # The release this call made, not the model's newest: another change may have
         # committed since, and this answer describes this call's change.
-        return Response(release_body(model, release), status=status.HTTP_201_CREATED)
+        return Response(committed_release_body(model, release), status=status.HTTP_201_CREATED)
 
 
 class CurrentRelease(ReleaseAction):

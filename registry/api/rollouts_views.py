@@ -14,6 +14,7 @@ from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.parsers import JSONParser
+from registry.committed_change import mark_committed
 
 DEFAULT_STEPS = [1, 10, 50, 100]
 DEFAULT_STEP_DURATION_S = 300
@@ -49,6 +50,7 @@ class Rollouts(generics.ListAPIView):
             )
         except releases.ReleaseError as error:
             return error_response(error.message, error.status, **error.details())
+        mark_committed(request, f"{model.name}: rollout {rollout.pk} started (generation {rollout.release_generation})")
         return Response(serializers.RolloutDetailSerializer(rollout).data, status=status.HTTP_201_CREATED)
 
 

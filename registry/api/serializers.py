@@ -36,6 +36,9 @@ from registry.models import (
     Worker,
 )
 
+# As the console's forms: a description is a note for people, not a place to store data.
+DESCRIPTION_MAX_CHARS = 2000
+
 
 @extend_schema_field({"type": "string", "nullable": True, "description": "The username, or null when nobody (or a deleted user) acted."})
 class UserNameField(serializers.RelatedField):
@@ -220,6 +223,7 @@ class ModelCreateSerializer(StrictModelSerializer):
     class Meta:
         model = RegisteredModel
         fields = ["name", "description", "tags", "owner", "max_batch_size", "max_queue_delay_s", "latency_target_s"]
+        extra_kwargs = {"description": {"max_length": DESCRIPTION_MAX_CHARS}}
 
 
 @extend_schema_field(json_schema())
@@ -239,6 +243,7 @@ class ModelUpdateSerializer(StrictModelSerializer):
     class Meta:
         model = RegisteredModel
         fields = ["description", "tags", "owner", "analysis"]
+        extra_kwargs = {"description": {"max_length": DESCRIPTION_MAX_CHARS}}
 
     def validate_analysis(self, value):
         try:
@@ -303,7 +308,7 @@ class VersionUploadAnswerSerializer(VersionSerializer):
 
 class VersionUploadSerializer(serializers.Serializer):
     artifact = serializers.FileField(allow_empty_file=True, help_text="The ONNX file (multipart form field).")
-    description = serializers.CharField(required=False, allow_blank=True, default="")
+    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=DESCRIPTION_MAX_CHARS)
     allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=(
         "Register the file as a new version even when its sha256 equals an existing version's of this model "
         "(otherwise that upload is refused with 409, naming the version)."))
@@ -372,6 +377,8 @@ class ReleaseStateSerializer(serializers.Serializer):
     workers = WorkerConvergenceSerializer(many=True)
     converged = serializers.BooleanField()
     rollback_ready = serializers.BooleanField()
+    warning = serializers.CharField(
+        required=False, help_text="Only when the database failed right after the change was committed: what this answer could not read.")
 
 
 class DrillSerializer(serializers.ModelSerializer):
@@ -391,7 +398,8 @@ class WorkerSerializer(serializers.ModelSerializer):
     """A worker as last heard of; ``converged`` and ``state`` are judged against the
     current desired state (the context's ``generation`` and ``digests``)."""
 
-    digest = serializers.SerializerMethodField()
+    digest = serializers.SerializerMethodField(help_text="The digest of what the worker serves as `generation`: from its ack when that "
+                                               "is newer than its last report (an ack is stored only with the digest issued for it).")
     converged = serializers.SerializerMethodField()
     state = serializers.SerializerMethodField()
     lifecycle = serializers.SerializerMethodField(help_text="serving, draining (stopping gracefully), stopped (said so), or gone (silent)")
@@ -407,8 +415,7 @@ class WorkerSerializer(serializers.ModelSerializer):
         return fleet.lifecycle(worker)
 
     def get_digest(self, worker) -> str | None:
-        report = worker.last_report if isinstance(worker.last_report, dict) else {}
-        return report.get("digest")
+        return fleet.served_digest(worker, self.context["digests"])
 
     def get_converged(self, worker) -> bool:
         return self._status(worker)["converged"]

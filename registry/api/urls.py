@@ -9,6 +9,7 @@ from registry.api import (
     models_views,
     releases_views,
     rollouts_views,
+    root_views,
     series_views,
     serving_keys_views,
     serving_views,
@@ -17,6 +18,7 @@ from registry.api import (
 )
 
 urlpatterns = [
+    path("", root_views.ApiRoot.as_view(), name="api-root"),
     path("models/", models_views.ModelList.as_view(), name="api-models"),
     path("models/<slug:name>/", models_views.ModelDetail.as_view(), name="api-model"),
     path("models/<slug:name>/archive/", models_views.ArchiveModel.as_view(), name="api-model-archive"),

@@ -31,6 +31,7 @@ from registry.artifacts.upload_handler import (
     declared_too_large,
     start_staging,
 )
+from registry.committed_change import mark_committed
 from registry.domain.choices import VersionStatus
 from registry.jobs import records
 from registry.models import ModelVersion, RegisteredModel
@@ -103,6 +104,7 @@ class VersionList(generics.ListAPIView):
             return error_response(refusal.reason, refusal.status, **duplicate_details(refusal.existing))
         except uploads.UploadRefused as refusal:
             return error_response(refusal.reason, refusal.status)
+        mark_committed(request, f"{model.name}: version {version.number} uploaded, job {job.pk} queued")
         return Response({**serializers.VersionSerializer(version).data, "job": records.payload(job)}, status=status.HTTP_202_ACCEPTED)
 
 

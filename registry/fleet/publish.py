@@ -24,8 +24,18 @@ def signed_desired_state() -> dict:
 
 
 def publish_desired_state() -> None:
-    """Send the whole state; a failure is logged, not raised, since workers reconcile."""
-    state = signed_desired_state()
+    """Send the whole state; a failure is logged, not raised, since workers reconcile.
+
+    It runs after the change's commit, so nothing here may fail the request: reading the
+    state needs the database, which may have gone away since, and an error raised here
+    would answer a committed change with a 503 that invites the client to make it twice.
+    """
+    try:
+        state = signed_desired_state()
+    except Exception as error:
+        logger.warning("could not read the desired state to publish it (%s: %s); workers will catch up on reconcile",
+                       type(error).__name__, str(error).strip()[:200])
+        return
     try:
         async_to_sync(get_channel_layer().group_send)(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": state})
     except Exception:

@@ -205,6 +205,19 @@ def proven_generation(worker: Worker, digests: IssuedDigests) -> int | None:
     return reported if serves_issued_state(report, 0, digests) else None
 
 
+def served_digest(worker: Worker, digests: IssuedDigests) -> str | None:
+    """The digest of the content ``worker`` serves as ``worker.generation``, so the two
+    are shown as a pair: an ok ack moves the generation past the last report's, and the
+    ack's digest was the one issued for it (``check_ack``)."""
+    report = worker.last_report if isinstance(worker.last_report, dict) else {}
+    reported = report.get("generation")
+    if type(reported) is int and worker.generation == reported:
+        return report.get("digest")
+    if worker.ok and worker.generation > (reported if type(reported) is int else 0):
+        return digests[worker.generation]
+    return None  # a report of another database's states: it serves none of this console's
+
+
 def worker_status(worker: Worker, generation: int, digests: IssuedDigests) -> dict:
     """``converged`` (serving the issued content of ``generation`` or later) and the
     worker's state in words."""

@@ -49,6 +49,19 @@ def test_reported_worker_is_listed_with_its_generation_and_last_report(worker_cl
     assert workers[0]["last_report"]["versions"][0]["requests"] == 5
 
 
+def test_a_worker_is_listed_with_the_digest_of_the_generation_it_is_listed_at_after_an_ack(worker_client, operator_client, viewer_client,
+                                                                                             three_versions):
+    worker_client.post("/api/serving/reports", report(generation=1, digest=issued_digest(1)), format="json")
+    operator_client.post("/api/models/digits/release/", {"routes": [{"version": 2, "weight": 100}], "reason": "v2"}, format="json")
+    worker_client.post("/api/serving/acks", ack(2), format="json")
+
+    row = viewer_client.get("/api/workers/").json()[0]
+    state = worker_client.get("/api/serving/state").json()
+
+    assert (row["generation"], row["digest"]) == (2, issued_digest(2)) == (state["generation"], state["digest"])
+    assert row["converged"] is True
+
+
 def test_report_without_identity_is_refused(worker_client):
     response = worker_client.post("/api/serving/reports", {"generation": 1, "contract": CONTRACT_VERSION}, format="json")
 

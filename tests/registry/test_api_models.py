@@ -83,6 +83,28 @@ def test_unknown_model_is_a_json_404(operator_client):
     assert response.json()["error"]
 
 
+def test_a_model_description_past_2000_characters_is_refused(operator_client):
+    response = operator_client.post("/api/models/", {"name": "fraud", "description": "x" * 2001}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "description: Ensure this field has no more than 2000 characters."
+
+
+def test_the_api_root_names_its_collections_and_schema(viewer_client):
+    response = viewer_client.get("/api/")
+
+    assert response.status_code == 200
+    assert response.json() == {"models": "http://testserver/api/models/", "workers": "http://testserver/api/workers/",
+                               "drills": "http://testserver/api/drills/", "schema": "http://testserver/api/schema/"}
+
+
+def test_an_unknown_format_is_a_404_naming_it(viewer_client):
+    response = viewer_client.get("/api/workers/?format=xml")
+
+    assert response.status_code == 404
+    assert response.json()["error"] == "format 'xml' is not one this endpoint answers: leave out ?format= for JSON"
+
+
 def test_unknown_api_path_is_a_json_404(operator_client):
     response = operator_client.get("/api/nothing-here/")
 

@@ -151,6 +151,14 @@ def test_upload_without_a_file_names_the_missing_field(operator_client, model):
     assert ModelVersion.objects.count() == 0
 
 
+def test_a_description_past_2000_characters_is_refused_as_the_console_form_refuses_it(operator_client, model, good_onnx, artifact_root):
+    response = upload(operator_client, good_onnx, description="x" * 2001)
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "description: Ensure this field has no more than 2000 characters."
+    assert ModelVersion.objects.count() == 0
+
+
 def test_upload_to_an_unknown_model_is_404(operator_client, good_onnx, artifact_root):
     response = upload(operator_client, good_onnx, name="nope")
 
