@@ -7,6 +7,7 @@ where no database answers (a missing directory for SQLite, a closed port for Pos
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -254,3 +255,44 @@ def test_readyz_names_a_read_only_database(client, postgres_cluster, monkeypatch
 
     assert response.status_code == 503
     assert response.json()["database"] == {"ok": False, "error": "read-only: it accepts no writes"}
+
+
+# ---- the live feed's websocket, whose handshake reads the session and the user ---------
+
+
+def _live_feed_handshake(operator, extensions: dict) -> list[dict]:
+    from console.asgi import application
+
+    cookie = f"sessionid={signed_in(operator).cookies['sessionid'].value}".encode()
+    scope = {"type": "websocket", "asgi": {"version": "3.0"}, "http_version": "1.1", "scheme": "ws", "path": "/ws/live/",
+             "raw_path": b"/ws/live/", "query_string": b"", "root_path": "", "subprotocols": [], "extensions": extensions,
+             "headers": [(b"host", b"testserver"), (b"origin", b"http://testserver"), (b"cookie", cookie)],
+             "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+    sent = []
+
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    async def send(message):
+        sent.append(message)
+
+    with unreachable_database():
+        asyncio.run(asyncio.wait_for(application(scope, receive, send), timeout=20))
+    return sent
+
+
+def test_the_live_feed_handshake_is_a_503_with_retry_after_while_the_database_is_unreachable(operator, caplog):
+    sent = _live_feed_handshake(operator, {"websocket.http.response": {}})
+
+    assert sent[0]["type"] == "websocket.http.response.start"
+    assert sent[0]["status"] == 503
+    assert (b"retry-after", b"5") in sent[0]["headers"]
+    assert sent[1]["body"] == b"the database is unavailable; retry in 5 s"
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
+    assert not any(record.exc_info for record in caplog.records)
+
+
+def test_the_live_feed_handshake_is_closed_try_again_later_where_the_server_has_no_denial_responses(operator):
+    sent = _live_feed_handshake(operator, {})
+
+    assert sent == [{"type": "websocket.close", "code": 1013}]

@@ -1,0 +1,65 @@
+"""A websocket handshake during a database outage is refused cleanly, as HTTP's 503.
+
+Channels' session and auth middleware read the session and the user from the database
+before any consumer runs, so during an outage every browser's live feed, retried by each
+open page, ended in an ASGI exception with a traceback and an HTTP 500 handshake. Here
+an unavailable database before the socket is accepted refuses the handshake: a 503 with
+``Retry-After`` where the server takes ASGI's denial response (uvicorn does), a plain
+close (403) elsewhere; one warning line, no traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from console.outage import RETRY_AFTER_S
+from registry.db_unavailable import is_database_unavailable
+
+logger = logging.getLogger(__name__)
+
+DENIAL_EXTENSION = "websocket.http.response"
+BODY = f"the database is unavailable; retry in {RETRY_AFTER_S} s".encode()
+
+
+def database_error_in(error: BaseException | None) -> BaseException | None:
+    """The unavailable database's error that ``error`` was raised by or while handling
+    (Channels' session wrapper trips over its own half-loaded session afterwards)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if is_database_unavailable(error):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+class DatabaseOutageGuard:
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def __call__(self, scope, receive, send):
+        accepted = False
+
+        async def watched_send(message):
+            nonlocal accepted
+            accepted = accepted or message["type"] in ("websocket.accept", "websocket.close", "websocket.http.response.start")
+            await send(message)
+
+        try:
+            await self.inner(scope, receive, watched_send)
+        except Exception as error:
+            cause = database_error_in(error)
+            if cause is None or accepted:
+                raise
+            logger.warning("database unavailable on websocket %s: handshake refused (%s)", scope.get("path", "")[:200],
+                           type(cause).__name__)
+            await refuse(scope, send)
+
+
+async def refuse(scope, send) -> None:
+    if DENIAL_EXTENSION in scope.get("extensions", {}):
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"retry-after", str(RETRY_AFTER_S).encode())]
+        await send({"type": "websocket.http.response.start", "status": 503, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": BODY})
+    else:
+        await send({"type": "websocket.close", "code": 1013})  # "try again later", for a server without denial responses
