@@ -11,8 +11,10 @@ import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from console import console_address
 from serving import contract
 from serving.env import (
+    SettingError,
     env_bool,
     env_choice,
     env_float,
@@ -129,7 +131,11 @@ def _database() -> dict:
     if url:
         # Health checks: a persistent connection broken by an outage is replaced at the
         # next request instead of failing it.
-        database = dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE_S", 0), conn_health_checks=True)
+        try:
+            database = dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE_S", 0), conn_health_checks=True)
+        except ValueError as error:  # an unknown scheme, a port that is not a number; never the URL: it may hold a password
+            raise SettingError(f"DATABASE_URL: {type(error).__name__}: expected a URL such as postgres://user@host:5432/name "
+                               "or sqlite:////path/db.sqlite3") from None
     else:
         database = {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "db.sqlite3", "TEST": {"NAME": DATA_DIR / "test-db.sqlite3"}}
     if database["ENGINE"].endswith("sqlite3"):
@@ -259,6 +265,9 @@ SERVING_DEFAULT_MAX_BATCH_SIZE = env_int("SERVING_MAX_BATCH_SIZE", contract.DEFA
 SERVING_DEFAULT_MAX_QUEUE_DELAY_S = env_float("SERVING_MAX_QUEUE_DELAY_S", contract.DEFAULT_MAX_QUEUE_DELAY_S, minimum=0.0)
 SERVING_DEFAULT_MAX_QUEUE_SIZE = env_int("SERVING_MAX_QUEUE_SIZE", contract.DEFAULT_MAX_QUEUE_SIZE, minimum=1)
 SERVING_PUBLIC_URL = env_str("SERVING_PUBLIC_URL", "http://127.0.0.1:8001")
+# The console a hand-started `manage.py serve` follows when it is given no CONSOLE_URL:
+# the address `manage.py runstack` recorded in DATA_DIR, never a default port's.
+CONSOLE_URL = env_str("CONSOLE_URL", "") or console_address.recorded(DATA_DIR)
 WORKER_GONE_AFTER_S = env_float("WORKER_GONE_AFTER_S", 5.0, minimum=1.0)
 # Progressive delivery: how often Celery beat asks the analysis whether a window is due
 # (each rollout judges at its own interval_s), and how long per-report samples are kept.

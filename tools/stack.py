@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from console.processes import CONSOLE_HTTP_OPTIONS
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
 VERDICT_TIMEOUT_S = 120.0  # a validation job: the queue ahead of it and INSPECTION_TIMEOUT_S
@@ -86,7 +88,8 @@ class Stack:
         """``port``: the port of a console stopped before, so its workers find it again;
         ``host``: the address it listens on, and the one its workers are given."""
         port = port or free_port()
-        command = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"]
+        command = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log",
+                   *CONSOLE_HTTP_OPTIONS]
         self.console = self._spawn("console", command, f"http://{host}:{port}", extra_env)
         self.env["CONSOLE_URL"] = self.console.url
         wait_http(self.console, "/healthz")

@@ -23,7 +23,7 @@ from urllib.parse import urlparse, urlunparse
 import pytest
 
 from console import embedded_redis
-from console.processes import stop_all, wait_http
+from console.processes import CONSOLE_HTTP_OPTIONS, stop_all, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -190,7 +190,8 @@ def _start(stack: Stack) -> None:
     stack.console_url = f"http://127.0.0.1:{console_port}"
     stack.worker_url = f"http://127.0.0.1:{worker_port}"
     stack.env.update({"CONSOLE_URL": stack.console_url, "SERVING_PUBLIC_URL": stack.worker_url})
-    console = _spawn(stack, "console", [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(console_port), "--no-access-log"])
+    console = _spawn(stack, "console", [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(console_port),
+                                        "--no-access-log", *CONSOLE_HTTP_OPTIONS])
     wait_http(f"{stack.console_url}/healthz", console)
     worker = _spawn(stack, "worker", [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(worker_port)])
     wait_http(f"{stack.worker_url}/v2/health/ready", worker)

@@ -1,12 +1,14 @@
 """`make run`'s stack stops whole: every child it started is gone after it exits, even
 when the stop signal comes twice (Ctrl-C pressed again, or make's SIGTERM after ours), or
 as a hangup (the terminal closed); a child that dies stops the rest with exit status 1;
-a port already taken is refused before anything starts."""
+a port already taken is refused before anything starts; a worker started by hand beside
+it follows its console without being told where."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,8 +30,8 @@ def alive(pids: list[int]) -> list[int]:
     return [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
 
-def start_stack(tmp_path, port: int | None = None) -> tuple[subprocess.Popen, int, Path]:
-    port, serving_port = port or free_port(), free_port()
+def start_stack(tmp_path, port: int | None = None, serving_port: int | None = None) -> tuple[subprocess.Popen, int, Path]:
+    port, serving_port = port or free_port(), serving_port or free_port()
     env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_SECRET_KEY"}}
     env.update(DATA_DIR=str(tmp_path / "data"), EMBEDDED_REDIS_PORT=str(free_port()))
     env.pop("REDIS_URL", None)  # the embedded server too, as `make run` starts it
@@ -61,6 +63,8 @@ class Running:
     stack: subprocess.Popen
     errors: Path
     children: list[int]  # every process it started, by PID
+    data_dir: Path
+    serving_port: int
 
 
 @pytest.fixture
@@ -71,7 +75,7 @@ def running(tmp_path) -> Iterator[Running]:
     try:
         wait_http(f"http://127.0.0.1:{serving_port}/v2/health/live", stack, timeout_s=120)
         children = [child.pid for child in psutil.Process(stack.pid).children(recursive=True)]
-        yield Running(stack, errors, children)
+        yield Running(stack, errors, children, tmp_path / "data", serving_port)
     finally:
         stop_leftovers(stack, children)
 
@@ -114,8 +118,6 @@ def test_a_child_that_dies_stops_the_stack_with_status_1_naming_it(running):
 
 
 def test_a_port_already_taken_is_refused_before_anything_starts(tmp_path):
-    import socket
-
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         stack, _, errors = start_stack(tmp_path, port=port)
@@ -124,3 +126,76 @@ def test_a_port_already_taken_is_refused_before_anything_starts(tmp_path):
     assert stack.returncode == 1
     assert f"127.0.0.1:{port} is not free" in errors.read_text()
     assert not (tmp_path / "data" / "redis").exists()  # refused before Redis, migrations or anything else
+
+
+def test_a_worker_started_by_hand_beside_the_stack_follows_its_console_unasked(running, tmp_path):
+    """No CONSOLE_URL: `manage.py serve` takes the address runstack recorded in DATA_DIR
+    (the stack's console is on a free port, not the default one)."""
+    withheld = {"CONSOLE_URL", "DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"}
+    env = {key: value for key, value in os.environ.items() if key not in withheld}
+    env.update(DATA_DIR=str(running.data_dir), SERVING_CACHE_DIR=str(tmp_path / "by-hand"), SERVING_DEVICE="cpu")
+    port = free_port()
+    worker = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=(tmp_path / "by-hand.log").open("w"))
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v2/health/ready", worker, timeout_s=60)  # ready: it applied its console's state
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+def test_two_stop_signals_back_to_back_during_the_start_still_stop_everything(tmp_path):
+    """`timeout` signals the stack and then its group; Ctrl-C pressed twice does the same."""
+    stack, _, errors = start_stack(tmp_path)
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and stack.poll() is None:  # until the console is starting: Redis and it to stop
+            children = psutil.Process(stack.pid).children(recursive=True)
+            if any("uvicorn" in " ".join(child.cmdline()) for child in children if child.is_running()):
+                started = [child.pid for child in children]
+                break
+            time.sleep(0.05)
+        assert started, "the stack never started its console"
+        stack.send_signal(signal.SIGINT)
+        stack.send_signal(signal.SIGTERM)
+        stack.wait(timeout=60)
+        assert stack.returncode == 0, errors.read_text()
+        assert "Traceback" not in errors.read_text()
+        assert all_gone(started)
+    finally:
+        stop_leftovers(stack, started)
+
+
+@pytest.mark.parametrize("ports", [["--port", "99999"], ["--port", "-1"], ["--port", "0"], ["--port", "19999", "--serving-port", "19999"]],
+                         ids=["past 65535", "negative", "zero", "the same twice"])
+def test_a_port_out_of_range_or_given_twice_is_refused_naming_it(ports):
+    finished = subprocess.run([sys.executable, "manage.py", "runstack", "--no-demo", *ports], cwd=ROOT, capture_output=True, timeout=60, check=False)
+
+    said = finished.stderr.decode()
+    assert finished.returncode != 0
+    assert "Traceback" not in said
+    assert "expected a port number from 1 to 65535" in said or "are both 19999" in said
+
+
+def test_the_consoles_try_it_form_reaches_the_worker_on_the_serving_port_given(running):
+    console = next(child for child in psutil.Process(running.stack.pid).children() if "uvicorn" in child.cmdline())
+
+    assert console.environ()["SERVING_PUBLIC_URL"] == f"http://127.0.0.1:{running.serving_port}"
+
+
+def test_the_console_refuses_a_request_head_past_64_kib_without_holding_it(running):
+    """uvicorn's default parser took a 50 MiB header line from anyone, and kept the memory."""
+    from urllib.parse import urlsplit
+
+    from console.console_address import recorded
+
+    console = urlsplit(recorded(running.data_dir))
+    with socket.create_connection((console.hostname, console.port), timeout=30) as connection:
+        try:
+            connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"a" * (4 << 20) + b"\r\n\r\n")
+        except ConnectionResetError:
+            pass  # refused before the last of it was sent
+        answer = connection.recv(200)
+
+    assert answer.startswith(b"HTTP/1.1 400 ")

@@ -63,3 +63,25 @@ def test_the_database_url_can_come_from_a_file(tmp_path):
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == str(tmp_path / "from-file.sqlite3")
+
+
+def _manage(tmp_path, *arguments: str, **env) -> subprocess.CompletedProcess:
+    environment = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_SECRET_KEY"}}
+    environment.update({"DATA_DIR": str(tmp_path / "data"), **env})
+    return subprocess.run([sys.executable, "manage.py", *arguments], check=False, cwd=REPO_ROOT, env=environment, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_manage_py_with_a_bad_value_says_which_in_one_line_without_a_traceback(tmp_path):
+    result = _manage(tmp_path, "check", MAX_UPLOAD_BYTES="abc")
+
+    assert result.returncode == 1
+    assert result.stderr == "manage.py: MAX_UPLOAD_BYTES='abc': expected an integer\n"
+
+
+def test_a_database_url_of_no_known_scheme_is_named_and_its_value_is_not_echoed(tmp_path):
+    result = _manage(tmp_path, "check", DATABASE_URL="nonsense://user:hunter2@db/x")
+
+    assert result.returncode == 1
+    assert result.stderr.startswith("manage.py: DATABASE_URL: UnknownSchemeError: expected a URL such as postgres://")
+    assert "hunter2" not in result.stderr and "Traceback" not in result.stderr

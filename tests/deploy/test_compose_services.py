@@ -148,6 +148,13 @@ def test_the_console_health_check_probes_a_console_route_on_its_port(services):
     assert resolve("/" + url.split("/", 3)[3]).url_name == "healthz"
 
 
+def test_the_console_bounds_a_request_head_as_make_run_does(services):
+    from console.processes import CONSOLE_HTTP_OPTIONS
+
+    argv = service_command(services["console"])
+    assert [option(argv, name) for name in CONSOLE_HTTP_OPTIONS[::2]] == list(CONSOLE_HTTP_OPTIONS[1::2])
+
+
 def test_the_consoles_metrics_route_exists():
     try:
         match = resolve("/metrics")

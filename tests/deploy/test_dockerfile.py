@@ -99,6 +99,16 @@ def test_each_target_has_a_health_check_and_the_binaries_the_code_runs(target):
     assert all(f"command -v {binary}" in installs for binary in BINARIES)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_targets_console_bounds_a_request_head_as_make_run_does(target):
+    import json
+
+    from console.processes import CONSOLE_HTTP_OPTIONS
+
+    argv = json.loads(next(rest for keyword, rest in stages()[target] if keyword == "CMD"))
+    assert [argv[argv.index(option) + 1] for option in CONSOLE_HTTP_OPTIONS[::2]] == list(CONSOLE_HTTP_OPTIONS[1::2])
+
+
 def test_the_code_the_child_processes_run_names_those_binaries():
     code = (REPO_ROOT / "registry/jobs/child.py").read_text()
 

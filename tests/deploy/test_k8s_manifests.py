@@ -193,6 +193,14 @@ def test_the_console_port_agrees_in_command_container_service_and_probes(name):
     assert _probe_ports(console) == [port, port]
 
 
+@pytest.mark.parametrize("name", k8s.OVERLAYS)
+def test_the_console_bounds_a_request_head_as_make_run_does(name):
+    from console.processes import CONSOLE_HTTP_OPTIONS
+
+    argv = k8s.the_container(k8s.overlay(name), "console").argv
+    assert [argv[argv.index(option) + 1] for option in CONSOLE_HTTP_OPTIONS[::2]] == list(CONSOLE_HTTP_OPTIONS[1::2])
+
+
 def test_the_worker_probe_and_scrape_paths_answer_on_a_ready_worker(deploy_worker):
     worker = k8s.the_container(k8s.overlay("cpu"), "worker")
     annotations = worker.workload["spec"]["template"]["metadata"]["annotations"]

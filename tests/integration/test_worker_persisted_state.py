@@ -15,6 +15,7 @@ import httpx
 import pytest
 from django.db import connection
 
+from console.processes import CONSOLE_HTTP_OPTIONS
 from tools.stack import running_stack, wait_http, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -42,7 +43,8 @@ def start_worker(stack, cache_dir, *, wait_ready: bool = True):
 
 def restart_console(stack, url: str) -> None:
     """The console again on the same address: the worker's CONSOLE_URL does not change."""
-    command = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(urlsplit(url).port), "--no-access-log"]
+    command = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(urlsplit(url).port), "--no-access-log",
+               *CONSOLE_HTTP_OPTIONS]
     stack.console = stack._spawn("console-again", command, url, {})
     wait_http(stack.console, "/healthz")
 

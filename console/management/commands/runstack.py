@@ -6,6 +6,7 @@ and a child that exits stops the rest and makes the command exit 1, naming it.""
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import signal
@@ -18,8 +19,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from console import embedded_redis
-from console.processes import stop_all, wait_http, worker_environment
+from console import console_address, embedded_redis
+from console.processes import CONSOLE_HTTP_OPTIONS, stop_all, wait_http, worker_environment
 from registry.artifacts import storage
 from serving.env import env_int
 
@@ -32,8 +33,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000, help="console port")
-        parser.add_argument("--serving-port", type=int, default=8001)
+        parser.add_argument("--port", type=_port, default=8000, help="console port")
+        parser.add_argument("--serving-port", type=_port, default=8001)
         parser.add_argument("--no-demo", action="store_true", help="skip registering the demo models")
 
     def handle(self, *args, host, port, serving_port, no_demo, **options):
@@ -42,19 +43,24 @@ class Command(BaseCommand):
         # The children run in their own sessions, so a terminal's hangup reaches only us.
         for stop_signal in STOP_SIGNALS:
             signal.signal(stop_signal, _interrupt)
+        if port == serving_port:
+            raise CommandError(f"--port and --serving-port are both {port}: the console and the worker need a port each")
         for taken in (port, serving_port):
             _check_free(host, taken)
+        console_address.record(settings.DATA_DIR, f"http://{host}:{port}")  # for a worker started by hand (manage.py serve)
         started = time.monotonic()
         children: list[subprocess.Popen] = []
         env = dict(os.environ)
         try:
             env["REDIS_URL"] = self._redis(children)
             env["CONSOLE_URL"] = f"http://{host}:{port}"
+            env.setdefault("SERVING_PUBLIC_URL", f"http://{host}:{serving_port}")  # the "try it" form's worker, on --serving-port
             env["SERVING_WORKER_TOKEN"] = settings.SERVING_WORKER_TOKEN
             if "SECURE_COOKIES" not in env and host in LOOPBACK_HOSTS:
                 env["SECURE_COOKIES"] = "false"  # `make run` serves plain http: a Secure cookie would never come back
             self._prepare(no_demo, env)
-            children.append(self._spawn([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"], env))
+            console = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"]
+            children.append(self._spawn([*console, *CONSOLE_HTTP_OPTIONS], env))
             wait_http(f"http://{host}:{port}/healthz", children[-1])
             children.append(self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env)))
             serving_worker = children[-1]
@@ -73,8 +79,7 @@ class Command(BaseCommand):
         finally:
             # A second Ctrl-C, or make's own SIGTERM arriving after ours, must not cut the
             # stop short and leave the children running.
-            for stop_signal in STOP_SIGNALS:
-                signal.signal(stop_signal, signal.SIG_IGN)
+            _hold_further_stops()
             stop_all(children)
 
     def _redis(self, children: list) -> str:
@@ -122,8 +127,35 @@ class Command(BaseCommand):
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+_stopping = False
+
+
 def _interrupt(signum, frame) -> None:
+    """The first stop signal stops the stack; the ones after it (Ctrl-C pressed again,
+    `timeout` signalling us and then our group) do nothing: raised again, one landing in
+    the stop's own cleanup cut it short and left every child running. The handler stays
+    installed (SIG_IGN set while a second signal is pending makes CPython print a
+    traceback, "Signal 15 ignored due to race condition")."""
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
     raise KeyboardInterrupt
+
+
+def _hold_further_stops() -> None:
+    global _stopping
+    _stopping = True
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return port
 
 
 def _check_free(host: str, port: int) -> None:

@@ -3,8 +3,9 @@ ORM, no Django views; Django only supplies defaults (the worker token, Redis URL
 
 The console to follow is never guessed: a worker started by hand without ``CONSOLE_URL``
 would otherwise take its states and artifacts from whatever answers on the default port.
-``CONSOLE_URL`` comes from the environment, else from a ``CONSOLE_URL`` Django setting
-when the console defines one, else the command refuses to start (``runstack`` sets it).
+``CONSOLE_URL`` comes from the environment, else from the console's ``CONSOLE_URL`` setting
+(the address ``runstack`` recorded in DATA_DIR, console/console_address.py), else the
+command refuses to start.
 Logging is configured here, after Django's own ``LOGGING``, so that every worker line is
 one JSON object (serving/logs.py) rather than whatever Django's handler prints."""
 
@@ -60,8 +61,8 @@ def console_url() -> str:
     url = env_str("CONSOLE_URL") or str(getattr(settings, "CONSOLE_URL", "") or "").strip()
     if not url:
         raise CommandError(
-            "CONSOLE_URL is not set: name the console this worker takes its states and artifacts from, "
-            "e.g. CONSOLE_URL=http://127.0.0.1:8000 (manage.py runstack sets it for the worker it starts)"
+            "CONSOLE_URL is not set and no console of this DATA_DIR recorded its address (manage.py runstack does): name the "
+            "console this worker takes its states and artifacts from, e.g. CONSOLE_URL=http://127.0.0.1:8000"
         )
     try:
         return check_http_url("CONSOLE_URL", url)
