@@ -286,7 +286,7 @@ def _requested_outputs(document: dict, io: ModelIO, parameters: object = None) -
     parameters = parameters or {}
     if not isinstance(parameters, dict):
         raise BadRequest("'parameters' must be an object")
-    default_binary = parameters.get("binary_data_output") is True
+    default_binary = _flag(parameters, "binary_data_output", False, "parameters")
     if requested is None:
         return io.default_outputs[default_binary]
     if not isinstance(requested, list):
@@ -305,13 +305,24 @@ def _requested_outputs(document: dict, io: ModelIO, parameters: object = None) -
 
 def _output_choice(item: object, io: ModelIO, default_binary: bool) -> tuple[int, bool]:
     name = item.get("name") if isinstance(item, dict) else None
-    index = io.output_index.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        got = f"a {type(item).__name__}" if not isinstance(item, dict) else "no name" if name is None else f"name {clip(repr(name))}"
+        raise BadRequest(f"each entry of 'outputs' needs a 'name', a string naming one of the model's outputs; got {got}")
+    index = io.output_index.get(name)
     if index is None:
         raise BadRequest(f"output {clip(repr(name))}: the model has no such output")
     parameters = item.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise BadRequest(f"output '{name}': parameters must be an object")
-    return index, bool(parameters.get("binary_data", default_binary))
+    return index, _flag(parameters, "binary_data", default_binary, f"output '{name}'")
+
+
+def _flag(parameters: dict, key: str, default: bool, where: str) -> bool:
+    """A boolean parameter: "false" or 1 is refused rather than read as its truthiness."""
+    value = parameters.get(key, default)
+    if not isinstance(value, bool):
+        raise BadRequest(f"{where}: {key} must be true or false, got {clip(repr(value))}")
+    return value
 
 
 def _request_id(value: object) -> str | None:

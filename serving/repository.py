@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-
 from serving import metrics
 from serving.config import ServingConfig
 from serving.contract import BatchPolicy, ContractError
 from serving.errors import LoadError
 from serving.loaded_version import LoadedVersion
+from serving.logs import event
 from serving.serving_plan import ServingPlan, parse_state
 from serving.traffic_split import Router, RoutingTable, build_routes
 from serving.version_loader import FetchFn, load_version
@@ -71,7 +71,7 @@ class Repository:
             if result.ok:
                 metrics.STATE_GENERATION.set(result.generation)
             log = logger.info if result.ok else logger.error
-            log("apply generation %s: %s", result.generation, result.as_dict())
+            log(event("state_applied" if result.ok else "state_not_applied", **result.as_dict()))
             return result.as_dict()
 
     async def _apply(self, state: object) -> ApplyResult:

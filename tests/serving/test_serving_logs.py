@@ -19,10 +19,10 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+from serving_testkit import REPO_ROOT, SubprocessWorker, free_port, route, state, write_state
 
 from serving.batch_observer import BatchObserver
 from serving.logs import JsonFormatter, configure_logging, event
-from serving_testkit import REPO_ROOT, SubprocessWorker, free_port, route, state, write_state
 
 DJANGO_LIKE_LOGGING = {  # the shape of console/settings.py's LOGGING
     "version": 1,
@@ -133,7 +133,8 @@ def test_python_m_serving_worker_logs_only_json_lines(tmp_path, state_file):
     lines = assert_every_line_is_one_json_object(worker.process.stderr.read().decode())
 
     assert any(line["logger"] == "uvicorn.error" for line in lines)
-    assert any(line["logger"] == "serving.repository" for line in lines)
+    applied = [line for line in lines if line["logger"] == "serving.repository"]
+    assert [(line["event"], line["generation"], line["ok"], "message" in line) for line in applied] == [("state_applied", 1, True, False)]
 
 
 def test_manage_py_serve_logs_json_lines_although_django_configured_logging_first(tmp_path, state_file):

@@ -223,6 +223,30 @@ def test_unknown_output_name_is_refused_with_a_short_prefix_of_it():
     assert len(refused.value.message) < 130
 
 
+@pytest.mark.parametrize(("request_part", "message"), [
+    ({"outputs": [{"name": "logits", "parameters": {"binary_data": "false"}}]}, "output 'logits': binary_data must be true or false, got 'false'"),
+    ({"outputs": [{"name": "logits", "parameters": {"binary_data": 1}}]}, "output 'logits': binary_data must be true or false, got 1"),
+    ({"parameters": {"binary_data_output": "yes"}}, "parameters: binary_data_output must be true or false, got 'yes'"),
+], ids=["a string", "a number", "the request's default"])
+def test_a_binary_data_flag_that_is_not_a_boolean_is_refused_naming_it(request_part, message):
+    raw = orjson.dumps({**orjson.loads(body()), **request_part})
+
+    with pytest.raises(BadRequest) as refused:
+        decode_v2(raw, None, IO)
+
+    assert refused.value.message == message
+
+
+@pytest.mark.parametrize(("entry", "got"), [({}, "no name"), ({"name": 7}, "name 7"), ("logits", "a str")])
+def test_an_output_entry_without_a_name_is_refused_saying_the_name_is_missing(entry, got):
+    raw = orjson.dumps({**orjson.loads(body()), "outputs": [entry]})
+
+    with pytest.raises(BadRequest) as refused:
+        decode_v2(raw, None, IO)
+
+    assert refused.value.message == f"each entry of 'outputs' needs a 'name', a string naming one of the model's outputs; got {got}"
+
+
 def test_every_output_once_in_any_order_is_accepted():
     raw = orjson.dumps({**orjson.loads(body()), "outputs": [{"name": "logits"}, {"name": "probabilities"}]})
 
