@@ -25,7 +25,7 @@ from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from django.utils.deprecation import MiddlewareMixin
 
-from registry.committed_change import committed_change
+from registry.committed_change import change_in_doubt, committed_change
 from registry.db_unavailable import is_database_unavailable, is_read_only
 
 logger = logging.getLogger(__name__)
@@ -41,17 +41,20 @@ def database_unavailable_response(request, error: BaseException) -> HttpResponse
     request_id = uuid.uuid4().hex
     reason = (str(error).strip().splitlines() or [""])[0][:200]
     committed = committed_change(request)
+    in_doubt = None if committed else change_in_doubt(request)
     logger.warning("database unavailable on %s %s (request %s%s): %s: %s", request.method, request.path, request_id,
                    f", after committing {committed}" if committed else "", type(error).__name__, reason)
     if committed:
         response = _committed_response(request, committed, request_id)
+    elif in_doubt:
+        response = _in_doubt_response(request, in_doubt, request_id)
     elif request.path.startswith("/api/"):
         read_only = is_read_only(error)
         response = JsonResponse({"error": READ_ONLY_MESSAGE if read_only else MESSAGE, "request_id": request_id}, status=503)
     else:
         context = {"retry_after_s": RETRY_AFTER_S, "request_id": request_id, "read_only": is_read_only(error)}
         response = HttpResponse(render_to_string("503.html", context), status=503)
-    if not committed:
+    if not (committed or in_doubt):
         response["Retry-After"] = str(RETRY_AFTER_S)
     response["Cache-Control"] = "no-store"
     return response
@@ -64,6 +67,15 @@ def _committed_response(request, committed: str, request_id: str) -> HttpRespons
                    "do not repeat it")
         return JsonResponse({"error": message, "committed": committed, "request_id": request_id}, status=503)
     return HttpResponse(render_to_string("503_committed.html", {"committed": committed, "request_id": request_id}), status=503)
+
+
+def _in_doubt_response(request, change: str, request_id: str) -> HttpResponse:
+    """The connection went during this request's COMMIT: the change may have been made."""
+    message = (f"the database failed while this change was being committed ({change}): it may or may not have been made; "
+               "read the model's release history once the database answers, before repeating it")
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": message, "in_doubt": change, "request_id": request_id}, status=503)
+    return HttpResponse(render_to_string("503_committed.html", {"in_doubt": change, "request_id": request_id}), status=503)
 
 
 class DatabaseOutageMiddleware(MiddlewareMixin):

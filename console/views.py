@@ -68,7 +68,7 @@ from registry.artifacts.upload_handler import (
     declared_too_large,
     start_staging,
 )
-from registry.committed_change import mark_committed
+from registry.committed_change import committing, mark_committed
 from registry.domain import audit_log
 from registry.domain.choices import (
     ACTIVE_ROLLOUT_STATUSES,
@@ -465,7 +465,8 @@ def rollback(request, name: str):
 
 def _release(request, model: RegisteredModel, change):
     try:
-        release = change()
+        with committing(request):
+            release = change()
     except releases.ReleaseError as error:
         return _answer(request, model.name, "error", error.message, status=error.status, **error.details())
     return _release_made(request, model, release)

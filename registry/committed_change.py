@@ -9,6 +9,13 @@ says the change was made.
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
+from django.db import DatabaseError
+
+from registry.db_unavailable import is_database_unavailable
+
 ATTRIBUTE = "committed_change"
 
 
@@ -19,3 +26,35 @@ def mark_committed(request, change: str) -> None:
 
 def committed_change(request) -> str | None:
     return getattr(getattr(request, "_request", request), ATTRIBUTE, None)
+
+
+# A change whose COMMIT failed with the connection: the server may have written it before
+# the connection went (psycopg raises the same error either way), so neither "made" nor
+# "retry" is true. The action notes its change inside the transaction; ``committing``
+# turns a lost connection after that note into "in doubt" on the request.
+IN_DOUBT_ATTRIBUTE = "change_in_doubt"
+_pending = threading.local()
+
+
+def note_pending(change: str) -> None:
+    """Inside a change's transaction, once its rows are written: what a failed COMMIT would leave in doubt."""
+    _pending.change = change
+
+
+@contextmanager
+def committing(request):
+    """Around a call that commits one change (its view's act)."""
+    _pending.change = None
+    try:
+        yield
+    except DatabaseError as error:
+        change = getattr(_pending, "change", None)
+        if change and is_database_unavailable(error):
+            setattr(getattr(request, "_request", request), IN_DOUBT_ATTRIBUTE, change)
+        raise
+    finally:
+        _pending.change = None
+
+
+def change_in_doubt(request) -> str | None:
+    return getattr(getattr(request, "_request", request), IN_DOUBT_ATTRIBUTE, None)

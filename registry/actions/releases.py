@@ -29,6 +29,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from registry.actions import events
+from registry.committed_change import note_pending
 from registry.domain.choices import (
     ACTIVE_ROLLOUT_STATUSES,
     ANALYSED_ROLLOUT_STATUSES,
@@ -323,6 +324,7 @@ def _append(counter: ServingGeneration, model, routes: list[Route], stable: int,
         actor=actor if actor is not None and actor.is_authenticated else None,
         reason=reason,
     )
+    note_pending(f"{model.name}: generation {release.generation}")
     transaction.on_commit(_publish)
     if rollout is None and action != ReleaseAction.ARCHIVE:
         _pause_rollouts(model, release)

@@ -19,7 +19,7 @@ from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.parsers import JSONParser
-from registry.committed_change import mark_committed
+from registry.committed_change import committing, mark_committed
 from registry.db_unavailable import is_database_unavailable
 from registry.fleet import workers as fleet
 from registry.models import RegisteredModel, Release
@@ -82,7 +82,8 @@ class ReleaseAction(APIView):
         form = self.request_serializer(data=request.data)
         form.is_valid(raise_exception=True)
         try:
-            release = self.act(model, form.validated_data)
+            with committing(request):
+                release = self.act(model, form.validated_data)
         except releases.ReleaseError as error:
             return error_response(error.message, error.status, **error.details())
         mark_committed(request, f"{model.name}: generation {release.generation}")

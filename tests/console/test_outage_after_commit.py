@@ -92,3 +92,34 @@ def test_a_change_the_database_refuses_before_its_commit_is_still_a_503_to_retry
     assert response.status_code == 503
     assert response["Retry-After"] == "5"
     assert not Release.objects.filter(model=canary_digits, generation=3).exists()
+
+
+@pytest.fixture
+def connection_lost_at_commit(monkeypatch):
+    """The server writes the COMMIT and the connection goes before its reply: psycopg
+    raises the error it raises for a commit that never arrived, so the outcome is unknown."""
+    commit = connection._commit
+
+    def commit_then_lose_the_connection():
+        commit()
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(connection, "_commit", commit_then_lose_the_connection)
+
+
+def test_a_change_whose_commit_loses_the_connection_is_answered_in_doubt_not_retry(operator_client, canary_digits, connection_lost_at_commit):
+    response = operator_client.post("/api/models/digits/release/promote/", {"reason": "ship v2"}, format="json")
+
+    assert response.status_code == 503
+    assert "Retry-After" not in response
+    assert response.json()["in_doubt"] == "digits: generation 3"
+    assert "may or may not have been made" in response.json()["error"]
+
+
+def test_a_form_change_whose_commit_loses_the_connection_says_it_may_have_been_made(browser, canary_digits, connection_lost_at_commit):
+    response = browser.post("/models/digits/promote/", {"reason": "ship v2", "expected_generation": 2})
+
+    assert response.status_code == 503
+    assert "Retry-After" not in response
+    assert "Your change may or may not have been made" in response.content.decode()
+    assert "digits: generation 3" in response.content.decode()
