@@ -175,6 +175,12 @@ def _without_none(fields: dict) -> dict:
 # ---- the desired state -----------------------------------------------------------------
 
 
+# The datatypes a worker decodes a request's input as (serving/engine.py, V2_TO_NUMPY).
+# A model with an input of any other (BYTES, BF16) could never be served, and a worker
+# cannot even warm it: it is refused at upload (registry/artifacts/inspection.py).
+SERVABLE_INPUT_DATATYPES = frozenset({"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+                                      "FP16", "FP32", "FP64"})
+
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
     """How a version's requests are batched; the console sends one per model."""

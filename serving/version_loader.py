@@ -101,3 +101,8 @@ def _check_signature(spec: VersionSpec, engine: Engine) -> None:
         if declared_names != actual_names:
             raise LoadError(f"{spec.model_name} v{spec.version}: signature {side} {declared_names} "
                             f"do not match the model's {actual_names}")
+    # Uploads refuse these; a version registered before that refusal existed is named, not warmed.
+    undecodable = [f"'{tensor.name}' ({tensor.datatype})" for tensor in engine.inputs if tensor.dtype is None]
+    if undecodable:
+        raise LoadError(f"{spec.model_name} v{spec.version}: input {', '.join(undecodable)} has a datatype no request "
+                        "can be decoded as; the version cannot be served")

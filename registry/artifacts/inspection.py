@@ -49,7 +49,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
-from serving.contract import DEFAULT_MAX_BATCH_SIZE
+from serving.contract import DEFAULT_MAX_BATCH_SIZE, SERVABLE_INPUT_DATATYPES
 from serving.model_safety import UnsafeModel, refuse_external_references, walk_messages
 
 logger = logging.getLogger(__name__)
@@ -577,6 +577,7 @@ def _build_signature(model: ModelProto) -> dict:
     initializer_names = {tensor.name for tensor in model.graph.initializer}
     inputs = [_tensor_spec(value, "input") for value in model.graph.input if value.name not in initializer_names]
     for spec in inputs:
+        _refuse_unservable_datatype(spec)
         _refuse_unservable_dimensions(spec)
     return {
         "inputs": inputs,
@@ -605,6 +606,12 @@ def _dimension(dimension) -> int | str | None:
     if dimension.HasField("dim_value"):
         return dimension.dim_value
     return dimension.dim_param or None
+
+
+def _refuse_unservable_datatype(spec: dict) -> None:
+    if spec["datatype"] not in SERVABLE_INPUT_DATATYPES:
+        raise _Refusal(f"input '{_short_name(spec['name'])}' is {spec['datatype']}: workers decode only numeric and boolean "
+                       f"inputs ({', '.join(sorted(SERVABLE_INPUT_DATATYPES))}), so this model could never be served")
 
 
 def _refuse_unservable_dimensions(spec: dict) -> None:

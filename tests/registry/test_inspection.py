@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from onnx import TensorProto
 
 from registry.artifacts import inspection
 from registry.artifacts.inspection import (
@@ -38,6 +39,7 @@ from tests.fixtures.onnx_files import (
     build_reduce_over_batch,
     build_sequence_input,
     build_sequence_softmax,
+    build_unservable_input,
     write_model,
 )
 
@@ -129,14 +131,26 @@ def test_every_v2_datatype_maps_and_unnamed_dimension_is_null(tmp_path):
 
     result = inspect_artifact(path)
 
-    datatypes = [spec["datatype"] for spec in result.signature["inputs"]]
-    assert datatypes == ["FP64", "FP16", "BF16", "INT8", "INT16", "INT32", "INT64",
-                         "UINT8", "UINT16", "UINT32", "UINT64", "BOOL", "BYTES"]
+    assert [spec["datatype"] for spec in result.signature["inputs"]] == ["FP64", "FP16", "INT8", "INT16", "INT32", "INT64",
+                                                                          "UINT8", "UINT16", "UINT32", "UINT64", "BOOL"]
     assert {tuple(spec["shape"]) for spec in result.signature["inputs"]} == {("batch", 2, None)}
-    assert [spec["datatype"] for spec in result.signature["outputs"]] == datatypes
-    # BF16 outputs cannot become NumPy arrays when strings force plain run(): no shape.
+    assert [spec["datatype"] for spec in result.signature["outputs"]] == ["FP64", "FP16", "BF16", "INT8", "INT16", "INT32", "INT64",
+                                                                           "UINT8", "UINT16", "UINT32", "UINT64", "BOOL", "BYTES"]
     assert result.report["smoke_output_shapes"]["out_fp64"] == [1, 2, 1]
-    assert result.report["smoke_output_shapes"]["out_bf16"] is None
+    assert result.report["smoke_output_shapes"]["out_bf16"] == [1, 2, 1]
+
+
+@pytest.mark.parametrize(("element_type", "datatype"), [(TensorProto.STRING, "BYTES"), (TensorProto.BFLOAT16, "BF16")])
+def test_an_input_no_request_can_carry_is_a_422_naming_it(element_type, datatype, tmp_path):
+    # A worker decodes numeric and boolean inputs only: such a model, once routed, could
+    # not even be warmed, and the state that routes it would be refused by every worker.
+    path = write_model(tmp_path, "unservable.onnx", build_unservable_input(element_type))
+
+    error = refusal(path)
+
+    assert error.status == 422
+    assert error.reason.startswith(f"input 'x' is {datatype}: workers decode only numeric and boolean inputs")
+    assert check_names(error.report)[-1] == "signature"
 
 
 def test_model_local_function_domain_is_allowed(tmp_path):

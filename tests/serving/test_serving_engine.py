@@ -81,3 +81,10 @@ def test_warm_up_runs_every_batch_size_the_batcher_can_emit(engine, monkeypatch)
     engine.warm(8)
 
     assert set(seen) == set(range(1, 9))
+
+
+def test_the_datatypes_uploads_accept_as_inputs_are_those_a_worker_decodes():
+    from serving.contract import SERVABLE_INPUT_DATATYPES
+    from serving.engine import V2_TO_NUMPY
+
+    assert SERVABLE_INPUT_DATATYPES == set(V2_TO_NUMPY)

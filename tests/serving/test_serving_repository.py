@@ -73,6 +73,29 @@ async def test_unloadable_model_is_refused_with_the_runtime_reason(repository, t
     assert not repository.is_ready
 
 
+async def test_a_version_whose_input_no_request_can_carry_is_refused_naming_it_not_warmed(repository, tmp_path):
+    # Uploads refuse such a model; one registered before that refusal existed must fail
+    # with its reason, not with ONNX Runtime's complaint about the warm-up's float zeros.
+    import hashlib
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["text"], ["echo"])], "strings",
+                              [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch", 2])],
+                              [helper.make_tensor_value_info("echo", TensorProto.STRING, ["batch", 2])])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    onnx.checker.check_model(onnx.load_from_string(data))
+    path = tmp_path / "strings.onnx"
+    path.write_bytes(data)
+
+    result = await repository.apply(digits(1, route(1, 100, path, hashlib.sha256(data).hexdigest())))
+
+    assert result["ok"] is False
+    assert "input 'text' (BYTES) has a datatype no request can be decoded as" in result["error"]
+    assert not repository.is_ready
+
+
 async def test_retired_version_is_unloaded_and_warm_version_kept(repository, mlp_v1, mlp_v2):
     await repository.apply(digits(1, route(1, 100, *mlp_v1)))
 
