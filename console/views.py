@@ -294,8 +294,10 @@ def model_context(model: RegisteredModel, chosen: audit_log.AuditFilter = audit_
 
 def _release_panel_context(model: RegisteredModel, release: Release | None, versions: list[ModelVersion]) -> dict:
     archived = release is not None and release.is_archive
-    # An archive release keeps the routes it replaced as what a restore brings back; no rollback goes there.
-    target = release.rollback_target if release and not archived else None
+    # An archive release keeps the routes it replaced as what a restore brings back; no rollback goes there,
+    # and none is offered that would be refused (releases.rollback_refusal says why instead).
+    refusal = releases.rollback_refusal(release) if release and not archived else None
+    target = release.rollback_target if release and not archived and not refusal else None
     canary = canary_route(release)
     choices = canary_choices(release, versions)
     return {
@@ -304,6 +306,7 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "canary": canary,
         "weighted_canaries": weighted_canaries(release),
         "rollback_target": target,
+        "rollback_refusal": refusal,
         "rollback_summary": describe_routes(target.routes) if target else "",
         "archive_restores": describe_routes(release.rollback_target.routes) if archived and release.rollback_target else "",
         "rollback_preview": releases.rollback_preview(release),

@@ -157,11 +157,30 @@ def last_all_stable(model: RegisteredModel, stable_version: int) -> Release | No
 
 
 def rollback_preview(release: Release | None) -> str | None:
-    """What a rollback from ``release`` returns to, in words (the confirmation shows it)."""
-    if release is None or release.rollback_target is None or release.is_archive:
+    """What a rollback from ``release`` returns to, in words (the confirmation shows it);
+    None when there is no rollback, or it would be refused (``rollback_refusal``)."""
+    if release is None or release.rollback_target is None or release.is_archive or rollback_refusal(release):
         return None
     target = release.rollback_target
     return f"{_describe_routes(target)} (generation {target.generation})"
+
+
+def rollback_refusal(release: Release) -> str | None:
+    """Why a rollback from ``release`` to its rollback target would be refused; None when
+    it would be made (or there is no target). The console offers no rollback it would refuse."""
+    target = release.rollback_target
+    if target is None or release.is_archive:
+        return None
+    routes = [Route.from_json(route) for route in target.routes]
+    if sorted(routes, key=_by_version) == sorted((Route.from_json(route) for route in release.routes), key=_by_version):
+        # A rollback that changes nothing would still be a new generation, and a drill of it would "pass".
+        return (f"nothing to roll back to: generation {target.generation}, the release before, routes the same "
+                f"traffic ({_describe(routes)}); restore an earlier generation from the history instead")
+    missing = sorted({route.version for route in routes} - _ready_numbers(release.model))
+    if missing:
+        # Retention archived them: the rollback chain walked back past RETENTION_ROLLBACK_DEPTH.
+        return f"version(s) {missing} of {release.model.name} are no longer ready (archived or rejected)"
+    return None
 
 
 ALL_STABLE_LOOKBACK = 500
@@ -176,12 +195,10 @@ def rollback(model: RegisteredModel, actor, reason: str = "", *, expected_genera
         target = current.rollback_target
         if target is None:
             raise ReleaseConflict(_nothing_before(model, current))
+        refusal = rollback_refusal(current)
+        if refusal:
+            raise ReleaseConflict(refusal)
         routes = [Route.from_json(route) for route in target.routes]
-        if sorted(routes, key=_by_version) == sorted((Route.from_json(route) for route in current.routes), key=_by_version):
-            # A rollback that changes nothing would still be a new generation, and a drill of it would "pass".
-            raise ReleaseConflict(f"nothing to roll back to: generation {target.generation}, the release before, routes the same "
-                                  f"traffic ({_describe(routes)}); restore an earlier generation from the history instead")
-        _check_still_ready(model, [route.version for route in routes])
         note = reason or f"rollback of generation {current.generation}, back to the routes of generation {target.generation}"
         release = _append(counter, model, routes, target.stable_version, ReleaseAction.ROLLBACK, target.rollback_target, actor, note)
         events.release_made(release, f"Rolled back generation {current.generation}: traffic back to {_describe(routes)} (generation {release.generation})")

@@ -15,7 +15,7 @@ from dataclasses import replace
 from django.conf import settings
 from django.urls import reverse
 
-from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration
+from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration, VersionStatus
 from serving.contract import BatchPolicy, DesiredState, ModelState, Route, WarmVersion
 from serving.state_signing import state_digest
 
@@ -71,7 +71,10 @@ def model_state(model: RegisteredModel, release: Release) -> ModelState:
         Route(version=route["version"], weight=route["weight"], shadow=route.get("shadow"), **_artifact(versions[route["version"]]))
         for route in release.routes
     )
-    warm = tuple(WarmVersion(version=number, **_artifact(versions[number])) for number in warm_versions(release) if number not in routed)
+    # Only versions with an artifact: a rollback chain walked back past retention's depth
+    # names archived ones, whose 410 would fail every worker's whole state.
+    warm = tuple(WarmVersion(version=number, **_artifact(versions[number])) for number in warm_versions(release)
+                 if number not in routed and versions[number].status == VersionStatus.READY)
     return ModelState(routes=routes, warm=warm, batching=batching(model), generation=release.generation)
 
 

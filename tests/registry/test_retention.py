@@ -104,12 +104,17 @@ def test_management_command_reports_what_it_archived(three_versions, capsys):
     assert "2 version(s) archived" in capsys.readouterr().out
 
 
-def test_versions_beyond_the_rollback_depth_may_go(three_versions, settings):
+def route_each_in_turn(model, settings) -> None:
+    """Versions 1..4, each routed at 100% in turn; retention may keep one rollback."""
     settings.RETENTION_ROLLBACK_DEPTH = 1
-    actor = AnonymousUser()
-    add_versions(three_versions, [10])
+    add_versions(model, [10])
     for number in (2, 3, 4):
-        releases.set_routes(three_versions, [{"version": number, "weight": 100}], actor)
+        releases.set_routes(model, [{"version": number, "weight": 100}], AnonymousUser())
+
+
+def test_versions_beyond_the_rollback_depth_may_go(three_versions, settings):
+    actor = AnonymousUser()
+    route_each_in_turn(three_versions, settings)
 
     apply_retention(keep=1)
 
@@ -117,3 +122,31 @@ def test_versions_beyond_the_rollback_depth_may_go(three_versions, settings):
     releases.rollback(three_versions, actor)
     with pytest.raises(releases.ReleaseConflict, match="no longer ready"):
         releases.rollback(three_versions, actor)
+
+
+def test_a_rollback_past_the_retention_depth_leaves_no_archived_version_in_the_workers_state(three_versions, settings, worker_client):
+    # The state's warm list named the archived version: its artifact answered 410 and
+    # every worker refused the whole state, for every model, from then on.
+    route_each_in_turn(three_versions, settings)
+    apply_retention(keep=1)
+    releases.rollback(three_versions, AnonymousUser())  # to v3; its own rollback target routes the archived v2
+
+    state = worker_client.get("/api/serving/state").json()["models"]["digits"]
+
+    assert [route["version"] for route in state["routes"]] == [3]
+    assert state["warm"] == []
+    for entry in state["routes"]:
+        assert worker_client.get(entry["artifact_url"]).status_code == 200
+
+
+def test_no_rollback_is_offered_that_would_be_refused(three_versions, settings, operator, operator_client, client):
+    route_each_in_turn(three_versions, settings)
+    apply_retention(keep=1)
+    releases.rollback(three_versions, AnonymousUser())
+    client.force_login(operator)
+
+    page = client.get("/models/digits/").content.decode()
+
+    assert operator_client.get("/api/models/digits/release/").json()["rollback_returns_to"] is None
+    assert 'id="rollback-button"' not in page and 'id="drill-button"' not in page
+    assert "No rollback: version(s) [2] of digits are no longer ready (archived or rejected)." in page
