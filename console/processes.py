@@ -13,8 +13,11 @@ READY_TIMEOUT_S = 60.0
 # The console's uvicorn parses HTTP with h11, whose buffer for an incomplete request head
 # is bounded: httptools, uvicorn's default, accepted a 50 MiB header line from anyone and
 # grew the console by 100 MiB a request. 64 KiB holds any real browser's or client's
-# headers (the Dockerfile, compose and Kubernetes command lines say the same).
-CONSOLE_HTTP_OPTIONS = ("--http", "h11", "--h11-max-incomplete-event-size", "65536")
+# headers. And no X-Forwarded-For or -Proto is believed: uvicorn's default takes them from
+# 127.0.0.1, so through make run, an SSH tunnel or a port-forward any client could name
+# its own address and step around the sign-in lockout (django-axes counts by address).
+# The Dockerfile, compose and Kubernetes command lines say the same (tests/deploy).
+CONSOLE_HTTP_OPTIONS = ("--http", "h11", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers")
 STOP_GRACE_S = 10.0
 # A serving worker loads models: it never gets the database's credentials or the
 # console's signing key (see worker_environment).

@@ -7,7 +7,8 @@ answer from the code, never from a list kept beside it.
 - ``settings_read()``: every environment variable the project's code reads.
 - ``command_problems(argv)``: why a container's command would not run here ([] if it would).
 - ``metric_names(text)``: the family and sample names of a Prometheus exposition.
-- ``promql_metric_names(expr)``: the metric names a PromQL expression selects."""
+- ``promql_metric_names(expr)``: the metric names a PromQL expression selects.
+- ``takes_console_http_options(argv)``: whether a console's command passes what ``make run`` passes."""
 
 from __future__ import annotations
 
@@ -302,3 +303,13 @@ def service_environment(service: dict) -> dict[str, str]:
     if isinstance(environment, list):
         return dict(item.split("=", 1) if "=" in item else (item, "") for item in environment)
     return {name: "" if value is None else str(value) for name, value in environment.items()}
+
+
+def takes_console_http_options(argv: list[str]) -> bool:
+    """Whether ``argv`` passes console.processes.CONSOLE_HTTP_OPTIONS, in a row, as make run does."""
+    from console.processes import CONSOLE_HTTP_OPTIONS
+
+    run = list(CONSOLE_HTTP_OPTIONS)
+    if argv[:1] and argv[0] in SHELLS and "-c" in argv:  # a shell's script: its words
+        argv = shlex.split(argv[argv.index("-c") + 1])
+    return any(argv[start:start + len(run)] == run for start in range(len(argv)))
