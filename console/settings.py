@@ -3,6 +3,8 @@ reader the workers use too (see the README tables)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +30,18 @@ from serving.model_safety import default_data_dir
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Outside the code tree: no process that loads models runs where the secrets live.
 DATA_DIR = Path(env_str("DATA_DIR", str(default_data_dir()))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # the mode applies when it is made here
+
+
+def _private_file(path: Path) -> Path:
+    """``path``, existing and readable by this user alone. For SQLite: its -wal and -shm
+    files take the database's mode. The database holds API token keys and sessions in
+    clear, and was created 0644 in a 0755 directory: any local user could read them."""
+    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    for existing in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if existing.exists() and existing.stat().st_mode & 0o077:
+            existing.chmod(0o600)  # made by an earlier version
+    return path
 
 
 def _secret(name: str, file_name: str) -> str:
@@ -39,8 +52,8 @@ def _secret(name: str, file_name: str) -> str:
         return explicit
     path = DATA_DIR / file_name
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(40))
-        path.chmod(0o600)
+        with contextlib.suppress(FileExistsError), os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as secret:
+            secret.write(secrets.token_urlsafe(40))  # made 0600: never readable by others, not even for a moment
     return path.read_text().strip()
 
 
@@ -137,7 +150,8 @@ def _database() -> dict:
             raise SettingError(f"DATABASE_URL: {type(error).__name__}: expected a URL such as postgres://user@host:5432/name "
                                "or sqlite:////path/db.sqlite3") from None
     else:
-        database = {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "db.sqlite3", "TEST": {"NAME": DATA_DIR / "test-db.sqlite3"}}
+        database = {"ENGINE": "django.db.backends.sqlite3", "NAME": _private_file(DATA_DIR / "db.sqlite3"),
+                    "TEST": {"NAME": DATA_DIR / "test-db.sqlite3"}}
     if database["ENGINE"].endswith("sqlite3"):
         # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock at
         # BEGIN so two writers queue on the busy timeout instead of failing mid-way.

@@ -4,6 +4,7 @@ variable, the value and what is expected. Each case imports the settings in a fr
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -85,3 +86,28 @@ def test_a_database_url_of_no_known_scheme_is_named_and_its_value_is_not_echoed(
     assert result.returncode == 1
     assert result.stderr.startswith("manage.py: DATABASE_URL: UnknownSchemeError: expected a URL such as postgres://")
     assert "hunter2" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_default_database_and_data_dir_are_readable_by_their_owner_alone(tmp_path):
+    # The SQLite database holds API token keys and sessions in clear; it was made 0644 in
+    # a 0755 DATA_DIR, beside secrets that were 0600.
+    write_and_list_modes = ("[__import__('django.db').db.connection.cursor().execute('create table t (x)'), "
+                            "sorted((p.name, oct(p.stat().st_mode & 0o777)) for p in [settings.DATA_DIR, *settings.DATA_DIR.iterdir()] if p == settings.DATA_DIR or p.is_file())][-1]")
+
+    result = _settings(tmp_path, write_and_list_modes)
+
+    assert result.returncode == 0, result.stderr
+    modes = dict(ast.literal_eval(result.stdout.strip().splitlines()[-1]))
+    assert modes.pop("data") == "0o700"
+    assert {"db.sqlite3", "db.sqlite3-wal", "db.sqlite3-shm", "secret_key"} <= set(modes)
+    assert set(modes.values()) == {"0o600"}, modes
+
+
+def test_a_database_made_readable_by_an_earlier_version_is_made_private_at_start(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "db.sqlite3").touch(mode=0o644)
+
+    result = _settings(tmp_path, "oct(settings.DATABASES['default']['NAME'].stat().st_mode & 0o777)")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "0o600"
