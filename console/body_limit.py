@@ -117,6 +117,18 @@ def _may_exceed(scope, declared: int | None, limit: int) -> bool:
     return _header(scope.get("headers", []), b"transfer-encoding") is not None
 
 
+# Django's multipart parser reads a body of the length declared, and of none without one:
+# a chunked upload was answered "No file was submitted", naming the wrong problem.
+CHUNKED_UPLOAD_REFUSAL = ("an upload needs a Content-Length header: a chunked (Transfer-Encoding) multipart body cannot be read; "
+                          "the body was not read")
+
+
+def _is_chunked_upload(scope) -> bool:
+    headers = scope.get("headers", [])
+    return (scope.get("method") == "POST" and _upload_limit_setting(scope["path"]) is not None
+            and _header(headers, b"transfer-encoding") is not None and _declared_length(scope) is None)
+
+
 def _declared_length(scope) -> int | None:
     try:
         return int(_header(scope.get("headers", []), b"content-length"))
@@ -160,6 +172,8 @@ class BodySizeLimit:
                 limit = default  # not an uploader: no more than any other request
         if declared is not None and declared > limit:
             return await _refuse(send, limit, refusal)
+        if refusal is None and declared is None and _is_chunked_upload(scope):
+            return await _refuse(send, limit, (411, CHUNKED_UPLOAD_REFUSAL))
         received = 0
         refused = False
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import JsonResponse
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions, status
@@ -15,9 +16,18 @@ from rest_framework.views import exception_handler as drf_exception_handler
 logger = logging.getLogger(__name__)
 
 
+# Django's own limits on a request body, met while DRF parses it: Django would answer its
+# HTML "Bad Request (400)" page, naming nothing.
+BODY_LIMITS = {TooManyFieldsSent: status.HTTP_400_BAD_REQUEST, TooManyFilesSent: status.HTTP_400_BAD_REQUEST,
+               RequestDataTooBig: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE}
+
+
 def exception_handler(exc, context):
     response = drf_exception_handler(exc, context)
     if response is None:
+        limit = next((code for kind, code in BODY_LIMITS.items() if isinstance(exc, kind)), None)
+        if limit is not None:  # e.g. "The number of GET/POST parameters exceeded settings.DATA_UPLOAD_MAX_NUMBER_FIELDS."
+            return error_response(str(exc), limit)
         return None  # Django's handler500 answers, as JSON, below.
     if isinstance(exc, exceptions.ValidationError):
         response.data = {"error": _first_message(exc.detail), "fields": exc.detail}

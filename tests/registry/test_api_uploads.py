@@ -5,6 +5,7 @@ once with nothing left."""
 from __future__ import annotations
 
 import hashlib
+import io
 
 import pytest
 from django.test import Client
@@ -157,6 +158,19 @@ def test_a_description_past_2000_characters_is_refused_as_the_console_form_refus
     assert response.status_code == 400
     assert response.json()["error"] == "description: Ensure this field has no more than 2000 characters."
     assert ModelVersion.objects.count() == 0
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ({f"field{index}": "x" for index in range(1001)}, "DATA_UPLOAD_MAX_NUMBER_FIELDS"),
+    ({"more": [io.BytesIO(b"x") for _ in range(101)]}, "DATA_UPLOAD_MAX_NUMBER_FILES"),
+], ids=["fields", "files"])
+def test_an_upload_past_django_s_count_of_fields_or_files_is_a_json_400_naming_the_limit(operator_client, model, good_onnx, artifact_root,
+                                                                                        extra, words):
+    response = upload(operator_client, good_onnx, **extra)
+
+    assert response.status_code == 400
+    assert words in response.json()["error"]
+    assert ModelVersion.objects.count() == 0 and stored_files(artifact_root) == []
 
 
 def test_upload_to_an_unknown_model_is_404(operator_client, good_onnx, artifact_root):

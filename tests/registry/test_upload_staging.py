@@ -248,16 +248,32 @@ def test_asgi_refuses_a_declared_length_over_the_limit_without_reading(settings,
 def test_asgi_cuts_off_a_chunked_body_at_the_limit(settings):
     from console.asgi import application
 
-    settings.MAX_UPLOAD_BYTES = 1000
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     limit = 1000 + MULTIPART_OVERHEAD_BYTES
     chunks = [{"type": "http.request", "body": b"x" * 16384, "more_body": True} for _ in range(100)]
-    scope = _http_scope("/api/models/digits/versions/", [(b"transfer-encoding", b"chunked")])
+    scope = _http_scope("/login/", [(b"transfer-encoding", b"chunked")])
 
     sent, received = asyncio.run(_call(application, scope, chunks))
 
     assert [message["status"] for message in sent if message["type"] == "http.response.start"] == [413]
     assert len(received) == limit // 16384 + 1  # nothing read past the chunk that crossed the limit
     assert len(chunks) == 100 - len(received)
+
+
+@pytest.mark.django_db(transaction=True)  # the gate reads the database from its own thread
+def test_an_operators_chunked_upload_is_411_naming_the_missing_length_before_a_byte_is_read(operator):
+    # Django's multipart parser reads nothing without a length: the upload was answered
+    # "artifact: No file was submitted", naming the wrong problem.
+    from console.asgi import application
+
+    token = Token.objects.create(user=operator).key
+    scope = _http_scope("/api/models/digits/versions/", [(b"transfer-encoding", b"chunked"), (b"authorization", f"Token {token}".encode())])
+
+    sent, received = asyncio.run(_call(application, scope, [{"type": "http.request", "body": b"x" * 10, "more_body": True}]))
+
+    assert sent[0]["status"] == 411
+    assert b"an upload needs a Content-Length header" in sent[1]["body"]
+    assert received == []
 
 
 def test_asgi_limits_other_paths_to_the_form_size(settings):
