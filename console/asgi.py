@@ -12,6 +12,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from console.body_limit import BodySizeLimit  # noqa: E402
+from console.socket_origin import SameOriginValidator  # noqa: E402
 from console.socket_outage import DatabaseOutageGuard  # noqa: E402
 from console.websocket_urls import websocket_urlpatterns  # noqa: E402
 
@@ -19,9 +20,10 @@ application = ProtocolTypeRouter(
     {
         # Oversized bodies are refused before Django spools them to disk.
         "http": BodySizeLimit(django_application),
-        # A page on another site cannot open the live feed with a signed-in user's
-        # cookies: the Origin must be one of ALLOWED_HOSTS. The session and user are read
-        # from the database before a consumer runs: an outage there refuses the handshake.
-        "websocket": AllowedHostsOriginValidator(DatabaseOutageGuard(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
+        # A page of another origin cannot open the live feed with a signed-in user's
+        # cookies: the Origin's host must be one of ALLOWED_HOSTS, and the Origin the
+        # console's own (scheme and port too; console/socket_origin.py). The session and
+        # user are read from the database before a consumer runs: an outage there refuses the handshake.
+        "websocket": AllowedHostsOriginValidator(SameOriginValidator(DatabaseOutageGuard(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))))),
     }
 )

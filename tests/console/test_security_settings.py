@@ -197,10 +197,11 @@ def _session_cookie(user) -> bytes:
     return f"{django_settings.SESSION_COOKIE_NAME}={client.cookies[django_settings.SESSION_COOKIE_NAME].value}".encode()
 
 
-async def _connect(origin: bytes, cookie: bytes, path: str = "/ws/live/") -> bool:
+async def _connect(origin: bytes, cookie: bytes, path: str = "/ws/live/", host: bytes = b"testserver", **scope) -> bool:
     from console.asgi import application
 
-    communicator = WebsocketCommunicator(application, path, headers=[(b"origin", origin), (b"cookie", cookie), (b"host", b"testserver")])
+    communicator = WebsocketCommunicator(application, path, headers=[(b"origin", origin), (b"cookie", cookie), (b"host", host)])
+    communicator.scope.update(scope)
     connected, _ = await communicator.connect(timeout=5)
     await communicator.disconnect()
     return connected
@@ -219,3 +220,25 @@ def test_the_live_feed_refuses_a_foreign_origin_and_accepts_its_own(settings, op
 
     assert asyncio.run(_connect(b"http://evil.example", cookie)) is False
     assert asyncio.run(_connect(b"http://testserver", cookie)) is True
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("origin", [b"http://testserver:3000", b"https://testserver", b"http://localhost:8888", b"http://localhost",
+                                    b"null", b"http://testserver:notaport"])
+def test_the_live_feed_refuses_another_port_scheme_or_allowed_host_of_the_same_machine(settings, operator, origin):
+    # Channels' own validator compared hosts only: a page of Grafana or a dev server on the
+    # same host opened the feed with the signed-in user's cookies.
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+    assert asyncio.run(_connect(origin, _session_cookie(operator))) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_live_feed_accepts_its_own_origin_on_any_port_and_a_trusted_one(settings, operator):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    settings.CSRF_TRUSTED_ORIGINS = ["https://localhost:9443"]  # e.g. a TLS proxy's address (its host is in ALLOWED_HOSTS)
+    cookie = _session_cookie(operator)
+
+    assert asyncio.run(_connect(b"http://testserver:8000", cookie, host=b"testserver:8000")) is True
+    assert asyncio.run(_connect(b"https://testserver", cookie, scheme="wss")) is True
+    assert asyncio.run(_connect(b"https://localhost:9443", cookie)) is True
