@@ -44,6 +44,16 @@ def test_the_person_filter_offers_everyone_in_the_timeline(viewer_page, digits, 
     assert '<label for="audit-kind">Kind</label>' in html and '<label for="audit-actor">Person</label>' in html
 
 
+def test_the_person_filter_names_each_person_once_however_many_their_events(viewer_page, digits, admin_user):
+    for _ in range(3):
+        releases.set_routes(digits, CANARY, admin_user, "")
+        releases.set_routes(digits, [{"version": 1, "weight": 100}], admin_user, "")
+
+    html = audit_panel(viewer_page)
+
+    assert html.count('<option value="ada">ada</option>') == 1
+
+
 def test_the_csv_link_carries_the_filters(viewer_page, digits):
     html = audit_panel(viewer_page, "?kind=release")
 

@@ -53,6 +53,16 @@ def test_models_page_shows_stable_canary_split_and_live_figures(viewer_page, can
     assert "✓ 1/1 converged" in html
 
 
+def test_the_model_page_names_each_worker_still_converging_and_no_other(viewer_page, canary_digits):
+    behind = canary_digits.current_release().generation - 1
+    report_from("w1", generation=behind, versions=[])
+    report_from("w2", generation=behind + 1, versions=[])
+
+    html = viewer_page.get("/models/digits/").content.decode()
+
+    assert f"Converging: w1 on gen {behind}.</span>" in html
+
+
 def test_models_page_says_what_is_wrong(viewer_page, canary_digits):
     report_from("w1", generation=1, versions=[])
 
