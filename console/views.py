@@ -565,8 +565,13 @@ def drill(request, name: str):
 
 
 def _drill_words(result: Drill) -> str:
-    last_ack = "no ack from every worker" if result.last_ack_s is None else f"last ack after {result.last_ack_s:.3f} s"
-    return f"Drill #{result.pk} {result.get_status_display().lower()}: {last_ack}, {result.failed_requests or 0} failed requests."
+    """The drill's own summary: its reasons when it has any ("no ack from every worker"
+    read as if none had acked, and hid which one did not, and why)."""
+    outcome = f"Drill #{result.pk} {result.get_status_display().lower()}"
+    if result.error:
+        return f"{outcome}: {result.error}."
+    last_ack = "no worker acked" if result.last_ack_s is None else f"last ack after {result.last_ack_s:.3f} s"
+    return f"{outcome}: {last_ack}, {result.failed_requests or 0} failed requests."
 
 
 # ---------------------------------------------------------------- upload

@@ -291,10 +291,21 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         return
     drill.forward_generation = release.generation
     drill.save(update_fields=["forward_generation"])
+    worker_ids = [worker.worker_id for worker in workers]
     try:
-        wait_for_acks([worker.worker_id for worker in workers], RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S)
+        acks = wait_for_acks(worker_ids, RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S)
     except Exception:
         logger.exception("drill #%s: waiting for the roll forward's acks failed", drill.pk)
+        acks = {}
+    # "Rolled forward" says a release was made; whether the workers that followed the
+    # rollback took it too is said here (those that did not are named already).
+    followed = [row["worker"] for row in drill.workers if row.get("ok") and row.get("worker") in worker_ids]
+    unconfirmed = [worker_id for worker_id in followed if not (worker_id in acks and acks[worker_id].ok)]
+    if unconfirmed:
+        drill.error = "; ".join(filter(None, [drill.error, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of "
+                                                          f"{len(followed)} workers did not ack it within {settings.DRILL_ACK_TIMEOUT_S:g} s: "
+                                                          f"{', '.join(unconfirmed)}"]))
+        drill.save(update_fields=["error"])
 
 
 def _since(drill: Drill, moment) -> float:

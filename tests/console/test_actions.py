@@ -129,7 +129,7 @@ def test_drill_runs_and_reports_its_result(operator_page, canary_digits):
     drill = Drill.objects.get()
     assert response.json()["drill"] == drill.pk
     assert response.json()["level"] == "error"  # no live worker followed it
-    assert response.json()["message"] == f"Drill #{drill.pk} failed: no ack from every worker, 0 failed requests."
+    assert response.json()["message"] == f"Drill #{drill.pk} failed: no live workers to follow the rollback."
     assert canary_digits.current_release().routes == [{"version": 1, "weight": 100}]
 
 

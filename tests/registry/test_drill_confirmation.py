@@ -156,3 +156,21 @@ def test_a_drill_says_what_was_applied_by_digest_not_only_by_number(worker_clien
     assert (drill["to_generation"], drill["to_digest"]) == (3, issued_digest(3))
     assert drill["forward_generation"] == 4
     assert (drill["workers"][0]["generation"], drill["workers"][0]["digest"]) == (3, issued_digest(3))
+
+
+def test_a_roll_forward_a_worker_never_acked_is_said_in_the_drill_not_only_made(worker_client, operator_client, canary, settings):
+    # The drill said "rolled forward" after waiting out DRILL_ACK_TIMEOUT_S for acks that
+    # never came, and recorded the wait nowhere.
+    report(worker_client, 2)
+
+    def follow_the_rollback_then_freeze():
+        wait_for_generation(3)
+        ack(worker_client, 3)
+        report(worker_client, 3)
+
+    worker = in_thread(follow_the_rollback_then_freeze)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(15)
+
+    assert (drill["status"], drill["forward_generation"]) == ("passed", 4)
+    assert drill["error"] == f"rolled forward to generation 4, but 1 of 1 workers did not ack it within {settings.DRILL_ACK_TIMEOUT_S:g} s: w-1"
