@@ -23,6 +23,7 @@ from serving.batch_run import Outputs, RunFn, answer, fail, fail_each, model_fai
 from serving.contract import BatchPolicy
 from serving.dispatch import DispatchThreads, EngineGate
 from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull, ServingError
+from serving.run_stop import RunStop
 
 logger = logging.getLogger("serving.batcher")
 
@@ -192,15 +193,27 @@ class Batcher:
         self._gate.in_flight += 1
         self._in_flight += 1
         self._pace.batch_sent(started_s)
-        self._dispatch_threads.submit(self._event_loop, run_batch, (self._run, batch, self.is_batchable),
-                                      partial(self._delivered, batch, started_s))
+        stop = RunStop()  # serving/run_stop.py: no run outlives the last deadline it serves
+        last_deadline_s = max(request.deadline_s for request in batch)
+        timer = self._event_loop.call_later(max(last_deadline_s - started_s, 0.0), self._stop_run, batch, stop)
+        self._dispatch_threads.submit(self._event_loop, run_batch, (stop.running(self._run), batch, self.is_batchable),
+                                      partial(self._delivered, batch, started_s, stop, timer))
 
-    def _delivered(self, batch: list[PendingRequest], started_s: float, error: BaseException | None, outcome) -> None:
+    def _stop_run(self, batch: list[PendingRequest], stop: RunStop) -> None:
+        stop.stop()
+        fail_each(batch, DeadlineExceeded("the model was still running at the request's deadline; its run was stopped"))
+
+    def _delivered(self, batch: list[PendingRequest], started_s: float, stop: RunStop, timer: asyncio.TimerHandle,
+                   error: BaseException | None, outcome) -> None:
         """The batch came back from its dispatch thread (on the loop thread)."""
+        timer.cancel()
         self._gate.release()
         self._in_flight -= 1
         self._pace.batch_returned()
-        self._finish(batch, started_s, error, outcome)
+        if stop.stopped:  # answered 504 when stopped; its time teaches the latency model nothing
+            self._note_drained()
+        else:
+            self._finish(batch, started_s, error, outcome)
         self._next_after_completion()
 
     def _finish(self, batch, started_s: float, error: BaseException | None, outcome) -> None:

@@ -28,6 +28,7 @@ import onnxruntime as ort
 
 from serving.config import ConfigError, ServingConfig
 from serving.model_safety import check_model_bytes
+from serving.run_stop import current_options
 
 logger = logging.getLogger("serving.engine")
 
@@ -170,7 +171,7 @@ class Engine:
         return all(spec.shape and spec.shape[0] is None for spec in self.inputs)
 
     def _run_plain(self, feeds: tuple[np.ndarray, ...]) -> list[np.ndarray]:
-        return self.session.run(self._output_names, dict(zip(self._input_names, feeds)))
+        return self.session.run(self._output_names, dict(zip(self._input_names, feeds)), current_options())
 
     def _run_bound(self, feeds: tuple[np.ndarray, ...]) -> list[np.ndarray]:
         # A binding per call: IOBinding objects are not safe to share across threads.
@@ -179,7 +180,7 @@ class Engine:
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         for name in self._output_names:
             binding.bind_output(name, "cuda", self._cuda_device_id)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, current_options())
         return binding.copy_outputs_to_cpu()
 
     def example_inputs(self, rows: int) -> tuple[np.ndarray, ...]:
