@@ -13,20 +13,25 @@ import os
 from pathlib import Path
 
 FILE_NAME = "console-url"
+# The Redis the stack's processes share, so that such a worker also joins the push channel
+# (without it, it saw each change only at its next poll, up to 3 s late). Readable by its
+# owner alone: the URL carries the Redis password.
+REDIS_FILE_NAME = "redis-url"
 MAX_CHARS = 2000  # a URL; anything longer is not one this command wrote
 
 
-def record(data_dir: Path, url: str) -> None:
-    path = Path(data_dir) / FILE_NAME
+def record(data_dir: Path, url: str, file_name: str = FILE_NAME) -> None:
+    path = Path(data_dir) / file_name
     partial = path.with_suffix(".partial")
-    partial.write_text(url + "\n")
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
+        file.write(url + "\n")
     os.replace(partial, path)  # a reader sees the old address or the new one, never half of one
 
 
-def recorded(data_dir: Path) -> str:
+def recorded(data_dir: Path, file_name: str = FILE_NAME) -> str:
     """The recorded address, or "" when none was recorded."""
     try:
-        with (Path(data_dir) / FILE_NAME).open() as file:
+        with (Path(data_dir) / file_name).open() as file:
             return file.read(MAX_CHARS).strip()
     except (FileNotFoundError, NotADirectoryError):
         return ""

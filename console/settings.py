@@ -282,6 +282,9 @@ SERVING_PUBLIC_URL = env_str("SERVING_PUBLIC_URL", "http://127.0.0.1:8001")
 # The console a hand-started `manage.py serve` follows when it is given no CONSOLE_URL:
 # the address `manage.py runstack` recorded in DATA_DIR, never a default port's.
 CONSOLE_URL = env_str("CONSOLE_URL", "") or console_address.recorded(DATA_DIR)
+# ...and the Redis that stack's processes share, so such a worker joins its push channel
+# too (manage.py serve; only when it follows the recorded console). Not a setting: a record.
+STACK_REDIS_URL = console_address.recorded(DATA_DIR, console_address.REDIS_FILE_NAME)
 WORKER_GONE_AFTER_S = env_float("WORKER_GONE_AFTER_S", 5.0, minimum=1.0)
 # Progressive delivery: how often Celery beat asks the analysis whether a window is due
 # (each rollout judges at its own interval_s), and how long per-report samples are kept.

@@ -127,6 +127,9 @@ class ControlPlane:
         self.applied = self._initial_applied()
         if not run_loops:  # tests drive reconcile, pushes and reports by hand
             return
+        if not self.redis_url:  # said once: a worker that only polls sees each change up to an interval late
+            logger.warning(event("no_push_channel", reason="no Redis URL: changes arrive at each reconcile",
+                                 reconcile_interval_s=self.reconcile_interval_s))
         for loop in [self._reconcile_forever, self._report_forever] + ([self._listen] if self.redis_url else []):
             self._tasks.append(asyncio.create_task(loop(), name=f"control-{loop.__name__}"))
 

@@ -21,6 +21,7 @@ import pytest
 
 from console.embedded_redis import free_port
 from console.processes import wait_http
+from tools.stack import wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,6 +140,10 @@ def test_a_worker_started_by_hand_beside_the_stack_follows_its_console_unasked(r
                               stdout=subprocess.DEVNULL, stderr=(tmp_path / "by-hand.log").open("w"))
     try:
         wait_http(f"http://127.0.0.1:{port}/v2/health/ready", worker, timeout_s=60)  # ready: it applied its console's state
+        # ...and joined the stack's push channel: without it each change waited for the next poll.
+        assert wait_until(lambda: '"event": "channel_joined"' in (tmp_path / "by-hand.log").read_text(), 30), \
+            (tmp_path / "by-hand.log").read_text()
+        assert oct((running.data_dir / "redis-url").stat().st_mode & 0o777) == "0o600"  # it carries the Redis password
     finally:
         worker.terminate()
         worker.wait(timeout=30)

@@ -53,6 +53,7 @@ class Command(BaseCommand):
         env = dict(os.environ)
         try:
             env["REDIS_URL"] = self._redis(children)
+            console_address.record(settings.DATA_DIR, env["REDIS_URL"], console_address.REDIS_FILE_NAME)
             env["CONSOLE_URL"] = f"http://{host}:{port}"
             env.setdefault("SERVING_PUBLIC_URL", f"http://{host}:{serving_port}")  # the "try it" form's worker, on --serving-port
             env["SERVING_WORKER_TOKEN"] = settings.SERVING_WORKER_TOKEN

@@ -47,7 +47,7 @@ class Command(BaseCommand):
         if state_file is None:
             ControlPlane(
                 worker,
-                redis_url=settings.REDIS_URL,
+                redis_url=redis_url(),
                 channel_prefix=settings.CHANNEL_LAYER_PREFIX,
                 public_url=public_url or f"http://{host}:{port}",
                 reconcile_interval_s=env_float("SERVING_RECONCILE_INTERVAL_S", 3.0, minimum=0.1),
@@ -68,6 +68,16 @@ def console_url() -> str:
         return check_http_url("CONSOLE_URL", url)
     except SettingError as error:
         raise CommandError(str(error)) from None
+
+
+def redis_url() -> str:
+    """REDIS_URL; else, for a worker following the console runstack recorded, the Redis that
+    stack recorded beside it (the push channel: without it a change waits for the next poll)."""
+    if settings.REDIS_URL:
+        return settings.REDIS_URL
+    if env_str("CONSOLE_URL"):
+        return ""  # a console named by hand: the recorded Redis may belong to another
+    return settings.STACK_REDIS_URL
 
 
 def _leave_the_code_tree(config: ServingConfig, state_file: str | None) -> tuple[ServingConfig, str | None, Path]:
