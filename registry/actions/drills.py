@@ -25,6 +25,7 @@ from registry.fleet.workers import (
     SHOWN_ERROR_CHARS,
     IssuedDigests,
     failed_to_apply,
+    gone_workers,
     live_workers,
     serves_issued_state,
 )
@@ -46,6 +47,7 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
     ReleaseError that made the drill impossible (another drill running, a stale view,
     nothing to roll back to; after the row exists it is recorded as error)."""
     workers = list(live_workers())
+    gone = [worker.worker_id for worker in gone_workers()]  # not measured: a drill says so, never passes over them in silence
     drill = _start(model, actor, roll_forward, expected_generation)
     failed_before = {worker.worker_id: failed_total(worker.last_report) for worker in workers}
     drill.started_at = timezone.now()  # the operator's click
@@ -61,6 +63,9 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
     try:
         drill.to_digest = issued_digest(release.generation) or ""
         _judge(drill, _measure(drill, workers, release, failed_before, window), window)
+        if gone:
+            drill.error = "; ".join(filter(None, [drill.error, f"not measured: {len(gone)} worker(s) gone before the drill "
+                                                               f"(no report for over {settings.WORKER_GONE_AFTER_S:g} s): {', '.join(gone)}"]))
     except Exception as error:
         drill.workers, drill.status = [], DrillStatus.FAILED
         if is_database_unavailable(error):

@@ -47,12 +47,21 @@ def check_contract(message: object) -> None:
             raise Refused(str(error)) from None
 
 
+# has_key first: a report without a state (an older worker) is a live one, not NULL.
+SAID_STOPPED = Q(last_report__has_key="state") & Q(last_report__state="stopped")
+
+
 def live_workers():
     """Workers that reported within WORKER_GONE_AFTER_S and did not say they stopped."""
     cutoff = timezone.now() - timedelta(seconds=settings.WORKER_GONE_AFTER_S)
-    # has_key first: a report without a state (an older worker) is a live one, not NULL.
-    said_stopped = Q(last_report__has_key="state") & Q(last_report__state="stopped")
-    return Worker.objects.filter(last_seen_at__gte=cutoff).exclude(said_stopped)
+    return Worker.objects.filter(last_seen_at__gte=cutoff).exclude(SAID_STOPPED)
+
+
+def gone_workers():
+    """Workers silent past WORKER_GONE_AFTER_S that never said they stopped (a crash, a
+    frozen process, a lost host), until retention forgets them."""
+    cutoff = timezone.now() - timedelta(seconds=settings.WORKER_GONE_AFTER_S)
+    return Worker.objects.filter(last_seen_at__lt=cutoff).exclude(SAID_STOPPED)
 
 
 def lifecycle(worker: Worker, now=None) -> str:

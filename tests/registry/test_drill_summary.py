@@ -104,3 +104,23 @@ def test_a_passed_drill_has_no_error(worker_client, operator_client, canary, set
     drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
 
     assert (drill["status"], drill["error"]) == ("passed", "")
+
+
+def test_a_drill_names_the_workers_gone_before_it_which_it_could_not_measure(worker_client, operator_client, canary, settings):
+    # A frozen worker, silent past WORKER_GONE_AFTER_S but still holding its port, was left
+    # out of the drill in silence: "passed, 2 workers" while a third served who knows what.
+    from django.utils import timezone
+
+    from registry.models import Worker
+
+    settings.DRILL_ACK_TIMEOUT_S = 5
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+    worker_client.post("/api/serving/reports", report("w-frozen", 2, 0), format="json")
+    Worker.objects.filter(worker_id="w-frozen").update(last_seen_at=timezone.now() - timezone.timedelta(seconds=settings.WORKER_GONE_AFTER_S + 2))
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
+
+    assert drill["status"] == "passed"
+    assert [row["worker"] for row in drill["workers"]] == ["w-1"]
+    assert drill["error"] == (f"not measured: 1 worker(s) gone before the drill (no report for over {settings.WORKER_GONE_AFTER_S:g} s): "
+                              "w-frozen")
