@@ -4,8 +4,14 @@ pages re-render the split and convergence the moment an operator acts."""
 
 from __future__ import annotations
 
-from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+import time
+from importlib import import_module
 
+from channels.auth import get_user
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from django.conf import settings
+
+from registry.db_unavailable import is_database_unavailable
 from registry.fleet.live import LIVE_GROUP
 from serving.contract import SERVING_GROUP, ContractError, DesiredState
 
@@ -19,15 +25,46 @@ class NoSuchSocket(AsyncWebsocketConsumer):
         await self.close()
 
 
+# How often an open feed checks that its user is still signed in and active. The
+# handshake alone let a user deactivated (or signed out elsewhere, or whose password
+# changed) keep reading the feed for as long as the socket stayed open.
+SIGN_IN_RECHECK_S = 5.0
+CLOSE_SIGNED_OUT, CLOSE_TRY_AGAIN = 4401, 1013
+
+
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+            await self.close(code=CLOSE_SIGNED_OUT)
             return
+        self._checked_at = time.monotonic()
         await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
         await self.channel_layer.group_add(SERVING_GROUP, self.channel_name)
         await self.accept()
+
+    async def send_json(self, content, close=False):
+        if await self._still_signed_in():
+            await super().send_json(content, close)
+
+    async def _still_signed_in(self) -> bool:
+        if time.monotonic() - self._checked_at < SIGN_IN_RECHECK_S:
+            return True
+        self._checked_at = time.monotonic()
+        try:
+            # The session's row read again (it may have been deleted), then its user: anonymous
+            # once inactive or once its password changed, as Django's own middleware decides.
+            self.scope["session"] = import_module(settings.SESSION_ENGINE).SessionStore(self.scope["session"].session_key)
+            user = await get_user(self.scope)
+        except Exception as error:
+            if not is_database_unavailable(error):
+                raise
+            await self.close(code=CLOSE_TRY_AGAIN)  # the page reconnects, and its handshake answers 503
+            return False
+        if user.is_authenticated:
+            return True
+        await self.close(code=CLOSE_SIGNED_OUT)
+        return False
 
     async def disconnect(self, code):
         await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)

@@ -14,11 +14,13 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
+from django.db import connections
 from django.test import Client
 
 from tests.console.conftest import report_from
@@ -242,3 +244,40 @@ def test_the_live_feed_accepts_its_own_origin_on_any_port_and_a_trusted_one(sett
     assert asyncio.run(_connect(b"http://testserver:8000", cookie, host=b"testserver:8000")) is True
     assert asyncio.run(_connect(b"https://testserver", cookie, scheme="wss")) is True
     assert asyncio.run(_connect(b"https://localhost:9443", cookie)) is True
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("change", ["deactivated", "signed out elsewhere"])
+def test_an_open_live_feed_stops_once_its_user_may_no_longer_read_it(settings, operator, monkeypatch, change):
+    # Checked at the handshake alone, a deactivated user's open feed went on (12 messages in 10 s).
+    from channels.layers import get_channel_layer
+    from django.contrib.sessions.models import Session
+
+    from console import consumers
+    from console.asgi import application
+    from registry.fleet.live import LIVE_GROUP
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    monkeypatch.setattr(consumers, "SIGN_IN_RECHECK_S", 0.0)
+    headers = [(b"origin", b"http://testserver"), (b"cookie", _session_cookie(operator)), (b"host", b"testserver")]
+    communicator = WebsocketCommunicator(application, "/ws/live/", headers=headers)
+    loop = asyncio.new_event_loop()  # one loop for the socket; the database is changed between its turns, from this thread
+    try:
+        assert loop.run_until_complete(communicator.connect(timeout=5))[0]
+        loop.run_until_complete(get_channel_layer().group_send(LIVE_GROUP, {"type": "live.report", "worker": "w1"}))
+        assert loop.run_until_complete(communicator.receive_json_from(timeout=5))["worker"] == "w1"
+        if change == "deactivated":
+            User.objects.filter(pk=operator.pk).update(is_active=False)
+        else:
+            Session.objects.all().delete()
+        loop.run_until_complete(get_channel_layer().group_send(LIVE_GROUP, {"type": "live.report", "worker": "w2"}))
+
+        closed = loop.run_until_complete(communicator.receive_output(timeout=5))
+        loop.run_until_complete(communicator.wait())
+    finally:
+        # The consumer's check ran in asgiref's shared thread: close its connection while
+        # this test may still use the database (a later test without it would trip on it).
+        loop.run_until_complete(database_sync_to_async(connections.close_all)())
+        loop.close()
+
+    assert closed == {"type": "websocket.close", "code": consumers.CLOSE_SIGNED_OUT}
