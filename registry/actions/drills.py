@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from registry.actions import events, releases
 from registry.db_unavailable import is_database_unavailable
-from registry.domain.choices import DrillStatus
+from registry.domain.choices import DrillStatus, RolloutStatus
 from registry.fleet.state import issued_digest
 from registry.fleet.workers import (
     SHOWN_ERROR_CHARS,
@@ -33,6 +33,7 @@ from registry.models import (
     Drill,
     RegisteredModel,
     Release,
+    Rollout,
     ServingGeneration,
     Worker,
     WorkerAck,
@@ -48,6 +49,7 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
     nothing to roll back to; after the row exists it is recorded as error)."""
     workers = list(live_workers())
     gone = [worker.worker_id for worker in gone_workers()]  # not measured: a drill says so, never passes over them in silence
+    running_rollout = model.rollouts.filter(status=RolloutStatus.RUNNING).first()
     drill = _start(model, actor, roll_forward, expected_generation)
     failed_before = {worker.worker_id: failed_total(worker.last_report) for worker in workers}
     drill.started_at = timezone.now()  # the operator's click
@@ -77,6 +79,8 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
     through_outage(lambda: _record_end(drill), f"drill #{drill.pk}: recording its end")
     if roll_forward:
         through_outage(lambda: _roll_forward(drill, model, actor, workers), f"drill #{drill.pk}: rolling forward")
+    if running_rollout is not None:
+        through_outage(lambda: _note_paused_rollout(drill, running_rollout), f"drill #{drill.pk}: reading its model's rollout")
     return drill
 
 
@@ -310,6 +314,17 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         drill.error = "; ".join(filter(None, [drill.error, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of "
                                                           f"{len(followed)} workers did not ack it within {settings.DRILL_ACK_TIMEOUT_S:g} s: "
                                                           f"{', '.join(unconfirmed)}"]))
+        drill.save(update_fields=["error"])
+
+
+def _note_paused_rollout(drill: Drill, rollout: Rollout) -> None:
+    """The drill's rollback is a manual traffic change, which pauses a running rollout; the
+    roll forward restores the split but not the rollout, which an audit found left paused
+    (its canary at 20 % with no window judged) with nothing in the drill to say so."""
+    rollout.refresh_from_db()
+    if rollout.status == RolloutStatus.PAUSED:
+        drill.error = "; ".join(filter(None, [drill.error, f"rollout #{rollout.pk} was paused by the drill's rollback and stays paused "
+                                                          "until it is resumed"]))
         drill.save(update_fields=["error"])
 
 

@@ -364,3 +364,12 @@ def test_a_rollouts_page_lists_every_window_judged(viewer_page, digits, operator
 
 def test_an_unknown_rollout_is_a_404(viewer_page, digits):
     assert viewer_page.get("/models/digits/rollouts/999/").status_code == 404
+
+
+def test_the_drill_dialog_warns_that_a_drill_pauses_the_running_rollout(operator_page, digits, operator):
+    rollout = start_rollout(digits, operator)
+
+    html = operator_page.get("/models/digits/").content.decode()
+
+    assert (f"Rollout #{rollout.pk} is running: the drill's rollback is a manual traffic change, so it pauses the rollout, "
+            "which stays paused after the roll forward until you resume it.") in html

@@ -124,3 +124,18 @@ def test_a_drill_names_the_workers_gone_before_it_which_it_could_not_measure(wor
     assert [row["worker"] for row in drill["workers"]] == ["w-1"]
     assert drill["error"] == (f"not measured: 1 worker(s) gone before the drill (no report for over {settings.WORKER_GONE_AFTER_S:g} s): "
                               "w-frozen")
+
+
+def test_a_drill_says_it_left_a_running_rollout_paused(worker_client, operator_client, three_versions, operator, settings):
+    # The drill's rollback is a manual traffic change, which pauses a running rollout; the
+    # roll forward restored the split and left the rollout paused, with nothing said.
+    from registry.actions import rollouts
+
+    settings.DRILL_ACK_TIMEOUT_S = 5
+    rollout = rollouts.start(three_versions, 2, [10, 50, 100], 300, {}, operator)  # generation 2: v2 at 10 %
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
+
+    assert drill["status"] == "passed"
+    assert drill["error"] == f"rollout #{rollout.pk} was paused by the drill's rollback and stays paused until it is resumed"
