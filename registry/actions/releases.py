@@ -100,6 +100,10 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
             parsed = check_routes(routes, _ready_numbers(model))
         except InvalidRoutes as error:
             raise ReleaseError(str(error)) from None
+        if rollout is None and current is not None and _same_routes(parsed, current):
+            # A new generation that changes nothing would become the rollback point: the
+            # one-click rollback would then "return" to the very split being served.
+            raise ReleaseConflict(f"{model.name} already serves {_describe_routes(current)} (generation {current.generation}): nothing to change")
         stable = _stable_for(parsed, current)
         forced = check_compatible(model, current, parsed, force, reason)
         release = _append(counter, model, parsed, stable, ReleaseAction.SET_ROUTES, current, actor, reason, rollout=rollout)
@@ -172,7 +176,7 @@ def rollback_refusal(release: Release) -> str | None:
     if target is None or release.is_archive:
         return None
     routes = [Route.from_json(route) for route in target.routes]
-    if sorted(routes, key=_by_version) == sorted((Route.from_json(route) for route in release.routes), key=_by_version):
+    if _same_routes(routes, release):
         # A rollback that changes nothing would still be a new generation, and a drill of it would "pass".
         return (f"nothing to roll back to: generation {target.generation}, the release before, routes the same "
                 f"traffic ({_describe(routes)}); restore an earlier generation from the history instead")
@@ -214,6 +218,10 @@ def _nothing_before(model: RegisteredModel, current: Release) -> str:
 
 def _by_version(route: Route) -> int:
     return route.version
+
+
+def _same_routes(routes: list[Route], release: Release) -> bool:
+    return sorted(routes, key=_by_version) == sorted((Route.from_json(route) for route in release.routes), key=_by_version)
 
 
 def restore(model: RegisteredModel, generation: int, actor, reason: str = "", *, expected_generation: int | None = None) -> Release:

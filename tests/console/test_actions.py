@@ -74,7 +74,6 @@ def test_stranger_post_goes_to_sign_in_and_nothing_changes(client, canary_digits
     ({"canary_version": "2", "preset": "10", "weight": "33"}, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]),
     ({"canary_version": "2", "weight": "33"}, [{"version": 1, "weight": 67}, {"version": 2, "weight": 33}]),
     ({"canary_version": "2", "confirmed_weight": "100"}, [{"version": 2, "weight": 100}]),
-    ({"canary_version": "2", "weight": "0"}, [{"version": 1, "weight": 100}]),
 ])
 def test_operator_sets_the_canary_share(operator_page, digits, body, routes):
     response = operator_page.post("/models/digits/split/", {**body, "expected_generation": "1"})
@@ -82,6 +81,15 @@ def test_operator_sets_the_canary_share(operator_page, digits, body, routes):
     assert response.status_code == 302 and response["Location"] == "/models/digits/"
     assert digits.current_release().routes == routes
     assert messages_of(response)[0].startswith("Generation 2: traffic is now")
+
+
+def test_a_split_the_model_already_serves_is_refused_and_makes_no_generation(operator_page, digits):
+    response = operator_page.post("/models/digits/split/", {"canary_version": "2", "weight": "0", "expected_generation": "1"},
+                                  HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 409
+    assert response.json()["message"] == "digits already serves v1 100% (generation 1): nothing to change"
+    assert digits.current_release().generation == 1
 
 
 def test_split_without_a_share_is_refused_with_a_reason(operator_page, digits):

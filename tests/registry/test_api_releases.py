@@ -100,16 +100,31 @@ def test_rollback_of_the_first_release_is_a_conflict(operator_client, three_vers
     assert Release.objects.count() == 1
 
 
+def test_a_split_that_changes_nothing_is_a_conflict_and_makes_no_generation(operator_client, three_versions):
+    # It used to make a new generation, which became the rollback point: the one-click
+    # rollback then offered to "return" to the very split being served, and refused.
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    count = Release.objects.count()
+
+    response = split(operator_client, [{"version": 2, "weight": 50}, {"version": 1, "weight": 50}])  # a retried call, reordered
+
+    assert response.status_code == 409
+    assert response.json()["error"] == "digits already serves v1 50%, v2 50% (generation 2): nothing to change"
+    assert Release.objects.count() == count
+
+
 def test_a_rollback_that_would_change_no_traffic_is_a_conflict_naming_why(operator_client, three_versions):
     split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
-    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])  # a retried call: the same split again
+    split(operator_client, [{"version": 1, "weight": 70}, {"version": 2, "weight": 30}])
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    operator_client.post(RELEASE + "restore/", {"generation": 2}, format="json")  # the same split as generation 4's, again
     count = Release.objects.count()
 
     response = operator_client.post(RELEASE + "rollback/", {}, format="json")
 
     assert response.status_code == 409
     assert response.json()["error"].startswith(
-        "nothing to roll back to: generation 2, the release before, routes the same traffic (v1 50%, v2 50%)")
+        "nothing to roll back to: generation 4, the release before, routes the same traffic (v1 50%, v2 50%)")
     assert Release.objects.count() == count
 
 

@@ -45,7 +45,8 @@ def release_events(model: RegisteredModel) -> list[tuple]:
 @pytest.mark.parametrize(
     ("action", "expected", "reason"),
     [
-        (lambda model, actor: releases.set_routes(model, CANARY, actor), ReleaseAction.SET_ROUTES, ""),
+        (lambda model, actor: releases.set_routes(model, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}], actor),
+         ReleaseAction.SET_ROUTES, ""),
         (lambda model, actor: releases.promote(model, actor), ReleaseAction.PROMOTE, ""),
         (lambda model, actor: releases.rollback(model, actor), ReleaseAction.ROLLBACK, "rollback of generation 2, back to the routes of generation 1"),
         (lambda model, actor: releases.restore(model, 1, actor), ReleaseAction.RESTORE, "restore of generation 1"),
