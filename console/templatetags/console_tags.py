@@ -43,9 +43,12 @@ def seconds(value) -> str:
 
 @register.filter
 def ms(value) -> str:
+    """Milliseconds: two significant figures under 1 ms (a tiny model's 0.015 ms read "0.0 ms")."""
     value = _number(value)
     if value is None:
         return "—"
+    if 0 < value < 1:
+        return f"{value:.2g} ms"
     return f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
 
 
