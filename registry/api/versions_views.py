@@ -32,7 +32,7 @@ from registry.artifacts.upload_handler import (
     start_staging,
 )
 from registry.committed_change import mark_committed
-from registry.domain.choices import VersionStatus
+from registry.domain.choices import JobKind, VersionStatus
 from registry.jobs import records
 from registry.models import ModelVersion, RegisteredModel
 
@@ -105,6 +105,11 @@ class VersionList(generics.ListAPIView):
         except uploads.UploadRefused as refusal:
             return error_response(refusal.reason, refusal.status)
         mark_committed(request, f"{model.name}: version {version.number} uploaded, job {job.pk} queued")
+        # One read of the job for both places it appears: a Celery worker may have started
+        # it meanwhile, and the answer said "running" in one and "queued" in the other.
+        job.refresh_from_db()
+        if job.kind == JobKind.VALIDATION:
+            version.validation_jobs = [job]
         return Response({**serializers.VersionSerializer(version).data, "job": records.payload(job)}, status=status.HTTP_202_ACCEPTED)
 
 

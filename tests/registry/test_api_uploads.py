@@ -173,6 +173,23 @@ def test_an_upload_past_django_s_count_of_fields_or_files_is_a_json_400_naming_t
     assert ModelVersion.objects.count() == 0 and stored_files(artifact_root) == []
 
 
+def test_the_upload_answer_gives_its_validation_job_one_status(operator_client, model, good_onnx, monkeypatch):
+    # The version's validation_job was read after the job had moved on, the job itself
+    # before: the same 202 said "running" and "queued" (2 of 6 uploads in an audit).
+    from registry.api import versions_views
+    from registry.models import Job
+
+    def a_celery_worker_starts_the_job_meanwhile(request, words):
+        Job.objects.filter(model=model).update(status="running")
+
+    monkeypatch.setattr(versions_views, "mark_committed", a_celery_worker_starts_the_job_meanwhile)
+
+    body = upload(operator_client, good_onnx).json()
+
+    assert body["validation_job"]["id"] == body["job"]["id"]
+    assert body["validation_job"]["status"] == body["job"]["status"] == "running"
+
+
 def test_upload_to_an_unknown_model_is_404(operator_client, good_onnx, artifact_root):
     response = upload(operator_client, good_onnx, name="nope")
 
