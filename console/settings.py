@@ -318,6 +318,10 @@ CELERY_BROKER_URL = REDIS_URL or "memory://"
 # it one deployment's workers would take the other's jobs (and find no such job).
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{CHANNEL_LAYER_PREFIX}:"} if REDIS_URL else {}
 CELERY_RESULT_BACKEND = None
+# JSON only, said here rather than left to Celery's default: a pickled message from
+# whoever holds the Redis password would run code in every Celery worker.
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_ACKS_LATE = True
 # Jobs bound their own time (JOB_TIMEOUT_S, per child); Celery's hard limit backs it up.

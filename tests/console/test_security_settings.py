@@ -281,3 +281,9 @@ def test_an_open_live_feed_stops_once_its_user_may_no_longer_read_it(settings, o
         loop.close()
 
     assert closed == {"type": "websocket.close", "code": consumers.CLOSE_SIGNED_OUT}
+
+
+def test_celery_takes_json_messages_only_never_pickle():
+    from console.celery import app
+
+    assert app.conf.accept_content == ["json"] and app.conf.task_serializer == "json"
