@@ -17,6 +17,9 @@ FILE_NAME = "console-url"
 # (without it, it saw each change only at its next poll, up to 3 s late). Readable by its
 # owner alone: the URL carries the Redis password.
 REDIS_FILE_NAME = "redis-url"
+# And the worker it started (--serving-port): `manage.py demo_traffic` and other commands
+# run by hand beside the stack send there, not to the default port.
+SERVING_FILE_NAME = "serving-url"
 MAX_CHARS = 2000  # a URL; anything longer is not one this command wrote
 
 

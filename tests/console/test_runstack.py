@@ -189,6 +189,16 @@ def test_the_consoles_try_it_form_reaches_the_worker_on_the_serving_port_given(r
     assert console.environ()["SERVING_PUBLIC_URL"] == f"http://127.0.0.1:{running.serving_port}"
 
 
+def test_a_command_run_by_hand_beside_the_stack_sends_to_its_worker_not_the_default_port(running):
+    # manage.py demo_traffic took SERVING_PUBLIC_URL's default, :8001, whatever --serving-port said.
+    env = {key: value for key, value in os.environ.items() if key not in {"SERVING_PUBLIC_URL", "DATABASE_URL", "REDIS_URL"}}
+    script = "import django; django.setup(); from django.conf import settings; print(settings.SERVING_PUBLIC_URL)"
+    shown = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**env, "DATA_DIR": str(running.data_dir),
+                           "DJANGO_SETTINGS_MODULE": "console.settings"}, capture_output=True, text=True, timeout=60, check=True)
+
+    assert shown.stdout.strip().splitlines()[-1] == f"http://127.0.0.1:{running.serving_port}"
+
+
 def test_the_console_refuses_a_request_head_past_64_kib_without_holding_it(running):
     """uvicorn's default parser took a 50 MiB header line from anyone, and kept the memory."""
     from urllib.parse import urlsplit

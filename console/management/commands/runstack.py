@@ -56,6 +56,7 @@ class Command(BaseCommand):
             console_address.record(settings.DATA_DIR, env["REDIS_URL"], console_address.REDIS_FILE_NAME)
             env["CONSOLE_URL"] = f"http://{host}:{port}"
             env.setdefault("SERVING_PUBLIC_URL", f"http://{host}:{serving_port}")  # the "try it" form's worker, on --serving-port
+            console_address.record(settings.DATA_DIR, env["SERVING_PUBLIC_URL"], console_address.SERVING_FILE_NAME)
             env["SERVING_WORKER_TOKEN"] = settings.SERVING_WORKER_TOKEN
             if "SECURE_COOKIES" not in env and host in LOOPBACK_HOSTS:
                 env["SECURE_COOKIES"] = "false"  # `make run` serves plain http: a Secure cookie would never come back
