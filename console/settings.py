@@ -37,10 +37,13 @@ def _private_file(path: Path) -> Path:
     """``path``, existing and readable by this user alone. For SQLite: its -wal and -shm
     files take the database's mode. The database holds API token keys and sessions in
     clear, and was created 0644 in a 0755 directory: any local user could read them."""
-    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
-    for existing in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        if existing.exists() and existing.stat().st_mode & 0o077:
-            existing.chmod(0o600)  # made by an earlier version
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+        for existing in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if existing.exists() and existing.stat().st_mode & 0o077:
+                existing.chmod(0o600)  # made by an earlier version
+    except OSError:  # a read-only DATA_DIR (a process that never opens the database): SQLite says so if one does
+        pass
     return path
 
 
