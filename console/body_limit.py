@@ -31,6 +31,7 @@ from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
 from console import outage
+from console.asgi_headers import header
 from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
 from registry.db_unavailable import is_database_unavailable
 from registry.domain.roles import can_operate
@@ -79,16 +80,9 @@ def uploader_refusal(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | No
     return None
 
 
-def _header(headers, wanted: bytes) -> str | None:
-    for name, value in headers:
-        if name == wanted:
-            return value.decode("latin-1")
-    return None
-
-
 def _token_user(headers):
     """The user of an API token, checked as DRF checks it for the view (exists, user active)."""
-    words = (_header(headers, b"authorization") or "").split()
+    words = (header(headers, b"authorization") or "").split()
     if len(words) != 2 or words[0].lower() != TokenAuthentication.keyword.lower():
         return None
     try:
@@ -99,7 +93,7 @@ def _token_user(headers):
 
 def _session_user(headers):
     try:
-        cookie = SimpleCookie(_header(headers, b"cookie") or "").get(settings.SESSION_COOKIE_NAME)
+        cookie = SimpleCookie(header(headers, b"cookie") or "").get(settings.SESSION_COOKIE_NAME)
     except CookieError:
         return None
     if cookie is None:
@@ -114,7 +108,7 @@ def _may_exceed(scope, declared: int | None, limit: int) -> bool:
     """Whether the body may be larger than ``limit``: declared so, or chunked (no length)."""
     if declared is not None:
         return declared > limit
-    return _header(scope.get("headers", []), b"transfer-encoding") is not None
+    return header(scope.get("headers", []), b"transfer-encoding") is not None
 
 
 # Django's multipart parser reads a body of the length declared, and of none without one:
@@ -126,12 +120,12 @@ CHUNKED_UPLOAD_REFUSAL = ("an upload needs a Content-Length header: a chunked (T
 def _is_chunked_upload(scope) -> bool:
     headers = scope.get("headers", [])
     return (scope.get("method") == "POST" and _upload_limit_setting(scope["path"]) is not None
-            and _header(headers, b"transfer-encoding") is not None and _declared_length(scope) is None)
+            and header(headers, b"transfer-encoding") is not None and _declared_length(scope) is None)
 
 
 def _declared_length(scope) -> int | None:
     try:
-        return int(_header(scope.get("headers", []), b"content-length"))
+        return int(header(scope.get("headers", []), b"content-length"))
     except (TypeError, ValueError):  # no header, or not a number
         return None
 

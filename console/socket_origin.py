@@ -14,14 +14,9 @@ from urllib.parse import urlsplit
 from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 
+from console.asgi_headers import header
+
 DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def _header(scope, wanted: bytes) -> str | None:
-    for name, value in scope.get("headers", []):
-        if name == wanted:
-            return value.decode("latin-1")
-    return None
 
 
 def _origin_key(url: str) -> tuple[str, str, int] | None:
@@ -37,14 +32,17 @@ def _origin_key(url: str) -> tuple[str, str, int] | None:
 
 def _own_scheme(scope) -> str:
     """http or https, as the browser reached the console (a TLS proxy's header when trusted)."""
-    proxy_header = settings.SECURE_PROXY_SSL_HEADER
-    if proxy_header and _header(scope, proxy_header[0].removeprefix("HTTP_").lower().replace("_", "-").encode()) == proxy_header[1]:
-        return "https"
+    proxy_header = settings.SECURE_PROXY_SSL_HEADER  # ("HTTP_X_FORWARDED_PROTO", "https") when trusted
+    if proxy_header:
+        name = proxy_header[0].removeprefix("HTTP_").lower().replace("_", "-").encode()
+        if header(scope.get("headers", []), name) == proxy_header[1]:
+            return "https"
     return "https" if scope.get("scheme") == "wss" else "http"
 
 
 def is_same_origin(scope) -> bool:
-    origin, host = _header(scope, b"origin"), _header(scope, b"host")
+    headers = scope.get("headers", [])
+    origin, host = header(headers, b"origin"), header(headers, b"host")
     if not origin or not host:
         return False
     if origin in settings.CSRF_TRUSTED_ORIGINS:

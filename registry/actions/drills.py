@@ -66,8 +66,8 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
         drill.to_digest = issued_digest(release.generation) or ""
         _judge(drill, _measure(drill, workers, release, failed_before, window), window)
         if gone:
-            drill.error = "; ".join(filter(None, [drill.error, f"not measured: {len(gone)} worker(s) gone before the drill "
-                                                               f"(no report for over {settings.WORKER_GONE_AFTER_S:g} s): {', '.join(gone)}"]))
+            _add_reason(drill, f"not measured: {len(gone)} worker(s) gone before the drill "
+                               f"(no report for over {settings.WORKER_GONE_AFTER_S:g} s): {', '.join(gone)}")
     except Exception as error:
         drill.workers, drill.status = [], DrillStatus.FAILED
         if is_database_unavailable(error):
@@ -290,13 +290,10 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
                                    expected_generation=drill.to_generation)
     except releases.GenerationConflict as conflict:
         changed_at = conflict.current.generation if conflict.current else "?"
-        drill.error = "; ".join(filter(None, [drill.error, f"not rolled forward: {model.name} changed during the drill "
-                                                          f"(generation {changed_at}), and that change stands"]))
-        drill.save(update_fields=["error"])
+        _record_reason(drill, f"not rolled forward: {model.name} changed during the drill (generation {changed_at}), and that change stands")
         return
     except releases.ReleaseError as error:
-        drill.error = "; ".join(filter(None, [drill.error, f"roll forward failed: {error.message}"]))
-        drill.save(update_fields=["error"])
+        _record_reason(drill, f"roll forward failed: {error.message}")
         return
     drill.forward_generation = release.generation
     drill.save(update_fields=["forward_generation"])
@@ -311,10 +308,8 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
     followed = [row["worker"] for row in drill.workers if row.get("ok") and row.get("worker") in worker_ids]
     unconfirmed = [worker_id for worker_id in followed if not (worker_id in acks and acks[worker_id].ok)]
     if unconfirmed:
-        drill.error = "; ".join(filter(None, [drill.error, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of "
-                                                          f"{len(followed)} workers did not ack it within {settings.DRILL_ACK_TIMEOUT_S:g} s: "
-                                                          f"{', '.join(unconfirmed)}"]))
-        drill.save(update_fields=["error"])
+        _record_reason(drill, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of {len(followed)} workers "
+                              f"did not ack it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {', '.join(unconfirmed)}")
 
 
 def _note_paused_rollout(drill: Drill, rollout: Rollout) -> None:
@@ -323,9 +318,18 @@ def _note_paused_rollout(drill: Drill, rollout: Rollout) -> None:
     (its canary at 20 % with no window judged) with nothing in the drill to say so."""
     rollout.refresh_from_db()
     if rollout.status == RolloutStatus.PAUSED:
-        drill.error = "; ".join(filter(None, [drill.error, f"rollout #{rollout.pk} was paused by the drill's rollback and stays paused "
-                                                          "until it is resumed"]))
-        drill.save(update_fields=["error"])
+        _record_reason(drill, f"rollout #{rollout.pk} was paused by the drill's rollback and stays paused until it is resumed")
+
+
+def _add_reason(drill: Drill, words: str) -> None:
+    """One more sentence in the drill's summary (``error``), after those it has."""
+    drill.error = "; ".join(filter(None, [drill.error, words]))
+
+
+def _record_reason(drill: Drill, words: str) -> None:
+    """``_add_reason``, for a drill already recorded as finished: saved at once."""
+    _add_reason(drill, words)
+    drill.save(update_fields=["error"])
 
 
 def _since(drill: Drill, moment) -> float:

@@ -180,11 +180,8 @@ def rollback_refusal(release: Release) -> str | None:
         # A rollback that changes nothing would still be a new generation, and a drill of it would "pass".
         return (f"nothing to roll back to: generation {target.generation}, the release before, routes the same "
                 f"traffic ({_describe(routes)}); restore an earlier generation from the history instead")
-    missing = sorted({route.version for route in routes} - _ready_numbers(release.model))
-    if missing:
-        # Retention archived them: the rollback chain walked back past RETENTION_ROLLBACK_DEPTH.
-        return f"version(s) {missing} of {release.model.name} are no longer ready (archived or rejected)"
-    return None
+    # Retention may have archived them: the rollback chain walked back past RETENTION_ROLLBACK_DEPTH.
+    return _not_ready(release.model, [route.version for route in routes])
 
 
 ALL_STABLE_LOOKBACK = 500
@@ -406,10 +403,16 @@ def _ready_numbers(model: RegisteredModel) -> set[int]:
     return set(model.versions.ready().values_list("number", flat=True))
 
 
-def _check_still_ready(model: RegisteredModel, numbers: list[int]) -> None:
+def _not_ready(model: RegisteredModel, numbers) -> str | None:
+    """Why ``numbers`` cannot be routed now, or None when every one is ready."""
     missing = sorted(set(numbers) - _ready_numbers(model))
-    if missing:
-        raise ReleaseConflict(f"version(s) {missing} of {model.name} are no longer ready (archived or rejected)")
+    return f"version(s) {missing} of {model.name} are no longer ready (archived or rejected)" if missing else None
+
+
+def _check_still_ready(model: RegisteredModel, numbers: list[int]) -> None:
+    refusal = _not_ready(model, numbers)
+    if refusal:
+        raise ReleaseConflict(refusal)
 
 
 def require_current(model: RegisteredModel) -> Release:
