@@ -5,6 +5,7 @@ outside debug with a weak secret key."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -247,15 +248,17 @@ def test_the_live_feed_accepts_its_own_origin_on_any_port_and_a_trusted_one(sett
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("change", ["deactivated", "signed out elsewhere"])
-def test_an_open_live_feed_stops_once_its_user_may_no_longer_read_it(settings, operator, monkeypatch, change):
+@pytest.mark.parametrize(("change", "close_code"), [("deactivated", 4401), ("signed out elsewhere", 4401), ("database unreachable", 1013)])
+def test_an_open_live_feed_stops_once_its_user_may_no_longer_read_it(settings, operator, monkeypatch, change, close_code):
     # Checked at the handshake alone, a deactivated user's open feed went on (12 messages in 10 s).
+    # With the database gone the check cannot answer: "try again later", never an error.
     from channels.layers import get_channel_layer
     from django.contrib.sessions.models import Session
 
     from console import consumers
     from console.asgi import application
     from registry.fleet.live import LIVE_GROUP
+    from tests.console.test_outage import unreachable_database
 
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     monkeypatch.setattr(consumers, "SIGN_IN_RECHECK_S", 0.0)
@@ -266,21 +269,24 @@ def test_an_open_live_feed_stops_once_its_user_may_no_longer_read_it(settings, o
         assert loop.run_until_complete(communicator.connect(timeout=5))[0]
         loop.run_until_complete(get_channel_layer().group_send(LIVE_GROUP, {"type": "live.report", "worker": "w1"}))
         assert loop.run_until_complete(communicator.receive_json_from(timeout=5))["worker"] == "w1"
-        if change == "deactivated":
-            User.objects.filter(pk=operator.pk).update(is_active=False)
-        else:
-            Session.objects.all().delete()
-        loop.run_until_complete(get_channel_layer().group_send(LIVE_GROUP, {"type": "live.report", "worker": "w2"}))
+        with contextlib.ExitStack() as outage:
+            if change == "deactivated":
+                User.objects.filter(pk=operator.pk).update(is_active=False)
+            elif change == "signed out elsewhere":
+                Session.objects.all().delete()
+            else:
+                outage.enter_context(unreachable_database())
+            loop.run_until_complete(get_channel_layer().group_send(LIVE_GROUP, {"type": "live.report", "worker": "w2"}))
 
-        closed = loop.run_until_complete(communicator.receive_output(timeout=5))
-        loop.run_until_complete(communicator.wait())
+            closed = loop.run_until_complete(communicator.receive_output(timeout=5))
+            loop.run_until_complete(communicator.wait())
     finally:
         # The consumer's check ran in asgiref's shared thread: close its connection while
         # this test may still use the database (a later test without it would trip on it).
         loop.run_until_complete(database_sync_to_async(connections.close_all)())
         loop.close()
 
-    assert closed == {"type": "websocket.close", "code": consumers.CLOSE_SIGNED_OUT}
+    assert closed == {"type": "websocket.close", "code": close_code}
 
 
 def test_celery_takes_json_messages_only_never_pickle():
