@@ -83,6 +83,7 @@ class Command(BaseCommand):
             # stop short and leave the children running.
             _hold_further_stops()
             stop_all(children)
+            _ignore_further_stops()
 
     def _redis(self, children: list) -> str:
         if settings.REDIS_URL:
@@ -148,6 +149,16 @@ def _interrupt(signum, frame) -> None:
 def _hold_further_stops() -> None:
     global _stopping
     _stopping = True
+
+
+def _ignore_further_stops() -> None:
+    """Once every child is stopped a stop signal has nothing left to do, so it is ignored.
+    A handler that does nothing is not enough here: at exit CPython puts back the default
+    action of every signal it handled, and one arriving then killed a cleanly stopped
+    stack with -15 (`make run` read as failed). Ignoring it earlier, while the stop runs,
+    races with a signal already caught ("Signal 15 ignored due to race condition")."""
+    for stop_signal in STOP_SIGNALS:
+        signal.signal(stop_signal, signal.SIG_IGN)
 
 
 def _port(text: str) -> int:
