@@ -29,6 +29,7 @@ class ServingConfig:
     allow_spinning: bool = False
     cuda_device_id: int = 0
     gpu_mem_limit_bytes: int = 0
+    run_memory_mb: int = 0  # 0: half the memory the process may use (serving/run_memory.py)
     cudnn_conv_algo_search: str = "heuristic"
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     max_queue_delay_s: float = DEFAULT_MAX_QUEUE_DELAY_S
@@ -77,6 +78,7 @@ class ServingConfig:
             allow_spinning=env_bool("SERVING_ALLOW_SPINNING", False),
             cuda_device_id=env_int("SERVING_CUDA_DEVICE_ID", 0),
             gpu_mem_limit_bytes=env_int("SERVING_GPU_MEM_LIMIT_BYTES", 0),
+            run_memory_mb=env_int("SERVING_RUN_MEMORY_MB", 0, minimum=0),
             cudnn_conv_algo_search=env_choice(
                 "SERVING_CUDNN_CONV_ALGO_SEARCH", "heuristic", ("exhaustive", "heuristic", "default")
             ),

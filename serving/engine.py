@@ -26,6 +26,7 @@ from functools import cache
 import numpy as np
 import onnxruntime as ort
 
+from serving import run_memory
 from serving.config import ConfigError, ServingConfig
 from serving.model_safety import check_model_bytes
 from serving.run_stop import current_options
@@ -132,6 +133,7 @@ def session_options(config: ServingConfig) -> ort.SessionOptions:
     # log, one per failing run, and a client picks the inputs that fail. Every failure
     # reaches us as an exception anyway, answered and counted.
     options.log_severity_level = QUIET_SEVERITY
+    run_memory.use_capped_arena(options, config.run_memory_mb)
     return options
 
 

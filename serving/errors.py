@@ -104,6 +104,13 @@ class BodyBufferFull(ServingError):
     headers = ((b"retry-after", b"1"),)
 
 
+class RunMemoryBusy(ServingError):
+    """A run found the worker's capped run memory held by other runs (serving/run_memory.py)."""
+
+    status = 503
+    headers = ((b"retry-after", b"1"),)
+
+
 class DeadlineExceeded(ServingError):
     status = 504
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import orjson
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
-from serving import metrics
+from serving import metrics, run_memory
 from serving.batch_observer import BatchObserver
 from serving.batch_policy import LatencyModel
 from serving.batcher import Batcher
@@ -164,8 +164,12 @@ def is_declared_batchable(signature: str) -> bool:
 
 def request_error(error: Exception) -> ServingError:
     """The answer to a request whose run failed on its own. ONNX Runtime's INVALID_ARGUMENT
-    (an index out of range, a dimension the graph refuses) is about this input: 400. Any
-    other failure is the model's: 500, with the details in the log only."""
+    (an index out of range, a dimension the graph refuses) is about this input: 400. A run
+    short of the capped run memory is 413 or 503 (serving/run_memory.py). Any other
+    failure is the model's: 500, with the details in the log only."""
+    refused_for_memory = run_memory.refusal(error)
+    if refused_for_memory is not None:
+        return refused_for_memory
     if isinstance(error, ort_errors.InvalidArgument):
         return BadRequest(f"the model refused this input: {_ort_reason(error)}")
     return ModelFailed("model execution failed")

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import onnxruntime as ort
 
+from serving import run_memory
+
 _current = threading.local()
 
 
@@ -28,6 +30,7 @@ class RunStop:
 
     def __init__(self) -> None:
         self.options = ort.RunOptions()
+        run_memory.add_shrink_when_due(self.options)  # the batch's options are the one place to ask
         self.stopped = False
 
     def stop(self) -> None:
