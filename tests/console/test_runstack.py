@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from console.embedded_redis import free_port
-from console.processes import wait_http
+from console.processes import sweep_groups, wait_http
 from tools.stack import wait_until
 
 pytestmark = pytest.mark.integration
@@ -226,3 +226,17 @@ def test_the_console_refuses_a_request_head_past_64_kib_without_holding_it(runni
         answer = connection.recv(200)
 
     assert answer.startswith(b"HTTP/1.1 400 ")
+
+
+def test_what_a_stopped_child_left_in_its_process_group_is_swept():
+    child = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!"], stdout=subprocess.PIPE, start_new_session=True)
+    grandchild = int(child.stdout.readline())
+    child.wait(timeout=10)
+    try:
+        assert alive([grandchild])  # the child is gone; what it started is not
+
+        sweep_groups([child])
+
+        assert all_gone([grandchild])
+    finally:
+        stop_leftovers(child, [grandchild])

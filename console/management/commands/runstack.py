@@ -20,7 +20,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from console import console_address, embedded_redis
-from console.processes import CONSOLE_HTTP_OPTIONS, stop_all, wait_http, worker_environment
+from console.processes import CONSOLE_HTTP_OPTIONS, stop_all, sweep_groups, wait_http, worker_environment
 from registry.artifacts import storage
 from serving.env import env_int
 
@@ -81,6 +81,7 @@ class Command(BaseCommand):
             raise CommandError(f"{error}; the stack was stopped") from None
         finally:
             stop_all(children)  # no stop signal can cut this short: they only set a flag
+            sweep_groups(children)  # each in a session of its own (_spawn, embedded_redis.start)
             _stops.ignore()
 
     def _redis(self, children: list) -> str:
