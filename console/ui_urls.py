@@ -30,6 +30,7 @@ urlpatterns = [
     path("models/<slug:name>/drill/", views.drill, name="model-drill"),
     path("models/<slug:name>/to-stable/", views.to_stable, name="model-to-stable"),
     path("models/<slug:name>/releases/<int:generation>/", views.release_page, name="model-release"),
+    path("models/<slug:name>/releases/<int:generation>/restore/", views.restore, name="model-release-restore"),
     path("models/<slug:name>/rollouts/", rollout_views.start_rollout, name="model-rollout-start"),
     path("models/<slug:name>/rollouts/<int:pk>/", rollout_views.rollout_page, name="model-rollout"),
     path("models/<slug:name>/rollouts/<int:pk>/pause/", rollout_views.pause_rollout, name="model-rollout-pause"),

@@ -533,17 +533,38 @@ def _aborted_answer(request, model: RegisteredModel, rollout: Rollout):
 def release_page(request, name: str, generation: int):
     """One release as it was: its split, who made it and why, what it replaced and what
     replaced it; the audit timeline links here for the release in force at each event."""
-    model = _model(name)
+    return render(request, "console/release.html", release_context(_model(name), generation))
+
+
+def release_context(model: RegisteredModel, generation: int) -> dict:
     shown = get_object_or_404(model.releases.select_related("actor", "rollback_target"), generation=generation)
-    context = {
+    current = model.current_release()
+    return {
         "nav": "models", "model": model, "shown": shown, "segments": split_segments(shown),
         "summary": "nothing (archived: no worker serves the model)" if shown.is_archive else describe_routes(shown.routes),
         "previous": model.releases.filter(generation__lt=generation).order_by("-generation").first(),
         "following": model.releases.filter(generation__gt=generation).order_by("generation").first(),
         "events": model.audit_events.filter(data__generation=generation).select_related("actor")[:AUDIT_EVENTS_SHOWN],
         "api_url": reverse("api-release", kwargs={"name": model.name}) + "?" + urlencode({"at": shown.created_at.isoformat()}),
+        "current": current, "current_summary": describe_routes(current.routes) if current else "nothing",
+        "restore_refusal": releases.restore_refusal(model, shown),
     }
-    return render(request, "console/release.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@operator_required
+def restore(request, name: str, generation: int):
+    """An earlier generation's split, again, in a new generation (``releases.restore``):
+    what the rollback's refusal sends the operator to do from the history."""
+    model = _model(name)
+    if request.method == "GET":
+        return render(request, "console/confirm.html", {**release_context(model, generation), "standalone": True,
+                                                        "confirm_fragment": "console/fragments/confirm_restore.html"})
+    form = forms.ReasonForm(request.POST)
+    if not form.is_valid():
+        return _answer(request, name, "error", _first_error(form), status=400)
+    reason, seen = form.cleaned_data["reason"], form.cleaned_data["expected_generation"]
+    return _release(request, model, lambda: releases.restore(model, generation, request.user, reason, expected_generation=seen))
 
 
 @require_http_methods(["GET", "POST"])

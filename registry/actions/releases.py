@@ -184,6 +184,21 @@ def rollback_refusal(release: Release) -> str | None:
     return _not_ready(release.model, [route.version for route in routes])
 
 
+def restore_refusal(model: RegisteredModel, earlier: Release) -> str | None:
+    """Why the console offers no restore of ``earlier``: it serves nothing (an archive),
+    it is what is served now, the model is archived, or its versions are gone. None when
+    the restore would be made."""
+    if earlier.is_archive:
+        return f"generation {earlier.generation} archived {model.name}: it served nothing"
+    if model.archived_at is not None:
+        return f"{model.name} is archived: restore it from the archive first"
+    current = model.current_release()
+    routes = [Route.from_json(route) for route in earlier.routes]
+    if current is not None and _same_routes(routes, current):
+        return f"{model.name} already serves this split ({_describe(routes)}, generation {current.generation})"
+    return _not_ready(model, [route.version for route in routes])
+
+
 ALL_STABLE_LOOKBACK = 500
 
 

@@ -226,3 +226,22 @@ def test_error_page_has_no_serious_accessibility_violations(page, stack, name, u
     sign_in(page, user)
     page.goto(path)
     assert_no_serious_violations(page, name)
+
+
+def test_an_earlier_split_is_restored_from_its_release_page_through_its_dialog(page, stack, audited):
+    # Last in this file: it leaves the audited model on ada's canary split again.
+    sign_in(page, "olivia")
+    page.goto(f"/models/{audited.name}/releases/{audited.canary_generation}/")
+
+    page.get_by_role("link", name="Restore this split").click()
+    dialog = page.locator("#restore-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("Traffic goes back to v1 90%, v2 10%")
+    dialog.get_by_label("Reason (optional)").fill("ada's canary again")
+    dialog.get_by_role("button", name="Restore now").click()
+
+    page.wait_for_url(f"**/models/{audited.name}/")
+    expect(page.locator("#messages")).to_contain_text("traffic is now v1 90%, v2 10%")
+    expect(page.locator("#release-panel .seg-canary")).to_contain_text("v2 · 10%")
+    expect(page.locator("#audit .event").first).to_contain_text("ada's canary again")
+    stack.screenshot(page, "audit-restored-from-release-page")

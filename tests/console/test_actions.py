@@ -18,6 +18,7 @@ CHANGES = [
     ("/models/digits/promote/", {"expected_generation": "2"}),
     ("/models/digits/rollback/", {"expected_generation": "2"}),
     ("/models/digits/drill/", {"expected_generation": "2"}),
+    ("/models/digits/releases/1/restore/", {"expected_generation": "2"}),
 ]
 
 
@@ -44,7 +45,7 @@ def test_viewer_post_is_refused_and_nothing_changes(viewer_page, canary_digits, 
     assert snapshot() == before
 
 
-@pytest.mark.parametrize("path", ["/models/digits/promote/", "/models/digits/rollback/", "/models/digits/drill/"])
+@pytest.mark.parametrize("path", ["/models/digits/promote/", "/models/digits/rollback/", "/models/digits/drill/", "/models/digits/releases/1/restore/"])
 def test_viewer_cannot_open_confirmations(viewer_page, canary_digits, path):
     assert viewer_page.get(path).status_code == 403
 
@@ -124,6 +125,51 @@ def test_rollback_of_a_first_release_says_why(operator_page, digits):
     assert digits.current_release().generation == 1
 
 
+def test_restore_brings_back_an_earlier_split_from_its_release_page_and_is_audited(operator_page, canary_digits):
+    response = operator_page.post("/models/digits/releases/1/restore/", {"reason": "back to v1 alone", "expected_generation": "2"})
+
+    release = canary_digits.current_release()
+    assert (release.generation, release.action, release.routes, release.reason) == (3, "restore", [{"version": 1, "weight": 100}], "back to v1 alone")
+    assert release.rollback_target.generation == 2  # a rollback from here returns to the canary
+    assert messages_of(response) == ["Generation 3: traffic is now v1 100%. Workers are converging."]
+    assert AuditEvent.objects.filter(kind="release", data__generation=3).exists()
+
+
+def test_an_earlier_release_page_offers_its_split_back_to_operators_only(operator_page, viewer_page, canary_digits):
+    assert 'id="restore-button"' in operator_page.get("/models/digits/releases/1/").content.decode()
+    assert 'id="restore-button"' not in viewer_page.get("/models/digits/releases/1/").content.decode()
+    assert 'id="restore-button"' not in operator_page.get("/models/digits/releases/2/").content.decode()  # the one served
+
+
+def test_a_release_page_whose_split_is_served_again_says_so_instead_of_offering_it(operator_page, canary_digits):
+    operator_page.post("/models/digits/rollback/", {"expected_generation": "2"})  # generation 3: v1 100%, as generation 1
+
+    html = operator_page.get("/models/digits/releases/1/").content.decode()
+
+    assert 'id="restore-button"' not in html
+    assert "No restore from here: digits already serves this split (v1 100%, generation 3)." in html
+
+
+def test_a_release_page_whose_versions_are_gone_says_so_instead_of_offering_it(operator_page, canary_digits):
+    ModelVersion.objects.filter(model=canary_digits, number=2).update(status="archived")
+    operator_page.post("/models/digits/rollback/", {"expected_generation": "2"})
+
+    html = operator_page.get("/models/digits/releases/2/").content.decode()
+
+    assert 'id="restore-button"' not in html
+    assert "No restore from here: version(s) [2] of digits are no longer ready (archived or rejected)." in html
+
+
+def test_a_restore_the_console_would_not_offer_is_refused_naming_why(operator_page, canary_digits):
+    before = snapshot()
+
+    response = operator_page.post("/models/digits/releases/99/restore/", {"expected_generation": "2"}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 400
+    assert response.json()["message"] == "model digits has no release with generation 99"
+    assert snapshot() == before
+
+
 def test_promote_makes_the_canary_stable(operator_page, canary_digits):
     operator_page.post("/models/digits/promote/", {"expected_generation": "2"})
 
@@ -192,7 +238,8 @@ def test_a_traffic_form_without_the_generation_changes_nothing(operator_page, ca
     assert snapshot() == before
 
 
-@pytest.mark.parametrize("path", ["/models/digits/", "/models/digits/rollback/", "/models/digits/promote/", "/models/digits/drill/"])
+@pytest.mark.parametrize("path", ["/models/digits/", "/models/digits/rollback/", "/models/digits/promote/", "/models/digits/drill/",
+                                  "/models/digits/releases/1/", "/models/digits/releases/1/restore/"])
 def test_pages_render_the_generation_into_every_traffic_form(operator_page, canary_digits, path):
     html = operator_page.get(path).content.decode()
 
