@@ -32,6 +32,7 @@ from typing import Any
 
 CONTRACT_VERSION = 2  # 2: a report's version figures are parsed strictly, with outputs and shadow deltas
 SERVING_GROUP = "serving"  # the channel-layer group desired states are pushed to
+WORKER_KEY_HEADER = "X-Worker-Key"  # a worker's own key, with each report and ack (registry/fleet/worker_keys.py)
 APPLY_MESSAGE = "serving.apply"  # a push: {"type": APPLY_MESSAGE, "state": <signed desired state>}
 
 # Batching when neither the model nor the settings (SERVING_MAX_*) say otherwise.

@@ -39,12 +39,13 @@ from dataclasses import dataclass
 import httpx
 
 from serving.console_client import async_console_only, console_timeout
-from serving.contract import APPLY_MESSAGE, SERVING_GROUP, Ack, WorkerIdentity
+from serving.contract import APPLY_MESSAGE, SERVING_GROUP, WORKER_KEY_HEADER, Ack, WorkerIdentity
 from serving.env import env_str
 from serving.logs import event
 from serving.reports import ReportBuilder
 from serving.state_signing import SignatureRefused, checked_digest, signing_key, verify_state
 from serving.state_store import PersistedStateRefused
+from serving.worker_key import worker_key
 
 logger = logging.getLogger("serving.control")
 FIRST_BACKOFF_S = 0.5
@@ -118,10 +119,14 @@ class ControlPlane:
         worker.on_startup.append(self.start)
         worker.on_shutdown.insert(0, self.stop)
 
+    def _worker_key(self, config) -> str:
+        return worker_key(self.identity.id, config.cache_dir, fixed_id=bool(env_str("SERVING_WORKER_ID")))
+
     async def start(self, *, run_loops: bool = True) -> None:
         config = self.worker.config
+        headers = {"Authorization": f"Bearer {config.worker_token}", WORKER_KEY_HEADER: self._worker_key(config)}
         self._http = httpx.AsyncClient(
-            base_url=config.console_url, headers={"Authorization": f"Bearer {config.worker_token}"}, timeout=console_timeout(config.console_timeout_s),
+            base_url=config.console_url, headers=headers, timeout=console_timeout(config.console_timeout_s),
             follow_redirects=False, event_hooks={"request": [async_console_only(config.console_url)]}, transport=self._transport,
         )
         self.applied = self._initial_applied()

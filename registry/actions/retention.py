@@ -142,6 +142,20 @@ def forget_gone_workers() -> tuple[int, int]:
     return workers, acks
 
 
+def forget_worker(worker_id: str) -> bool:
+    """Forget one worker now, and its acks: its id is free for the next worker that
+    reports under it, with a key of its own (registry/fleet/worker_keys.py). What an
+    operator does for a worker whose id is fixed and whose key was lost with its cache
+    directory. False when no worker has that id."""
+    with transaction.atomic():
+        deleted, _ = Worker.objects.filter(worker_id=worker_id).delete()
+        if deleted:
+            WorkerAck.objects.filter(worker_id=worker_id).delete()
+    if deleted:
+        logger.info("forgot worker %s and its acks", worker_id)
+    return bool(deleted)
+
+
 def worker_forget_after_s() -> float:
     return max(settings.WORKER_FORGET_AFTER_S, settings.WORKER_GONE_AFTER_S)
 

@@ -5,7 +5,7 @@ applied states and their reports (everything under ``/api/serving/`` but the API
 from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers as drf_serializers
 from rest_framework import status
 from rest_framework.response import Response
@@ -19,9 +19,10 @@ from registry.api.permissions import (
     IsWorkerOrStaff,
     WorkerTokenAuthentication,
 )
-from registry.fleet import live
+from registry.fleet import live, worker_keys
 from registry.fleet import workers as fleet
 from registry.fleet.state import desired_state
+from serving.contract import WORKER_KEY_HEADER
 
 
 class ServingState(APIView):
@@ -36,6 +37,13 @@ class ServingState(APIView):
 
 
 HEX64 = r"\A[0-9a-f]{64}\Z"  # \Z: "$" would let a trailing newline through
+
+
+WORKER_KEY_PARAMETER = OpenApiParameter(
+    WORKER_KEY_HEADER, str, OpenApiParameter.HEADER, required=False,
+    description="The worker's own key: the first report with a key claims the worker id for it; later reports and acks "
+                "under that id without it are refused (403)",
+)
 
 
 class AckSerializer(drf_serializers.Serializer):
@@ -57,13 +65,15 @@ class WorkerAcks(APIView):
     permission_classes = [IsWorker]
     parser_classes = [JSONParser]
 
-    @extend_schema(request=AckSerializer, responses={204: None, **error_responses(400, 415)})
+    @extend_schema(request=AckSerializer, parameters=[WORKER_KEY_PARAMETER], responses={204: None, **error_responses(400, 403, 415)})
     def post(self, request):
         try:
             fleet.check_contract(request.data)  # first: an ack of another version may have any shape
             form = AckSerializer(data=request.data)
             form.is_valid(raise_exception=True)
-            fleet.record_ack(form.validated_data)
+            fleet.record_ack(form.validated_data, request.headers.get(WORKER_KEY_HEADER))
+        except worker_keys.KeyRefused as refusal:
+            return error_response(str(refusal), status.HTTP_403_FORBIDDEN)
         except fleet.Refused as refusal:
             return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -130,14 +140,16 @@ class WorkerReports(APIView):
     permission_classes = [IsWorker]
     parser_classes = [JSONParser]
 
-    @extend_schema(request=ReportSerializer, responses={204: None, **error_responses(400, 415)})
+    @extend_schema(request=ReportSerializer, parameters=[WORKER_KEY_PARAMETER], responses={204: None, **error_responses(400, 403, 415)})
     def post(self, request):
         try:
             fleet.check_contract(request.data)  # first: a report of another version may have any shape
             form = ReportSerializer(data=request.data)
             form.is_valid(raise_exception=True)
             report = {**request.data, **form.validated_data}
-            worker = fleet.record_report(report)
+            worker = fleet.record_report(report, request.headers.get(WORKER_KEY_HEADER))
+        except worker_keys.KeyRefused as refusal:
+            return error_response(str(refusal), status.HTTP_403_FORBIDDEN)
         except fleet.Refused as refusal:
             return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
         live.ingest_report(worker, worker.last_report)  # the figures as the contract parsed them

@@ -1,8 +1,8 @@
 """The console's view of the serving fleet: registrations, reports, acks, convergence.
 
 Every worker holds the same token, so what a worker says is checked against what the
-console knows: an ack must come from a worker that has reported, and name a generation
-and digest this console issued. Acks and reports are parsed through ``serving.contract``
+console knows: an ack must come from a worker that has reported, under the key that
+claimed its id (worker_keys.py), and name a generation and digest this console issued. Acks and reports are parsed through ``serving.contract``
 and refused whole when they speak another contract version. A refused ack or report is
 stored nowhere.
 """
@@ -16,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from registry.fleet import worker_keys
 from registry.fleet.state import issued_digest, serving_counter, warm_versions
 from registry.models import Release, Worker, WorkerAck
 from serving.contract import WORKER_STATES, Ack, ContractError, WorkerReport, check_version
@@ -77,28 +78,33 @@ def lifecycle(worker: Worker, now=None) -> str:
     return said if said in WORKER_STATES else "serving"
 
 
-def record_report(message: dict) -> Worker:
+def record_report(message: dict, key: str | None = None) -> Worker:
     """Store a worker's latest report as parsed (``last_report``: only the fields the
     contract knows, each checked); the identity comes with every report. ReportRefused
-    when it does not follow the contract."""
+    when it does not follow the contract; KeyRefused when another worker's ``key`` holds
+    its id (worker_keys.py)."""
     try:
         report = WorkerReport.parse(message)
     except ContractError as error:
         raise ReportRefused(str(error)) from None
     identity = report.worker
-    worker, _ = Worker.objects.update_or_create(
-        worker_id=identity.id,
-        defaults={
-            "host": identity.host,
-            "pid": identity.pid,
-            "url": identity.url,
-            "device": identity.device,
-            "generation": served_generation(report),
-            "loaded": [entry.to_dict() for entry in report.loaded],
-            "last_report": report.to_dict(),
-            "last_seen_at": timezone.now(),
-        },
-    )
+    with transaction.atomic():
+        known = Worker.objects.select_for_update().filter(worker_id=identity.id).first()
+        worker_keys.check(known, identity.id, key)
+        worker, _ = Worker.objects.update_or_create(
+            worker_id=identity.id,
+            defaults={
+                "host": identity.host,
+                "pid": identity.pid,
+                "url": identity.url,
+                "device": identity.device,
+                "generation": served_generation(report),
+                "loaded": [entry.to_dict() for entry in report.loaded],
+                "last_report": report.to_dict(),
+                "last_seen_at": timezone.now(),
+                **worker_keys.claimed(known, key),
+            },
+        )
     return worker
 
 
@@ -110,9 +116,11 @@ def served_generation(report: WorkerReport) -> int:
     return report.generation or 0
 
 
-def check_ack(ack: Ack) -> None:
-    if not Worker.objects.filter(worker_id=ack.worker).exists():
+def check_ack(ack: Ack, key: str | None = None) -> None:
+    worker = Worker.objects.filter(worker_id=ack.worker).first()
+    if worker is None:
         raise AckRefused(f"worker {ack.worker[:SHOWN_ID_CHARS]!r} has not reported: a worker reports before it acks")
+    worker_keys.check(worker, ack.worker, key)
     epoch = serving_counter()[1]
     if ack.epoch and ack.epoch != epoch:
         raise AckRefused(f"epoch {ack.epoch[:SHOWN_ID_CHARS]!r} is not this console's ({epoch}): the ack is of another database's state")
@@ -123,16 +131,17 @@ def check_ack(ack: Ack) -> None:
         raise AckRefused(f"digest {ack.digest[:12]}… is not the state this console issued as generation {ack.generation}")
 
 
-def record_ack(message: dict) -> WorkerAck:
+def record_ack(message: dict, key: str | None = None) -> WorkerAck:
     """Idempotent: a repeated ack for the same generation keeps the first, except that an
     ok ack replaces a failed one (the worker's retry applied the state, and a drill
     waiting for it must see so). AckRefused when the ack does not follow the contract or
-    match a reported worker and an issued state."""
+    match a reported worker and an issued state; KeyRefused when the worker's id is held
+    by another ``key``."""
     try:
         ack = Ack.parse(message)
     except ContractError as error:
         raise AckRefused(str(error)) from None
-    check_ack(ack)
+    check_ack(ack, key)
     error = ack.error or ""
     try:
         with transaction.atomic():

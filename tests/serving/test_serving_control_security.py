@@ -13,7 +13,7 @@ import pytest
 
 from serving.console_client import ArtifactError, ArtifactRefused, ConsoleClient, artifact_location
 from serving.control import Applied, ControlPlane
-from serving.contract import CONTRACT_VERSION, ContractError
+from serving.contract import CONTRACT_VERSION, WORKER_KEY_HEADER, ContractError
 from serving.serving_plan import parse_state
 from serving.state_signing import sign_state, signing_key, state_digest
 from serving.worker import Worker
@@ -33,10 +33,13 @@ class FakeConsole:
         self.state: dict = content(0, "epoch-x")
         self.acks: list[dict] = []
         self.reports: list[dict] = []
+        self.worker_keys: list[str | None] = []  # the key each ack and report came with
         self.transport = httpx.MockTransport(self.handle)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         assert request.headers["authorization"] == f"Bearer {TOKEN}"
+        if request.url.path != "/api/serving/state":
+            self.worker_keys.append(request.headers.get(WORKER_KEY_HEADER))
         if request.url.path == "/api/serving/state":
             return httpx.Response(200, json=self.state)
         body = json.loads(request.content)
@@ -216,6 +219,14 @@ async def test_the_first_ack_follows_a_report_and_reports_carry_the_served_diges
     await control.send_report()
     assert (console.reports[-1]["generation"], console.reports[-1]["digest"], console.reports[-1]["epoch"]) == (
         4, state_digest(content(4, "epoch-x")), "epoch-x")
+
+
+async def test_every_report_and_ack_carries_this_workers_own_key(control, console):
+    await serve(control, console, 4, "epoch-x")
+    await control.send_report()
+
+    assert console.acks and len(console.reports) >= 2
+    assert len(set(console.worker_keys)) == 1 and len(console.worker_keys[0]) >= 40
 
 
 # ---- artifacts: the console's origin only ---------------------------------------------
