@@ -54,7 +54,8 @@ def wait_http(url: str, process: subprocess.Popen, timeout_s: float = READY_TIME
 
 
 def stop_all(processes: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM newest first (workers before the console, Redis last), then kill stragglers."""
+    """SIGTERM to each, newest first, then wait for each (together, up to ``grace_s``) and
+    kill stragglers. runstack calls it twice, so that its Redis stops after the rest."""
     for process in reversed(processes):
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

