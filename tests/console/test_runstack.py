@@ -107,6 +107,26 @@ def test_a_second_stop_signal_does_not_cut_the_stop_short(running):
     assert all_gone(running.children)
 
 
+def test_the_embedded_redis_stops_after_everything_that_uses_it(running):
+    # Stopped together, Redis went first and a Celery worker still shutting down lost its
+    # broker: "Couldn't ack" and tracebacks on the terminal.
+    direct = psutil.Process(running.stack.pid).children()  # what the stack stops itself, in order
+    redis = next(child.pid for child in direct if "redis-server" in " ".join(child.cmdline()))
+    others = [child.pid for child in direct if child.pid != redis]
+    gone_at: dict[int, float] = {}
+
+    running.stack.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while len(gone_at) < len(running.children) and time.monotonic() < deadline:
+        for pid in set(running.children) - set(gone_at) - set(alive(running.children)):
+            gone_at[pid] = time.monotonic()
+        time.sleep(0.005)
+    running.stack.wait(timeout=30)
+
+    assert set(gone_at) == set(running.children)
+    assert gone_at[redis] >= max(gone_at[pid] for pid in others)
+
+
 def test_a_hangup_stops_the_whole_stack(running):
     running.stack.send_signal(signal.SIGHUP)  # what closing the terminal sends
     running.stack.wait(timeout=60)
