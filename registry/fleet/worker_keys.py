@@ -31,7 +31,9 @@ def digest(key: str) -> str:
 
 
 def check(worker: Worker | None, worker_id: str, key: str | None) -> None:
-    """KeyRefused unless ``key`` may speak for ``worker_id`` (whose row is ``worker``)."""
+    """KeyRefused unless ``key`` may speak for ``worker_id`` (whose row is ``worker``).
+    An empty key is no key: it claims nothing and speaks for no claimed id."""
+    key = key or None
     if worker is None or not worker.key_digest:
         return
     if key is None or not hmac.compare_digest(digest(key), worker.key_digest):
@@ -45,6 +47,6 @@ def check(worker: Worker | None, worker_id: str, key: str | None) -> None:
 
 def claimed(worker: Worker | None, key: str | None) -> dict:
     """The field a report sets: the key's digest when it claims an unclaimed id."""
-    if key is None or (worker is not None and worker.key_digest):
+    if not key or (worker is not None and worker.key_digest):
         return {}
     return {"key_digest": digest(key)}

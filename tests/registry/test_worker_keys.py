@@ -70,6 +70,15 @@ def test_a_report_without_a_key_is_accepted_for_an_id_no_key_claimed_and_a_key_t
     assert send(worker_client, "reports", report(), None).status_code == 403
 
 
+def test_an_empty_key_is_no_key_it_claims_nothing_and_speaks_for_no_claimed_id(worker_client, three_versions):
+    assert send(worker_client, "reports", report(), "").status_code == 204
+    assert Worker.objects.get(worker_id="w-1").key_digest == ""  # unclaimed: the real worker may still claim it
+
+    assert send(worker_client, "reports", report(), REAL).status_code == 204
+    assert send(worker_client, "reports", report(), "").status_code == 403
+    assert send(worker_client, "acks", ack(1), "").status_code == 403
+
+
 def test_forgetting_a_worker_frees_its_id_for_a_new_key(worker_client, claimed, capsys):
     send(worker_client, "acks", ack(1), REAL)
 
