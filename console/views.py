@@ -309,7 +309,7 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "rollback_refusal": refusal,
         "rollback_summary": describe_routes(target.routes) if target else "",
         "archive_restores": describe_routes(release.rollback_target.routes) if archived and release.rollback_target else "",
-        "rollback_preview": releases.rollback_preview(release),
+        "rollback_preview": releases.describe_rollback_target(target) if target else None,
         "promote_returns_to": _promote_returns_to(model, release) if canary else "",
         "active_rollout": model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first(),
         "convergence": (convergence := fleet.convergence(release)),

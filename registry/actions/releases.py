@@ -165,7 +165,11 @@ def rollback_preview(release: Release | None) -> str | None:
     None when there is no rollback, or it would be refused (``rollback_refusal``)."""
     if release is None or release.rollback_target is None or release.is_archive or rollback_refusal(release):
         return None
-    target = release.rollback_target
+    return describe_rollback_target(release.rollback_target)
+
+
+def describe_rollback_target(target: Release) -> str:
+    """A rollback target in words: its split and generation."""
     return f"{_describe_routes(target)} (generation {target.generation})"
 
 
