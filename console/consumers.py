@@ -87,9 +87,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
 
 def state_change(state: DesiredState) -> dict:
-    """Routes and generations only: browsers need no artifact URLs or signatures."""
+    """Routes, generations and the state's digest (a drill's progress counts the workers
+    reporting it): browsers need no artifact URLs or signatures."""
     models = {
         name: {"generation": model.generation, "routes": [{"version": route.version, "weight": route.weight} for route in model.routes]}
         for name, model in state.models.items()
     }
-    return {"kind": "state", "generation": state.generation, "models": models}
+    return {"kind": "state", "generation": state.generation, "digest": state.digest, "models": models}

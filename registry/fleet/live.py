@@ -63,7 +63,8 @@ def _add_buckets(total: dict, delta: dict) -> dict:
 
 
 def relay(worker: Worker, report: dict) -> None:
-    message = {"type": "live.report", "worker": worker.worker_id, "generation": report.get("generation"), "versions": report.get("versions") or [],
+    message = {"type": "live.report", "worker": worker.worker_id, "generation": report.get("generation"), "digest": report.get("digest"),
+               "versions": report.get("versions") or [],
                "state": report.get("state", "serving"), "at": timezone.now().isoformat()}
     try:
         async_to_sync(get_channel_layer().group_send)(LIVE_GROUP, message)

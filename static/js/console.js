@@ -161,12 +161,18 @@ window.ModelOps = (function () {
   }
 
   // ---- messages
-  function flash(level, text) {
+  // A message with a subject (a form's data-subject: "rollout", "traffic") replaces the
+  // earlier ones of that subject: "Rollout paused" must not stay under "Rollout resumed".
+  function flash(level, text, subject) {
     const box = document.getElementById("messages");
     const line = document.createElement("p");
     line.className = `message message-${level}`;
     line.setAttribute("role", level === "error" ? "alert" : "status");
     line.textContent = text;
+    if (subject) {
+      line.dataset.subject = subject;
+      box.querySelectorAll(`[data-subject="${CSS.escape(subject)}"]`).forEach((earlier) => earlier.remove());
+    }
     box.prepend(line);
     while (box.children.length > 3) box.lastElementChild.remove();
     if (level === "success") setTimeout(() => line.remove(), 12000);
@@ -229,7 +235,7 @@ window.ModelOps = (function () {
       delete form.dataset.edited;
       if (form.id) document.querySelectorAll(`form#${CSS.escape(form.id)}`).forEach((copy) => delete copy.dataset.edited);
     }
-    flash(answer.data.level || (answer.ok ? "success" : "error"), answer.data.message);
+    flash(answer.data.level || (answer.ok ? "success" : "error"), answer.data.message, form.dataset.subject);
     document.dispatchEvent(new CustomEvent("modelops:changed", { detail: { form, answer } }));
   });
 

@@ -60,8 +60,9 @@
       for (const entry of message.versions || []) {
         if (entry.model === config.model) addBatches(entry.version, entry.batch_size_buckets);
       }
-      // A worker moved to another generation: convergence and roles changed.
-      if (previous && previous.generation !== message.generation) M.refreshSoon("release-panel");
+      // A worker moved to another generation: convergence and roles changed, and the health
+      // headline counts the workers still converging.
+      if (previous && previous.generation !== message.generation) ["release-panel", "health"].forEach((id) => M.refreshSoon(id));
     },
     state(message) {
       const mine = message.models && message.models[config.model];
@@ -71,7 +72,7 @@
         chartedGeneration = mine.generation;
         loadPast();
       }
-      drill.sawState(mine);
+      drill.sawState(mine, message);
     },
     job(message) {
       if (window.ModelOpsJobs) window.ModelOpsJobs.modelPage(config.model, message.job);
@@ -275,31 +276,52 @@
   });
 
   // ---- the drill: a timer while the server waits for every worker's ack
+  // Progress counts the workers live when it started, as the server waits for them: one
+  // that falls silent stays counted, as not following. A worker follows once it reports
+  // the rollback's state by its digest (or a later generation).
   const drill = (function () {
     const box = document.getElementById("drill-status");
     let started = 0;
     let timer = null;
-    let target = null;
+    let target = null;  // {generation, digest} of the state the rollback made
+    let waitedFor = [];  // worker ids
 
     function start() {
       started = performance.now();
       target = null;
+      waitedFor = book.fresh().map((report) => report.worker);
       box.hidden = false;
       box.classList.remove("done");
       timer = setInterval(render, 100);
       render();
     }
 
-    function sawState(mine) {
-      if (timer && mine && target === null) target = mine.generation;
+    function sawState(mine, state) {
+      if (timer && mine && target === null && mine.generation === state.generation) {
+        target = { generation: state.generation, digest: state.digest };
+      }
+    }
+
+    function follows(report) {
+      return report.generation > target.generation || (report.generation === target.generation && report.digest === target.digest);
     }
 
     function render() {
       const elapsed = ((performance.now() - started) / 1000).toFixed(1);
-      const workers = book.fresh();
-      const acked = target === null ? 0 : workers.filter((report) => report.generation >= target).length;
-      const waiting = target === null ? "rolling back…" : `${acked} of ${workers.length} workers report generation ${target}`;
-      box.innerHTML = `<span class="timer">${elapsed} s</span> Drill running: ${waiting}`;
+      const fresh = new Set(book.fresh().map((report) => report.worker));
+      const reports = waitedFor.map((worker) => book.latest.get(worker));
+      const followed = target === null ? 0 : reports.filter((report) => report && follows(report)).length;
+      const silent = waitedFor.filter((worker) => !fresh.has(worker)).length;
+      let waiting = "rolling back…";
+      if (target !== null) {
+        waiting = `${followed} of ${waitedFor.length} worker${waitedFor.length === 1 ? "" : "s"} serve generation ${target.generation}`;
+        if (silent) waiting += `; ${silent} not reporting`;
+      }
+      box.innerHTML = "";
+      const clock = document.createElement("span");
+      clock.className = "timer";
+      clock.textContent = `${elapsed} s`;
+      box.append(clock, ` Drill running: ${waiting}`);
     }
 
     function finish(answer) {

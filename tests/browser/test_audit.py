@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 import secrets
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,3 +247,56 @@ def test_an_earlier_split_is_restored_from_its_release_page_through_its_dialog(p
     expect(page.locator("#release-panel .seg-canary")).to_contain_text("v2 · 10%")
     expect(page.locator("#audit .event").first).to_contain_text("ada's canary again")
     stack.screenshot(page, "audit-restored-from-release-page")
+
+
+# The model on a canary split (it may be on one already: the restore test leaves it there).
+SET_CANARY = """
+from django.contrib.auth.models import User
+from registry.actions import releases
+from registry.models import RegisteredModel
+try:
+    releases.set_routes(RegisteredModel.objects.get(name={name!r}), [{{"version": 1, "weight": 90}}, {{"version": 2, "weight": 10}}],
+                        User.objects.get(username="ada"), "a canary to roll back")
+except releases.ReleaseConflict:
+    pass
+"""
+
+
+def test_after_a_rollback_the_health_headline_follows_the_workers_not_only_its_poll(page, stack, audited):
+    """The headline counted the workers converging until its own 10 s poll, after the
+    release panel had shown them converged."""
+    django_shell(stack, SET_CANARY.format(name=audited.name))
+    sign_in(page, "olivia")
+    page.goto(f"/models/{audited.name}/")
+    health, convergence = page.locator("#model-health"), page.locator("#release-panel #convergence")
+    expect(convergence).to_contain_text("serve generation", timeout=LIVE_S)
+    worker = next(process for process in stack.processes if "serve" in process.args)
+    os.kill(worker.pid, signal.SIGSTOP)  # the worker takes the rollback only once the headline showed it behind
+    try:
+        page.locator("#rollback-button").click()
+        page.locator("#rollback-dialog").get_by_role("button", name="Roll back now").click()
+        expect(health).to_contain_text("converging")
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    expect(convergence).to_contain_text("serve generation", timeout=LIVE_S)
+    expect(health).not_to_contain_text("converging", timeout=3_000)  # the poll is every 10 s
+
+
+def test_a_drill_s_progress_counts_a_worker_that_fell_silent_as_not_following(page, stack, audited):
+    """The progress line counted only the workers reporting: a frozen worker left it, and
+    the line read "0 of 0 workers" while the drill waited for it."""
+    django_shell(stack, SET_CANARY.format(name=audited.name))
+    sign_in(page, "olivia")
+    page.goto(f"/models/{audited.name}/")
+    expect(page.locator("#release-panel #convergence")).to_contain_text("serve generation", timeout=LIVE_S)
+    expect(page.locator("#live-note")).to_contain_text("1 live worker", timeout=LIVE_S)  # the page has its report
+    worker = next(process for process in stack.processes if "serve" in process.args)
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        page.locator("#drill-button").click()
+        page.locator("#drill-dialog").get_by_role("button", name="Start drill").click()
+        status = page.locator("#drill-status")
+        expect(status).to_contain_text(re.compile(r"Drill running: 0 of 1 worker serve generation \d+; 1 not reporting"), timeout=LIVE_S)
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    expect(status).to_contain_text("Drill finished", timeout=LIVE_S)

@@ -145,6 +145,7 @@ def pause_and_resume(page, stack) -> None:
 
     rollout.get_by_role("button", name=re.compile("Resume step 1")).click()
     expect(page.locator("#messages")).to_contain_text("resumed: v2 at 1% (step 1 of 4)")
+    expect(page.locator("#messages")).not_to_contain_text("paused at step")  # the resume's message replaced it
     expect(rollout.locator("[data-field=rollout-status]")).to_have_text("Running")
     expect(rollout.locator("[data-field=failures]")).to_contain_text("0 of 2")  # the step starts over
 
