@@ -12,9 +12,9 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+from serving_testkit import route, state, v2_body, wait_until
 
 from serving.http_protocol import CoalescingTransport, listen_backlog
-from serving_testkit import route, state, v2_body, wait_until
 
 
 class RecordingTransport:
@@ -88,6 +88,43 @@ def test_keep_alive_connection_gets_whole_responses(digits_worker):
                 answer += chunk
             assert answer.startswith(b"HTTP/1.1 200 OK")
 
+
+
+def test_a_head_request_gets_the_head_without_a_body_and_the_connection_stays_in_step(digits_worker):
+    """A body after a HEAD's head would be read as the start of the next answer."""
+    host, port = digits_worker.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        connection.sendall(b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n" + LIVE)
+        answer = b""
+        while not answer.endswith(b'{"live":true}'):
+            chunk = connection.recv(4096)
+            assert chunk, f"closed after {answer[:300]!r}"
+            answer += chunk
+
+    first, second = answer.split(b"HTTP/1.1 200 OK", 1)
+    assert first.startswith(b"HTTP/1.1 405 ")
+    assert first.endswith(b"\r\n\r\n")  # the head only, its content-length naming the body it leaves out
+    assert b"content-length: " in first.lower()
+    assert second.endswith(b'{"live":true}')
+
+
+def test_an_inference_answer_carries_its_headers_and_leaves_in_one_write(digits_worker):
+    """The date, the content type and length, the request id (the client's when sane),
+    the model version that answered; head and body in one read."""
+    host, port = digits_worker.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        connection.sendall(head(extra="X-Request-Id: mine-1\r\n") + BODY)
+        answer = connection.recv(65536)  # one write: head and body arrive together
+
+    head_part, body = answer.split(b"\r\n\r\n", 1)
+    lines = head_part.lower().split(b"\r\n")
+    assert lines[0] == b"http/1.1 200 ok"
+    assert any(line.startswith(b"date: ") for line in lines)
+    assert b"content-type: application/json" in lines
+    assert f"content-length: {len(body)}".encode() in lines
+    assert b"x-request-id: mine-1" in lines
+    assert b"x-model-version: 1" in lines
+    assert orjson.loads(body)["model_name"] == "digits"
 
 
 # ---- pipelining: a client may send before it reads, but not without bound -------------
@@ -428,3 +465,4 @@ def test_the_listen_backlog_follows_the_connection_cap():
     assert listen_backlog(10_000) == 10_000
     assert listen_backlog(100) == 2048  # never shorter than uvicorn's own: a quick 503 beats a dropped SYN
     assert listen_backlog(0) == 65535  # no cap: as long as the kernel allows
+
