@@ -20,19 +20,34 @@ from pathlib import Path
 def worker_key(worker_id: str, cache_dir: str | Path, *, fixed_id: bool) -> str:
     if not fixed_id:
         return secrets.token_urlsafe(32)
+    # Named by a digest of the id: an id is not a path (``../x`` stays in the cache directory).
     path = Path(cache_dir) / f"worker-key-{hashlib.sha256(worker_id.encode()).hexdigest()[:16]}"
-    try:
-        kept = path.read_text().strip()
-        if kept:
-            return kept
-    except FileNotFoundError:
-        pass
-    key = secrets.token_urlsafe(32)
+    kept = _read(path)
+    if kept:
+        return kept
     path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(32)
+    # Written whole under another name, then linked into place: the key file never exists
+    # empty or half-written, and of two processes with this id the first link wins.
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process with this id made it first: its key is ours
-        return path.read_text().strip()
-    with os.fdopen(descriptor, "w") as out:
-        out.write(key)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(key)
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            kept = _read(path)
+            if kept:  # another process with this id made it first: its key is ours
+                return kept
+            os.replace(temporary, path)  # an empty file, left by a crash of an earlier version
+    finally:
+        temporary.unlink(missing_ok=True)
     return key
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""

@@ -3,6 +3,7 @@ private, for an id fixed by SERVING_WORKER_ID, so a restarted worker is still it
 
 from __future__ import annotations
 
+import os
 import stat
 
 from serving.worker_key import worker_key
@@ -25,3 +26,45 @@ def test_a_fixed_id_keeps_its_key_across_restarts_in_a_private_file(tmp_path):
 
 def test_two_fixed_ids_sharing_a_cache_directory_get_keys_of_their_own(tmp_path):
     assert worker_key("worker-0", tmp_path, fixed_id=True) != worker_key("worker-1", tmp_path, fixed_id=True)
+
+
+def test_a_fixed_id_makes_its_cache_directory_when_it_does_not_exist_yet(tmp_path):
+    cache = tmp_path / "not" / "yet"
+
+    key = worker_key("worker-0", cache, fixed_id=True)
+
+    assert [path.read_text() for path in cache.iterdir()] == [key]
+
+
+def test_an_empty_key_file_left_by_a_crash_is_replaced_never_used_as_an_empty_key(tmp_path):
+    first = worker_key("worker-0", tmp_path, fixed_id=True)
+    [kept] = tmp_path.iterdir()
+    kept.write_text("")  # what a crash between creating the file and writing it left behind
+
+    key = worker_key("worker-0", tmp_path, fixed_id=True)
+
+    assert key and key != first
+    assert [path.read_text() for path in tmp_path.iterdir()] == [key]  # no temporary file left either
+    assert worker_key("worker-0", tmp_path, fixed_id=True) == key
+
+
+def test_an_id_that_looks_like_a_path_keeps_its_key_inside_the_cache_directory(tmp_path):
+    cache = tmp_path / "cache"
+
+    worker_key("../../escaped", cache, fixed_id=True)
+
+    assert [path.parent for path in tmp_path.rglob("*") if path.is_file()] == [cache]
+
+
+def test_of_two_processes_starting_with_one_fixed_id_the_key_linked_first_wins(tmp_path, monkeypatch):
+    real_link = os.link
+
+    def another_process_links_first(source, target):
+        with open(target, "x") as other:
+            other.write("key-of-the-other-process")
+        real_link(source, target)  # now FileExistsError, as in the race
+
+    monkeypatch.setattr(os, "link", another_process_links_first)
+
+    assert worker_key("worker-0", tmp_path, fixed_id=True) == "key-of-the-other-process"
+    assert [path.read_text() for path in tmp_path.iterdir()] == ["key-of-the-other-process"]
