@@ -49,6 +49,11 @@ TARGETS = (
     Target("registry/domain/distribution_tests.py", ("tests/registry/test_distribution_tests.py",), 90.0),
     Target("registry/domain/canary_analysis.py", ("tests/registry/test_canary_analysis.py",), 90.0),
     Target("registry/actions/rollouts.py", ("tests/registry/test_rollouts.py", "tests/registry/test_api_rollouts.py"), 85.0),
+    # Who may speak for a worker id (#9): the console's claim rule and the worker's own key.
+    Target("registry/fleet/worker_keys.py", ("tests/registry/test_worker_keys.py",), 95.0),
+    Target("serving/worker_key.py", ("tests/serving/test_serving_worker_key.py",), 80.0),
+    # The state a worker persisted beside its artifacts and serves at start when the console cannot answer (#9).
+    Target("serving/state_store.py", ("tests/serving/test_serving_state_store.py",), 85.0),
     Target("serving/traffic_split.py", ("tests/serving/test_serving_router.py", "tests/serving/test_serving_router_stickiness.py", "tests/serving/test_serving_pinning.py"), 95.0),
     # The batching path, one module at a time, each with the batching tests (which were
     # written against serving/batcher.py before it was split by responsibility).

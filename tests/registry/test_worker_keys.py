@@ -46,6 +46,16 @@ def test_a_report_under_a_claimed_id_with_another_key_or_none_is_refused_and_cha
     assert Worker.objects.get(worker_id="w-1").last_report == claimed.last_report
 
 
+@pytest.mark.parametrize(("key", "said"), [(FORGER, "this came with another worker key"), (None, "this came without a worker key")],
+                         ids=["another key", "no key"])
+def test_a_refusal_names_the_id_what_was_wrong_and_how_the_id_is_freed(worker_client, claimed, key, said):
+    error = send(worker_client, "reports", report(), key).json()["error"]
+
+    assert error == (f"worker id 'w-1' belongs to the worker process that first reported under it; {said}. Two workers may not "
+                     "share an id: the id is free again once the console forgets that worker (WORKER_FORGET_AFTER_S, or "
+                     "`manage.py forget_worker ID`)")
+
+
 @pytest.mark.parametrize("key", [FORGER, None], ids=["another key", "no key"])
 def test_an_ack_under_a_claimed_id_with_another_key_or_none_is_refused_and_stored_nowhere(worker_client, claimed, key):
     response = send(worker_client, "acks", ack(1), key)
@@ -97,3 +107,14 @@ def test_forgetting_an_unknown_worker_says_so():
 
 def test_the_console_keeps_only_a_digest_of_the_key(worker_client, claimed):
     assert REAL not in claimed.key_digest and len(claimed.key_digest) == 64
+
+
+def test_a_refusal_quotes_at_most_the_first_40_characters_of_a_long_id():
+    from registry.fleet import worker_keys
+
+    holder = Worker(worker_id="x" * 100, key_digest=worker_keys.digest(REAL))
+
+    with pytest.raises(worker_keys.KeyRefused) as refused:
+        worker_keys.check(holder, "x" * 100, FORGER)
+
+    assert f"worker id '{'x' * 40}' belongs" in str(refused.value)

@@ -9,10 +9,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from serving_testkit import route, state
 
 from serving.state_signing import sign_state, signing_key, state_digest
 from serving.state_store import FILE_NAME, MAX_FILE_BYTES, PersistedStateRefused, StateStore
-from serving_testkit import route, state
 
 KEY = signing_key("worker-token-for-tests")
 STATE = state(7, {"m": {"routes": [route(1, 100, Path("/models/m.onnx"), "ab" * 32)]}}, epoch="epoch-x")
@@ -50,7 +50,7 @@ def test_content_changed_on_disk_with_a_stale_digest_is_refused(store):
     document["models"]["m"]["routes"][0]["weight"] = 0
     store.path.write_text(json.dumps(document))
 
-    with pytest.raises(PersistedStateRefused, match="the digest does not match the content"):
+    with pytest.raises(PersistedStateRefused, match=r"^the digest does not match the content \(the file changed after it was written\)$"):
         store.load()
 
 
@@ -90,6 +90,31 @@ def test_a_file_past_the_size_limit_is_refused_without_being_parsed(store):
         store.load()
 
 
+def test_a_file_of_exactly_the_size_limit_is_read_whole_and_judged_on_its_content(store):
+    store.path.parent.mkdir(parents=True)
+    store.path.write_bytes(b" " * MAX_FILE_BYTES)
+
+    with pytest.raises(PersistedStateRefused, match="is not JSON"):
+        store.load()
+
+
+def test_bytes_that_are_not_text_are_refused_as_not_json_not_a_crash(store):
+    store.path.parent.mkdir(parents=True)
+    store.path.write_bytes(b'{"generation": "\xff\xfe"}')
+
+    with pytest.raises(PersistedStateRefused, match="is not JSON"):
+        store.load()
+
+
+def test_the_first_save_makes_the_cache_directory_private(tmp_path):
+    store = StateStore(tmp_path / "not" / "yet", KEY)
+
+    store.save(STATE)
+
+    assert stat.S_IMODE(store.path.parent.stat().st_mode) == 0o700
+    assert store.load()["generation"] == 7
+
+
 def test_a_state_that_cannot_be_encoded_leaves_the_previous_one_whole(store):
     store.save(STATE)
 
@@ -103,9 +128,20 @@ def test_a_state_that_cannot_be_encoded_leaves_the_previous_one_whole(store):
 def test_a_worker_without_a_token_neither_saves_nor_loads(tmp_path):
     store = StateStore(tmp_path, None)
 
-    with pytest.raises(PersistedStateRefused, match="no worker token"):
+    with pytest.raises(PersistedStateRefused, match="^this worker has no worker token to sign its persisted state with$"):
         store.save(STATE)
-    with pytest.raises(PersistedStateRefused, match="no worker token"):
+    with pytest.raises(PersistedStateRefused, match="^this worker has no worker token to check its persisted state with$"):
+        store.load()
+
+
+def test_a_signed_state_of_another_contract_version_is_refused_saying_so(store):
+    """Written by a worker of another version (before an upgrade): its routes may mean
+    something else to this one."""
+    store.path.parent.mkdir(parents=True, mode=0o700)
+    store.path.write_bytes(json.dumps(sign_state({**STATE, "contract": 999}, KEY)).encode())
+    store.path.chmod(0o600)
+
+    with pytest.raises(PersistedStateRefused, match="^not a desired state of this worker's contract: contract: "):
         store.load()
 
 
