@@ -34,6 +34,7 @@ class FakeConsole:
         self.acks: list[dict] = []
         self.reports: list[dict] = []
         self.worker_keys: list[str | None] = []  # the key each ack and report came with
+        self.state_reads = 0
         self.transport = httpx.MockTransport(self.handle)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
@@ -41,6 +42,7 @@ class FakeConsole:
         if request.url.path != "/api/serving/state":
             self.worker_keys.append(request.headers.get(WORKER_KEY_HEADER))
         if request.url.path == "/api/serving/state":
+            self.state_reads += 1
             return httpx.Response(200, json=self.state)
         body = json.loads(request.content)
         {"/api/serving/acks": self.acks, "/api/serving/reports": self.reports}[request.url.path].append(body)
@@ -124,6 +126,7 @@ async def test_signed_push_is_applied_and_acked_with_its_digest(control, console
     assert control.applied == Applied(2, "epoch-x", push["digest"])
     assert console.acks[-1] | {"load_ms": 0} == {"worker": control.identity.id, "generation": 2, "digest": push["digest"], "epoch": "epoch-x",
                                                  "ok": True, "load_ms": 0, "contract": CONTRACT_VERSION}
+    assert console.acks[-1]["load_ms"] == result["load_ms"]  # how long the apply took, as the worker measured it
 
 
 async def test_an_older_signed_push_in_the_same_epoch_is_ignored(control, console):
@@ -148,6 +151,30 @@ async def test_a_signed_push_of_the_applied_generation_with_other_content_makes_
     assert control.applied == Applied(5, "epoch-x", state_digest(real))
     assert state_digest(real) != state_digest(torn)
     assert console.acks[-1]["digest"] == state_digest(real)
+
+
+async def test_of_a_push_and_the_console_disagreeing_on_the_applied_generation_the_console_wins(control, console):
+    """Another content under the generation applied: the push is not taken as the truth
+    either, the console is asked, and its answer is what the worker applies and acks."""
+    await serve(control, console, 5, "epoch-x")
+    answer = content(5, "epoch-x", {"digits": {"routes": []}})
+    console.state = answer
+    other = content(5, "epoch-x", {"other": {"routes": []}})
+
+    result = await control.receive_push(signed(other))
+
+    assert result["ok"] is True
+    assert control.applied == Applied(5, "epoch-x", state_digest(answer))
+    assert console.acks[-1]["digest"] == state_digest(answer)
+
+
+async def test_a_push_of_what_is_applied_is_ignored_without_asking_the_console(control, console):
+    await serve(control, console, 5, "epoch-x")
+    reads, acks = console.state_reads, len(console.acks)
+
+    assert await control.receive_push(signed(content(5, "epoch-x"))) is None
+
+    assert (console.state_reads, len(console.acks)) == (reads, acks)
 
 
 async def test_push_from_another_epoch_adopts_the_consoles_state_even_at_a_lower_generation(control, console):
