@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 from pathlib import Path
+
+MAX_KEY_BYTES = 256
+KEY_PATTERN = re.compile(rb"[A-Za-z0-9_-]{32,%d}" % MAX_KEY_BYTES)  # what token_urlsafe makes, 43 characters
 
 
 def worker_key(worker_id: str, cache_dir: str | Path, *, fixed_id: bool) -> str:
@@ -40,14 +44,19 @@ def worker_key(worker_id: str, cache_dir: str | Path, *, fixed_id: bool) -> str:
             kept = _read(path)
             if kept:  # another process with this id made it first: its key is ours
                 return kept
-            os.replace(temporary, path)  # an empty file, left by a crash of an earlier version
+            os.replace(temporary, path)  # empty or damaged: left by a crash of an earlier version, or edited
     finally:
         temporary.unlink(missing_ok=True)
     return key
 
 
 def _read(path: Path) -> str:
+    """The kept key, or "" when there is none usable: a key goes out in an HTTP header, so a
+    damaged file (empty, not text, too long, a stray character) is replaced like a missing one."""
     try:
-        return path.read_text().strip()
+        with path.open("rb") as kept:
+            raw = kept.read(MAX_KEY_BYTES + 1)
     except FileNotFoundError:
         return ""
+    key = raw.strip()
+    return key.decode() if KEY_PATTERN.fullmatch(key) else ""

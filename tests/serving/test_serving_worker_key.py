@@ -4,9 +4,14 @@ private, for an id fixed by SERVING_WORKER_ID, so a restarted worker is still it
 from __future__ import annotations
 
 import os
+import re
 import stat
 
+import pytest
+
 from serving.worker_key import worker_key
+
+OTHER_KEY = "key-of-the-other-process-made-as-workers-do"  # 43 characters, as token_urlsafe(32)
 
 
 def test_a_default_id_gets_a_new_key_each_time_and_leaves_no_file(tmp_path):
@@ -61,10 +66,23 @@ def test_of_two_processes_starting_with_one_fixed_id_the_key_linked_first_wins(t
 
     def another_process_links_first(source, target):
         with open(target, "x") as other:
-            other.write("key-of-the-other-process")
+            other.write(OTHER_KEY)
         real_link(source, target)  # now FileExistsError, as in the race
 
     monkeypatch.setattr(os, "link", another_process_links_first)
 
-    assert worker_key("worker-0", tmp_path, fixed_id=True) == "key-of-the-other-process"
-    assert [path.read_text() for path in tmp_path.iterdir()] == ["key-of-the-other-process"]
+    assert worker_key("worker-0", tmp_path, fixed_id=True) == OTHER_KEY
+    assert [path.read_text() for path in tmp_path.iterdir()] == [OTHER_KEY]
+
+
+@pytest.mark.parametrize("damaged", [b"two\nlines-of-a-key-that-would-break-its-header", b"\xff" * 50, b"k" * 100_000, b"short"],
+                         ids=["a line break", "not text", "too long", "too short"])
+def test_a_damaged_key_file_is_replaced_by_a_key_that_fits_a_header(tmp_path, damaged):
+    worker_key("worker-0", tmp_path, fixed_id=True)
+    [kept] = tmp_path.iterdir()
+    kept.write_bytes(damaged)
+
+    key = worker_key("worker-0", tmp_path, fixed_id=True)
+
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}", key)
+    assert [path.read_text() for path in tmp_path.iterdir()] == [key]
