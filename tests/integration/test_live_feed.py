@@ -86,3 +86,39 @@ def three_versions_async(transactional_db):
     model = RegisteredModel.objects.create(name="digits")
     ModelVersion.objects.create(model=model, number=1, sha256="0" * 64, size_bytes=1, status="ready")
     return model
+
+
+async def test_a_report_s_digest_reaches_browsers_and_a_report_with_a_malformed_one_reaches_nothing(operator):
+    """The drill's progress compares the digests a browser is sent: only a digest the
+    report contract accepted (64 lowercase hex) is ever relayed."""
+    communicator, connected, _ = await connect(operator)
+    assert connected
+
+    assert await sync_to_async(post_report)({**REPORT, "digest": "<img src=x onerror=alert(1)>"}) == 400
+    assert await communicator.receive_nothing(timeout=1)
+    assert await sync_to_async(post_report)({**REPORT, "digest": "ab" * 32}) == 204
+    message = await communicator.receive_json_from(timeout=5)
+
+    assert message["kind"] == "report" and message["digest"] == "ab" * 32
+    await communicator.disconnect()
+
+
+async def test_a_state_message_the_console_did_not_build_reaches_no_browser(operator):
+    """Anything that reaches Redis can publish to the serving group; the feed relays only
+    what parses as a desired state, with its digest."""
+    from channels.layers import get_channel_layer
+
+    from serving.contract import APPLY_MESSAGE, SERVING_GROUP
+
+    communicator, connected, _ = await connect(operator)
+    assert connected
+    layer = get_channel_layer()
+    state = {"generation": 7, "models": {}, "epoch": "epoch-x", "contract": CONTRACT_VERSION}
+
+    await layer.group_send(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": {**state, "digest": "not hex"}})
+    assert await communicator.receive_nothing(timeout=1)
+    await layer.group_send(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": {**state, "digest": "cd" * 32}})
+    message = await communicator.receive_json_from(timeout=5)
+
+    assert message == {"kind": "state", "generation": 7, "digest": "cd" * 32, "models": {}}
+    await communicator.disconnect()
