@@ -21,7 +21,13 @@ client's burst of connections arrives and stops), so past that short queue a ref
 client waits milliseconds, not for the thousands queued before it; no more than the worker's
 connection cap leaves room for (a connection past it would be refused by the loop, at
 the loop's cost); and only KEEP_AT_LEAST while the worker says every routed version
-refuses requests anyway (a new client would wait only to be refused). The keeper takes
+refuses requests anyway (a new client would wait only to be refused). After a whole
+PACE_WINDOW_S of refusing, the keeper stops refusing by pace for RETURN_CHECK_S to see
+who still arrives: if the queue does not grow then, the arrivals were refused clients
+coming straight back (a closed loop: wrk, most SDKs), for whom a refusal is only another
+round trip, so the pace bounds are lifted until the queue grows again. If new clients
+did arrive (an open-loop overload), the next pause comes after twice as long: a pause
+delays the refusals of those arriving in it. The keeper takes
 the rest from the head of the queue (the connections that waited longest) and answers
 each with 503, ``Retry-After: 1`` and ``Connection: close``. A burst the worker takes in
 time is never refused: the pace rule refuses nothing before MIN_EVIDENCE_S of backlog has
@@ -71,6 +77,9 @@ OUTPACE_FACTOR = 1.25  # arrivals at least this many times the accepts: clearly 
 FEW_ARRIVALS = 16  # no more arrivals than this in a stretch is a trickle, not an overload, whatever the accepts
 SUSTAINED_WAIT_S = 0.05  # under a sustained overload the queue holds this much of the pace: refusals come at once
 KEEP_AT_LEAST = 16  # a slow or saturated worker keeps this many queued, so it sees when it has room again
+RETURN_CHECK_S = 0.05  # a pause in refusing by pace, after a window of refusals, to see whether new clients still arrive
+RETURN_SETTLE_S = 0.02  # the start of that pause is left out: a refused client that comes straight back arrives then
+RETURN_CHECK_MAX_EVERY_S = 8.0  # new clients kept arriving: each pause waits twice as long as the last, up to this
 READ_LIMIT = 64 * 1024  # what of a refused request is read (so the close is not a reset), never parsed
 LOG_EVERY_S = 1.0
 ACCEPTED, REFUSED, SATURATED, CLOSED = 0, 1, 2, 3  # slots of the shared page: the keeper writes REFUSED, the worker the rest
@@ -112,17 +121,55 @@ class AcceptPace:
         self.window_s, self.evidence_s = window_s, evidence_s
         self._samples: deque[tuple[float, int, int]] = deque()  # (time, accepted, arrived), arrived counting refusals
         self.sustained = False  # as of the last observation: see _outpaced_throughout
+        self.returning = False  # the refused clients only came back: no bound by pace until the queue grows again
+        self._refusing_since, self._last_refusal = 0.0, float("-inf")  # the current stretch of refusals
+        self._check_after = window_s  # of refusals, before the next pause
+        self._check_from: float | None = None  # while pausing to see who arrives: when the pause began
+        self._lowest_queue = 0  # while returning: the shortest the queue has been since
 
     def observe(self, now: float, queued: int, accepted: int, refused: int = 0) -> None:
         if queued == 0:
             self._samples.clear()
-            self.sustained = False
+            self.sustained = self.returning = False
+            self._check_from, self._check_after = None, self.window_s
             return
         samples = self._samples
         samples.append((now, accepted, queued + accepted + refused))
         while len(samples) > 2 and now - samples[1][0] >= self.window_s:
             samples.popleft()
+        if self._check_from is not None and now - self._check_from >= RETURN_CHECK_S:
+            self._conclude_check(queued)
+        if self.returning:
+            self._lowest_queue = min(self._lowest_queue, queued)
+            self.returning = queued <= self._lowest_queue + FEW_ARRIVALS  # new clients: the queue grows unrefused
         self.sustained = self._outpaced_throughout()
+
+    def refused(self, now: float) -> None:
+        """Some of the queue was just refused. After a whole window of refusals (none more
+        than RECENT_S apart), refusing by pace pauses for RETURN_CHECK_S (``checking``)."""
+        if now - self._last_refusal > RECENT_S:
+            self._refusing_since = now
+        self._last_refusal = now
+        if self._check_from is None and not self.returning and now - self._refusing_since >= self._check_after:
+            self._check_from = now
+
+    @property
+    def checking(self) -> bool:
+        return self._check_from is not None
+
+    def _conclude_check(self, queued: int) -> None:
+        """Refused clients that come straight back arrive at the start of the pause (left
+        out); after it, only new clients arrive. If they did not outnumber the accepts by
+        more than a trickle, refusing only spun the same clients round."""
+        settled = self._check_from + RETURN_SETTLE_S
+        start = next((sample for sample in self._samples if sample[0] >= settled), self._samples[-1])
+        end = self._samples[-1]
+        self.returning = (end[2] - start[2]) - (end[1] - start[1]) <= FEW_ARRIVALS
+        self._lowest_queue = queued
+        if not self.returning:
+            self._check_after = min(2 * self._check_after, RETURN_CHECK_MAX_EVERY_S)
+        self._check_from = None
+        self._refusing_since = self._last_refusal = end[0]  # a new window of refusals before the next pause
 
     def per_second(self) -> float | None:
         """Accepts per second over the backlog's last window, or None before MIN_EVIDENCE_S of it."""
@@ -149,9 +196,11 @@ class AcceptPace:
 
     def may_wait(self, wait_s: float) -> int | None:
         """How many connections the queue may hold: what the worker takes in ``wait_s``, or in
-        SUSTAINED_WAIT_S while arrivals keep outpacing it."""
+        SUSTAINED_WAIT_S while arrivals keep outpacing it; any (None) before the pace is
+        known, while refusing pauses to see who arrives, and while refused clients only
+        come back."""
         pace = self.per_second()
-        if pace is None:
+        if pace is None or self.returning or self.checking:
             return None
         return max(KEEP_AT_LEAST, int(pace * (min(wait_s, SUSTAINED_WAIT_S) if self.sustained else wait_s)))
 
@@ -291,12 +340,18 @@ def keep(listener: socket.socket, counters: memoryview, parent_fd: int, wait_s: 
         lingering.service()
         queued, now = queue_length(listener), time.monotonic()
         lingering.expire(now)
+        returning = pace.returning
         pace.observe(now, queued, counters[ACCEPTED], counters[REFUSED])
+        if pace.returning != returning and queued:
+            logger.warning(event("refused_clients_return" if pace.returning else "new_clients_arrive", queued=queued,
+                                 refusing_by_pace=not pace.returning))
         open_slots = max_connections - (counters[ACCEPTED] - counters[CLOSED]) if max_connections else None
         may_wait = room(pace, wait_s, bool(counters[SATURATED]), open_slots)
         if may_wait is not None and queued > may_wait:
             refused = refuse(listener, queued - may_wait, lingering)
             counters[REFUSED] += refused
+            if refused:
+                pace.refused(now)
             report.add(refused, queued, pace.per_second(), bool(counters[SATURATED]), pace.sustained)
             queued -= refused
         report.flush()

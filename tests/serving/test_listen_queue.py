@@ -1,7 +1,8 @@
 """The listen queue's keeper (serving/listen_queue.py): new connections the event loop
 cannot take within SERVING_ACCEPT_WAIT_S get a 503 within milliseconds from a child
-process, a burst the loop takes in time is never refused, and the keeper never outlives
-its worker or holds the port open after a stop."""
+process, a burst the loop takes in time is never refused, clients that come straight
+back after a refusal are not spun round, and the keeper never outlives its worker or
+holds the port open after a stop."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from serving_testkit import REPO_ROOT, HeldRun, SubprocessWorker, route, state, 
 
 from serving.listen_queue import (
     ACCEPTED,
+    FEW_ARRIVALS,
     KEEP_AT_LEAST,
     REFUSAL_MESSAGE,
     SATURATED,
@@ -155,6 +157,105 @@ def test_a_backlog_younger_than_a_window_is_not_yet_a_sustained_overload():
     for tick in range(31):
         pace.observe(tick * 0.01, 50, tick * 10, tick * 20)
     assert not pace.sustained
+
+
+def refusing_for(pace: AcceptPace, seconds: float, queued: int = 200, accepts_per_tick: int = 1, arrivals_per_tick: int = 20,
+                 start: float = 0.0) -> tuple[float, int, int]:
+    """Ticks of 10 ms in which the queue stays at ``queued`` and the keeper refuses what
+    arrives past it, until ``seconds`` have passed or the keeper pauses its refusals.
+    Returns (time, accepted, refused) after the last."""
+    now, accepted, refused = start, 0, 0
+    for _ in range(round(seconds / 0.01)):
+        now += 0.01
+        accepted += accepts_per_tick
+        refused += arrivals_per_tick - accepts_per_tick
+        pace.observe(now, queued, accepted, refused)
+        pace.refused(now)
+        if pace.checking:
+            break
+    return now, accepted, refused
+
+
+def test_after_a_window_of_refusals_refusing_by_pace_pauses_to_see_who_arrives():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    refusing_for(pace, 0.4)
+    assert not pace.checking and pace.may_wait(5.0) is not None
+    refusing_for(pace, 0.2, start=0.4)
+    assert pace.checking and pace.may_wait(5.0) is None
+
+
+def test_refused_clients_that_only_come_back_lift_the_pace_bounds():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    now, accepted, refused = refusing_for(pace, 0.6)
+    assert pace.checking
+    for tick in range(12):  # the pause: the refused come back at its start, then nobody new arrives
+        now += 0.01
+        accepted += 1
+        pace.observe(now, 200 + (40 if tick < 2 else 40 - tick), accepted, refused)
+    assert pace.returning and not pace.checking
+    assert pace.may_wait(5.0) is None and room(pace, 5.0, saturated=False, open_slots=100) == 100
+
+
+def test_new_clients_arriving_in_the_pause_keep_the_pace_bounds():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    now, accepted, refused = refusing_for(pace, 0.6)
+    for tick in range(12):  # the queue grows by 19 a tick while nobody is refused: an open-loop overload
+        now += 0.01
+        accepted += 1
+        pace.observe(now, 200 + 19 * (tick + 1), accepted, refused)
+    assert not pace.returning and not pace.checking
+    assert pace.sustained and pace.may_wait(5.0) == KEEP_AT_LEAST  # a moment of the pace, at least the few kept
+
+
+def test_while_new_clients_keep_arriving_each_pause_comes_after_twice_as_long():
+    # A pause delays the refusals of the clients arriving in it: an open-loop overload
+    # that goes on is checked less and less often.
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    now, accepted, refused, queued, pauses = 0.0, 0, 0, 200, []
+    for _ in range(400):  # 4 s of 10 ms ticks, 20 arrivals and 1 accept a tick
+        now += 0.01
+        accepted += 1
+        if pace.checking:  # nobody is refused by pace: the queue grows
+            queued += 19
+        else:
+            refused += 19
+        checking = pace.checking
+        pace.observe(now, queued, accepted, refused)
+        if not pace.checking:
+            pace.refused(now)
+        if pace.checking and not checking:
+            pauses.append(now)
+    assert not pace.returning
+    gaps = [b - a for a, b in zip(pauses, pauses[1:])]
+    assert gaps == pytest.approx([1.05, 2.05], abs=0.015)  # a pause, then 1 s of refusals; a pause, then 2 s
+
+
+def test_once_clients_only_return_a_queue_that_grows_again_brings_the_pace_bounds_back():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    now, accepted, refused = refusing_for(pace, 0.6)
+    for _ in range(12):
+        now += 0.01
+        accepted += 1
+        pace.observe(now, 200, accepted, refused)
+    assert pace.returning
+    for queued in (190, 180, 190, 196):  # the shortest was 180: up to FEW_ARRIVALS more is a trickle
+        now += 0.01
+        pace.observe(now, queued, accepted, refused)
+    assert pace.returning
+    now += 0.01
+    pace.observe(now, 180 + FEW_ARRIVALS + 1, accepted, refused)
+    assert not pace.returning and pace.may_wait(5.0) is not None
+
+
+def test_an_empty_queue_forgets_that_clients_were_returning():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    now, accepted, refused = refusing_for(pace, 0.6)
+    for _ in range(12):
+        now += 0.01
+        pace.observe(now, 200, accepted, refused)
+    assert pace.returning
+    pace.observe(now + 0.01, 0, accepted, refused)
+    assert not pace.returning
 
 
 def test_a_stalled_worker_keeps_a_few_connections_queued_never_none():
@@ -371,21 +472,61 @@ OPEN_LOOP_CLIENT = textwrap.dedent("""
 """)
 
 
-def test_under_a_sustained_overload_new_connections_are_refused_in_milliseconds_not_after_the_queue(listener):
-    # The loop takes 100 connections a second; 400 a second arrive for 2.5 s. By pace alone
-    # 200 (2 s of it) could wait, and every refused client would wait for the 200 before it.
-    keeper = Keeper.start(listener, wait_s=2.0)
-    loop = TakingLoop(listener, keeper, pause_s=0.01)
+
+def clients_against_a_taking_loop(listener, script: str, arguments: list[str], wait_s: float, pause_s: float) -> tuple[list, int]:
+    """Runs a client script (its port, ``arguments`` and REQUEST as arguments) against a
+    keeper and a loop taking one connection every ``pause_s``; returns what the script
+    printed (JSON) and how many the keeper refused."""
+    keeper = Keeper.start(listener, wait_s=wait_s)
+    loop = TakingLoop(listener, keeper, pause_s=pause_s)
     loop.start()
     try:
-        client = subprocess.run([sys.executable, "-c", OPEN_LOOP_CLIENT, str(listener.getsockname()[1]), "400", "2.5",
-                                 REQUEST.decode()], capture_output=True, timeout=30, check=True)
+        client = subprocess.run([sys.executable, "-c", script, str(listener.getsockname()[1]), *arguments, REQUEST.decode()],
+                                capture_output=True, timeout=30, check=True)
     finally:
         loop.stop()
         keeper.stop()
-    answered_in_s = json.loads(client.stdout)
-    assert len(answered_in_s) == keeper.refused > 500  # only refusals are answered: the taking loop never answers
+    return json.loads(client.stdout), keeper.refused
+
+
+def test_under_a_sustained_overload_new_connections_are_refused_in_milliseconds_not_after_the_queue(listener):
+    # The loop takes 100 connections a second; 400 a second arrive for 2.5 s. By pace alone
+    # 200 (2 s of it) could wait, and every refused client would wait for the 200 before it.
+    answered_in_s, refused = clients_against_a_taking_loop(listener, OPEN_LOOP_CLIENT, ["400", "2.5"], wait_s=2.0, pause_s=0.01)
+    assert len(answered_in_s) == refused > 500  # only refusals are answered: the taking loop never answers
     assert answered_in_s[len(answered_in_s) // 2] < 0.1
+
+
+RETURNING_CLIENTS = textwrap.dedent("""
+    import json, selectors, socket, sys, time
+    port, count, seconds, request = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4].encode()
+    waiting, refused_at = selectors.DefaultSelector(), []
+    def connect():
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        client.sendall(request)
+        waiting.register(client, selectors.EVENT_READ)
+    start = time.monotonic()
+    for _ in range(count):
+        connect()
+    while (now := time.monotonic()) < start + seconds:
+        for key, _ in waiting.select(start + seconds - now):
+            waiting.unregister(key.fileobj)
+            key.fileobj.close()  # refused (a held connection is never answered): back at once, as wrk and most SDKs do
+            refused_at.append(time.monotonic() - start)
+            connect()
+    print(json.dumps(refused_at))
+""")
+
+
+def test_clients_that_come_straight_back_after_a_refusal_are_not_refused_again_and_again(listener):
+    # 300 closed-loop clients against a loop that takes 50 a second (all 300 in 6 s): by
+    # pace only 50 may wait a second, so the first refusals are due. Each refused client
+    # reconnects at once, which looks like arrivals outpacing the loop; refusing them again
+    # only spins them round (issue #9: 76,000 503s in 6 s to wrk's 2,048 connections).
+    refused_at, _ = clients_against_a_taking_loop(listener, RETURNING_CLIENTS, ["300", "4.0"], wait_s=1.0, pause_s=0.02)
+    assert refused_at, "the first refusals are due: 300 clients, room for 50"
+    # they stop after the first pause (0.5 s of refusals), or the second (1 s later) on a busy machine
+    assert max(refused_at) < 2.5, f"{len(refused_at)} refusals, the last at {max(refused_at):.2f} s"
 
 
 def test_while_its_worker_refuses_every_request_a_keeper_leaves_only_a_few_waiting(listener):
