@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.overload_bench --model small
 	$(BIN)/python -m bench.interference_bench --model mid
 	$(BIN)/python -m bench.interference_bench --model small
+	$(BIN)/python -m bench.keeper_bench
 	$(BIN)/python -m console.embedded_redis $(BIN)/python -m bench.drill_bench
 	$(BIN)/python -m bench.soak_bench
 

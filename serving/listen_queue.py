@@ -22,12 +22,13 @@ client waits milliseconds, not for the thousands queued before it; no more than 
 connection cap leaves room for (a connection past it would be refused by the loop, at
 the loop's cost); and only KEEP_AT_LEAST while the worker says every routed version
 refuses requests anyway (a new client would wait only to be refused). After a whole
-PACE_WINDOW_S of refusing, the keeper stops refusing by pace for RETURN_CHECK_S to see
-who still arrives: if the queue does not grow then, the arrivals were refused clients
-coming straight back (a closed loop: wrk, most SDKs), for whom a refusal is only another
-round trip, so the pace bounds are lifted until the queue grows again. If new clients
-did arrive (an open-loop overload), the next pause comes after twice as long: a pause
-delays the refusals of those arriving in it. The keeper takes
+PACE_WINDOW_S of refusing, the keeper stops refusing by pace (for RETURN_CHECK_S at most)
+to see who still arrives: once the refused clients coming straight back (a closed loop:
+wrk, most SDKs) have arrived, nobody more does, and if the queue then stays put for
+RETURN_QUIET_S, a refusal was only another round trip for them: the pace bounds are
+lifted until the queue grows again. If new clients kept arriving (an open-loop
+overload), the next pause comes after four times as long: a pause delays the refusals of
+those arriving in it. The keeper takes
 the rest from the head of the queue (the connections that waited longest) and answers
 each with 503, ``Retry-After: 1`` and ``Connection: close``. A burst the worker takes in
 time is never refused: the pace rule refuses nothing before MIN_EVIDENCE_S of backlog has
@@ -77,9 +78,10 @@ OUTPACE_FACTOR = 1.25  # arrivals at least this many times the accepts: clearly 
 FEW_ARRIVALS = 16  # no more arrivals than this in a stretch is a trickle, not an overload, whatever the accepts
 SUSTAINED_WAIT_S = 0.05  # under a sustained overload the queue holds this much of the pace: refusals come at once
 KEEP_AT_LEAST = 16  # a slow or saturated worker keeps this many queued, so it sees when it has room again
-RETURN_CHECK_S = 0.05  # a pause in refusing by pace, after a window of refusals, to see whether new clients still arrive
-RETURN_SETTLE_S = 0.02  # the start of that pause is left out: a refused client that comes straight back arrives then
-RETURN_CHECK_MAX_EVERY_S = 8.0  # new clients kept arriving: each pause waits twice as long as the last, up to this
+RETURN_CHECK_S = 0.1  # the longest pause in refusing by pace, after a window of refusals, to see who still arrives
+RETURN_QUIET_S = 0.02  # a stretch of the pause this long with no more than a trickle arriving: nobody new comes
+RETURN_CHECK_BACK_OFF = 4  # new clients kept arriving: the next pause waits this many times as long as the last
+RETURN_CHECK_MAX_EVERY_S = 8.0  # and no longer than this
 READ_LIMIT = 64 * 1024  # what of a refused request is read (so the close is not a reset), never parsed
 LOG_EVERY_S = 1.0
 ACCEPTED, REFUSED, SATURATED, CLOSED = 0, 1, 2, 3  # slots of the shared page: the keeper writes REFUSED, the worker the rest
@@ -137,8 +139,8 @@ class AcceptPace:
         samples.append((now, accepted, queued + accepted + refused))
         while len(samples) > 2 and now - samples[1][0] >= self.window_s:
             samples.popleft()
-        if self._check_from is not None and now - self._check_from >= RETURN_CHECK_S:
-            self._conclude_check(queued)
+        if self._check_from is not None:
+            self._look_during_check(now, queued)
         if self.returning:
             self._lowest_queue = min(self._lowest_queue, queued)
             self.returning = queued <= self._lowest_queue + FEW_ARRIVALS  # new clients: the queue grows unrefused
@@ -157,19 +159,26 @@ class AcceptPace:
     def checking(self) -> bool:
         return self._check_from is not None
 
-    def _conclude_check(self, queued: int) -> None:
-        """Refused clients that come straight back arrive at the start of the pause (left
-        out); after it, only new clients arrive. If they did not outnumber the accepts by
-        more than a trickle, refusing only spun the same clients round."""
-        settled = self._check_from + RETURN_SETTLE_S
-        start = next((sample for sample in self._samples if sample[0] >= settled), self._samples[-1])
-        end = self._samples[-1]
-        self.returning = (end[2] - start[2]) - (end[1] - start[1]) <= FEW_ARRIVALS
-        self._lowest_queue = queued
-        if not self.returning:
-            self._check_after = min(2 * self._check_after, RETURN_CHECK_MAX_EVERY_S)
+    def _look_during_check(self, now: float, queued: int) -> None:
+        """Refused clients that come straight back arrive early in the pause, however busy
+        the machine; after them only new clients arrive. A stretch of RETURN_QUIET_S in
+        which arrivals outnumbered the accepts by no more than a trickle: refusing only
+        spun the same clients round. None in RETURN_CHECK_S: new clients keep coming."""
+        end, start = self._samples[-1], None
+        for sample in reversed(self._samples):
+            if sample[0] < self._check_from:
+                break
+            if end[0] - sample[0] >= RETURN_QUIET_S:
+                start = sample
+                break
+        if start is not None and (end[2] - start[2]) - (end[1] - start[1]) <= FEW_ARRIVALS:
+            self.returning, self._lowest_queue = True, queued
+        elif now - self._check_from >= RETURN_CHECK_S:
+            self._check_after = min(RETURN_CHECK_BACK_OFF * self._check_after, RETURN_CHECK_MAX_EVERY_S)
+        else:
+            return
         self._check_from = None
-        self._refusing_since = self._last_refusal = end[0]  # a new window of refusals before the next pause
+        self._refusing_since = self._last_refusal = now  # a new window of refusals before the next pause
 
     def per_second(self) -> float | None:
         """Accepts per second over the backlog's last window, or None before MIN_EVIDENCE_S of it."""
