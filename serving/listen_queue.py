@@ -148,7 +148,7 @@ class AcceptPace:
 
     def refused(self, now: float) -> None:
         """Some of the queue was just refused. After a whole window of refusals (none more
-        than RECENT_S apart), refusing by pace pauses for RETURN_CHECK_S (``checking``)."""
+        than RECENT_S apart), refusing by pace pauses, for RETURN_CHECK_S at most (``checking``)."""
         if now - self._last_refusal > RECENT_S:
             self._refusing_since = now
         self._last_refusal = now

@@ -241,6 +241,35 @@ def test_while_new_clients_keep_arriving_each_pause_comes_after_four_times_as_lo
     assert gaps == pytest.approx([2.1, 8.1], abs=0.025)  # a pause (0.1 s), then 2 s of refusals; a pause, then 8 s
 
 
+def test_a_pause_judges_only_what_arrives_during_it():
+    # Refusing a trickle (2 arrivals a tick), then new clients at 10 a tick in the pause:
+    # 20 ms that began before the pause would look quiet; the pause's own are not.
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    now, accepted, refused = refusing_for(pace, 0.6, arrivals_per_tick=2)
+    assert pace.checking
+    queued, verdicts = 200, []
+    for _ in range(12):
+        now += 0.01
+        accepted += 1
+        queued += 9
+        pace.observe(now, queued, accepted, refused)
+        verdicts.append(pace.returning)
+    assert not any(verdicts)
+
+
+def test_an_empty_queue_brings_the_first_pause_back_to_half_a_second_of_refusals():
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    now, accepted, refused = refusing_for(pace, 0.6)
+    for tick in range(12):  # new clients in the pause: the next one would come after 2 s of refusals
+        now += 0.01
+        accepted += 1
+        pace.observe(now, 200 + 19 * (tick + 1), accepted, refused)
+    assert not pace.checking and not pace.returning
+    pace.observe(now + 0.01, 0, accepted, refused)  # the overload passed
+    refusing_for(pace, 0.6, (now + 1.0, accepted, refused))
+    assert pace.checking
+
+
 def test_once_clients_only_return_a_queue_that_grows_again_brings_the_pace_bounds_back():
     pace = AcceptPace(window_s=0.5, evidence_s=0.05)
     now, accepted, refused = refusing_for(pace, 0.6)
