@@ -87,13 +87,16 @@ class TakingLoop(threading.Thread):
 
 
 def with_keeper(pause_s: float, drive) -> object:
-    """A listener, its keeper (the worker's settings: 5 s accept wait, nice 5) and a taking loop around ``drive(port)``."""
-    from serving.listen_queue import Keeper  # here, not at the top: an arm imports the serving/ it was started with
+    """A listener, its keeper (the worker's default accept wait and niceness) and a taking loop around ``drive(port)``."""
+    # Here, not at the top: an arm imports the serving/ it was started with.
+    from serving.config import ServingConfig
+    from serving.listen_queue import Keeper
 
+    defaults = ServingConfig()
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(4096)
-        keeper = Keeper.start(listener, wait_s=5.0, log_level="error", nice=5)
+        keeper = Keeper.start(listener, wait_s=defaults.accept_wait_s, log_level="error", nice=defaults.keeper_nice)
         loop = TakingLoop(listener, keeper, pause_s)
         loop.start()
         try:

@@ -88,7 +88,7 @@ ACCEPTED, REFUSED, SATURATED, CLOSED = 0, 1, 2, 3  # slots of the shared page: t
 LINGER_S = 1.0  # how long a refused connection waits for its client to close
 LINGER_TICK_S = 0.1
 MAX_LINGERING = 4096
-TCP_INFO_UNACKED = struct.Struct("8x5I")  # struct tcp_info: 8 u8, then rto, ato, snd_mss, rcv_mss, unacked
+TCP_INFO_UNACKED = struct.Struct("8x6I")  # struct tcp_info: 8 u8, then rto, ato, snd_mss, rcv_mss, unacked, sacked
 REFUSAL_MESSAGE = "the worker is overloaded and cannot take this connection in time; retry later"
 
 
@@ -114,13 +114,22 @@ def queue_length(listener: socket.socket) -> int:
     return TCP_INFO_UNACKED.unpack_from(info)[4]
 
 
+def queue_capacity(listener: socket.socket) -> int:
+    """How long the accept queue may grow (a listener's ``tcpi_sacked``: its backlog); past
+    it the kernel drops new handshakes, and those arrivals cannot be seen."""
+    info = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_UNACKED.size)
+    return TCP_INFO_UNACKED.unpack_from(info)[5]
+
+
 class AcceptPace:
     """The pace at which the worker takes connections from its queue while the queue is
     backlogged (when it is empty, the arrivals set the pace, not the worker), and whether
     arrivals outpace it for longer than a burst lasts."""
 
-    def __init__(self, window_s: float = PACE_WINDOW_S, evidence_s: float = MIN_EVIDENCE_S):
+    def __init__(self, window_s: float = PACE_WINDOW_S, evidence_s: float = MIN_EVIDENCE_S, capacity: int | None = None):
         self.window_s, self.evidence_s = window_s, evidence_s
+        # A queue this close to its capacity hides arrivals (the kernel drops them): no sign of a closed loop.
+        self._full_at = None if capacity is None else capacity - FEW_ARRIVALS
         self._samples: deque[tuple[float, int, int]] = deque()  # (time, accepted, arrived), arrived counting refusals
         self.sustained = False  # as of the last observation: see _outpaced_throughout
         self.returning = False  # the refused clients only came back: no bound by pace until the queue grows again
@@ -139,11 +148,12 @@ class AcceptPace:
         samples.append((now, accepted, queued + accepted + refused))
         while len(samples) > 2 and now - samples[1][0] >= self.window_s:
             samples.popleft()
+        full = self._full_at is not None and queued >= self._full_at
         if self._check_from is not None:
-            self._look_during_check(now, queued)
+            self._look_during_check(now, queued, full)
         if self.returning:
             self._lowest_queue = min(self._lowest_queue, queued)
-            self.returning = queued <= self._lowest_queue + FEW_ARRIVALS  # new clients: the queue grows unrefused
+            self.returning = queued <= self._lowest_queue + FEW_ARRIVALS and not full  # new clients: the queue grows unrefused
         self.sustained = self._outpaced_throughout()
 
     def refused(self, now: float) -> None:
@@ -159,11 +169,12 @@ class AcceptPace:
     def checking(self) -> bool:
         return self._check_from is not None
 
-    def _look_during_check(self, now: float, queued: int) -> None:
+    def _look_during_check(self, now: float, queued: int, full: bool) -> None:
         """Refused clients that come straight back arrive early in the pause, however busy
         the machine; after them only new clients arrive. A stretch of RETURN_QUIET_S in
         which arrivals outnumbered the accepts by no more than a trickle: refusing only
-        spun the same clients round. None in RETURN_CHECK_S: new clients keep coming."""
+        spun the same clients round. None in RETURN_CHECK_S, or a queue that fills (the
+        kernel would drop the next handshakes): new clients keep coming."""
         end, start = self._samples[-1], None
         for sample in reversed(self._samples):
             if sample[0] < self._check_from:
@@ -171,9 +182,9 @@ class AcceptPace:
             if end[0] - sample[0] >= RETURN_QUIET_S:
                 start = sample
                 break
-        if start is not None and (end[2] - start[2]) - (end[1] - start[1]) <= FEW_ARRIVALS:
+        if start is not None and not full and (end[2] - start[2]) - (end[1] - start[1]) <= FEW_ARRIVALS:
             self.returning, self._lowest_queue = True, queued
-        elif now - self._check_from >= RETURN_CHECK_S:
+        elif full or now - self._check_from >= RETURN_CHECK_S:  # full: more would be dropped unseen, not refused
             self._check_after = min(RETURN_CHECK_BACK_OFF * self._check_after, RETURN_CHECK_MAX_EVERY_S)
         else:
             return
@@ -336,7 +347,7 @@ def keep(listener: socket.socket, counters: memoryview, parent_fd: int, wait_s: 
         poll.register(lingering.fileno(), select.POLLIN)
         if watch_listener:
             poll.register(listener.fileno(), select.POLLIN)
-    pace, queued = AcceptPace(), 0
+    pace, queued = AcceptPace(capacity=queue_capacity(listener)), 0
     report = RefusalLog()
     while True:
         if queued:  # backlogged: the listener is readable all along, look again in a tick

@@ -270,6 +270,15 @@ def test_an_empty_queue_brings_the_first_pause_back_to_half_a_second_of_refusals
     assert pace.checking
 
 
+def test_a_queue_that_fills_in_a_pause_ends_it_at_once_not_taken_for_returning_clients():
+    # A full queue shows no arrivals because the kernel drops them: refusing resumes.
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05, capacity=240)
+    now, accepted, refused = refusing_for(pace, 0.6)
+    assert pace.checking
+    pace.observe(now + 0.01, 240, accepted + 1, refused)
+    assert not pace.checking and not pace.returning and pace.may_wait(5.0) is not None
+
+
 def test_once_clients_only_return_a_queue_that_grows_again_brings_the_pace_bounds_back():
     pace = AcceptPace(window_s=0.5, evidence_s=0.05)
     now, accepted, refused = refusing_for(pace, 0.6)
@@ -518,6 +527,16 @@ def test_clients_that_come_straight_back_after_a_refusal_are_not_refused_again_a
     assert refused_at, "the first refusals are due: 300 clients, room for 50"
     # they stop at the first pause (after 0.5 s of refusals), or at the second (2 s later) on a busy machine
     assert max(refused_at) < 3.5, f"{len(refused_at)} refusals, the last at {max(refused_at):.2f} s"
+
+
+def test_a_pause_that_fills_a_short_queue_gives_way_to_refusals_before_handshakes_are_dropped(listener):
+    # A short listen queue and an open-loop flood: in a pause the queue fills and the kernel
+    # drops further handshakes, unseen (the client waits a 1 s retransmission). That is not
+    # the quiet of a closed loop: the keeper must go on refusing new clients.
+    listener.listen(32)
+    answered_in_s, refused = clients_against_a_taking_loop(listener, OPEN_LOOP_CLIENT, ["400", "3.0"], wait_s=0.5, pause_s=0.05)
+    assert refused > 600  # of 1,200 new clients, the loop takes 20 a second
+    assert answered_in_s[len(answered_in_s) // 2] < 0.1
 
 
 def test_while_its_worker_refuses_every_request_a_keeper_leaves_only_a_few_waiting(listener):

@@ -465,4 +465,3 @@ def test_the_listen_backlog_follows_the_connection_cap():
     assert listen_backlog(10_000) == 10_000
     assert listen_backlog(100) == 2048  # never shorter than uvicorn's own: a quick 503 beats a dropped SYN
     assert listen_backlog(0) == 65535  # no cap: as long as the kernel allows
-
