@@ -75,8 +75,29 @@ def test_workers_are_counted_by_state(metrics_token, settings, canary_digits):
 
     samples = scrape()
 
-    counts = {state: samples[("modelops_console_workers", (("state", state),))] for state in ("converged", "behind", "failing", "gone")}
-    assert counts == {"converged": 1, "behind": 1, "failing": 1, "gone": 1}
+    assert worker_counts(samples) == {"converged": 1, "behind": 1, "failing": 1, "gone": 1, "stopped": 0}
+
+
+def test_a_worker_at_the_current_generation_with_content_the_console_did_not_issue_is_not_counted_converged(metrics_token, canary_digits):
+    generation = canary_digits.current_release().generation
+    worker = report_from("impostor", generation=generation, versions=[])
+    worker.last_report = {**worker.last_report, "digest": "0" * 64}
+    worker.save()
+
+    assert worker_counts(scrape())["converged"] == 0
+    assert worker_counts(scrape())["behind"] == 1
+
+
+def test_a_worker_whose_last_report_said_it_stopped_is_counted_stopped_not_converged(metrics_token, canary_digits):
+    worker = report_from("stopped", generation=canary_digits.current_release().generation, versions=[])
+    worker.last_report = {**worker.last_report, "state": "stopped"}
+    worker.save()
+
+    assert worker_counts(scrape()) == {"converged": 0, "behind": 0, "failing": 0, "gone": 0, "stopped": 1}
+
+
+def worker_counts(samples: dict) -> dict[str, float]:
+    return {state: samples[("modelops_console_workers", (("state", state),))] for state in ("converged", "behind", "failing", "gone", "stopped")}
 
 
 def test_jobs_are_counted_by_kind_and_status_with_zeros_for_the_rest(metrics_token, digits):
