@@ -24,6 +24,11 @@
   second meanwhile instead of every ``reconcile_interval_s``.
 - The channel is re-joined with back-off (0.5 s doubling to 10 s) that starts again
   from 0.5 s once a connection was made, so a second outage is not waited out at 10 s.
+  While connected, the worker joins the group again every quarter of its expiry: a
+  member older than that is dropped at the console's next send. A Redis that takes the
+  connection and never answers is a lost channel after the read timeout.
+- An unforeseen error in one pass of the reconcile or report loop is logged and the loop
+  goes on; a silent end would leave the worker deaf to the console for good.
 Nothing here runs per request.
 """
 
@@ -57,6 +62,15 @@ FINAL_REPORT_TIMEOUT_S = 2.0  # a stopping worker waits no longer for the consol
 # Anyone who can publish to Redis could replay such a push as fast as they like, and
 # every worker would query the console's database at that rate.
 PUSH_RECONCILE_EVERY_S = 1.0
+# channels_redis drops a group member older than this at the next send to the group (the
+# console's layer keeps the default, a day): a worker joined once stopped hearing pushes a
+# day later, and every change reached it only at the next reconcile. It joins again well before.
+GROUP_EXPIRY_S = 86400.0
+REJOINS_PER_EXPIRY = 4
+# Redis reads wait longer than channels_redis's 5 s blocking receive; a Redis that takes
+# connections and never answers is then a lost channel (re-joined), not a silent one.
+REDIS_CONNECT_TIMEOUT_S = 2.0
+REDIS_READ_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,7 @@ class ControlPlane:
         self._console_answered: bool | None = None  # None: not asked yet
         self._refused_status: int | None = None  # the status refusing this worker's reports since the last accepted one
         self._refused_reports = 0
+        self.group_expiry_s = GROUP_EXPIRY_S
         self._apply_lock = asyncio.Lock()
         self._push_reconciled_at = -PUSH_RECONCILE_EVERY_S  # loop time of the last reconcile a push asked for
         self._deferred_reconcile: asyncio.Task | None = None
@@ -250,11 +265,17 @@ class ControlPlane:
 
     async def _converge(self, state: dict, digest: str) -> dict:
         result = await self.worker.apply(state)
+        ack = self._ack_of(result, digest, state.get("epoch"))
         if result.get("ok"):
             self.applied = Applied(state["generation"], state.get("epoch"), digest)
             self._unacked = None  # superseded: the console hears of the state now served
             await self._persist(state)
-        await self._ack(self._ack_of(result, digest, state.get("epoch")))
+        if not await self._ack(ack) and result.get("ok"):
+            # Sent again at the next reconcile that finds this digest applied: otherwise a
+            # console that missed it (an outage, a 503) never hears the worker followed,
+            # and its drill waits for an ack that never comes. A failed apply needs no
+            # resend: the next reconcile applies again and acks that.
+            self._unacked = ack
         return result
 
     async def _persist(self, state: dict) -> None:
@@ -276,7 +297,9 @@ class ControlPlane:
                    error=result.get("error"), load_ms=result.get("load_ms", 0.0))
 
     async def _ack(self, ack: Ack) -> bool:
-        """Send an ack; False when it did not reach the console (worth sending again)."""
+        """Send an ack; False when it did not reach the console or the console could not
+        take it now (5xx, 429: worth sending again). A 4xx is the console's answer to this
+        ack, and the same ack would get it again."""
         if not self._reported:
             await self.send_report()
         try:
@@ -286,11 +309,11 @@ class ControlPlane:
             return False
         if response.status_code >= 400:
             logger.warning("ack of generation %s refused: %s %s", ack.generation, response.status_code, response.text[:200])
-        return True
+        return not (response.status_code >= 500 or response.status_code == 429)
 
     async def _reconcile_forever(self) -> None:
         while True:
-            await self.reconcile()
+            await _survived(self.reconcile, "reconcile")
             await asyncio.sleep(self.reconcile_interval_s if self._console_answered else min(self.reconcile_interval_s, UNREACHABLE_RETRY_S))
 
     async def _listen(self) -> None:
@@ -308,11 +331,13 @@ class ControlPlane:
     async def _listen_once(self, on_joined=lambda: None) -> None:
         from channels_redis.core import RedisChannelLayer
 
-        layer = RedisChannelLayer(hosts=[self.redis_url], prefix=self.channel_prefix, group_expiry=86400, expiry=30)
+        host = {"address": self.redis_url, "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S, "socket_timeout": REDIS_READ_TIMEOUT_S}
+        layer = RedisChannelLayer(hosts=[host], prefix=self.channel_prefix, group_expiry=int(self.group_expiry_s), expiry=30)
         channel = await layer.new_channel(prefix="serving-worker.")
         await layer.group_add(SERVING_GROUP, channel)
         on_joined()
         logger.info(event("channel_joined", group=SERVING_GROUP))
+        rejoining = asyncio.create_task(self._stay_in_group(layer, channel), name="control-rejoin")
         try:
             await self.reconcile()  # whatever was published while we were away
             while True:
@@ -320,14 +345,22 @@ class ControlPlane:
                 if message.get("type") == APPLY_MESSAGE:
                     await self.receive_push(message.get("state"))
         finally:
+            rejoining.cancel()
             await asyncio.shield(_quietly(layer.group_discard(SERVING_GROUP, channel)))
             await _quietly(layer.close_pools())  # a lost connection is replaced, not leaked
+
+    async def _stay_in_group(self, layer, channel: str) -> None:
+        """Join the group again every quarter of its expiry. A join that fails is left to
+        the receive on the same Redis, which fails too and re-joins with back-off."""
+        while True:
+            await asyncio.sleep(self.group_expiry_s / REJOINS_PER_EXPIRY)
+            await _survived(lambda: layer.group_add(SERVING_GROUP, channel), "group_rejoin")
 
     # ---- reports ------------------------------------------------------------------
 
     async def _report_forever(self) -> None:
         while True:  # report first: a new worker is listed at once
-            await self.send_report()
+            await _survived(self.send_report, "report")
             await self.worker.drain.changes_within(self.report_interval_s)  # a graceful stop is reported at once
 
     async def send_report(self, state: str | None = None) -> None:
@@ -349,6 +382,17 @@ class ControlPlane:
                 self._reported = True
         except httpx.HTTPError as error:
             logger.debug(event("report_not_delivered", reason=str(error)))
+
+
+async def _survived(step, name: str) -> None:
+    """One pass of a loop that must go on: an error nobody foresaw (a bug, a model that
+    fails to warm) is logged and the next pass comes, instead of ending the loop unseen."""
+    try:
+        await step()
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:  # noqa: BLE001 - logged with its traceback; the loop goes on
+        logger.error(event("control_step_failed", step=name, reason=f"{type(error).__name__}: {error}"[:300]), exc_info=True)
 
 
 async def _quietly(awaitable) -> None:

@@ -26,10 +26,12 @@ class Console:
         self.state: dict | None = None
         self.is_down = False
         self.report_status = 204  # 503: the console's database is down
+        self.ack_status = 204
+        self.ack_posts = 0
         self.state_reads = 0
         self.acks: list[dict] = []
         self.reports: list[dict] = []
-        self.transport = httpx.MockTransport(self.handle)
+        self.transport = httpx.MockTransport(lambda request: self.handle(request))
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if self.is_down:
@@ -39,6 +41,10 @@ class Console:
             return httpx.Response(200, json=self.state)
         if request.url.path == "/api/serving/reports" and self.report_status != 204:
             return httpx.Response(self.report_status, json={"error": "the database is unavailable; retry in 5 s"})
+        if request.url.path == "/api/serving/acks":
+            self.ack_posts += 1
+            if self.ack_status != 204:
+                return httpx.Response(self.ack_status, json={"error": "refused"})
         {"/api/serving/acks": self.acks, "/api/serving/reports": self.reports}[request.url.path].append(json.loads(request.content))
         return httpx.Response(204)
 
@@ -154,6 +160,50 @@ async def test_the_persisted_state_is_acked_once_when_the_console_answers_with_t
         {"worker": plane.identity.id, "generation": 3, "digest": console.state["digest"], "epoch": "epoch-x", "ok": True, "load_ms": 0,
          "contract": CONTRACT_VERSION}]
     assert console.reports[-1]["worker"]["id"] == plane.identity.id  # it reported before that ack
+
+
+@pytest.mark.parametrize("status", [503, 429])
+async def test_an_ack_the_console_could_not_take_is_sent_again_once_it_can(start_plane, console, mlp_v1, mlp_v2, status):
+    plane = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    console.ack_status = status  # its database is down: the ack is not stored
+    await plane.reconcile()
+
+    console.ack_status = 204
+    await plane.reconcile()
+    await plane.reconcile()
+
+    assert [(ack["generation"], ack["digest"], ack["ok"]) for ack in console.acks] == [(3, console.state["digest"], True)]
+
+
+async def test_an_ack_lost_on_the_way_is_sent_again_at_the_next_reconcile(start_plane, console, mlp_v1, mlp_v2, monkeypatch):
+    plane = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    handle = console.handle
+
+    def acks_lost(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/serving/acks":
+            raise httpx.ReadTimeout("no answer", request=request)
+        return handle(request)
+
+    monkeypatch.setattr(console, "handle", acks_lost)
+    await plane.reconcile()
+    monkeypatch.setattr(console, "handle", handle)
+    await plane.reconcile()
+
+    assert [ack["generation"] for ack in console.acks] == [3]
+
+
+async def test_an_ack_the_console_refused_is_not_sent_again(start_plane, console, mlp_v1, mlp_v2):
+    plane = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    console.ack_status = 400  # the console's answer to this ack: sending it again changes nothing
+    await plane.reconcile()
+
+    console.ack_status = 204
+    await plane.reconcile()
+
+    assert (console.ack_posts, console.acks) == (1, [])
 
 
 async def test_a_worker_on_its_persisted_state_adopts_the_consoles_different_state_when_it_answers(start_plane, console, mlp_v1, mlp_v2):

@@ -4,6 +4,7 @@ artifacts and the bearer token, and the console's state whenever its digest diff
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -357,3 +358,73 @@ def test_a_local_path_in_a_pushed_state_is_refused_by_default(tmp_path):
 
     with pytest.raises(ContractError, match=r"^models\.digits\.routes\[0\]\.artifact_url: .*SERVING_ALLOW_LOCAL_ARTIFACTS"):
         parse_state(state, make_config(tmp_path, console_url=CONSOLE, allow_local_artifacts=False))
+
+
+# ---- the push channel, on a Redis of this test ------------------------------------------
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    from tests.integration.test_redis_outage import RedisServer
+
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_a_worker_joined_for_longer_than_the_group_expiry_still_hears_pushes(tmp_path, console, redis_server):
+    """channels_redis drops members older than the group expiry at the console's next send
+    (a day by default; two seconds on both sides here): the worker joins again before."""
+    from channels_redis.core import RedisChannelLayer
+
+    worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=CONSOLE, allow_local_artifacts=False))
+    plane = ControlPlane(worker, redis_url=redis_server.url, public_url="http://127.0.0.1:1", transport=console.transport,
+                         reconcile_interval_s=3600.0)
+    plane.group_expiry_s = 2.0
+    console_layer = RedisChannelLayer(hosts=[redis_server.url], prefix="modelops", group_expiry=2)
+    await plane.start()
+    try:
+        await asyncio.sleep(3.0)  # past the expiry since the first join
+        push = signed(content(7, "epoch-x"))
+        await console_layer.group_send("serving", {"type": "serving.apply", "state": push})
+
+        for _ in range(50):
+            if plane.applied.generation == 7:
+                break
+            await asyncio.sleep(0.1)
+        assert plane.applied == Applied(7, "epoch-x", push["digest"])
+    finally:
+        await console_layer.close_pools()
+        await plane.stop()
+        await worker.close()
+
+
+async def test_a_reconcile_that_fails_unexpectedly_is_logged_and_the_next_one_still_runs(tmp_path, console, caplog, monkeypatch):
+    worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=CONSOLE, allow_local_artifacts=False))
+    plane = ControlPlane(worker, redis_url="", public_url="http://127.0.0.1:1", reconcile_interval_s=0.05,
+                         transport=httpx.MockTransport(lambda request: console.handle(request)))
+    answer = console.handle
+
+    def broken(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/serving/state":
+            raise RuntimeError("a bug nobody foresaw")
+        return answer(request)
+
+    monkeypatch.setattr(console, "handle", broken)
+    with caplog.at_level(logging.ERROR, logger="serving.control"):
+        await plane.start()
+        try:
+            await asyncio.sleep(0.3)
+            monkeypatch.setattr(console, "handle", answer)
+            console.state = content(3, "epoch-x")
+            for _ in range(50):
+                if plane.applied.generation == 3:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await plane.stop()
+            await worker.close()
+
+    assert plane.applied.generation == 3
+    assert any("control_step_failed" in record.getMessage() and "a bug nobody foresaw" in record.getMessage() for record in caplog.records)
