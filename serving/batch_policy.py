@@ -107,6 +107,11 @@ def next_batch(
             dropped.append(index)
             continue
         if rows + request.rows > policy.max_batch_size:
+            if count == 0:
+                # Larger than the whole batch: admitted before the policy shrank it. It goes
+                # alone; left at the front, it would hold the queue behind it for ever.
+                rows, count, oldest, earliest_deadline_s = request.rows, 1, request, request.deadline_s
+                wake_s = min(wake_s, request.deadline_s - latency.predict_s(request.rows) - now_s)
             is_full = True
             break
         rows += request.rows

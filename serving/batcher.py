@@ -12,17 +12,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 
 from serving.batch_observer import BatchObserver
-from serving.batch_policy import Decision, LatencyModel, PendingRequest, QueuePace, next_batch, predicted_delay_s
-from serving.batch_run import Outputs, RunFn, answer, fail, fail_each, model_failed, request_error, run_batch
+from serving.batch_policy import (
+    Decision,
+    LatencyModel,
+    PendingRequest,
+    QueuePace,
+    next_batch,
+    predicted_delay_s,
+)
+from serving.batch_run import (
+    Outputs,
+    RunFn,
+    answer,
+    fail,
+    fail_each,
+    model_failed,
+    request_error,
+    run_batch,
+)
 from serving.contract import BatchPolicy
 from serving.dispatch import DispatchThreads, EngineGate
-from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull, ServingError
+from serving.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    ModelFailed,
+    NotReady,
+    QueueFull,
+    ServingError,
+)
 from serving.run_stop import RunStop
 
 logger = logging.getLogger("serving.batcher")
@@ -65,6 +89,7 @@ class Batcher:
         self._drained = asyncio.Event()
         self._drained.set()
         gate.waiters.append(self._engine_freed)
+        gate.queues.append(self)
         self._task = self._event_loop.create_task(self._loop())
 
     @property
@@ -80,6 +105,11 @@ class Batcher:
     def is_idle(self) -> bool:
         """Nothing queued and nothing running: the queue can be closed without loss."""
         return not self._queue and not self._in_flight
+
+    @property
+    def oldest_arrival_s(self) -> float:
+        """When the request waiting longest here arrived (inf: none waits)."""
+        return self._queue[0].enqueued_s if self._queue else math.inf
 
     @property
     def last_arrival_s(self) -> float:
@@ -237,10 +267,16 @@ class Batcher:
         """Send the next batch from the completion callback itself. Waking the loop task
         instead costs a pass through the event loop's ready queue, which under thousands
         of connections is long: the engine then idled while requests waited (issue 9).
-        The loop task still wakes (the gate's release set its event) and re-arms the
-        policy's timer when nothing was sent."""
-        if self._queue and self._gate.is_idle:
-            self._step()
+        The next batch is that of the shape queue whose first request has waited longest,
+        this one's or another's: always this one's starved other shapes, whose woken tasks
+        found the engine taken every time, until their requests' deadlines passed.
+        Each queue's loop task still wakes (the gate's release set its event) and re-arms
+        the policy's timer when nothing was sent."""
+        if not self._gate.is_idle:
+            return
+        oldest = min(self._gate.queues, key=lambda queue: queue.oldest_arrival_s)
+        if oldest._queue:
+            oldest._step()
 
     # ---- draining and closing -------------------------------------------------------
 
@@ -267,4 +303,6 @@ class Batcher:
         self._task.cancel()
         if self._engine_freed in self._gate.waiters:
             self._gate.waiters.remove(self._engine_freed)
+        if self in self._gate.queues:
+            self._gate.queues.remove(self)
         self._fail_all(NotReady("this version was unloaded"))

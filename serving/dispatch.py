@@ -77,6 +77,7 @@ class EngineGate:
         self.max_in_flight = max_in_flight
         self.in_flight = 0
         self.waiters: list[Callable[[], None]] = []
+        self.queues: list = []  # the shape queues (serving.batcher.Batcher) sharing the engine
 
     @property
     def is_idle(self) -> bool:

@@ -102,12 +102,13 @@ class Repository:
 
     async def _converge_versions(self, desired: ServingPlan) -> dict:
         """Every desired version loaded and warm; on failure, unload what this call loaded."""
-        loaded, fresh = {}, []
+        loaded, fresh, policies = {}, [], []
         try:
             for spec in desired.versions:
                 current = self._loaded.get(spec.key)
                 if current is not None and current.spec.sha256 == spec.sha256:
-                    await self._update_policy(current, spec.policy)
+                    await self._warm_for(current, spec.policy)
+                    policies.append((current, spec.policy))
                     loaded[spec.key] = current
                 else:
                     loaded[spec.key] = await load_version(spec, self.config, self.device, self.fetch)
@@ -116,6 +117,10 @@ class Repository:
             for version in fresh:
                 version.close()
             raise
+        # Only once every version is in: a failed apply leaves the served batching as it was.
+        for version, policy in policies:
+            if version.is_batchable and policy != version.policy:
+                version.set_policy(policy)
         for key in desired.warm_keys:
             if key in self._loaded:
                 loaded[key] = self._loaded[key]
@@ -123,13 +128,18 @@ class Repository:
                 logger.warning("%s v%s: listed warm but not loaded here and no artifact given; skipped", *key)
         return loaded
 
-    async def _update_policy(self, version: LoadedVersion, policy: BatchPolicy) -> None:
-        if not version.is_batchable or policy == version.policy:
+    async def _warm_for(self, version: LoadedVersion, policy: BatchPolicy) -> None:
+        """Warm the batch sizes a larger ``max_batch_size`` adds before they are routed. A
+        size that fails to run (out of memory) fails the apply like a version that fails
+        to load: the worker acks the failure and serves what it served."""
+        if not version.is_batchable or policy.max_batch_size <= version.policy.max_batch_size:
             return
-        if policy.max_batch_size > version.policy.max_batch_size:  # warm the new sizes first
-            loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        try:
             await loop.run_in_executor(None, version.engine.warm, policy.max_batch_size, version.policy.max_batch_size + 1)
-        version.set_policy(policy)
+        except Exception as error:  # noqa: BLE001 - ONNX Runtime raises its own kinds
+            raise LoadError(f"{version.model_name} v{version.version}: batches of up to {policy.max_batch_size} rows "
+                            f"failed to run: {type(error).__name__}: {str(error)[:200]}") from None
 
     def _table(self, generation: int, desired: ServingPlan) -> RoutingTable:
         models = {}

@@ -12,6 +12,7 @@ import math
 import os
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import orjson
@@ -860,3 +861,41 @@ def test_dispatch_threads_default_to_one_thread_at_the_creators_priority():
 
     assert names == ["onnx-default-0"]
     assert seen == [base]
+
+
+async def test_a_queued_request_larger_than_a_shrunk_batch_runs_alone_and_its_queue_mates_are_answered(dispatch):
+    model = FakeModel(is_open=False)
+    batcher = make_batcher(model, dispatch, max_batch_size=8)
+    first = batcher.submit(row(0), 1, deadline())
+    await wait_for_run(model)  # the engine is busy while the policy changes
+    big = batcher.submit((np.ones((6, 4), np.float32),), 6, deadline())
+    small = batcher.submit(row(1), 1, deadline())
+    batcher.policy = replace(batcher.policy, max_batch_size=4)  # a live batching change (LoadedVersion.set_policy)
+
+    model.open()
+    await first
+
+    assert [result[0].shape for result in await asyncio.wait_for(asyncio.gather(big, small), 3.0)] == [(6, 4), (1, 4)]
+    assert model.batch_rows == [1, 6, 1]
+
+
+async def test_a_shape_queue_kept_busy_does_not_starve_another_shape_of_the_same_engine(dispatch):
+    model = FakeModel(delay_s=0.005)
+    gate, latency = EngineGate(1), LatencyModel()
+    busy = make_batcher(model, dispatch, gate=gate, latency=latency, max_batch_size=1, max_queue_size=1000)
+    other = make_batcher(model, dispatch, gate=gate, latency=latency, max_batch_size=1, max_queue_size=1000)
+    busy_answers = [busy.submit(row(1), 1, deadline()) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    lone = other.submit(row(2, width=8), 1, deadline(1.0))
+
+    async def keep_busy():  # a request after the lone one for every run: the busy queue is never empty
+        while not lone.done():
+            busy_answers.append(busy.submit(row(1), 1, deadline()))
+            await asyncio.sleep(0.004)
+
+    feeder = asyncio.create_task(keep_busy())
+    try:
+        assert first_values([await lone]) == [4.0]
+    finally:
+        feeder.cancel()
+        await asyncio.gather(*busy_answers, return_exceptions=True)

@@ -151,3 +151,22 @@ async def test_a_version_routed_again_while_its_old_copy_drains_keeps_its_metric
 
     exposition = generate_latest().decode()
     assert 'modelops_batch_size_count{model="digits",version="1"} ' in exposition
+
+
+async def test_a_failed_apply_leaves_the_served_batching_as_it_was(repository, mlp_v1, mlp_v2):
+    await repository.apply(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}, max_batch_size=8))
+    forged = route(2, 10, mlp_v2[0], "0" * 64)
+
+    result = await repository.apply(state(2, {"digits": {"routes": [route(1, 90, *mlp_v1), forged]}}, max_batch_size=32))
+
+    assert result["ok"] is False
+    assert repository.loaded[("digits", 1)].policy.max_batch_size == 8
+
+
+async def test_a_batching_change_alone_is_applied_once_its_sizes_are_warm(repository, mlp_v1):
+    await repository.apply(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}, max_batch_size=8))
+
+    result = await repository.apply(state(2, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}, max_batch_size=32))
+
+    assert result["ok"] is True
+    assert repository.loaded[("digits", 1)].policy.max_batch_size == 32
