@@ -11,6 +11,7 @@ from channels.auth import get_user
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 
+from console.socket_outage import CHANNEL_LAYER_DOWN
 from registry.db_unavailable import is_database_unavailable
 from registry.fleet.live import LIVE_GROUP
 from serving.contract import SERVING_GROUP, ContractError, DesiredState
@@ -39,7 +40,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_SIGNED_OUT)
             return
         self._checked_at = time.monotonic()
-        await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
+        await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)  # Redis down: refused by socket_outage's guard
         await self.channel_layer.group_add(SERVING_GROUP, self.channel_name)
         await self.accept()
 
@@ -67,8 +68,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         return False
 
     async def disconnect(self, code):
-        await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
-        await self.channel_layer.group_discard(SERVING_GROUP, self.channel_name)
+        try:
+            await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
+            await self.channel_layer.group_discard(SERVING_GROUP, self.channel_name)
+        except CHANNEL_LAYER_DOWN:
+            pass  # the membership expires on its own (group_expiry)
 
     async def live_report(self, event):
         await self.send_json({key: value for key, value in event.items() if key != "type"} | {"kind": "report"})

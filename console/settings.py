@@ -13,7 +13,7 @@ import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from console import console_address
+from console import console_address, redis_options
 from serving import contract
 from serving.env import (
     SettingError,
@@ -305,22 +305,19 @@ REDIS_URL = env_secret("REDIS_URL")  # may carry a password
 # Channels groups ("serving", "live") are global to a Redis database: deployments that
 # share one Redis keep apart by prefix, or one's workers would apply the other's states.
 CHANNEL_LAYER_PREFIX = env_str("CHANNEL_LAYER_PREFIX", "modelops")
+# A relay or a push a request makes waits no longer than this: workers reconcile, pages poll.
+CHANNEL_SEND_TIMEOUT_S = 2.0
 if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30, "prefix": CHANNEL_LAYER_PREFIX},
-        }
-    }
+    CHANNEL_LAYERS = redis_options.channel_layers(REDIS_URL, CHANNEL_LAYER_PREFIX)
 else:
     # Only for one-process use (manage.py shell, unit tests without Redis): the run
     # command always starts or connects to a Redis server and sets REDIS_URL.
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
-# The same prefix keeps the Celery queues of deployments sharing one Redis apart: without
-# it one deployment's workers would take the other's jobs (and find no such job).
-CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{CHANNEL_LAYER_PREFIX}:"} if REDIS_URL else {}
+CELERY_BROKER_TRANSPORT_OPTIONS = redis_options.broker_transport_options(CHANNEL_LAYER_PREFIX) if REDIS_URL else {}
+# One retry, not Celery's three: a job whose send fails stays queued and the sweep sends it again.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 CELERY_RESULT_BACKEND = None
 # JSON only, said here rather than left to Celery's default: a pickled message from
 # whoever holds the Redis password would run code in every Celery worker.

@@ -1,16 +1,22 @@
-"""A websocket handshake during a database outage is refused cleanly, as HTTP's 503.
+"""A websocket handshake during a database or Redis outage is refused cleanly, as HTTP's 503.
 
 Channels' session and auth middleware read the session and the user from the database
 before any consumer runs, so during an outage every browser's live feed, retried by each
 open page, ended in an ASGI exception with a traceback and an HTTP 500 handshake. Here
 an unavailable database before the socket is accepted refuses the handshake: a 503 with
 ``Retry-After`` where the server takes ASGI's denial response (uvicorn does), a plain
-close (403) elsewhere; one warning line, no traceback.
+close (403) elsewhere; one warning line, no traceback. The same holds for the channel
+layer's Redis, which a consumer joins groups on and reads from; once a feed is open, a
+lost Redis closes it with 1013 ("try again later") and the page reconnects.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+
+from redis.exceptions import RedisError
 
 from console.outage import RETRY_AFTER_S
 from registry.db_unavailable import is_database_unavailable
@@ -21,12 +27,20 @@ DENIAL_EXTENSION = "websocket.http.response"
 BODY = f"the database is unavailable; retry in {RETRY_AFTER_S} s".encode()
 
 
+# What channels_redis raises when Redis refuses, drops or does not answer a call.
+CHANNEL_LAYER_DOWN = (RedisError, OSError, asyncio.TimeoutError)
+
+
+def is_outage(error: BaseException) -> bool:
+    return is_database_unavailable(error) or isinstance(error, CHANNEL_LAYER_DOWN)
+
+
 def database_error_in(error: BaseException | None) -> BaseException | None:
-    """The unavailable database's error that ``error`` was raised by or while handling
-    (Channels' session wrapper trips over its own half-loaded session afterwards)."""
+    """The unavailable database's (or Redis's) error that ``error`` was raised by or while
+    handling (Channels' session wrapper trips over its own half-loaded session afterwards)."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if is_database_unavailable(error):
+        if is_outage(error):
             return error
         seen.add(id(error))
         error = error.__cause__ or error.__context__
@@ -49,11 +63,19 @@ class DatabaseOutageGuard:
             await self.inner(scope, receive, watched_send)
         except Exception as error:
             cause = database_error_in(error)
-            if cause is None or accepted:
+            if cause is None:
                 raise
-            logger.warning("database unavailable on websocket %s: handshake refused (%s)", scope.get("path", "")[:200],
-                           type(cause).__name__)
-            await refuse(scope, send)
+            what = "database" if is_database_unavailable(cause) else "channel layer"
+            if not accepted:
+                logger.warning("%s unavailable on websocket %s: handshake refused (%s)", what, scope.get("path", "")[:200],
+                               type(cause).__name__)
+                await refuse(scope, send)
+            elif what == "channel layer":
+                logger.warning("channel layer unavailable on websocket %s: closed (%s)", scope.get("path", "")[:200], type(cause).__name__)
+                with contextlib.suppress(Exception):  # the client may have gone already
+                    await send({"type": "websocket.close", "code": 1013})
+            else:
+                raise
 
 
 async def refuse(scope, send) -> None:

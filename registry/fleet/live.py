@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import datetime
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from registry.broadcast import send_to_group
 from registry.fleet import samples
 from registry.models import ModelVersion, VersionMetricMinute, Worker
+from serving.contract import MAX_COUNT
 
 logger = logging.getLogger(__name__)
 LIVE_GROUP = "live"
@@ -46,10 +47,12 @@ def add_to_rollup(version: ModelVersion, figures: dict, at: datetime | None = No
     minute = (at or timezone.now()).replace(second=0, microsecond=0)
     with transaction.atomic():
         row, _ = VersionMetricMinute.objects.select_for_update().get_or_create(version=version, minute=minute)
-        row.requests += int(figures.get("requests", 0))
-        row.errors += int(figures.get("errors", 0))
-        row.client_errors += int(figures.get("client_errors", 0))
-        row.latency_sum_s += float(figures.get("latency_sum_s", 0.0))
+        # Each report's figures are within the contract's bounds, but a minute adds many:
+        # a total past the 64-bit columns failed the report's whole write. It stays at the bound.
+        row.requests = _capped(row.requests, int(figures.get("requests", 0)))
+        row.errors = _capped(row.errors, int(figures.get("errors", 0)))
+        row.client_errors = _capped(row.client_errors, int(figures.get("client_errors", 0)))
+        row.latency_sum_s = min(row.latency_sum_s + float(figures.get("latency_sum_s", 0.0)), sys.float_info.max)
         row.latency_buckets = _add_buckets(row.latency_buckets, figures.get("latency_buckets") or {})
         row.batch_size_buckets = _add_buckets(row.batch_size_buckets, figures.get("batch_size_buckets") or {})
         row.save()
@@ -58,8 +61,12 @@ def add_to_rollup(version: ModelVersion, figures: dict, at: datetime | None = No
 def _add_buckets(total: dict, delta: dict) -> dict:
     merged = dict(total)
     for bound, count in delta.items():
-        merged[bound] = merged.get(bound, 0) + int(count)
+        merged[bound] = _capped(merged.get(bound, 0), int(count))
     return merged
+
+
+def _capped(total: int, delta: int) -> int:
+    return min(total + delta, MAX_COUNT)
 
 
 def relay(worker: Worker, report: dict) -> None:
@@ -67,6 +74,6 @@ def relay(worker: Worker, report: dict) -> None:
                "versions": report.get("versions") or [],
                "state": report.get("state", "serving"), "at": timezone.now().isoformat()}
     try:
-        async_to_sync(get_channel_layer().group_send)(LIVE_GROUP, message)
+        send_to_group(LIVE_GROUP, message)
     except Exception:
         logger.debug("live relay failed", exc_info=True)

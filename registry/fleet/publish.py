@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 
+from registry.broadcast import send_to_group
 from registry.fleet.state import current_state
 from serving.contract import APPLY_MESSAGE, SERVING_GROUP
 from serving.state_signing import sign_state, signing_key
@@ -37,6 +36,6 @@ def publish_desired_state() -> None:
                        type(error).__name__, str(error).strip()[:200])
         return
     try:
-        async_to_sync(get_channel_layer().group_send)(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": state})
+        send_to_group(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": state})
     except Exception:
         logger.warning("could not publish generation %s; workers will catch up on reconcile", state["generation"], exc_info=True)

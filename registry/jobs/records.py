@@ -13,13 +13,12 @@ import logging
 import time
 from datetime import timedelta
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from registry.broadcast import send_to_group
 from registry.domain.choices import TERMINAL_JOB_STATUSES, JobStatus
 from registry.fleet.live import LIVE_GROUP
 from registry.models import Job
@@ -273,6 +272,6 @@ def _iso(moment) -> str | None:
 
 def relay(job: Job) -> None:
     try:
-        async_to_sync(get_channel_layer().group_send)(LIVE_GROUP, {"type": "live.job", "job": payload(job)})
+        send_to_group(LIVE_GROUP, {"type": "live.job", "job": payload(job)})
     except Exception:
         logger.debug("live relay of job %s failed", job.pk, exc_info=True)

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -287,6 +288,27 @@ def test_an_open_live_feed_stops_once_its_user_may_no_longer_read_it(settings, o
         loop.close()
 
     assert closed == {"type": "websocket.close", "code": close_code}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_while_redis_is_down_the_live_feed_is_refused_try_again_later_without_an_error(settings, operator, caplog):
+    from console import redis_options
+
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]  # closed again below: connections to it are refused
+    settings.CHANNEL_LAYERS = redis_options.channel_layers(f"redis://127.0.0.1:{port}/0", "down-test")
+    headers = [(b"origin", b"http://testserver"), (b"cookie", _session_cookie(operator)), (b"host", b"testserver")]
+
+    async def handshake():
+        from console.asgi import application
+
+        communicator = WebsocketCommunicator(application, "/ws/live/", headers=headers)
+        answer = await communicator.connect(timeout=10)
+        await communicator.wait(timeout=5)
+        return answer
+
+    assert asyncio.run(handshake()) == (False, 1013)
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
 
 
 def test_celery_takes_json_messages_only_never_pickle():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -18,7 +19,7 @@ from registry.models import (
     Worker,
     WorkerAck,
 )
-from serving.contract import CONTRACT_VERSION
+from serving.contract import CONTRACT_VERSION, MAX_COUNT
 
 pytestmark = pytest.mark.django_db
 
@@ -119,6 +120,18 @@ def test_version_metric_history_lists_the_per_minute_rollups(worker_client, oper
 
     assert len(history) == 1
     assert (history[0]["requests"], history[0]["latency_buckets"]) == (10, {"0.001": 10, "+Inf": 10})
+
+
+def test_a_minute_s_totals_stay_at_the_largest_count_the_contract_allows_instead_of_failing_the_report(worker_client, operator_client, three_versions):
+    huge = {"model": "digits", "version": 1, "requests": MAX_COUNT, "errors": MAX_COUNT // 2, "client_errors": 0, "latency_sum_s": 1e308,
+            "latency_buckets": {"0.001": MAX_COUNT, "+Inf": MAX_COUNT}, "batch_size_buckets": {"1": MAX_COUNT, "+Inf": MAX_COUNT}}
+
+    statuses = [worker_client.post("/api/serving/reports", report(versions=[huge]), format="json").status_code for _ in range(2)]
+
+    [minute] = operator_client.get("/api/models/digits/versions/1/metrics/").json()
+    assert statuses == [204, 204]
+    assert (minute["requests"], minute["errors"], minute["latency_buckets"]) == (MAX_COUNT, MAX_COUNT - 1, {"0.001": MAX_COUNT, "+Inf": MAX_COUNT})
+    assert math.isfinite(minute["latency_sum_s"])
 
 
 def test_an_ack_from_a_worker_that_never_reported_is_refused_and_stored_nowhere(worker_client, three_versions):
