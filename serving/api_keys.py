@@ -8,7 +8,11 @@ nothing usable about a key, so the lookup need not be constant-time.
 
 SERVING_API_KEYS: `off` (no check), `optional` (no key is fine, a wrong one is 401),
 `required` (no valid key is 401). The refresher keeps the last set it fetched when the
-console is down: revocations then wait for the console, serving does not.
+console is down: revocations then wait for the console, serving does not. It also writes
+each set it fetches beside the artifact cache (serving/api_key_store.py: digests only,
+signed, mode 0600), and a worker whose console cannot answer at start reads it back, so a
+restart during an outage keeps serving its clients' keys as it keeps serving its routes;
+the same tradeoff: a key revoked meanwhile stays valid there until the console answers.
 """
 
 from __future__ import annotations
@@ -18,10 +22,16 @@ import hashlib
 import hmac
 import logging
 import re
+from typing import TYPE_CHECKING
 
 import httpx
 
 from serving.errors import Unauthorized
+from serving.logs import event
+from serving.state_store import PersistedStateRefused
+
+if TYPE_CHECKING:
+    from serving.api_key_store import ApiKeyStore
 
 logger = logging.getLogger("serving.api_keys")
 
@@ -83,13 +93,16 @@ def parse_digests(document: object) -> frozenset[str]:
 
 class ApiKeyRefresher:
     """Fetches the active digests at start and every `interval_s`; a failure keeps the
-    last set (logged), so an outage of the console never stops serving."""
+    last set (logged), so an outage of the console never stops serving. With a `store`,
+    each set fetched is persisted, and read back at start when the console cannot answer."""
 
-    def __init__(self, ring: ApiKeyRing, http: httpx.Client, url: str, interval_s: float):
+    def __init__(self, ring: ApiKeyRing, http: httpx.Client, url: str, interval_s: float, store: ApiKeyStore | None = None):
         self.ring = ring
         self.http = http  # carries the worker token; its own timeout
         self.url = url
         self.interval_s = interval_s
+        self.store = store
+        self._persisted: frozenset[str] | None = None  # what the file holds, as far as this process knows
         self._task: asyncio.Task | None = None
 
     def fetch(self) -> frozenset[str]:
@@ -104,10 +117,40 @@ class ApiKeyRefresher:
             logger.warning("API keys not refreshed (%s); keeping the last %d", error, len(self.ring.digests))
             return False
         self.ring.replace(digests)
+        if self.store is not None and digests != self._persisted:
+            await self._persist(digests)
+        return True
+
+    async def _persist(self, digests: frozenset[str]) -> None:
+        """Write the set; a failure is logged and tried again at the next refresh, never fatal."""
+        try:
+            await asyncio.to_thread(self.store.save, digests)
+        except (OSError, PersistedStateRefused) as error:
+            logger.warning(event("api_keys_not_persisted", path=str(self.store.path), reason=str(error)))
+            return
+        self._persisted = digests
+
+    async def load_persisted(self) -> bool:
+        """The set persisted by the last fetch, into the ring; anything wrong with the file
+        is logged and leaves the ring as it is (no key), never fatal."""
+        try:
+            digests = await asyncio.to_thread(self.store.load)
+        except (PersistedStateRefused, OSError) as refusal:
+            logger.warning(event("api_keys_persisted_refused", path=str(self.store.path), reason=str(refusal),
+                                 consequence="no API key is valid until the console answers"))
+            return False
+        if digests is None:
+            logger.warning(event("no_api_keys", reason="no persisted API keys; no API key is valid until the console answers"))
+            return False
+        self.ring.replace(digests)
+        self._persisted = digests
+        logger.warning(event("serving_persisted_api_keys", path=str(self.store.path), keys=len(digests)))
         return True
 
     async def start(self) -> None:
-        await self.refresh()  # before the first request: `required` must not start open
+        # Before the first request: `required` must not start open.
+        if not await self.refresh() and self.store is not None:
+            await self.load_persisted()
         self._task = asyncio.create_task(self._refresh_forever(), name="api-keys-refresh")
 
     async def _refresh_forever(self) -> None:

@@ -51,7 +51,7 @@ class StateStore:
             raise PersistedStateRefused("this worker has no worker token to sign its persisted state with")
         document = sign_state(content_of(state), self._key)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        descriptor, name = tempfile.mkstemp(dir=self.path.parent, prefix=f"{FILE_NAME}.", suffix=".tmp")  # O_EXCL, mode 0600
+        descriptor, name = tempfile.mkstemp(dir=self.path.parent, prefix=f"{self.path.name}.", suffix=".tmp")  # O_EXCL, mode 0600
         partial = Path(name)
         try:
             with os.fdopen(descriptor, "wb") as out:

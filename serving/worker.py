@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from serving.api_key_store import ApiKeyStore, api_keys_signing_key
 from serving.api_keys import KEYS_PATH, ApiKeyRefresher
 from serving.config import ServingConfig
 from serving.console_client import ConsoleClient, StateError, console_only, console_timeout, read_state_file
@@ -83,7 +84,8 @@ class Worker:
         http = httpx.Client(headers={"Authorization": f"Bearer {config.worker_token}"}, follow_redirects=False,
                             event_hooks={"request": [console_only(config.console_url)]},  # the token stays home
                             timeout=console_timeout(config.console_timeout_s))
-        refresher = ApiKeyRefresher(self.app.api_keys, http, config.console_url + KEYS_PATH, config.api_keys_refresh_s)
+        store = ApiKeyStore(config.cache_dir, api_keys_signing_key(config.worker_token)) if config.worker_token else None
+        refresher = ApiKeyRefresher(self.app.api_keys, http, config.console_url + KEYS_PATH, config.api_keys_refresh_s, store)
         self.on_startup.append(refresher.start)
         self.on_shutdown.append(refresher.stop)
         return refresher
