@@ -577,7 +577,11 @@ def drill(request, name: str):
     if not form.is_valid():
         return _answer(request, name, "error", f"Drill not run: {_first_error(form)}", status=400)
     try:
-        result = drills.run_drill(model, request.user, roll_forward=form.cleaned_data["roll_forward"], expected_generation=form.cleaned_data["expected_generation"])
+        # An outage once the rollback is committed answers that it was made, not "retry".
+        with committing(request):
+            result = drills.run_drill(model, request.user, roll_forward=form.cleaned_data["roll_forward"],
+                                      expected_generation=form.cleaned_data["expected_generation"],
+                                      made=lambda change: mark_committed(request, change))
     except releases.ReleaseError as error:
         return _answer(request, name, "error", f"Drill not run: {error.message}", status=error.status, **error.details())
     mark_committed(request, f"{name}: {_drill_words(result)}")  # a failed drill ran too, and may have changed traffic

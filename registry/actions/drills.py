@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -43,10 +44,15 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.05
 
 
-def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expected_generation: int | None = None) -> Drill:
+def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expected_generation: int | None = None,
+              made: Callable[[str], None] = lambda change: None) -> Drill:
     """Always returns a finished drill (passed or failed, with the reason), or raises the
     ReleaseError that made the drill impossible (another drill running, a stale view,
-    nothing to roll back to; after the row exists it is recorded as error)."""
+    nothing to roll back to; after the row exists it is recorded as error).
+
+    ``made(change)`` is told, in words, what the drill has committed so far, from the
+    moment its rollback commits: a database outage after that raises out of here with
+    the rollback in force, and the caller's answer must say it was made, not "retry"."""
     workers = list(live_workers())
     gone = [worker.worker_id for worker in gone_workers()]  # not measured: a drill says so, never passes over them in silence
     running_rollout = model.rollouts.filter(status=RolloutStatus.RUNNING).first()
@@ -61,6 +67,7 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
         _finish(drill, DrillStatus.ERROR, error=error.message)
         raise
     drill.to_generation = release.generation
+    made(made_so_far(drill, recorded=False))
     window = RollbackWindow(release)
     try:
         drill.to_digest = issued_digest(release.generation) or ""
@@ -77,11 +84,25 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
             logger.exception("drill #%s could not be measured", drill.pk)
             drill.error = f"the drill could not be measured: {error}"[:SHOWN_ERROR_CHARS]
     through_outage(lambda: _record_end(drill), f"drill #{drill.pk}: recording its end")
+    made(made_so_far(drill, recorded=True))
     if roll_forward:
         through_outage(lambda: _roll_forward(drill, model, actor, workers), f"drill #{drill.pk}: rolling forward")
+        made(made_so_far(drill, recorded=True))
     if running_rollout is not None:
         through_outage(lambda: _note_paused_rollout(drill, running_rollout), f"drill #{drill.pk}: reading its model's rollout")
     return drill
+
+
+def made_so_far(drill: Drill, *, recorded: bool) -> str:
+    """What ``drill`` has committed, for an answer an outage cuts short: its rollback is
+    in force whatever fails next, and its end and roll forward are said only once made."""
+    words = f"{drill.model.name}: drill #{drill.pk} rolled back to generation {drill.to_generation}"
+    if not recorded:
+        return f"{words}; the drill's result could not be recorded and it was not rolled forward"
+    words = f"{words}, recorded as {drill.status}"
+    if drill.forward_generation is not None:
+        return f"{words}, rolled forward to generation {drill.forward_generation}"
+    return f"{words}; not rolled forward" if not drill.roll_forward else f"{words}; its roll forward may not have been made"
 
 
 def through_outage(step, what: str):

@@ -12,7 +12,7 @@ from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.parsers import JSONParser
-from registry.committed_change import mark_committed
+from registry.committed_change import committing, mark_committed
 from registry.models import Drill
 
 
@@ -33,9 +33,13 @@ class Drills(generics.ListAPIView):
         form = serializers.DrillRequestSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         try:
-            drill = drills.run_drill(
-                model, request.user, roll_forward=form.validated_data["roll_forward"], expected_generation=form.validated_data.get("expected_generation"),
-            )
+            # As a traffic action: an outage once the rollback is committed answers that it
+            # was made (``made``), one during its COMMIT that it may have been (``committing``).
+            with committing(request):
+                drill = drills.run_drill(
+                    model, request.user, roll_forward=form.validated_data["roll_forward"], expected_generation=form.validated_data.get("expected_generation"),
+                    made=lambda change: mark_committed(request, change),
+                )
         except releases.ReleaseError as error:
             return error_response(error.message, error.status, **error.details())
         mark_committed(request, f"{model.name}: drill {drill.pk} ran ({drill.status})")
