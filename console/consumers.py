@@ -15,6 +15,7 @@ from console.socket_outage import CHANNEL_LAYER_DOWN
 from registry.db_unavailable import is_database_unavailable
 from registry.fleet.live import LIVE_GROUP
 from serving.contract import SERVING_GROUP, ContractError, DesiredState
+from serving.state_signing import SignatureRefused, signing_key, verify_state
 
 
 class NoSuchSocket(AsyncWebsocketConsumer):
@@ -82,11 +83,15 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"kind": "job", "job": event.get("job")})
 
     async def serving_apply(self, event):
-        """Channels' handler for contract.APPLY_MESSAGE ("serving.apply")."""
+        """Channels' handler for contract.APPLY_MESSAGE ("serving.apply"). Anything that
+        reaches Redis can publish to the group: only a state signed with the console's own
+        key (as registry.fleet.publish signs every push) reaches a page, or a forged one
+        would show operators routes, a generation and a digest nobody issued."""
         try:
+            verify_state(event.get("state"), signing_key(settings.SERVING_WORKER_TOKEN))
             state = DesiredState.parse(event.get("state"))
-        except ContractError:
-            return  # not a state this console built: anything that reaches Redis can publish
+        except (SignatureRefused, ContractError):
+            return
         await self.send_json(state_change(state))
 
 

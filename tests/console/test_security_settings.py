@@ -303,8 +303,11 @@ def test_while_redis_is_down_the_live_feed_is_refused_try_again_later_without_an
         from console.asgi import application
 
         communicator = WebsocketCommunicator(application, "/ws/live/", headers=headers)
-        answer = await communicator.connect(timeout=10)
-        await communicator.wait(timeout=5)
+        try:
+            answer = await communicator.connect(timeout=10)
+            await communicator.wait(timeout=5)
+        finally:  # the session was read in asgiref's thread: its connection must not outlive the test
+            await database_sync_to_async(connections.close_all)()
         return answer
 
     assert asyncio.run(handshake()) == (False, 1013)

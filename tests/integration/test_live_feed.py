@@ -103,22 +103,26 @@ async def test_a_report_s_digest_reaches_browsers_and_a_report_with_a_malformed_
     await communicator.disconnect()
 
 
-async def test_a_state_message_the_console_did_not_build_reaches_no_browser(operator):
+async def test_a_state_message_the_console_did_not_sign_reaches_no_browser(operator):
     """Anything that reaches Redis can publish to the serving group; the feed relays only
-    what parses as a desired state, with its digest."""
+    a desired state signed with the console's key, with its digest."""
     from channels.layers import get_channel_layer
 
     from serving.contract import APPLY_MESSAGE, SERVING_GROUP
+    from serving.state_signing import sign_state, signing_key
 
     communicator, connected, _ = await connect(operator)
     assert connected
     layer = get_channel_layer()
     state = {"generation": 7, "models": {}, "epoch": "epoch-x", "contract": CONTRACT_VERSION}
+    signed = sign_state(state, signing_key(settings.SERVING_WORKER_TOKEN))
 
-    await layer.group_send(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": {**state, "digest": "not hex"}})
+    for forged in ({**state, "digest": "not hex"}, {**state, "digest": signed["digest"]},
+                   sign_state(state, signing_key("someone-elses-token")), {**signed, "generation": 8}):
+        await layer.group_send(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": forged})
     assert await communicator.receive_nothing(timeout=1)
-    await layer.group_send(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": {**state, "digest": "cd" * 32}})
+    await layer.group_send(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": signed})
     message = await communicator.receive_json_from(timeout=5)
 
-    assert message == {"kind": "state", "generation": 7, "digest": "cd" * 32, "models": {}}
+    assert message == {"kind": "state", "generation": 7, "digest": signed["digest"], "models": {}}
     await communicator.disconnect()
