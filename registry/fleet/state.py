@@ -71,11 +71,19 @@ def model_state(model: RegisteredModel, release: Release) -> ModelState:
         Route(version=route["version"], weight=route["weight"], shadow=route.get("shadow"), **_artifact(versions[route["version"]]))
         for route in release.routes
     )
-    # Only versions with an artifact: a rollback chain walked back past retention's depth
-    # names archived ones, whose 410 would fail every worker's whole state.
+    # Only versions that had an artifact when the release was made: a rollback chain walked
+    # back past retention's depth names archived ones, whose 410 would fail every worker's
+    # whole state. One archived since (retention, once the release was no longer current)
+    # was in the state as issued, and its digest must not change with today's status.
     warm = tuple(WarmVersion(version=number, **_artifact(versions[number])) for number in warm_versions(release)
-                 if number not in routed and versions[number].status == VersionStatus.READY)
+                 if number not in routed and _had_artifact(versions[number], release))
     return ModelState(routes=routes, warm=warm, batching=batching(model), generation=release.generation)
+
+
+def _had_artifact(version: ModelVersion, release: Release) -> bool:
+    if version.status == VersionStatus.READY:
+        return True
+    return version.status == VersionStatus.ARCHIVED and version.archived_at is not None and version.archived_at > release.created_at
 
 
 def warm_versions(release: Release) -> list[int]:

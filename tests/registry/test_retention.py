@@ -11,6 +11,7 @@ from django.core.management import call_command
 from registry.actions import releases, uploads
 from registry.actions.retention import apply_retention
 from registry.artifacts import storage
+from registry.fleet.state import issued_digest
 from registry.building.onnx_build import random_mlp, to_bytes
 from registry.models import ModelVersion
 
@@ -150,3 +151,15 @@ def test_no_rollback_is_offered_that_would_be_refused(three_versions, settings, 
     assert operator_client.get("/api/models/digits/release/").json()["rollback_returns_to"] is None
     assert 'id="rollback-button"' not in page and 'id="drill-button"' not in page
     assert "No rollback: version(s) [2] of digits are no longer ready (archived or rejected)." in page
+
+
+def test_a_state_s_digest_does_not_change_when_retention_later_archives_a_version_it_kept_warm(three_versions, settings):
+    settings.RETENTION_ROLLBACK_DEPTH = 1
+    releases.set_routes(three_versions, [{"version": 2, "weight": 100}], AnonymousUser())  # keeps v1 warm
+    releases.set_routes(three_versions, [{"version": 3, "weight": 100}], AnonymousUser())  # keeps v2 warm: v1 may go
+    issued = {generation: issued_digest(generation) for generation in (1, 2, 3)}
+
+    archived = apply_retention(keep=1)
+
+    assert [version.number for version in archived] == [1]
+    assert {generation: issued_digest(generation) for generation in (1, 2, 3)} == issued
