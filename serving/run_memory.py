@@ -29,6 +29,7 @@ import time
 import onnxruntime as ort
 
 from serving.errors import PayloadTooLarge, RunMemoryBusy, ServingError
+from serving.logs import event
 
 logger = logging.getLogger("serving.run_memory")
 
@@ -79,9 +80,9 @@ def install(configured_mb: int) -> int:
             memory = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
             ort.create_and_register_allocator(memory, arena)
             _installed_limit = limit
-            logger.info("run memory capped", extra={"event": "run_memory_capped", "limit_mb": limit // MIB})
+            logger.info(event("run_memory_capped", limit_mb=limit // MIB))
         elif limit_bytes(configured_mb) != _installed_limit:
-            logger.warning("run memory cap already set", extra={"event": "run_memory_cap_kept", "limit_mb": _installed_limit // MIB})
+            logger.warning(event("run_memory_cap_kept", limit_mb=_installed_limit // MIB, asked_mb=limit_bytes(configured_mb) // MIB))
         return _installed_limit
 
 

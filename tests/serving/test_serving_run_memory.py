@@ -6,6 +6,7 @@ request: each worker below is its own process, as deployed, and its memory is re
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -96,3 +97,15 @@ def test_any_other_failure_is_not_a_memory_refusal():
 def test_the_default_cap_is_half_the_memory_the_process_may_use():
     assert run_memory.limit_bytes(0) == int(run_memory.available_bytes() * 0.5)
     assert run_memory.limit_bytes(256) == 256 * MIB
+
+
+def test_the_worker_logs_its_cap_as_one_json_line_with_the_event_and_the_limit(tmp_path):
+    path, sha256 = write_model(tmp_path, "allocates", allocates_as_named())
+    state_file = write_state(tmp_path / "state.json", state(1, {"allocates": {"routes": [route(1, 100, path, sha256, batchable=False)]}}))
+    worker = SubprocessWorker(state_file, tmp_path, SERVING_RUN_MEMORY_MB="64", SERVING_LOG_LEVEL="info").wait_ready()
+    worker.stop()
+
+    lines = [json.loads(line) for line in worker.process.stderr.read().decode().splitlines() if line.startswith("{")]
+
+    [capped] = [line for line in lines if line.get("event") == "run_memory_capped"]
+    assert (capped["level"], capped["limit_mb"]) == ("info", 64)
