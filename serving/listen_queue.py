@@ -154,6 +154,8 @@ class AcceptPace:
         if self.returning:
             self._lowest_queue = min(self._lowest_queue, queued)
             self.returning = queued <= self._lowest_queue + FEW_ARRIVALS and not full  # new clients: the queue grows unrefused
+            if not self.returning:  # the quiet stretch was a slow flood, not returning clients: look again later
+                self._back_off()
         self.sustained = self._outpaced_throughout()
 
     def refused(self, now: float) -> None:
@@ -185,11 +187,14 @@ class AcceptPace:
         if start is not None and not full and (end[2] - start[2]) - (end[1] - start[1]) <= FEW_ARRIVALS:
             self.returning, self._lowest_queue = True, queued
         elif full or now - self._check_from >= RETURN_CHECK_S:  # full: more would be dropped unseen, not refused
-            self._check_after = min(RETURN_CHECK_BACK_OFF * self._check_after, RETURN_CHECK_MAX_EVERY_S)
+            self._back_off()
         else:
             return
         self._check_from = None
         self._refusing_since = self._last_refusal = now  # a new window of refusals before the next pause
+
+    def _back_off(self) -> None:
+        self._check_after = min(RETURN_CHECK_BACK_OFF * self._check_after, RETURN_CHECK_MAX_EVERY_S)
 
     def per_second(self) -> float | None:
         """Accepts per second over the backlog's last window, or None before MIN_EVIDENCE_S of it."""

@@ -296,6 +296,29 @@ def test_once_clients_only_return_a_queue_that_grows_again_brings_the_pace_bound
     assert not pace.returning and pace.may_wait(5.0) is not None
 
 
+def test_a_slow_flood_taken_for_returning_clients_is_looked_at_again_four_times_later():
+    # 400 new clients a second against a loop taking 100: 6 more a 20 ms stretch, a
+    # trickle, so the pause judged them returning; the queue then grows past the trickle.
+    pace = AcceptPace(window_s=0.5, evidence_s=0.05)
+    now, accepted, refused, queued = 0.0, 0, 0, 200
+    pauses, checking = [], False
+    for _ in range(400):  # 4 s of 10 ms ticks: 4 arrivals and 1 accept a tick
+        now += 0.01
+        accepted += 1
+        if pace.checking or pace.returning:
+            queued += 3  # nobody refused by pace: the queue grows
+        else:
+            refused += 3
+        pace.observe(now, queued, accepted, refused)
+        if not (pace.checking or pace.returning):
+            pace.refused(now)
+        if pace.checking and not checking:
+            pauses.append(now)
+        checking = pace.checking
+    gaps = [round(b - a, 1) for a, b in zip(pauses, pauses[1:])]
+    assert gaps and min(gaps) >= 2.0, gaps  # not a pause every half second
+
+
 def test_an_empty_queue_forgets_that_clients_were_returning():
     pace = AcceptPace(window_s=0.5, evidence_s=0.05)
     now, accepted, refused = refusing_for(pace, 0.6)
