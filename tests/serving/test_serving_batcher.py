@@ -899,3 +899,21 @@ async def test_a_shape_queue_kept_busy_does_not_starve_another_shape_of_the_same
     finally:
         feeder.cancel()
         await asyncio.gather(*busy_answers, return_exceptions=True)
+
+
+async def test_a_request_batched_with_a_later_deadline_gets_its_504_at_its_own_deadline(dispatch):
+    model = FakeModel(is_open=False)
+    batcher = make_batcher(model, dispatch)
+    first = batcher.submit(row(0), 1, deadline())
+    await wait_for_run(model)  # the engine is busy: the next two leave together
+    short = batcher.submit(row(1), 1, deadline(0.2))
+    long = batcher.submit(row(2), 1, deadline(3.0))
+    model.allow()
+    await first
+    await wait_for_run(model)  # their batch runs, held
+
+    with pytest.raises(DeadlineExceeded):
+        await asyncio.wait_for(short, 1.0)  # answered while the run goes on, not when it ends
+    assert not long.done()
+    model.open()
+    assert first_values([await long]) == [4.0]
