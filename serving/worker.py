@@ -103,9 +103,10 @@ class Worker:
         return await self.repository.apply(state)
 
     async def load_initial_state(self) -> None:
-        """The state file if given (its failure is fatal), else the console, else the state
-        persisted at the last apply (the control plane reconciles once the console answers;
-        with neither, the worker stays not-ready until it does)."""
+        """The state file if given (its failure is fatal), else the console, else (the console
+        cannot answer, or its state cannot be applied now) the state persisted at the last
+        apply; the control plane reconciles, and acks what it could not apply. With neither,
+        the worker stays not-ready until the console's state applies."""
         if self.state_file is not None:
             result = await self.apply(read_state_file(self.state_file))
             if not result["ok"]:
@@ -117,7 +118,10 @@ class Worker:
             logger.warning(event("console_unavailable", reason=str(exc)))
             await self.load_persisted_state()
             return
-        await self.apply(state)
+        result = await self.apply(state)
+        if not result["ok"]:  # an artifact the console cannot serve now: what was served last beats nothing
+            logger.warning(event("console_state_not_applied", generation=result["generation"], reason=result.get("error", "")[:300]))
+            await self.load_persisted_state()
 
     async def load_persisted_state(self) -> None:
         """Serve the persisted state if it passes its checks; anything wrong is logged, never fatal."""

@@ -332,3 +332,24 @@ async def test_a_worker_does_not_serve_a_start_up_state_whose_digest_does_not_ma
         assert any("the digest does not match the content" in record.getMessage() for record in caplog.records)
     finally:
         await worker.close()
+
+
+async def test_a_worker_whose_console_answers_a_state_it_cannot_apply_at_start_serves_the_persisted_one(start_plane, console, mlp_v1,
+                                                                                                        mlp_v2, tmp_path):
+    from test_api_keys_persisted import Console as HttpConsole
+
+    first = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    await first.reconcile()
+    broken = state(4, {"digits": {"routes": [route(2, 100, mlp_v2[0], "0" * 64)]}}, epoch="epoch-x")  # its artifact fails its check
+    answering = HttpConsole({**broken, "digest": state_digest(broken)}, [])
+    try:
+        worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=answering.url))
+        await worker.load_initial_state()
+    finally:
+        answering.go_down()
+
+    assert worker.repository.is_ready
+    assert worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 100}]
+    assert worker.initial_persisted[0]["digest"] == console.state["digest"]
+    await worker.close()
