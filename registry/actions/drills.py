@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from registry.actions import events, releases
 from registry.db_unavailable import is_database_unavailable
-from registry.domain.choices import DrillStatus, RolloutStatus
+from registry.domain.choices import DrillStatus, ReleaseAction, RolloutStatus
 from registry.fleet.state import issued_digest
 from registry.fleet.workers import (
     SHOWN_ERROR_CHARS,
@@ -56,17 +56,8 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
     workers = list(live_workers())
     gone = [worker.worker_id for worker in gone_workers()]  # not measured: a drill says so, never passes over them in silence
     running_rollout = model.rollouts.filter(status=RolloutStatus.RUNNING).first()
-    drill = _start(model, actor, roll_forward, expected_generation)
+    drill, release = _start(model, actor, roll_forward, expected_generation)
     failed_before = {worker.worker_id: failed_total(worker.last_report) for worker in workers}
-    drill.started_at = timezone.now()  # the operator's click
-    try:
-        # The generation read under the lock is the one rolled back: a change that lands
-        # between the two is a conflict, never a rollback of something else.
-        release = releases.rollback(model, actor, f"rollback drill #{drill.pk}", expected_generation=drill.from_generation or 0)
-    except releases.ReleaseError as error:
-        _finish(drill, DrillStatus.ERROR, error=error.message)
-        raise
-    drill.to_generation = release.generation
     made(made_so_far(drill, recorded=False))
     window = RollbackWindow(release)
     try:
@@ -108,8 +99,9 @@ def made_so_far(drill: Drill, *, recorded: bool) -> str:
 def through_outage(step, what: str):
     """``step()``, tried again while the database is unreachable, for up to
     DRILL_ACK_TIMEOUT_S: a drill that already rolled back must record its end and roll
-    forward once the database answers, not leave the rollback in force. Each step is one
-    transaction, so a retry never half-repeats it."""
+    forward once the database answers, not leave the rollback in force. A step is tried
+    again from its start, so each must find what an earlier try committed (``_roll_forward``
+    finds its own release) rather than repeat or misread it."""
     deadline, pause_s = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S, 0.1
     while True:
         try:
@@ -139,22 +131,41 @@ class RollbackWindow:
         return generation >= self.release.generation and (end is None or generation < end)
 
 
-def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generation: int | None) -> Drill:
-    """The drill row, created under the generation lock: one running drill per model,
-    and its ``from_generation`` is what the model serves at that instant."""
+def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generation: int | None) -> tuple[Drill, Release]:
+    """The drill row and its rollback, in one transaction under the generation lock: one
+    running drill per model, and its ``from_generation`` is what the model serves at that
+    instant and what is rolled back. An outage before the COMMIT leaves neither (the
+    plain 503 to retry, and a retry finds no drill running); a lost COMMIT is in doubt
+    (the rollback noted itself pending). A rollback refused (nothing to roll back to) is
+    committed as a drill recorded as error, and its ReleaseError raised."""
+    refused = None
     with transaction.atomic():
         ServingGeneration.objects.lock()
-        current = model.current_release()
-        releases.check_expected_generation(model, current, expected_generation)
-        releases.check_not_archived(model)
         _abandon_stale_drills(model)
+        # A drill running says more than "the generation you saw changed": its own
+        # rollback is that change, so two drills started together meet this first.
         running = model.drills.filter(status=DrillStatus.RUNNING).first()
         if running is not None:
             raise DrillRunning(f"drill #{running.pk} on {model.name} is still running (started {running.started_at:%H:%M:%S} UTC): one drill at a time")
-        return Drill.objects.create(
-            model=model, actor=actor if actor.is_authenticated else None, started_at=timezone.now(), target_s=settings.DRILL_TARGET_S,
-            roll_forward=roll_forward, from_generation=current.generation if current else None,
+        current = model.current_release()
+        releases.check_expected_generation(model, current, expected_generation)
+        releases.check_not_archived(model)
+        drill = Drill.objects.create(
+            model=model, actor=actor if actor.is_authenticated else None, started_at=timezone.now(),  # the operator's click
+            target_s=settings.DRILL_TARGET_S, roll_forward=roll_forward, from_generation=current.generation if current else None,
         )
+        try:
+            # Under the same lock: the generation just read is the one rolled back.
+            release = releases.rollback(model, actor, f"rollback drill #{drill.pk}", expected_generation=drill.from_generation or 0)
+        except releases.ReleaseError as error:  # its savepoint is undone; the drill is kept, as error
+            _finish(drill, DrillStatus.ERROR, error=error.message)
+            refused = error
+        else:
+            drill.to_generation = release.generation
+            drill.save(update_fields=["to_generation"])
+    if refused is not None:
+        raise refused
+    return drill, release
 
 
 class DrillRunning(releases.ReleaseConflict):
@@ -305,10 +316,16 @@ def _finish(drill: Drill, status: str, *, error: str = "") -> None:
 
 
 def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Worker]) -> None:
+    """Restore ``from_generation`` over the drill's rollback, record it, wait for its acks.
+    ``through_outage`` may run this again after the restore committed (the outage came
+    while recording it, or during its COMMIT): the drill's own roll forward is then found
+    and recorded, never taken for someone else's change."""
+    reason = f"roll forward after drill #{drill.pk}"
     try:
-        # Only over the drill's own rollback: a change an operator made meanwhile stands.
-        release = releases.restore(model, drill.from_generation, actor, f"roll forward after drill #{drill.pk}",
-                                   expected_generation=drill.to_generation)
+        release = _own_roll_forward(drill, model, actor, reason)
+        if release is None:
+            # Only over the drill's own rollback: a change an operator made meanwhile stands.
+            release = releases.restore(model, drill.from_generation, actor, reason, expected_generation=drill.to_generation)
     except releases.GenerationConflict as conflict:
         changed_at = conflict.current.generation if conflict.current else "?"
         _record_reason(drill, f"not rolled forward: {model.name} changed during the drill (generation {changed_at}), and that change stands")
@@ -333,6 +350,16 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
                               f"did not ack it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {', '.join(unconfirmed)}")
 
 
+def _own_roll_forward(drill: Drill, model: RegisteredModel, actor, reason: str) -> Release | None:
+    """The release this drill's roll forward committed already, if an earlier try made it:
+    a restore of ``from_generation``'s routes after the drill's rollback, by its actor,
+    with its reason (which names the drill)."""
+    return model.releases.filter(
+        generation__gt=drill.to_generation, action=ReleaseAction.RESTORE, reason=reason,
+        actor=actor if actor is not None and actor.is_authenticated else None,
+    ).order_by("generation").first()
+
+
 def _note_paused_rollout(drill: Drill, rollout: Rollout) -> None:
     """The drill's rollback is a manual traffic change, which pauses a running rollout; the
     roll forward restores the split but not the rollout, which an audit found left paused
@@ -349,8 +376,13 @@ def _add_reason(drill: Drill, words: str) -> None:
 
 def _record_reason(drill: Drill, words: str) -> None:
     """``_add_reason``, for a drill already recorded as finished: saved at once."""
+    before = drill.error
     _add_reason(drill, words)
-    drill.save(update_fields=["error"])
+    try:
+        drill.save(update_fields=["error"])
+    except BaseException:
+        drill.error = before  # not recorded: a step ``through_outage`` tries again must not say it twice
+        raise
 
 
 def _since(drill: Drill, moment) -> float:
