@@ -1,12 +1,13 @@
 """Celery tasks: small arguments, idempotent, translating to registry functions. The
-scheduled ones skip a run the database's outage stops (registry.task_outage)."""
+scheduled ones skip a run the database's outage stops; a job's run is sent again
+(registry.task_outage)."""
 
 from celery import shared_task
 
 from registry.actions import retention, rollouts
 from registry.artifacts import storage
 from registry.jobs import records, runner
-from registry.task_outage import skipped_during_outage
+from registry.task_outage import retried_during_outage, skipped_during_outage
 
 
 @shared_task(name="registry.tasks.apply_retention")
@@ -28,9 +29,19 @@ def analyse_rollouts() -> int:
     return rollouts.tick()
 
 
-@shared_task(name="registry.tasks.run_job", ignore_result=True)
-def run_job(job_id: int) -> str | None:
-    """Run one background job (validation, benchmark, evaluation, batch inference)."""
+@shared_task(name="registry.tasks.run_job", bind=True, ignore_result=True)
+@retried_during_outage
+def run_job(self, job_id: int) -> str | None:
+    """Run one background job (validation, benchmark, evaluation, batch inference).
+
+    A database outage (``claim`` cannot read the job, or its end cannot be written) is one
+    warning, not Celery's ERROR and traceback, and the job is not lost: this message is
+    sent again with a growing countdown (``self.retry``, bounded), since the job sweep
+    resends a sent job only while no other job runs (``records._lost``) and it would wait
+    behind a long batch job. Running it twice is safe: ``claim`` runs a queued job once and
+    answers None for a job running or finished elsewhere. Where no retry can be sent
+    (eager or direct call, broker refused, retries spent) the job stays queued and the
+    sweep sends it, as for a send that failed (``records.enqueue``)."""
     return runner.run(job_id)
 
 

@@ -9,7 +9,10 @@ NEVER delete the artifact of a version that
 - or is still being validated (its validation job reads the stored bytes).
 Rows are never deleted: an archived version keeps its metadata, report and metrics.
 A file shared by several versions (same bytes) is deleted only when none of them
-still needs it. Models are handled one at a time, each in its own transaction.
+still needs it. Models are handled one at a time, each in its own transaction, and a
+model's files are deleted as soon as its transaction commits. A run that an outage stops
+midway (registry/task_outage.py skips it) may leave the file of a version it archived:
+every run deletes such leftovers too, so the next run does the work.
 
 Fleet rows (``forget_gone_workers``) are pruned too; what must stay is said there.
 So are the files of old jobs (``job_retention``), with their own rules.
@@ -73,7 +76,6 @@ def apply_retention(keep: int | None = None) -> list[ModelVersion]:
     archived: list[ModelVersion] = []
     for model_pk in RegisteredModel.objects.order_by("pk").values_list("pk", flat=True):
         archived.extend(_apply_to_model(model_pk, keep))
-    _delete_unreferenced_files([version.sha256 for version in archived])
     _delete_stale_uploads()
     forget_gone_workers()
     job_retention.remove_old_job_files()
@@ -81,6 +83,10 @@ def apply_retention(keep: int | None = None) -> list[ModelVersion]:
 
 
 def _apply_to_model(model_pk: int, keep: int) -> list[ModelVersion]:
+    """Archive what may go in one model, then delete the files it no longer needs: those
+    of the versions archived now, and those an earlier run archived but, stopped by an
+    outage, did not delete (the archived rows are committed, so no later query finds
+    them among the versions to archive)."""
     with transaction.atomic():
         # The generation lock stops a traffic change from routing a version while we
         # decide it is unrouted.
@@ -90,6 +96,12 @@ def _apply_to_model(model_pk: int, keep: int) -> list[ModelVersion]:
         # Only ready versions: one still being validated is about to be judged, not archived.
         doomed = model.versions.ready().exclude(number__in=protected).order_by("pk")
         archived = [_archive(version) for version in doomed]
+        # An archived version that a rollback could reach again keeps its file all the same.
+        leftovers = {sha256 for sha256 in model.versions.filter(status=VersionStatus.ARCHIVED).exclude(number__in=protected)
+                     .values_list("sha256", flat=True) if storage.exists(sha256)}
+    # Committed: these versions are archived whatever happens next. Deleted now, not after
+    # every model: an outage later in the run must not leave their files behind.
+    _delete_unreferenced_files([*(version.sha256 for version in archived), *leftovers])
     return archived
 
 
@@ -103,6 +115,8 @@ def _archive(version: ModelVersion) -> ModelVersion:
 
 
 def _delete_unreferenced_files(sha256s: list[str]) -> None:
+    """Delete each file no version still needs: the store is content-addressed, so a file
+    archived in one version may be the artifact of a ready or validating one (any model)."""
     for sha256 in set(sha256s):
         if not ModelVersion.objects.with_artifact().filter(sha256=sha256).exists():
             storage.delete(sha256)
