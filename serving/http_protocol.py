@@ -18,6 +18,21 @@ audit: 93 MB to 2.4 GB in 14 s on four connections). Here reading resumes only o
 queue is empty, and a chunk that would queue more than MAX_PIPELINED requests ends the
 connection (the requests it carried are dropped unanswered, as on a disconnect).
 
+A request answered before its body was read (a 413 from the headers, an overload 503, an
+`Expect: 100-continue` refused) leaves its connection out of step: uvicorn kept it alive,
+so a client that, as RFC 9110 allows, skipped the body and sent its next request had that
+request read as the body, and hung until the body deadline. Such an answer now carries
+`Connection: close` and the connection ends with a lingering close (RFC 9112 §9.6): the
+answer, then end of file, then what the client still sends read and dropped until it
+closes (or LINGER_QUIET_S of silence, LINGER_MAX_S in all), so the answer is not lost to a
+reset. Only a request whose body is still arriving at the end of a read is marked; one
+that arrives in one read costs nothing.
+
+Graceful stop (serving/drain.py): while draining, only the newest request a connection
+has sent is answered with `Connection: close`; the ones before it, pipelined, keep their
+keep-alive, so every request read is answered before the connection closes. (Marking
+each one made the first answer close the connection and dropped the queue behind it.)
+
 Coalescing: uvicorn writes a response's head (`http.response.start`) and body with one
 `transport.write` each: two send syscalls and two loopback segments per request. Holding
 the writes made during one event-loop iteration and joining them halves that; measured
@@ -47,6 +62,10 @@ FIRST_REQUEST_GRACE_S = 1.0
 # Requests one connection may have waiting behind the one being answered. Clients that
 # pipeline at all (few do) send a handful; past this, a connection is hanging up on, not served.
 MAX_PIPELINED = 32
+# A lingering close: how long the client may stay silent, and how long in all, before the
+# connection closes for good (the client normally closes first, having read the answer).
+LINGER_QUIET_S = 1.0
+LINGER_MAX_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +99,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._headers_too_large = False
         self._pipeline_too_deep = False
         self._answering = None  # the cycle whose ASGI task runs (self.cycle is the newest parsed)
+        # Keep-alive as this protocol decides it, beside the client's wish (see _settle).
+        self._changed = None  # the one cycle whose keep_alive we changed...
+        self._changed_from = True  # ...and its keep_alive as parsed
+        self._last = None  # while draining: the newest request, the one answered with Connection: close
+        self._unread = None  # the request whose body was still arriving at the end of a read
+        self._lingering = False
+        self._linger_ends = self._linger_quiet_ends = 0.0
         if self.limits.max_connections and len(self.connections) > self.limits.max_connections:
             metrics.count_connection_refused_at_cap()
             self._refuse(503, "too many open connections; retry later", b"retry-after: 1\r\n")
@@ -93,6 +119,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         # uvicorn's, with our refusals in place of its text/plain 400.
+        if self._lingering:  # answered and half-closed: what still comes is dropped unread
+            self._linger_quiet_ends = self.loop.time() + LINGER_QUIET_S
+            return
         self._unset_keepalive_if_required()
         if self._awaiting_headers:
             self._raw_header_bytes += len(data)
@@ -140,14 +169,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel()
         super().on_headers_complete()
         if self.drain.is_draining and self.cycle is not None:  # the client reconnects, to where the balancer now points
-            self.cycle.keep_alive = False
+            self._close_after(self.cycle)
         if len(self.pipeline) > MAX_PIPELINED:
             self._pipeline_too_deep = True
             raise PipelineTooDeep
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # reads on, and starts the next queued request
-        if self.pipeline and not self.transport.is_closing():
+        if self._lingering:
+            self._unset_keepalive_if_required()  # the linger's own timer closes
+        elif self.pipeline and not self.transport.is_closing():
             self.flow.pause_reading()  # the queue first: reading on after every answer let it grow without bound
 
     def _start_asgi_task(self, cycle, app) -> None:
@@ -156,6 +187,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._cancel()
+        if self._unread is not None:  # its body is whole after all: keep-alive as before, unless answered already
+            cycle, self._unread = self._unread, None
+            self._settle(cycle)
         super().on_message_complete()
 
     # ---- graceful stop (serving.drain) -------------------------------------------------
@@ -164,17 +198,23 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's, called once the listener is closed (a response in progress ends with
         ``Connection: close``, an idle keep-alive connection is closed), except that a
         request still arriving is let in: its connection was accepted, its client wrote."""
+        if self._lingering:
+            return  # answered; closes when its client does, or at the linger's bound
         if self.cycle is None or self.cycle.response_complete:
             if self._raw_header_bytes or self._parsed_header_bytes:
                 return  # on_headers_complete turns keep-alive off; the header deadline still holds
             if self.cycle is None and not self.transport.is_closing():  # accepted, its first bytes not read yet
                 self._arm(min(self.limits.header_timeout_s, FIRST_REQUEST_GRACE_S), self._on_header_deadline)
                 return
-        super().shutdown()
+            super().shutdown()
+        elif self.cycle.response_started:
+            self.cycle.keep_alive = False  # uvicorn's: closes once this answer is out
+        else:  # as the newest request, so that one pipelined behind it may still come and be answered
+            self._close_after(self.cycle)
 
     def cut(self, message: str) -> int:
         """Past the drain's bound: a 503 for the request not answered yet (1), or a close (0)."""
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._lingering:  # lingering: answered, and nothing more can be written
             return 0
         if self.cycle is None or self.cycle.response_complete:
             self.transport.close()
@@ -197,12 +237,80 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             raise HeadersTooLarge
 
     def _arm_deadline(self) -> None:
-        if self._timer is not None or self.transport.is_closing():
+        if self.transport.is_closing():
             return
         if self._awaiting_headers:
-            self._arm(self.limits.header_timeout_s, self._on_header_deadline)
+            if self._timer is None:
+                self._arm(self.limits.header_timeout_s, self._on_header_deadline)
         elif self.cycle is not None and self.cycle.more_body:
-            self._arm(self.limits.body_timeout_s, self._on_body_deadline)
+            if self._unread is not self.cycle and not self.cycle.response_started:
+                self._mark_unread(self.cycle)
+            if self._timer is None:
+                self._arm(self.limits.body_timeout_s, self._on_body_deadline)
+
+    # ---- keep-alive: while a body is unread, and while draining -----------------------
+
+    def _mark_unread(self, cycle) -> None:
+        """Its body is still arriving (this runs after a read, before its app can answer):
+        should it be answered first, the answer says Connection: close and the connection
+        ends with a lingering close instead of reading the rest as the next request."""
+        self._unread = cycle
+        self._change(cycle)
+
+    def _close_after(self, cycle) -> None:
+        """While draining: ``cycle``, the newest request, is answered with Connection: close;
+        the one it follows, no longer the last, gets its keep-alive back, so the requests
+        read before the close are answered."""
+        previous = self._last
+        if previous is cycle:
+            return
+        self._last = cycle
+        if previous is not None:
+            self._settle(previous)
+        self._change(cycle)
+
+    def _change(self, cycle) -> None:
+        if self._changed is not cycle:
+            self._changed, self._changed_from = cycle, cycle.keep_alive
+        self._settle(cycle)
+
+    def _settle(self, cycle) -> None:
+        """keep_alive as the client asked, unless this request is the last before a drain's
+        close or its body is unread; fixed once its answer has started. Without it, the
+        connection ends with a lingering close."""
+        if cycle is self._changed and not cycle.response_started:
+            keep_alive = self._changed_from and cycle is not self._last and cycle is not self._unread
+            cycle.keep_alive = keep_alive
+            # uvicorn closes after an answer without keep-alive: lingering, as bytes may follow
+            cycle.transport = self.transport if keep_alive else LingerOnClose(self)
+
+    def _linger(self) -> None:
+        """Close after the answer, reading and dropping what the client still sends: a close
+        with unread bytes would be a reset, which can lose the answer before its client reads it."""
+        if self._lingering or self.transport.is_closing():
+            return
+        self._cancel()
+        self._drop_cycle()  # a request read after the one answered with the close (the client was told)
+        self.pipeline.clear()
+        try:
+            self.transport.write_eof()  # once what is written has left
+        except (NotImplementedError, AttributeError, OSError, RuntimeError):  # TLS, or gone
+            self.transport.close()
+            return
+        self._lingering = True
+        self.flow.resume_reading()
+        now = self.loop.time()
+        self._linger_ends, self._linger_quiet_ends = now + LINGER_MAX_S, now + LINGER_QUIET_S
+        self._arm(LINGER_QUIET_S, self._on_linger_tick)
+
+    def _on_linger_tick(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        ends = min(self._linger_ends, self._linger_quiet_ends)
+        if now >= ends:
+            self.transport.close()
+        else:
+            self._arm(ends - now, self._on_linger_tick)
 
     def _arm(self, delay_s: float, callback) -> None:
         self._cancel()
@@ -236,7 +344,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         body = orjson.dumps({"error": message})
         head = b"%scontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n%s\r\n" % (
             STATUS_LINE[status], len(body), extra_headers)
-        if not self.transport.is_closing():
+        if not self.transport.is_closing() and not self._lingering:
             self.transport.write(head + body)
         self._drop_cycle()
         self.transport.close()
@@ -259,6 +367,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.message_event.set()
 
 
+class LingerOnClose:
+    """The transport a request whose body is unread answers through: its close (uvicorn's,
+    after an answer without keep-alive) is the protocol's lingering close."""
+
+    __slots__ = ("_protocol",)
+
+    def __init__(self, protocol: GuardedHttpToolsProtocol):
+        self._protocol = protocol
+
+    def write(self, data: bytes) -> None:
+        self._protocol.transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._protocol.transport.is_closing()
+
+    def close(self) -> None:
+        self._protocol._linger()
+
+    def __getattr__(self, name: str):
+        return getattr(self._protocol.transport, name)
+
+
 class CoalescingTransport:
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
         self._transport = transport
@@ -279,6 +409,10 @@ class CoalescingTransport:
     def close(self) -> None:
         self.flush()
         self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)

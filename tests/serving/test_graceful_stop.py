@@ -275,3 +275,27 @@ def test_closing_a_listener_to_new_handshakes_leaves_its_accepted_connections_wo
             assert accepted.recv(4) == b"ping"
             accepted.sendall(b"pong")
             assert client.recv(4) == b"pong"
+
+
+def test_requests_pipelined_during_the_delay_are_all_answered_the_last_with_connection_close(tmp_path, mlp_v1):
+    """After SIGTERM a client that pipelines three requests on one connection gets three
+    answers, the last saying Connection: close, then end of file: every request the worker
+    read is answered (the first answer used to close the connection and drop the rest)."""
+    worker = start(tmp_path, mlp_v1, SERVING_DRAIN_DELAY_S="1", SERVING_DRAIN_TIMEOUT_S="2")
+    request = (f"POST {INFER} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               f"content-length: {len(BODY)}\r\n\r\n").encode() + BODY
+    try:
+        worker.process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+            connection.sendall(request * 3)
+            answer = read_all(connection)
+        status, _, lines = exit_within(worker, 1 + 2 + MARGIN_S)
+    finally:
+        worker.stop()
+
+    heads = [part.split(b"\r\n\r\n", 1)[0].lower() for part in answer.split(b"HTTP/1.1 ")[1:]]
+    assert [head.split(b"\r\n", 1)[0] for head in heads] == [b"200 ok"] * 3, answer[:600]
+    assert [b"connection: close" in head.split(b"\r\n") for head in heads] == [False, False, True]
+    assert status == 0
+    assert events(lines, "drained")[0]["cut"] == 0

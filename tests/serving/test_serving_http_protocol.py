@@ -465,3 +465,153 @@ def test_the_listen_backlog_follows_the_connection_cap():
     assert listen_backlog(10_000) == 10_000
     assert listen_backlog(100) == 2048  # never shorter than uvicorn's own: a quick 503 beats a dropped SYN
     assert listen_backlog(0) == 65535  # no cap: as long as the kernel allows
+
+
+# ---- an answer given before the body was read closes the connection (RFC 9112 §9.6) -----
+
+
+def split_answers(data: bytes) -> list[tuple[bytes, bytes]]:
+    """(lower-cased head, body) of each answer in ``data``, framed by content-length."""
+    answers = []
+    while data:
+        head_part, separator, rest = data.partition(b"\r\n\r\n")
+        assert separator, f"a partial answer: {data[:200]!r}"
+        head_part = head_part.lower()
+        length = next(int(line.split(b":", 1)[1]) for line in head_part.split(b"\r\n") if line.startswith(b"content-length:"))
+        answers.append((head_part, rest[:length]))
+        data = rest[length:]
+    return answers
+
+
+def read_answer(connection: socket.socket, timeout_s: float = 5.0) -> bytes:
+    """One whole answer (head and content-length body); fails, never hangs, past timeout_s."""
+    deadline, answer = time.monotonic() + timeout_s, b""
+    while True:
+        head_part, separator, body = answer.partition(b"\r\n\r\n")
+        if separator:
+            length = next(int(line.split(b":", 1)[1]) for line in head_part.lower().split(b"\r\n")
+                          if line.startswith(b"content-length:"))
+            if len(body) >= length:
+                return answer
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no whole answer within {timeout_s} s: {answer[:200]!r}"
+        connection.settimeout(remaining)
+        chunk = connection.recv(65536)
+        assert chunk, f"closed after {answer[:200]!r}"
+        answer += chunk
+
+
+def test_expect_continue_refused_by_its_headers_gets_413_with_connection_close_and_the_connection_ends(guarded_worker):
+    """The client waits for 100 Continue and gets a final status instead: it will not send
+    the body, so the server must not wait for it (it did, until the 30 s body deadline)."""
+    worker = guarded_worker(max_body_bytes=1000)
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        started = time.monotonic()
+        connection.sendall(head(length=5000, extra="Expect: 100-continue\r\n"))
+        answer = read_until_closed(connection, timeout_s=4)
+        took_s = time.monotonic() - started
+
+    [(head_part, body)] = split_answers(answer)
+    assert head_part.startswith(b"http/1.1 413 ")
+    assert b"connection: close" in head_part.split(b"\r\n")
+    assert b"exceeds the limit of 1000" in body
+    assert took_s < 3  # closed once answered (the linger ends at the client's silence), not at the body deadline
+    assert worker.runs == []
+
+
+def test_a_request_sent_after_an_early_refusal_is_never_read_as_its_body(guarded_worker):
+    """RFC 9110 lets a client that got a final status skip the body it announced and reuse
+    the connection: its next request must get an answer or a prompt close, never be taken
+    for the body and wait out the body deadline."""
+    worker = guarded_worker(max_body_bytes=1000)
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(head(length=5000, extra="Expect: 100-continue\r\n"))
+        refusal = read_answer(connection)
+        started = time.monotonic()
+        try:
+            connection.sendall(LIVE)
+            after = read_until_closed(connection, timeout_s=4)
+        except (BrokenPipeError, ConnectionResetError):
+            after = b""  # closed already: as good
+        took_s = time.monotonic() - started
+
+    assert refusal.startswith(b"HTTP/1.1 413 ") and b"connection: close\r\n" in refusal.lower()
+    assert after == b"" or after.startswith(b"HTTP/1.1 200 OK")
+    assert took_s < 3
+
+
+def test_a_body_sent_after_an_early_refusal_is_dropped_not_parsed_as_requests(guarded_worker):
+    """A client that does send the body after the 413: its bytes are read and dropped
+    (a lingering close), neither answered as requests nor met with a reset."""
+    worker = guarded_worker(max_body_bytes=1000)
+    smuggled = LIVE * 40  # a body that reads as requests
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(head(path="/v2/models/digits/infer", length=len(smuggled)))
+        refusal = read_answer(connection)
+        connection.sendall(smuggled)
+        after = read_until_closed(connection, timeout_s=4)
+
+    assert refusal.startswith(b"HTTP/1.1 413 ") and b"connection: close\r\n" in refusal.lower()
+    assert after == b""
+
+
+def test_an_overload_refusal_before_the_body_closes_the_connection(guarded_worker):
+    """The body buffer's 503 is given from the headers, the body not read: Connection: close,
+    and the connection ends once answered."""
+    worker = guarded_worker(max_body_buffer_bytes=1_500_000)
+    app = worker.worker.app
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
+        holding.sendall(head(length=1_000_000) + b"[" * 500_000)
+        assert wait_until(lambda: app.body_buffer.held == 1_000_000)
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as second:
+            started = time.monotonic()
+            second.sendall(head(length=1_000_000))
+            answer = read_until_closed(second, timeout_s=4)
+            took_s = time.monotonic() - started
+
+    [(head_part, body)] = split_answers(answer)
+    assert head_part.startswith(b"http/1.1 503 ")
+    assert b"connection: close" in head_part.split(b"\r\n")
+    assert b"SERVING_MAX_BODY_BUFFER_BYTES" in body
+    assert took_s < 3
+
+
+def test_a_body_arriving_in_a_later_read_keeps_the_connection_alive(guarded_worker):
+    """The mark put on a request whose body is still arriving comes off once the body is
+    whole: its answer keeps the connection, which serves the next request."""
+    worker = guarded_worker()
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(head() + BODY[:10])
+        time.sleep(0.2)  # the rest in a later read
+        connection.sendall(BODY[10:])
+        first = read_answer(connection)
+        connection.sendall(LIVE)
+        second = read_answer(connection)
+
+    assert first.startswith(b"HTTP/1.1 200 ") and b"connection: close" not in first.lower()
+    assert second.startswith(b"HTTP/1.1 200 ") and second.endswith(b'{"live":true}')
+
+
+# ---- graceful stop: what a connection pipelined before the close is answered -----------
+
+
+def test_while_draining_pipelined_requests_are_each_answered_and_only_the_last_closes(guarded_worker):
+    """Three inference requests in one write after the drain began: three answers, the
+    last with Connection: close, then end of file. Before, every request was marked to
+    close, the first answer closed the connection, and the two queued were dropped."""
+    worker = guarded_worker()
+    worker.worker.drain.begin()
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall((head() + BODY) * 3)
+        answers = split_answers(read_until_closed(connection))
+
+    assert [head_part.split(b"\r\n", 1)[0] for head_part, _ in answers] == [b"http/1.1 200 ok"] * 3
+    assert [b"connection: close" in head_part.split(b"\r\n") for head_part, _ in answers] == [False, False, True]
+    assert all(orjson.loads(body)["model_name"] == "digits" for _, body in answers)
+    assert len(worker.runs) >= 1
