@@ -4,9 +4,10 @@
    ``ready`` answer 503 ``{"ready": false, "draining": true}``) and its control plane
    reports ``state: "draining"``, but it goes on accepting and serving for
    SERVING_DRAIN_DELAY_S: a load balancer, or Kubernetes' endpoints controller, takes
-   it out of rotation meanwhile, and sending it a request still works. Every response
-   from now on carries ``Connection: close``, so keep-alive clients reconnect, and their
-   new connections go where the balancer now sends them.
+   it out of rotation meanwhile, and sending it a request still works. The answer to
+   the last request each connection has sent from now on carries ``Connection: close``
+   (those it pipelined before are answered first), so keep-alive clients reconnect, and
+   their new connections go where the balancer now sends them.
 2. Then it stops accepting (uvicorn's ``Server.shutdown``): a socket filter stops new
    handshakes, the connections the kernel had already completed are taken in (closing
    the listener would reset them), the listener closes,
