@@ -2,8 +2,11 @@
 
 A Redis that takes connections and never answers (a stopped process, a host out of
 memory) held every request that publishes, with its thread and its database connection,
-for as long as it stayed so. Reads wait longer than channels_redis's 5 s blocking
-receive, which a browser's live feed holds open."""
+for as long as it stayed so. Both connect within CONNECT_TIMEOUT_S; the broker's reads
+wait at most READ_TIMEOUT_S. The Channels layer has no read timeout: with one, a live
+feed's blocking receive, cancelled when its socket closed, could hang the event loop's
+shutdown (seen in the test suite); a request's send to a group is bounded by the caller
+instead (registry/broadcast.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ READ_TIMEOUT_S = 10.0
 
 
 def channel_layers(redis_url: str, prefix: str) -> dict:
-    host = {"address": redis_url, "socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": READ_TIMEOUT_S}
+    host = {"address": redis_url, "socket_connect_timeout": CONNECT_TIMEOUT_S}
     return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
                         "CONFIG": {"hosts": [host], "capacity": 1000, "expiry": 30, "prefix": prefix}}}
 

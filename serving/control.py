@@ -25,8 +25,8 @@
 - The channel is re-joined with back-off (0.5 s doubling to 10 s) that starts again
   from 0.5 s once a connection was made, so a second outage is not waited out at 10 s.
   While connected, the worker joins the group again every quarter of its expiry: a
-  member older than that is dropped at the console's next send. A Redis that takes the
-  connection and never answers is a lost channel after the read timeout.
+  member older than that is dropped at the console's next send. A Redis that does not
+  take the connection within 2 s is a lost channel.
 - An unforeseen error in one pass of the reconcile or report loop is logged and the loop
   goes on; a silent end would leave the worker deaf to the console for good.
 Nothing here runs per request.
@@ -67,10 +67,11 @@ PUSH_RECONCILE_EVERY_S = 1.0
 # day later, and every change reached it only at the next reconcile. It joins again well before.
 GROUP_EXPIRY_S = 86400.0
 REJOINS_PER_EXPIRY = 4
-# Redis reads wait longer than channels_redis's 5 s blocking receive; a Redis that takes
-# connections and never answers is then a lost channel (re-joined), not a silent one.
+# A Redis that does not take the connection is a lost channel (re-joined) after this. No
+# read timeout: with one, a receive cancelled at a graceful stop could hang the loop's
+# shutdown; a Redis that takes connections and never answers leaves the channel silent,
+# and changes arrive at the next reconcile.
 REDIS_CONNECT_TIMEOUT_S = 2.0
-REDIS_READ_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -331,7 +332,7 @@ class ControlPlane:
     async def _listen_once(self, on_joined=lambda: None) -> None:
         from channels_redis.core import RedisChannelLayer
 
-        host = {"address": self.redis_url, "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S, "socket_timeout": REDIS_READ_TIMEOUT_S}
+        host = {"address": self.redis_url, "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S}
         layer = RedisChannelLayer(hosts=[host], prefix=self.channel_prefix, group_expiry=int(self.group_expiry_s), expiry=30)
         channel = await layer.new_channel(prefix="serving-worker.")
         await layer.group_add(SERVING_GROUP, channel)
