@@ -18,15 +18,17 @@ audit: 93 MB to 2.4 GB in 14 s on four connections). Here reading resumes only o
 queue is empty, and a chunk that would queue more than MAX_PIPELINED requests ends the
 connection (the requests it carried are dropped unanswered, as on a disconnect).
 
-A request answered before its body was read (a 413 from the headers, an overload 503, an
-`Expect: 100-continue` refused) leaves its connection out of step: uvicorn kept it alive,
-so a client that, as RFC 9110 allows, skipped the body and sent its next request had that
-request read as the body, and hung until the body deadline. Such an answer now carries
-`Connection: close` and the connection ends with a lingering close (RFC 9112 §9.6): the
-answer, then end of file, then what the client still sends read and dropped until it
-closes (or LINGER_QUIET_S of silence, LINGER_MAX_S in all), so the answer is not lost to a
-reset. Only a request whose body is still arriving at the end of a read is marked; one
-that arrives in one read costs nothing.
+A request answered before its body was read (a 413 from the headers, an overload 503)
+while its client waits for `100 Continue` leaves its connection out of step: uvicorn kept
+it alive, so a client that, as RFC 9110 allows, skipped the body and sent its next request
+had that request read as the body, and hung until the body deadline. Such an answer, and
+one given before a body larger than UNREAD_BODY_READ_UP_TO (read only to be dropped), now
+carries `Connection: close`, and the connection ends with a lingering close (RFC 9112
+§9.6): the answer, then end of file, then what the client still sends read and dropped
+until it closes (or LINGER_QUIET_S of silence, LINGER_MAX_S in all), so the answer is not
+lost to a reset. Any other body the answer came before is read on and dropped, and the
+connection kept. Only a request whose body is still arriving at the end of a read is
+looked at; one that arrives in one read costs nothing.
 
 Graceful stop (serving/drain.py): while draining, only the newest request a connection
 has sent is answered with `Connection: close`; the ones before it, pipelined, keep their
@@ -66,6 +68,9 @@ MAX_PIPELINED = 32
 # connection closes for good (the client normally closes first, having read the answer).
 LINGER_QUIET_S = 1.0
 LINGER_MAX_S = 5.0
+# A body left unread by an answer given before it arrived is read on and dropped, keeping
+# the connection, up to this size; a larger one ends the connection instead.
+UNREAD_BODY_READ_UP_TO = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +109,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._changed_from = True  # ...and its keep_alive as parsed
         self._last = None  # while draining: the newest request, the one answered with Connection: close
         self._unread = None  # the request whose body was still arriving at the end of a read
+        self._body_checked = None  # the last request whose unread body was looked at (once each)
         self._lingering = False
         self._linger_ends = self._linger_quiet_ends = 0.0
         if self.limits.max_connections and len(self.connections) > self.limits.max_connections:
@@ -243,17 +249,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self._timer is None:
                 self._arm(self.limits.header_timeout_s, self._on_header_deadline)
         elif self.cycle is not None and self.cycle.more_body:
-            if self._unread is not self.cycle and not self.cycle.response_started:
-                self._mark_unread(self.cycle)
+            if self._body_checked is not self.cycle:
+                self._body_checked = self.cycle
+                if not self.cycle.response_started and _may_stay_unsent(self.cycle):
+                    self._mark_unread(self.cycle)
             if self._timer is None:
                 self._arm(self.limits.body_timeout_s, self._on_body_deadline)
 
     # ---- keep-alive: while a body is unread, and while draining -----------------------
 
     def _mark_unread(self, cycle) -> None:
-        """Its body is still arriving (this runs after a read, before its app can answer):
-        should it be answered first, the answer says Connection: close and the connection
-        ends with a lingering close instead of reading the rest as the next request."""
+        """Its body is still arriving (this runs after a read, before its app can answer),
+        and its client may not send the rest, or the rest is too large to read only to drop
+        it (``_may_stay_unsent``): should it be answered first, the answer says Connection:
+        close and the connection ends with a lingering close instead of reading the rest
+        as the next request."""
         self._unread = cycle
         self._change(cycle)
 
@@ -365,6 +375,24 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
             cycle.message_event.set()
+
+
+def _may_stay_unsent(cycle) -> bool:
+    """Whether an answer given before this request's body arrived must end its connection.
+    A client waiting for 100 Continue may skip the body it announced (RFC 9110) and send its
+    next request; a body past UNREAD_BODY_READ_UP_TO would be read only to be dropped. Any
+    other body is read on by the parser and dropped, and the connection kept: under
+    overload a client whose body follows its headers in another segment (httpx writes them
+    apart) would otherwise reconnect after every refusal."""
+    if cycle.waiting_for_100_continue:
+        return True
+    for name, value in cycle.scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value) > UNREAD_BODY_READ_UP_TO
+            except ValueError:
+                return True
+    return False  # chunked: read on, under the body deadline
 
 
 class LingerOnClose:
