@@ -97,12 +97,23 @@ def _apply_to_model(model_pk: int, keep: int) -> list[ModelVersion]:
         doomed = model.versions.ready().exclude(number__in=protected).order_by("pk")
         archived = [_archive(version) for version in doomed]
         # An archived version that a rollback could reach again keeps its file all the same.
-        leftovers = {sha256 for sha256 in model.versions.filter(status=VersionStatus.ARCHIVED).exclude(number__in=protected)
-                     .values_list("sha256", flat=True) if storage.exists(sha256)}
+        leftovers = {sha256 for sha256, archived_at in model.versions.filter(status=VersionStatus.ARCHIVED)
+                     .exclude(number__in=protected).values_list("sha256", "archived_at") if _left_behind(sha256, archived_at)}
     # Committed: these versions are archived whatever happens next. Deleted now, not after
     # every model: an outage later in the run must not leave their files behind.
     _delete_unreferenced_files([*(version.sha256 for version in archived), *leftovers])
     return archived
+
+
+def _left_behind(sha256: str, archived_at) -> bool:
+    """The file is the one its version had when archived, still there: not bytes an upload
+    stored again since (its file is newer than the archive, and its row may not have
+    committed yet, so no query would protect it)."""
+    try:
+        modified_s = storage.path_for(sha256).stat().st_mtime
+    except FileNotFoundError:
+        return False
+    return archived_at is not None and modified_s < archived_at.timestamp()
 
 
 def _archive(version: ModelVersion) -> ModelVersion:

@@ -94,6 +94,9 @@ def commit(staged: StagedArtifact) -> bool:
     target = path_for(staged.sha256)
     if target.is_file():
         staged.path.unlink(missing_ok=True)
+        # Stored again now: retention takes a file older than its version's archive for one
+        # an outage left behind, and this one may be about to get a row of its own.
+        os.utime(target)
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(staged.path, target)

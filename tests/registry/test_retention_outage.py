@@ -124,3 +124,17 @@ def test_a_left_file_of_a_version_a_rollback_reaches_again_stays(three_versions,
     tasks.apply_retention()
 
     assert kept(three_versions) == {1: False, 2: True, 3: True, 4: True}
+
+
+def test_a_left_file_whose_bytes_are_uploaded_again_stays_while_the_new_row_is_not_yet_committed(two_models):
+    digits, other = two_models
+    with checking_files():
+        tasks.apply_retention()
+    left = version(digits, 2)
+    assert storage.exists(left.sha256)
+    staged = storage.stage_stream(io.BytesIO(storage.path_for(left.sha256).read_bytes()))
+    storage.commit(staged)  # an upload of the same bytes, its version row not committed yet
+
+    tasks.apply_retention()
+
+    assert storage.exists(left.sha256)
