@@ -12,7 +12,6 @@ lost Redis closes it with 1013 ("try again later") and the page reconnects.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
@@ -24,11 +23,11 @@ from registry.db_unavailable import is_database_unavailable
 logger = logging.getLogger(__name__)
 
 DENIAL_EXTENSION = "websocket.http.response"
-BODY = f"the database is unavailable; retry in {RETRY_AFTER_S} s".encode()
+BODY = "the {} is unavailable; retry in %d s" % RETRY_AFTER_S
 
 
 # What channels_redis raises when Redis refuses, drops or does not answer a call.
-CHANNEL_LAYER_DOWN = (RedisError, OSError, asyncio.TimeoutError)
+CHANNEL_LAYER_DOWN = (RedisError,)  # refused, dropped or timed out: redis-py says so in its own kinds
 
 
 def is_outage(error: BaseException) -> bool:
@@ -69,7 +68,7 @@ class DatabaseOutageGuard:
             if not accepted:
                 logger.warning("%s unavailable on websocket %s: handshake refused (%s)", what, scope.get("path", "")[:200],
                                type(cause).__name__)
-                await refuse(scope, send)
+                await refuse(scope, send, what)
             elif what == "channel layer":
                 logger.warning("channel layer unavailable on websocket %s: closed (%s)", scope.get("path", "")[:200], type(cause).__name__)
                 with contextlib.suppress(Exception):  # the client may have gone already
@@ -78,10 +77,10 @@ class DatabaseOutageGuard:
                 raise
 
 
-async def refuse(scope, send) -> None:
+async def refuse(scope, send, what: str = "database") -> None:
     if DENIAL_EXTENSION in scope.get("extensions", {}):
         headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"retry-after", str(RETRY_AFTER_S).encode())]
         await send({"type": "websocket.http.response.start", "status": 503, "headers": headers})
-        await send({"type": "websocket.http.response.body", "body": BODY})
+        await send({"type": "websocket.http.response.body", "body": BODY.format(what).encode()})
     else:
         await send({"type": "websocket.close", "code": 1013})  # "try again later", for a server without denial responses

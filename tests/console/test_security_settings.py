@@ -318,3 +318,14 @@ def test_celery_takes_json_messages_only_never_pickle():
     from console.celery import app
 
     assert app.conf.accept_content == ["json"] and app.conf.task_serializer == "json"
+
+
+def test_a_client_that_went_away_is_not_taken_for_an_outage_but_redis_refusing_is():
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from uvicorn.protocols.utils import ClientDisconnected
+
+    from console.socket_outage import database_error_in
+
+    assert database_error_in(ClientDisconnected()) is None  # an OSError: a page closed, nothing down
+    assert database_error_in(FileNotFoundError()) is None
+    assert isinstance(database_error_in(RedisConnectionError("Error 111 connecting")), RedisConnectionError)
