@@ -42,16 +42,18 @@ def current_state() -> DesiredState:
 
 def state_at(generation: int, epoch: str) -> dict:
     """The state the console issued as ``generation``."""
-    return build_state(generation, epoch).to_dict()
+    return build_state(generation, epoch, current=serving_counter()[0]).to_dict()
 
 
-def build_state(generation: int, epoch: str) -> DesiredState:
-    """The state of ``generation``, with the digest of its content (the contract version included)."""
+def build_state(generation: int, epoch: str, *, current: int | None = None) -> DesiredState:
+    """The state of ``generation``, with the digest of its content (the contract version
+    included). ``current``: the newest generation, when ``generation`` may be older."""
     models = {}
+    past = current is not None and generation < current
     for model in RegisteredModel.objects.all():
         release = model.releases.filter(generation__lte=generation).order_by("-generation").first()
         if release is not None and not release.is_archive:
-            models[model.name] = model_state(model, release)
+            models[model.name] = model_state(model, release, past=past)
     state = DesiredState(generation=generation, epoch=epoch, models=models)
     return replace(state, digest=state_digest(state))
 
@@ -61,29 +63,32 @@ def issued_digest(generation: int) -> str | None:
     current, epoch = serving_counter()
     if generation > current:
         return None
-    return build_state(generation, epoch).digest
+    return build_state(generation, epoch, current=current).digest
 
 
-def model_state(model: RegisteredModel, release: Release) -> ModelState:
+def model_state(model: RegisteredModel, release: Release, *, past: bool = False) -> ModelState:
     versions = {version.number: version for version in model.versions.all()}
     routed = release.routed_versions()
     routes = tuple(
         Route(version=route["version"], weight=route["weight"], shadow=route.get("shadow"), **_artifact(versions[route["version"]]))
         for route in release.routes
     )
-    # Only versions that had an artifact when the release was made: a rollback chain walked
-    # back past retention's depth names archived ones, whose 410 would fail every worker's
-    # whole state. One archived since (retention, once the release was no longer current)
-    # was in the state as issued, and its digest must not change with today's status.
+    # Only versions with an artifact: a rollback chain walked back past retention's depth
+    # names archived ones, whose 410 would fail every worker's whole state. A past state
+    # (recomputed for its digest only) keeps one archived since its release, as issued:
+    # retention archives a warm version only once its release is no longer current.
     warm = tuple(WarmVersion(version=number, **_artifact(versions[number])) for number in warm_versions(release)
-                 if number not in routed and _had_artifact(versions[number], release))
+                 if number not in routed and _had_artifact(versions[number], release, past))
     return ModelState(routes=routes, warm=warm, batching=batching(model), generation=release.generation)
 
 
-def _had_artifact(version: ModelVersion, release: Release) -> bool:
+def _had_artifact(version: ModelVersion, release: Release, past: bool) -> bool:
     if version.status == VersionStatus.READY:
         return True
-    return version.status == VersionStatus.ARCHIVED and version.archived_at is not None and version.archived_at > release.created_at
+    # Never for the state workers fetch: clocks of two processes decide, and a wrong call
+    # there would be a 410 for every worker, where here it is at worst another digest.
+    return (past and version.status == VersionStatus.ARCHIVED and version.archived_at is not None
+            and version.archived_at > release.created_at)
 
 
 def warm_versions(release: Release) -> list[int]:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import io
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.core.management import call_command
+from django.utils import timezone
 
 from registry.actions import releases, uploads
 from registry.actions.retention import apply_retention
 from registry.artifacts import storage
-from registry.fleet.state import issued_digest
 from registry.building.onnx_build import random_mlp, to_bytes
+from registry.fleet.state import issued_digest
 from registry.models import ModelVersion
 
 pytestmark = pytest.mark.django_db
@@ -163,3 +165,14 @@ def test_a_state_s_digest_does_not_change_when_retention_later_archives_a_versio
 
     assert [version.number for version in archived] == [1]
     assert {generation: issued_digest(generation) for generation in (1, 2, 3)} == issued
+
+
+def test_the_state_workers_fetch_never_lists_an_archived_version_whatever_the_clocks_say(three_versions, worker_client):
+    releases.set_routes(three_versions, [{"version": 2, "weight": 100}], AnonymousUser())  # keeps v1 warm
+    v1 = three_versions.versions.get(number=1)
+    v1.status, v1.archived_at = "archived", timezone.now() + timedelta(hours=1)  # a clock ahead: "after" the release
+    v1.save()
+
+    state = worker_client.get("/api/serving/state").json()
+
+    assert state["models"]["digits"]["warm"] == []

@@ -9,6 +9,7 @@ import msgpack
 import orjson
 import pytest
 
+from registry import broadcast
 from registry.fleet import publish
 from registry.fleet.state import desired_state, issued_digest, state_at
 from registry.models import ServingGeneration
@@ -99,7 +100,7 @@ def test_every_published_state_is_signed_with_the_worker_key(operator_client, th
         async def group_send(self, group, message):
             sent.append((group, message))
 
-    monkeypatch.setattr(publish, "get_channel_layer", Layer)
+    monkeypatch.setattr(broadcast, "get_channel_layer", Layer)
 
     publish.publish_desired_state()
 
