@@ -9,7 +9,8 @@ from urllib.parse import urlparse
 import pytest
 
 pytest_plugins = ["tests.fixtures.personas", "tests.fixtures.onnx_files", "tests.fixtures.store", "tests.fixtures.jobs", "tests.fixtures.job_world",
-                  "tests.fixtures.postgres_cluster", "tests.fixtures.netns", "tests.fixtures.quick_hashing"]
+                  "tests.fixtures.postgres_cluster", "tests.fixtures.netns", "tests.fixtures.quick_hashing",
+                  "tests.fixtures.redis_server"]
 
 
 def _reachable(url: str, default_port: int) -> bool:

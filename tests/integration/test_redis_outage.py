@@ -10,24 +10,18 @@ the shared one."""
 from __future__ import annotations
 
 import collections
-import shutil
-import signal
-import socket
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from django.db import connection
 
-from tools.stack import free_port, running_stack, wait_until
+from tools.stack import running_stack, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 ROW = [0.5] * 16
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 RECONCILE_INTERVAL_S = 30.0  # far longer than the bound below: only the channel can be fast enough
 # Re-join attempts come 0.5, 1.5, 3.5, 7.5 s after the loss. The first outage ends about
 # 1 s before the 7.5 s attempt, leaving the back-off at 8 s; the second is short. From
@@ -37,39 +31,6 @@ RECONCILE_INTERVAL_S = 30.0  # far longer than the bound below: only the channel
 # about 7 s after Redis is back from the second.
 OUTAGES_S = (6.5, 1.0)
 CONVERGED_AFTER_REDIS_S = 4.0
-
-
-class RedisServer:
-    """A redis-server of this test: no persistence, loopback only, stopped by PID."""
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        command = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.directory)]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        if not wait_until(self._answers, 10):
-            raise RuntimeError(f"redis-server on port {self.port} did not answer PING")
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-    def _answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as probe:
-                probe.sendall(b"PING\r\n")
-                return probe.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
 
 
 class SteadyLoad:
@@ -98,14 +59,6 @@ class SteadyLoad:
                     except httpx.HTTPError as error:
                         status = type(error).__name__
                     self.statuses[status] += 1
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -11,14 +11,14 @@ import logging
 
 import httpx
 import pytest
+from serving_testkit import make_config, state
 
 from serving.console_client import ArtifactError, ArtifactRefused, ConsoleClient, artifact_location
-from serving.control import Applied, ControlPlane
 from serving.contract import CONTRACT_VERSION, WORKER_KEY_HEADER, ContractError
+from serving.control import Applied, ControlPlane
 from serving.serving_plan import parse_state
 from serving.state_signing import sign_state, signing_key, state_digest
 from serving.worker import Worker
-from serving_testkit import make_config, state
 from tests.fixtures.recording_host import RecordingHost
 
 TOKEN = "worker-token-for-tests"
@@ -363,14 +363,6 @@ def test_a_local_path_in_a_pushed_state_is_refused_by_default(tmp_path):
 # ---- the push channel, on a Redis of this test ------------------------------------------
 
 
-@pytest.fixture
-def redis_server(tmp_path):
-    from tests.integration.test_redis_outage import RedisServer
-
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 async def test_a_worker_joined_for_longer_than_the_group_expiry_still_hears_pushes(tmp_path, console, redis_server):
