@@ -12,6 +12,7 @@ fresh embedded server when ``REDIS_URL`` is unset, and at the given one otherwis
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import socket
 import subprocess
@@ -28,7 +29,21 @@ READY_TIMEOUT_S = 10.0
 PASSWORD_FILE = "redis_password"
 
 
+# Below Linux's ephemeral range (32768-60999 by default): a port the kernel hands out for
+# bind(0) is one any outgoing connection may take as its own before the server binds it,
+# which once stopped a test's stack with "port already taken".
+PICKED_FROM = range(20000, 32000)
+
+
 def free_port() -> int:
+    """A loopback port free now, outside the ephemeral range when one there is free."""
+    for port in random.sample(PICKED_FROM, 64):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

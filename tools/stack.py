@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from console.embedded_redis import free_port  # noqa: F401 - the stack's ports, picked as runstack picks them
 from console.processes import CONSOLE_HTTP_OPTIONS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -29,10 +29,6 @@ START_TIMEOUT_S = 60.0
 VERDICT_TIMEOUT_S = 120.0  # a validation job: the queue ahead of it and INSPECTION_TIMEOUT_S
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def database_url(settings_dict: dict) -> str:
