@@ -23,7 +23,7 @@ from registry.db_unavailable import is_database_unavailable
 logger = logging.getLogger(__name__)
 
 DENIAL_EXTENSION = "websocket.http.response"
-BODY = "the {} is unavailable; retry in %d s" % RETRY_AFTER_S
+
 
 
 # What channels_redis raises when Redis refuses, drops or does not answer a call.
@@ -81,6 +81,6 @@ async def refuse(scope, send, what: str = "database") -> None:
     if DENIAL_EXTENSION in scope.get("extensions", {}):
         headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"retry-after", str(RETRY_AFTER_S).encode())]
         await send({"type": "websocket.http.response.start", "status": 503, "headers": headers})
-        await send({"type": "websocket.http.response.body", "body": BODY.format(what).encode()})
+        await send({"type": "websocket.http.response.body", "body": f"the {what} is unavailable; retry in {RETRY_AFTER_S} s".encode()})
     else:
         await send({"type": "websocket.close", "code": 1013})  # "try again later", for a server without denial responses

@@ -19,34 +19,11 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from serving.batch_observer import BatchObserver
-from serving.batch_policy import (
-    Decision,
-    LatencyModel,
-    PendingRequest,
-    QueuePace,
-    next_batch,
-    predicted_delay_s,
-)
-from serving.batch_run import (
-    Outputs,
-    RunFn,
-    answer,
-    fail,
-    fail_each,
-    model_failed,
-    request_error,
-    run_batch,
-)
+from serving.batch_policy import Decision, LatencyModel, PendingRequest, QueuePace, next_batch, predicted_delay_s
+from serving.batch_run import Outputs, RunFn, answer, fail, fail_each, model_failed, request_error, run_batch
 from serving.contract import BatchPolicy
 from serving.dispatch import DispatchThreads, EngineGate
-from serving.errors import (
-    BadRequest,
-    DeadlineExceeded,
-    ModelFailed,
-    NotReady,
-    QueueFull,
-    ServingError,
-)
+from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull, ServingError
 from serving.run_stop import RunStop
 
 logger = logging.getLogger("serving.batcher")

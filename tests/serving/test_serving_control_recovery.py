@@ -298,29 +298,12 @@ async def test_a_replayed_push_asks_the_console_at_most_once_a_second_however_of
 @pytest.fixture
 def torn_console(mlp_v1, mlp_v2):
     """A real HTTP console whose state names version 2's routes under version 1's digest."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from test_api_keys_persisted import Console as HttpConsole
 
     honest = desired(3, [(1, 100)], mlp_v1, mlp_v2)
-    torn = {**desired(3, [(2, 100)], mlp_v1, mlp_v2), "digest": honest["digest"]}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps(torn).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    console = HttpConsole({**desired(3, [(2, 100)], mlp_v1, mlp_v2), "digest": honest["digest"]}, [])
+    yield console.url
+    console.go_down()
 
 
 async def test_a_worker_does_not_serve_a_start_up_state_whose_digest_does_not_match_its_content(torn_console, tmp_path, caplog):
