@@ -190,7 +190,17 @@ def _worker_convergence(worker: Worker, release: Release | None, generation: int
 class IssuedDigests(dict):
     """generation → the digest this console issued for it (None: not issued), each
     computed once: a state is recomputed from the releases, which costs queries. "Not
-    issued" is not kept, since a poll may see that generation issued a moment later."""
+    issued" is not kept, since a poll may see that generation issued a moment later.
+    ``epoch`` is this database's, read once too: a page or a scrape judges every worker
+    with one of these, and a read per worker made it N+1 queries."""
+
+    _epoch: str | None = None
+
+    @property
+    def epoch(self) -> str:
+        if self._epoch is None:
+            self._epoch = serving_counter()[1]
+        return self._epoch
 
     def __missing__(self, generation: int) -> str | None:
         digest = issued_digest(generation)
@@ -212,7 +222,7 @@ def proven_generation(worker: Worker, digests: IssuedDigests) -> int | None:
     """The generation whose issued content ``worker`` serves, proved by a digest; None
     when nothing it sent proves any."""
     report = worker.last_report if isinstance(worker.last_report, dict) else {}
-    if report.get("epoch") and report["epoch"] != serving_counter()[1]:
+    if report.get("epoch") and report["epoch"] != digests.epoch:
         return None  # another database's generation numbers name other states (served_generation counts it as 0 too)
     reported = report.get("generation")
     # Only an ok ack sets a generation above the report's, and an ack is stored only

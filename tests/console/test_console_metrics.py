@@ -4,10 +4,13 @@ each model's release, jobs and versions as Prometheus gauges, computed on scrape
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from registry.domain.choices import JobKind, JobStatus
+from registry.fleet.state import serving_counter
 from registry.models import Job
 from tests.console.conftest import report_from
 
@@ -94,6 +97,30 @@ def test_a_worker_whose_last_report_said_it_stopped_is_counted_stopped_not_conve
     worker.save()
 
     assert worker_counts(scrape()) == {"converged": 0, "behind": 0, "failing": 0, "gone": 0, "stopped": 1}
+
+
+def scrape_queries() -> int:
+    with CaptureQueriesContext(connection) as queries:
+        scrape()
+    return len(queries)
+
+
+def test_a_scrape_reads_the_fleet_in_as_many_queries_for_thirty_workers_as_for_three(metrics_token, canary_digits):
+    generation, epoch = canary_digits.current_release().generation, serving_counter()[1]
+
+    def report_with_epoch(worker_id: str) -> None:
+        worker = report_from(worker_id, generation=generation, versions=[])
+        worker.last_report = {**worker.last_report, "epoch": epoch}
+        worker.save()
+
+    for index in range(3):
+        report_with_epoch(f"w{index}")
+    with_three = scrape_queries()
+    for index in range(3, 30):
+        report_with_epoch(f"w{index}")
+
+    assert scrape_queries() == with_three
+    assert worker_counts(scrape())["converged"] == 30
 
 
 def worker_counts(samples: dict) -> dict[str, float]:
