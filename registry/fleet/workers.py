@@ -87,25 +87,48 @@ def record_report(message: dict, key: str | None = None) -> Worker:
         report = WorkerReport.parse(message)
     except ContractError as error:
         raise ReportRefused(str(error)) from None
-    identity = report.worker
+    worker_id, fields = report.worker.id, reported_fields(report)
     with transaction.atomic():
-        known = Worker.objects.select_for_update().filter(worker_id=identity.id).first()
-        worker_keys.check(known, identity.id, key)
-        worker, _ = Worker.objects.update_or_create(
-            worker_id=identity.id,
-            defaults={
-                "host": identity.host,
-                "pid": identity.pid,
-                "url": identity.url,
-                "device": identity.device,
-                "generation": served_generation(report),
-                "loaded": [entry.to_dict() for entry in report.loaded],
-                "last_report": report.to_dict(),
-                "last_seen_at": timezone.now(),
-                **worker_keys.claimed(known, key),
-            },
-        )
+        worker = locked_worker(worker_id, fields, key)
+        worker_keys.check(worker, worker_id, key)
+        fields.update(worker_keys.claimed(worker, key))
+        for name, value in fields.items():
+            setattr(worker, name, value)
+        worker.save(update_fields=list(fields))
     return worker
+
+
+def reported_fields(report: WorkerReport) -> dict:
+    """What an accepted report sets on its worker's row."""
+    identity = report.worker
+    return {
+        "host": identity.host,
+        "pid": identity.pid,
+        "url": identity.url,
+        "device": identity.device,
+        "generation": served_generation(report),
+        "loaded": [entry.to_dict() for entry in report.loaded],
+        "last_report": report.to_dict(),
+        "last_seen_at": timezone.now(),
+    }
+
+
+def locked_worker(worker_id: str, fields: dict, key: str | None) -> Worker:
+    """The row of ``worker_id``, locked until the transaction ends; a new id's row is
+    inserted first, claimed by ``key``. Locking alone is not enough for a new id: two
+    first reports found no row to lock, both passed the key check, and the second's
+    write replaced the first's claim, so the last key held the id and both were accepted."""
+    # Looked for first: a known worker (nearly every report) costs no insert, and
+    # PostgreSQL draws an id from the sequence even for an insert that does nothing.
+    worker = Worker.objects.select_for_update().filter(worker_id=worker_id).first()
+    if worker is not None:
+        return worker
+    # ON CONFLICT DO NOTHING: a racing first insert of the same id makes this one wait
+    # for it to commit and then insert nothing, so exactly one key's claim is stored and
+    # the lock below finds that row (its key checked by the caller).
+    claim = Worker(worker_id=worker_id, **fields, **worker_keys.claimed(None, key))
+    Worker.objects.bulk_create([claim], ignore_conflicts=True)
+    return Worker.objects.select_for_update().get(worker_id=worker_id)
 
 
 def served_generation(report: WorkerReport) -> int:
