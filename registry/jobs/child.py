@@ -33,7 +33,9 @@ POLL_S = 0.25
 STOP_GRACE_S = 0.5
 MAX_LINE_BYTES = 1 << 20
 INHERITED = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
-SECRET_SERVING_VARIABLES = {"SERVING_WORKER_TOKEN"}
+# The token, and the file holding it (serving/env.py reads NAME_FILE first): a child that
+# loads an uploaded model is told neither where the secret is nor what it is.
+SECRET_SERVING_VARIABLES = {"SERVING_WORKER_TOKEN", "SERVING_WORKER_TOKEN_FILE"}
 CHILD_MAX_FILE_BYTES = 8 * 1024 * 1024  # a benchmark or an evaluation writes no file of its own
 
 
