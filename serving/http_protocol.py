@@ -95,7 +95,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     keepers: Keepers = Keepers()  # the listen queue's keepers count what the loop accepts (serving/listen_queue.py)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.keepers.accepted()
+        self.keepers.accepted(transport)
         super().connection_made(transport)
         self._timer: asyncio.TimerHandle | None = None
         self._awaiting_headers = True

@@ -84,7 +84,11 @@ RETURN_CHECK_BACK_OFF = 4  # new clients kept arriving: the next pause waits thi
 RETURN_CHECK_MAX_EVERY_S = 8.0  # and no longer than this
 READ_LIMIT = 64 * 1024  # what of a refused request is read (so the close is not a reset), never parsed
 LOG_EVERY_S = 1.0
-ACCEPTED, REFUSED, SATURATED, CLOSED = 0, 1, 2, 3  # slots of the shared page: the keeper writes REFUSED, the worker the rest
+# Slots of the shared page: the keeper writes REFUSED, the worker the rest. ACCEPTED and
+# CLOSED count the worker's connections on all its listeners (the cap is the worker's);
+# ACCEPTED_HERE counts those taken from this keeper's listener, its queue's pace.
+ACCEPTED, REFUSED, SATURATED, CLOSED, ACCEPTED_HERE = 0, 1, 2, 3, 4
+WILDCARD_HOSTS = ("0.0.0.0", "::")
 LINGER_S = 1.0  # how long a refused connection waits for its client to close
 LINGER_TICK_S = 0.1
 MAX_LINGERING = 4096
@@ -366,7 +370,7 @@ def keep(listener: socket.socket, counters: memoryview, parent_fd: int, wait_s: 
         queued, now = queue_length(listener), time.monotonic()
         lingering.expire(now)
         returning = pace.returning
-        pace.observe(now, queued, counters[ACCEPTED], counters[REFUSED])
+        pace.observe(now, queued, counters[ACCEPTED_HERE], counters[REFUSED])
         if pace.returning != returning and queued:
             logger.warning(event("refused_clients_return" if pace.returning else "new_clients_arrive", queued=queued,
                                  refusing_by_pace=not pace.returning))
@@ -410,8 +414,9 @@ class RefusalLog:
 class Keeper:
     """The worker's side: the shared counters, the child process, and how to stop it."""
 
-    def __init__(self, process: subprocess.Popen, counters: memoryview, stop_fd: int, shared: mmap.mmap):
+    def __init__(self, process: subprocess.Popen, counters: memoryview, stop_fd: int, shared: mmap.mmap, host: str = ""):
         self.process, self.counters, self._stop_fd, self._shared = process, counters, stop_fd, shared
+        self.host = host  # the address its listener is bound to
         self._reported_death = False
 
     @classmethod
@@ -441,10 +446,22 @@ class Keeper:
         finally:
             os.close(read_end)
             os.close(counter_fd)
-        return cls(process, memoryview(shared).cast("Q"), stop_fd, shared)
+        return cls(process, memoryview(shared).cast("Q"), stop_fd, shared, listener.getsockname()[0])
 
-    def accepted(self) -> None:
+    def accepted(self, here: bool = True) -> None:
+        """The worker took a connection: from this keeper's listener when ``here``."""
         self.counters[ACCEPTED] += 1
+        if here:
+            self.counters[ACCEPTED_HERE] += 1
+
+    def listens_on(self, local_address: tuple | None) -> bool:
+        """Whether a connection whose local end is ``local_address`` came through this listener."""
+        if not local_address:
+            return False
+        host = local_address[0]
+        if self.host in WILDCARD_HOSTS:  # one wildcard listener a family: tell the families apart
+            return (":" in host) == (":" in self.host)
+        return host == self.host
 
     def closed(self) -> None:
         self.counters[CLOSED] += 1
@@ -495,9 +512,18 @@ class Keepers:
             logger.info(event("listen_queue_kept", keepers=len(self._keepers), wait_s=self.wait_s,
                               pids=[keeper.process.pid for keeper in self._keepers]))
 
-    def accepted(self) -> None:
+    def accepted(self, transport=None) -> None:
+        """The worker took a connection (``transport``'s): each keeper counts it as open,
+        and the one whose listener it came through counts it in its pace. A host name
+        with IPv4 and IPv6 addresses gives a worker two listeners, and one queue's pace
+        must not count what the other's loop took."""
+        if len(self._keepers) <= 1:  # the usual one listener (or none): no address to look up
+            for keeper in self._keepers:
+                keeper.accepted()
+            return
+        local = transport.get_extra_info("sockname") if transport is not None else None
         for keeper in self._keepers:
-            keeper.accepted()
+            keeper.accepted(here=keeper.listens_on(local))
 
     def closed(self) -> None:
         for keeper in self._keepers:

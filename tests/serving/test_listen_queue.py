@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,6 +34,7 @@ from serving.listen_queue import (
     SUSTAINED_WAIT_S,
     AcceptPace,
     Keeper,
+    Keepers,
     Lingering,
     queue_length,
     refuse,
@@ -451,6 +453,67 @@ def test_a_keeper_refuses_in_milliseconds_what_a_stalled_loop_cannot_take_and_ke
         keeper.stop()
         for client in clients:
             client.close()
+
+
+class AcceptedEnd:
+    """What the worker's protocol hands its keepers for a connection it took: a transport's view of it."""
+
+    def __init__(self, connection: socket.socket):
+        self.sockname = connection.getsockname()
+
+    def get_extra_info(self, name: str):
+        return self.sockname if name == "sockname" else None
+
+
+def busy_listener_taken_by_the_loop(listener, keepers: Keepers, stop) -> None:
+    """Clients (another process, so this one's GIL is the loop's) connect to ``listener``,
+    400 a second for at most 10 s (few enough to leave the ephemeral ports alone), and the
+    loop takes each at once."""
+    host, port = listener.getsockname()
+    clients = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import socket, time
+        start = time.monotonic()
+        for i in range(4000):
+            time.sleep(max(start + i / 400 - time.monotonic(), 0))
+            socket.create_connection(({host!r}, {port}), timeout=5).close()
+    """)])
+    listener.settimeout(0.05)
+    try:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            keepers.accepted(AcceptedEnd(connection))
+            connection.close()
+    finally:
+        clients.kill()
+        clients.wait()
+
+
+def test_a_listener_s_keeper_paces_by_what_the_loop_takes_from_it_not_from_the_worker_s_other_listener():
+    # A host name with two addresses gives the worker two listeners. The loop takes one's
+    # clients at once while the other's queue stalls: that queue's keeper must see its own
+    # loop take nothing, and refuse what cannot wait, as for a worker with one listener.
+    busy, stalled = socket.socket(), socket.socket()
+    for sock, host in ((busy, "127.0.0.1"), (stalled, "127.0.0.2")):
+        sock.bind((host, 0))
+        sock.listen(1024)
+    keepers, stop, clients = Keepers(wait_s=1.0, log_level="error"), threading.Event(), []
+    keepers.start([busy, stalled])
+    taking = threading.Thread(target=busy_listener_taken_by_the_loop, args=(busy, keepers, stop), daemon=True)
+    taking.start()
+    try:
+        time.sleep(0.5)  # the busy listener's pace is established
+        clients = connect_and_send(stalled.getsockname(), 60)
+        refused = [status_line(client, 2.0) for client in clients[: 60 - KEEP_AT_LEAST]]
+    finally:
+        stop.set()
+        taking.join(10)
+        keepers.stop()
+        for sock in [busy, stalled, *clients]:
+            sock.close()
+    assert refused == [b"HTTP/1.1 503 Service Unavailable"] * (60 - KEEP_AT_LEAST)
 
 
 def burst_of_held_connections(address, count: int, spread_s: float = 0.0) -> subprocess.Popen:
