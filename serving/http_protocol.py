@@ -7,7 +7,7 @@ headers or a body may take to arrive nor their size, so a client that declares a
 length and never sends it held its connection and its in-flight slot forever. Here a
 connection past its deadline gets 408 and is closed, and the ASGI app's `receive()`
 returns `http.disconnect`, so the request is dropped and its slot freed; headers past
-the cap get 431; a connection beyond the cap gets 503 and is closed. The deadline timer
+the cap get 431; a connection beyond the cap gets 503 and a lingering close (below). The deadline timer
 is armed only when a chunk leaves headers or body incomplete, so a request that
 arrives in one read costs no timer.
 
@@ -28,7 +28,10 @@ carries `Connection: close`, and the connection ends with a lingering close (RFC
 until it closes (or LINGER_QUIET_S of silence, LINGER_MAX_S in all), so the answer is not
 lost to a reset. Any other body the answer came before is read on and dropped, and the
 connection kept. Only a request whose body is still arriving at the end of a read is
-looked at; one that arrives in one read costs nothing.
+looked at; one that arrives in one read costs nothing. The cap's 503 is given before
+anything is read: its client may be mid-upload, so it ends with the same lingering close
+(a plain close with the body unread was a reset, and the client's send failed before it
+read the 503), unless MAX_LINGERING_REFUSALS already linger.
 
 Graceful stop (serving/drain.py): while draining, only the newest request a connection
 has sent is answered with `Connection: close`; the ones before it, pipelined, keep their
@@ -71,6 +74,10 @@ LINGER_MAX_S = 5.0
 # A body left unread by an answer given before it arrived is read on and dropped, keeping
 # the connection, up to this size; a larger one ends the connection instead.
 UNREAD_BODY_READ_UP_TO = 64 * 1024
+# Connections past the cap that may be open at once, lingering after their 503; past this,
+# a refusal closes at once (a reset if its client was sending), so that clients that never
+# close cannot take the open files the cap leaves for models, logs and the console.
+MAX_LINGERING_REFUSALS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +120,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._lingering = False
         self._linger_ends = self._linger_quiet_ends = 0.0
         if self.limits.max_connections and len(self.connections) > self.limits.max_connections:
-            metrics.count_connection_refused_at_cap()
-            self._refuse(503, "too many open connections; retry later", b"retry-after: 1\r\n")
+            self._refuse_past_cap(len(self.connections) - self.limits.max_connections)
             return
         self._arm(self.limits.header_timeout_s, self._on_header_deadline)
 
@@ -351,13 +357,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, message: str, extra_headers: bytes = b"") -> None:
         """Answer from the protocol (no ASGI app involved) and close the connection."""
+        self._write_refusal(status, message, extra_headers)
+        self._drop_cycle()
+        self.transport.close()
+
+    def _refuse_past_cap(self, open_past_cap: int) -> None:
+        """503 before anything is read, then a lingering close: the client may be sending a
+        body already, and a close with it unread is a reset that fails its send before it
+        reads the 503. Counted once here; what it sends while lingering is never parsed."""
+        metrics.count_connection_refused_at_cap()
+        self._write_refusal(503, "too many open connections; retry later", b"retry-after: 1\r\n")
+        if open_past_cap <= MAX_LINGERING_REFUSALS:
+            self._linger()
+        else:
+            self.transport.close()
+
+    def _write_refusal(self, status: int, message: str, extra_headers: bytes) -> None:
         body = orjson.dumps({"error": message})
         head = b"%scontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n%s\r\n" % (
             STATUS_LINE[status], len(body), extra_headers)
         if not self.transport.is_closing() and not self._lingering:
             self.transport.write(head + body)
-        self._drop_cycle()
-        self.transport.close()
 
     def _abandon_pipeline(self) -> None:
         """Close, the request being answered and every queued one dropped as on a disconnect

@@ -14,6 +14,7 @@ import orjson
 import pytest
 from serving_testkit import route, state, v2_body, wait_until
 
+from serving import http_protocol
 from serving.http_protocol import CoalescingTransport, listen_backlog
 
 
@@ -389,7 +390,84 @@ def test_connections_past_the_cap_get_503_and_are_closed(guarded_worker, client)
     assert answer.startswith(b"HTTP/1.1 503 ")
     assert b"retry-after: 1" in answer
     assert wait_until(lambda: len(worker.server.server_state.connections) == 0)
+    assert worker.runs == []  # its request, whole before the refusal, was never read
     assert client.post(worker.url + INFER, content=BODY).status_code == 200
+
+
+BIG_BODY = b"[" * (4 * 2**20)  # larger than the kernel's buffers: the client is still sending when refused
+
+
+def test_a_client_mid_upload_past_the_connection_cap_reads_its_503(guarded_worker):
+    """The refusal is written before the body is read: closing at once, with the body
+    unread, was a reset, and the client's send failed before it could read the 503."""
+    worker = guarded_worker(max_connections=2, header_timeout_s=5.0)
+    held = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(2)]
+    try:
+        assert wait_until(lambda: len(worker.server.server_state.connections) == 2)
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as extra:
+            extra.sendall(head(length=len(BIG_BODY)) + BIG_BODY)  # raises on a reset
+            answer = read_until_closed(extra)
+    finally:
+        for connection in held:
+            connection.close()
+
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b"retry-after: 1" in answer
+    assert wait_until(lambda: len(worker.server.server_state.connections) == 0)
+    assert worker.runs == []
+
+
+def test_a_refused_client_that_never_stops_sending_is_cut_at_the_linger_bound(guarded_worker, monkeypatch):
+    """A lingering refusal reads what still comes, but for LINGER_MAX_S at most."""
+    monkeypatch.setattr(http_protocol, "LINGER_QUIET_S", 0.3)
+    monkeypatch.setattr(http_protocol, "LINGER_MAX_S", 0.5)
+    worker = guarded_worker(max_connections=2, header_timeout_s=5.0)
+    connections = worker.server.server_state.connections
+    held = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(2)]
+    try:
+        assert wait_until(lambda: len(connections) == 2)
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as extra:
+            extra.sendall(head(length=10**9))
+            assert wait_until(lambda: len(connections) == 3)
+            started = time.monotonic()  # the refusal lingers from about here
+            while len(connections) > 2 and time.monotonic() - started < 5:
+                try:
+                    extra.sendall(b"[" * 1000)  # never quiet for LINGER_QUIET_S
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                time.sleep(0.05)
+            took_s = time.monotonic() - started
+    finally:
+        for connection in held:
+            connection.close()
+
+    assert 0.4 < took_s < 2
+    assert wait_until(lambda: len(connections) == 0)
+    assert worker.runs == []
+
+
+def test_past_the_lingering_bound_a_refusal_closes_at_once(guarded_worker, monkeypatch):
+    """A refusal that lingers holds an open file until its client closes: clients that never
+    close must not take the files the cap leaves for the rest of the worker."""
+    monkeypatch.setattr(http_protocol, "MAX_LINGERING_REFUSALS", 1)
+    monkeypatch.setattr(http_protocol, "LINGER_QUIET_S", 30.0)
+    worker = guarded_worker(max_connections=2, header_timeout_s=5.0)
+    connections = worker.server.server_state.connections
+    clients = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(2)]
+    try:
+        assert wait_until(lambda: len(connections) == 2)
+        clients += [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(2)]
+        # Each refused client reads its 503 and end of file (written whether it lingers or not), and stays.
+        assert read_until_closed(clients[2]).startswith(b"HTTP/1.1 503 ")
+        assert read_until_closed(clients[3]).startswith(b"HTTP/1.1 503 ")
+        assert wait_until(lambda: len(connections) == 3)  # the first lingers, the second was closed at once
+        time.sleep(0.1)
+        assert len(connections) == 3
+    finally:
+        for connection in clients:
+            connection.close()
+
+    assert wait_until(lambda: len(connections) == 0)  # a lingering refusal ends when its client closes
 
 
 def test_a_refusal_past_the_connection_cap_is_counted_in_metrics(guarded_worker):
