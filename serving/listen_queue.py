@@ -337,9 +337,12 @@ def refuse(listener: socket.socket, count: int, lingering: Lingering | None = No
             connection.send(answer, socket.MSG_DONTWAIT)
         except OSError:
             arrived = -1
-        if arrived or lingering is None:  # its request was read (or it is gone): nothing more will come
+        # Read whole (or gone): nothing more will come. Nothing yet, or a buffer's worth (an
+        # upload still coming): close once its client has read the 503 and closed, since a
+        # close with bytes unread is a reset that fails the client's send before it reads.
+        if lingering is None or arrived == -1 or 0 < arrived < READ_LIMIT:
             connection.close()
-        else:  # its request may still come: close once its client has read the 503 and closed
+        else:
             lingering.add(connection, now)
         refused += 1
     return refused

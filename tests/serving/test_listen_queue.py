@@ -388,6 +388,24 @@ def test_a_client_that_writes_after_its_refusal_still_reads_the_503_and_a_clean_
     assert wait_until(lambda: (lingering.service(), len(lingering))[1] == 0, 2)  # closed once its client closed
 
 
+def test_a_client_still_uploading_when_refused_finishes_its_send_and_reads_the_503(listener):
+    # More than READ_LIMIT had arrived when its connection was refused: a close with the
+    # rest unread was a reset, and the client's send failed before it read its 503.
+    client = socket.create_connection(listener.getsockname(), timeout=5)
+    body = b"[" * (4 * 2**20)
+    sent = ThreadPoolExecutor(1).submit(client.sendall, b"POST /predict HTTP/1.1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    assert wait_until(lambda: queue_length(listener) == 1, 2)
+    time.sleep(0.1)  # the kernel's buffers fill: more than READ_LIMIT is waiting
+    lingering = Lingering()
+    assert refuse(listener, 1, lingering) == 1
+    while not sent.done() and len(lingering):
+        lingering.service()  # the keeper's loop: what still comes is read and dropped
+        time.sleep(0.001)
+    sent.result(timeout=5)  # raises ConnectionResetError / BrokenPipeError on a reset
+    assert status_line(client) == b"HTTP/1.1 503 Service Unavailable"
+    client.close()
+
+
 def test_a_lingering_connection_is_closed_after_its_time_whatever_its_client_does(listener):
     client = socket.create_connection(listener.getsockname(), timeout=5)
     assert wait_until(lambda: queue_length(listener) == 1, 2)
