@@ -113,22 +113,31 @@ def reported_fields(report: WorkerReport) -> dict:
     }
 
 
+CLAIM_ATTEMPTS = 3
+
+
 def locked_worker(worker_id: str, fields: dict, key: str | None) -> Worker:
     """The row of ``worker_id``, locked until the transaction ends; a new id's row is
     inserted first, claimed by ``key``. Locking alone is not enough for a new id: two
     first reports found no row to lock, both passed the key check, and the second's
     write replaced the first's claim, so the last key held the id and both were accepted."""
-    # Looked for first: a known worker (nearly every report) costs no insert, and
-    # PostgreSQL draws an id from the sequence even for an insert that does nothing.
-    worker = Worker.objects.select_for_update().filter(worker_id=worker_id).first()
-    if worker is not None:
-        return worker
-    # ON CONFLICT DO NOTHING: a racing first insert of the same id makes this one wait
-    # for it to commit and then insert nothing, so exactly one key's claim is stored and
-    # the lock below finds that row (its key checked by the caller).
-    claim = Worker(worker_id=worker_id, **fields, **worker_keys.claimed(None, key))
-    Worker.objects.bulk_create([claim], ignore_conflicts=True)
-    return Worker.objects.select_for_update().get(worker_id=worker_id)
+    locked = Worker.objects.select_for_update().filter(worker_id=worker_id)
+    for _ in range(CLAIM_ATTEMPTS):
+        # Looked for first: a known worker (nearly every report) costs no insert, and
+        # PostgreSQL draws an id from the sequence even for an insert that does nothing.
+        worker = locked.first()
+        if worker is not None:
+            return worker
+        # ON CONFLICT DO NOTHING: a racing first insert of the same id makes this one wait
+        # for it to commit and then insert nothing, so exactly one key's claim is stored and
+        # the lock below finds that row (its key checked by the caller).
+        claim = Worker(worker_id=worker_id, **fields, **worker_keys.claimed(None, key))
+        Worker.objects.bulk_create([claim], ignore_conflicts=True)
+        worker = locked.first()
+        if worker is not None:
+            return worker
+        # The racing insert's row was forgotten (forget_worker) before the lock: again.
+    raise RuntimeError(f"worker {worker_id[:SHOWN_ID_CHARS]!r}: its row vanished {CLAIM_ATTEMPTS} times while being claimed")
 
 
 def served_generation(report: WorkerReport) -> int:

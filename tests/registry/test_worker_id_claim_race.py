@@ -6,8 +6,12 @@ overwrote the first's claim, each answered 2xx."""
 
 from __future__ import annotations
 
-import pytest
+import threading
 
+import pytest
+from django.db import connection
+
+from registry.actions.retention import forget_worker
 from registry.fleet import worker_keys
 from registry.fleet.workers import record_report
 from registry.models import Worker
@@ -50,3 +54,36 @@ def test_the_same_key_first_reporting_a_new_id_several_times_at_once_is_accepted
 
     assert all(isinstance(result, Worker) for result in results), results
     assert Worker.objects.get(worker_id="w-restarted").key_digest == worker_keys.digest("the-one-key")
+
+
+def in_another_thread(call) -> None:
+    """``call()`` on its own database connection, committed before this returns."""
+    def run():
+        try:
+            call()
+        finally:
+            connection.close()
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's IMMEDIATE transactions hold writers back: no gap to race in")
+def test_a_first_report_whose_racing_claimer_is_forgotten_before_its_lock_claims_the_id_itself(monkeypatch):
+    # Forced at the gap: another first report of the id commits its claim after this one
+    # found no row, and an operator forgets that worker before this one locks the row.
+    # The lock found nothing, and the report was a 500.
+    insert = Worker.objects.bulk_create
+
+    def racing_insert(rows, **options):
+        monkeypatch.setattr(Worker.objects, "bulk_create", insert)
+        in_another_thread(lambda: record_report(report_as("w-forgotten"), "the-other-key"))
+        inserted = insert(rows, **options)  # nothing: the other's row is there
+        in_another_thread(lambda: forget_worker("w-forgotten"))
+        return inserted
+
+    monkeypatch.setattr(Worker.objects, "bulk_create", racing_insert)
+
+    worker = record_report(report_as("w-forgotten"), "this-key")
+
+    assert Worker.objects.get(worker_id="w-forgotten").key_digest == worker_keys.digest("this-key") == worker.key_digest
