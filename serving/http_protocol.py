@@ -74,8 +74,8 @@ LINGER_MAX_S = 5.0
 # A body left unread by an answer given before it arrived is read on and dropped, keeping
 # the connection, up to this size; a larger one ends the connection instead.
 UNREAD_BODY_READ_UP_TO = 64 * 1024
-# Connections past the cap that may be open at once, lingering after their 503; past this,
-# a refusal closes at once (a reset if its client was sending), so that clients that never
+# Connections refused at the cap that may linger after their 503 at once; past this, a
+# refusal closes at once (a reset if its client was sending), so that clients that never
 # close cannot take the open files the cap leaves for models, logs and the console.
 MAX_LINGERING_REFUSALS = 64
 
@@ -100,10 +100,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits = HttpLimits()
     drain: Drain = Drain()  # the worker's own, set by protocol_class
     keepers: Keepers = Keepers()  # the listen queue's keepers count what the loop accepts (serving/listen_queue.py)
+    refusals_lingering = [0]  # the worker's connections refused at the cap and lingering (one list per protocol_class)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.keepers.accepted(transport)
         super().connection_made(transport)
+        self.keepers.accepted(self.server)  # uvicorn's local address: which listener took it
         self._timer: asyncio.TimerHandle | None = None
         self._awaiting_headers = True
         self._raw_header_bytes = 0  # bytes received while headers were incomplete
@@ -119,13 +120,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._body_checked = None  # the last request whose unread body was looked at (once each)
         self._lingering = False
         self._linger_ends = self._linger_quiet_ends = 0.0
-        if self.limits.max_connections and len(self.connections) > self.limits.max_connections:
-            self._refuse_past_cap(len(self.connections) - self.limits.max_connections)
+        self._refusal_lingers = False
+        if self.limits.max_connections and len(self.connections) - self.refusals_lingering[0] > self.limits.max_connections:
+            self._refuse_past_cap()
             return
         self._arm(self.limits.header_timeout_s, self._on_header_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.keepers.closed()
+        if self._refusal_lingers:
+            self.refusals_lingering[0] -= 1  # its keepers were told it closed when it began to linger
+        else:
+            self.keepers.closed()
         self._cancel()
         super().connection_lost(exc)
 
@@ -210,6 +215,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's, called once the listener is closed (a response in progress ends with
         ``Connection: close``, an idle keep-alive connection is closed), except that a
         request still arriving is let in: its connection was accepted, its client wrote."""
+        if self._refusal_lingers:  # refused at the cap: nothing of it is served, so nothing to wait for
+            self.transport.close()
+            return
         if self._lingering:
             return  # answered; closes when its client does, or at the linger's bound
         if self.cycle is None or self.cycle.response_complete:
@@ -361,16 +369,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._drop_cycle()
         self.transport.close()
 
-    def _refuse_past_cap(self, open_past_cap: int) -> None:
+    def _refuse_past_cap(self) -> None:
         """503 before anything is read, then a lingering close: the client may be sending a
         body already, and a close with it unread is a reset that fails its send before it
-        reads the 503. Counted once here; what it sends while lingering is never parsed."""
+        reads the 503. Counted once here; what it sends while lingering is never parsed.
+        A lingering refusal holds no slot of the cap (nor of the keepers' count of open
+        connections): clients refused while the worker was full must not keep it full."""
         metrics.count_connection_refused_at_cap()
         self._write_refusal(503, "too many open connections; retry later", b"retry-after: 1\r\n")
-        if open_past_cap <= MAX_LINGERING_REFUSALS:
-            self._linger()
-        else:
+        if self.refusals_lingering[0] >= MAX_LINGERING_REFUSALS:
             self.transport.close()
+            return
+        self._linger()
+        if self._lingering:
+            self._refusal_lingers = True
+            self.refusals_lingering[0] += 1
+            self.keepers.closed()
 
     def _write_refusal(self, status: int, message: str, extra_headers: bytes) -> None:
         body = orjson.dumps({"error": message})
@@ -477,7 +491,8 @@ def protocol_class(limits: HttpLimits, coalesce_writes: bool, drain: Drain | Non
     following this worker's graceful stop and counting accepts for its listen-queue keepers."""
     base = CoalescingHttpToolsProtocol if coalesce_writes else GuardedHttpToolsProtocol
     limits = replace(limits, max_connections=fit_open_file_limit(limits.max_connections))
-    return type(base.__name__, (base,), {"limits": limits, "drain": drain or Drain(), "keepers": keepers or Keepers()})
+    return type(base.__name__, (base,), {"limits": limits, "drain": drain or Drain(), "keepers": keepers or Keepers(),
+                                         "refusals_lingering": [0]})
 
 
 FILES_BESIDES_CONNECTIONS = 256  # models, cache, logs, the console and Redis clients

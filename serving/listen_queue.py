@@ -337,10 +337,10 @@ def refuse(listener: socket.socket, count: int, lingering: Lingering | None = No
             connection.send(answer, socket.MSG_DONTWAIT)
         except OSError:
             arrived = -1
-        # Read whole (or gone): nothing more will come. Nothing yet, or a buffer's worth (an
-        # upload still coming): close once its client has read the 503 and closed, since a
+        # What arrived so far says nothing of what is still coming (an upload sends for
+        # longer than a tick): close once its client has read the 503 and closed, since a
         # close with bytes unread is a reset that fails the client's send before it reads.
-        if lingering is None or arrived == -1 or 0 < arrived < READ_LIMIT:
+        if lingering is None or arrived == -1:  # gone: nothing to wait for
             connection.close()
         else:
             lingering.add(connection, now)
@@ -515,18 +515,20 @@ class Keepers:
             logger.info(event("listen_queue_kept", keepers=len(self._keepers), wait_s=self.wait_s,
                               pids=[keeper.process.pid for keeper in self._keepers]))
 
-    def accepted(self, transport=None) -> None:
-        """The worker took a connection (``transport``'s): each keeper counts it as open,
-        and the one whose listener it came through counts it in its pace. A host name
-        with IPv4 and IPv6 addresses gives a worker two listeners, and one queue's pace
-        must not count what the other's loop took."""
-        if len(self._keepers) <= 1:  # the usual one listener (or none): no address to look up
+    def accepted(self, local_address: tuple | None = None) -> None:
+        """The worker took a connection whose local end is ``local_address``: each keeper
+        counts it as open, and the one whose listener it came through counts it in its
+        pace. A host name with IPv4 and IPv6 addresses gives a worker two listeners, and
+        one queue's pace must not count what the other's loop took."""
+        if len(self._keepers) <= 1:  # the usual one listener (or none): no address to match
             for keeper in self._keepers:
                 keeper.accepted()
             return
-        local = transport.get_extra_info("sockname") if transport is not None else None
-        for keeper in self._keepers:
-            keeper.accepted(here=keeper.listens_on(local))
+        here = [keeper.listens_on(local_address) for keeper in self._keepers]
+        if not any(here):  # no address to go by: counted in every pace, as refusing what could wait is worse
+            here = [True] * len(here)
+        for keeper, its_own in zip(self._keepers, here):
+            keeper.accepted(here=its_own)
 
     def closed(self) -> None:
         for keeper in self._keepers:

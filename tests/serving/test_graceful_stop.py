@@ -205,6 +205,52 @@ def read_all(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+def test_a_client_refused_at_the_cap_and_still_sending_does_not_hold_the_stop(tmp_path, mlp_v1):
+    """A refusal lingers up to 5 s while its client sends; nothing of it is served, so a
+    graceful stop closes it at once rather than wait."""
+    worker = start(tmp_path, mlp_v1, SERVING_MAX_CONNECTIONS="1", SERVING_DRAIN_DELAY_S="0")
+    held, refused = None, None
+    try:
+        held = connection_served(worker.port)  # kept alive: the cap's one slot
+        refused = socket.create_connection(("127.0.0.1", worker.port), timeout=5)
+        refused.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n".encode())
+        assert refused.recv(64).startswith(b"HTTP/1.1 503 ")
+        worker.process.send_signal(signal.SIGTERM)
+        sending = threading.Thread(target=send_until_closed, args=(refused,), daemon=True)
+        sending.start()
+        status, took_s, _ = exit_within(worker, 10)
+    finally:
+        for connection in (held, refused):
+            connection is not None and connection.close()
+        worker.stop()
+
+    assert status == 0 and took_s < 2.5
+
+
+def connection_served(port: int) -> http.client.HTTPConnection:
+    """A kept-alive connection whose request was served (the readiness probe's connection
+    may not be closed on the worker's side yet, and take the cap's slot for a moment)."""
+    for _ in range(50):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        connection.request("POST", INFER, BODY, {"content-type": "application/json"})
+        response = connection.getresponse()
+        response.read()
+        if response.status == 200:
+            return connection
+        connection.close()
+        time.sleep(0.05)
+    raise AssertionError("no request served on a connection of its own")
+
+
+def send_until_closed(connection: socket.socket) -> None:
+    try:
+        for _ in range(200):
+            connection.sendall(b"[" * 1000)
+            time.sleep(0.05)
+    except OSError:
+        pass
+
+
 def test_a_second_sigterm_ends_the_drain_at_once(tmp_path, mlp_v1):
     worker = start(tmp_path, mlp_v1, SERVING_DRAIN_DELAY_S="30", SERVING_DRAIN_TIMEOUT_S="30")
     try:

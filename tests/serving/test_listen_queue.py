@@ -388,14 +388,25 @@ def test_a_client_that_writes_after_its_refusal_still_reads_the_503_and_a_clean_
     assert wait_until(lambda: (lingering.service(), len(lingering))[1] == 0, 2)  # closed once its client closed
 
 
-def test_a_client_still_uploading_when_refused_finishes_its_send_and_reads_the_503(listener):
-    # More than READ_LIMIT had arrived when its connection was refused: a close with the
-    # rest unread was a reset, and the client's send failed before it read its 503.
+def upload(client: socket.socket, first: int, rest: int) -> None:
+    """A request whose body's first ``first`` bytes go at once and the ``rest`` 0.2 s later,
+    in 16 KiB pieces: an upload still under way when its connection is refused."""
+    client.sendall(b"POST /predict HTTP/1.1\r\ncontent-length: %d\r\n\r\n%s" % (first + rest, b"[" * first))
+    time.sleep(0.2)
+    for _ in range(rest // 16384):
+        client.sendall(b"[" * 16384)
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("first, rest", [(4 * 2**20, 0), (4096, 2**20)], ids=["more than a read had arrived", "a few KiB had arrived"])
+def test_a_client_still_uploading_when_refused_finishes_its_send_and_reads_the_503(listener, first, rest):
+    # A close with the rest of the body unread was a reset, and the client's send failed
+    # before it read its 503: when more than READ_LIMIT had arrived, and when the rest was
+    # still on its way.
     client = socket.create_connection(listener.getsockname(), timeout=5)
-    body = b"[" * (4 * 2**20)
-    sent = ThreadPoolExecutor(1).submit(client.sendall, b"POST /predict HTTP/1.1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    sent = ThreadPoolExecutor(1).submit(upload, client, first, rest)
     assert wait_until(lambda: queue_length(listener) == 1, 2)
-    time.sleep(0.1)  # the kernel's buffers fill: more than READ_LIMIT is waiting
+    time.sleep(0.1)  # what goes at once has arrived
     lingering = Lingering()
     assert refuse(listener, 1, lingering) == 1
     while not sent.done() and len(lingering):
@@ -473,16 +484,6 @@ def test_a_keeper_refuses_in_milliseconds_what_a_stalled_loop_cannot_take_and_ke
             client.close()
 
 
-class AcceptedEnd:
-    """What the worker's protocol hands its keepers for a connection it took: a transport's view of it."""
-
-    def __init__(self, connection: socket.socket):
-        self.sockname = connection.getsockname()
-
-    def get_extra_info(self, name: str):
-        return self.sockname if name == "sockname" else None
-
-
 def busy_listener_taken_by_the_loop(listener, keepers: Keepers, stop) -> None:
     """Clients (another process, so this one's GIL is the loop's) connect to ``listener``,
     400 a second for at most 10 s (few enough to leave the ephemeral ports alone), and the
@@ -502,7 +503,7 @@ def busy_listener_taken_by_the_loop(listener, keepers: Keepers, stop) -> None:
                 connection, _ = listener.accept()
             except TimeoutError:
                 continue
-            keepers.accepted(AcceptedEnd(connection))
+            keepers.accepted(connection.getsockname())  # as the protocol passes uvicorn's local address
             connection.close()
     finally:
         clients.kill()

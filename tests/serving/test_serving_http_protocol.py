@@ -470,6 +470,25 @@ def test_past_the_lingering_bound_a_refusal_closes_at_once(guarded_worker, monke
     assert wait_until(lambda: len(connections) == 0)  # a lingering refusal ends when its client closes
 
 
+def test_a_refusal_still_lingering_holds_no_slot_of_the_cap(guarded_worker, client, monkeypatch):
+    """Refused clients that have not closed yet must not keep a worker that has room full."""
+    monkeypatch.setattr(http_protocol, "LINGER_QUIET_S", 30.0)
+    worker = guarded_worker(max_connections=2, header_timeout_s=5.0)
+    connections = worker.server.server_state.connections
+    held = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(2)]
+    assert wait_until(lambda: len(connections) == 2)
+    refused = socket.create_connection(("127.0.0.1", worker.port), timeout=5)
+    try:
+        assert read_until_closed(refused).startswith(b"HTTP/1.1 503 ")  # and it stays open, lingering
+        held.pop().close()
+        assert wait_until(lambda: len(connections) == 2)  # one held, one lingering: one slot free
+
+        assert client.post(worker.url + INFER, content=BODY).status_code == 200
+    finally:
+        for connection in [*held, refused]:
+            connection.close()
+
+
 def test_a_refusal_past_the_connection_cap_is_counted_in_metrics(guarded_worker):
     worker = guarded_worker(max_connections=2, header_timeout_s=5.0)
     before = refused_by_worker(worker)  # the counter is the process's: other tests' workers add to it
