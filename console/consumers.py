@@ -11,7 +11,7 @@ from channels.auth import get_user
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 
-from console.socket_outage import CHANNEL_LAYER_DOWN
+from console.socket_outage import CHANNEL_LAYER_DOWN, bounded
 from registry.db_unavailable import is_database_unavailable
 from registry.fleet.live import LIVE_GROUP
 from serving.contract import SERVING_GROUP, ContractError, DesiredState
@@ -41,8 +41,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_SIGNED_OUT)
             return
         self._checked_at = time.monotonic()
-        await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)  # Redis down: refused by socket_outage's guard
-        await self.channel_layer.group_add(SERVING_GROUP, self.channel_name)
+        # Redis down, or silent past the bound: the handshake is refused (1013) by socket_outage's guard.
+        await bounded(self.channel_layer.group_add(LIVE_GROUP, self.channel_name))
+        await bounded(self.channel_layer.group_add(SERVING_GROUP, self.channel_name))
         await self.accept()
 
     async def send_json(self, content, close=False):
@@ -70,8 +71,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code):
         try:
-            await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
-            await self.channel_layer.group_discard(SERVING_GROUP, self.channel_name)
+            await bounded(self.channel_layer.group_discard(LIVE_GROUP, self.channel_name))
+            await bounded(self.channel_layer.group_discard(SERVING_GROUP, self.channel_name))
         except CHANNEL_LAYER_DOWN:
             pass  # the membership expires on its own (group_expiry)
 

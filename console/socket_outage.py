@@ -6,15 +6,18 @@ open page, ended in an ASGI exception with a traceback and an HTTP 500 handshake
 an unavailable database before the socket is accepted refuses the handshake: a 503 with
 ``Retry-After`` where the server takes ASGI's denial response (uvicorn does), a plain
 close (403) elsewhere; one warning line, no traceback. The same holds for the channel
-layer's Redis, which a consumer joins groups on and reads from; once a feed is open, a
-lost Redis closes it with 1013 ("try again later") and the page reconnects.
+layer's Redis, which a consumer joins groups on and reads from, whether it refuses or,
+stopped, never answers (``bounded``); once a feed is open, a lost Redis closes it with
+1013 ("try again later") and the page reconnects.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
+from django.conf import settings
 from redis.exceptions import RedisError
 
 from console.outage import RETRY_AFTER_S
@@ -25,9 +28,24 @@ logger = logging.getLogger(__name__)
 DENIAL_EXTENSION = "websocket.http.response"
 
 
+class ChannelLayerTimeout(Exception):
+    """The channel layer's Redis took the call and gave no answer within its bound."""
 
-# What channels_redis raises when Redis refuses, drops or does not answer a call.
-CHANNEL_LAYER_DOWN = (RedisError,)  # refused, dropped or timed out: redis-py says so in its own kinds
+
+# What channels_redis raises when Redis refuses or drops a call, and what ``bounded``
+# raises when it never answers one (the layer has no read timeout: see redis_options).
+CHANNEL_LAYER_DOWN = (RedisError, ChannelLayerTimeout)
+
+
+async def bounded(call):
+    """Await one channel layer call for at most CHANNEL_SEND_TIMEOUT_S (registry.broadcast's
+    bound). A Redis that accepts connections and never answers (a stopped process) held a
+    handshake's group_add, and a close's group_discard, for as long as it stayed so: past
+    the bound it is the outage it is, ChannelLayerTimeout."""
+    try:
+        return await asyncio.wait_for(call, settings.CHANNEL_SEND_TIMEOUT_S)
+    except asyncio.TimeoutError as error:
+        raise ChannelLayerTimeout(f"no answer within {settings.CHANNEL_SEND_TIMEOUT_S:g} s") from error
 
 
 def is_outage(error: BaseException) -> bool:

@@ -13,6 +13,7 @@ from registry.domain.canary_analysis import DEFAULTS, FAIL
 from registry.domain.choices import RolloutStatus
 from registry.domain.traffic import Route
 from registry.fleet.state import warm_versions
+from registry.fleet.workers import gone_workers
 from registry.models import Release, Rollout, RolloutVerdict, VersionMetricMinute
 
 # Health judges the per-minute roll-ups from the minute that held this moment ago: one
@@ -188,7 +189,31 @@ def _fleet_problem(release: Release, convergence: dict) -> tuple[str, str] | Non
     if behind:
         first = behind[0]
         return "warn", f"{len(behind)} of {len(rows)} workers converging to generation {release.generation} ({first['worker_id']}: {first['state']})"
-    return None
+    # Last: a convergence in progress passes, a gone worker stays named for the hour.
+    return _gone_problem()
+
+
+def _gone_problem() -> tuple[str, str] | None:
+    """Workers gone (silent past WORKER_GONE_AFTER_S without saying they stopped) for as
+    long as the Workers page lists them: convergence counts live workers only, so a frozen
+    or crashed one left the badge "Healthy" beside "2/2 converged" while the fleet served
+    with a worker fewer."""
+    from console.views import WORKERS_SHOWN_FOR  # the Workers page's own window; views imports this module
+
+    now = timezone.now()
+    recently = gone_workers().filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR)
+    seen = list(recently.order_by("-last_seen_at").values_list("last_seen_at", flat=True))
+    if not seen:
+        return None
+    shortest, longest = (_silence_words((now - moment).total_seconds()) for moment in (seen[0], seen[-1]))
+    if len(seen) == 1:
+        return "warn", f"1 worker gone (silent {shortest})"
+    return "warn", f"{len(seen)} workers gone (silent {shortest} to {longest})"
+
+
+def _silence_words(seconds: float) -> str:
+    """7.9 -> '7 s', 200 -> '3 min': whole units, never more than it has been."""
+    return f"{int(seconds)} s" if seconds < 120 else f"{int(seconds // 60)} min"
 
 
 def rate_problems(release: Release, recent: dict[int, dict]) -> list[str]:

@@ -141,6 +141,8 @@ def readyz(request):
     body = readiness.readiness()
     response = JsonResponse(body, status=200 if body["ready"] else 503)
     response["Cache-Control"] = "no-store"
+    if not body["ready"]:
+        response["Retry-After"] = str(outage.RETRY_AFTER_S)  # as every other outage 503: when to ask again
     return response
 
 

@@ -37,5 +37,17 @@ def publish_desired_state() -> None:
         return
     try:
         send_to_group(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": state})
-    except Exception:
-        logger.warning("could not publish generation %s; workers will catch up on reconcile", state["generation"], exc_info=True)
+    except Exception as error:
+        # One line per lost push: while Redis is down every change loses one, and a
+        # traceback each (some 45 lines of redis-py) buried the log; it stays at DEBUG.
+        logger.warning("could not publish generation %s; workers will catch up on reconcile, picking the change up at their next one (%s)",
+                       state["generation"], _named(error))
+        logger.debug("publishing generation %s failed", state["generation"], exc_info=True)
+
+
+def _named(error: BaseException) -> str:
+    """``Type: message`` on one line; send_to_group's own timeout comes without a message."""
+    message = " ".join(str(error).split())[:200]
+    if not message and isinstance(error, TimeoutError):
+        message = f"no answer within {settings.CHANNEL_SEND_TIMEOUT_S:g} s"
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__

@@ -1,7 +1,8 @@
 """The health badge: "Healthy" only with traffic and every signal within its threshold
 (the running rollout's last verdict, else the last minute's 5xx and 4xx shares against
 the canary analysis' defaults); no traffic is "Idle"; a canary refusing its requests is
-named, never "Healthy · 0% errors"."""
+named, never "Healthy · 0% errors"; a worker gone silent within the hour the Workers
+page lists it is named, never "Healthy" beside the live workers' convergence."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tests.console.conftest import (
     figures,
     judge_window,
     live_worker,
+    report_from,
     served,
     start_rollout,
 )
@@ -93,3 +95,55 @@ def test_the_model_page_shows_the_same_health(viewer_page, canary_digits):
     html = viewer_page.get("/models/digits/?fragment=health").content.decode()
 
     assert '<span class="pill pill-bad model-health" id="model-health"' in html and "Client errors 100% on v2 (canary)" in html
+
+
+# ---------------------------------------------------------------- gone workers
+
+
+def healthy_with_a_gone_worker(model, *, silent_s: float = 7.0):
+    """``model`` served within the thresholds by one live worker, beside ``w-gone``: it
+    served the same generation and has been silent for ``silent_s`` (past WORKER_GONE_AFTER_S)."""
+    live_worker(model)
+    served(model, 1, 900)
+    served(model, 2, 100)
+    return report_from("w-gone", generation=model.current_release().generation, versions=[], seconds_ago=silent_s)
+
+
+def test_a_worker_gone_silent_is_named_and_the_live_workers_convergence_stays(viewer_page, canary_digits):
+    # convergence() counts live workers only: with a third worker frozen for 7 s the page said "Healthy ✓ 2/2 converged".
+    healthy_with_a_gone_worker(canary_digits)
+
+    assert health_pill(viewer_page) == "1 worker gone (silent 7 s)"
+    assert pill_class(viewer_page) == "pill-warn"
+    assert "✓ 1/1 converged" in viewer_page.get("/").content.decode()
+
+
+def test_the_model_page_names_a_gone_worker_too(viewer_page, canary_digits):
+    healthy_with_a_gone_worker(canary_digits)
+
+    html = viewer_page.get("/models/digits/?fragment=health").content.decode()
+
+    assert '<span class="pill pill-warn model-health" id="model-health"' in html and "1 worker gone (silent 7 s)" in html
+
+
+def test_several_gone_workers_are_counted_with_the_span_of_their_silences(viewer_page, canary_digits):
+    healthy_with_a_gone_worker(canary_digits)
+    report_from("w-gone-earlier", generation=canary_digits.current_release().generation, versions=[], seconds_ago=200)
+
+    assert health_pill(viewer_page) == "2 workers gone (silent 7 s to 3 min)"
+
+
+def test_a_worker_whose_last_report_said_it_stopped_is_not_counted_gone(viewer_page, canary_digits):
+    healthy_with_a_gone_worker(canary_digits)
+    stopped = report_from("w-stopped", generation=canary_digits.current_release().generation, versions=[], seconds_ago=7)
+    stopped.last_report = {**stopped.last_report, "state": "stopped"}
+    stopped.save()
+
+    assert health_pill(viewer_page) == "1 worker gone (silent 7 s)"
+
+
+def test_a_worker_gone_longer_than_the_workers_page_lists_it_is_not_counted(viewer_page, canary_digits):
+    healthy_with_a_gone_worker(canary_digits)
+    report_from("w-gone-yesterday", generation=canary_digits.current_release().generation, versions=[], seconds_ago=2 * 3600)
+
+    assert health_pill(viewer_page) == "1 worker gone (silent 7 s)"

@@ -176,6 +176,23 @@ def test_readyz_names_redis_when_it_is_unreachable(client, settings):
     assert response.json() == {"ready": False, "database": {"ok": True}, "redis": {"ok": False, "error": "cannot connect or ping (ConnectionError)"}}
 
 
+def test_readyz_not_ready_without_the_database_says_when_to_retry(client):
+    with unreachable_database():
+        response = client.get("/readyz")
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+
+
+def test_readyz_not_ready_without_redis_says_when_to_retry(client, settings):
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+
+    response = client.get("/readyz")
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+
+
 # ---- a database that answers but takes no writes (a hot standby, writes switched off) ---
 
 
