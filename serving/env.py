@@ -60,6 +60,8 @@ def env_secret(name: str, default: str = "") -> str:
         value = Path(path).read_text().strip()
     except OSError as exc:
         raise SettingError(f"{name}_FILE={path!r}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:  # a binary file named by mistake (a key in DER, an archive)
+        raise SettingError(f"{name}_FILE={path!r}: not UTF-8 text (a secret there is one line of text)") from None
     return value or default
 
 

@@ -7,6 +7,7 @@ and a child that exits stops the rest and makes the command exit 1, naming it.""
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
 import signal
@@ -47,15 +48,19 @@ class Command(BaseCommand):
             raise CommandError(f"--port and --serving-port are both {port}: the console and the worker need a port each")
         for taken in (port, serving_port):
             _check_free(host, taken)
-        console_address.record(settings.DATA_DIR, f"http://{host}:{port}")  # for a worker started by hand (manage.py serve)
+        redis_port = None if settings.REDIS_URL else env_int("EMBEDDED_REDIS_PORT", 0, maximum=65535) or None
+        if redis_port is not None:  # taken, its PING went to whatever listens there and died in a traceback
+            _check_free("127.0.0.1", redis_port, "choose another port with EMBEDDED_REDIS_PORT, or unset it for a free one")
+        console_url, serving_url = _http_url(host, port), _http_url(host, serving_port)
+        console_address.record(settings.DATA_DIR, console_url)  # for a worker started by hand (manage.py serve)
         started = time.monotonic()
         children: list[subprocess.Popen] = []
         env = dict(os.environ)
         try:
-            env["REDIS_URL"] = self._redis(children)
+            env["REDIS_URL"] = self._redis(children, redis_port)
             console_address.record(settings.DATA_DIR, env["REDIS_URL"], console_address.REDIS_FILE_NAME)
-            env["CONSOLE_URL"] = f"http://{host}:{port}"
-            env.setdefault("SERVING_PUBLIC_URL", f"http://{host}:{serving_port}")  # the "try it" form's worker, on --serving-port
+            env["CONSOLE_URL"] = console_url
+            env.setdefault("SERVING_PUBLIC_URL", serving_url)  # the "try it" form's worker, on --serving-port
             console_address.record(settings.DATA_DIR, env["SERVING_PUBLIC_URL"], console_address.SERVING_FILE_NAME)
             env["SERVING_WORKER_TOKEN"] = settings.SERVING_WORKER_TOKEN
             if "SECURE_COOKIES" not in env and host in LOOPBACK_HOSTS:
@@ -64,7 +69,7 @@ class Command(BaseCommand):
             _stops.check()
             console = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"]
             self._spawn([*console, *CONSOLE_HTTP_OPTIONS], env, children)
-            wait_http(f"http://{host}:{port}/healthz", children[-1], between_tries=_stops.check)
+            wait_http(f"{console_url}/healthz", children[-1], between_tries=_stops.check)
             self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env), children)
             serving_worker = children[-1]
             self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues", "celery", "--concurrency", "1",
@@ -72,8 +77,8 @@ class Command(BaseCommand):
             # Jobs (validation, benchmark, evaluation, batch inference) on their own worker.
             self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", settings.JOBS_QUEUE, "--concurrency", "1",
                          "--hostname", "jobs@%h", "--loglevel", "INFO"], env, children)
-            wait_http(f"http://{host}:{serving_port}/v2/health/ready", serving_worker, between_tries=_stops.check)
-            self._banner(host, port, serving_port, time.monotonic() - started)
+            wait_http(f"{serving_url}/v2/health/ready", serving_worker, between_tries=_stops.check)
+            self._banner(console_url, serving_url, time.monotonic() - started)
             self._wait(children)
         except KeyboardInterrupt:
             pass
@@ -90,12 +95,11 @@ class Command(BaseCommand):
 
     redis_process: subprocess.Popen | None = None  # the embedded Redis, when it runs one
 
-    def _redis(self, children: list) -> str:
+    def _redis(self, children: list, port: int | None) -> str:
         if settings.REDIS_URL:
             return settings.REDIS_URL
         password = embedded_redis.generated_password(settings.DATA_DIR / embedded_redis.PASSWORD_FILE)
-        process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=env_int("EMBEDDED_REDIS_PORT", 0, maximum=65535) or None,
-                                            password=password)
+        process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=port, password=password)
         children.append(process)
         self.redis_process = process
         _stops.check()
@@ -120,11 +124,11 @@ class Command(BaseCommand):
         children.append(subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, start_new_session=True))
         _stops.check()
 
-    def _banner(self, host: str, port: int, serving_port: int, elapsed_s: float) -> None:
+    def _banner(self, console_url: str, serving_url: str, elapsed_s: float) -> None:
         self.stdout.write(self.style.SUCCESS(
             f"\nReady in {elapsed_s:.1f} s. {self.login}\n"
-            f"  console:  http://{host}:{port}/  (API: http://{host}:{port}/api/, schema: /api/schema/)\n"
-            f"  serving:  http://{host}:{serving_port}/v2/models/digits  and  POST http://{host}:{serving_port}/predict\n"
+            f"  console:  {console_url}/  (API: {console_url}/api/, schema: /api/schema/)\n"
+            f"  serving:  {serving_url}/v2/models/digits  and  POST {serving_url}/predict\n"
             "Press Ctrl-C to stop everything.\n"
         ))
 
@@ -196,15 +200,26 @@ def _port(text: str) -> int:
     return port
 
 
-def _check_free(host: str, port: int) -> None:
+def _http_url(host: str, port: int) -> str:
+    """http://HOST:PORT, an IPv6 address in brackets (``--host ::1`` made http://::1:8000,
+    which no client reads as a host and a port: the stack never came up)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _check_free(host: str, port: int, other_ports: str = "choose other ports with --port and --serving-port") -> None:
     """CommandError when something already listens on ``port`` (as uvicorn binds: with
-    SO_REUSEADDR, so connections of a stack stopped a moment ago do not count)."""
+    SO_REUSEADDR, so connections of a stack stopped a moment ago do not count), or when
+    ``host`` is no address of this machine (that is not another stack's doing)."""
     probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind((host, port))
     except OSError as error:
-        raise CommandError(f"{host}:{port} is not free ({error.strerror}): another stack (`make run`) may be running; "
-                           "stop it, or choose other ports with --port and --serving-port") from None
+        if error.errno == errno.EADDRINUSE:
+            raise CommandError(f"{host}:{port} is not free ({error.strerror}): another stack (`make run`) may be running; "
+                               f"stop it, or {other_ports}") from None
+        not_here = isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL
+        hint = ": --host must name an address of this machine, e.g. 127.0.0.1, or 0.0.0.0 for all of them" if not_here else ""
+        raise CommandError(f"cannot listen on {host}:{port} ({error.strerror}){hint}") from None
     finally:
         probe.close()

@@ -4,7 +4,9 @@ rollout under `make run` has traffic to judge."""
 from __future__ import annotations
 
 import logging
+import math
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -26,7 +28,12 @@ class Command(BaseCommand):
     def handle(self, *args, url=None, rate=50.0, seconds=0.0, api_key="", **options):
         if not 0 < rate <= 10_000:
             raise CommandError("--rate must be above 0 and at most 10000")
-        target = (url or settings.SERVING_PUBLIC_URL).rstrip("/") + "/predict"
+        if not (math.isfinite(seconds) and seconds >= 0):  # nan and inf sent forever, a negative number nothing
+            raise CommandError(f"--seconds must be 0 (until Ctrl-C) or a finite number of seconds, got {seconds:g}")
+        api_key = api_key.strip()
+        if not all("!" <= char <= "~" for char in api_key):  # an HTTP header: printable ASCII; the key is not echoed
+            raise CommandError("--api-key: not a key the console issued (expected printable ASCII without spaces)")
+        target = _worker_url("--url" if url else "SERVING_PUBLIC_URL", url or settings.SERVING_PUBLIC_URL) + "/predict"
         pixels, _ = demo.demo_test_split()
         bodies = [orjson.dumps({"model_name": demo.demo_model_name, "inputs": [row.tolist()]}) for row in pixels]
         headers = {"Content-Type": "application/json", **({"X-API-Key": api_key} if api_key else {})}
@@ -56,6 +63,17 @@ class Command(BaseCommand):
     def _tally(self, counts: dict[str, int]) -> None:
         self.stdout.write("  ".join(f"{key}: {value}" for key, value in sorted(counts.items())))
 
+
+def _worker_url(source: str, value: str) -> str:
+    """An http(s) URL with a host; anything else used to fail every request, exit status 0."""
+    try:
+        parts = urlsplit(value)
+        parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CommandError(f"{source}={value!r}: expected an http:// or https:// URL with a host, e.g. http://127.0.0.1:8001")
+    return value.rstrip("/")
 
 
 def _one(client: httpx.Client, target: str, body: bytes, headers: dict) -> str:

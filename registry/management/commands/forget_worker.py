@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from registry.actions.retention import forget_worker
+from registry.management.commands._database import require_migrated_database
 
 
 class Command(BaseCommand):
@@ -11,6 +12,7 @@ class Command(BaseCommand):
         parser.add_argument("worker_id")
 
     def handle(self, *args, worker_id, **options):
+        require_migrated_database()
         if not forget_worker(worker_id):
             raise CommandError(f"no worker {worker_id!r}: nothing to forget (the Workers page lists their ids)")
         self.stdout.write(f"forgot worker {worker_id!r}: the next worker to report under this id claims it")

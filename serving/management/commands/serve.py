@@ -11,6 +11,7 @@ one JSON object (serving/logs.py) rather than whatever Django's handler prints."
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import shutil
 from pathlib import Path
@@ -19,6 +20,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from serving.config import ServingConfig
+from serving.console_client import StateError, read_state_file
 from serving.control import ControlPlane
 from serving.env import SettingError, check_http_url, env_float, env_str
 from serving.model_safety import enter_private_working_directory
@@ -30,11 +32,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8001)
+        parser.add_argument("--port", type=_port, default=8001)
         parser.add_argument("--state-file", help="serve this desired-state JSON instead of asking the console (no control plane)")
-        parser.add_argument("--public-url", help="URL the console uses to probe this worker (default http://HOST:PORT)")
+        parser.add_argument("--public-url", type=_public_url, help="URL the console uses to probe this worker (default http://HOST:PORT)")
 
     def handle(self, *args, host, port, state_file, public_url, **options):
+        if state_file is not None:  # read again at start-up; a typo in its path is said here, not in a logged traceback
+            try:
+                read_state_file(state_file)
+            except StateError as error:
+                raise CommandError(str(error)) from None
         config = ServingConfig.from_env()
         if not config.worker_token:
             config = dataclasses.replace(config, worker_token=settings.SERVING_WORKER_TOKEN)
@@ -49,11 +56,29 @@ class Command(BaseCommand):
                 worker,
                 redis_url=redis_url(),
                 channel_prefix=settings.CHANNEL_LAYER_PREFIX,
-                public_url=public_url or f"http://{host}:{port}",
+                public_url=public_url or f"http://{f'[{host}]' if ':' in host else host}:{port}",  # an IPv6 address in brackets
                 reconcile_interval_s=env_float("SERVING_RECONCILE_INTERVAL_S", 3.0, minimum=0.1),
                 report_interval_s=env_float("SERVING_REPORT_INTERVAL_S", 1.0, minimum=0.05),
             )
         worker.serve(host, port)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:  # 0 listened on a random port, 70000 on 4464, both reported to the console as given
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return port
+
+
+def _public_url(text: str) -> str:
+    try:
+        return check_http_url("--public-url", text)
+    except SettingError:
+        expected = "expected an http:// or https:// URL with a host, e.g. http://10.0.0.5:8001"
+        raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
 
 
 def console_url() -> str:
@@ -67,7 +92,11 @@ def console_url() -> str:
     try:
         return check_http_url("CONSOLE_URL", url)
     except SettingError as error:
-        raise CommandError(str(error)) from None
+        if env_str("CONSOLE_URL"):
+            raise CommandError(str(error)) from None
+        # Not the operator's CONSOLE_URL, which is unset: the address runstack recorded in DATA_DIR.
+        raise CommandError(f"the console address recorded in DATA_DIR={settings.DATA_DIR} is {url[:200]!r}: expected an http:// or "
+                           "https:// URL with a host; set CONSOLE_URL, or start the stack again (manage.py runstack records it)") from None
 
 
 def redis_url() -> str:

@@ -1,0 +1,316 @@
+"""Every management command, given hostile or mistaken input, answers with one clear line
+naming the problem (a CommandError: exit status 1 or 2), never a Python traceback, and
+leaves nothing half-done. Commands that start servers run as subprocesses, bounded in time."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db.models import QuerySet
+
+from console.embedded_redis import free_port
+from registry.models import ModelVersion, RegisteredModel
+
+ROOT = Path(__file__).resolve().parents[2]
+WITHHELD = {"DATABASE_URL", "REDIS_URL", "CI", "CONSOLE_URL", "DJANGO_SECRET_KEY", "SERVING_PUBLIC_URL"}
+
+
+def environment(tmp_path: Path, **extra: str) -> dict:
+    env = {name: value for name, value in os.environ.items() if name not in WITHHELD}
+    env.update(DATA_DIR=str(tmp_path / "data"), SERVING_DEVICE="cpu", SERVING_CACHE_DIR=str(tmp_path / "cache"), **extra)
+    return env
+
+
+def manage(tmp_path: Path, *args: str, timeout: float = 60, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=environment(tmp_path, **extra),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def refused(finished: subprocess.CompletedProcess, message: str) -> None:
+    """Exit 1 or 2 with one line on stderr that names the problem, and no traceback."""
+    assert finished.returncode in (1, 2), finished.stderr
+    assert "Traceback" not in finished.stderr, finished.stderr
+    assert message in finished.stderr, finished.stderr
+    assert len(finished.stderr.strip().splitlines()) == 1, finished.stderr
+
+
+# ---------------------------------------------------------------- any command using the database
+
+
+@pytest.mark.parametrize("command", [["ensure_login"], ["apply_retention"], ["forget_worker", "w1"], ["make_demo_models"]])
+def test_a_database_never_migrated_is_named_with_what_to_run(tmp_path, command):
+    """A DATA_DIR mistyped is a new, empty SQLite database: say so, not 'no such table'."""
+    finished = manage(tmp_path, *command)
+
+    refused(finished, "run `manage.py migrate`")
+    assert str(tmp_path / "data" / "db.sqlite3") in finished.stderr
+
+
+def test_a_database_that_cannot_be_reached_is_named_without_a_traceback(tmp_path):
+    finished = manage(tmp_path, "forget_worker", "w1", DATABASE_URL=f"postgres://nobody@127.0.0.1:{free_port()}/none",
+                      DATABASE_CONNECT_TIMEOUT_S="2")
+
+    refused(finished, "cannot reach the database")
+
+
+# ---------------------------------------------------------------- ensure_login
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("username", "problem"), [("", "cannot be blank"), ("bad name!", "Enter a valid username"),
+                                                    ("x" * 151, "at most 150 characters")], ids=["empty", "spaces", "too long"])
+def test_ensure_login_refuses_a_username_the_console_would_refuse(username, problem):
+    with pytest.raises(CommandError, match=problem):
+        call_command("ensure_login", "--username", username, stdout=io.StringIO())
+
+    assert not User.objects.exists()
+
+
+@pytest.mark.django_db
+def test_ensure_login_run_twice_at_once_says_the_login_exists_instead_of_failing(monkeypatch):
+    """The second run checked before the first one's insert, and lost the race to it."""
+    User.objects.create_superuser("admin", "", "first-run-password")
+    monkeypatch.setattr(QuerySet, "exists", lambda self: False)  # what the losing run saw
+    out = io.StringIO()
+
+    call_command("ensure_login", stdout=out)
+
+    assert "Sign in as 'admin'" in out.getvalue()
+    assert User.objects.get(username="admin").check_password("first-run-password")
+
+
+# ---------------------------------------------------------------- apply_retention
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("keep", ["0", "-5", "99999999999999999999999"], ids=["zero", "negative", "huge"])
+def test_apply_retention_refuses_a_keep_out_of_range(keep):
+    RegisteredModel.objects.create(name="digits")  # a model to apply it to: the huge value reached the query
+
+    with pytest.raises(CommandError, match="--keep must be from 1 to") as refusal:
+        call_command("apply_retention", "--keep", keep, stdout=io.StringIO())
+
+    assert refusal.value.returncode == 2
+
+
+# ---------------------------------------------------------------- demo_traffic
+
+
+@pytest.mark.parametrize("url", ["not-a-url", "ftp://worker/", "http://", "http://worker:notaport"])
+def test_demo_traffic_refuses_a_url_that_is_not_http_naming_it(url):
+    with pytest.raises(CommandError, match="--url='.*': expected an http:// or https:// URL"):
+        call_command("demo_traffic", url=url, seconds=0.1, stdout=io.StringIO())
+
+
+def test_demo_traffic_names_serving_public_url_when_the_default_is_unusable(settings):
+    settings.SERVING_PUBLIC_URL = "worker:8001"
+
+    with pytest.raises(CommandError, match="SERVING_PUBLIC_URL='worker:8001': expected an http"):
+        call_command("demo_traffic", seconds=0.1, stdout=io.StringIO())
+
+
+@pytest.mark.parametrize("seconds", ["-1", "nan", "inf"])
+def test_demo_traffic_refuses_seconds_that_are_negative_or_not_finite(tmp_path, seconds):
+    """A subprocess, bounded: given nan or inf it used to send until stopped."""
+    finished = manage(tmp_path, "demo_traffic", "--url", f"http://127.0.0.1:{free_port()}", "--seconds", seconds, timeout=30)
+
+    refused(finished, "--seconds must be")
+
+
+@pytest.mark.parametrize("key", ["clé", "mk_abc\ndef", "mk abc"], ids=["not ascii", "newline", "space"])
+def test_demo_traffic_refuses_an_api_key_that_cannot_be_a_header_without_echoing_it(key):
+    with pytest.raises(CommandError, match="--api-key") as refusal:
+        call_command("demo_traffic", url=f"http://127.0.0.1:{free_port()}", seconds=0.1, api_key=key, stdout=io.StringIO())
+
+    assert key not in str(refusal.value)
+
+
+# ---------------------------------------------------------------- make_demo_models
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("versions", ["0", "-1"])
+def test_make_demo_models_refuses_fewer_than_one_version(versions):
+    with pytest.raises(CommandError, match="--versions must be at least 1"):
+        call_command("make_demo_models", "--versions", versions, stdout=io.StringIO())
+
+    assert not RegisteredModel.objects.exists()
+
+
+@pytest.mark.django_db
+def test_make_demo_models_refuses_an_export_dir_that_is_a_file_before_registering(tmp_path):
+    (tmp_path / "a-file").write_text("")
+
+    with pytest.raises(CommandError, match="--export-dir .*a-file.* is not a directory"):
+        call_command("make_demo_models", "--export-dir", str(tmp_path / "a-file"), stdout=io.StringIO())
+
+    assert not RegisteredModel.objects.exists()
+
+
+@pytest.mark.django_db
+def test_make_demo_models_refuses_an_export_dir_it_cannot_create(tmp_path):
+    (tmp_path / "a-file").write_text("")
+
+    with pytest.raises(CommandError, match="--export-dir .*cannot create it"):
+        call_command("make_demo_models", "--export-dir", str(tmp_path / "a-file" / "sub"), stdout=io.StringIO())
+
+    assert not RegisteredModel.objects.exists()
+
+
+@pytest.mark.django_db
+def test_make_demo_models_refuses_an_empty_export_dir_instead_of_writing_into_the_working_directory():
+    with pytest.raises(CommandError, match="--export-dir"):
+        call_command("make_demo_models", "--export-dir", "", stdout=io.StringIO())
+
+    assert not list(Path.cwd().glob("digits-demo-*.onnx"))
+
+
+def test_make_demo_models_run_twice_at_once_registers_each_version_once(tmp_path):
+    assert manage(tmp_path, "migrate", "-v0").returncode == 0
+    env = environment(tmp_path, BENCHMARK_ENABLED="false")
+    runs = [subprocess.Popen([sys.executable, "manage.py", "make_demo_models", "--versions", "1"], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        results = [run.communicate(timeout=180) for run in runs]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+
+    assert [run.returncode for run in runs] == [0, 0], results
+    with sqlite3.connect(tmp_path / "data" / "db.sqlite3") as database:
+        (versions,) = database.execute(f"SELECT COUNT(*) FROM {ModelVersion._meta.db_table}").fetchone()
+    assert versions == 1, results
+
+
+# ---------------------------------------------------------------- serve
+
+
+@pytest.mark.parametrize("port", ["0", "-1", "70000"])
+def test_serve_refuses_a_port_out_of_range(tmp_path, port):
+    finished = manage(tmp_path, "serve", "--port", port, timeout=30, CONSOLE_URL="http://127.0.0.1:9")
+
+    assert finished.returncode == 2, finished.stderr
+    assert "expected a port number from 1 to 65535" in finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
+def test_serve_refuses_a_public_url_that_is_not_http(tmp_path):
+    finished = manage(tmp_path, "serve", "--port", str(free_port()), "--public-url", "not-a-url", timeout=30,
+                      CONSOLE_URL="http://127.0.0.1:9")
+
+    assert finished.returncode == 2, finished.stderr
+    assert "--public-url" in finished.stderr and "expected an http:// or https:// URL" in finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
+@pytest.mark.parametrize("content", [None, b"not json", b"[1, 2]"], ids=["missing", "not json", "not an object"])
+def test_serve_refuses_a_state_file_it_cannot_read_before_loading_anything(tmp_path, content):
+    state_file = tmp_path / "state.json"
+    if content is not None:
+        state_file.write_bytes(content)
+
+    finished = manage(tmp_path, "serve", "--port", str(free_port()), "--state-file", str(state_file), timeout=30)
+
+    refused(finished, str(state_file))
+    assert not (tmp_path / "cache").exists()
+
+
+def test_serve_names_the_recorded_console_address_not_an_unset_console_url_when_it_is_unusable(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "console-url").write_text("garbage here\n")  # what runstack records, damaged
+
+    finished = manage(tmp_path, "serve", "--port", str(free_port()), timeout=30)
+
+    refused(finished, "the console address recorded in DATA_DIR=")
+    assert "CONSOLE_URL='garbage here'" not in finished.stderr
+
+
+# ---------------------------------------------------------------- runstack
+
+
+def test_runstack_refuses_a_host_that_is_not_an_address_here_without_blaming_another_stack(tmp_path):
+    finished = manage(tmp_path, "runstack", "--no-demo", "--host", "no-such-host.invalid", "--port", str(free_port()),
+                      "--serving-port", str(free_port()))
+
+    refused(finished, "no-such-host.invalid")
+    assert "another stack" not in finished.stderr
+    assert not (tmp_path / "data" / "redis").exists()
+
+
+def test_runstack_refuses_an_embedded_redis_port_already_taken_before_anything_starts(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # listens, never answers: a PING there waited out its timeout
+        redis_port = taken.getsockname()[1]
+        finished = manage(tmp_path, "runstack", "--no-demo", "--port", str(free_port()), "--serving-port", str(free_port()),
+                          EMBEDDED_REDIS_PORT=str(redis_port))
+
+    refused(finished, "EMBEDDED_REDIS_PORT")
+    assert f"127.0.0.1:{redis_port} is not free" in finished.stderr
+    assert not (tmp_path / "data" / "redis").exists()
+
+
+@pytest.mark.integration
+def test_runstack_on_the_ipv6_loopback_comes_up_with_bracketed_urls(tmp_path):
+    """``::1`` is one of the loopback hosts it knows; its URLs must read http://[::1]:PORT."""
+    port, serving_port = free_port(), free_port()
+    errors = tmp_path / "stderr.log"
+    stack = subprocess.Popen([sys.executable, "manage.py", "runstack", "--no-demo", "--host", "::1", "--port", str(port),
+                              "--serving-port", str(serving_port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors.open("w"),
+                             env=environment(tmp_path, EMBEDDED_REDIS_PORT=str(free_port())))
+    children: list[int] = []
+    try:
+        worker_url = f"http://[::1]:{serving_port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and stack.poll() is None and _registered_url(tmp_path) != worker_url:
+            time.sleep(0.5)
+        children = [child.pid for child in psutil.Process(stack.pid).children(recursive=True)] if stack.poll() is None else []
+        assert stack.poll() is None, errors.read_text()[-3000:]
+        assert _registered_url(tmp_path) == worker_url, errors.read_text()[-3000:]
+        assert (tmp_path / "data" / "console-url").read_text().strip() == f"http://[::1]:{port}"
+    finally:
+        if stack.poll() is None:
+            stack.terminate()
+            try:
+                stack.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                stack.kill()
+                stack.wait(timeout=10)
+        for pid in children:  # by PID: only what this test's stack started and left
+            if psutil.pid_exists(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert "Traceback" not in errors.read_text()
+
+
+def _registered_url(tmp_path: Path) -> str | None:
+    """The URL the stack's serving worker reported to its console, once it has."""
+    try:
+        with sqlite3.connect(f"file:{tmp_path / 'data' / 'db.sqlite3'}?mode=ro", uri=True, timeout=1) as database:
+            row = database.execute("SELECT url FROM registry_worker").fetchone()
+    except sqlite3.Error:
+        return None
+    return row[0] if row else None
+
+
+# ---------------------------------------------------------------- settings read by every command and the worker
+
+
+def test_a_secret_file_that_is_not_text_is_named_instead_of_a_traceback(tmp_path):
+    (tmp_path / "token.bin").write_bytes(b"\x00\xd0\xff binary")
+
+    finished = manage(tmp_path, "forget_worker", "w1", SERVING_WORKER_TOKEN_FILE=str(tmp_path / "token.bin"))
+
+    refused(finished, "SERVING_WORKER_TOKEN_FILE=")
+    assert "not UTF-8 text" in finished.stderr
