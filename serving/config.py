@@ -12,6 +12,10 @@ from serving.contract import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_S, 
 from serving.env import SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str, env_url
 from serving.model_safety import default_data_dir
 
+# Linux's default ceiling on open files a process may have (fs.nr_open); 3,000,000,000
+# overflowed uvloop's backlog in a traceback.
+MAX_CONNECTIONS_LIMIT = 1_048_576
+
 # Older name, still raised by the engine and the app for settings that conflict.
 ConfigError = SettingError
 
@@ -96,7 +100,7 @@ class ServingConfig:
             header_timeout_s=env_float("SERVING_HEADER_TIMEOUT_S", 10.0, minimum=0.01),
             body_timeout_s=env_float("SERVING_BODY_TIMEOUT_S", 30.0, minimum=0.01),
             max_header_bytes=env_int("SERVING_MAX_HEADER_BYTES", 16 * 1024, minimum=1024),
-            max_connections=env_int("SERVING_MAX_CONNECTIONS", 4096),
+            max_connections=env_int("SERVING_MAX_CONNECTIONS", 4096, maximum=MAX_CONNECTIONS_LIMIT),
             accept_wait_s=env_float("SERVING_ACCEPT_WAIT_S", request_timeout_s / 2),
             keeper_nice=env_int("SERVING_KEEPER_NICE", 5, maximum=19),
             api_keys=env_choice("SERVING_API_KEYS", "off", ("off", "optional", "required")),

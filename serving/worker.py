@@ -33,7 +33,7 @@ from serving.dataplane import DataPlane
 from serving.drain import Drain, DrainingServer
 from serving.endpoints import ServingApp
 from serving.engine import resolve_device
-from serving.env import SettingError
+from serving.env import SettingError, port_number
 from serving.http_protocol import HttpLimits, listen_backlog, protocol_class
 from serving.listen_queue import Keepers
 from serving.logs import configure_logging, event
@@ -197,7 +197,7 @@ def run(config: ServingConfig, host: str, port: int, state_file: str | Path | No
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m serving.worker", description="Run a model serving worker.")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--port", type=port_number, default=8001)
     parser.add_argument("--state-file", help="desired-state JSON to serve instead of asking the console")
     args = parser.parse_args(argv)
     try:

@@ -115,3 +115,25 @@ def test_a_worker_started_with_a_bad_setting_exits_with_one_log_line_naming_it(t
     lines = finished.stderr.decode().splitlines()
     assert len(lines) == 1, finished.stderr.decode()
     assert json.loads(lines[0])["reason"] == "SERVING_MAX_BATCH_SIZE='abc': expected an integer"
+
+
+def test_a_connection_cap_past_the_open_file_ceiling_is_refused_at_start_not_in_a_traceback(monkeypatch):
+    monkeypatch.setenv("SERVING_MAX_CONNECTIONS", "3000000000")  # overflowed uvloop's listen backlog at start
+
+    with pytest.raises(SettingError, match="SERVING_MAX_CONNECTIONS='3000000000'"):
+        ServingConfig.from_env()
+
+
+@pytest.mark.parametrize("port", ["0", "70000", "-1", "eighty"])
+def test_a_worker_given_a_port_out_of_range_exits_2_naming_it(tmp_path, port):
+    import subprocess
+    import sys
+
+    from serving_testkit import REPO_ROOT
+
+    finished = subprocess.run([sys.executable, "-m", "serving.worker", "--port", port], cwd=REPO_ROOT, capture_output=True, timeout=60,
+                              check=False, env={"PATH": "/usr/bin:/bin", "SERVING_CACHE_DIR": str(tmp_path)})
+
+    assert finished.returncode == 2
+    assert f"expected a port number from 1 to 65535, got {port!r}" in finished.stderr.decode()
+    assert b"Traceback" not in finished.stderr

@@ -6,7 +6,6 @@ and a child that exits stops the rest and makes the command exit 1, naming it.""
 
 from __future__ import annotations
 
-import argparse
 import errno
 import io
 import os
@@ -23,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 from console import console_address, embedded_redis
 from console.processes import CONSOLE_HTTP_OPTIONS, stop_all, sweep_groups, wait_http, worker_environment
 from registry.artifacts import storage
-from serving.env import env_int
+from serving.env import env_int, port_number
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
@@ -34,8 +33,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=_port, default=8000, help="console port")
-        parser.add_argument("--serving-port", type=_port, default=8001)
+        parser.add_argument("--port", type=port_number, default=8000, help="console port")
+        parser.add_argument("--serving-port", type=port_number, default=8001)
         parser.add_argument("--no-demo", action="store_true", help="skip registering the demo models")
 
     def handle(self, *args, host, port, serving_port, no_demo, **options):
@@ -188,16 +187,6 @@ def _run_to_the_end(command: list[str], env: dict) -> None:
     _stops.check()
     if returncode:
         raise CommandError(f"{' '.join(command[1:3])} exited with {returncode}; the stack was stopped")
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
-    return port
 
 
 def _http_url(host: str, port: int) -> str:

@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 from serving.config import ServingConfig
 from serving.console_client import StateError, read_state_file
 from serving.control import ControlPlane
-from serving.env import SettingError, check_http_url, env_float, env_str
+from serving.env import SettingError, check_http_url, env_float, env_str, port_number
 from serving.model_safety import enter_private_working_directory
 from serving.worker import Worker, configure_process
 
@@ -32,7 +32,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=_port, default=8001)
+        parser.add_argument("--port", type=port_number, default=8001)
         parser.add_argument("--state-file", help="serve this desired-state JSON instead of asking the console (no control plane)")
         parser.add_argument("--public-url", type=_public_url, help="URL the console uses to probe this worker (default http://HOST:PORT)")
 
@@ -62,15 +62,6 @@ class Command(BaseCommand):
             )
         worker.serve(host, port)
 
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:  # 0 listened on a random port, 70000 on 4464, both reported to the console as given
-        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
-    return port
 
 
 def _public_url(text: str) -> str:
