@@ -13,7 +13,7 @@ from registry.domain.canary_analysis import DEFAULTS, FAIL
 from registry.domain.choices import RolloutStatus
 from registry.domain.traffic import Route
 from registry.fleet.state import warm_versions
-from registry.fleet.workers import gone_workers
+from registry.fleet.workers import GONE_LISTED_FOR, gone_workers
 from registry.models import Release, Rollout, RolloutVerdict, VersionMetricMinute
 
 # Health judges the per-minute roll-ups from the minute that held this moment ago: one
@@ -198,10 +198,8 @@ def _gone_problem() -> tuple[str, str] | None:
     long as the Workers page lists them: convergence counts live workers only, so a frozen
     or crashed one left the badge "Healthy" beside "2/2 converged" while the fleet served
     with a worker fewer."""
-    from console.views import WORKERS_SHOWN_FOR  # the Workers page's own window; views imports this module
-
     now = timezone.now()
-    recently = gone_workers().filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR)
+    recently = gone_workers().filter(last_seen_at__gte=now - GONE_LISTED_FOR)
     seen = list(recently.order_by("-last_seen_at").values_list("last_seen_at", flat=True))
     if not seen:
         return None

@@ -91,7 +91,7 @@ from registry.models import (
     Worker,
 )
 
-WORKERS_SHOWN_FOR = timedelta(hours=1)  # gone workers stay listed (faded) this long
+WORKERS_SHOWN_FOR = fleet.GONE_LISTED_FOR  # gone workers stay listed (faded) this long
 ROLLUP_WINDOW = timedelta(hours=6)
 SERVED_WINDOW = timedelta(hours=1)  # the versions table's traffic column
 TRY_TIMEOUT_S = 10.0

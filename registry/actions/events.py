@@ -111,13 +111,27 @@ def rollout_event(rollout: Rollout, user, message: str, data: dict) -> AuditEven
 
 
 def drill_finished(drill: Drill) -> AuditEvent:
+    # The summary first: "failed: last ack none, 0 failed requests" said neither why it
+    # failed nor that the count was unknown.
+    summary = f"{drill.error}. " if drill.error else ""
     return AuditEvent.objects.create(
         model=drill.model,
         kind=AuditKind.DRILL,
         actor=drill.actor,
-        message=f"Rollback drill {drill.status}: last ack {_seconds(drill.last_ack_s)}, {drill.failed_requests or 0} failed requests",
+        message=f"Rollback drill {drill.status}: {summary}Last ack {_seconds(drill.last_ack_s)}, {_failed_requests(drill)}",
         data={"drill": drill.pk, "status": drill.status},
     )
+
+
+def _failed_requests(drill: Drill) -> str:
+    """The drill's failed requests in words: a count only when every worker's is known."""
+    if drill.failed_requests is not None:
+        return f"{drill.failed_requests} failed requests"
+    rows = [row for row in drill.workers if isinstance(row, dict)]
+    counted = [row["failed_requests"] for row in rows if row.get("failed_requests") is not None]
+    if not counted:
+        return "failed requests unknown"
+    return f"at least {sum(counted)} failed requests (unknown for {len(rows) - len(counted)} of {len(rows)} workers)"
 
 
 def dataset_added(dataset: EvaluationDataset, user) -> AuditEvent:

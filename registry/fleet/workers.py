@@ -22,6 +22,9 @@ from registry.models import Release, Worker, WorkerAck
 from serving.contract import WORKER_STATES, Ack, ContractError, WorkerReport, check_version
 
 SHOWN_ID_CHARS = 40
+# How long a gone worker stays listed (faded) on the Workers page, named in each model's
+# health and in a drill's "not measured" note: one window, so each one named can be found.
+GONE_LISTED_FOR = timedelta(hours=1)
 SHOWN_ERROR_CHARS = 300
 
 

@@ -1,0 +1,89 @@
+"""Which workers a drill measures. A worker silent for a moment before the drill (frozen
+with SIGSTOP, paused) still holds its port and must follow: an operator found a drill
+passing because a worker froze 5.1 s before it, past WORKER_GONE_AFTER_S, where 4.9 s
+failed it. Workers gone longer are not measured, and the summary names only those the
+Workers page still lists, not every dead id until retention forgets it. The workers
+here are threads speaking the worker API, as in test_drill_summary.py."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from registry.models import Worker
+from serving.contract import CONTRACT_VERSION
+from tests.registry.test_drill_summary import follow_rollback, report, run_drill
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def canary(operator_client, three_versions, settings):
+    """digits at generation 2 (a canary split); a drill rolls back to generation 3."""
+    settings.DRILL_ACK_TIMEOUT_S = 1.5
+    split = {"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}
+    operator_client.post("/api/models/digits/release/", split, format="json")
+    return three_versions
+
+
+def reported(worker_client, worker_id: str, silent_for_s: float = 0, **extra) -> None:
+    """``worker_id`` reported serving generation 2, ``silent_for_s`` ago."""
+    assert worker_client.post("/api/serving/reports", {**report(worker_id, 2, 0), **extra}, format="json").status_code == 204
+    Worker.objects.filter(worker_id=worker_id).update(last_seen_at=timezone.now() - timedelta(seconds=silent_for_s))
+
+
+def test_a_worker_silent_shortly_before_the_drill_fails_it_when_it_does_not_follow(worker_client, operator_client, canary, settings):
+    reported(worker_client, "w-1")
+    reported(worker_client, "w-frozen", silent_for_s=settings.WORKER_GONE_AFTER_S + 2)
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
+
+    assert drill["status"] == "failed"
+    assert re.fullmatch(r"1 of 2 workers never confirmed serving generation 3: "
+                        r"w-frozen \(silent 7\.\d s before the drill; no ack before the timeout\)", drill["error"]), drill["error"]
+
+
+def test_a_worker_silent_shortly_before_the_drill_that_follows_it_passes_with_its_silence_on_its_row(worker_client, operator_client, canary,
+                                                                                                     settings):
+    reported(worker_client, "w-1")
+    reported(worker_client, "w-thawed", silent_for_s=settings.WORKER_GONE_AFTER_S + 2)
+
+    followers = [follow_rollback(worker_client, worker_id, delay_s=0, failed_total=0) for worker_id in ("w-1", "w-thawed")]
+    drill = run_drill(operator_client, followers)
+
+    rows = {row["worker"]: row for row in drill["workers"]}
+    assert (drill["status"], sorted(rows)) == ("passed", ["w-1", "w-thawed"])
+    assert rows["w-1"]["silent_before_s"] is None
+    assert rows["w-thawed"]["silent_before_s"] == pytest.approx(settings.WORKER_GONE_AFTER_S + 2, abs=1)
+
+
+def test_a_worker_gone_longer_before_the_drill_is_named_as_not_measured_and_does_not_fail_it(worker_client, operator_client, canary):
+    reported(worker_client, "w-1")
+    reported(worker_client, "w-old", silent_for_s=30 * 60)
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
+
+    assert (drill["status"], [row["worker"] for row in drill["workers"]]) == ("passed", ["w-1"])
+    assert drill["error"] == "not measured: 1 worker(s) gone before the drill (last report between 60 s and 1 h before it): w-old"
+
+
+def test_a_worker_gone_over_an_hour_before_the_drill_is_not_named(worker_client, operator_client, canary):
+    # Every restart reports under a new id: the dead ones were named in every drill for a day.
+    reported(worker_client, "w-1")
+    reported(worker_client, "w-dead", silent_for_s=2 * 3600)
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
+
+    assert (drill["status"], drill["error"]) == ("passed", "")
+
+
+def test_a_worker_that_said_it_stopped_is_never_a_participant(worker_client, operator_client, canary, settings):
+    reported(worker_client, "w-1")
+    reported(worker_client, "w-stopped", silent_for_s=settings.WORKER_GONE_AFTER_S + 2, state="stopped", contract=CONTRACT_VERSION)
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
+
+    assert (drill["status"], [row["worker"] for row in drill["workers"]], drill["error"]) == ("passed", ["w-1"], "")
