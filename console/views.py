@@ -598,7 +598,8 @@ def _drill_words(result: Drill) -> str:
     if result.error:
         return f"{outcome}: {result.error}."
     last_ack = "no worker acked" if result.last_ack_s is None else f"last ack after {result.last_ack_s:.3f} s"
-    return f"{outcome}: {last_ack}, {result.failed_requests or 0} failed requests."
+    failed = "failed requests not counted" if result.failed_requests is None else f"{result.failed_requests} failed requests"
+    return f"{outcome}: {last_ack}, {failed}."
 
 
 # ---------------------------------------------------------------- upload
