@@ -5,7 +5,8 @@ model serialise and generations stay gap-free), checks the request, appends a
 ``Release`` and publishes the whole desired state to the workers after commit.
 
 Rollback is "undo": every release remembers the release a rollback from it returns
-to (``rollback_target``), so rolling back twice walks back twice.
+to (``rollback_target``), so rolling back twice walks back twice. An abort to stable is a
+rollback too: a rollback after it walks on past the aborted canary, never back onto it.
 
 Archiving a served model is a release too (``archive_traffic``): one with no routes that
 leaves the model out of the desired state from its generation on, keeping the stable
@@ -137,7 +138,8 @@ def to_stable(model: RegisteredModel, stable_version: int | None, actor, reason:
               rollout: Rollout | None = None) -> Release:
     """Everything back on ``stable_version`` at once (a rollout's abort or automatic
     rollback); None means the current release's stable, read under the lock (the
-    console's "Abort to stable")."""
+    console's "Abort to stable"). A rollback from here never returns to the aborted
+    canary (``_rollback_target_after_abort``)."""
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         check_expected_generation(model, model.current_release(), expected_generation)
@@ -146,9 +148,30 @@ def to_stable(model: RegisteredModel, stable_version: int | None, actor, reason:
         stable_version = current.stable_version if stable_version is None else stable_version
         _check_still_ready(model, [stable_version])
         routes = [Route(version=stable_version, weight=100)]
-        release = _append(counter, model, routes, stable_version, ReleaseAction.ROLLBACK, current, actor, reason, rollout=rollout)
+        target = _rollback_target_after_abort(current, routes)
+        release = _append(counter, model, routes, stable_version, ReleaseAction.ROLLBACK, target, actor, reason, rollout=rollout)
         events.release_made(release, f"Traffic back to v{stable_version} 100% (generation {release.generation}): {reason}")
     return release
+
+
+def _rollback_target_after_abort(current: Release, routes: list[Route]) -> Release | None:
+    """Where a rollback after an abort from ``current`` to ``routes`` returns: the newest
+    release of ``current``'s rollback chain that routes none of the aborted versions and
+    serves something other than the abort. With ``current`` as the target, "Roll back"
+    would undo the abort and send traffic to the canary just judged bad; the release
+    before the canary usually serves what the abort serves, and a rollback from the
+    abort then goes where a rollback from that release would. None (no rollback) when
+    the chain holds nothing else, or only further back than the lookback."""
+    aborted = set(current.routed_versions()) - {route.version for route in routes}
+    release = current
+    for _ in range(ALL_STABLE_LOOKBACK):
+        if release is None:
+            return None
+        # An earlier attempt at the same canary may sit further back: walk past it too.
+        if not aborted & set(release.routed_versions()) and not _same_routes(routes, release):
+            return release
+        release = release.rollback_target
+    return None
 
 
 def last_all_stable(model: RegisteredModel, stable_version: int) -> Release | None:
@@ -251,9 +274,15 @@ def restore(model: RegisteredModel, generation: int, actor, reason: str = "", *,
         if earlier.is_archive:
             raise ReleaseConflict(f"generation {generation} archived {model.name}: archive the model instead of restoring it")
         routes = [Route.from_json(route) for route in earlier.routes]
+        current = model.current_release()
+        if current is not None and _same_routes(routes, current):
+            # As with a split that changes nothing: the new generation would become the
+            # rollback point, and the one-click rollback would "return" to what is served.
+            raise ReleaseConflict(f"generation {generation} routes what {model.name} serves now "
+                                  f"({_describe(routes)}, generation {current.generation}): nothing to restore")
         _check_still_ready(model, [route.version for route in routes])
         note = reason or f"restore of generation {generation}"
-        release = _append(counter, model, routes, earlier.stable_version, ReleaseAction.RESTORE, model.current_release(), actor, note)
+        release = _append(counter, model, routes, earlier.stable_version, ReleaseAction.RESTORE, current, actor, note)
         events.release_made(release, f"Restored generation {generation}: traffic {_describe(routes)} (generation {release.generation})")
     return release
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from registry.fleet.state import desired_state
-from registry.models import Release
+from registry.models import AuditEvent, Release
 from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db
@@ -116,8 +116,9 @@ def test_a_split_that_changes_nothing_is_a_conflict_and_makes_no_generation(oper
 def test_a_rollback_that_would_change_no_traffic_is_a_conflict_naming_why(operator_client, three_versions):
     split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
     split(operator_client, [{"version": 1, "weight": 70}, {"version": 2, "weight": 30}])
-    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
-    operator_client.post(RELEASE + "restore/", {"generation": 2}, format="json")  # the same split as generation 4's, again
+    operator_client.post(RELEASE + "restore/", {"generation": 2}, format="json")  # generation 4: 50/50 again, over 70/30
+    # A restore of what is served is refused now; a rollout's step may still set it again (generation 5).
+    operator_client.post("/api/models/digits/rollouts/", {"canary_version": 2, "steps": [50, 100]}, format="json")
     count = Release.objects.count()
 
     response = operator_client.post(RELEASE + "rollback/", {}, format="json")
@@ -156,6 +157,30 @@ def test_restore_brings_back_any_earlier_generation(operator_client, three_versi
     assert response.status_code == 201
     assert response.json()["release"]["routes"] == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
     assert response.json()["release"]["action"] == "restore"
+
+
+@pytest.mark.parametrize("generation", [4, 2])
+def test_restoring_the_split_served_now_is_a_conflict_naming_the_generation_and_writes_nothing(operator_client, three_versions, generation):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    counts = (Release.objects.count(), AuditEvent.objects.count())
+
+    response = operator_client.post(RELEASE + "restore/", {"generation": generation}, format="json")  # the current one, or its split's twin
+
+    assert response.status_code == 409
+    assert response.json()["error"] == (f"generation {generation} routes what digits serves now (v1 90%, v2 10%, generation 4): "
+                                        "nothing to restore")
+    assert (Release.objects.count(), AuditEvent.objects.count()) == counts
+
+
+def test_a_refused_restore_of_the_split_served_now_leaves_the_rollback_where_it_was(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    operator_client.post(RELEASE + "restore/", {"generation": 2}, format="json")
+
+    assert operator_client.get(RELEASE).json()["rollback_returns_to"] == "v1 100% (generation 1)"
+    response = operator_client.post(RELEASE + "rollback/", {}, format="json")
+    assert (response.status_code, response.json()["release"]["routes"]) == (201, [{"version": 1, "weight": 100}])
 
 
 def test_restore_of_an_unknown_generation_is_refused(operator_client, three_versions):

@@ -125,13 +125,14 @@ def test_rollback_after_a_restore_returns_to_what_the_restore_replaced(three_ver
     assert Release.objects.get(generation=4).reason == "restore of generation 2"
 
 
-def test_restoring_the_current_generation_still_appends_a_release(three_versions, operator):
+def test_restoring_the_current_generation_is_refused_and_appends_nothing(three_versions, operator):
+    # It used to append a copy, which became the rollback point: rollback then had nothing to return to.
     releases.set_routes(three_versions, CANARY, operator)
 
-    restored = releases.restore(three_versions, 2, operator, "re-publish")
+    with pytest.raises(releases.ReleaseConflict, match=r"^generation 2 routes what digits serves now \(v1 90%, v2 10%, generation 2\)"):
+        releases.restore(three_versions, 2, operator, "re-publish")
 
-    assert (restored.generation, restored.routes, restored.stable_version, restored.rollback_target.generation) == (3, CANARY, 1, 2)
-    assert restored.reason == "re-publish"
+    assert chain(three_versions) == [(1, "initial", [{"version": 1, "weight": 100}], 1, None), (2, "set_routes", CANARY, 1, 1)]
 
 
 def test_a_drill_rolls_back_then_its_roll_forward_restores_the_generation_it_started_from(three_versions, operator):
@@ -311,6 +312,7 @@ def test_each_change_publishes_the_whole_state_once_after_commit(three_versions,
         lambda model, actor: releases.promote(model, actor),
         lambda model, actor: releases.rollback(model, actor),
         lambda model, actor: releases.restore(model, 99, actor),
+        lambda model, actor: releases.restore(model, 1, actor),  # what is served now
     ],
 )
 def test_a_refused_change_publishes_nothing(three_versions, operator, serving_group, django_capture_on_commit_callbacks, refused):

@@ -144,6 +144,19 @@ def test_consecutive_failing_windows_roll_back_to_stable_with_the_numbers_in_the
     assert three_versions.current_release().reason.startswith(f"rollout #{rollout.pk} rolled back automatically")
 
 
+def test_after_the_automatic_rollback_no_rollback_brings_the_failing_canary_back(three_versions, operator):
+    rollout = start(three_versions, operator)
+    rollout = judge_next(rollout)  # step 2: v2 at 50%
+    broken = figures("digits", 2, requests=200, errors=60)
+    judge_next(judge_next(rollout, canary=broken), canary=broken)
+    current = three_versions.current_release()
+
+    assert releases.rollback_preview(current) is None
+    with pytest.raises(releases.ReleaseConflict, match="nothing to roll back to"):
+        releases.rollback(three_versions, operator)
+    assert routes(three_versions) == [{"version": 1, "weight": 100}]
+
+
 def test_a_passing_window_between_failures_resets_the_streak(three_versions, operator):
     rollout = start(three_versions, operator, step_duration_s=1000)
     broken = figures("digits", 2, requests=200, errors=60)
