@@ -206,6 +206,13 @@ def main(argv: list[str] | None = None) -> None:
         configure_logging("info")
         logger.error(event("bad_setting", reason=str(error)))
         raise SystemExit(2) from None
+    if args.state_file is not None:  # read again at start-up; a typo in its path is said here, not in a logged traceback
+        try:
+            read_state_file(args.state_file)
+        except StateError as error:
+            configure_logging("info")
+            logger.error(event("bad_state_file", reason=str(error)))
+            raise SystemExit(2) from None
     run(config, args.host, args.port, args.state_file)
 
 

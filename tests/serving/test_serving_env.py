@@ -137,3 +137,20 @@ def test_a_worker_given_a_port_out_of_range_exits_2_naming_it(tmp_path, port):
     assert finished.returncode == 2
     assert f"expected a port number from 1 to 65535, got {port!r}" in finished.stderr.decode()
     assert b"Traceback" not in finished.stderr
+
+
+def test_a_worker_given_a_state_file_it_cannot_read_exits_2_with_one_line_naming_it(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from serving_testkit import REPO_ROOT
+
+    missing = tmp_path / "no-such-state.json"
+    finished = subprocess.run([sys.executable, "-m", "serving.worker", "--port", "9", "--state-file", str(missing)], cwd=REPO_ROOT,
+                              capture_output=True, timeout=60, check=False, env={"PATH": "/usr/bin:/bin", "SERVING_CACHE_DIR": str(tmp_path)})
+
+    assert finished.returncode == 2
+    lines = finished.stderr.decode().splitlines()
+    assert len(lines) == 1, finished.stderr.decode()
+    assert json.loads(lines[0])["event"] == "bad_state_file" and str(missing) in lines[0]
