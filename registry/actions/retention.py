@@ -193,8 +193,14 @@ def _oldest_needed_generation() -> int:
 
 
 def _delete_in_chunks(queryset: QuerySet) -> int:
-    """Delete what ``queryset`` selects, a bounded number of rows per statement."""
+    """Delete what ``queryset`` selects, a bounded number of rows per statement.
+
+    Each DELETE repeats the query's own conditions beside the listed ids: a row that
+    stopped matching after it was listed (a gone worker that reported again) stays."""
     deleted = 0
     while ids := list(queryset.values_list("pk", flat=True)[:DELETE_CHUNK]):
-        deleted += queryset.model.objects.filter(pk__in=ids).delete()[0]
+        removed = queryset.filter(pk__in=ids).delete()[0]
+        deleted += removed
+        if not removed:  # all changed since listed; never spin on a listing the DELETE disagrees with
+            break
     return deleted

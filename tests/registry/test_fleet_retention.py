@@ -9,11 +9,14 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 
 from registry.actions import releases
 from registry.domain.choices import DrillStatus
+from registry.fleet.workers import record_report
 from registry.models import Drill, Worker, WorkerAck
+from tests.registry.test_api_fleet import report
 
 pytestmark = pytest.mark.django_db
 DAY_S = 24 * 3600
@@ -62,6 +65,26 @@ def test_a_worker_seen_within_the_forget_time_is_kept(five_generations, viewer_c
     apply_retention()
 
     assert [row["worker_id"] for row in viewer_client.get("/api/workers/?all=1").json()] == ["w-idle"]
+
+
+def test_a_gone_worker_that_reports_while_the_sweep_runs_is_kept(five_generations, viewer_client):
+    worker_seen("w-1", DAY_S + 60)
+    # Forced at the gap: the worker reports again after the sweep listed it as gone and
+    # before the sweep deletes it. It was deleted, a live worker forgotten.
+    reported = []
+
+    def report_after_the_listing(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not reported and sql.startswith("SELECT") and "last_seen_at" in sql and "registry_worker" in sql:
+            reported.append(sql)  # first: the report's own queries pass through here too
+            record_report(report(), None)
+        return result
+
+    with connection.execute_wrapper(report_after_the_listing):
+        apply_retention()
+
+    assert reported, "the sweep never listed the gone worker"
+    assert [row["worker_id"] for row in viewer_client.get("/api/workers/?all=1").json()] == ["w-1"]
 
 
 def test_the_forget_time_is_a_setting(five_generations, settings):
