@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -14,6 +13,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from registry.building import demo
+from serving.env import SettingError, check_http_url
 
 
 class Command(BaseCommand):
@@ -67,13 +67,9 @@ class Command(BaseCommand):
 def _worker_url(source: str, value: str) -> str:
     """An http(s) URL with a host; anything else used to fail every request, exit status 0."""
     try:
-        parts = urlsplit(value)
-        parts.port  # raises ValueError for a port that is not a number
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise CommandError(f"{source}={value!r}: expected an http:// or https:// URL with a host, e.g. http://127.0.0.1:8001")
-    return value.rstrip("/")
+        return check_http_url(source, value)
+    except SettingError as error:
+        raise CommandError(str(error)) from None
 
 
 def _one(client: httpx.Client, target: str, body: bytes, headers: dict) -> str:
