@@ -290,7 +290,7 @@ def model_context(model: RegisteredModel, chosen: audit_log.AuditFilter = audit_
         "drills": model.drills.select_related("model", "actor")[:5],
         "upload_form": forms.UploadForm(),
         "details_form": forms.ModelDetailsForm(initial={"description": model.description, "tags": model.tags, "owner": model.owner.get_username() if model.owner else ""}),
-        "live_config": {"model": model.name, "gone_after_s": settings.WORKER_GONE_AFTER_S},
+        "live_config": {"model": model.name, "gone_after_s": settings.WORKER_GONE_AFTER_S, "drill_silent_s": drills.RECENTLY_SILENT_S},
     }
 
 

@@ -291,10 +291,12 @@ window.ModelOps = (function () {
       return previous;
     }
 
-    function fresh() {
-      const cutoff = Date.now() - goneAfterS * 1000;
+    function seenWithin(seconds) {
+      const cutoff = Date.now() - seconds * 1000;
       return [...latest.values()].filter((report) => report.receivedAt >= cutoff);
     }
+
+    function fresh() { return seenWithin(goneAfterS); }
 
     function figures(modelName) {
       const totals = new Map();
@@ -312,7 +314,7 @@ window.ModelOps = (function () {
       return totals;
     }
 
-    return { add, fresh, figures, latest };
+    return { add, fresh, seenWithin, figures, latest };
   }
 
   // errors are 5xx answers, client_errors 4xx: both counted, shown side by side.

@@ -276,9 +276,12 @@
   });
 
   // ---- the drill: a timer while the server waits for every worker's ack
-  // Progress counts the workers live when it started, as the server waits for them: one
-  // that falls silent stays counted, as not following. A worker follows once it reports
-  // the rollback's state by its digest (or a later generation).
+  // Progress counts the workers the server waits for: those that reported within
+  // drill_silent_s when it started (a worker frozen a few seconds before is one, and fails
+  // the drill unless it follows), never one whose last report said it stopped. One that
+  // falls silent stays counted, as not following. Only workers this page heard from are
+  // known here. A worker follows once it reports the rollback's state by its digest (or a
+  // later generation).
   const drill = (function () {
     const box = document.getElementById("drill-status");
     let started = 0;
@@ -289,7 +292,8 @@
     function start() {
       started = performance.now();
       target = null;
-      waitedFor = book.fresh().map((report) => report.worker);
+      const span = Math.max(config.drill_silent_s, config.gone_after_s);
+      waitedFor = book.seenWithin(span).filter((report) => report.state !== "stopped").map((report) => report.worker);
       box.hidden = false;
       box.classList.remove("done");
       timer = setInterval(render, 100);
