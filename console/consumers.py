@@ -4,10 +4,14 @@ pages re-render the split and convergence the moment an operator acts."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from importlib import import_module
 
 from channels.auth import get_user
+from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -16,6 +20,8 @@ from registry.db_unavailable import is_database_unavailable
 from registry.fleet.live import LIVE_GROUP
 from serving.contract import SERVING_GROUP, ContractError, DesiredState
 from serving.state_signing import SignatureRefused, signing_key, verify_state
+
+logger = logging.getLogger(__name__)
 
 
 class NoSuchSocket(AsyncWebsocketConsumer):
@@ -33,8 +39,28 @@ class NoSuchSocket(AsyncWebsocketConsumer):
 SIGN_IN_RECHECK_S = 5.0
 CLOSE_SIGNED_OUT, CLOSE_TRY_AGAIN = 4401, 1013
 
+# How often an open feed sends itself a ping through the channel layer. A Redis that stops
+# answering after the feed opened (a stopped process: connections stay up, nothing moves)
+# raised nothing: the feed stayed open and silent, and the page went on showing "Live"
+# without polling. The layer's receive has no read timeout (console/redis_options.py says
+# why), so the feed listens for its own ping instead: a send that times out, or no ping
+# back for FEED_PINGS_MISSED intervals (the receive's connection hung alone), closes it
+# with 1013 and the page polls and reconnects. One small message per interval per open feed.
+FEED_PING_EVERY_S = 5.0
+FEED_PINGS_MISSED = 2
+FEED_PING = "live.ping"
+WATCHDOG_TASK = "live-feed-watchdog"
+
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
+    _watchdog: asyncio.Task | None = None
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stop_watchdog()  # however the feed ended: disconnect, a handler's error, the server cancelling it
+
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -45,6 +71,37 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await bounded(self.channel_layer.group_add(LIVE_GROUP, self.channel_name))
         await bounded(self.channel_layer.group_add(SERVING_GROUP, self.channel_name))
         await self.accept()
+        self._ping_back_at = time.monotonic()
+        self._watchdog = asyncio.create_task(self._watch_channel_layer(), name=WATCHDOG_TASK)
+
+    async def dispatch(self, message):
+        # A ping skips Channels' dispatch, which closes stale database connections on a
+        # thread before every handler: a ping needs neither the thread nor the database.
+        if message.get("type") == FEED_PING:
+            self._ping_back_at = time.monotonic()
+            return
+        await super().dispatch(message)
+
+    async def _watch_channel_layer(self):
+        while True:
+            await asyncio.sleep(FEED_PING_EVERY_S)
+            if time.monotonic() - self._ping_back_at > FEED_PINGS_MISSED * FEED_PING_EVERY_S:
+                cause = f"no ping back in {FEED_PINGS_MISSED * FEED_PING_EVERY_S:g} s"
+                break
+            try:
+                await bounded(self.channel_layer.send(self.channel_name, {"type": FEED_PING}))
+            except ChannelFull:
+                pass  # the feed is far behind; if its pings stop coming back, the check above closes it
+            except CHANNEL_LAYER_DOWN as error:
+                cause = type(error).__name__
+                break
+        logger.warning("channel layer unavailable on websocket %s: closed (%s)", self.scope.get("path", "")[:200], cause)
+        with contextlib.suppress(Exception):  # the client may have gone already
+            await self.close(code=CLOSE_TRY_AGAIN)
+
+    def _stop_watchdog(self):
+        if self._watchdog is not None:
+            self._watchdog.cancel()
 
     async def send_json(self, content, close=False):
         if await self._still_signed_in():
@@ -70,6 +127,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         return False
 
     async def disconnect(self, code):
+        self._stop_watchdog()  # before the discards, which may wait on a frozen Redis: no close during them
         try:
             await bounded(self.channel_layer.group_discard(LIVE_GROUP, self.channel_name))
             await bounded(self.channel_layer.group_discard(SERVING_GROUP, self.channel_name))

@@ -8,7 +8,8 @@ an unavailable database before the socket is accepted refuses the handshake: a 5
 close (403) elsewhere; one warning line, no traceback. The same holds for the channel
 layer's Redis, which a consumer joins groups on and reads from, whether it refuses or,
 stopped, never answers (``bounded``); once a feed is open, a lost Redis closes it with
-1013 ("try again later") and the page reconnects.
+1013 ("try again later") and the page reconnects, a stopped one too: the feed's own ping
+through the layer stops coming back (consumers.FEED_PING_EVERY_S).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The browser feed relays desired-state changes with routes and the state's digest only;
 a Redis that takes connections and never answers (a stopped process) holds neither its
-handshake nor its close past the channel layer's send bound."""
+handshake nor its close past the channel layer's send bound, and an open feed whose Redis
+stops so is closed with 1013 (its own ping through the layer fails) instead of staying
+silent while the page believes it live."""
 
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ import time
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.db import connections
 from django.test import Client
 
-from console import redis_options
+from console import consumers, redis_options
 from console.consumers import state_change
+from registry.fleet.live import LIVE_GROUP
 from serving.contract import DesiredState, ModelState, Route
 
 SLACK_S = 3.0  # the test's own overhead on a loaded 2-core machine
@@ -29,8 +33,9 @@ def test_state_change_keeps_routes_generations_and_the_digest_only():
         Route(version=2, weight=10, sha256="cd" * 32, artifact_url="/api/y"),
     ))}, digest="ef" * 32)
 
+    routes = [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
     assert state_change(state) == {"kind": "state", "generation": 7, "digest": "ef" * 32,
-                                   "models": {"digits": {"generation": 7, "routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}}}
+                                   "models": {"digits": {"generation": 7, "routes": routes}}}
 
 
 # ---------------------------------------------------------------- a frozen Redis
@@ -103,3 +108,118 @@ def test_a_live_feed_closed_while_redis_never_answers_ends_within_the_send_bound
             await close_thread_connections()
 
     assert asyncio.run(open_freeze_close()) < django_settings.CHANNEL_SEND_TIMEOUT_S + SLACK_S
+
+
+# ---------------------------------------------------------------- an open feed's watchdog
+
+PING_EVERY_S = 1.0  # a fifth of the console's: quick, and still far above a loaded event loop's stalls
+CLOSE_TRY_AGAIN = {"type": "websocket.close", "code": 1013}
+
+
+@pytest.fixture
+def quick_pings(monkeypatch):
+    monkeypatch.setattr(consumers, "FEED_PING_EVERY_S", PING_EVERY_S)
+
+
+@pytest.fixture(params=["redis", "in-memory"])
+def healthy_layer(request, settings):
+    """The console's layer (Redis) and the one-process one (tests, manage.py shell)."""
+    if request.param == "redis":
+        settings.CHANNEL_LAYERS = redis_options.channel_layers(request.getfixturevalue("redis_server").url, "healthy-feed-test")
+    else:
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+class DeafLayer(InMemoryChannelLayer):
+    """Sends go through; the feed's receive never returns, as on a connection that hung
+    alone while the layer's other connections still work."""
+
+    async def receive(self, channel):
+        await asyncio.Event().wait()
+
+
+def watchdogs() -> list[asyncio.Task]:
+    return [task for task in asyncio.all_tasks() if task.get_name() == consumers.WATCHDOG_TASK]
+
+
+async def first_output_or_none(communicator: WebsocketCommunicator, timeout: float) -> dict | None:
+    try:
+        return await communicator.receive_output(timeout=timeout)
+    except TimeoutError:
+        return None  # nothing came: the communicator has cancelled the feed
+
+
+async def end(communicator: WebsocketCommunicator) -> None:
+    """The browser goes (the feed's discards may each wait out the send bound), then the
+    session's thread connection is closed."""
+    try:
+        if not communicator.future.done():
+            await communicator.disconnect(timeout=2 * django_settings.CHANNEL_SEND_TIMEOUT_S + SLACK_S)
+    finally:
+        await close_thread_connections()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_open_live_feed_is_closed_try_again_later_once_redis_stops_answering(operator, redis_layer, quick_pings):
+    communicator = feed(operator)
+    bound_s = consumers.FEED_PINGS_MISSED * PING_EVERY_S + django_settings.CHANNEL_SEND_TIMEOUT_S + SLACK_S
+
+    async def open_freeze_wait():
+        try:
+            connected, _ = await communicator.connect(timeout=5)
+            assert connected
+            redis_layer()
+            started = time.monotonic()
+            return await first_output_or_none(communicator, bound_s), time.monotonic() - started
+        finally:
+            await end(communicator)
+
+    output, waited_s = asyncio.run(open_freeze_wait())
+
+    assert output == CLOSE_TRY_AGAIN
+    assert waited_s < bound_s
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_open_live_feed_whose_pings_never_come_back_is_closed_try_again_later(operator, settings, quick_pings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.DeafLayer"}}
+    communicator = feed(operator)
+    bound_s = (consumers.FEED_PINGS_MISSED + 1) * PING_EVERY_S + SLACK_S
+
+    async def open_and_wait():
+        try:
+            connected, _ = await communicator.connect(timeout=5)
+            assert connected
+            started = time.monotonic()
+            return await first_output_or_none(communicator, bound_s), time.monotonic() - started
+        finally:
+            await end(communicator)
+
+    output, waited_s = asyncio.run(open_and_wait())
+
+    assert output == CLOSE_TRY_AGAIN
+    assert waited_s < bound_s
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_healthy_live_feed_stays_open_past_several_pings_sends_none_and_leaves_no_watchdog(operator, healthy_layer, quick_pings):
+    communicator = feed(operator)
+
+    async def open_watch_close():
+        try:
+            connected, _ = await communicator.connect(timeout=5)
+            assert connected
+            running = len(watchdogs())
+            quiet = await communicator.receive_nothing(timeout=4 * PING_EVERY_S)
+            await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.job", "job": {"id": 7}})
+            relayed = await communicator.receive_json_from(timeout=5)
+        finally:
+            await end(communicator)
+        return running, quiet, relayed, len(watchdogs())
+
+    running, quiet, relayed, left = asyncio.run(open_watch_close())
+
+    assert running == 1
+    assert quiet is True  # no ping reached the browser, and the feed was not closed
+    assert relayed == {"kind": "job", "job": {"id": 7}}
+    assert left == 0
