@@ -28,9 +28,23 @@ from serving.env import (
 from serving.model_safety import default_data_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _data_dir() -> Path:
+    """DATA_DIR, made if missing. One that cannot be used is a SettingError naming it (one
+    line from manage.py), not the traceback of a mkdir every command printed."""
+    path = Path(env_str("DATA_DIR", str(default_data_dir()))).resolve()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)  # the mode applies when it is made here
+    except FileExistsError:  # exist_ok covers a directory only
+        raise SettingError(f"DATA_DIR={str(path)!r}: not a directory (a file of that name is there)") from None
+    except OSError as error:
+        raise SettingError(f"DATA_DIR={str(path)!r}: cannot create it ({error.strerror})") from None
+    return path
+
+
 # Outside the code tree: no process that loads models runs where the secrets live.
-DATA_DIR = Path(env_str("DATA_DIR", str(default_data_dir()))).resolve()
-DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # the mode applies when it is made here
+DATA_DIR = _data_dir()
 
 
 def _private_file(path: Path) -> Path:

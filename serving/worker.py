@@ -1,7 +1,8 @@
 """A serving worker process: repository + ASGI app under uvicorn (uvloop, httptools).
 
-The initial state (from the console, or a JSON file) is applied in the ASGI lifespan
-startup, so uvicorn accepts no connection before every routed version is warm. When the
+The initial state is applied before uvicorn accepts any connection, so every routed
+version is warm first: the console's in the ASGI lifespan startup, a state file's just
+before uvicorn starts (one that cannot be applied is the operator's to fix: exit 2). When the
 console cannot answer, the worker serves the last state it applied, persisted beside
 its artifact cache (serving/state_store.py) and re-checked before use.
 The control plane (serving/control.py) plugs in through `Worker.on_startup` /
@@ -63,6 +64,7 @@ class Worker:
         self.app = ServingApp(self.dataplane, config, self.drain)
         self.state_store = StateStore(config.cache_dir, signing_key(config.worker_token) if config.worker_token else None)
         self.initial_persisted: tuple[dict, dict] | None = None  # (state, apply result) when served from disk at start
+        self.state_file_applied = False  # serve() applies it before uvicorn starts; an in-process worker, in the lifespan
         self.on_startup = self.app.on_startup  # async callables, run in order before serving
         self.on_shutdown = self.app.on_shutdown
         self.api_key_refresher = self._api_key_refresher()
@@ -108,9 +110,8 @@ class Worker:
         apply; the control plane reconciles, and acks what it could not apply. With neither,
         the worker stays not-ready until the console's state applies."""
         if self.state_file is not None:
-            result = await self.apply(read_state_file(self.state_file))
-            if not result["ok"]:
-                raise RuntimeError(f"cannot apply {self.state_file}: {result['error']}")
+            if not self.state_file_applied:
+                await self.apply_state_file()
             return
         try:
             state = await asyncio.get_running_loop().run_in_executor(None, self.console.fetch_state)
@@ -122,6 +123,13 @@ class Worker:
         if not result["ok"]:  # an artifact the console cannot serve now: what was served last beats nothing
             logger.warning(event("console_state_not_applied", generation=result["generation"], reason=result.get("error", "")[:300]))
             await self.load_persisted_state()
+
+    async def apply_state_file(self) -> None:
+        """Serve the state file; StateError naming it and why when it cannot be read or applied."""
+        result = await self.apply(read_state_file(self.state_file))
+        if not result["ok"]:
+            raise StateError(f"cannot apply state file {self.state_file}: {result['error']}")
+        self.state_file_applied = True
 
     async def load_persisted_state(self) -> None:
         """Serve the persisted state if it passes its checks; anything wrong is logged, never fatal."""
@@ -159,9 +167,25 @@ class Worker:
             access_log=False, log_level=self.config.log_level, workers=1,
             log_config=None,  # uvicorn's lines go through our JSON handler (serving/logs.py) like every other
         ), self.drain, self.keepers)
-        server.run()
+        if self.state_file is None:
+            server.run()
+        else:
+            self._serve_state_file(server)
         if server.exit_status:  # the drain's bound cut requests (serving/drain.py)
             sys.exit(server.exit_status)
+
+    def _serve_state_file(self, server: DrainingServer) -> None:
+        """``server.run()``, with the state file applied first, on the loop that then serves it
+        (each loaded version's batcher runs there). Applied in the lifespan, a file that cannot
+        be served was a logged traceback and uvicorn's exit 3; it is the operator's bad input,
+        refused like a file that cannot be read: one line, exit 2."""
+        with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+            try:
+                runner.run(self.apply_state_file())
+            except StateError as refusal:
+                logger.error(event("bad_state_file", reason=str(refusal)))
+                raise SystemExit(2) from None
+            runner.run(server.serve())
 
 
 GC_THRESHOLDS = (20_000, 50, 100)  # CPython's defaults: (700, 10, 10)

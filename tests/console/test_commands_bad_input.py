@@ -5,6 +5,7 @@ leaves nothing half-done. Commands that start servers run as subprocesses, bound
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import socket
@@ -23,6 +24,7 @@ from django.db.models import QuerySet
 
 from console.embedded_redis import free_port
 from registry.models import ModelVersion, RegisteredModel
+from serving.contract import CONTRACT_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 WITHHELD = {"DATABASE_URL", "REDIS_URL", "CI", "CONSOLE_URL", "DJANGO_SECRET_KEY", "SERVING_PUBLIC_URL"}
@@ -314,3 +316,26 @@ def test_a_secret_file_that_is_not_text_is_named_instead_of_a_traceback(tmp_path
 
     refused(finished, "SERVING_WORKER_TOKEN_FILE=")
     assert "not UTF-8 text" in finished.stderr
+
+
+# ---------------------------------------------------------------- serve: a state file it cannot use
+
+
+def test_serve_exits_2_for_a_state_file_it_cannot_read_as_for_one_it_cannot_apply(tmp_path):
+    finished = manage(tmp_path, "serve", "--port", str(free_port()), "--state-file", str(tmp_path / "no-such-state.json"), timeout=30)
+
+    assert finished.returncode == 2, finished.stderr
+
+
+@pytest.mark.parametrize("contract", [None, CONTRACT_VERSION + 1], ids=["no contract", "another contract version"])
+def test_serve_refuses_a_state_file_it_cannot_apply_with_exit_2_and_one_line_naming_it(tmp_path, contract):
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps({} if contract is None else {"contract": contract, "generation": 1, "models": {}}))
+
+    finished = manage(tmp_path, "serve", "--port", str(free_port()), "--state-file", str(state_file), timeout=60)
+
+    assert finished.returncode == 2, finished.stderr
+    assert "Traceback" not in finished.stderr
+    lines = [json.loads(line) for line in finished.stderr.splitlines()]  # the worker's JSON log lines, that one too
+    assert [line["event"] for line in lines if str(state_file) in json.dumps(line)] == ["bad_state_file"], finished.stderr
+    assert f"this side speaks contract {CONTRACT_VERSION}" in lines[-1]["reason"], finished.stderr

@@ -40,8 +40,8 @@ class Command(BaseCommand):
         if state_file is not None:  # read again at start-up; a typo in its path is said here, not in a logged traceback
             try:
                 read_state_file(state_file)
-            except StateError as error:
-                raise CommandError(str(error)) from None
+            except StateError as error:  # exit 2 like a file that reads but cannot be applied (Worker.serve)
+                raise CommandError(str(error), returncode=2) from None
         config = ServingConfig.from_env()
         if not config.worker_token:
             config = dataclasses.replace(config, worker_token=settings.SERVING_WORKER_TOKEN)
