@@ -64,7 +64,12 @@ def artifact_location(url: object, console_url: str, *, allow_local: bool) -> st
     if url.startswith("file://") or (url.startswith("/") and os.path.isfile(url)):
         if not allow_local:
             raise ArtifactRefused(f"local artifact {shown!r} refused: local paths need SERVING_ALLOW_LOCAL_ARTIFACTS=true")
-        return str(local_path(url))
+        path = local_path(url)
+        if not path.is_absolute():
+            raise ArtifactRefused(f"local artifact {shown!r} refused: name it by absolute path")
+        # A file:// URL, not a bare path: read again (fetch_artifact), a path that had gone
+        # missing meanwhile was taken for one relative to the console and downloaded from it.
+        return path.as_uri()
     parts = urlsplit(url)
     if not parts.scheme and not parts.netloc:
         return f"{console_url.rstrip('/')}/{url.lstrip('/')}"
@@ -154,8 +159,8 @@ class ConsoleClient:
     def fetch_artifact(self, url: str, sha256: str, dest: Path) -> Path:
         """A verified local copy of the artifact: `dest` (downloaded) or the local file."""
         location = artifact_location(url, self.base_url, allow_local=self.allow_local)
-        if origin(location) is None:  # a local path, allowed above
-            return _verified(Path(location), sha256)
+        if location.startswith("file://"):  # a local file, allowed above
+            return _verified(local_path(location), sha256)
         cached = dest.is_file()
         if cached and sha256_of_file(dest) == sha256:
             return dest  # cache hit: the cache is keyed by sha256

@@ -8,7 +8,7 @@ import hashlib
 import httpx
 import pytest
 
-from serving.console_client import ArtifactError, ConsoleClient, StateError, read_state_file
+from serving.console_client import ArtifactError, ConsoleClient, StateError, artifact_location, read_state_file
 
 PAYLOAD = b"model bytes"
 SHA256 = hashlib.sha256(PAYLOAD).hexdigest()
@@ -96,6 +96,19 @@ def test_local_artifact_urls_are_read_in_place_and_verified_when_allowed(tmp_pat
     assert client.fetch_artifact(str(source), SHA256, tmp_path / "x") == source
     with pytest.raises(ArtifactError):
         client.fetch_artifact(str(source), "1" * 64, tmp_path / "x")
+
+
+def test_a_local_artifact_that_is_not_there_is_said_missing_and_never_asked_of_the_console(tmp_path):
+    asked = []
+    client = ConsoleClient("http://console.test", "s3cret", 2.0, allow_local=True,
+                           transport=httpx.MockTransport(lambda request: asked.append(request.url) or httpx.Response(200, content=PAYLOAD)))
+    missing = tmp_path / "gone.onnx"
+    # As the worker fetches it: the location its serving plan resolved from the state.
+    location = artifact_location(f"file://{missing}", client.base_url, allow_local=True)
+
+    with pytest.raises(ArtifactError, match="cannot read .*gone.onnx"):
+        client.fetch_artifact(location, SHA256, tmp_path / "x")
+    assert asked == []
 
 
 def test_state_file_must_hold_an_object(tmp_path):
