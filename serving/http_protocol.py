@@ -5,11 +5,12 @@ Guards (`HttpLimits`, from SERVING_HEADER_TIMEOUT_S, SERVING_BODY_TIMEOUT_S,
 SERVING_MAX_HEADER_BYTES, SERVING_MAX_CONNECTIONS): uvicorn bounds neither how long
 headers or a body may take to arrive nor their size, so a client that declares a
 length and never sends it held its connection and its in-flight slot forever. Here a
-connection past its deadline gets 408 and is closed, and the ASGI app's `receive()`
-returns `http.disconnect`, so the request is dropped and its slot freed; headers past
-the cap get 431; a connection beyond the cap gets 503 and a lingering close (below). The deadline timer
-is armed only when a chunk leaves headers or body incomplete, so a request that
-arrives in one read costs no timer.
+connection past its deadline gets 408, and the ASGI app's `receive()` returns
+`http.disconnect`, so the request is dropped and its slot freed; headers past the cap
+get 431, a request the parser rejects 400, a connection beyond the cap 503; each of these
+refusals ends with a lingering close (below). The deadline timer is armed only when a
+chunk leaves headers or body incomplete, so a request that arrives in one read costs no
+timer.
 
 Pipelining: a client may send its next requests before reading the answers. uvicorn
 parses every request in each chunk it reads, queues them, and read on after every answer,
@@ -28,10 +29,13 @@ carries `Connection: close`, and the connection ends with a lingering close (RFC
 until it closes (or LINGER_QUIET_S of silence, LINGER_MAX_S in all), so the answer is not
 lost to a reset. Any other body the answer came before is read on and dropped, and the
 connection kept. Only a request whose body is still arriving at the end of a read is
-looked at; one that arrives in one read costs nothing. The cap's 503 is given before
-anything is read: its client may be mid-upload, so it ends with the same lingering close
-(a plain close with the body unread was a reset, and the client's send failed before it
-read the 503), unless MAX_LINGERING_REFUSALS already linger.
+looked at; one that arrives in one read costs nothing. The protocol's own refusals are
+given while their client may still be sending: the cap's 503 before anything is read, a
+408 to a slow upload, a 431 to a header still streaming, a 400 before whatever follows
+what the parser rejected. They end with the same lingering close (a plain close with
+bytes unread was a reset, and the client's send failed before it read the answer), unless
+MAX_LINGERING_REFUSALS, counted together, already linger. A lingering refusal holds no
+slot of the connection cap, and a graceful stop closes it at once.
 
 Graceful stop (serving/drain.py): while draining, only the newest request a connection
 has sent is answered with `Connection: close`; the ones before it, pipelined, keep their
@@ -74,9 +78,14 @@ LINGER_MAX_S = 5.0
 # A body left unread by an answer given before it arrived is read on and dropped, keeping
 # the connection, up to this size; a larger one ends the connection instead.
 UNREAD_BODY_READ_UP_TO = 64 * 1024
-# Connections refused at the cap that may linger after their 503 at once; past this, a
+# Refused connections (the cap's 503; 400, 408, 431) that may linger at once; past this, a
 # refusal closes at once (a reset if its client was sending), so that clients that never
 # close cannot take the open files the cap leaves for models, logs and the console.
+# One budget for every kind, not a sibling cap per kind: a lingering refusal holds no slot
+# of the cap, so each takes an open file from the same FILES_BESIDES_CONNECTIONS, and a
+# second cap would double what refusals may take. A flood of cheap 400s can fill it: that
+# costs the clients refused meanwhile their lingering (the close at once they had before),
+# never the worker its files.
 MAX_LINGERING_REFUSALS = 64
 
 
@@ -100,7 +109,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits = HttpLimits()
     drain: Drain = Drain()  # the worker's own, set by protocol_class
     keepers: Keepers = Keepers()  # the listen queue's keepers count what the loop accepts (serving/listen_queue.py)
-    refusals_lingering = [0]  # the worker's connections refused at the cap and lingering (one list per protocol_class)
+    refusals_lingering = [0]  # the worker's refused connections lingering, every kind (one list per protocol_class)
+    _stopping = False  # set by shutdown(): a class default, so that a connection costs no attribute for it
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -149,10 +159,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 logger.debug("connection closed: more than %d pipelined requests unanswered", MAX_PIPELINED)
                 self._abandon_pipeline()
             elif self._headers_too_large:
-                self._refuse(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
+                self._refuse_lingering(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
             else:
                 self.logger.warning("Invalid HTTP request received.")
-                self._refuse(400, "invalid HTTP request")
+                self._refuse_lingering(400, "invalid HTTP request")
             return
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
@@ -161,7 +171,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._unsupported_upgrade_warning()
             return
         if self._awaiting_headers and self._raw_header_bytes > self.limits.max_header_bytes:
-            self._refuse(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
+            self._refuse_lingering(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
             return
         self._arm_deadline()
 
@@ -215,7 +225,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's, called once the listener is closed (a response in progress ends with
         ``Connection: close``, an idle keep-alive connection is closed), except that a
         request still arriving is let in: its connection was accepted, its client wrote."""
-        if self._refusal_lingers:  # refused at the cap: nothing of it is served, so nothing to wait for
+        self._stopping = True  # a refusal from now on (the header deadline of one let in) closes at once
+        if self._refusal_lingers:  # refused: nothing of it is served, so nothing to wait for
             self.transport.close()
             return
         if self._lingering:
@@ -350,12 +361,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not (self._raw_header_bytes or self._parsed_header_bytes) or self._response_in_progress():
             self.transport.close()  # nothing to answer, or an answer we must not interleave with
         else:
-            self._refuse(408, f"request headers did not arrive within {self.limits.header_timeout_s:g} s")
+            self._refuse_lingering(408, f"request headers did not arrive within {self.limits.header_timeout_s:g} s")
 
     def _on_body_deadline(self) -> None:
         self._timer = None
         if self.cycle is not None and not self.cycle.response_started and not self.pipeline:
-            self._refuse(408, f"request body did not arrive within {self.limits.body_timeout_s:g} s")
+            self._refuse_lingering(408, f"request body did not arrive within {self.limits.body_timeout_s:g} s")
         else:
             self._drop_cycle()
             self.transport.close()
@@ -364,20 +375,33 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         return self.cycle is not None and not self.cycle.response_complete
 
     def _refuse(self, status: int, message: str, extra_headers: bytes = b"") -> None:
-        """Answer from the protocol (no ASGI app involved) and close the connection."""
+        """Answer from the protocol (no ASGI app involved) and close the connection at once:
+        only the drain's cut, past its bound, where a linger would hold the stop."""
         self._write_refusal(status, message, extra_headers)
         self._drop_cycle()
         self.transport.close()
 
+    def _refuse_lingering(self, status: int, message: str) -> None:
+        """A 400, 408 or 431: its client may still be sending (what follows a request the
+        parser rejected, a slow upload, a header streamed past the cap), and a close with
+        bytes unread is a reset that can fail its send before it reads the answer."""
+        self._write_refusal(status, message, b"")
+        self._disconnect_all()  # an app still answering an earlier request would write after the end of file
+        self._linger_as_refusal()
+
     def _refuse_past_cap(self) -> None:
         """503 before anything is read, then a lingering close: the client may be sending a
-        body already, and a close with it unread is a reset that fails its send before it
-        reads the 503. Counted once here; what it sends while lingering is never parsed.
-        A lingering refusal holds no slot of the cap (nor of the keepers' count of open
-        connections): clients refused while the worker was full must not keep it full."""
+        body already. Counted once here; what it sends while lingering is never parsed."""
         metrics.count_connection_refused_at_cap()
         self._write_refusal(503, "too many open connections; retry later", b"retry-after: 1\r\n")
-        if self.refusals_lingering[0] >= MAX_LINGERING_REFUSALS:
+        self._linger_as_refusal()
+
+    def _linger_as_refusal(self) -> None:
+        """A lingering close that holds no slot of the cap (nor of the keepers' count of open
+        connections): clients refused while the worker was full must not keep it full, nor
+        clients refused for what they sent take the slots of those it serves. Past
+        MAX_LINGERING_REFUSALS, or once a graceful stop began (it would wait for it), a close at once."""
+        if self._stopping or self.refusals_lingering[0] >= MAX_LINGERING_REFUSALS:
             self.transport.close()
             return
         self._linger()
@@ -394,21 +418,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.write(head + body)
 
     def _abandon_pipeline(self) -> None:
-        """Close, the request being answered and every queued one dropped as on a disconnect
+        """Close, every request of the connection dropped (a pipeline past MAX_PIPELINED)."""
+        self._disconnect_all()
+        self.transport.close()
+
+    def _disconnect_all(self) -> None:
+        """The request being answered and every queued one dropped as on a disconnect
         (their app calls see http.disconnect, their answers go nowhere)."""
         for cycle in [self._answering, self.cycle, *(queued for queued, _ in self.pipeline)]:
             if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
+                _disconnect(cycle)
         self.pipeline.clear()
-        self.transport.close()
 
     def _drop_cycle(self) -> None:
-        # The app's receive() now returns http.disconnect and its send() does nothing.
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
-            cycle.disconnected = True
-            cycle.message_event.set()
+            _disconnect(cycle)
+
+
+def _disconnect(cycle) -> None:
+    # The app's receive() now returns http.disconnect and its send() does nothing. Its
+    # receive() would still write a 100 Continue owed: after a lingering close's end of
+    # file, a write raises (before it, the transport was closing, and nothing was written).
+    cycle.disconnected = True
+    cycle.waiting_for_100_continue = False
+    cycle.message_event.set()
 
 
 def _may_stay_unsent(cycle) -> bool:
