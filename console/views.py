@@ -760,8 +760,10 @@ def workers_context() -> dict:
     rows = []
     for worker in Worker.objects.filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR):
         lifecycle = fleet.lifecycle(worker, now)
-        rows.append({"worker": worker, "lifecycle": lifecycle, "is_live": lifecycle in ("serving", "draining"),
-                     "is_behind": not fleet.worker_status(worker, generation, digests)["converged"], **report_totals(worker.last_report)})
+        is_live = lifecycle in ("serving", "draining")
+        rows.append({"worker": worker, "lifecycle": lifecycle, "is_live": is_live,
+                     "is_behind": is_live and not fleet.worker_status(worker, generation, digests, now)["converged"],
+                     **report_totals(worker.last_report)})
     rows.sort(key=lambda row: (not row["is_live"], row["worker"].worker_id))
     return {"rows": rows, "generation": generation, "gone_after_s": settings.WORKER_GONE_AFTER_S}
 

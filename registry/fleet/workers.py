@@ -281,10 +281,15 @@ def served_digest(worker: Worker, digests: IssuedDigests) -> str | None:
     return None  # a report of another database's states: it serves none of this console's
 
 
-def worker_status(worker: Worker, generation: int, digests: IssuedDigests) -> dict:
+def worker_status(worker: Worker, generation: int, digests: IssuedDigests, now=None) -> dict:
     """``converged`` (serving the issued content of ``generation`` or later) and the
-    worker's state in words."""
+    worker's state in words. A stopped or gone worker serves nothing it can be counted
+    for: it said "behind: serving generation 18" after it had exited."""
     proven = proven_generation(worker, digests)
+    phase = lifecycle(worker, now)
+    if phase in ("stopped", "gone"):
+        served = f": it last served generation {proven}" if proven is not None else ""
+        return {"converged": False, "state": f"{phase}{served}"}
     converged = worker.ok and proven is not None and proven >= generation
     return {"converged": converged, "state": _state_words(worker, proven, generation, converged)}
 

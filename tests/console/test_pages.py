@@ -161,6 +161,19 @@ def test_workers_page_shows_a_worker_that_said_it_stopped_as_stopped_not_gone(vi
     assert 'retired <span class="hint">stopped</span>' in html
 
 
+def test_workers_page_never_calls_a_stopped_or_gone_worker_behind(viewer_page, canary_digits):
+    stopped = report_from("retired", generation=1, versions=[])
+    stopped.last_report = {**stopped.last_report, "state": "stopped"}
+    stopped.save()
+    report_from("departed", generation=1, versions=[], seconds_ago=120)
+
+    html = viewer_page.get("/workers/").content.decode()
+
+    assert 'data-worker="retired" data-generation="1" class="stopped">' in html
+    assert 'data-worker="departed" data-generation="1" class="gone">' in html
+    assert "· behind" not in html
+
+
 def test_drills_page_lists_every_drill_with_its_result(viewer_page, canary_digits, operator):
     from django.utils import timezone
 
