@@ -54,22 +54,26 @@ def test_a_worker_serving_the_current_state_is_listed_as_converged(worker_client
 
 
 def listed_all(viewer_client) -> list[tuple]:
-    return [(row["worker_id"], row["lifecycle"], row["converged"], row["state"]) for row in viewer_client.get("/api/workers/?all=1").json()]
+    rows = viewer_client.get("/api/workers/?all=1").json()
+    return [(row["worker_id"], row["lifecycle"], row["converged"], row["state"]) for row in rows]
 
 
-def test_a_worker_that_said_it_stopped_is_listed_as_serving_nothing_not_as_behind(worker_client, operator_client, viewer_client, three_versions):
+def serving_generation_1(**extra) -> dict:
     epoch = ServingGeneration.objects.get().epoch
-    worker_client.post("/api/serving/reports", {**stateless_report(), "generation": 1, "digest": issued_digest(1), "epoch": epoch}, format="json")
+    return {**stateless_report(), "generation": 1, "digest": issued_digest(1), "epoch": epoch, **extra}
+
+
+def test_a_worker_that_said_it_stopped_is_listed_as_serving_nothing_not_as_behind(worker_client, operator_client, viewer_client,
+                                                                                  three_versions):
+    worker_client.post("/api/serving/reports", serving_generation_1(), format="json")
     operator_client.post("/api/models/digits/release/", {"routes": [{"version": 2, "weight": 100}]}, format="json")
-    worker_client.post("/api/serving/reports", {**stateless_report(), "generation": 1, "digest": issued_digest(1), "epoch": epoch,
-                                                "state": "stopped"}, format="json")
+    worker_client.post("/api/serving/reports", serving_generation_1(state="stopped"), format="json")
 
     assert listed_all(viewer_client) == [("w-new", "stopped", False, "stopped: it last served generation 1")]
 
 
 def test_a_gone_worker_is_listed_as_gone_not_as_converged(worker_client, viewer_client, three_versions, settings):
-    epoch = ServingGeneration.objects.get().epoch
-    worker_client.post("/api/serving/reports", {**stateless_report(), "generation": 1, "digest": issued_digest(1), "epoch": epoch}, format="json")
+    worker_client.post("/api/serving/reports", serving_generation_1(), format="json")
     Worker.objects.update(last_seen_at=Worker.objects.get().last_seen_at - timedelta(seconds=settings.WORKER_GONE_AFTER_S + 1))
 
     assert listed_all(viewer_client) == [("w-new", "gone", False, "gone: it last served generation 1")]
