@@ -318,7 +318,7 @@ def restore_from_archive(model: RegisteredModel, actor, reason: str) -> tuple[Re
     routes = [Route.from_json(route) for route in before.routes]
     missing = sorted({route.version for route in routes} - _ready_numbers(model))
     if missing:
-        return None, f"version(s) {missing} it served before are no longer ready: it serves nothing until a version is routed"
+        return None, f"{_versions_words(missing)} it served before {_are(missing)} no longer ready: it serves nothing until a version is routed"
     note = reason or f"restored from the archive, back to the routes of generation {before.generation}"
     # Rolling back from here is what rolling back before the archive would have been.
     release = _append(counter, model, routes, before.stable_version, ReleaseAction.RESTORE, before.rollback_target, actor, note)
@@ -454,7 +454,17 @@ def _ready_numbers(model: RegisteredModel) -> set[int]:
 def _not_ready(model: RegisteredModel, numbers) -> str | None:
     """Why ``numbers`` cannot be routed now, or None when every one is ready."""
     missing = sorted(set(numbers) - _ready_numbers(model))
-    return f"version(s) {missing} of {model.name} are no longer ready (archived or rejected)" if missing else None
+    return f"{_versions_words(missing)} of {model.name} {_are(missing)} no longer ready (archived or rejected)" if missing else None
+
+
+def _versions_words(numbers: list[int]) -> str:
+    """"v2", "v1 and v2", "v1, v2 and v3": operators read these, not a Python list."""
+    names = [f"v{number}" for number in numbers]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _are(numbers: list[int]) -> str:
+    return "is" if len(numbers) == 1 else "are"
 
 
 def _check_still_ready(model: RegisteredModel, numbers: list[int]) -> None:

@@ -4,6 +4,7 @@ form errors). Never HTML, never a stack trace."""
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
@@ -38,7 +39,31 @@ def exception_handler(exc, context):
         response.data = {"error": str(exc.detail) if hasattr(exc, "detail") else str(exc)}
     if response.status_code == 404 and not response.data["error"].strip():
         response.data["error"] = _unnamed_not_found(context.get("request"))
+    elif response.status_code == 404:
+        response.data["error"] = _named_not_found(response.data["error"], context.get("kwargs") or {})
     return response
+
+
+# get_object_or_404's "No ModelVersion matches the given query." names a table, not what
+# was asked for; the URL's own words do: (noun, the URL keyword that holds its id).
+DJANGO_NOT_FOUND = re.compile(r"No (\w+) matches the given query\.")
+NOT_FOUND_WORDS = {"ModelVersion": ("version", "number"), "Rollout": ("rollout", "pk"), "Job": ("job", "job_id"),
+                   "EvaluationDataset": ("data set", "dataset")}
+
+
+def _named_not_found(message: str, kwargs: dict) -> str:
+    match = DJANGO_NOT_FOUND.fullmatch(message)
+    if match is None:
+        return message
+    from registry.models import RegisteredModel  # models import this module's neighbours; keep it light
+
+    name = kwargs.get("name")
+    if name is not None and (match[1] == "RegisteredModel" or not RegisteredModel.objects.filter(name=name).exists()):
+        return f"no model named {name!r}"
+    noun, key = NOT_FOUND_WORDS.get(match[1], (None, None))
+    if noun is None or key not in kwargs:
+        return f"no such {match[1]}"
+    return f"model {name!r} has no {noun} {kwargs[key]!r}"
 
 
 def _unnamed_not_found(request) -> str:

@@ -157,7 +157,7 @@ def test_a_release_page_whose_versions_are_gone_says_so_instead_of_offering_it(o
     html = operator_page.get("/models/digits/releases/2/").content.decode()
 
     assert 'id="restore-button"' not in html
-    assert "No restore from here: version(s) [2] of digits are no longer ready (archived or rejected)." in html
+    assert "No restore from here: v2 of digits is no longer ready (archived or rejected)." in html
 
 
 def test_a_restore_the_console_would_not_offer_is_refused_naming_why(operator_page, canary_digits):

@@ -143,7 +143,7 @@ def test_a_model_whose_pre_archive_versions_are_gone_is_restored_by_the_flag_onl
 
     assert response.status_code == 200
     assert (response.json()["archived"], response.json()["current_release"]["action"]) == (False, "archive")
-    assert "version(s) [2] it served before are no longer ready: it serves nothing until a version is routed" in (
+    assert "v2 it served before is no longer ready: it serves nothing until a version is routed" in (
         AuditEvent.objects.get(kind="model_restored").message)
     routed = operator_client.post("/api/models/digits/release/", {"routes": [{"version": 3, "weight": 100}]}, format="json")
     assert routed.status_code == 201, routed.content

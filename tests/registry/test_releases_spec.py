@@ -251,7 +251,7 @@ def test_rollback_to_routes_whose_version_was_archived_is_a_conflict(three_versi
     with pytest.raises(releases.ReleaseConflict) as refused:
         releases.rollback(three_versions, operator)
 
-    assert refused.value.message == "version(s) [1] of digits are no longer ready (archived or rejected)"
+    assert refused.value.message == "v1 of digits is no longer ready (archived or rejected)"
     assert three_versions.current_release().generation == 2
 
 

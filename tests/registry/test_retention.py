@@ -152,7 +152,7 @@ def test_no_rollback_is_offered_that_would_be_refused(three_versions, settings, 
 
     assert operator_client.get("/api/models/digits/release/").json()["rollback_returns_to"] is None
     assert 'id="rollback-button"' not in page and 'id="drill-button"' not in page
-    assert "No rollback: version(s) [2] of digits are no longer ready (archived or rejected)." in page
+    assert "No rollback: v2 of digits is no longer ready (archived or rejected)." in page
 
 
 def test_a_state_s_digest_does_not_change_when_retention_later_archives_a_version_it_kept_warm(three_versions, settings):
