@@ -318,7 +318,8 @@ def restore_from_archive(model: RegisteredModel, actor, reason: str) -> tuple[Re
     routes = [Route.from_json(route) for route in before.routes]
     missing = sorted({route.version for route in routes} - _ready_numbers(model))
     if missing:
-        return None, f"{_versions_words(missing)} it served before {_are(missing)} no longer ready: it serves nothing until a version is routed"
+        words = f"{_versions_words(missing)} it served before {_are(missing)} no longer ready"
+        return None, f"{words}: it serves nothing until a version is routed"
     note = reason or f"restored from the archive, back to the routes of generation {before.generation}"
     # Rolling back from here is what rolling back before the archive would have been.
     release = _append(counter, model, routes, before.stable_version, ReleaseAction.RESTORE, before.rollback_target, actor, note)

@@ -100,7 +100,8 @@ class JobOutput(APIView):
     def get(self, request, name: str, job_id: int):
         job = get_job(name, job_id)
         if job.kind != JobKind.BATCH:
-            return error_response(f"job {job.pk} is a job of kind {job.kind!r}: only batch jobs have an output file", status.HTTP_404_NOT_FOUND)
+            refusal = f"job {job.pk} is a job of kind {job.kind!r}: only batch jobs have an output file"
+            return error_response(refusal, status.HTTP_404_NOT_FOUND)
         if job.status != JobStatus.SUCCEEDED:
             return error_response(f"job {job.pk} is {job.status}: its output can be downloaded once it has succeeded", status.HTTP_409_CONFLICT)
         path = files.output_path(job)
