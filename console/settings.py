@@ -11,7 +11,6 @@ from pathlib import Path
 
 import dj_database_url
 from csp.constants import NONE, SELF
-from django.core.exceptions import ImproperlyConfigured
 
 from console import console_address, redis_options
 from serving import contract
@@ -88,7 +87,7 @@ def _refuse_weak_secret_key(value: str) -> None:
         problem = "a placeholder, not a secret"
     else:
         return
-    raise ImproperlyConfigured(
+    raise SettingError(  # manage.py says it in one line
         f"DJANGO_SECRET_KEY is {problem}. Refusing to start outside DJANGO_DEBUG: set DJANGO_SECRET_KEY to a long "
         "random value (python -c 'import secrets; print(secrets.token_urlsafe(50))'), or unset it to use the key "
         "generated once into $DATA_DIR/secret_key."

@@ -99,8 +99,19 @@ def test_a_default_or_weak_secret_key_stops_the_process_outside_debug(tmp_path, 
     result = _settings_in_a_fresh_process(tmp_path, "'started'", DJANGO_SECRET_KEY=key, DJANGO_DEBUG="false")
 
     assert result.returncode != 0
-    assert "ImproperlyConfigured: DJANGO_SECRET_KEY is" in result.stderr
+    assert "SettingError: DJANGO_SECRET_KEY is" in result.stderr
     assert "started" not in result.stdout
+
+
+def test_manage_py_refuses_a_weak_secret_key_in_one_line(tmp_path):
+    environment = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_DEBUG"}}
+    environment.update({"DATA_DIR": str(tmp_path / "data"), "DJANGO_SECRET_KEY": "change-me", "DJANGO_DEBUG": "false"})
+
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 1
+    assert result.stderr.startswith("manage.py: DJANGO_SECRET_KEY is only 9 characters long")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_a_long_random_secret_key_or_the_generated_one_starts(tmp_path):
