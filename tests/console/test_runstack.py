@@ -147,7 +147,7 @@ def test_a_child_that_dies_stops_the_stack_with_status_1_naming_it(running):
 
     assert running.stack.returncode == 1
     said = running.errors.read_text()
-    assert "'serve'" in said or "manage.py serve" in said
+    assert "the serving worker (" in said and "manage.py serve" in said
     assert "exited with -9" in said and "the stack was stopped" in said
     assert all_gone(running.children)
 

