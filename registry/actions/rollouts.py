@@ -22,6 +22,7 @@ import logging
 from datetime import datetime, timedelta
 from itertools import pairwise
 
+from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -50,6 +51,9 @@ from registry.models import (
 logger = logging.getLogger(__name__)
 
 MAX_STEPS = 20
+# A due window is judged at the next tick (ROLLOUT_TICK_S); past three ticks and this
+# slack (a slow tick, a busy broker) the analysis counts as stopped.
+OVERDUE_SLACK_S = 10.0
 MAX_STEP_DURATION_S = 7 * 24 * 3600.0
 
 
@@ -212,6 +216,21 @@ def back_to_stable(model: RegisteredModel, actor, reason: str = "", *, expected_
 
 
 # ---- the analysis ----------------------------------------------------------------------
+
+
+def analysis_overdue_s(rollout: Rollout, now: datetime | None = None) -> float | None:
+    """How late the rollout's due window is, in seconds, once it is later than a few ticks
+    can explain; None otherwise. Nothing else tells that the analysis stopped (the
+    Celery worker that runs beat is down): the page went on saying "the first verdict is
+    due at 01:03:42" at 01:04:12, and the canary stayed at its step unjudged."""
+    if rollout.status not in ANALYSED_ROLLOUT_STATUSES:
+        return None
+    late_s = ((now or timezone.now()) - rollout.next_window_at).total_seconds()
+    return late_s if late_s > overdue_after_s() else None
+
+
+def overdue_after_s() -> float:
+    return 3 * django_settings.ROLLOUT_TICK_S + OVERDUE_SLACK_S
 
 
 def tick(now: datetime | None = None) -> int:

@@ -8,6 +8,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from registry.actions import rollouts
 from registry.domain import audit_log
 from registry.domain.canary_analysis import (
     AnalysisSettings,
@@ -477,17 +478,24 @@ class RolloutSerializer(serializers.ModelSerializer):
     current_step = serializers.SerializerMethodField()
     current_weight = serializers.IntegerField(read_only=True)
     last_verdict = serializers.SerializerMethodField()
+    analysis_overdue_s = serializers.SerializerMethodField(
+        help_text="Seconds the due window has waited past a few analysis ticks (the analysis is not running: is Celery beat up?); "
+                  "null while it is on time or not analysed.")
 
     class Meta:
         model = Rollout
         fields = [
             "id", "model", "canary_version", "stable_version", "steps", "current_step", "current_weight", "step_duration_s", "shadow_fraction", "status",
             "status_reason", "analysis", "consecutive_failures", "windows_judged", "release_generation", "forced", "actor", "reason",
-            "started_at", "step_started_at", "next_window_at", "finished_at", "last_verdict",
+            "started_at", "step_started_at", "next_window_at", "analysis_overdue_s", "finished_at", "last_verdict",
         ]
 
     def get_current_step(self, rollout) -> int:
         return min(rollout.step_index, len(rollout.steps) - 1) + 1
+
+    def get_analysis_overdue_s(self, rollout) -> float | None:
+        overdue = rollouts.analysis_overdue_s(rollout)
+        return None if overdue is None else round(overdue, 1)
 
     @extend_schema_field(RolloutVerdictSerializer(allow_null=True))
     def get_last_verdict(self, rollout):

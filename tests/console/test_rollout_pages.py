@@ -4,8 +4,11 @@ Verdicts are made as the Celery beat makes them (``rollouts.tick`` over stored s
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.messages import get_messages
+from django.utils import timezone
 
 from registry.actions import rollouts
 from registry.domain.choices import RolloutStatus
@@ -373,3 +376,20 @@ def test_the_drill_dialog_warns_that_a_drill_pauses_the_running_rollout(operator
 
     assert (f"Rollout #{rollout.pk} is running: the drill's rollback is a manual traffic change, so it pauses the rollout, "
             "which stays paused after the roll forward until you resume it.") in html
+
+
+def test_the_panel_says_when_the_analysis_has_stopped_judging(viewer_page, digits, operator, settings):
+    settings.ROLLOUT_TICK_S = 5
+    rollout = start_rollout(digits, operator)
+    Rollout.objects.filter(pk=rollout.pk).update(next_window_at=timezone.now() - timedelta(seconds=90))
+
+    html = panel(viewer_page)
+
+    assert "The analysis is 90 s late" in html
+    assert "Is the Celery worker that runs beat" in html
+
+
+def test_the_panel_says_nothing_late_while_the_analysis_is_on_time(viewer_page, digits, operator):
+    start_rollout(digits, operator)
+
+    assert 'id="analysis-overdue"' not in panel(viewer_page)

@@ -345,3 +345,37 @@ def test_the_analysis_tick_deletes_samples_older_than_their_retention(three_vers
     rollouts.tick(now)
 
     assert list(ReportSample.objects.values_list("received_at", flat=True)) == [now - timedelta(seconds=599)]
+
+
+# ---- an analysis that stopped ------------------------------------------------------------
+
+
+def due_ago(rollout: Rollout, seconds: float) -> None:
+    """The rollout's window came due ``seconds`` ago and no tick has judged it (Celery beat down)."""
+    Rollout.objects.filter(pk=rollout.pk).update(next_window_at=timezone.now() - timedelta(seconds=seconds))
+
+
+def test_a_window_left_unjudged_past_a_few_ticks_is_reported_overdue(three_versions, operator, viewer_client, settings):
+    settings.ROLLOUT_TICK_S = 5
+    rollout = start(three_versions, operator)
+    due_ago(rollout, 3 * 5 + rollouts.OVERDUE_SLACK_S + 20)
+
+    overdue = viewer_client.get(f"/api/models/digits/rollouts/{rollout.pk}/").json()["analysis_overdue_s"]
+
+    assert overdue == pytest.approx(3 * 5 + rollouts.OVERDUE_SLACK_S + 20, abs=5)
+
+
+def test_a_window_due_within_a_few_ticks_is_not_overdue(three_versions, operator, viewer_client, settings):
+    settings.ROLLOUT_TICK_S = 5
+    rollout = start(three_versions, operator)
+    due_ago(rollout, 5)
+
+    assert viewer_client.get(f"/api/models/digits/rollouts/{rollout.pk}/").json()["analysis_overdue_s"] is None
+
+
+def test_a_paused_rollout_is_never_overdue(three_versions, operator, viewer_client):
+    rollout = start(three_versions, operator)
+    rollouts.pause(rollout, operator)
+    due_ago(rollout, 3600)
+
+    assert viewer_client.get(f"/api/models/digits/rollouts/{rollout.pk}/").json()["analysis_overdue_s"] is None
