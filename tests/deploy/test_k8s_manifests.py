@@ -140,6 +140,28 @@ def test_console_and_celery_share_the_data_volume_at_data_dir(name):
         assert volumes[mounts[data_dir]]["persistentVolumeClaim"]["claimName"] == "modelops-data", component
 
 
+GI = 1024**3
+
+
+def quantity_bytes(quantity: str) -> int:
+    number, unit = (quantity[:-2], quantity[-2:]) if quantity.endswith(("Ki", "Mi", "Gi", "Ti")) else (quantity, "")
+    return int(float(number) * {"": 1, "Ki": 1024, "Mi": 1024**2, "Gi": GI, "Ti": 1024**4}[unit])
+
+
+@pytest.mark.parametrize("name", k8s.OVERLAYS)
+def test_the_console_s_tmp_holds_two_uploads_of_the_largest_size(name, settings):
+    # Django's ASGI handler spools a whole request body into TMPDIR before the view stages
+    # it on the data volume: a 1 Gi /tmp had the kubelet evict the console mid-upload of a
+    # 2 GiB model (MAX_UPLOAD_BYTES).
+    objects = k8s.overlay(name)
+    console = k8s.the_container(objects, "console")
+    largest = int(k8s.environment(objects, console).get("MAX_UPLOAD_BYTES") or settings.MAX_UPLOAD_BYTES)
+    mounts = {mount["mountPath"]: mount["name"] for mount in console.spec["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in k8s.pod_spec(console.workload)["volumes"]}
+
+    assert quantity_bytes(volumes[mounts["/tmp"]]["emptyDir"]["sizeLimit"]) >= 2 * largest
+
+
 @pytest.mark.parametrize("name", k8s.OVERLAYS)
 def test_workers_reach_the_console_through_its_service(name):
     objects = k8s.overlay(name)
