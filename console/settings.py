@@ -353,6 +353,7 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-staging": {"task": "registry.tasks.sweep_staging", "schedule": env_float("STAGING_SWEEP_INTERVAL_S", 300.0, minimum=10.0)},
     "sweep-jobs": {"task": "registry.tasks.sweep_jobs", "schedule": JOB_SWEEP_INTERVAL_S, "options": {"expires": JOB_SWEEP_INTERVAL_S}},
     "analyse-rollouts": {"task": "registry.tasks.analyse_rollouts", "schedule": ROLLOUT_TICK_S, "options": {"expires": ROLLOUT_TICK_S}},
+    "abandon-stale-drills": {"task": "registry.tasks.abandon_stale_drills", "schedule": 30.0, "options": {"expires": 30.0}},
     "prune-sign-in-records": {"task": "console.tasks.prune_sign_in_records",
                               "schedule": env_float("SIGN_IN_PRUNE_INTERVAL_S", 3600.0, minimum=10.0)},
 }

@@ -28,6 +28,7 @@ from django.utils import timezone
 from registry.actions import events, releases
 from registry.db_unavailable import is_database_unavailable
 from registry.domain.choices import DrillStatus, ReleaseAction, RolloutStatus
+from registry.domain.traffic import Route
 from registry.fleet.state import issued_digest
 from registry.fleet.workers import (
     GONE_LISTED_FOR,
@@ -193,7 +194,7 @@ def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generatio
     refused = None
     with transaction.atomic():
         ServingGeneration.objects.lock()
-        _abandon_stale_drills(model)
+        abandon_stale_drills(model)
         # A drill running says more than "the generation you saw changed": its own
         # rollback is that change, so two drills started together meet this first.
         running = model.drills.filter(status=DrillStatus.RUNNING).first()
@@ -224,16 +225,65 @@ class DrillRunning(releases.ReleaseConflict):
     """Another drill of the same model has not finished."""
 
 
-def _abandon_stale_drills(model: RegisteredModel) -> None:
-    """A drill whose process died (console killed mid-drill) would block every later one:
-    past any time a live drill can take, it is finished as failed."""
-    longest_s = 3 * settings.DRILL_ACK_TIMEOUT_S + 60
-    cutoff = timezone.now() - timedelta(seconds=longest_s)
-    model.drills.filter(status=DrillStatus.RUNNING, started_at__lt=cutoff).update(
-        status=DrillStatus.FAILED, finished_at=timezone.now(),
-        error=f"abandoned: not finished after {longest_s:g} s (the process running it stopped, or the database was "
-              "unavailable for longer than the drill waits): its rollback may still be in force, with no roll forward",
-    )
+def longest_drill_s() -> float:
+    """The longest a live drill stays running: its wait for acks (DRILL_ACK_TIMEOUT_S from
+    the click) and ``through_outage`` recording its end (as long again) make twice the
+    wait; a third and a minute are room for slow queries, since a live drill abandoned
+    would be recorded twice. A drill running longer has no process left to finish it."""
+    return 3 * settings.DRILL_ACK_TIMEOUT_S + 60
+
+
+def abandon_stale_drills(model: RegisteredModel | None = None, now=None) -> int:
+    """Finish as failed, with an audit entry each, the drills of ``model`` (or of every
+    model) still running past ``longest_drill_s``; the number finished. Beat runs this
+    (``registry.tasks.abandon_stale_drills``) and so does every drill's start: a drill the
+    console stopped during said "running" for ever, kept its model rolled back in silence
+    and refused the next drill. Running it again, or beside a live drill, changes nothing
+    it should not: a drill inside its bound is never touched (``_abandon``)."""
+    now = now or timezone.now()
+    stale = Drill.objects.filter(status=DrillStatus.RUNNING, started_at__lt=now - timedelta(seconds=longest_drill_s()))
+    if model is not None:
+        stale = stale.filter(model=model)
+    return sum(_abandon(drill, now) for drill in stale.select_related("model", "actor").order_by("pk"))
+
+
+def _abandon(drill: Drill, now) -> bool:
+    """One stale drill finished as failed, by an UPDATE that still requires it running and
+    past its bound: a drill whose own process records its end meanwhile keeps that end,
+    and a second sweep finds nothing. Its ``finished_at`` is the latest it could have ended
+    (``started_at`` + the bound), not when it was found: a sweep late by the console's
+    downtime would have read as a drill that took that long."""
+    longest_s = longest_drill_s()
+    drill.status, drill.finished_at = DrillStatus.FAILED, drill.started_at + timedelta(seconds=longest_s)
+    drill.error = _abandoned_words(drill, longest_s, now)
+    with transaction.atomic():
+        still_stale = Drill.objects.filter(pk=drill.pk, status=DrillStatus.RUNNING, started_at__lt=now - timedelta(seconds=longest_s))
+        if not still_stale.update(status=drill.status, finished_at=drill.finished_at, error=drill.error):
+            return False
+        events.drill_finished(drill)
+    logger.warning("drill #%s on %s: %s", drill.pk, drill.model.name, drill.error)
+    return True
+
+
+def _abandoned_words(drill: Drill, longest_s: float, now) -> str:
+    """Why the drill is failed, what it left in force and how to undo it, in words."""
+    if drill.to_generation is not None:
+        left = f"its rollback to generation {drill.to_generation} is still in force unless {drill.model.name} was changed since"
+    else:  # stopped before its rollback was recorded: it may or may not have committed
+        left = f"its rollback may or may not have been made (check {drill.model.name}'s current release)"
+    words = (f"abandoned: the console stopped during the drill (or lost its database for longer than the drill waits): "
+             f"not finished {longest_s:g} s after it started, found at {now:%Y-%m-%d %H:%M:%S} UTC; {left}, "
+             "and no roll forward was made")
+    if drill.from_generation is None:
+        return words
+    earlier = Release.objects.filter(model_id=drill.model_id, generation=drill.from_generation).first()
+    split = f"{_describe_split(earlier)}, " if earlier is not None else ""
+    generation = drill.from_generation
+    return f"{words}: to return to the split it rolled back from ({split}generation {generation}), restore generation {generation}"
+
+
+def _describe_split(release: Release) -> str:
+    return ", ".join(Route.from_json(route).describe() for route in release.routes) or "nothing routed"
 
 
 def failed_total(report: object) -> int | None:

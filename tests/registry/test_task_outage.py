@@ -14,7 +14,8 @@ from tests.console.test_outage import unreachable_database
 pytestmark = pytest.mark.django_db(transaction=True)  # the test closes and reopens the connection
 
 
-@pytest.mark.parametrize("task", [tasks.sweep_jobs, tasks.analyse_rollouts, tasks.apply_retention, prune_sign_in_records],
+@pytest.mark.parametrize("task", [tasks.sweep_jobs, tasks.analyse_rollouts, tasks.abandon_stale_drills, tasks.apply_retention,
+                                  prune_sign_in_records],
                          ids=lambda task: task.name)
 def test_a_scheduled_task_skips_the_run_a_database_outage_stops_with_one_warning(task, caplog):
     with unreachable_database():
