@@ -52,8 +52,15 @@ FEED_PING = "live.ping"
 WATCHDOG_TASK = "live-feed-watchdog"
 
 
+def _say_if_it_died(task: asyncio.Task) -> None:
+    """A watchdog ended by an error it does not expect leaves its feed unwatched: say so."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("live feed watchdog stopped: %r; this feed is no longer watched", task.exception())
+
+
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     _watchdog: asyncio.Task | None = None
+    _closed = False  # set by close(): what arrives before the client's disconnect is dropped
 
     async def __call__(self, scope, receive, send):
         try:
@@ -73,6 +80,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         self._ping_back_at = time.monotonic()
         self._watchdog = asyncio.create_task(self._watch_channel_layer(), name=WATCHDOG_TASK)
+        self._watchdog.add_done_callback(_say_if_it_died)
 
     async def dispatch(self, message):
         # A ping skips Channels' dispatch, which closes stale database connections on a
@@ -86,7 +94,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         while True:
             await asyncio.sleep(FEED_PING_EVERY_S)
             if time.monotonic() - self._ping_back_at > FEED_PINGS_MISSED * FEED_PING_EVERY_S:
-                cause = f"no ping back in {FEED_PINGS_MISSED * FEED_PING_EVERY_S:g} s"
+                # Its own ping not back: the layer's receive hung, or this feed's handlers
+                # are stuck behind something slower (a database call): closed either way.
+                cause = f"no ping came back through the channel layer in {FEED_PINGS_MISSED * FEED_PING_EVERY_S:g} s"
                 break
             try:
                 await bounded(self.channel_layer.send(self.channel_name, {"type": FEED_PING}))
@@ -95,7 +105,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             except CHANNEL_LAYER_DOWN as error:
                 cause = type(error).__name__
                 break
-        logger.warning("channel layer unavailable on websocket %s: closed (%s)", self.scope.get("path", "")[:200], cause)
+        logger.warning("live feed on websocket %s closed, try again later: %s", self.scope.get("path", "")[:200], cause)
         with contextlib.suppress(Exception):  # the client may have gone already
             await self.close(code=CLOSE_TRY_AGAIN)
 
@@ -103,8 +113,17 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if self._watchdog is not None:
             self._watchdog.cancel()
 
+    async def close(self, code=None, reason=None):
+        # A group message that arrives between our close and the client's disconnect was
+        # sent after it: uvicorn raised "Unexpected ASGI message 'websocket.send', after
+        # sending 'websocket.close'", a traceback per feed closed by the watchdog or a sign-out.
+        if self._closed:
+            return
+        self._closed = True
+        await super().close(code=code, reason=reason)
+
     async def send_json(self, content, close=False):
-        if await self._still_signed_in():
+        if not self._closed and await self._still_signed_in():
             await super().send_json(content, close)
 
     async def _still_signed_in(self) -> bool:

@@ -138,6 +138,15 @@ class DeafLayer(InMemoryChannelLayer):
         await asyncio.Event().wait()
 
 
+class PingLosingLayer(InMemoryChannelLayer):
+    """Loses the feed's pings and delivers everything else: the watchdog closes the feed
+    while group messages still reach it."""
+
+    async def send(self, channel, message):
+        if message.get("type") != consumers.FEED_PING:
+            await super().send(channel, message)
+
+
 def watchdogs() -> list[asyncio.Task]:
     return [task for task in asyncio.all_tasks() if task.get_name() == consumers.WATCHDOG_TASK]
 
@@ -223,3 +232,27 @@ def test_a_healthy_live_feed_stays_open_past_several_pings_sends_none_and_leaves
     assert quiet is True  # no ping reached the browser, and the feed was not closed
     assert relayed == {"kind": "job", "job": {"id": 7}}
     assert left == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_live_feed_closed_by_its_watchdog_sends_nothing_after_its_close(operator, settings, quick_pings):
+    # uvicorn raises on a send after a close: a traceback per feed the watchdog closed
+    # while group messages still arrived.
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.PingLosingLayer"}}
+    communicator = feed(operator)
+    bound_s = (consumers.FEED_PINGS_MISSED + 1) * PING_EVERY_S + SLACK_S
+
+    async def close_then_relay():
+        try:
+            connected, _ = await communicator.connect(timeout=5)
+            assert connected
+            closed = await first_output_or_none(communicator, bound_s)
+            await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.job", "job": {"id": 7}})
+            return closed, await communicator.receive_nothing(timeout=1)
+        finally:
+            await end(communicator)
+
+    closed, nothing_after = asyncio.run(close_then_relay())
+
+    assert closed == CLOSE_TRY_AGAIN
+    assert nothing_after is True
