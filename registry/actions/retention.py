@@ -14,6 +14,13 @@ model's files are deleted as soon as its transaction commits. A run that an outa
 midway (registry/task_outage.py skips it) may leave the file of a version it archived:
 every run deletes such leftovers too, so the next run does the work.
 
+Stored files that no version records (an upload killed between storing its bytes and
+recording its version, a rejection killed before it deleted the file) go too, once they
+have not been stored for ``STALE_UPLOAD_S``. NEVER delete one that a validating, ready
+or archived version names (archived ones are judged above), or one stored within that
+time: its upload may not have committed its row yet (``storage.commit`` refreshes a file
+it stores again, and ``storage.delete_stale`` checks both again with the file moved aside).
+
 Fleet rows (``forget_gone_workers``) are pruned too; what must stay is said there.
 So are the files of old jobs (``job_retention``), with their own rules.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -77,6 +85,7 @@ def apply_retention(keep: int | None = None) -> list[ModelVersion]:
     for model_pk in RegisteredModel.objects.order_by("pk").values_list("pk", flat=True):
         archived.extend(_apply_to_model(model_pk, keep))
     _delete_stale_uploads()
+    delete_unrecorded_files()
     forget_gone_workers()
     job_retention.remove_old_job_files()
     return archived
@@ -131,6 +140,37 @@ def _delete_unreferenced_files(sha256s: list[str]) -> None:
     for sha256 in set(sha256s):
         if not ModelVersion.objects.with_artifact().filter(sha256=sha256).exists():
             storage.delete(sha256)
+
+
+def delete_unrecorded_files() -> int:
+    """Delete the stored files no version records, last stored ``STALE_UPLOAD_S`` ago or
+    more; returns how many went."""
+    cutoff_s = time.time() - STALE_UPLOAD_S
+    deleted = 0
+    for sha256s in storage.stored_before(cutoff_s):  # one folder of the store at a time
+        recorded = set(_recording_versions().filter(sha256__in=sha256s).values_list("sha256", flat=True))
+        for sha256 in recorded:
+            storage.put_back(sha256)  # if a sweep killed midway left it aside
+        deleted += sum(_delete_unrecorded(sha256, cutoff_s) for sha256 in sha256s if sha256 not in recorded)
+    return deleted
+
+
+def _delete_unrecorded(sha256: str, cutoff_s: float) -> bool:
+    # Asked again with the file moved aside: a row may have committed since the listing.
+    if not storage.delete_stale(sha256, cutoff_s, partial(_is_recorded, sha256)):
+        return False
+    logger.warning("deleted the stored file %s: no version records it (an upload or a rejection cut off midway)", sha256)
+    return True
+
+
+def _recording_versions() -> QuerySet:
+    # An archived version's file is _apply_to_model's to judge (it keeps some); a rejected
+    # version never keeps its file.
+    return ModelVersion.objects.exclude(status=VersionStatus.REJECTED)
+
+
+def _is_recorded(sha256: str) -> bool:
+    return _recording_versions().filter(sha256=sha256).exists()
 
 
 def _delete_stale_uploads() -> None:

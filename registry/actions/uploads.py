@@ -77,6 +77,9 @@ def accept_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, upl
         if reason is not None:
             _refuse(model, uploaded_by, reason, 400, staged.sha256)
         _check_open(model, staged.sha256, allow_duplicate)  # before storing; again under the lock below
+        # Bytes first, then the row: a process killed between leaves a file no row names,
+        # which retention deletes a day later (delete_unrecorded_files); never a version
+        # whose bytes are missing, which workers would fetch and jobs would run.
         created_file = storage.commit(staged)
     finally:
         storage.discard(staged)

@@ -34,7 +34,7 @@ class DatasetList(APIView):
 
     @extend_schema(
         request={"multipart/form-data": DatasetRequestSerializer},
-        responses={201: DatasetSerializer, **error_responses(400, 404, 409, 413, 415)},
+        responses={201: DatasetSerializer, **error_responses(400, 404, 409, 413, 415, 507)},
         description=(
             "Add a labelled data set. The file is streamed to disk and checked (every row of a .jsonl, the arrays of an "
             ".npz) before anything is kept; a refused file leaves nothing. Every ready version is then evaluated on it in "

@@ -3,7 +3,9 @@ form errors). Never HTML, never a stack trace."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 import uuid
 
@@ -21,6 +23,9 @@ logger = logging.getLogger(__name__)
 # HTML "Bad Request (400)" page, naming nothing.
 BODY_LIMITS = {TooManyFieldsSent: status.HTTP_400_BAD_REQUEST, TooManyFilesSent: status.HTTP_400_BAD_REQUEST,
                RequestDataTooBig: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE}
+# What a full disk (or a user's quota) raises under an upload: the artifact store's file
+# system, DATA_DIR's, is the only one a request writes to.
+STORE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def exception_handler(exc, context):
@@ -29,6 +34,8 @@ def exception_handler(exc, context):
         limit = next((code for kind, code in BODY_LIMITS.items() if isinstance(exc, kind)), None)
         if limit is not None:  # e.g. "The number of GET/POST parameters exceeded settings.DATA_UPLOAD_MAX_NUMBER_FIELDS."
             return error_response(str(exc), limit)
+        if isinstance(exc, OSError) and exc.errno in STORE_FULL_ERRNOS:
+            return store_full_response(exc, context.get("request"))
         return None  # Django's handler500 answers, as JSON, below.
     if isinstance(exc, exceptions.ValidationError):
         response.data = {"error": _first_message(exc.detail), "fields": exc.detail}
@@ -78,6 +85,18 @@ def error_response(message: str, status_code: int, **extra) -> Response:
     return Response({"error": message, **extra}, status=status_code)
 
 
+def store_full_response(exc: OSError, request) -> Response:
+    """507, naming the problem; the staged file is gone already (``StagingWriter``)."""
+    from registry.artifacts import storage  # reads settings; keep this module light
+
+    free = storage.free_bytes()
+    room = "" if free is None else f" ({free} bytes free in ARTIFACT_ROOT)"
+    message = f"the artifact store is full: {os.strerror(exc.errno).lower()}{room}; nothing was kept: send it again once space is freed"
+    where = "" if request is None else f" on {request.method} {request.path}"
+    logger.error("the artifact store is full%s: %s", where, exc)
+    return error_response(message, status.HTTP_507_INSUFFICIENT_STORAGE)
+
+
 # What each refusal means, for the OpenAPI schema: every operation lists the statuses it
 # can answer, so generated clients know every body they may get.
 ERROR_MEANINGS = {
@@ -91,7 +110,9 @@ ERROR_MEANINGS = {
     413: "The upload is larger than its limit: MAX_UPLOAD_BYTES (models), JOB_MAX_INPUT_BYTES (job inputs), DATASET_MAX_BYTES (data sets).",
     415: "The body's Content-Type is not one this endpoint reads.",
     422: "The ONNX file is well formed but cannot be served; nothing was stored.",
-    503: "Busy (too many inspections at once) or a dependency (the database) is down: retry after `Retry-After` seconds.",
+    503: ("Busy (too many inspections at once), a dependency (the database) is down, or a ready version's file is missing "
+          "from the artifact store (its volume not mounted): retry after `Retry-After` seconds."),
+    507: "The artifact store's disk is full (or over its quota): nothing was kept; send the file again once there is room.",
 }
 
 # Every operation can meet these: authentication, permissions, content negotiation, and

@@ -57,7 +57,7 @@ class JobList(APIView):
 
     @extend_schema(
         request={"multipart/form-data": BatchJobRequestSerializer},
-        responses={202: JobSerializer, **error_responses(400, 404, 409, 413, 415)},
+        responses={202: JobSerializer, **error_responses(400, 404, 409, 413, 415, 507)},
         description=(
             "Run a ready version (default: the stable version) over a file of inputs, in the background. The file is "
             "streamed to disk and checked (its arrays' headers, or its first row) before a job is queued; a refused file "

@@ -3,6 +3,8 @@ its per-minute metrics."""
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -36,7 +38,12 @@ from registry.domain.choices import JobKind, VersionStatus
 from registry.jobs import records
 from registry.models import ModelVersion, RegisteredModel
 
+logger = logging.getLogger(__name__)
+
 ARTIFACT_SHA256_HEADER = OpenApiParameter("X-Artifact-SHA256", str, OpenApiParameter.HEADER, response=[200], description="The sha256 of the bytes, hex.")
+# A ready version's file missing from the store is the store's fault (a volume not mounted,
+# a console started on another DATA_DIR) and may come back; workers retry.
+MISSING_FILE_RETRY_AFTER_S = 30
 
 
 class HeaderCsrfSessionAuthentication(SessionAuthentication):
@@ -63,11 +70,13 @@ class VersionList(generics.ListAPIView):
 
     @extend_schema(
         request=serializers.VersionUploadSerializer,
-        responses={202: serializers.VersionUploadAnswerSerializer, **error_responses(400, 403, 404, 409, 413, 415, conflict=serializers.DuplicateUploadSerializer)},
+        responses={202: serializers.VersionUploadAnswerSerializer,
+                   **error_responses(400, 403, 404, 409, 413, 415, 507, conflict=serializers.DuplicateUploadSerializer)},
         description=(
             "Upload an ONNX file. What is cheap to refuse is refused at once, creating no version and leaving "
             "no file: 400 (empty, or not an ONNX model: not a protobuf ModelProto with an IR version and a graph), "
-            "413 (over MAX_UPLOAD_BYTES), 403 (not an operator), with {\"error\": reason}; the refusal is kept in "
+            "413 (over MAX_UPLOAD_BYTES), 403 (not an operator), 507 (the artifact store's disk is full), with {\"error\": reason}; "
+            "a refusal of the file itself is kept in "
             "the model's audit timeline. 409 when the model is archived, or when the bytes' sha256 equals an existing "
             "version's of this model: then the body names it (\"existing_version\", \"url\", \"page_url\") and nothing "
             "is stored or recorded, unless the form field allow_duplicate=true asks for a copy. Otherwise the bytes are stored and the answer is 202 at once: the new "
@@ -147,7 +156,8 @@ class VersionArtifact(APIView):
 
     @extend_schema(
         responses={(200, "application/octet-stream"): OpenApiResponse(bytes), **error_responses(404, 409, 410)},
-        description="Only a ready version's bytes: 409 while it is validated, 410 once rejected or archived (no artifact kept).",
+        description=("Only a ready version's bytes: 409 while it is validated, 410 once rejected or archived (no artifact kept), "
+                     "503 with Retry-After while a ready version's file is missing from the store (the error names where it looked)."),
         parameters=[ARTIFACT_SHA256_HEADER],
     )
     def get(self, request, name: str, number: int):
@@ -158,9 +168,30 @@ class VersionArtifact(APIView):
             return error_response(f"{version} is still being validated; its artifact is served once it is ready", status.HTTP_409_CONFLICT)
         if version.status == VersionStatus.REJECTED:
             return error_response(f"{version} was rejected ({version.status_reason}); its artifact was not kept", status.HTTP_410_GONE)
-        if version.status == VersionStatus.ARCHIVED or not storage.exists(version.sha256):
+        if version.status == VersionStatus.ARCHIVED:
             return error_response(f"the artifact of {version} was deleted by retention", status.HTTP_410_GONE)
-        response = file_response(request, storage.path_for(version.sha256), as_attachment=True, filename=f"{name}-v{number}.onnx",
+        path = storage.path_for(version.sha256)
+        if not path.is_file():
+            return missing_from_store(version, path)
+        _reported_missing.discard(str(path))
+        response = file_response(request, path, as_attachment=True, filename=f"{name}-v{number}.onnx",
                                  content_type="application/octet-stream")
         response["X-Artifact-SHA256"] = version.sha256
         return response
+
+
+# Files reported missing by this process: a worker retries every few seconds, and the
+# first ERROR says all there is to say until the file is served again.
+_reported_missing: set[str] = set()
+
+
+def missing_from_store(version: ModelVersion, path) -> Response:
+    """503: the version is ready, so its file should be there; retention never deletes it."""
+    message = (f"the artifact of {version} is missing from the artifact store: no file at {path} (ARTIFACT_ROOT {settings.ARTIFACT_ROOT}); "
+               f"is the store's volume mounted? retry in {MISSING_FILE_RETRY_AFTER_S} s")
+    if str(path) not in _reported_missing:
+        _reported_missing.add(str(path))
+        logger.error("%s is ready but its file is missing: no file at %s (ARTIFACT_ROOT %s)", version, path, settings.ARTIFACT_ROOT)
+    response = error_response(message, status.HTTP_503_SERVICE_UNAVAILABLE)
+    response["Retry-After"] = str(MISSING_FILE_RETRY_AFTER_S)
+    return response

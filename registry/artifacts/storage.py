@@ -2,14 +2,20 @@
 
 Same bytes, same path, one copy. Bytes first land in ``ARTIFACT_ROOT/tmp`` (the same
 file system, so the final move is an atomic rename) while they are hashed and counted.
+A write the file system refuses (a full disk) removes the staged file before the error
+goes on: nothing half-written stays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
+import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -17,6 +23,10 @@ from typing import BinaryIO
 from django.conf import settings
 
 CHUNK_BYTES = 1024 * 1024
+SHA256_NAME = re.compile(r"[0-9a-f]{64}")
+# A stored file ``delete_stale`` has moved aside while it decides; a sweep killed midway
+# leaves it, and the next one decides again.
+ASIDE_SUFFIX = ".deleting"
 
 
 class UploadTooLarge(Exception):
@@ -50,6 +60,14 @@ def exists(sha256: str) -> bool:
     return path_for(sha256).is_file()
 
 
+def free_bytes() -> int | None:
+    """Bytes the store's file system has free for us; None when it cannot say."""
+    try:
+        return shutil.disk_usage(root()).free
+    except OSError:
+        return None
+
+
 class StagingWriter:
     """Writes chunks to a temporary file in the store, hashing and enforcing the limit."""
 
@@ -67,14 +85,23 @@ class StagingWriter:
             self.abort()
             raise UploadTooLarge(self.max_bytes)
         self._hash.update(chunk)
-        self._file.write(chunk)
+        try:
+            self._file.write(chunk)
+        except OSError:
+            self.abort()  # a full disk: its caller answers, and no part of the file stays
+            raise
 
     def finish(self) -> StagedArtifact:
-        self._file.close()
+        try:
+            self._file.close()  # the last buffered bytes may meet a full disk too
+        except OSError:
+            self.abort()
+            raise
         return StagedArtifact(self.path, self._hash.hexdigest(), self.size_bytes)
 
     def abort(self) -> None:
-        self._file.close()
+        with contextlib.suppress(OSError):
+            self._file.close()  # on a full disk its flush fails again; the file goes all the same
         self.path.unlink(missing_ok=True)
 
 
@@ -92,15 +119,16 @@ def stage_stream(source: BinaryIO, max_bytes: int | None = None) -> StagedArtifa
 def commit(staged: StagedArtifact) -> bool:
     """Move staged bytes into the store; True when this created the stored file."""
     target = path_for(staged.sha256)
-    if target.is_file():
-        staged.path.unlink(missing_ok=True)
-        # Stored again now: retention takes a file older than its version's archive for one
-        # an outage left behind, and this one may be about to get a row of its own.
+    try:
+        # Stored again now, before its row commits: retention takes an old file that no row
+        # names, or one older than its version's archive, for one left behind.
         os.utime(target)
-        return False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staged.path, target)
-    return True
+    except FileNotFoundError:  # not there, or moved aside by delete_stale: this copy is fresh
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged.path, target)
+        return True
+    staged.path.unlink(missing_ok=True)
+    return False
 
 
 def discard(staged: StagedArtifact) -> None:
@@ -109,6 +137,61 @@ def discard(staged: StagedArtifact) -> None:
 
 def delete(sha256: str) -> None:
     path_for(sha256).unlink(missing_ok=True)
+
+
+def stored_before(cutoff_s: float) -> Iterator[list[str]]:
+    """The sha256s of the stored files last stored before ``cutoff_s`` (a time.time()),
+    one list per folder of the store (at most 256), files left aside included."""
+    base = root() / "sha256"
+    folders = sorted(path for path in base.iterdir() if path.is_dir()) if base.is_dir() else []
+    for folder in folders:
+        found = {name for name in (_stored_name(path, cutoff_s) for path in folder.iterdir()) if name is not None}
+        if found:
+            yield sorted(found)
+
+
+def _stored_name(path: Path, cutoff_s: float) -> str | None:
+    name = path.name.removesuffix(ASIDE_SUFFIX)
+    if not SHA256_NAME.fullmatch(name):
+        return None  # not a file this store wrote: not ours to judge
+    try:
+        return name if path.is_file() and path.stat().st_mtime < cutoff_s else None
+    except FileNotFoundError:
+        return None
+
+
+def delete_stale(sha256: str, cutoff_s: float, is_needed: Callable[[], bool]) -> bool:
+    """Delete the stored file unless it was stored again since ``cutoff_s`` or
+    ``is_needed()`` says so; True when it went. The file is moved aside before either is
+    checked, so neither answer can be overtaken: an upload of these bytes that comes
+    after the move finds nothing to refresh (``commit``) and stores a copy of its own."""
+    target, aside = path_for(sha256), _aside_path(sha256)
+    with contextlib.suppress(FileNotFoundError):  # gone, or already aside (a sweep killed midway)
+        os.replace(target, aside)
+    try:
+        stored_again = aside.stat().st_mtime >= cutoff_s
+    except FileNotFoundError:
+        return False
+    try:
+        keep = stored_again or is_needed()
+    except BaseException:
+        put_back(sha256)  # no answer (the database is down): the file stays
+        raise
+    if keep:
+        put_back(sha256)
+        return False
+    aside.unlink(missing_ok=True)
+    return True
+
+
+def put_back(sha256: str) -> None:
+    """Return a file ``delete_stale`` moved aside to its place, if one is aside."""
+    with contextlib.suppress(FileNotFoundError):  # none, or another sweep put it back
+        os.replace(_aside_path(sha256), path_for(sha256))  # the same bytes as any copy stored meanwhile
+
+
+def _aside_path(sha256: str) -> Path:
+    return path_for(sha256).with_name(sha256 + ASIDE_SUFFIX)
 
 
 def sweep_staging(max_age_s: float, *, now: float | None = None) -> int:

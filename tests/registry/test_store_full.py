@@ -1,0 +1,217 @@
+"""A full disk under an upload (a model, a batch job's input, a data set) is a 507 that
+names the problem; the staged file is removed, nothing is recorded, and the console takes
+the next upload once there is room.
+
+Most tests fill the disk at the storage layer: the staging file writes what fits in
+``ROOM_BYTES``, then fails with ENOSPC (or EDQUOT) as a full file system does, and its
+close fails too (the buffered rest cannot be written either). One test fills a real
+tmpfs, mounted in a mount namespace of its own (``unshare``): it runs where namespaces
+can be made (here, and in CI, which runs as root) and is skipped elsewhere, off CI.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from registry.artifacts import storage
+from registry.building.onnx_build import random_mlp
+from registry.models import EvaluationDataset, Job, ModelVersion, RegisteredModel
+from tests.fixtures.job_world import CLASSES, npy_upload, npz_upload, rows
+from tests.fixtures.onnx_files import write_model
+from tests.fixtures.store import stored_files
+
+pytestmark = pytest.mark.django_db
+
+ROOM_BYTES = 1000
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+class FillingFile:
+    """A staging file on a disk with ``ROOM_BYTES`` left."""
+
+    def __init__(self, real, error_number: int):
+        self.real = real
+        self.error_number = error_number
+        self.full = False
+
+    def write(self, chunk: bytes) -> int:
+        room = ROOM_BYTES - self.real.tell()
+        if len(chunk) <= room:
+            return self.real.write(chunk)
+        self.real.write(chunk[:max(room, 0)])
+        self.real.flush()  # what fitted is on disk: a half-written file to clean up
+        self.full = True
+        raise OSError(self.error_number, os.strerror(self.error_number))
+
+    def close(self) -> None:
+        closing = not self.real.closed
+        self.real.close()
+        if closing and self.full:
+            raise OSError(self.error_number, os.strerror(self.error_number))
+
+
+@pytest.fixture
+def fill_disk(monkeypatch):
+    """Call it to fill the disk (ENOSPC unless told another errno); ``monkeypatch.undo()``
+    frees it."""
+
+    def fill(error_number: int = errno.ENOSPC) -> None:
+        original = storage.StagingWriter.__init__
+
+        def on_a_full_disk(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self._file = FillingFile(self._file, error_number)
+
+        monkeypatch.setattr(storage.StagingWriter, "__init__", on_a_full_disk)
+
+    return fill
+
+
+@pytest.fixture
+def model(operator) -> RegisteredModel:
+    return RegisteredModel.objects.create(name="digits", created_by=operator)
+
+
+def upload(client, path: Path):
+    with open(path, "rb") as handle:
+        return client.post("/api/models/digits/versions/", {"artifact": handle}, format="multipart")
+
+
+def staged_files(artifact_root: Path) -> list[Path]:
+    return [path for path in stored_files(artifact_root) if path.relative_to(artifact_root).parts[0] == "tmp"]
+
+
+@pytest.mark.parametrize(("error_number", "problem"), [(errno.ENOSPC, "no space left on device"), (errno.EDQUOT, "disk quota exceeded")])
+def test_a_model_upload_on_a_full_disk_is_507_naming_the_problem_and_keeps_nothing(
+        model, operator_client, good_onnx, artifact_root, fill_disk, error_number, problem):
+    fill_disk(error_number)
+
+    response = upload(operator_client, good_onnx)
+
+    assert response.status_code == 507
+    error = response.json()["error"]
+    assert error.startswith(f"the artifact store is full: {problem} (")
+    assert error.endswith(" bytes free in ARTIFACT_ROOT); nothing was kept: send it again once space is freed")
+    assert stored_files(artifact_root) == []
+    assert (ModelVersion.objects.count(), Job.objects.count()) == (0, 0)
+
+
+def test_the_console_takes_the_next_upload_once_there_is_room(model, operator_client, good_onnx, artifact_root, fill_disk, monkeypatch):
+    fill_disk()
+    assert upload(operator_client, good_onnx).status_code == 507
+    monkeypatch.undo()  # space freed
+
+    response = upload(operator_client, good_onnx)
+
+    assert response.status_code == 202, response.json()
+    assert response.json()["number"] == 1
+    assert storage.exists(response.json()["sha256"])
+    assert staged_files(artifact_root) == []
+
+
+def test_a_full_disk_is_logged_once_as_an_error_naming_the_request(model, operator_client, good_onnx, fill_disk, caplog):
+    fill_disk()
+
+    with caplog.at_level(logging.ERROR):
+        upload(operator_client, good_onnx)
+
+    # Beside Django's own line for any 5xx ("Insufficient Storage: <path>"), which names no cause.
+    errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR and record.name.startswith("registry")]
+    assert errors == ["the artifact store is full on POST /api/models/digits/versions/: [Errno 28] No space left on device"]
+
+
+def test_a_batch_job_input_on_a_full_disk_is_507_and_queues_nothing(jobs_model, operator_client, artifact_root, fill_disk):
+    jobs_before = Job.objects.count()
+    fill_disk()
+
+    response = operator_client.post("/api/models/digits/jobs/", {"input": npy_upload(rows(100))}, format="multipart")
+
+    assert response.status_code == 507
+    assert response.json()["error"].startswith("the artifact store is full: no space left on device (")
+    assert Job.objects.count() == jobs_before
+    assert [path for path in stored_files(artifact_root) if path.relative_to(artifact_root).parts[0] != "sha256"] == []
+
+
+def test_a_data_set_on_a_full_disk_is_507_and_adds_nothing(jobs_model, operator_client, artifact_root, fill_disk):
+    jobs_before = Job.objects.count()
+    fill_disk()
+    upload_file = npz_upload("holdout.npz", input=rows(50), labels=[index % CLASSES for index in range(50)])
+
+    response = operator_client.post("/api/models/digits/datasets/", {"file": upload_file, "name": "holdout", "task": "classification"},
+                                    format="multipart")
+
+    assert response.status_code == 507
+    assert response.json()["error"].startswith("the artifact store is full: no space left on device (")
+    assert (EvaluationDataset.objects.count(), Job.objects.count()) == (0, jobs_before)
+    assert [path for path in stored_files(artifact_root) if path.relative_to(artifact_root).parts[0] != "sha256"] == []
+
+
+# ---------------------------------------------------------------- a real full file system
+
+# Run in a process of its own, inside the mount namespace: a console on a fresh SQLite
+# database whose ARTIFACT_ROOT is a tmpfs too small for the model it is sent.
+CONSOLE_ON_A_SMALL_DISK = """
+import json, sys
+import django
+django.setup()
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.core.management import call_command
+from rest_framework.test import APIClient
+from registry.models import ModelVersion, RegisteredModel
+call_command("migrate", verbosity=0)
+operator = User.objects.create_user("olivia")
+operator.groups.add(Group.objects.get_or_create(name="operator")[0])
+RegisteredModel.objects.create(name="digits", created_by=operator)
+client = APIClient()
+client.force_authenticate(operator)
+with open(sys.argv[1], "rb") as handle:
+    response = client.post("/api/models/digits/versions/", {"artifact": handle}, format="multipart")
+left = sorted(str(path.relative_to(settings.ARTIFACT_ROOT)) for path in settings.ARTIFACT_ROOT.rglob("*") if path.is_file())
+later = client.get("/api/models/digits/versions/")
+print(json.dumps({"status": response.status_code, "body": response.json(), "left": left, "versions": ModelVersion.objects.count(),
+                  "later": later.status_code}))
+"""
+TMPFS_BYTES = 64 * 1024
+
+
+def in_a_mount_namespace() -> list[str]:
+    """The command prefix that runs a process in a mount namespace of its own, or a skip
+    (a failure under CI) naming why there is none."""
+    prefix = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-r", "-m"]
+    usable = shutil.which("unshare") is not None and subprocess.run([*prefix, "true"], capture_output=True, timeout=30).returncode == 0
+    if not usable:
+        reason = f"`{' '.join(prefix)}` cannot make a mount namespace here"
+        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return prefix
+
+
+def test_a_model_larger_than_the_free_space_of_a_real_file_system_is_507_and_leaves_nothing(tmp_path):
+    prefix = in_a_mount_namespace()
+    store, data = tmp_path / "store", tmp_path / "data"
+    store.mkdir()
+    big = write_model(tmp_path, "big.onnx", random_mlp([256, 128, 10], seed=3))
+    assert big.stat().st_size > 2 * TMPFS_BYTES
+    environment = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL"}}
+    environment.update(DATA_DIR=str(data), ARTIFACT_ROOT=str(store), DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(REPOSITORY))
+    shell = f'mount -t tmpfs -o size={TMPFS_BYTES} tmpfs "$0" && exec "$1" -c "$2" "$3"'
+
+    finished = subprocess.run([*prefix, "sh", "-c", shell, str(store), sys.executable, CONSOLE_ON_A_SMALL_DISK, str(big)],
+                              cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=180)
+
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    answer = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert answer["status"] == 507
+    assert answer["body"]["error"].startswith("the artifact store is full: no space left on device (")
+    assert (answer["left"], answer["versions"], answer["later"]) == ([], 0, 200)
