@@ -11,15 +11,19 @@ or in ``--state-file`` mode, where no state comes from the network.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
-import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import httpx
 import orjson
 
+from serving.artifact_cache import mark_used, open_partial
+from serving.logs import event
 from serving.state_signing import checked_digest
+
+logger = logging.getLogger("serving.console_client")
 
 CHUNK_BYTES = 1024 * 1024
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -162,8 +166,14 @@ class ConsoleClient:
         if location.startswith("file://"):  # a local file, allowed above
             return _verified(local_path(location), sha256)
         cached = dest.is_file()
-        if cached and sha256_of_file(dest) == sha256:
-            return dest  # cache hit: the cache is keyed by sha256
+        if cached:
+            actual = sha256_of_file(dest)
+            if actual == sha256:
+                mark_used(dest)  # for eviction (serving/artifact_cache.py)
+                return dest  # cache hit: the cache is keyed by sha256
+            # A disk or a hand that changed the cache is the operator's to know of, even when the download repairs it.
+            logger.warning(event("cached_artifact_corrupt", path=str(dest), reason="its sha256 does not match its name",
+                                 expected_sha256=sha256, actual_sha256=actual, action="downloading it again"))
         try:
             return self._download(location, sha256, dest)
         except ArtifactError as error:
@@ -173,28 +183,31 @@ class ConsoleClient:
             raise ArtifactError(f"the cached copy {dest} does not match sha256 {sha256[:12]}…, and {error}") from None
 
     def _download(self, absolute: str, sha256: str, dest: Path) -> Path:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        # Created exclusively under an unpredictable name: never written through a file or link left in the cache.
-        descriptor, name = tempfile.mkstemp(dir=dest.parent, prefix=f"{dest.name}.", suffix=".part")
-        partial, out = Path(name), os.fdopen(descriptor, "wb")
+        # Created exclusively under an unpredictable name: never written through a file or link left in the cache;
+        # locked until it is in place, so a start-up sweep never removes it (serving/artifact_cache.py).
+        descriptor, partial = open_partial(dest)
+        with os.fdopen(descriptor, "wb") as out:
+            try:
+                self._stream_into(out, absolute, sha256)
+                partial.replace(dest)  # atomic: a reader never sees a half-written cache entry
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
+        return dest
+
+    def _stream_into(self, out, absolute: str, sha256: str) -> None:
         digest = hashlib.sha256()
         try:
-            with out, self._http.stream("GET", absolute) as response:
+            with self._http.stream("GET", absolute) as response:
                 response.raise_for_status()
                 for chunk in response.iter_bytes(CHUNK_BYTES):
                     digest.update(chunk)
                     out.write(chunk)
+            out.flush()  # before the rename, while the lock is held
         except (httpx.HTTPError, OSError) as exc:
-            partial.unlink(missing_ok=True)
             raise ArtifactError(f"cannot download {absolute}: {exc}") from None
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
         if digest.hexdigest() != sha256:
-            partial.unlink(missing_ok=True)
             raise ArtifactError(f"sha256 mismatch for {absolute}: got {digest.hexdigest()}, expected {sha256}")
-        partial.replace(dest)  # atomic: a reader never sees a half-written cache entry
-        return dest
 
     def close(self) -> None:
         self._http.close()

@@ -110,7 +110,7 @@ class DataPlane:
 
     def _resolve(self, name: str, version: int | None, routing_key: str | None) -> LoadedVersion:
         if not self.repository.is_ready:
-            raise NotReady("the worker is still loading its models")
+            raise NotReady(self.repository.not_ready_reason or "the worker is still loading its models")
         return self.repository.router.table.resolve(name, version, routing_key)
 
     def _timeout_s(self, *overrides_s: float | None) -> float:

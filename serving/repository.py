@@ -5,6 +5,8 @@ Converging: fetch and verify each new version's artifact, load and warm it
 then ack, while versions neither routed nor kept warm drain and unload in the background.
 If anything fails to load,
 nothing is swapped: the previous routes keep serving and the result says why.
+Once the loaded versions changed, the cache drops artifacts nothing needs any more
+(serving/artifact_cache.py says what it always keeps).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from serving import metrics
+from serving.artifact_cache import evict_unused_artifacts
 from serving.config import ServingConfig
 from serving.contract import BatchPolicy, ContractError
 from serving.errors import LoadError
@@ -53,6 +56,8 @@ class Repository:
     router: Router = field(default_factory=Router)
     generation: int | None = None
     is_ready: bool = False
+    # Why nothing is served, once that is known (a refusal's 503 says it); None while the first state loads.
+    not_ready_reason: str | None = None
     _loaded: dict = field(default_factory=dict)  # (model, version) -> LoadedVersion
     _desired: ServingPlan | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -70,6 +75,8 @@ class Repository:
             result.load_ms = (time.perf_counter() - started_s) * 1000
             if result.ok:
                 metrics.STATE_GENERATION.set(result.generation)
+            elif not self.is_ready:
+                self.serve_nothing_because(f"the state of generation {result.generation} could not be applied")
             log = logger.info if result.ok else logger.error
             log(event("state_applied" if result.ok else "state_not_applied", **result.as_dict()))
             return result.as_dict()
@@ -93,7 +100,15 @@ class Repository:
         self.is_ready = True
         metrics.LOADED_VERSIONS.set(len(loaded))
         self._retire_after_the_ack(retired)
+        served = {version.spec.sha256 for version in loaded.values()}
+        await asyncio.to_thread(evict_unused_artifacts, self.config.cache_dir, served)
         return ApplyResult(generation, True)
+
+    def serve_nothing_because(self, *failures: str) -> None:
+        """Say, in every 503 until a state applies, why there is nothing to serve. Kept to
+        what failed; the details (paths, addresses) are in the worker's log, not in answers
+        to clients."""
+        self.not_ready_reason = f"no state applied: {', and '.join(failures)}; the worker's log says why"
 
     def _set_generation(self, generation: int) -> None:
         if generation != self.generation:

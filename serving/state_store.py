@@ -90,6 +90,16 @@ class StateStore:
             raise PersistedStateRefused(f"not a desired state of this worker's contract: {error}") from None
         return document
 
+    def artifact_sha256s(self) -> frozenset[str]:
+        """Every sha256 the persisted file names, unchecked: artifact eviction keeps these,
+        and keeping too much is safe. A file that cannot be read names none: it could not
+        be served either."""
+        try:
+            document = self._read()
+        except PersistedStateRefused:
+            return frozenset()
+        return frozenset(_sha256s(document)) if document is not None else frozenset()
+
     def _read(self) -> dict | None:
         try:
             descriptor = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -114,6 +124,28 @@ class StateStore:
         if not isinstance(document, dict):
             raise PersistedStateRefused(f"{self.path} does not hold a JSON object")
         return document
+
+
+def persisted_artifacts(directory: str | Path) -> frozenset[str]:
+    """The artifacts the state persisted in ``directory`` names (``StateStore.artifact_sha256s``)."""
+    return StateStore(directory, None).artifact_sha256s()
+
+
+def _sha256s(document: dict) -> set[str]:
+    """Every string under a "sha256" key, at any depth: read this way, a file whose shape
+    another contract version changed still keeps its artifacts."""
+    found, pending = set(), [document]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key == "sha256" and isinstance(item, str):
+                    found.add(item)
+                else:
+                    pending.append(item)
+        elif isinstance(value, list):
+            pending.extend(value)
+    return found
 
 
 def _check_ownership(path: Path, status: os.stat_result) -> None:

@@ -28,6 +28,7 @@ import uvicorn
 
 from serving.api_key_store import ApiKeyStore, api_keys_signing_key
 from serving.api_keys import KEYS_PATH, ApiKeyRefresher
+from serving.artifact_cache import remove_stale_downloads
 from serving.config import ServingConfig
 from serving.console_client import ConsoleClient, StateError, console_only, console_timeout, read_state_file
 from serving.dataplane import DataPlane
@@ -53,6 +54,7 @@ class Worker:
             config = dataclasses.replace(config, allow_local_artifacts=True)
         self.config = config
         self.state_file = state_file
+        remove_stale_downloads(config.cache_dir)  # before this worker's first download; another worker's live ones stay
         self.device = resolve_device(config)
         self.console = ConsoleClient(config.console_url, config.worker_token, config.console_timeout_s,
                                      allow_local=config.allow_local_artifacts)
@@ -117,12 +119,12 @@ class Worker:
             state = await asyncio.get_running_loop().run_in_executor(None, self.console.fetch_state)
         except StateError as exc:
             logger.warning(event("console_unavailable", reason=str(exc)))
-            await self.load_persisted_state()
+            await self.load_persisted_state("the console's state could not be fetched")
             return
         result = await self.apply(state)
         if not result["ok"]:  # an artifact the console cannot serve now: what was served last beats nothing
             logger.warning(event("console_state_not_applied", generation=result["generation"], reason=result.get("error", "")[:300]))
-            await self.load_persisted_state()
+            await self.load_persisted_state("the console's state could not be applied")
 
     async def apply_state_file(self) -> None:
         """Serve the state file; StateError naming it and why when it cannot be read or applied."""
@@ -131,21 +133,25 @@ class Worker:
             raise StateError(f"cannot apply state file {self.state_file}: {result['error']}")
         self.state_file_applied = True
 
-    async def load_persisted_state(self) -> None:
-        """Serve the persisted state if it passes its checks; anything wrong is logged, never fatal."""
+    async def load_persisted_state(self, console_failure: str = "the console's state could not be fetched") -> None:
+        """Serve the persisted state if it passes its checks; anything wrong is logged, never fatal,
+        and said (with ``console_failure``) in every 503 until a state applies."""
         try:
             state = await asyncio.to_thread(self.state_store.load)
         except PersistedStateRefused as refusal:
             logger.error(event("persisted_state_refused", path=str(self.state_store.path), reason=str(refusal),
                                consequence="serving nothing until the console answers"))
+            self.repository.serve_nothing_because(console_failure, "the persisted state was refused")
             return
         if state is None:
             logger.error(event("no_state", reason="no persisted state; serving nothing until the console answers"))
+            self.repository.serve_nothing_because(console_failure, "there is no persisted state")
             return
         result = await self.apply(state)
         if not result["ok"]:
             logger.error(event("persisted_state_refused", path=str(self.state_store.path), reason=result["error"],
                                consequence="serving nothing until the console answers"))
+            self.repository.serve_nothing_because(console_failure, "the persisted state could not be applied")
             return
         self.initial_persisted = (state, result)
         logger.warning(event("serving_persisted_state", generation=state["generation"], epoch=state.get("epoch"), digest=state["digest"]))
