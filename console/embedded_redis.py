@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 
@@ -47,6 +48,28 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def reusable_port(recorded_url: str, password: str) -> int | None:
+    """The port of the embedded server whose URL runstack recorded last time (same
+    password: not a REDIS_URL given then), when it is free again. A worker started by hand
+    beside the stack read that URL once, at its start: on a new port its reconnects went
+    to the old one for ever, and it saw each change only at its next poll."""
+    try:
+        last = urlsplit(recorded_url)
+        port = last.port
+    except ValueError:  # not a URL this package wrote
+        return None
+    if last.scheme != "redis" or last.hostname != "127.0.0.1" or last.password != password or not port:
+        return None
+    with socket.socket() as probe:
+        # As redis-server binds: the old server's connections in TIME_WAIT do not count.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return None
+    return port
 
 
 def generated_password(path: Path) -> str:

