@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -68,6 +69,9 @@ def artifact_location(url: object, console_url: str, *, allow_local: bool) -> st
     if url.startswith("file://") or (url.startswith("/") and os.path.isfile(url)):
         if not allow_local:
             raise ArtifactRefused(f"local artifact {shown!r} refused: local paths need SERVING_ALLOW_LOCAL_ARTIFACTS=true")
+        host = urlsplit(url).hostname if url.startswith("file://") else None
+        if host not in (None, "localhost"):  # file://otherhost/x read /x of this machine
+            raise ArtifactRefused(f"local artifact {shown!r} refused: a file:// URL names no host but this one")
         path = local_path(url)
         if not path.is_absolute():
             raise ArtifactRefused(f"local artifact {shown!r} refused: name it by absolute path")
@@ -177,6 +181,8 @@ class ConsoleClient:
         try:
             return self._download(location, sha256, dest)
         except ArtifactError as error:
+            if self.allow_local and url.startswith("/"):  # a bare path with no file there went to the console
+                raise ArtifactError(f"no local file at {url[:SHOWN_URL_CHARS]}, and as a console path: {error}") from None
             if not cached:
                 raise
             # Say so: "cannot download" alone sent an operator after the network.
@@ -215,6 +221,8 @@ class ConsoleClient:
 
 def _verified(path: Path, sha256: str) -> Path:
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the worker's start in open()
+            raise ArtifactError(f"cannot read {path}: not a regular file")
         actual = sha256_of_file(path)
     except OSError as exc:
         raise ArtifactError(f"cannot read {path}: {exc.strerror}") from None

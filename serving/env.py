@@ -39,7 +39,7 @@ def env_url(name: str, default: str = "") -> str:
     return default if raw is None else check_http_url(name, raw)
 
 
-def check_http_url(name: str, value: str) -> str:
+def check_http_url(name: str, value: str, example: str = "http://127.0.0.1:8000") -> str:
     from urllib.parse import urlsplit
 
     try:
@@ -48,7 +48,7 @@ def check_http_url(name: str, value: str) -> str:
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SettingError(f"{name}={value!r}: expected an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
+        raise SettingError(f"{name}={value!r}: expected an http:// or https:// URL with a host, e.g. {example}")
     return value.rstrip("/")
 
 

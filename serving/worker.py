@@ -187,7 +187,11 @@ class Worker:
         refused like a file that cannot be read: one line, exit 2."""
         with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
             try:
-                runner.run(self.apply_state_file())
+                # uvicorn's own handlers, as in its lifespan: a SIGTERM or Ctrl-C during the load
+                # begins the drain, served out once the load ends (unhandled, it killed the worker
+                # on the spot, or printed a KeyboardInterrupt traceback, its private directory left).
+                with server.capture_signals():
+                    runner.run(self.apply_state_file())
             except StateError as refusal:
                 logger.error(event("bad_state_file", reason=str(refusal)))
                 raise SystemExit(2) from None

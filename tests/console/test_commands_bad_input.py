@@ -120,7 +120,7 @@ def test_demo_traffic_refuses_a_url_that_is_not_http_naming_it(url):
 def test_demo_traffic_names_serving_public_url_when_the_default_is_unusable(settings):
     settings.SERVING_PUBLIC_URL = "worker:8001"
 
-    with pytest.raises(CommandError, match="SERVING_PUBLIC_URL='worker:8001': expected an http"):
+    with pytest.raises(CommandError, match=r"SERVING_PUBLIC_URL='worker:8001': expected an http.*e\.g\. http://127\.0\.0\.1:8001$"):
         call_command("demo_traffic", seconds=0.1, stdout=io.StringIO())
 
 

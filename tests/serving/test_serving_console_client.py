@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 import httpx
 import pytest
 
-from serving.console_client import ArtifactError, ConsoleClient, StateError, artifact_location, read_state_file
+from serving.console_client import ArtifactError, ArtifactRefused, ConsoleClient, StateError, artifact_location, read_state_file
 
 PAYLOAD = b"model bytes"
 SHA256 = hashlib.sha256(PAYLOAD).hexdigest()
@@ -109,6 +110,28 @@ def test_a_local_artifact_that_is_not_there_is_said_missing_and_never_asked_of_t
     with pytest.raises(ArtifactError, match="cannot read .*gone.onnx"):
         client.fetch_artifact(location, SHA256, tmp_path / "x")
     assert asked == []
+
+
+def test_a_file_url_naming_another_host_is_refused():
+    with pytest.raises(ArtifactRefused, match="names no host but this one"):
+        artifact_location("file://otherhost/etc/hostname", "http://console.test", allow_local=True)
+
+
+def test_a_local_artifact_that_is_a_named_pipe_is_refused_without_blocking(tmp_path):
+    pipe = tmp_path / "model.onnx"
+    os.mkfifo(pipe)
+    client = ConsoleClient("http://console.test", "s3cret", 2.0, allow_local=True, transport=httpx.MockTransport(lambda request: httpx.Response(500)))
+
+    with pytest.raises(ArtifactError, match="not a regular file"):
+        client.fetch_artifact(f"file://{pipe}", SHA256, tmp_path / "x")
+
+
+def test_a_bare_path_with_no_file_there_says_so_beside_the_console_s_answer(tmp_path):
+    client = ConsoleClient("http://console.test", "s3cret", 2.0, allow_local=True, transport=httpx.MockTransport(lambda request: httpx.Response(404)))
+    missing = tmp_path / "typo.onnx"
+
+    with pytest.raises(ArtifactError, match=f"no local file at {missing}, and as a console path: cannot download"):
+        client.fetch_artifact(str(missing), SHA256, tmp_path / "x")
 
 
 def test_state_file_must_hold_an_object(tmp_path):

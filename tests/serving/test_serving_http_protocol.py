@@ -630,13 +630,15 @@ def test_past_the_lingering_bound_a_refusal_for_what_was_sent_closes_at_once(gua
     monkeypatch.setattr(http_protocol, "LINGER_QUIET_S", 30.0)
     worker = guarded_worker(header_timeout_s=0.3, max_header_bytes=4096)
     connections = worker.server.server_state.connections
-    clients = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(3)]
+    clients = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(2)]
     try:
         clients[0].sendall(TLS_HELLO)
         assert read_until_closed(clients[0]).startswith(b"HTTP/1.1 400 ")
         clients[1].sendall(HEADER_ARRIVING + b"p" * 5000)
         assert read_until_closed(clients[1]).startswith(b"HTTP/1.1 431 ")
         assert wait_until(lambda: refusals_lingering(worker) == 2)
+        # Connected only now: idle past the 0.3 s deadline, it would be closed with nothing to answer.
+        clients.append(socket.create_connection(("127.0.0.1", worker.port), timeout=5))
         clients[2].sendall(HEADER_ARRIVING)  # its 408 comes at the header deadline
         assert read_until_closed(clients[2]).startswith(b"HTTP/1.1 408 ")
         assert wait_until(lambda: len(connections) == 2)  # the 408 closed at once, the others linger

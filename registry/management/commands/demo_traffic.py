@@ -67,7 +67,7 @@ class Command(BaseCommand):
 def _worker_url(source: str, value: str) -> str:
     """An http(s) URL with a host; anything else used to fail every request, exit status 0."""
     try:
-        return check_http_url(source, value)
+        return check_http_url(source, value, example="http://127.0.0.1:8001")  # a worker's port, not the console's
     except SettingError as error:
         raise CommandError(str(error)) from None
 
