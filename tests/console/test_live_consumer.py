@@ -168,22 +168,32 @@ async def end(communicator: WebsocketCommunicator) -> None:
         await close_thread_connections()
 
 
+def with_open_feed(communicator: WebsocketCommunicator, then, after=lambda: None):
+    """(what ``then()`` returns, run once the feed is open; what ``after()`` returns, once the
+    feed has ended, on the same event loop); the feed ends whatever happened."""
+    async def run():
+        try:
+            connected, _ = await communicator.connect(timeout=5)
+            assert connected
+            result = await then()
+        finally:
+            await end(communicator)
+        return result, after()
+
+    return asyncio.run(run())
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_open_live_feed_is_closed_try_again_later_once_redis_stops_answering(operator, redis_layer, quick_pings):
     communicator = feed(operator)
     bound_s = consumers.FEED_PINGS_MISSED * PING_EVERY_S + django_settings.CHANNEL_SEND_TIMEOUT_S + SLACK_S
 
-    async def open_freeze_wait():
-        try:
-            connected, _ = await communicator.connect(timeout=5)
-            assert connected
-            redis_layer()
-            started = time.monotonic()
-            return await first_output_or_none(communicator, bound_s), time.monotonic() - started
-        finally:
-            await end(communicator)
+    async def freeze_and_wait():
+        redis_layer()
+        started = time.monotonic()
+        return await first_output_or_none(communicator, bound_s), time.monotonic() - started
 
-    output, waited_s = asyncio.run(open_freeze_wait())
+    (output, waited_s), _ = with_open_feed(communicator, freeze_and_wait)
 
     assert output == CLOSE_TRY_AGAIN
     assert waited_s < bound_s
@@ -195,16 +205,11 @@ def test_an_open_live_feed_whose_pings_never_come_back_is_closed_try_again_later
     communicator = feed(operator)
     bound_s = (consumers.FEED_PINGS_MISSED + 1) * PING_EVERY_S + SLACK_S
 
-    async def open_and_wait():
-        try:
-            connected, _ = await communicator.connect(timeout=5)
-            assert connected
-            started = time.monotonic()
-            return await first_output_or_none(communicator, bound_s), time.monotonic() - started
-        finally:
-            await end(communicator)
+    async def wait():
+        started = time.monotonic()
+        return await first_output_or_none(communicator, bound_s), time.monotonic() - started
 
-    output, waited_s = asyncio.run(open_and_wait())
+    (output, waited_s), _ = with_open_feed(communicator, wait)
 
     assert output == CLOSE_TRY_AGAIN
     assert waited_s < bound_s
@@ -214,19 +219,13 @@ def test_an_open_live_feed_whose_pings_never_come_back_is_closed_try_again_later
 def test_a_healthy_live_feed_stays_open_past_several_pings_sends_none_and_leaves_no_watchdog(operator, healthy_layer, quick_pings):
     communicator = feed(operator)
 
-    async def open_watch_close():
-        try:
-            connected, _ = await communicator.connect(timeout=5)
-            assert connected
-            running = len(watchdogs())
-            quiet = await communicator.receive_nothing(timeout=4 * PING_EVERY_S)
-            await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.job", "job": {"id": 7}})
-            relayed = await communicator.receive_json_from(timeout=5)
-        finally:
-            await end(communicator)
-        return running, quiet, relayed, len(watchdogs())
+    async def watch():
+        running = len(watchdogs())
+        quiet = await communicator.receive_nothing(timeout=4 * PING_EVERY_S)
+        await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.job", "job": {"id": 7}})
+        return running, quiet, await communicator.receive_json_from(timeout=5)
 
-    running, quiet, relayed, left = asyncio.run(open_watch_close())
+    (running, quiet, relayed), left = with_open_feed(communicator, watch, after=lambda: len(watchdogs()))
 
     assert running == 1
     assert quiet is True  # no ping reached the browser, and the feed was not closed
@@ -243,16 +242,11 @@ def test_a_live_feed_closed_by_its_watchdog_sends_nothing_after_its_close(operat
     bound_s = (consumers.FEED_PINGS_MISSED + 1) * PING_EVERY_S + SLACK_S
 
     async def close_then_relay():
-        try:
-            connected, _ = await communicator.connect(timeout=5)
-            assert connected
-            closed = await first_output_or_none(communicator, bound_s)
-            await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.job", "job": {"id": 7}})
-            return closed, await communicator.receive_nothing(timeout=1)
-        finally:
-            await end(communicator)
+        closed = await first_output_or_none(communicator, bound_s)
+        await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.job", "job": {"id": 7}})
+        return closed, await communicator.receive_nothing(timeout=1)
 
-    closed, nothing_after = asyncio.run(close_then_relay())
+    (closed, nothing_after), _ = with_open_feed(communicator, close_then_relay)
 
     assert closed == CLOSE_TRY_AGAIN
     assert nothing_after is True
