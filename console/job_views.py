@@ -12,6 +12,8 @@ script posting with ``Accept: application/json`` gets ``{"level", "message"}``.
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -42,6 +44,7 @@ from registry.domain.choices import JobStatus, VersionStatus
 from registry.jobs import records
 from registry.models import Job, RegisteredModel
 
+logger = logging.getLogger(__name__)
 JOBS_SHOWN = 100
 ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
 JOBS_FRAGMENTS = {
@@ -124,6 +127,11 @@ def _with_upload(request, model: RegisteredModel, act, max_bytes: int):
         if getattr(request, "upload_too_large", False):
             return _refused(request, model, str(storage.UploadTooLarge(max_bytes)), 413)
         return act(request, model)
+    except OSError as error:
+        if not storage.is_full(error):
+            raise
+        logger.error("the artifact store is full on an upload for %s: %s", model.name, error)
+        return _refused(request, model, storage.full_message(error), 507)
     finally:
         staging.discard()  # whatever the action kept, it has copied or moved
 

@@ -12,6 +12,7 @@ alone: the same template on page load and on a live update.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from datetime import timedelta
@@ -91,6 +92,7 @@ from registry.models import (
     Worker,
 )
 
+logger = logging.getLogger(__name__)
 WORKERS_SHOWN_FOR = fleet.GONE_LISTED_FOR  # gone workers stay listed (faded) this long
 ROLLUP_WINDOW = timedelta(hours=6)
 SERVED_WINDOW = timedelta(hours=1)  # the versions table's traffic column
@@ -624,6 +626,11 @@ def upload_version(request, name: str):
         if not token_in_header:
             _refuse_forgery(csrf_failure(request))
         return _upload(request, model)
+    except OSError as error:
+        if not storage.is_full(error):
+            raise
+        logger.error("the artifact store is full on an upload to %s: %s", name, error)
+        return _answer(request, name, "error", f"Upload refused: {storage.full_message(error)}", status=507)
     finally:
         staging.discard()  # whatever happened: registered bytes have moved into the store
 

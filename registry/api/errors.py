@@ -3,9 +3,7 @@ form errors). Never HTML, never a stack trace."""
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import re
 import uuid
 
@@ -23,9 +21,6 @@ logger = logging.getLogger(__name__)
 # HTML "Bad Request (400)" page, naming nothing.
 BODY_LIMITS = {TooManyFieldsSent: status.HTTP_400_BAD_REQUEST, TooManyFilesSent: status.HTTP_400_BAD_REQUEST,
                RequestDataTooBig: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE}
-# What a full disk (or a user's quota) raises under an upload: the artifact store's file
-# system, DATA_DIR's, is the only one a request writes to.
-STORE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def exception_handler(exc, context):
@@ -34,7 +29,7 @@ def exception_handler(exc, context):
         limit = next((code for kind, code in BODY_LIMITS.items() if isinstance(exc, kind)), None)
         if limit is not None:  # e.g. "The number of GET/POST parameters exceeded settings.DATA_UPLOAD_MAX_NUMBER_FIELDS."
             return error_response(str(exc), limit)
-        if isinstance(exc, OSError) and exc.errno in STORE_FULL_ERRNOS:
+        if _is_store_full(exc):
             return store_full_response(exc, context.get("request"))
         return None  # Django's handler500 answers, as JSON, below.
     if isinstance(exc, exceptions.ValidationError):
@@ -89,12 +84,15 @@ def store_full_response(exc: OSError, request) -> Response:
     """507, naming the problem; the staged file is gone already (``StagingWriter``)."""
     from registry.artifacts import storage  # reads settings; keep this module light
 
-    free = storage.free_bytes()
-    room = "" if free is None else f" ({free} bytes free in ARTIFACT_ROOT)"
-    message = f"the artifact store is full: {os.strerror(exc.errno).lower()}{room}; nothing was kept: send it again once space is freed"
     where = "" if request is None else f" on {request.method} {request.path}"
     logger.error("the artifact store is full%s: %s", where, exc)
-    return error_response(message, status.HTTP_507_INSUFFICIENT_STORAGE)
+    return error_response(storage.full_message(exc), status.HTTP_507_INSUFFICIENT_STORAGE)
+
+
+def _is_store_full(exc) -> bool:
+    from registry.artifacts import storage
+
+    return storage.is_full(exc)
 
 
 # What each refusal means, for the OpenAPI schema: every operation lists the statuses it

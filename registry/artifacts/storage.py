@@ -9,6 +9,7 @@ goes on: nothing half-written stays.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -58,6 +59,22 @@ def path_for(sha256: str) -> Path:
 
 def exists(sha256: str) -> bool:
     return path_for(sha256).is_file()
+
+
+# What a full disk (or a user's quota) raises under an upload: the artifact store's file
+# system, DATA_DIR's, is the only one a request writes to.
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in FULL_ERRNOS
+
+
+def full_message(error: OSError) -> str:
+    """What a 507 says: the store is full, how much is free, and that nothing was kept."""
+    free = free_bytes()
+    room = "" if free is None else f" ({free} bytes free in ARTIFACT_ROOT)"
+    return f"the artifact store is full: {os.strerror(error.errno).lower()}{room}; nothing was kept: send it again once space is freed"
 
 
 def free_bytes() -> int | None:
