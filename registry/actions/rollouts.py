@@ -264,7 +264,7 @@ def analyse(pk: int, now: datetime) -> bool:
 
 def _judge_window(rollout: Rollout, now: datetime) -> RolloutVerdict:
     settings = AnalysisSettings.parse(rollout.analysis)
-    start = max(now - timedelta(seconds=settings.interval_s), rollout.step_started_at)
+    start = _window_start(rollout)
     versions = {version.number: version for version in rollout.model.versions.filter(number__in=[rollout.canary_version, rollout.stable_version])}
     canary, stable = (aggregate(samples.window(versions[number], start, now)) if number in versions else aggregate([])
                       for number in (rollout.canary_version, rollout.stable_version))
@@ -279,6 +279,15 @@ def _judge_window(rollout: Rollout, now: datetime) -> RolloutVerdict:
         window_start=start, window_end=now, result=body["result"], reason=body["reason"], signals=body["signals"],
         canary=body.get("canary", {}), stable=body.get("stable", {}),
     )
+
+
+def _window_start(rollout: Rollout) -> datetime:
+    """Where the window judged now begins: where this step's last one ended (its start for
+    the first), so windows leave no gap. Judged as the last ``interval_s`` only, a tick late
+    by an outage of the analysis let a step advance on a fraction of its hold, the canary's
+    answers during the outage never judged."""
+    last = rollout.verdicts.filter(step_index=rollout.step_index, window_end__gt=rollout.step_started_at).order_by("-number").first()
+    return last.window_end if last is not None else rollout.step_started_at
 
 
 def _act_on(rollout: Rollout, verdict: RolloutVerdict, now: datetime) -> None:

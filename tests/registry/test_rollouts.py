@@ -379,3 +379,18 @@ def test_a_paused_rollout_is_never_overdue(three_versions, operator, viewer_clie
     due_ago(rollout, 3600)
 
     assert viewer_client.get(f"/api/models/digits/rollouts/{rollout.pk}/").json()["analysis_overdue_s"] is None
+
+
+def test_a_window_judged_late_covers_the_whole_time_since_the_last_one(three_versions, operator):
+    # The analysis stopped for three windows (Celery beat down): judged as the last
+    # interval only, the canary's failures meanwhile went unseen and the step passed.
+    rollout = judge_next(start(three_versions, operator))
+    late = rollout.next_window_at + timedelta(seconds=3 * FAST["interval_s"])
+    report(three_versions, {2: figures("digits", 2, errors=100), 1: figures("digits", 1)}, rollout.next_window_at)
+    window_of_traffic(three_versions, rollout, late)
+
+    rollouts.tick(late)
+
+    verdict = rollout.verdicts.order_by("-number").first()
+    assert (verdict.window_start, verdict.window_end) == (rollout.next_window_at - timedelta(seconds=FAST["interval_s"]), late)
+    assert verdict.result == "fail"
