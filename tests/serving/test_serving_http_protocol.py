@@ -3,16 +3,19 @@ clients are cut off by deadlines and caps."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
 import numpy as np
 import orjson
 import pytest
-from serving_testkit import route, state, v2_body, wait_until
+import uvicorn
+from serving_testkit import free_port, route, state, v2_body, wait_until
 
 from serving import http_protocol
 from serving.http_protocol import CoalescingTransport, listen_backlog
@@ -909,3 +912,50 @@ def test_while_draining_pipelined_requests_are_each_answered_and_only_the_last_c
     assert [b"connection: close" in head_part.split(b"\r\n") for head_part, _ in answers] == [False, False, True]
     assert all(orjson.loads(body)["model_name"] == "digits" for _, body in answers)
     assert len(worker.runs) >= 1
+
+
+@pytest.fixture
+def slow_reading_server():
+    """start(app, **limits) -> the port of a uvicorn server running ``app`` on this
+    protocol, in a thread of its own; stopped at teardown."""
+    started = []
+
+    def start(app, **limits) -> int:
+        port = free_port()
+        protocol = http_protocol.protocol_class(http_protocol.HttpLimits(**limits), coalesce_writes=False)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, loop="asyncio", lifespan="off", log_level="warning",
+                                               http=protocol))
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
+        thread.start()
+        started.append((server, thread))
+        assert wait_until(lambda: server.started, 10)
+        return port
+
+    yield start
+    for server, thread in started:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_an_app_that_reads_after_the_body_deadline_sees_a_disconnect_not_an_error(slow_reading_server):
+    """Refused with 408 while its client waited for 100 Continue, the request's app that
+    asked for the body later made uvicorn write the 100 Continue after the lingering
+    close's end of file: an error raised in the app, instead of its http.disconnect."""
+    received = []
+
+    async def reads_late(scope, receive, send):
+        await asyncio.sleep(0.8)  # past the body deadline, before its first receive()
+        try:
+            received.append(await receive())
+        except RuntimeError as error:  # "Cannot call write() after write_eof()"
+            received.append(repr(error))
+
+    port = slow_reading_server(reads_late, body_timeout_s=0.3)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+        connection.sendall(head(length=5000, extra="Expect: 100-continue\r\n"))
+        answer = read_until_closed(connection, timeout_s=4)  # the 408, then the end of file: the linger began
+        assert wait_until(lambda: received, 5)  # the client still there, as a slow one is, when the app reads
+
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert received == [{"type": "http.disconnect"}]
