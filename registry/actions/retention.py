@@ -37,7 +37,7 @@ from django.db import transaction
 from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
-from registry.actions import events, job_retention
+from registry.actions import events, job_retention, uploads
 from registry.artifacts import storage
 from registry.domain.choices import DrillStatus, VersionStatus
 from registry.fleet.state import current_generation
@@ -96,6 +96,7 @@ def _apply_to_model(model_pk: int, keep: int) -> list[ModelVersion]:
     of the versions archived now, and those an earlier run archived but, stopped by an
     outage, did not delete (the archived rows are committed, so no later query finds
     them among the versions to archive)."""
+    started_s = time.time()
     with transaction.atomic():
         # The generation lock stops a traffic change from routing a version while we
         # decide it is unrouted.
@@ -110,7 +111,7 @@ def _apply_to_model(model_pk: int, keep: int) -> list[ModelVersion]:
                      .exclude(number__in=protected).values_list("sha256", "archived_at") if _left_behind(sha256, archived_at)}
     # Committed: these versions are archived whatever happens next. Deleted now, not after
     # every model: an outage later in the run must not leave their files behind.
-    _delete_unreferenced_files([*(version.sha256 for version in archived), *leftovers])
+    _delete_unreferenced_files([*(version.sha256 for version in archived), *leftovers], started_s)
     return archived
 
 
@@ -134,12 +135,13 @@ def _archive(version: ModelVersion) -> ModelVersion:
     return version
 
 
-def _delete_unreferenced_files(sha256s: list[str]) -> None:
+def _delete_unreferenced_files(sha256s: list[str], since_s: float) -> None:
     """Delete each file no version still needs: the store is content-addressed, so a file
-    archived in one version may be the artifact of a ready or validating one (any model)."""
+    archived in one version may be the artifact of a ready or validating one (any model),
+    or of an upload that stored the same bytes after ``since_s`` and whose row has not
+    committed yet (``storage.delete_stale`` checks both with the file moved aside)."""
     for sha256 in set(sha256s):
-        if not ModelVersion.objects.with_artifact().filter(sha256=sha256).exists():
-            storage.delete(sha256)
+        storage.delete_stale(sha256, since_s, partial(uploads.needs_artifact, sha256))
 
 
 def delete_unrecorded_files() -> int:

@@ -22,6 +22,8 @@ inspections run at once across every process; beyond that an inline registration
 
 from __future__ import annotations
 
+import time
+from functools import partial
 from typing import BinaryIO
 
 from django.conf import settings
@@ -80,6 +82,7 @@ def accept_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, upl
         # Bytes first, then the row: a process killed between leaves a file no row names,
         # which retention deletes a day later (delete_unrecorded_files); never a version
         # whose bytes are missing, which workers would fetch and jobs would run.
+        stored_at = time.time()
         created_file = storage.commit(staged)
     finally:
         storage.discard(staged)
@@ -89,7 +92,7 @@ def accept_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, upl
             job = records.create(JobKind.VALIDATION, version.model, version=version, key=validation_key(version), created_by=uploaded_by)
     except BaseException:
         if created_file:
-            _forget_unreferenced(staged.sha256)
+            _forget_unreferenced(staged.sha256, stored_at)
         raise
     return version, job
 
@@ -124,6 +127,7 @@ def mark_rejected(version: ModelVersion, reason: str, report: dict | None = None
     """The version is refused: it keeps its number and the checks run so far, loses its
     artifact (unless another version needs the same bytes). Once; False if it was not
     validating any more."""
+    since = time.time()
     with transaction.atomic():
         locked = _lock_validating(version)
         if locked is None:
@@ -133,7 +137,7 @@ def mark_rejected(version: ModelVersion, reason: str, report: dict | None = None
         locked.validation_report = {**(report or {}), "refused": reason}
         locked.save(update_fields=["status", "status_reason", "validation_report"])
         events.version_rejected(locked, reason)
-    _forget_unreferenced(locked.sha256)  # after the row says rejected: no version needs the bytes now
+    _forget_unreferenced(locked.sha256, since)  # after the row says rejected: no version needs the bytes now
     return True
 
 
@@ -163,6 +167,7 @@ def register_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, u
     """Inspect now (holding the request), and register a ready version or nothing."""
     try:
         report = _inspect(model, staged, uploaded_by)
+        stored_at = time.time()
         created_file = storage.commit(staged)
     finally:
         storage.discard(staged)
@@ -170,7 +175,7 @@ def register_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, u
         version = _insert_next(model, staged, uploaded_by, report=report, description=description, metrics=metrics or {})
     except BaseException:
         if created_file:
-            _forget_unreferenced(staged.sha256)
+            _forget_unreferenced(staged.sha256, stored_at)
         raise
     _after_ready(version, uploaded_by)
     return version
@@ -267,6 +272,13 @@ def _compatibility_with_stable(model: RegisteredModel, signature: dict) -> dict:
     return compatibility_report(stable.number, stable.signature, signature)
 
 
-def _forget_unreferenced(sha256: str) -> None:
-    if not ModelVersion.objects.with_artifact().filter(sha256=sha256).exists():
-        storage.delete(sha256)
+def _forget_unreferenced(sha256: str, since_s: float) -> None:
+    """Delete the stored file unless a version needs it or an upload stored these bytes
+    again after ``since_s`` (a time.time()): that upload's row may not have committed yet,
+    and no query would see it (``storage.delete_stale`` checks both with the file aside)."""
+    storage.delete_stale(sha256, since_s, partial(needs_artifact, sha256))
+
+
+def needs_artifact(sha256: str) -> bool:
+    """Whether a version that keeps its artifact has these bytes."""
+    return ModelVersion.objects.with_artifact().filter(sha256=sha256).exists()

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from registry.actions import events, uploads
 from registry.actions.retention import STALE_UPLOAD_S, apply_retention
 from registry.artifacts import storage
 from registry.building.onnx_build import random_mlp, to_bytes
@@ -157,3 +158,33 @@ def test_a_file_a_killed_sweep_left_aside_is_put_back_when_a_version_records_it(
 
     assert storage.exists(sha256)
     assert not aside(sha256).exists()
+
+
+def test_a_rejected_version_s_file_stays_when_an_upload_stores_the_same_bytes_meanwhile(three_versions, operator, monkeypatch):
+    # The rejection checked that no version had the bytes, then deleted them, while an
+    # upload of the same bytes had stored them and not yet committed its row: that
+    # version's file was gone, and its validation rejected it as "not in the store".
+    model_bytes = to_bytes(random_mlp([8, 4], seed=60))
+    version, _ = uploads.accept_staged(three_versions, storage.stage_stream(io.BytesIO(model_bytes)), uploaded_by=operator)
+    age(version.sha256, DAY_OLD_S)
+    rejected = events.version_rejected
+
+    def and_the_same_bytes_uploaded_meanwhile(*args):
+        rejected(*args)
+        storage.commit(storage.stage_stream(io.BytesIO(model_bytes)))  # its row is not committed yet
+
+    monkeypatch.setattr(events, "version_rejected", and_the_same_bytes_uploaded_meanwhile)
+
+    uploads.mark_rejected(version, "refused for the test")
+
+    assert storage.exists(version.sha256)
+
+
+def test_a_rejected_version_s_file_goes_when_nothing_needs_it(three_versions, operator):
+    version, _ = uploads.accept_staged(three_versions, storage.stage_stream(io.BytesIO(to_bytes(random_mlp([8, 4], seed=61)))),
+                                       uploaded_by=operator)
+    age(version.sha256, DAY_OLD_S)
+
+    uploads.mark_rejected(version, "refused for the test")
+
+    assert not storage.exists(version.sha256) and not aside(version.sha256).exists()
