@@ -14,6 +14,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from registry.artifacts import storage
+
 logger = logging.getLogger(__name__)
 
 
@@ -29,7 +31,7 @@ def exception_handler(exc, context):
         limit = next((code for kind, code in BODY_LIMITS.items() if isinstance(exc, kind)), None)
         if limit is not None:  # e.g. "The number of GET/POST parameters exceeded settings.DATA_UPLOAD_MAX_NUMBER_FIELDS."
             return error_response(str(exc), limit)
-        if _is_store_full(exc):
+        if storage.is_full(exc):
             return store_full_response(exc, context.get("request"))
         return None  # Django's handler500 answers, as JSON, below.
     if isinstance(exc, exceptions.ValidationError):
@@ -82,17 +84,9 @@ def error_response(message: str, status_code: int, **extra) -> Response:
 
 def store_full_response(exc: OSError, request) -> Response:
     """507, naming the problem; the staged file is gone already (``StagingWriter``)."""
-    from registry.artifacts import storage  # reads settings; keep this module light
-
     where = "" if request is None else f" on {request.method} {request.path}"
     logger.error("the artifact store is full%s: %s", where, exc)
     return error_response(storage.full_message(exc), status.HTTP_507_INSUFFICIENT_STORAGE)
-
-
-def _is_store_full(exc) -> bool:
-    from registry.artifacts import storage
-
-    return storage.is_full(exc)
 
 
 # What each refusal means, for the OpenAPI schema: every operation lists the statuses it
