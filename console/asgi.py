@@ -2,10 +2,14 @@
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-django_application = get_asgi_application()
+django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does, for our handler
+
+from console.body_spool import ConsoleASGIHandler  # noqa: E402  (needs the app registry)
+
+django_application = ConsoleASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app registry)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -15,7 +15,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from registry.artifacts import storage
 from registry.building.onnx_build import random_mlp
 from registry.models import EvaluationDataset, Job, ModelVersion, RegisteredModel
 from tests.fixtures.job_world import CLASSES, npy_upload, npz_upload, rows
+from tests.fixtures.mount_namespace import in_a_mount_namespace
 from tests.fixtures.onnx_files import write_model
 from tests.fixtures.store import stored_files
 
@@ -213,18 +213,6 @@ print(json.dumps({"status": response.status_code, "body": response.json(), "left
                   "later": later.status_code}))
 """
 TMPFS_BYTES = 64 * 1024
-
-
-def in_a_mount_namespace() -> list[str]:
-    """The command prefix that runs a process in a mount namespace of its own, or a skip
-    naming why there is none."""
-    prefix = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-r", "-m"]
-    usable = shutil.which("unshare") is not None and subprocess.run([*prefix, "true"], capture_output=True, timeout=30).returncode == 0
-    if not usable:
-        # Skipped, not failed, even under CI: the tests above prove the same answer on a
-        # disk filled at the storage layer; this one only adds the kernel's own ENOSPC.
-        pytest.skip(f"`{' '.join(prefix)}` cannot make a mount namespace here")
-    return prefix
 
 
 def test_a_model_larger_than_the_free_space_of_a_real_file_system_is_507_and_leaves_nothing(tmp_path):
