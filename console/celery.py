@@ -2,6 +2,7 @@
 
 import logging
 import os
+import signal
 
 from celery import Celery, signals
 
@@ -19,3 +20,24 @@ def _quiet_task_lines(**kwargs) -> None:
     still log (at ERROR), and tasks log what they did themselves."""
     for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@signals.beat_embedded_init.connect
+def _die_with_the_worker(**kwargs) -> None:
+    """`celery worker --beat` runs beat in a child process that outlived a worker killed
+    with SIGKILL (a supervisor killing one PID, an OOM kill): an orphan beat went on
+    scheduling, and a restarted worker started a second one. Celery gives its pool
+    children a parent-death signal; beat gets one here (Linux only), then checks that its
+    parent did not die before it was set."""
+    import billiard.process
+    from billiard.util import set_pdeathsig  # celery.platforms' own always sends SIGKILL
+
+    try:
+        set_pdeathsig(signal.SIGTERM)
+    except OSError as error:  # not Linux: beat stops with its worker's graceful stop only
+        logging.getLogger(__name__).warning("embedded beat %d cannot follow its worker: %s", os.getpid(), error)
+        return
+    parent = billiard.process.current_process()._parent_pid
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+    logging.getLogger(__name__).info("embedded beat %d stops with its worker %s", os.getpid(), parent)
