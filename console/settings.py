@@ -383,6 +383,13 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # The schema maps every endpoint and field: signed-in users only (401 otherwise).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # Several models have a `status`: each enum is named for its model, not a hash.
+    "ENUM_NAME_OVERRIDES": {
+        "VersionStatusEnum": "registry.domain.choices.VersionStatus",
+        "DrillStatusEnum": "registry.domain.choices.DrillStatus",
+        "RolloutStatusEnum": "registry.domain.choices.RolloutStatus",
+        "JobStatusEnum": "registry.domain.choices.JobStatus",
+    },
 }
 
 LOGGING = {
