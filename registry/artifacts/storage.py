@@ -152,10 +152,6 @@ def discard(staged: StagedArtifact) -> None:
     staged.path.unlink(missing_ok=True)
 
 
-def delete(sha256: str) -> None:
-    path_for(sha256).unlink(missing_ok=True)
-
-
 def stored_before(cutoff_s: float) -> Iterator[list[str]]:
     """The sha256s of the stored files last stored before ``cutoff_s`` (a time.time()),
     one list per folder of the store (at most 256), files left aside included."""

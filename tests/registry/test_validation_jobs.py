@@ -234,7 +234,7 @@ def test_a_validation_job_swept_after_its_last_attempt_leaves_the_version_reject
 
 def test_a_validation_whose_bytes_are_gone_fails_and_rejects_the_version(operator_client, model, good_onnx):
     upload(operator_client, good_onnx)
-    storage.delete(version(1).sha256)
+    storage.path_for(version(1).sha256).unlink()  # lost from the store
 
     (job,) = run_queued_jobs("validation")
 
