@@ -52,9 +52,9 @@ def free_port() -> int:
 
 def reusable_port(recorded_url: str, password: str) -> int | None:
     """The port of the embedded server whose URL runstack recorded last time (same
-    password: not a REDIS_URL given then), when it is free again. A worker started by hand
-    beside the stack read that URL once, at its start: on a new port its reconnects went
-    to the old one for ever, and it saw each change only at its next poll."""
+    password: not a REDIS_URL given then), when it is free again, so a worker started by
+    hand beside the stack reconnects where it was. On a new port such a worker reads the
+    record again once the old port stops answering (serving/control.py), a few seconds later."""
     try:
         last = urlsplit(recorded_url)
         port = last.port

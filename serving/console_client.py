@@ -148,6 +148,13 @@ class ConsoleClient:
         self._http = httpx.Client(headers=headers, timeout=console_timeout(timeout_s), transport=transport, follow_redirects=False,
                                   event_hooks={"request": [console_only(self.base_url)]})
 
+    def follow(self, base_url: str) -> None:
+        """Talk to the console at ``base_url`` from now on (it moved: serving/control.py)."""
+        base_url = base_url.rstrip("/")
+        # A download thread sending between these two lines is refused by the hook: the token goes nowhere unchecked.
+        self._http.event_hooks = {"request": [console_only(base_url)]}
+        self.base_url = base_url
+
     def fetch_state(self) -> dict:
         """GET {console}/api/serving/state; StateError on any failure (retryable)."""
         try:

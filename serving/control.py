@@ -27,6 +27,14 @@
   While connected, the worker joins the group again every quarter of its expiry: a
   member older than that is dropped at the console's next send. A Redis that does not
   take the connection within 2 s is a lost channel.
+- A worker that follows the addresses ``manage.py runstack`` recorded (started by hand
+  with neither ``CONSOLE_URL`` nor ``REDIS_URL``) is given callables that read them
+  again: a stack started again may find the old port taken and take another, and the
+  worker would retry the old one for ever. When its Redis does not answer, or its console
+  does not answer a report, it reads the record before the next attempt and follows an
+  address that moved, said in one line (and reconciles with a moved console at once). A
+  record that is not a usable address is logged and the old one kept; an address the
+  operator gave comes with no such callable, so it never changes.
 - An unforeseen error in one pass of the reconcile or report loop is logged and the loop
   goes on; a silent end would leave the worker deaf to the console for good.
 Nothing here runs per request.
@@ -39,13 +47,16 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+from redis.connection import parse_url
 
 from serving.console_client import async_console_only, console_timeout
 from serving.contract import APPLY_MESSAGE, SERVING_GROUP, WORKER_KEY_HEADER, Ack, WorkerIdentity
-from serving.env import env_str
+from serving.env import SettingError, check_http_url, env_str
 from serving.logs import event
 from serving.reports import ReportBuilder
 from serving.state_signing import SignatureRefused, checked_digest, signing_key, verify_state
@@ -72,6 +83,7 @@ REJOINS_PER_EXPIRY = 4
 # shutdown; a Redis that takes connections and never answers leaves the channel silent,
 # and changes arrive at the next reconcile.
 REDIS_CONNECT_TIMEOUT_S = 2.0
+SHOWN_ADDRESS_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -110,9 +122,14 @@ class ControlPlane:
     """Plugs into a ``serving.worker.Worker`` through its startup and shutdown hooks."""
 
     def __init__(self, worker, *, redis_url: str, public_url: str, channel_prefix: str = "modelops", reconcile_interval_s: float = 3.0,
-                 report_interval_s: float = 1.0, transport: httpx.AsyncBaseTransport | None = None):
+                 report_interval_s: float = 1.0, transport: httpx.AsyncBaseTransport | None = None,
+                 recorded_redis_url: Callable[[], str] | None = None, recorded_console_url: Callable[[], str] | None = None):
+        """``recorded_redis_url``, ``recorded_console_url``: for a worker that follows runstack's
+        records only, each reads its record again ("" when there is none)."""
         self.worker = worker
         self.redis_url = redis_url
+        self._recorded = {"redis": recorded_redis_url, "console": recorded_console_url}
+        self._refused_records: dict[str, str] = {}  # the last unusable record of each, logged once
         self.channel_prefix = channel_prefix
         self.identity = make_identity(public_url, worker.device)
         self.reconcile_interval_s = reconcile_interval_s
@@ -169,6 +186,7 @@ class ControlPlane:
         request is answered: the last report says so, and the console shows the worker
         stopped at once instead of gone after WORKER_GONE_AFTER_S."""
         was_running = bool(self._tasks)
+        self._recorded = dict.fromkeys(self._recorded)  # the last report follows no record: its reconcile would outlive the loops
         tasks = [*self._tasks, *([self._deferred_reconcile] if self._deferred_reconcile else [])]
         for task in tasks:
             task.cancel()
@@ -328,6 +346,47 @@ class ControlPlane:
                 delay_s = backoff.next_delay()
                 logger.warning(event("channel_lost", reason=str(error), retry_in_s=delay_s))
                 await asyncio.sleep(delay_s)
+                await _survived(self._follow_recorded_redis, "follow_recorded_redis")  # read just before the attempt: the newest record
+
+    async def _follow_recorded_redis(self) -> None:
+        moved = await self._moved_record("redis", self.redis_url, _check_redis_url)
+        if moved is not None:
+            self.redis_url = moved
+
+    async def _follow_recorded_console(self) -> None:
+        moved = await self._moved_record("console", self.worker.config.console_url, _check_console_url)
+        if moved is None:
+            return
+        self.worker.follow_console(moved)
+        self._http.event_hooks = {"request": [async_console_only(moved)]}
+        self._http.base_url = moved
+        # What changed while it moved, now rather than at the next reconcile (up to reconcile_interval_s).
+        if self._deferred_reconcile is None or self._deferred_reconcile.done():
+            self._deferred_reconcile = asyncio.create_task(self._reconcile_after(0), name="control-deferred-reconcile")
+
+    async def _moved_record(self, name: str, current: str, check: Callable[[str], str]) -> str | None:
+        """The address recorded for ``name`` when this worker follows the record and it
+        moved from ``current``; None otherwise. An unusable record is logged (once for each
+        value) and ``current`` kept."""
+        read = self._recorded[name]
+        if read is None:
+            return None
+        recorded = (await asyncio.to_thread(read)).strip()
+        if not recorded or recorded == current:
+            return None
+        try:
+            moved = check(recorded)
+        except ValueError as error:
+            if self._refused_records.get(name) != recorded:
+                self._refused_records[name] = recorded
+                logger.warning(event("recorded_address_refused", service=name, reason=str(error)[:SHOWN_ADDRESS_CHARS],
+                                     keeping=shown_address(current)))
+            return None
+        if moved == current:
+            return None
+        self._refused_records.pop(name, None)
+        logger.info(event("recorded_address_followed", service=name, old=shown_address(current), new=shown_address(moved)))
+        return moved
 
     async def _listen_once(self, on_joined=lambda: None) -> None:
         from channels_redis.core import RedisChannelLayer
@@ -383,6 +442,8 @@ class ControlPlane:
                 self._reported = True
         except httpx.HTTPError as error:
             logger.debug(event("report_not_delivered", reason=str(error)))
+            if isinstance(error, httpx.TransportError):  # no answer at all, and reports go every second: the console may have moved
+                await _survived(self._follow_recorded_console, "follow_recorded_console")
 
 
 async def _survived(step, name: str) -> None:
@@ -394,6 +455,31 @@ async def _survived(step, name: str) -> None:
         raise
     except Exception as error:  # noqa: BLE001 - logged with its traceback; the loop goes on
         logger.error(event("control_step_failed", step=name, reason=f"{type(error).__name__}: {error}"[:300]), exc_info=True)
+
+
+def _check_redis_url(url: str) -> str:
+    """``url`` if channels-redis can connect to it, else ValueError saying why."""
+    if not parse_url(url).keys() & {"host", "path"}:  # "redis://" would mean localhost:6379, which no stack recorded
+        raise ValueError("a Redis URL without a host")
+    return url
+
+
+def _check_console_url(url: str) -> str:
+    try:
+        return check_http_url("the recorded console address", url)
+    except SettingError:  # its message repeats the value
+        raise ValueError("not an http:// or https:// URL with a host") from None
+
+
+def shown_address(url: str) -> str:
+    """``url`` fit for a log line: a recorded Redis URL carries the stack's password."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is not None:
+            parts = parts._replace(netloc=f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}")
+        return urlunsplit(parts)[:SHOWN_ADDRESS_CHARS]
+    except ValueError:
+        return "(not a URL)"
 
 
 async def _quietly(awaitable) -> None:

@@ -102,6 +102,16 @@ class Worker:
         self.keepers.max_connections = protocol.limits.max_connections  # the cap as fitted to the open-file limit
         return protocol
 
+    def follow_console(self, url: str) -> None:
+        """Take states, artifacts and API keys from the console at ``url`` from now on: the
+        control plane of a worker following runstack's record found that console moved."""
+        self.config = dataclasses.replace(self.config, console_url=url)
+        self.repository.config = self.config  # an artifact URL is judged against the console's origin
+        self.console.follow(url)
+        if self.api_key_refresher is not None:
+            self.api_key_refresher.http.event_hooks = {"request": [console_only(url)]}
+            self.api_key_refresher.url = url + KEYS_PATH
+
     async def apply(self, state: dict) -> dict:
         """Converge on a desired state; returns the ack body {generation, ok, error?, load_ms}."""
         return await self.repository.apply(state)

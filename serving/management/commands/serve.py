@@ -5,7 +5,9 @@ The console to follow is never guessed: a worker started by hand without ``CONSO
 would otherwise take its states and artifacts from whatever answers on the default port.
 ``CONSOLE_URL`` comes from the environment, else from the console's ``CONSOLE_URL`` setting
 (the address ``runstack`` recorded in DATA_DIR, console/console_address.py), else the
-command refuses to start.
+command refuses to start. A worker that follows those records (``CONSOLE_URL`` unset, and
+``REDIS_URL`` unset for its Redis) reads them again when the address it uses stops
+answering, and follows the stack to its new one (serving/control.py).
 Logging is configured here, after Django's own ``LOGGING``, so that every worker line is
 one JSON object (serving/logs.py) rather than whatever Django's handler prints."""
 
@@ -25,6 +27,11 @@ from serving.control import ControlPlane
 from serving.env import SettingError, check_http_url, env_float, env_str, port_number
 from serving.model_safety import enter_private_working_directory
 from serving.worker import Worker, configure_process
+
+# The files `manage.py runstack` records the stack's addresses in, in DATA_DIR
+# (console/console_address.py, which nothing outside the console imports).
+CONSOLE_RECORD, REDIS_RECORD = "console-url", "redis-url"
+RECORD_MAX_CHARS = 2000
 
 
 class Command(BaseCommand):
@@ -52,9 +59,12 @@ class Command(BaseCommand):
         worker = Worker(config, state_file)
         worker.on_shutdown.append(_remover(private_directory))
         if state_file is None:
+            follows_records = not env_str("CONSOLE_URL")
             ControlPlane(
                 worker,
                 redis_url=redis_url(),
+                recorded_console_url=_record_reader(CONSOLE_RECORD) if follows_records else None,
+                recorded_redis_url=_record_reader(REDIS_RECORD) if follows_records and not settings.REDIS_URL else None,
                 channel_prefix=settings.CHANNEL_LAYER_PREFIX,
                 public_url=public_url or f"http://{f'[{host}]' if ':' in host else host}:{port}",  # an IPv6 address in brackets
                 reconcile_interval_s=env_float("SERVING_RECONCILE_INTERVAL_S", 3.0, minimum=0.1),
@@ -98,6 +108,21 @@ def redis_url() -> str:
     if env_str("CONSOLE_URL"):
         return ""  # a console named by hand: the recorded Redis may belong to another
     return settings.STACK_REDIS_URL
+
+
+def _record_reader(file_name: str):
+    """A callable that reads the address recorded in ``file_name`` again ("" when there is
+    none or it cannot be read: the worker keeps the address it has)."""
+    path = Path(settings.DATA_DIR) / file_name
+
+    def read() -> str:
+        try:
+            with path.open() as file:
+                return file.read(RECORD_MAX_CHARS).strip()
+        except (OSError, ValueError):  # ValueError: not UTF-8
+            return ""
+
+    return read
 
 
 def _leave_the_code_tree(config: ServingConfig, state_file: str | None) -> tuple[ServingConfig, str | None, Path]:
