@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from prometheus_client import generate_latest
 
 from serving import metrics, protocol, triton
-from serving.errors import DeadlineExceeded, NotReady, ServingError, VersionNotFound
+from serving.errors import DeadlineExceeded, NotFound, NotReady, ServingError, VersionNotFound
 from serving.loaded_version import LoadedVersion
 from serving.reports import failed_total
 from serving.repository import Repository
@@ -146,7 +146,7 @@ class DataPlane:
             target = _loaded(routes, name, version)
             return target.metadata(), target
         default = _default_version(routes, name)
-        document = default.metadata([str(v) for v in sorted(routes.targets)])
+        document = default.metadata([str(v) for v in sorted(routes.targets) if _is_requestable(table, name, v)])
         document["parameters"] = {
             "generation": table.generation,
             "routes": [{"version": v, "weight": w} for v, w in zip(routes.versions, routes.weights)],
@@ -176,10 +176,13 @@ class DataPlane:
         return triton.model_statistics(targets, time.time() - time.monotonic())
 
     def is_model_ready(self, name: str, version: int | None) -> bool:
-        routes = self.repository.router.table.model(name)
-        if version is not None and version not in routes.targets:
-            raise VersionNotFound(name, version)
-        return version is not None or bool(routes.versions)
+        """A named version is ready when a request naming it would be served: otherwise the
+        404 its inference would get (unknown, or loaded but taking no traffic)."""
+        table = self.repository.router.table
+        if version is None:
+            return bool(table.model(name).versions)
+        table.resolve(name, version)
+        return True
 
     def health(self) -> dict:
         # Drills read the failure total before and after a rollback to count failures.
@@ -190,6 +193,16 @@ class DataPlane:
         metrics.flush_pending()
         metrics.update_device_memory(self.repository.device)
         return generate_latest()
+
+
+def _is_requestable(table, name: str, version: int) -> bool:
+    """Whether a request may name `version`: asked of the routing table's own `resolve`, so
+    what the metadata lists and what inference serves cannot drift apart."""
+    try:
+        table.resolve(name, version)
+    except NotFound:
+        return False
+    return True
 
 
 def _loaded(routes, name: str, version: int) -> LoadedVersion:

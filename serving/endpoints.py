@@ -5,9 +5,14 @@ work between the body and the answer is the data plane's (`serving.dataplane`). 
 failure is a `ServingError` mapped to its status in `serving.errors`; anything else is
 our bug and answers 500 with the request id only.
 
-What the headers alone can refuse (API key 401, Content-Type 415, Content-Encoding,
+What the headers alone can refuse (API key 401, Content-Type 415, Content-Encoding 415,
 Content-Length 413) is refused before a byte of the body is read; slow or oversized
-clients are cut off below the app, in `serving.http_protocol`.
+clients are cut off below the app, in `serving.http_protocol`. A gzip or deflate body is
+inflated only up to the body limit (`serving.http_request.inflate`).
+
+HEAD is answered wherever GET is, with GET's status and headers: the app sends GET's
+body and uvicorn leaves it out, keeping its Content-Length. Every 405 names the allowed
+methods in `Allow`.
 """
 
 from __future__ import annotations
@@ -21,14 +26,15 @@ from functools import partial
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from serving import metrics
+from serving import http_request, metrics
 from serving.api_keys import ApiKeyRing, worker_token_matches
 from serving.config import ConfigError, ServingConfig
 from serving.dataplane import Answer, DataPlane, RequestContext
 from serving.drain import Drain
 from serving.errors import InternalError, MethodNotAllowed, NotFound, NotReady, ServingError, Unauthorized, clip
-from serving.http_request import BodyBuffer, RequestHeaders, RequestIds, check_headers, model_path, receive_body
+from serving.http_request import BodyBuffer, RequestHeaders, RequestIds, check_headers, is_octet_stream, model_path, receive_body
 from serving.loaded_version import LoadedVersion
+from serving.protocol import BodyNotJson
 
 logger = logging.getLogger("serving.app")  # its name before the split: log lines keep their `logger` field
 
@@ -72,6 +78,7 @@ class ServingApp:
             "/v2/health/live": lambda: Response(200, b'{"live":true}'),
             "/v2/health/ready": self._server_ready,
             "/v2": lambda: Response(200, SERVER_METADATA),
+            "/v2/": lambda: Response(200, SERVER_METADATA),  # the spec writes the path with its slash
             "/health": lambda: Response(200, orjson.dumps(self.dataplane.health())),
             "/metrics": lambda: Response(200, self.dataplane.metrics_text(), content_type=CONTENT_TYPE_LATEST.encode()),
         }
@@ -176,8 +183,10 @@ class ServingApp:
             return await self._model_route(path[len("/v2/models/"):].split("/"), method, receive, headers, request_id, started_s)
         if path == "/predict":
             _require(method, "POST")
-            check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=False)
+            coding = check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=False)
             body = await receive_body(receive, self.max_body_bytes, self.body_buffer, headers.content_length)
+            if coding is not None:
+                body = http_request.inflate(body, coding, self.max_body_bytes, self.body_buffer)
             answer = await self.dataplane.predict(body, _context(headers, request_id, started_s))
             return Response(200, answer.body, (), answer.version)
         handler = self._simple_routes.get(path)
@@ -193,24 +202,37 @@ class ServingApp:
         name, version, action = model_path(parts)
         if action == "infer":  # here, not in a coroutine of its own: one await less per request
             _require(method, "POST")
-            check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=True)
+            coding = check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=True)
             read_body = partial(receive_body, receive, self.max_body_bytes, self.body_buffer, headers.content_length)
-            answer = await self.dataplane.infer_v2(name, version, read_body,
-                                                   headers.header_length, _context(headers, request_id, started_s))
+            if coding is not None:
+                read_body = partial(http_request.receive_inflated_body, read_body, coding, self.max_body_bytes, self.body_buffer)
+            try:
+                answer = await self.dataplane.infer_v2(name, version, read_body,
+                                                       headers.header_length, _context(headers, request_id, started_s))
+            except BodyNotJson as exc:  # labelled binary, yet no header says where its JSON ends
+                if headers.header_length is None and is_octet_stream(headers.content_type):
+                    exc.blame_missing_header()
+                raise
             return _inference_response(answer)
         _require(method, "GET")
         if action == "ready":
-            if self.drain.is_draining:
-                return Response(503, DRAINING_BODY, NotReady.headers)
-            if self.dataplane.is_model_ready(name, version):
-                return Response(200, b'{"ready":true}')
-            return Response(503, b'{"ready":false}', NotReady.headers)
+            return self._model_ready(name, version)
         if action == "config":
             return Response(200, orjson.dumps(self.dataplane.model_config(name, version)))
         if action == "stats":
             return Response(200, orjson.dumps(self.dataplane.model_statistics(name, version)))
         document, target = self.dataplane.model_metadata(name, version)
         return Response(200, orjson.dumps(document), (), target)
+
+    def _model_ready(self, name: str, version: int | None) -> Response:
+        if self.drain.is_draining:
+            return Response(503, DRAINING_BODY, NotReady.headers)
+        document = {"name": name, "ready": self.dataplane.is_model_ready(name, version)}
+        if version is not None:
+            document["version"] = str(version)
+        if document["ready"]:
+            return Response(200, orjson.dumps(document))
+        return Response(503, orjson.dumps(document), NotReady.headers)
 
     def _server_ready(self) -> Response:
         if self.drain.is_draining:  # still serving, but on its way out: balancers stop sending
@@ -240,6 +262,12 @@ def _operator_token(config: ServingConfig) -> bytes | None:
     return config.worker_token.encode()
 
 
+ALLOWED = {"GET": b"GET, HEAD", "POST": b"POST"}
+
+
 def _require(method: str, expected: str) -> None:
-    if method != expected:
-        raise MethodNotAllowed(f"use {expected} here")
+    """`expected` is GET or POST; HEAD is served wherever GET is."""
+    if method != expected and (method != "HEAD" or expected != "GET"):
+        refusal = MethodNotAllowed(f"use {expected} here")
+        refusal.headers = ((b"allow", ALLOWED[expected]),)  # RFC 9110: every 405 says what is allowed
+        raise refusal

@@ -5,6 +5,11 @@ Everything the headers alone can refuse (API key, media type, encoding, declared
 is refused by `check_headers`, before a byte of the body is read. Each refusal is its own
 `ServingError` naming what was wrong and quoting at most a short prefix of what the
 client sent (`errors.clip`).
+
+A gzip or deflate body (tritonclient's `request_compression_algorithm`) is inflated after
+it arrived whole, never past the body limit: a megabyte can claim a gigabyte, so the
+inflater is asked for at most the limit plus one byte, and what it produces is taken from
+the body buffer like received bytes while it works.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import zlib
 
 from serving.api_keys import ApiKeyRing
 from serving.errors import (
@@ -70,14 +76,72 @@ def _header_timeout_s(value: bytes) -> float:
     return timeout_s
 
 
-def check_headers(headers: RequestHeaders, api_keys: ApiKeyRing, max_body_bytes: int, allow_binary: bool) -> None:
-    """Everything that headers alone can refuse is refused before a byte of the body is read."""
+def check_headers(headers: RequestHeaders, api_keys: ApiKeyRing, max_body_bytes: int, allow_binary: bool) -> str | None:
+    """Everything that headers alone can refuse is refused before a byte of the body is read.
+    Returns the body's content coding to undo ("gzip", "deflate"), or None."""
     api_keys.check(headers.api_key, headers.authorization)
     check_body_type(headers.content_type, allow_binary)
-    if headers.content_encoding not in (None, b"identity"):
-        raise BadRequest("Content-Encoding is not supported; send the body uncompressed")
+    coding = None if headers.content_encoding is None else content_coding(headers.content_encoding)
     if headers.content_length is not None and headers.content_length > max_body_bytes:
         raise PayloadTooLarge(f"body of {headers.content_length} bytes exceeds the limit of {max_body_bytes}")
+    return coding
+
+
+# zlib window bits per coding, as Triton reads them: gzip's wrapper; "deflate" is the zlib
+# format (RFC 9110 8.4.1.2), which is what tritonclient sends.
+INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+ACCEPTED_CODINGS = b"gzip, deflate, identity"
+INFLATE_INPUT_BYTES = 64 * 1024  # compressed bytes handed to the inflater at once
+
+
+def content_coding(value: bytes) -> str | None:
+    coding = value.strip().lower().decode("latin-1")
+    if coding == "identity":
+        return None
+    if coding not in INFLATE_WBITS:
+        refusal = UnsupportedMediaType(f"Content-Encoding '{clip(coding)}' is not supported: send gzip, deflate or identity")
+        refusal.headers = ((b"accept-encoding", ACCEPTED_CODINGS),)  # RFC 9110 15.5.16
+        raise refusal
+    return coding
+
+
+async def receive_inflated_body(read_body, coding: str, max_body_bytes: int, buffer: BodyBuffer) -> bytes:
+    return inflate(await read_body(), coding, max_body_bytes, buffer)
+
+
+def inflate(body: bytes, coding: str, max_body_bytes: int, buffer: BodyBuffer) -> bytes:
+    """The body with its content coding undone, refused (413) as soon as it would pass
+    `max_body_bytes`: the inflater is never asked for more than that plus one byte. It is
+    fed the compressed bytes a slice at a time, so what it leaves over stays small."""
+    inflater = zlib.decompressobj(INFLATE_WBITS[coding])
+    view, chunks, size, taken = memoryview(body), [], 0, 0
+    try:
+        for start in range(0, len(view), INFLATE_INPUT_BYTES):
+            pending = view[start:start + INFLATE_INPUT_BYTES]
+            while pending and not inflater.eof:
+                chunk = inflater.decompress(pending, max_body_bytes + 1 - size)
+                pending = inflater.unconsumed_tail  # left only when the output reached the bound
+                size += len(chunk)
+                if size > max_body_bytes:
+                    raise PayloadTooLarge(f"body inflated ({coding}) exceeds the limit of {max_body_bytes} bytes")
+                buffer.take(len(chunk), size)
+                taken += len(chunk)
+                chunks.append(chunk)
+            if inflater.eof:
+                break
+    except zlib.error as exc:
+        raise BadRequest(f"body is not valid {coding} data (Content-Encoding: {coding}): {clip(str(exc))}") from None
+    finally:
+        buffer.give_back(taken)
+    if not inflater.eof:
+        raise BadRequest(f"body ends before its {coding} data does (Content-Encoding: {coding})")
+    if inflater.unused_data or start + INFLATE_INPUT_BYTES < len(view):
+        raise BadRequest(f"body has bytes after the end of its {coding} data (Content-Encoding: {coding})")
+    return b"".join(chunks)
+
+
+def is_octet_stream(content_type: bytes | None) -> bool:
+    return content_type is not None and content_type.split(b";", 1)[0].strip().lower() == b"application/octet-stream"
 
 
 def check_body_type(content_type: bytes | None, allow_binary: bool) -> None:

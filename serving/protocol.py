@@ -10,12 +10,17 @@ range, in integer data), because NumPy would otherwise convert "0.5" or "NaN" si
 JSON has no NaN or infinity: a non-finite output element is written as the string
 "NaN", "Infinity" or "-Infinity" (the words Triton writes bare), which keeps the answer
 valid JSON and reads back as the same float with `np.array(data, dtype)`; binary outputs
-carry the IEEE bits unchanged.
+carry the IEEE bits unchanged. A BYTES (string) output is a list of strings in JSON and,
+in binary, Triton's length-prefixed elements (`bytes_tensor`). BYTES inputs are never
+decoded: a model with one is refused at load.
 """
 
 from __future__ import annotations
 
+import codecs
 import math
+import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -81,11 +86,25 @@ def dumps(document) -> bytes:
     return orjson.dumps(document, default=_json_default, option=NUMPY_OPTIONS)
 
 
+class BodyNotJson(BadRequest):
+    """A body (or its JSON part) that does not parse as JSON."""
+
+    def __init__(self, what: str, reason: str):
+        super().__init__(f"{what} is not valid JSON: {clip(reason)}")
+        self.reason = reason
+
+    def blame_missing_header(self) -> None:
+        """Say what such a body most likely lacks: binary tensors sent without the header
+        that says where the JSON ends read as "not valid UTF-8", which names nothing useful."""
+        self.message = (f"request body is not valid JSON ({clip(self.reason)}): binary tensor data needs the "
+                        "Inference-Header-Content-Length header, the length in bytes of the JSON part before it")
+
+
 def load_object(body: bytes | memoryview, what: str = "request body") -> dict:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"{what} is not valid JSON: {clip(exc.msg)}") from None
+        raise BodyNotJson(what, exc.msg) from None
     if not isinstance(document, dict):
         raise BadRequest(f"{what} must be a JSON object")
     return document
@@ -171,9 +190,10 @@ def rows_of(tensors: Sequence[np.ndarray], io: ModelIO) -> int:
 
 
 def split_binary(body: bytes, header_length: int | None) -> tuple[memoryview, memoryview]:
-    """(JSON part, binary part) per the Inference-Header-Content-Length header."""
+    """(JSON part, binary part) per the Inference-Header-Content-Length header; 0 says the
+    whole body is JSON, as Triton reads it."""
     view = memoryview(body)
-    if header_length is None:
+    if not header_length:
         return view, view[:0]
     if not 0 < header_length <= len(body):
         raise BadRequest(f"Inference-Header-Content-Length {clip(str(header_length))} is outside the body of {len(body)} bytes")
@@ -184,8 +204,13 @@ _NO_BINARY = memoryview(b"")
 
 
 def decode_v2(body: bytes, header_length: int | None, io: ModelIO) -> Decoded:
-    if header_length is None:  # all JSON: parse the bytes as they are (no memoryview)
-        document, binary = load_object(body), _NO_BINARY
+    if not header_length:  # all JSON (no header, or 0 as Triton sends it): parse the bytes as they are
+        try:
+            document, binary = load_object(body), _NO_BINARY
+        except BodyNotJson as exc:
+            if _is_json_then_bytes(body, exc.reason):
+                exc.blame_missing_header()
+            raise
     else:
         json_part, binary = split_binary(body, header_length)
         document = load_object(json_part)
@@ -206,6 +231,29 @@ def decode_v2(body: bytes, header_length: int | None, io: ModelIO) -> Decoded:
         None if request_id is None else _request_id(request_id),
         None if parameters is None else _timeout_s(parameters),
     )
+
+
+_OPENS_OBJECT = re.compile(rb"[ \t\r\n]*\{")
+_AFTER_DOCUMENT = ("unexpected content after document", "trailing characters")  # orjson's words, newer and older
+
+
+def _is_json_then_bytes(body: bytes, reason: str) -> bool:
+    """Whether a body that failed to parse is a JSON object followed by other bytes: the
+    shape of a binary tensor request whose Inference-Header-Content-Length is missing.
+    Only on the error path; the second parse stops where the bytes stop being UTF-8."""
+    if not _OPENS_OBJECT.match(body):
+        return False
+    if reason.startswith("str is not valid UTF-8"):
+        try:
+            codecs.utf_8_decode(body, "strict", True)
+            return False  # valid UTF-8 after all (a bad escape in a string): not binary data
+        except UnicodeDecodeError as exc:
+            end = exc.start
+        try:
+            return isinstance(orjson.loads(memoryview(body)[:end]), dict)
+        except orjson.JSONDecodeError as exc:
+            reason = exc.msg
+    return reason.startswith(_AFTER_DOCUMENT)
 
 
 def _v2_tensors(items: list, binary: memoryview, io: ModelIO) -> dict[str, np.ndarray]:
@@ -291,6 +339,8 @@ def _requested_outputs(document: dict, io: ModelIO, parameters: object = None) -
         return io.default_outputs[default_binary]
     if not isinstance(requested, list):
         raise BadRequest("'outputs' must be a list")
+    if not requested:  # an empty selection selects nothing out: every output, as Triton answers it
+        return io.default_outputs[default_binary]
     if len(requested) > len(io.outputs):  # some name repeats or is unknown: find it cheaply
         requested = requested[:len(io.outputs) + 1]
     chosen, seen = [], set()
@@ -314,6 +364,11 @@ def _output_choice(item: object, io: ModelIO, default_binary: bool) -> tuple[int
     parameters = item.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise BadRequest(f"output '{name}': parameters must be an object")
+    if "classification" in parameters:
+        # tritonclient's class_count: ignoring it would answer the full tensor where the
+        # client asked for the top classes. Other unknown parameters change nothing: ignored.
+        raise BadRequest(f"output '{name}': parameter \"classification\" is not supported (this server does not "
+                         "implement Triton's classification extension)")
     return index, _flag(parameters, "binary_data", default_binary, f"output '{name}'")
 
 
@@ -353,8 +408,9 @@ def encode_v2(model_name: str, version: int, decoded: Decoded, outputs: Sequence
         spec, array = io.outputs[index], np.ascontiguousarray(outputs[index])
         entry = {"name": spec.name, "datatype": spec.datatype, "shape": array.shape}
         if is_binary:
-            entry["parameters"] = {"binary_data_size": array.nbytes}
-            blobs.append(array.data)
+            blob = array.data if spec.datatype != "BYTES" else bytes_tensor(array)
+            entry["parameters"] = {"binary_data_size": blob.nbytes}
+            blobs.append(blob)
         else:
             entry["data"] = json_data(array)
         entries.append(entry)
@@ -365,6 +421,20 @@ def encode_v2(model_name: str, version: int, decoded: Decoded, outputs: Sequence
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)
+
+
+_ELEMENT_LENGTH = struct.Struct("<I")
+
+
+def bytes_tensor(array: np.ndarray) -> memoryview:
+    """Triton's binary BYTES layout: for each element in row-major order, its length as a
+    4-byte little-endian unsigned integer, then its bytes (a str as UTF-8). The array
+    itself holds object pointers, which must never leave the process."""
+    parts = []
+    for element in array.reshape(-1).tolist():
+        data = element if isinstance(element, bytes) else str(element).encode()
+        parts += (_ELEMENT_LENGTH.pack(len(data)), data)
+    return memoryview(b"".join(parts))
 
 
 _NON_FINITE_WORDS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
