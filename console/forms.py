@@ -4,6 +4,7 @@ registry's functions take. The rules (what a valid split is) stay in ``registry`
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 
@@ -112,7 +113,7 @@ class RolloutForm(SeenGenerationForm):
         if not text:
             return None
         items = [item for item in re.split(r"(?:\s|,|;|→|->)+", text) if item]
-        if not all(item.isdigit() for item in items):
+        if not all(item.isascii() and item.isdigit() and len(item) <= 9 for item in items):  # "²" is a digit to isdigit
             raise forms.ValidationError("write whole percentages separated by commas, e.g. 1, 10, 50, 100")
         return [int(item) for item in items]
 
@@ -150,11 +151,29 @@ class TryForm(forms.Form):
 
     def clean_inputs(self):
         try:
-            return json.loads(self.cleaned_data["inputs"])
+            inputs = json.loads(self.cleaned_data["inputs"], parse_constant=_no_constant, parse_float=_finite_float)
         except json.JSONDecodeError as error:
             raise forms.ValidationError(f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
         except RecursionError:  # the decoder recurses per level: a page of brackets is not a 500
             raise forms.ValidationError("not valid JSON: nested too deeply") from None
+        except ValueError as error:  # NaN, Infinity, 1e999, an integer past Python's 4,300 digits
+            raise forms.ValidationError(f"not valid JSON for the worker: {str(error)[:120]}") from None
+        try:  # what the request to the worker will be: strict JSON in UTF-8
+            json.dumps(inputs, ensure_ascii=False, allow_nan=False).encode()
+        except UnicodeEncodeError:
+            raise forms.ValidationError("a string holds a lone surrogate (e.g. \\ud800), which UTF-8 cannot carry") from None
+        return inputs
+
+
+def _no_constant(word: str):
+    raise ValueError(f"{word} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of range for a 64-bit float")
+    return value
 
 
 # ---------------------------------------------------------------- jobs

@@ -193,7 +193,7 @@ def model_path(parts: list[str]) -> tuple[str | None, int | None, str | None]:
 
 
 def _version_number(name: str, text: str) -> int:
-    if not text.isdigit() or len(text) > 9:
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:  # "²" and "٧" are digits to str.isdigit, not to int()
         raise VersionNotFound(name, text)
     return int(text)
 

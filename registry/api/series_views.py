@@ -38,7 +38,7 @@ class ModelSeries(APIView):
         except series.UnknownRange as refusal:
             return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
         raw_version = request.query_params.get("version")
-        if raw_version is not None and not (raw_version.isdigit() and 1 <= int(raw_version) <= MAX_VERSION):
+        if raw_version is not None and not (raw_version.isascii() and raw_version.isdigit() and len(raw_version) <= 10 and 1 <= int(raw_version) <= MAX_VERSION):
             return error_response(f"version must be a version number; got {raw_version[:20]!r}", status.HTTP_400_BAD_REQUEST)
         version = int(raw_version) if raw_version is not None else None
         if version is not None and not model.versions.filter(number=version).exists():

@@ -333,3 +333,17 @@ def test_try_it_refuses_json_nested_past_the_decoder_s_depth(viewer_page, digits
 
     assert response.json()["ok"] is False
     assert response.json()["error"] == "Inputs (JSON): not valid JSON: nested too deeply"
+
+
+@pytest.mark.parametrize("inputs, named", [
+    ("[[NaN, 2, 3, 4]]", "NaN is not a number JSON allows"),
+    ("[[Infinity, 2]]", "Infinity is not a number JSON allows"),
+    ("[[1e999, 2]]", "1e999 is out of range for a 64-bit float"),
+    ("[" + "9" * 5000 + "]", "not valid JSON for the worker: Exceeds the limit"),
+    ('["\\ud800"]', "lone surrogate"),
+])
+def test_try_it_refuses_inputs_the_worker_s_json_cannot_carry(viewer_page, digits, inputs, named):
+    response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": inputs}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 200 and response.json()["ok"] is False
+    assert named in response.json()["error"]

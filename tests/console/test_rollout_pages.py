@@ -100,6 +100,8 @@ def test_a_rollout_follows_the_plan_chosen(operator_page, digits, plan, steps, s
     ({"plan": "custom", "steps": "5, 50", "step_minutes": "1"}, "Rollout not started: the last step must be 100 (it promotes the canary), got 50"),
     ({"plan": "custom", "steps": "five, 100", "step_minutes": "1"},
      "Rollout not started: Custom steps (%): write whole percentages separated by commas, e.g. 1, 10, 50, 100"),
+    ({"plan": "custom", "steps": "50, ²", "step_minutes": "1"},  # a digit to str.isdigit, not to int()
+     "Rollout not started: Custom steps (%): write whole percentages separated by commas, e.g. 1, 10, 50, 100"),
     ({"plan": "custom", "steps": "5, 100"}, "Rollout not started: a custom plan needs its steps (e.g. 5, 25, 100) and minutes per step"),
 ])
 def test_a_bad_plan_is_refused_with_the_reason_and_starts_nothing(operator_page, digits, plan, message):

@@ -72,6 +72,8 @@ def test_request_id_is_echoed(digits_worker, client):
         ("POST", "/v2/models/nope/infer", b"{}", {}, 404, "unknown model 'nope'"),
         ("POST", "/v2/models/digits/versions/9/infer", b"{}", {}, 404, "no loaded version '9'"),
         ("POST", "/v2/models/digits/versions/x/infer", b"{}", {}, 404, "no loaded version 'x'"),
+        ("POST", "/v2/models/digits/versions/%C2%B2/infer", b"{}", {}, 404, "no loaded version '²'"),  # a digit to str.isdigit
+        ("GET", "/v2/models/digits/versions/%D9%A1", None, {}, 404, "no loaded version '١'"),  # Arabic-Indic 1: not version 1
         ("GET", "/v2/models/digits/versions/9", None, {}, 404, "no loaded version '9'"),
         ("GET", "/v3/anything", None, {}, 404, "no such endpoint"),
         ("GET", INFER, None, {}, 405, "use POST here"),
