@@ -6,6 +6,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tritonclient.http as triton
 from serving_testkit import (
     ThreadedWorker,
     make_config,
@@ -76,3 +77,17 @@ def repository(tmp_path):
     """A repository reading local artifacts, with a console that is never reached."""
     client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
     yield Repository(make_config(tmp_path), "cpu", client.fetch_artifact)
+
+
+@pytest.fixture
+def triton_of():
+    """triton_of(worker) -> a tritonclient.http client of that worker, closed after the test."""
+    clients = []
+
+    def connect(worker) -> triton.InferenceServerClient:
+        clients.append(triton.InferenceServerClient(worker.url.removeprefix("http://")))
+        return clients[-1]
+
+    yield connect
+    for client in clients:
+        client.close()

@@ -8,26 +8,11 @@ import time
 import numpy as np
 import orjson
 import pytest
-import tritonclient.http as triton
 from serving_testkit import HeldRun, route, state, v2_body
 
 from serving.api_keys import digest
 
 INFER = "/v2/models/digits/infer"
-
-
-@pytest.fixture
-def triton_of():
-    """triton_of(worker) -> a tritonclient.http client of that worker, closed after the test."""
-    clients = []
-
-    def connect(worker) -> triton.InferenceServerClient:
-        clients.append(triton.InferenceServerClient(worker.url.removeprefix("http://")))
-        return clients[-1]
-
-    yield connect
-    for client in clients:
-        client.close()
 
 
 def infer(client, worker, rows: int = 1, seed: int = 0):

@@ -18,20 +18,6 @@ ONE_ROW = np.ones((1, 64), np.float32)
 
 
 @pytest.fixture
-def triton_of():
-    """triton_of(worker) -> a tritonclient.http client of that worker, closed after the test."""
-    clients = []
-
-    def connect(worker) -> triton.InferenceServerClient:
-        clients.append(triton.InferenceServerClient(worker.url.removeprefix("http://")))
-        return clients[-1]
-
-    yield connect
-    for connection in clients:
-        connection.close()
-
-
-@pytest.fixture
 def canary_worker(start_worker, mlp_v1, mlp_v2):
     """v1 routed, v2 warm (a rollback target), v3 a shadow; pinning unrouted versions is off (the default)."""
     routes = [route(1, 100, *mlp_v1), {**route(3, 0, *mlp_v1), "shadow": 0.5}]
