@@ -2,7 +2,8 @@
 
 The file's format comes from its name's extension; it is streamed to disk (never read
 whole), checked cheaply (``serving.jobs.formats.check_batch_input``: the arrays' headers,
-or the first row), and only then does a job exist. A refused file leaves no file and no
+or the first row) against the inputs of the version it will run on, with the rules of
+the job's child, and only then does a job exist. A refused file leaves no file and no
 job. Without a version, the job runs on the stable version of the current release.
 """
 
@@ -36,7 +37,7 @@ def submit(model: RegisteredModel, upload, *, version_number: int | None = None,
     batch_size = resolve_batch_size(batch_size)
     staged = received_files.stage(upload, settings.JOB_MAX_INPUT_BYTES, "JOB_MAX_INPUT_BYTES", "the input file", JobRefused)
     try:
-        rows = _check(staged, file_format)
+        rows = _check(staged, file_format, version)
         return _create(model, version, staged, file_format, rows, batch_size, getattr(upload, "name", "") or "", created_by)
     finally:
         storage.discard(staged)  # moved into the job's folder by now, or refused
@@ -66,10 +67,14 @@ def resolve_batch_size(batch_size: int | None) -> int:
     return batch_size
 
 
-def _check(staged: storage.StagedArtifact, file_format: str) -> int | None:
+def _check(staged: storage.StagedArtifact, file_format: str, version: ModelVersion) -> int | None:
     """Rows of an array file (None for .jsonl and .csv: counted as the job runs)."""
+    layouts = formats.signature_layouts(version.signature)
     try:
-        rows = formats.check_batch_input(staged.path, file_format)
+        rows = formats.check_batch_input(staged.path, file_format, layouts)
+    except formats.InputMismatch as error:
+        raise JobRefused(f"the input file does not fit version {version.number}: {error.reason} "
+                         f"(version {version.number} takes {formats.describe_inputs(layouts)})", 400) from None
     except formats.FormatError as error:
         raise JobRefused(f"the input file cannot be used: {error.reason}", 400) from None
     if rows == 0:

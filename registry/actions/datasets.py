@@ -2,7 +2,8 @@
 
 The file (``.npz`` with the model's input arrays and ``labels``, or ``.jsonl`` with one
 object per row and its ``label``) is streamed to disk, checked
-(``serving.jobs.formats.check_dataset``, which counts its rows), and stored by content
+(``serving.jobs.formats.check_dataset``, which counts its rows) against the inputs of
+the model's stable version with the rules of the evaluation's child, and stored by content
 (``files.dataset_path``: ``datasets/<sha256>.<format>``). A refused file leaves no file
 and no row. Names are slugs, unique per model.
 """
@@ -20,7 +21,7 @@ from registry.actions import events, received_files
 from registry.artifacts import storage
 from registry.domain.choices import DatasetTask
 from registry.jobs import files, scheduling
-from registry.models import EvaluationDataset, RegisteredModel
+from registry.models import EvaluationDataset, ModelVersion, RegisteredModel
 from serving.jobs import formats
 
 DATASET_FORMATS = ("npz", "jsonl")
@@ -39,7 +40,7 @@ def add(model: RegisteredModel, upload, *, name: str, task: str, description: st
     file_format = received_files.extension(upload, DATASET_FORMATS, "the data set", DatasetRefused)
     staged = received_files.stage(upload, settings.DATASET_MAX_BYTES, "DATASET_MAX_BYTES", "the data set", DatasetRefused)
     try:
-        rows = _rows(staged, file_format)
+        rows = _rows(staged, file_format, model)
         dataset = EvaluationDataset(model=model, name=name, task=task, file_format=file_format, sha256=staged.sha256,
                                     size_bytes=staged.size_bytes, rows=rows, description=description,
                                     created_by=created_by if created_by is not None and created_by.is_authenticated else None)
@@ -63,9 +64,31 @@ def _taken(model: RegisteredModel, name: str) -> DatasetRefused:
     return DatasetRefused(f"model {model.name} has a data set named {name} already", 409)
 
 
-def _rows(staged: storage.StagedArtifact, file_format: str) -> int:
+def _checked_against(model: RegisteredModel) -> tuple[ModelVersion | None, str]:
+    """The version a data set is checked against, and what it is: the stable version of
+    the current release when it is ready, else the newest ready version; none when no
+    version is ready (then only the file's format is checked).
+
+    Every ready version is evaluated on the data set, but versions may take different
+    inputs: the one serving the traffic is the one it is meant for."""
+    ready = model.versions.ready()
+    release = model.current_release()
+    stable = ready.filter(number=release.stable_version).first() if release is not None else None
+    if stable is not None:
+        return stable, "the stable version"
+    return ready.order_by("-number").first(), "the newest ready version"
+
+
+def _rows(staged: storage.StagedArtifact, file_format: str, model: RegisteredModel) -> int:
+    version, role = _checked_against(model)
+    layouts = formats.signature_layouts(version.signature) if version is not None else None
     try:
-        return formats.check_dataset(staged.path, file_format)
+        return formats.check_dataset(staged.path, file_format, layouts)
+    except formats.InputMismatch as error:
+        labels = formats.LABELS_MEMBER if file_format == "npz" else formats.LABEL_KEY
+        raise DatasetRefused(f"the data set does not fit version {version.number} ({role}, which it was checked against): "
+                             f"{error.reason} (version {version.number} takes {formats.describe_inputs(layouts)}, "
+                             f"and '{labels}')", 400) from None
     except formats.FormatError as error:
         raise DatasetRefused(f"the data set cannot be used: {error.reason}", 400) from None
 

@@ -21,6 +21,7 @@ import math
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Self
@@ -48,6 +49,10 @@ class FormatError(ValueError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class InputMismatch(FormatError):
+    """The file is readable but does not fit the model's inputs (names, row shapes, types)."""
 
 
 class RowError(ValueError):
@@ -91,6 +96,43 @@ def shape_text(shape: Sequence[int | None]) -> str:
 
 def fits(shape: Sequence[int], wanted: Sequence[int | None]) -> bool:
     return len(shape) == len(wanted) and all(want is None or want == got for got, want in zip(shape, wanted))
+
+
+# KServe V2 datatype -> numpy, as serving.engine.V2_TO_NUMPY (which this module cannot import: ONNX Runtime)
+V2_DTYPES = {name: np.dtype(numpy_name) for name, numpy_name in (
+    ("BOOL", "bool"), ("UINT8", "uint8"), ("UINT16", "uint16"), ("UINT32", "uint32"), ("UINT64", "uint64"),
+    ("INT8", "int8"), ("INT16", "int16"), ("INT32", "int32"), ("INT64", "int64"),
+    ("FP16", "float16"), ("FP32", "float32"), ("FP64", "float64"))}
+
+
+def input_layout(name: str, dtype: np.dtype | None, shape: Sequence[int | None], batchable: bool) -> InputLayout:
+    """How a job feeds one input: rows along its first axis when the model is batchable
+    or that axis is dynamic or 1, else one row is the whole input."""
+    shape = tuple(shape)
+    if batchable or (shape and shape[0] in (None, 1)):
+        return InputLayout(name, dtype, shape[1:], stacked=True)
+    return InputLayout(name, dtype, shape, stacked=False)
+
+
+def signature_layouts(signature: object) -> tuple[InputLayout, ...] | None:
+    """The layouts a job's child builds from the loaded model, from the inputs the console
+    recorded at inspection (`{"name", "datatype", "shape"}`, a dynamic dimension a name or
+    null); None when the signature records no inputs (nothing to check against)."""
+    inputs = signature.get("inputs") if isinstance(signature, dict) else None
+    if not isinstance(inputs, list) or not inputs:
+        return None
+    specs = [(spec["name"], V2_DTYPES.get(spec["datatype"]),
+              tuple(dim if isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 else None for dim in spec["shape"]))
+             for spec in inputs]
+    batchable = all(shape and shape[0] is None for _, _, shape in specs)  # serving.engine.Engine.is_batchable
+    return tuple(input_layout(name, dtype, shape, batchable) for name, dtype, shape in specs)
+
+
+def describe_inputs(layouts: Sequence[InputLayout]) -> str:
+    """What a model takes, for people: each input's name, row shape and type."""
+    described = [f"'{short(layout.name)}' rows {layout.describe()} {layout.dtype if layout.dtype is not None else 'non-numeric'}"
+                 for layout in layouts[:10]]
+    return ", ".join(described) + (", ..." if len(layouts) > 10 else "")
 
 
 def require_numeric_inputs(layouts: Sequence[InputLayout]) -> None:
@@ -361,6 +403,11 @@ def parse_jsonl_row(text: bytes, layouts: Sequence[InputLayout], *, with_label: 
         value = json.loads(text)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise RowError("the line is not valid JSON") from None
+    return jsonl_feeds(value, layouts, with_label=with_label)
+
+
+def jsonl_feeds(value: object, layouts: Sequence[InputLayout], *, with_label: bool = False):
+    """(feeds, label) of one parsed .jsonl line; RowError when it does not fit the model."""
     names = [layout.name for layout in layouts]
     if not isinstance(value, dict) and len(layouts) == 1 and not with_label:
         value = {names[0]: value}  # a bare value feeds a model with one input
@@ -488,25 +535,50 @@ def csv_rows(path: Path, layouts: Sequence[InputLayout]) -> Iterator[Row]:
 # ---------------------------------------------------------------- upload-time checks
 
 
-def check_batch_input(path: Path, file_format: str) -> int | None:
-    """Refuse a batch input that cannot be read, before a job is queued for it.
+@contextmanager
+def _fitting(line: int | None = None) -> Iterator[None]:
+    """Problems raised inside are the file not fitting the model: an InputMismatch."""
+    try:
+        yield
+    except RowError as error:
+        raise InputMismatch(f"line {line}: {error.reason}" if line is not None else error.reason) from None
+    except FormatError as error:
+        raise InputMismatch(error.reason) from None
+
+
+def check_batch_input(path: Path, file_format: str, layouts: Sequence[InputLayout] | None = None) -> int | None:
+    """Refuse a batch input that cannot be read, or (given the layouts of the version it
+    runs on) does not fit that model, before a job is queued for it.
 
     Cheap: headers for .npy/.npz (returns their rows), the first record for .jsonl and
     .csv (returns None: later bad lines are per-row errors of the job)."""
     path = Path(path)
     if file_format in ARRAY_FORMATS:
         with ArrayFile(path, file_format) as arrays:
+            if layouts is not None:
+                with _fitting():
+                    arrays.match_inputs(layouts)
             return arrays.rows
     if file_format == "jsonl":
-        _check_first_jsonl_line(path)
+        line, value = _check_first_jsonl_line(path)
+        if layouts is not None:
+            with _fitting(line):
+                require_numeric_inputs(layouts)
+                jsonl_feeds(value, layouts)
         return None
     if file_format == "csv":
-        _check_first_csv_record(path)
+        if layouts is not None:
+            with _fitting():
+                layout = csv_layout(layouts)
+        line, fields = _check_first_csv_record(path)
+        if layouts is not None:
+            with _fitting(line):
+                parse_csv_fields(fields, layout)
         return None
     raise FormatError(f"'{short(file_format)}' is not a batch input format ({', '.join(BATCH_FORMATS)})")
 
 
-def _check_first_jsonl_line(path: Path) -> None:
+def _check_first_jsonl_line(path: Path) -> tuple[int, object]:
     with open(path, "rb") as fp:
         line, text = next(_lines(fp), (0, b""))
     if not text:
@@ -517,9 +589,10 @@ def _check_first_jsonl_line(path: Path) -> None:
         raise FormatError(f"line {line} is not valid JSON") from None
     if not isinstance(value, dict | list):
         raise FormatError(f"line {line} is not a JSON object (or list) of inputs")
+    return line, value
 
 
-def _check_first_csv_record(path: Path) -> None:
+def _check_first_csv_record(path: Path) -> tuple[int, list[str]]:
     records = _csv_records(path)
     first = next(records, None)
     if first is not None and not _is_numeric_record(first[1]):
@@ -528,22 +601,24 @@ def _check_first_csv_record(path: Path) -> None:
         raise FormatError("the .csv file has no rows")
     if not _is_numeric_record(first[1]):
         raise FormatError(f"line {first[0]} of the .csv file is not a row of numbers")
+    return first
 
 
-def check_dataset(path: Path, file_format: str) -> int:
-    """The number of rows of an evaluation dataset; FormatError when it cannot be used.
+def check_dataset(path: Path, file_format: str, layouts: Sequence[InputLayout] | None = None) -> int:
+    """The number of rows of an evaluation dataset; FormatError when it cannot be used,
+    InputMismatch when it does not fit the model of `layouts` (when given).
 
     `.npz`: a `labels` array (one label per row) beside the input arrays. `.jsonl`:
     every line an object with a `label` (a number, a string or a list of numbers)."""
     path = Path(path)
     if file_format == "npz":
-        return _check_npz_dataset(path)
+        return _check_npz_dataset(path, layouts)
     if file_format == "jsonl":
-        return _check_jsonl_dataset(path)
+        return _check_jsonl_dataset(path, layouts)
     raise FormatError(f"'{short(file_format)}' is not a dataset format ({', '.join(DATASET_FORMATS)})")
 
 
-def _check_npz_dataset(path: Path) -> int:
+def _check_npz_dataset(path: Path, layouts: Sequence[InputLayout] | None) -> int:
     with ArrayFile(path, "npz", label_member=LABELS_MEMBER) as arrays:
         if LABELS_MEMBER not in arrays.streams:
             raise FormatError(f"the .npz dataset has no '{LABELS_MEMBER}' array")
@@ -551,10 +626,16 @@ def _check_npz_dataset(path: Path) -> int:
             raise FormatError(f"the .npz dataset has no input arrays beside '{LABELS_MEMBER}'")
         if arrays.rows == 0:
             raise FormatError("the .npz dataset has no rows")
+        if layouts is not None:
+            with _fitting():
+                arrays.match_inputs(layouts, extra=(LABELS_MEMBER,))
         return arrays.rows
 
 
-def _check_jsonl_dataset(path: Path) -> int:
+def _check_jsonl_dataset(path: Path, layouts: Sequence[InputLayout] | None) -> int:
+    if layouts is not None:
+        with _fitting():
+            require_numeric_inputs(layouts)
     rows = 0
     with open(path, "rb") as fp:
         for line, text in _lines(fp):
@@ -568,6 +649,10 @@ def _check_jsonl_dataset(path: Path) -> int:
                 raise FormatError(f"line {line} is not a JSON object with a '{LABEL_KEY}'")
             if not is_label(value[LABEL_KEY]):
                 raise FormatError(f"line {line}: the label is not a number, a string or a list of numbers")
+            if layouts is not None:
+                # Any row that does not fit fails the whole evaluation, so every row is checked.
+                with _fitting(line):
+                    jsonl_feeds(value, layouts, with_label=True)
             rows += 1
     if rows == 0:
         raise FormatError("the .jsonl dataset has no rows")

@@ -15,7 +15,7 @@ import numpy as np
 
 from serving.config import ServingConfig
 from serving.engine import Engine, TensorSpec, resolve_device
-from serving.jobs.formats import InputLayout, short
+from serving.jobs.formats import InputLayout, input_layout, short
 
 MAX_ERROR_CHARS = 300
 # Input bytes in memory at once: rows per batch are capped so that the batches held at the same
@@ -45,9 +45,7 @@ def input_layouts(engine: Engine) -> tuple[InputLayout, ...]:
 
 
 def _layout(spec: TensorSpec, batchable: bool) -> InputLayout:
-    if batchable or (spec.shape and spec.shape[0] in (None, 1)):
-        return InputLayout(spec.name, spec.dtype, spec.shape[1:], stacked=True)
-    return InputLayout(spec.name, spec.dtype, spec.shape, stacked=False)
+    return input_layout(spec.name, spec.dtype, spec.shape, batchable)  # the rule the console checks uploads with
 
 
 def run_rows(engine: Engine, layouts: Sequence[InputLayout], arrays: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -10,11 +10,13 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from registry.domain import version_metrics
-from registry.domain.choices import AuditKind, JobKind, JobStatus
+from registry.domain.choices import AuditKind, JobKind, JobStatus, VersionStatus
 from registry.jobs import files, runner
 from registry.models import EvaluationDataset, Job
 from tests.fixtures.job_world import (
     CLASSES,
+    INPUT_WIDTH,
+    SIGNATURE,
     jsonl_upload,
     npz_upload,
     predictions,
@@ -24,6 +26,7 @@ from tests.fixtures.store import stored_files
 
 pytestmark = pytest.mark.django_db
 DATASETS = "/api/models/digits/datasets/"
+PIXELS_SIGNATURE = {**SIGNATURE, "inputs": [{"name": "pixels", "datatype": "FP32", "shape": ["batch", 16]}]}
 
 
 def add(client, upload, name="holdout", task="classification", **fields):
@@ -89,6 +92,65 @@ def test_a_jsonl_row_without_a_label_is_refused(jobs_model, operator_client, art
 
     assert response.status_code == 400 and "line 2" in response.json()["error"]
     assert dataset_files(artifact_root) == []
+
+
+def test_an_npz_data_set_with_an_array_that_is_no_input_is_refused_naming_it_and_the_version(jobs_model, operator_client, artifact_root):
+    upload = npz_upload("holdout.npz", **{"../../../../tmp/ZIPSLIP": rows(4), "labels": np.arange(4) % CLASSES})
+
+    response = add(operator_client, upload)
+
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        "the data set does not fit version 1 (the stable version, which it was checked against): the .npz array "
+        "'../../../../tmp/ZIPSLIP' is not an input of the model (its inputs: 'input') "
+        f"(version 1 takes 'input' rows [{INPUT_WIDTH}] float32, and 'labels')")
+    assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+def test_a_jsonl_data_set_with_any_row_of_the_wrong_shape_is_refused_naming_it(jobs_model, operator_client, artifact_root):
+    lines = [{"input": [0.0] * INPUT_WIDTH, "label": 1}, {"input": [0] * 2_000_000, "label": 2}]
+
+    response = add(operator_client, jsonl_upload(lines, "holdout.jsonl"))
+
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        "the data set does not fit version 1 (the stable version, which it was checked against): line 2: input 'input' "
+        f"has shape [2000000]; the model expects [{INPUT_WIDTH}] (version 1 takes 'input' rows [{INPUT_WIDTH}] float32, and 'label')")
+    assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+def test_a_data_set_is_checked_against_the_stable_version_not_another_ready_one(jobs_model, operator_client):
+    jobs_model.versions.filter(number=2).update(signature=PIXELS_SIGNATURE)
+
+    fits_the_stable = add(operator_client, labelled(4))
+    fits_another = add(operator_client, npz_upload("other.npz", pixels=np.zeros((4, 16), np.float32), labels=np.arange(4)), name="other")
+
+    assert fits_the_stable.status_code == 201, fits_the_stable.json()
+    assert fits_another.status_code == 400
+    assert fits_another.json()["error"].startswith(
+        "the data set does not fit version 1 (the stable version, which it was checked against): ")
+
+
+def test_without_a_release_a_data_set_is_checked_against_the_newest_ready_version(jobs_model, operator_client, artifact_root):
+    jobs_model.releases.all().delete()
+    jobs_model.versions.filter(number=2).update(signature=PIXELS_SIGNATURE)
+
+    response = add(operator_client, labelled(4))
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(
+        "the data set does not fit version 2 (the newest ready version, which it was checked against): "
+        "the .npz array 'input' is not an input of the model (its inputs: 'pixels')")
+    assert EvaluationDataset.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+def test_without_a_ready_version_only_the_data_sets_format_is_checked(jobs_model, operator_client):
+    jobs_model.versions.update(status=VersionStatus.VALIDATING)
+
+    response = add(operator_client, npz_upload("holdout.npz", pixels=np.zeros((4, 16), np.float32), labels=np.arange(4)))
+
+    assert response.status_code == 201, response.json()
+    assert Job.objects.filter(kind=JobKind.EVALUATION).count() == 0
 
 
 @pytest.mark.parametrize("name", ["holdout.csv", "holdout.npy", "holdout"])

@@ -6,6 +6,7 @@ Tests marked ``child`` run the job for real (``python -m serving.jobs``)."""
 from __future__ import annotations
 
 import fcntl
+import io
 import threading
 
 import numpy as np
@@ -13,12 +14,13 @@ import pytest
 
 from registry.actions import datasets
 from registry.artifacts import storage
+from registry.building.onnx_build import random_mlp, to_bytes
 from registry.domain.choices import JobKind, JobStatus, VersionStatus
 from registry.jobs import benchmark, records, runner, scheduling
 from registry.jobs.runner import JobCancelled
 from registry.jobs.versions import store_metric
-from registry.models import Job
-from tests.fixtures.job_world import npz_upload, rows, stored_version
+from registry.models import Job, ModelVersion
+from tests.fixtures.job_world import CLASSES, SIGNATURE, npz_upload, rows, stored_version
 
 pytestmark = pytest.mark.django_db
 
@@ -149,12 +151,17 @@ def test_a_benchmark_keeps_its_measurements_in_the_version(jobs_model, settings)
 
 
 @pytest.mark.child
-def test_an_evaluation_on_a_data_set_that_does_not_fit_fails_with_the_reason(jobs_model):
-    upload = npz_upload("wide.npz", input=np.zeros((3, 5), np.float32), labels=np.array([0, 1, 2]))
-    dataset = datasets.add(jobs_model, upload, name="wide", task="classification", created_by=None)
-    job = Job.objects.filter(dataset=dataset).order_by("pk").first()
+def test_an_evaluation_of_a_version_the_data_set_does_not_fit_fails_with_the_reason(jobs_model):
+    # An upload is checked against the stable version only; another ready version may take other inputs.
+    staged = storage.stage_stream(io.BytesIO(to_bytes(random_mlp([5, CLASSES], seed=9))))
+    storage.commit(staged)
+    narrow = ModelVersion.objects.create(model=jobs_model, number=4, status=VersionStatus.READY, sha256=staged.sha256,
+                                         size_bytes=staged.size_bytes, opset=17, producer="tests",
+                                         signature={**SIGNATURE, "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 5]}]})
+    dataset = add_dataset(jobs_model)
+    job = Job.objects.get(dataset=dataset, version=narrow)
 
     assert runner.run(job.pk) == JobStatus.FAILED
     job.refresh_from_db()
-    assert "input" in job.error and "8" in job.error
+    assert "input 'input' expects rows of shape [5]" in job.error
     assert "evaluation" not in job.version.metrics

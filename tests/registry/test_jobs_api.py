@@ -16,8 +16,10 @@ from registry.jobs import batch, files, records, runner
 from registry.models import Job
 from tests.fixtures.job_world import (
     INPUT_WIDTH,
+    SIGNATURE,
     jsonl_upload,
     npy_upload,
+    npz_upload,
     predictions,
     rows,
 )
@@ -25,6 +27,7 @@ from tests.fixtures.store import stored_files
 
 pytestmark = pytest.mark.django_db
 JOBS = "/api/models/digits/jobs/"
+PIXELS_SIGNATURE = {**SIGNATURE, "inputs": [{"name": "pixels", "datatype": "FP32", "shape": ["batch", 16]}]}
 
 
 def submit(client, upload, **fields):
@@ -95,14 +98,54 @@ def test_a_jsonl_batch_job_answers_every_row_and_reports_bad_ones(jobs_model, op
     assert Job.objects.get(pk=job_id).result["errors"] == 1
 
 
-@pytest.mark.child
-def test_an_input_that_does_not_fit_the_model_fails_the_job_with_the_reason(jobs_model, operator_client, artifact_root):
-    job_id = submit(operator_client, npy_upload(np.zeros((4, INPUT_WIDTH - 3), np.float32))).json()["id"]
+def test_an_input_whose_rows_the_version_does_not_take_is_refused_naming_the_shapes(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, npy_upload(np.zeros((4, INPUT_WIDTH - 3), np.float32)))
 
-    assert runner.run(job_id) == JobStatus.FAILED
-    job = operator_client.get(f"{JOBS}{job_id}/").json()
-    assert "input" in job["error"] and str(INPUT_WIDTH) in job["error"]
-    assert job_files(artifact_root) == []
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        f"the input file does not fit version 1: the .npy file has rows of shape [{INPUT_WIDTH - 3}]; input 'input' expects "
+        f"rows of shape [{INPUT_WIDTH}] (version 1 takes 'input' rows [{INPUT_WIDTH}] float32)")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_an_npz_input_with_an_array_that_is_no_input_of_the_version_is_refused_naming_it(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, npz_upload("inputs.npz", input=rows(3), labels=np.arange(3)))
+
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        "the input file does not fit version 1: the .npz array 'labels' is not an input of the model (its inputs: 'input') "
+        f"(version 1 takes 'input' rows [{INPUT_WIDTH}] float32)")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_an_npz_input_of_exactly_the_versions_inputs_is_queued(jobs_model, operator_client):
+    response = submit(operator_client, npz_upload("inputs.npz", input=rows(3)))
+
+    assert response.status_code == 202, response.json()
+    assert (response.json()["input_format"], response.json()["total"]) == ("npz", 3)
+
+
+def test_a_jsonl_input_whose_first_row_does_not_fit_is_refused_naming_the_key(jobs_model, operator_client, artifact_root):
+    lines = [{"input": row.tolist(), "labels": 1} for row in rows(3)]
+
+    response = submit(operator_client, jsonl_upload(lines))
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(
+        "the input file does not fit version 1: line 1: 'labels' is not an input of the model (its inputs: 'input')")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_an_input_is_checked_against_the_version_it_will_run_on(jobs_model, operator_client, artifact_root):
+    jobs_model.versions.filter(number=2).update(signature=PIXELS_SIGNATURE)
+
+    response = submit(operator_client, npy_upload(rows(3)), version=2)
+
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        f"the input file does not fit version 2: the .npy file has rows of shape [{INPUT_WIDTH}]; input 'pixels' expects "
+        "rows of shape [16] (version 2 takes 'pixels' rows [16] float32)")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
 
 
 @pytest.mark.child
