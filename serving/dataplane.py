@@ -11,6 +11,7 @@ a version is chosen carries that version (`exc.version`), so it is counted again
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
@@ -23,19 +24,23 @@ from serving.reports import failed_total
 from serving.repository import Repository
 from serving.shadow import ShadowMirror
 
-BodyReader = Callable[[], Awaitable[bytes]]
+BodyReader = Callable[[protocol.BodyLimit], Awaitable[bytes]]
+# Past this, a body is decoded in a thread: parsing and converting tens of megabytes took
+# the event loop for seconds, stalling every other client. Below it, no thread hop.
+DECODE_OFF_LOOP_BYTES = 1024 * 1024
 
 
 class RequestContext:
     """What the data plane needs of a request besides its body, parsed by the endpoints."""
 
-    __slots__ = ("request_id", "routing_key", "started_s", "timeout_s")
+    __slots__ = ("is_pinned", "request_id", "routing_key", "started_s", "timeout_s")
 
     def __init__(self, request_id: str, started_s: float, timeout_s: float | None, routing_key: str | None):
         self.request_id = request_id
         self.started_s = started_s  # monotonic clock, as the batcher's
         self.timeout_s = timeout_s  # the client's own, which may only shorten ours
         self.routing_key = routing_key
+        self.is_pinned = False  # the request named its version: counted apart from the split's traffic
 
 
 class Answer:
@@ -70,13 +75,17 @@ class DataPlane:
                        context: RequestContext) -> Answer:
         """A V2 inference request. Admission is asked before `read_body`: an overloaded
         worker does not pay for reading and decoding what it would refuse."""
-        target = self._resolve(name, version, context.routing_key)
+        target = self._resolve(name, version, context)
         target.hold()  # from here to the answer: a swap that retires this version waits for it
         try:
             refusal = target.refusal(context.started_s + self._timeout_s(context.timeout_s))
             if refusal is not None:
                 raise refusal
-            decoded = protocol.decode_v2(await read_body(), header_length, target.io)
+            body = await read_body(target.body_limit)  # 413 past what this version can take
+            if len(body) > DECODE_OFF_LOOP_BYTES:
+                decoded = await asyncio.to_thread(protocol.decode_v2, body, header_length, target.io)
+            else:
+                decoded = protocol.decode_v2(body, header_length, target.io)
             outputs = await self._run(target, decoded, context)
             payload, json_length = protocol.encode_v2(target.model_name, target.version, decoded, outputs, target.io)
         except ServingError as exc:
@@ -90,12 +99,16 @@ class DataPlane:
 
     async def predict(self, body: bytes, context: RequestContext) -> Answer:
         """A `/predict` request: `{model_name, version?, inputs}`."""
-        document = protocol.load_object(body)
+        is_large = len(body) > DECODE_OFF_LOOP_BYTES
+        document = await asyncio.to_thread(protocol.load_object, body) if is_large else protocol.load_object(body)
         name, version = protocol.predict_target(document)
-        target = self._resolve(name, version, context.routing_key)
+        target = self._resolve(name, version, context)
         target.hold()
         try:
-            decoded = protocol.decode_predict(document, target.io)
+            if is_large:
+                decoded = await asyncio.to_thread(protocol.decode_predict, document, target.io)
+            else:
+                decoded = protocol.decode_predict(document, target.io)
             outputs = await self._run(target, decoded, context)
         except ServingError as exc:
             exc.version = target
@@ -108,10 +121,12 @@ class DataPlane:
         return Answer(target, protocol.encode_predict(context.request_id, name, target.version, decoded, outputs,
                                                       target.io, latency_ms))
 
-    def _resolve(self, name: str, version: int | None, routing_key: str | None) -> LoadedVersion:
+    def _resolve(self, name: str, version: int | None, context: RequestContext) -> LoadedVersion:
         if not self.repository.is_ready:
             raise NotReady(self.repository.not_ready_reason or "the worker is still loading its models")
-        return self.repository.router.table.resolve(name, version, routing_key)
+        if version is not None:
+            context.is_pinned = True
+        return self.repository.router.table.resolve(name, version, context.routing_key)
 
     def _timeout_s(self, *overrides_s: float | None) -> float:
         timeout_s = self.request_timeout_s
@@ -122,9 +137,13 @@ class DataPlane:
 
     async def _run(self, target: LoadedVersion, decoded, context: RequestContext):
         deadline_s = context.started_s + self._timeout_s(context.timeout_s, decoded.timeout_s)
-        outputs = await target.submit(decoded, deadline_s, context.request_id)
-        if time.monotonic() > deadline_s:
-            raise DeadlineExceeded("deadline passed while the batch ran")
+        try:
+            outputs = await target.submit(decoded, deadline_s, context.request_id)
+            if time.monotonic() > deadline_s:
+                raise DeadlineExceeded("deadline passed while the batch ran")
+        except DeadlineExceeded as exc:
+            exc.deadline_s = deadline_s  # whose deadline it is decides how the 504 is counted
+            raise
         return outputs
 
     def _mirror(self, name: str, served: LoadedVersion, decoded, outputs) -> None:

@@ -31,10 +31,10 @@ from serving.api_keys import ApiKeyRing, worker_token_matches
 from serving.config import ConfigError, ServingConfig
 from serving.dataplane import Answer, DataPlane, RequestContext
 from serving.drain import Drain
-from serving.errors import InternalError, MethodNotAllowed, NotFound, NotReady, ServingError, Unauthorized, clip
+from serving.errors import DeadlineExceeded, InternalError, MethodNotAllowed, NotFound, NotReady, ServingError, Unauthorized, clip
 from serving.http_request import BodyBuffer, RequestHeaders, RequestIds, check_headers, is_octet_stream, model_path, receive_body
 from serving.loaded_version import LoadedVersion
-from serving.protocol import BodyNotJson
+from serving.protocol import BodyLimit, BodyNotJson
 
 logger = logging.getLogger("serving.app")  # its name before the split: log lines keep their `logger` field
 
@@ -51,11 +51,20 @@ Hook = Callable[[], Awaitable[None]]
 
 class Response:
     __slots__ = ("body", "content_type", "headers", "status", "version")
+    is_clients_deadline = False  # see ClientDeadlineRefusal
 
     def __init__(self, status: int, body: bytes, headers: tuple = (), version: LoadedVersion | None = None,
                  content_type: bytes = JSON):
         self.status, self.body, self.headers, self.version = status, body, headers, version
         self.content_type = content_type
+
+
+class ClientDeadlineRefusal(Response):
+    """A 504 under a deadline the client set shorter than the worker's own: sent as any 504,
+    counted apart from the worker's failures (`serving.metrics`)."""
+
+    __slots__ = ()
+    is_clients_deadline = True
 
 
 class ServingApp:
@@ -113,22 +122,24 @@ class ServingApp:
                 return
             self.in_flight += 1
         started_s = time.monotonic()
-        request_id = None
+        request_id = context = None
         try:
             headers = RequestHeaders(scope["headers"])
             request_id = self._ids.pick(headers.request_id)
-            response = await self._route(scope, receive, headers, request_id, started_s)
+            if is_inference:
+                context = _context(headers, request_id, started_s)
+            response = await self._route(scope, receive, headers, context)
         except ServingError as exc:
-            response = self._error(exc, request_id)
+            response = self._error(exc, request_id, started_s)
         except Exception:
             request_id = request_id or self._ids.pick(None)
             logger.exception("unhandled error (request id %s)", request_id.decode())
-            response = self._error(InternalError(request_id.decode()), request_id)
+            response = self._error(InternalError(request_id.decode()), request_id, started_s)
         finally:
             if is_inference:
                 self.in_flight -= 1
         await self._send(send, response, request_id or self._ids.pick(None))
-        self._account(path, is_inference, response, request_id, started_s)
+        self._account(path, is_inference, response, context, request_id, started_s)
 
     async def _shed(self, scope, send) -> None:
         """Over the in-flight cap: 503 + Retry-After, without reading or parsing the body."""
@@ -142,11 +153,13 @@ class ServingApp:
         await send(SHED_BODY_MESSAGE)
         metrics.count_unrouted(503)
 
-    def _error(self, exc: ServingError, request_id: bytes | None) -> Response:
+    def _error(self, exc: ServingError, request_id: bytes | None, started_s: float) -> Response:
         version = exc.version
         if exc.status == 500 and not isinstance(exc, InternalError):
             logger.error("request %s failed: %s", request_id.decode() if request_id else "-", exc.message)
             exc = InternalError(request_id.decode() if request_id else "-")  # no details to the client
+        if isinstance(exc, DeadlineExceeded) and exc.missed_clients_deadline(started_s + self.dataplane.request_timeout_s):
+            return ClientDeadlineRefusal(exc.status, exc.body(), exc.headers, version)
         return Response(exc.status, exc.body(), exc.headers, version)
 
     async def _send(self, send, response: Response, request_id: bytes) -> None:
@@ -162,10 +175,14 @@ class ServingApp:
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    def _account(self, path: str, is_inference: bool, response: Response, request_id, started_s: float) -> None:
+    def _account(self, path: str, is_inference: bool, response: Response, context: RequestContext | None, request_id,
+                 started_s: float) -> None:
         version = response.version
         if version is not None and is_inference:  # metadata of a named version is no inference
-            version.metrics.record(response.status, time.monotonic() - started_s)
+            if context.is_pinned or response.status == 504:
+                _count_apart(version, response, context.is_pinned, time.monotonic() - started_s)
+            else:  # the traffic the split sent: what the reports carry
+                version.metrics.record(response.status, time.monotonic() - started_s)
         elif is_inference:
             metrics.count_unrouted(response.status)
         if logger.isEnabledFor(logging.DEBUG):
@@ -177,17 +194,19 @@ class ServingApp:
 
     # ---- routing ------------------------------------------------------------------
 
-    async def _route(self, scope, receive, headers: RequestHeaders, request_id: bytes, started_s: float) -> Response:
+    async def _route(self, scope, receive, headers: RequestHeaders, context: RequestContext | None) -> Response:
+        """``context``: an inference request's (None on any other path)."""
         path, method = scope["path"], scope["method"]
         if path.startswith("/v2/models/"):
-            return await self._model_route(path[len("/v2/models/"):].split("/"), method, receive, headers, request_id, started_s)
+            return await self._model_route(path[len("/v2/models/"):].split("/"), method, receive, headers, context)
         if path == "/predict":
             _require(method, "POST")
             coding = check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=False)
-            body = await receive_body(receive, self.max_body_bytes, self.body_buffer, headers.content_length)
+            limit = BodyLimit(self.max_body_bytes)  # the model is named in the body: only the global limit applies
+            body = await receive_body(receive, self.body_buffer, headers.content_length, limit)
             if coding is not None:
-                body = http_request.inflate(body, coding, self.max_body_bytes, self.body_buffer)
-            answer = await self.dataplane.predict(body, _context(headers, request_id, started_s))
+                body = http_request.inflate(body, coding, limit, self.body_buffer)
+            answer = await self.dataplane.predict(body, context)
             return Response(200, answer.body, (), answer.version)
         handler = self._simple_routes.get(path)
         if handler is None:
@@ -198,17 +217,18 @@ class ServingApp:
             raise Unauthorized(f"{path} needs the worker token (Authorization: Bearer)")
         return handler()
 
-    async def _model_route(self, parts, method, receive, headers, request_id, started_s) -> Response:
+    async def _model_route(self, parts, method, receive, headers, context) -> Response:
         name, version, action = model_path(parts)
         if action == "infer":  # here, not in a coroutine of its own: one await less per request
             _require(method, "POST")
             coding = check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=True)
-            read_body = partial(receive_body, receive, self.max_body_bytes, self.body_buffer, headers.content_length)
+            # Read by the data plane with the routed version's limit (`LoadedVersion.body_limit`).
+            read_body = partial(receive_body, receive, self.body_buffer, headers.content_length)
             if coding is not None:
-                read_body = partial(http_request.receive_inflated_body, read_body, coding, self.max_body_bytes, self.body_buffer)
+                read_body = partial(http_request.receive_inflated_body, read_body, coding, self.body_buffer)
             try:
                 answer = await self.dataplane.infer_v2(name, version, read_body,
-                                                       headers.header_length, _context(headers, request_id, started_s))
+                                                       headers.header_length, context)
             except BodyNotJson as exc:  # labelled binary, yet no header says where its JSON ends
                 if headers.header_length is None and is_octet_stream(headers.content_type):
                     exc.blame_missing_header()
@@ -247,6 +267,18 @@ def _inference_response(answer: Answer) -> Response:
         return Response(200, answer.body, (), answer.version)
     return Response(200, answer.body, ((b"inference-header-content-length", str(answer.json_length).encode()),),
                     answer.version, b"application/octet-stream")
+
+
+def _count_apart(version: LoadedVersion, response: Response, is_pinned: bool, latency_s: float) -> None:
+    """What the reports leave out of a version's figures, which are the traffic the split
+    sent it (canary analysis, charts): a 504 under the client's own deadline, and any
+    request that named its version. A server-side 504 of routed traffic stays in them."""
+    if response.is_clients_deadline:
+        version.metrics.record_client_deadline_refusal(latency_s)
+    elif is_pinned:
+        version.metrics.record_pinned(response.status, latency_s)
+    else:
+        version.metrics.record(response.status, latency_s)
 
 
 def _context(headers: RequestHeaders, request_id: bytes, started_s: float) -> RequestContext:

@@ -113,9 +113,18 @@ class RunMemoryBusy(ServingError):
 
 class DeadlineExceeded(ServingError):
     status = 504
+    # The deadline missed, or predicted to be (monotonic clock), set where it was judged:
+    # whose deadline it was decides whether the 504 is a failure of the worker's.
+    deadline_s: float | None = None
 
     def __init__(self, message: str = "deadline exceeded before the request was computed"):
         super().__init__(message)
+
+    def missed_clients_deadline(self, server_deadline_s: float) -> bool:
+        """Whether the deadline missed is one the client set shorter than the worker's own
+        (X-Request-Timeout-S, parameters.timeout): answered 504 all the same, but a client
+        that asks the impossible of itself makes no version, and no drill, look failed."""
+        return self.deadline_s is not None and self.deadline_s < server_deadline_s
 
 
 class InternalError(ServingError):

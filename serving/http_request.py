@@ -10,6 +10,10 @@ A gzip or deflate body (tritonclient's `request_compression_algorithm`) is infla
 it arrived whole, never past the body limit: a megabyte can claim a gigabyte, so the
 inflater is asked for at most the limit plus one byte, and what it produces is taken from
 the body buffer like received bytes while it works.
+
+The body limit is a `BodyLimit`: SERVING_MAX_BODY_BYTES, or for V2 inference the bound of
+the version the request was routed to (`protocol.v2_body_limit`), which is known before
+the body is read.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from serving.api_keys import ApiKeyRing
 from serving.errors import (
     BadRequest, BodyBufferFull, ClientDisconnected, NotFound, PayloadTooLarge, UnsupportedMediaType, VersionNotFound, clip,
 )
+from serving.protocol import BodyLimit
 
 MAX_REQUEST_ID_CHARS = 128
 MAX_HEADER_INT_DIGITS = 18  # below 2**63: int() never sees thousands of digits
@@ -105,14 +110,15 @@ def content_coding(value: bytes) -> str | None:
     return coding
 
 
-async def receive_inflated_body(read_body, coding: str, max_body_bytes: int, buffer: BodyBuffer) -> bytes:
-    return inflate(await read_body(), coding, max_body_bytes, buffer)
+async def receive_inflated_body(read_body, coding: str, buffer: BodyBuffer, limit: BodyLimit) -> bytes:
+    return inflate(await read_body(limit), coding, limit, buffer)
 
 
-def inflate(body: bytes, coding: str, max_body_bytes: int, buffer: BodyBuffer) -> bytes:
+def inflate(body: bytes, coding: str, limit: BodyLimit, buffer: BodyBuffer) -> bytes:
     """The body with its content coding undone, refused (413) as soon as it would pass
-    `max_body_bytes`: the inflater is never asked for more than that plus one byte. It is
-    fed the compressed bytes a slice at a time, so what it leaves over stays small."""
+    `limit`: the inflater is never asked for more than that plus one byte. It is fed the
+    compressed bytes a slice at a time, so what it leaves over stays small."""
+    max_body_bytes = limit.max_bytes
     inflater = zlib.decompressobj(INFLATE_WBITS[coding])
     view, chunks, size, taken = memoryview(body), [], 0, 0
     try:
@@ -123,7 +129,7 @@ def inflate(body: bytes, coding: str, max_body_bytes: int, buffer: BodyBuffer) -
                 pending = inflater.unconsumed_tail  # left only when the output reached the bound
                 size += len(chunk)
                 if size > max_body_bytes:
-                    raise PayloadTooLarge(f"body inflated ({coding}) exceeds the limit of {max_body_bytes} bytes")
+                    raise limit.too_large(f"body inflated ({coding})")
                 buffer.take(len(chunk), size)
                 taken += len(chunk)
                 chunks.append(chunk)
@@ -227,10 +233,13 @@ class BodyBuffer:
         self.held -= size
 
 
-async def receive_body(receive, max_body_bytes: int, buffer: BodyBuffer, declared: int | None = None) -> bytes:
-    """The whole body from the ASGI `receive`, refused past `max_body_bytes` or when it
-    does not fit in `buffer` (a declared length is taken from the buffer before the first
-    read, a chunked body as it arrives). The buffer is given back once the body is whole."""
+async def receive_body(receive, buffer: BodyBuffer, declared: int | None, limit: BodyLimit) -> bytes:
+    """The whole body from the ASGI `receive`, refused past `limit` (a declared length
+    before the first read) or when it does not fit in `buffer` (a declared length is taken
+    from the buffer before the first read, a chunked body as it arrives). The buffer is
+    given back once the body is whole."""
+    if declared is not None and declared > limit.max_bytes:  # past a version's bound (the headers passed the global one)
+        raise limit.too_large(f"body of {declared} bytes")
     taken = 0
     try:
         if declared:
@@ -245,8 +254,8 @@ async def receive_body(receive, max_body_bytes: int, buffer: BodyBuffer, declare
             message = await receive()
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > max_body_bytes:
-                raise PayloadTooLarge(f"body exceeds the limit of {max_body_bytes} bytes")
+            if size > limit.max_bytes:
+                raise limit.too_large("body")
             if size > taken:
                 buffer.take(size - taken, size)
                 taken = size

@@ -21,9 +21,9 @@ from serving.config import ServingConfig
 from serving.contract import BatchPolicy
 from serving.dispatch import DispatchThreads, EngineGate
 from serving.engine import Engine
-from serving.errors import BadRequest, ModelFailed, NotReady, QueueFull, ServingError
+from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull, ServingError
 from serving.output_summary import OutputSummary, summarising
-from serving.protocol import Decoded, ModelIO
+from serving.protocol import Decoded, ModelIO, v2_body_limit
 
 if TYPE_CHECKING:  # a type only: the repository imports this module
     from serving.serving_plan import VersionSpec
@@ -39,6 +39,9 @@ class LoadedVersion:
         self.is_batchable = engine.is_batchable and is_declared_batchable(spec.signature)
         self.io = ModelIO(engine.inputs, engine.outputs, self.is_batchable, config.max_elements)
         self.policy = spec.policy if self.is_batchable else BatchPolicy(1, 0.0, spec.policy.max_queue_size, spec.policy.latency_target_s)
+        self._max_body_bytes = config.max_body_bytes
+        # The most bytes a V2 request can take here, known before its body is read (413 past it).
+        self.body_limit = v2_body_limit(self.model_name, self.version, self.io, self.policy.max_batch_size, config.max_body_bytes)
         self.version_header = str(spec.version).encode()
         self.metrics = metrics.VersionMetrics(spec.model_name, spec.version)
         self.latency = LatencyModel()
@@ -86,6 +89,8 @@ class LoadedVersion:
             if refusal is None:
                 return None  # one queue admits it: no need to ask the others
             first = first or refusal
+        if isinstance(first, DeadlineExceeded):
+            first.deadline_s = deadline_s  # whose deadline it is decides how the 504 is counted
         return first
 
     def _new_batcher(self, shape_key: tuple) -> Batcher:
@@ -110,6 +115,7 @@ class LoadedVersion:
 
     def set_policy(self, policy: BatchPolicy) -> None:
         self.policy = policy
+        self.body_limit = v2_body_limit(self.model_name, self.version, self.io, policy.max_batch_size, self._max_body_bytes)
         for batcher in self._batchers.values():
             batcher.policy = policy
 

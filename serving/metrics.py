@@ -15,6 +15,14 @@ flushes first (`/metrics`, `/health`, the worker report), and a list flushes its
 version (`serving.triton` renders them). They are folded where the figures above are:
 success and fail at the flush of the pending list, queue and compute once per batch by
 the batch observer, so the request path pays nothing more for them.
+
+`modelops_requests_total` and the latency histogram of a version hold the traffic the
+split sent it: they are what the worker reports carry, hence what the console's charts and
+the canary analysis judge. Two kinds of request are counted apart, so that a client cannot
+make a version look worse than the traffic it was given: a request that named its version
+(pinned: `modelops_pinned_requests_total`), and a 504 under a deadline the client set
+shorter than the worker's own (`modelops_client_deadline_refusals_total`, pinned or not;
+no failure of the worker's). Triton's statistics count every request a version answered.
 """
 
 from __future__ import annotations
@@ -32,6 +40,18 @@ REQUESTS = Counter("modelops_requests", "Inference requests answered, by status 
 REQUEST_LATENCY = Histogram(
     "modelops_request_duration_seconds", "Time from request read to response.", ["model", "version"],
     buckets=LATENCY_BUCKETS_S,
+)
+PINNED_REQUESTS = Counter(
+    "modelops_pinned_requests",
+    "Inference requests that named their version (/v2/models/{m}/versions/{v}/infer, /predict with version), by status "
+    "code; not in modelops_requests_total, which holds what the traffic split sent each version.",
+    ["model", "version", "code"],
+)
+CLIENT_DEADLINE_REFUSALS = Counter(
+    "modelops_client_deadline_refusals",
+    "Requests answered 504 because they could not make a deadline the client set shorter than SERVING_REQUEST_TIMEOUT_S "
+    "(X-Request-Timeout-S, parameters.timeout); not in modelops_requests_total nor among the worker's failures.",
+    ["model", "version"],
 )
 QUEUE_TIME = Histogram(
     "modelops_queue_duration_seconds", "Time a request waited in the batch queue.", ["model", "version"],
@@ -128,6 +148,15 @@ class InferenceStats:
         self.fail_count += failed
         self.fail_s += fail_s
 
+    def answered_one(self, code: int, latency_s: float) -> None:
+        """One request counted apart from the pending list (pinned, or past the client's deadline)."""
+        if code == 200:
+            self.success_count += 1
+            self.success_s += latency_s
+        else:
+            self.fail_count += 1
+            self.fail_s += latency_s
+
 
 def _failures_latency_s(codes: list[int], latencies_s: list[float], tally: Tally) -> float:
     """The latencies of the non-200 entries, found by `list.index` (a scan in C): the Python
@@ -156,6 +185,8 @@ class VersionMetrics:
         self.queue_depth = QUEUE_DEPTH.labels(*labels)
         self.stats = InferenceStats()
         self._requests_by_code: dict[int, Counter] = {}
+        self._pinned_by_code: dict[int, Counter] = {}
+        self._client_deadline_refusals: Counter | None = None
         self._codes: list[int] = []  # pending, not yet in prometheus-client
         self._latencies_s: list[float] = []
 
@@ -179,6 +210,22 @@ class VersionMetrics:
             self._child(code).inc(count)
         self.stats.answered(codes, latencies_s, tally, observe_many(self.request_latency, latencies_s))
 
+    def record_pinned(self, code: int, latency_s: float) -> None:
+        """A request that named this version: counted at once in its own series (pinned
+        requests are no part of the hot path), outside what the reports carry."""
+        child = self._pinned_by_code.get(code)
+        if child is None:
+            child = self._pinned_by_code[code] = PINNED_REQUESTS.labels(*self.labels, str(code))
+        child.inc()
+        self.stats.answered_one(code, latency_s)
+
+    def record_client_deadline_refusal(self, latency_s: float) -> None:
+        """A 504 under the client's own, shorter deadline: outside the reports and the failures."""
+        if self._client_deadline_refusals is None:
+            self._client_deadline_refusals = CLIENT_DEADLINE_REFUSALS.labels(*self.labels)
+        self._client_deadline_refusals.inc()
+        self.stats.answered_one(504, latency_s)
+
     def _child(self, code: int) -> Counter:
         child = self._requests_by_code.get(code)
         if child is None:
@@ -193,6 +240,10 @@ class VersionMetrics:
             _remove_quietly(metric, self.labels)
         for code in self._requests_by_code:
             _remove_quietly(REQUESTS, (*self.labels, str(code)))
+        for code in self._pinned_by_code:
+            _remove_quietly(PINNED_REQUESTS, (*self.labels, str(code)))
+        if self._client_deadline_refusals is not None:
+            _remove_quietly(CLIENT_DEADLINE_REFUSALS, self.labels)
 
 
 def _remove_quietly(metric, labels) -> None:

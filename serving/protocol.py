@@ -29,7 +29,7 @@ import numpy as np
 import orjson
 
 from serving.engine import TensorSpec
-from serving.errors import BadRequest, clip
+from serving.errors import BadRequest, PayloadTooLarge, clip
 
 NUMPY_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -55,6 +55,50 @@ class ModelIO:
         object.__setattr__(self, "default_outputs", {
             False: self.json_outputs, True: tuple((index, True) for index in range(len(self.outputs))),
         })
+
+
+# A V2 body carries no more than its elements take, plus names, ids and parameters. 64
+# bytes an element covers the longest number text ("-1.7976931348623157e+308", 24), its
+# separator, the brackets of nested data and pretty-printed indentation; a binary element
+# is at most 8 bytes (BYTES inputs are refused at load).
+JSON_BYTES_PER_ELEMENT = 64
+BODY_ALLOWANCE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BodyLimit:
+    """The most bytes a request body may have, and why when it is less than
+    SERVING_MAX_BODY_BYTES: parsing JSON builds a Python object per element (a 60 MB body
+    of zeros took 2 s of the event loop and 770 MB), so a body is refused (413) before it
+    is read, or as soon as it (or its inflated form) passes what the model can take."""
+
+    max_bytes: int
+    reason: str | None = None
+
+    def too_large(self, what: str) -> PayloadTooLarge:
+        if self.reason is None:
+            return PayloadTooLarge(f"{what} exceeds the limit of {self.max_bytes} bytes")
+        return PayloadTooLarge(f"{what} is too large: {self.reason}")
+
+
+def v2_body_limit(model_name: str, version: int, io: ModelIO, max_rows: int, max_body_bytes: int) -> BodyLimit:
+    """What a V2 request to this version can take: when every non-batch dimension is fixed,
+    `max_rows` (max_batch_size; a version that does not batch has a fixed first dimension
+    instead) times the elements of a row, summed over inputs. A dynamic dimension leaves
+    SERVING_MAX_BODY_BYTES, as does a bound above it."""
+    per_row = 0
+    for spec in io.inputs:
+        dims = spec.shape[1:] if io.is_batchable else spec.shape
+        if None in dims:
+            return BodyLimit(max_body_bytes)
+        per_row += math.prod(dims)
+    rows = max_rows if io.is_batchable else 1
+    max_bytes = rows * per_row * JSON_BYTES_PER_ELEMENT + BODY_ALLOWANCE_BYTES
+    if max_bytes >= max_body_bytes:
+        return BodyLimit(max_body_bytes)
+    takes = f"{rows} rows of {per_row} elements" if io.is_batchable else f"{per_row} elements (its inputs' fixed shapes)"
+    return BodyLimit(max_bytes, f"version {version} of '{clip(model_name)}' takes at most {max_bytes} bytes: {takes}, "
+                                f"at {JSON_BYTES_PER_ELEMENT} bytes an element plus {BODY_ALLOWANCE_BYTES}")
 
 
 @dataclass(slots=True)
@@ -143,11 +187,38 @@ _TYPE_WORDS = {str: "a string", type(None): "null", bool: "a boolean", float: "a
 _LISTS = frozenset((list,))
 
 
+# A longer list is checked and converted a slice at a time. Each slice is one C call that
+# holds the GIL for a few milliseconds; between them, a large body decoded in a thread
+# (serving/dataplane.py) lets the event loop answer other clients. In one call, 10 million
+# elements held it for a quarter of a second.
+SLICE_ITEMS = 1 << 17
+
+
 def array_from_list(spec: TensorSpec, data: object) -> np.ndarray:
     if not isinstance(data, list):
         raise BadRequest(f"input '{spec.name}': data must be a list")
     dtype = spec_dtype(spec)
+    if len(data) > SLICE_ITEMS:
+        return _array_by_slices(spec, dtype, data)
     _check_json_types(spec, dtype, data)
+    return _array(spec, dtype, data)
+
+
+def _array_by_slices(spec: TensorSpec, dtype: np.dtype, data: list) -> np.ndarray:
+    array = None
+    for start in range(0, len(data), SLICE_ITEMS):
+        part = data[start:start + SLICE_ITEMS]
+        _check_json_types(spec, dtype, part)
+        converted = _array(spec, dtype, part)
+        if array is None:
+            array = np.empty((len(data), *converted.shape[1:]), dtype)
+        elif converted.shape[1:] != array.shape[1:]:  # rows of another length than the first slice's
+            raise BadRequest(f"input '{spec.name}': data is not a rectangular array of {spec.datatype} values")
+        array[start:start + len(part)] = converted
+    return array
+
+
+def _array(spec: TensorSpec, dtype: np.dtype, data: list) -> np.ndarray:
     try:
         with np.errstate(over="raise"):  # a float beyond FP32/FP16 range would become inf
             return np.array(data, dtype=dtype)

@@ -7,6 +7,9 @@ keeps the request path untouched: the report costs one collect per second. Each 
 entry also carries what the version answered (``outputs``, taken from its
 ``serving.output_summary``) and, on a shadow version, its comparisons since the previous
 report (``shadow``), so the console can judge a canary against the stable version.
+The per-version request figures are the traffic the split sent each version: requests
+that named their version, and 504s under a client's own shorter deadline, are counted
+apart (``serving.metrics``), so a client cannot make a canary look worse than it is.
 
 A counter that went back (a version unloaded and loaded again between two reports)
 starts its delta from zero, and no delta is ever negative: the contract refuses a
@@ -62,9 +65,13 @@ def snapshot() -> dict[Key, dict]:
 
 
 def failed_total() -> int:
-    """Requests answered with a server-side failure (5xx) since the worker started."""
+    """Requests answered with a server-side failure (5xx) since the worker started, routed,
+    pinned or unrouted (what a drill counts). A 504 under a deadline the client set shorter
+    than the worker's is none: it is counted in neither series read here."""
     metrics.flush_pending()
-    return int(sum(sample.value for sample in _samples(metrics.REQUESTS, "modelops_requests_total") if int(sample.labels["code"]) >= 500))
+    return int(sum(sample.value for metric, name in ((metrics.REQUESTS, "modelops_requests_total"),
+                                                     (metrics.PINNED_REQUESTS, "modelops_pinned_requests_total"))
+                   for sample in _samples(metric, name) if int(sample.labels["code"]) >= 500))
 
 
 def device_memory_bytes(device: str) -> int | None:

@@ -53,10 +53,12 @@ def peak_rss_bytes(pid: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def bomb_worker(tmp_path_factory, mlp_v1):
-    """A worker in its own process, so its peak memory is its own."""
+def bomb_worker(tmp_path_factory, relu_model):
+    """A worker in its own process, so its peak memory is its own. Its model takes any
+    width (a dynamic dimension): its bodies are held to SERVING_MAX_BODY_BYTES alone, not
+    to a smaller bound of the version's."""
     tmp_path = tmp_path_factory.mktemp("bomb")
-    state_file = write_state(tmp_path / "state.json", state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}))
+    state_file = write_state(tmp_path / "state.json", state(1, {"digits": {"routes": [route(1, 100, *relu_model)]}}))
     worker = SubprocessWorker(state_file, tmp_path, SERVING_MAX_BODY_BYTES=str(BOMB_LIMIT_BYTES)).wait_ready()
     yield worker
     worker.stop()

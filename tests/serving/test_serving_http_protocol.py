@@ -224,6 +224,11 @@ def guarded_worker(start_worker, mlp_v1):
     return start
 
 
+# Large bodies go to /predict, held to SERVING_MAX_BODY_BYTES alone (its model is named in
+# the body): digits/infer takes at most what its version's inputs can fill (v2_body_limit).
+LARGE_BODY_PATH = "/predict"
+
+
 def head(path: str = INFER, length: int = len(BODY), extra: str = "") -> bytes:
     return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n{extra}\r\n".encode()
 
@@ -249,10 +254,10 @@ def test_bodies_being_received_together_are_held_under_the_buffer(guarded_worker
     app = worker.worker.app
 
     with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
-        holding.sendall(head(length=1_000_000) + b"[" * 500_000)  # most of a body, then it waits
+        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 500_000)  # most of a body, then it waits
         assert wait_until(lambda: app.body_buffer.held == 1_000_000)
         with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as second:
-            second.sendall(head(length=1_000_000))
+            second.sendall(head(LARGE_BODY_PATH, length=1_000_000))
             answer = second.recv(65536)
 
     assert answer.startswith(b"HTTP/1.1 503 ")
@@ -278,7 +283,7 @@ def test_clients_holding_large_bodies_leave_half_the_buffer_to_small_requests(gu
     holders = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(3)]
     try:
         for holder in holders:
-            holder.sendall(head(length=2_000_000) + b"[" * 100)
+            holder.sendall(head(LARGE_BODY_PATH, length=2_000_000) + b"[" * 100)
         assert wait_until(lambda: app.body_buffer.held == 2_000_000)  # a second large body would pass half
         answers = [first_bytes(holder) for holder in holders]
 
@@ -532,7 +537,7 @@ CHUNKED = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r
 STILL_SENDING = [
     pytest.param({}, CHUNKED + b"zz\r\n", b"[" * 1000, b"HTTP/1.1 400 ", id="400 a malformed chunk mid-upload"),
     pytest.param({"header_timeout_s": 0.3}, HEADER_ARRIVING, b"p" * 20, b"HTTP/1.1 408 ", id="408 headers dripping"),
-    pytest.param({"body_timeout_s": 0.3}, head(length=500_000), b"[" * 100, b"HTTP/1.1 408 ", id="408 a slow upload"),
+    pytest.param({"body_timeout_s": 0.3}, head(LARGE_BODY_PATH, length=500_000), b"[" * 100, b"HTTP/1.1 408 ", id="408 a slow upload"),
     pytest.param({"max_header_bytes": 4096}, HEADER_ARRIVING, b"p" * 1000, b"HTTP/1.1 431 ", id="431 a header streaming"),
 ]
 
@@ -861,11 +866,11 @@ def test_an_overload_refusal_before_the_body_closes_the_connection(guarded_worke
     app = worker.worker.app
 
     with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
-        holding.sendall(head(length=1_000_000) + b"[" * 500_000)
+        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 500_000)
         assert wait_until(lambda: app.body_buffer.held == 1_000_000)
         with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as second:
             started = time.monotonic()
-            second.sendall(head(length=1_000_000))
+            second.sendall(head(LARGE_BODY_PATH, length=1_000_000))
             answer = read_until_closed(second, timeout_s=4)
             took_s = time.monotonic() - started
 

@@ -1,0 +1,74 @@
+"""A client cannot get a healthy canary rolled back by what it sends the canary alone.
+
+A real worker serves the rollout's split (the canary is the stable version's model, so
+it is healthy); a client pins the canary with malformed bodies and with a deadline of a
+microsecond, which it answers 400 and 504. The worker's own report, posted as a worker
+posts it, is judged by the rollout's analysis: those answers are not the canary's figures
+(serving/metrics.py), so the window passes and the canary is promoted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+from registry.actions import rollouts
+from registry.building.onnx_build import random_mlp
+from registry.domain.choices import RolloutStatus
+from serving.contract import WorkerIdentity
+from serving.reports import ReportBuilder
+from tests.serving.serving_testkit import ThreadedWorker, make_config, route, state, v2_body, write_model, write_state
+
+pytestmark = pytest.mark.django_db
+
+ANALYSIS = {"interval_s": 10, "min_requests": 50, "failure_limit": 2}  # as the attack's rollout was started
+IDENTITY = WorkerIdentity("w-canary", host="box", pid=1, url="http://127.0.0.1:9", device="cpu")
+
+
+@pytest.fixture
+def split_worker(tmp_path):
+    """digits v1 and v2 at 50 % each, both the same model (the registry's own fixture files
+    differ by seed: a canary that answers otherwise would fail on its outputs)."""
+    model = write_model(tmp_path, "digits", random_mlp([8, 4], seed=0))
+    desired = state(1, {"digits": {"routes": [route(1, 50, *model), route(2, 50, *model)]}})
+    worker = ThreadedWorker(make_config(tmp_path), write_state(tmp_path / "state.json", desired)).start()
+    yield worker
+    worker.stop()
+
+
+def report(worker, builder: ReportBuilder) -> dict:
+    """The report the worker's control plane would send now (built on its loop)."""
+
+    async def build():
+        return builder.build(IDENTITY, worker.worker.repository)
+
+    return asyncio.run_coroutine_threadsafe(build(), worker.loop).result(timeout=10).to_dict()
+
+
+def test_pinned_malformed_and_tiny_deadline_requests_to_the_canary_do_not_roll_it_back(three_versions, operator, worker_client,
+                                                                                         split_worker):
+    rollout = rollouts.start(three_versions, 2, [50, 100], 0, ANALYSIS, operator)
+    builder = ReportBuilder()
+    report(split_worker, builder)  # the warm-up is behind this one
+    rows = np.random.default_rng(3).standard_normal((200, 8)).astype(np.float32)
+    canary = f"{split_worker.url}/v2/models/digits/versions/2/infer"
+
+    with httpx.Client(timeout=10.0) as client:
+        for index, row in enumerate(rows):  # clients of the split, each always sent to the same side
+            answer = client.post(f"{split_worker.url}/v2/models/digits/infer", json=v2_body(row[None, :]),
+                                 headers={"X-Routing-Key": f"client-{index}"})
+            assert answer.status_code == 200
+        attack = [client.post(canary, json={}) for _ in range(100)]
+        attack += [client.post(canary, json=v2_body(rows[:1]), headers={"X-Request-Timeout-S": "0.000001"}) for _ in range(100)]
+    assert sorted({answer.status_code for answer in attack}) == [400, 504]
+    assert worker_client.post("/api/serving/reports", report(split_worker, builder), format="json").status_code == 204
+
+    rollouts.tick(rollout.next_window_at)
+
+    rollout.refresh_from_db()
+    verdict = rollout.verdicts.get()
+    assert (verdict.result, verdict.reason) == ("pass", verdict.reason)  # the reason shows on failure
+    assert rollout.status == RolloutStatus.PROMOTED
+    assert verdict.canary["requests"] + verdict.stable["requests"] == 200  # the split's traffic, and only it

@@ -1,0 +1,115 @@
+"""What a version's report figures hold, through a real worker: the traffic the split sent it.
+
+The console's charts and the canary analysis judge a version by these figures, and a
+drill by the worker's failure total. A client that names the version (pinned) or sets
+itself a deadline it cannot meet must not move them: those requests are answered as
+before and counted apart on /metrics (`modelops_pinned_requests_total`,
+`modelops_client_deadline_refusals_total`). A 504 under the worker's own deadline
+(SERVING_REQUEST_TIMEOUT_S) stays a failure."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from serving_testkit import HeldRun, route, state, v2_body
+
+from serving.contract import WorkerIdentity
+from serving.reports import ReportBuilder
+
+ONE_ROW = np.ones((1, 64), np.float32)
+
+
+def version_figures(worker, builder: ReportBuilder, model: str, version: int) -> tuple[int, int, int, int]:
+    """(requests, ok, errors, client_errors) of one version in a report built on the worker's loop."""
+
+    async def build():
+        return builder.build(WorkerIdentity("w-counted-apart"), worker.worker.repository)
+
+    built = asyncio.run_coroutine_threadsafe(build(), worker.loop).result(timeout=10)
+    entry = next(entry for entry in built.versions if (entry["model"], entry["version"]) == (model, version))
+    return entry["requests"], entry["ok"], entry["errors"], entry["client_errors"]
+
+
+def series(client, worker, name: str, **labels) -> float:
+    """One sample of the worker's /metrics, 0 when the series does not exist."""
+    text = client.get(worker.url + "/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+def failed_total(client, worker) -> int:
+    return client.get(worker.url + "/health").json()["requests_failed_total"]
+
+
+PINNED = {
+    "v2-ok": ("/v2/models/{model}/versions/2/infer", lambda model: v2_body(ONE_ROW), 200),
+    "predict-ok": ("/predict", lambda model: {"model_name": model, "version": 2, "inputs": ONE_ROW[0].tolist()}, 200),
+    "v2-malformed": ("/v2/models/{model}/versions/2/infer", lambda model: {}, 400),
+    "predict-malformed": ("/predict", lambda model: {"model_name": model, "version": 2, "inputs": "nope"}, 400),
+}
+
+
+@pytest.mark.parametrize("kind", PINNED)
+def test_pinned_requests_are_on_metrics_and_not_in_the_versions_report_figures(start_worker, client, mlp_v1, kind):
+    model = f"pinned-{kind}"
+    worker = start_worker(state(1, {model: {"routes": [route(1, 50, *mlp_v1), route(2, 50, *mlp_v1)]}}))
+    builder = ReportBuilder()
+    version_figures(worker, builder, model, 2)  # the warm-up and anything before are behind this one
+    path, body, status = PINNED[kind]
+
+    answers = [client.post(worker.url + path.format(model=model), json=body(model)) for _ in range(3)]
+
+    assert [(answer.status_code, answer.headers["x-model-version"]) for answer in answers] == [(status, "2")] * 3
+    assert version_figures(worker, builder, model, 2) == (0, 0, 0, 0)
+    assert series(client, worker, "modelops_pinned_requests_total", model=model, version="2", code=str(status)) == 3
+
+
+CLIENT_DEADLINES = {
+    "header": ({"X-Request-Timeout-S": "0.000001"}, v2_body(ONE_ROW)),
+    "parameters.timeout": ({}, {**v2_body(ONE_ROW), "parameters": {"timeout": 1}}),  # microseconds
+}
+
+
+@pytest.mark.parametrize("given_in", CLIENT_DEADLINES)
+def test_a_504_under_the_clients_own_shorter_deadline_is_counted_apart_and_is_no_failure(start_worker, client, mlp_v1, given_in):
+    model = f"deadline-{given_in}"
+    worker = start_worker(state(1, {model: {"routes": [route(1, 100, *mlp_v1)]}}))
+    assert client.post(f"{worker.url}/v2/models/{model}/infer", json=v2_body(ONE_ROW)).status_code == 200  # latency now known
+    builder = ReportBuilder()
+    version_figures(worker, builder, model, 1)
+    failed_before = failed_total(client, worker)
+    headers, body = CLIENT_DEADLINES[given_in]
+
+    answers = [client.post(f"{worker.url}/v2/models/{model}/infer", json=body, headers=headers) for _ in range(4)]
+
+    assert [answer.status_code for answer in answers] == [504] * 4
+    assert all("deadline" in answer.json()["error"] for answer in answers)
+    assert version_figures(worker, builder, model, 1) == (0, 0, 0, 0)
+    assert failed_total(client, worker) == failed_before
+    assert series(client, worker, "modelops_client_deadline_refusals_total", model=model, version="1") == 4
+
+
+def test_a_504_under_the_workers_own_deadline_is_still_a_failure_of_the_version(start_worker, client, mlp_v1):
+    """The client's header asks for more time than SERVING_REQUEST_TIMEOUT_S: only shorter counts."""
+    model = "deadline-server"
+    worker = start_worker(state(1, {model: {"routes": [route(1, 100, *mlp_v1)]}}), request_timeout_s=0.3)
+    builder = ReportBuilder()
+    version_figures(worker, builder, model, 1)
+    failed_before = failed_total(client, worker)
+    version = worker.worker.repository.loaded[(model, 1)]
+    held = version.engine.run = HeldRun(version.engine.run)  # the model is still running at the deadline
+    try:
+        answer = client.post(f"{worker.url}/v2/models/{model}/infer", json=v2_body(ONE_ROW), headers={"X-Request-Timeout-S": "30"})
+    finally:
+        held.release.set()
+
+    assert answer.status_code == 504
+    assert version_figures(worker, builder, model, 1) == (1, 0, 1, 0)
+    assert failed_total(client, worker) == failed_before + 1
+    assert series(client, worker, "modelops_client_deadline_refusals_total", model=model, version="1") == 0
