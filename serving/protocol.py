@@ -242,6 +242,9 @@ def _check_json_types(spec: TensorSpec, dtype: np.dtype, data: list) -> None:
         found = _TYPE_WORDS.get(min(wrong, key=lambda kind: kind.__name__), "a value of another type")
         if list in wrong:
             raise BadRequest(f"input '{spec.name}': data is not a rectangular array of {spec.datatype} values")
+        if float in wrong and dtype.kind in "iu" and any(type(value) is float and abs(value) >= 2**63 for value in level):
+            # orjson reads an integer past 64 bits as a float: say what it was, not "non-integer"
+            raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}")
         raise BadRequest(f"input '{spec.name}': {spec.datatype} data must hold {_JSON_WORDS[dtype.kind]}, found {found}")
 
 
@@ -370,6 +373,8 @@ def _v2_array(spec, item, shape, count, binary: memoryview, offset: int) -> tupl
         if array.size != count:
             raise BadRequest(f"input '{spec.name}': data has {array.size} elements, shape {shape} needs {count}")
         return array.reshape(shape), offset
+    if "data" in item:  # which of the two is the tensor? Neither is guessed
+        raise BadRequest(f"input '{spec.name}': give its values as 'data' or as binary data (parameters.binary_data_size), not both")
     dtype = spec_dtype(spec)
     if size != count * dtype.itemsize or offset + size > len(binary):
         raise BadRequest(

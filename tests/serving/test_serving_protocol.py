@@ -183,6 +183,25 @@ def test_json_data_that_is_not_of_the_declared_type_is_refused_naming_the_input(
     assert refused.value.message == message
 
 
+@pytest.mark.parametrize(("datatype", "number"), [("INT64", "-9223372036854775809"), ("INT64", "9223372036854775808"),
+                                                  ("UINT64", "18446744073709551616")])
+def test_an_integer_past_64_bits_is_out_of_range_not_a_non_integer(datatype, number):
+    raw = b'{"inputs": [{"name": "input", "shape": [1, 2], "datatype": "%s", "data": [%s, 1]}]}' % (datatype.encode(), number.encode())
+
+    with pytest.raises(BadRequest) as refused:
+        decode_v2(raw, None, io_of(datatype))
+
+    assert refused.value.message == f"input 'input': a value is out of range for {datatype}"
+
+
+def test_an_input_with_both_data_and_binary_data_is_refused():
+    header = orjson.dumps({"inputs": [{"name": "input", "shape": [2, 4], "datatype": "FP32", "data": list(range(8)),
+                                       "parameters": {"binary_data_size": 32}}]})
+
+    with pytest.raises(BadRequest, match="input 'input': give its values as 'data' or as binary data"):
+        decode_v2(header + bytes(32), len(header), IO)
+
+
 @pytest.mark.parametrize(
     ("datatype", "data", "expected"),
     [("FP32", [1, 0.5], [[1.0, 0.5]]), ("FP64", [[-3, 2.5]], [[-3.0, 2.5]]), ("INT8", [-128, 127], [[-128, 127]]),
