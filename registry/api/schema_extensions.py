@@ -27,5 +27,8 @@ class WorkerTokenScheme(OpenApiAuthenticationExtension):
     name = "workerToken"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer",
+        # An apiKey in the Authorization header, as DRF's own tokenAuth is described: an
+        # `http` bearer scheme would have clients (and schemathesis) take that header as
+        # the only credential, where a staff session may read these endpoints too.
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
                 "description": "The serving workers' shared token (SERVING_WORKER_TOKEN), as `Authorization: Bearer <token>`."}

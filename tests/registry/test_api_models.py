@@ -51,7 +51,8 @@ def test_the_schema_builds_without_a_warning(tmp_path):
 def test_the_schema_says_how_each_endpoint_authenticates(operator_client):
     schema = operator_client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
 
-    assert schema["components"]["securitySchemes"]["workerToken"]["scheme"] == "bearer"
+    worker_token = schema["components"]["securitySchemes"]["workerToken"]
+    assert (worker_token["in"], worker_token["name"]) == ("header", "Authorization") and "Bearer" in worker_token["description"]
     assert schema["paths"]["/api/serving/acks"]["post"]["security"] == [{"workerToken": []}]
     assert {"workerToken": []} in schema["paths"]["/api/serving/state"]["get"]["security"]
     upload_security = schema["paths"]["/api/models/{name}/versions/"]["post"]["security"]
