@@ -30,8 +30,8 @@ COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 def deploy_worker(tmp_path_factory) -> SubprocessWorker:
     """A real worker process per test module (``python -m serving.worker``; a session-wide one
     refused connections late in a full run, cause not found) serving model ``demo`` after
-    traffic: successes, a 4xx and a request for an unknown model, so every histogram and
-    labelled counter has series."""
+    traffic: successes, a 4xx, a request for an unknown model, a pinned request and a
+    client-deadline 504, so every histogram and labelled counter has series."""
     tmp_path = tmp_path_factory.mktemp("deploy-worker")
     data = to_bytes(random_mlp([8, 16, 3], seed=7))
     model_path = tmp_path / "model.onnx"
@@ -45,6 +45,11 @@ def deploy_worker(tmp_path_factory) -> SubprocessWorker:
                 assert client.post("/v2/models/demo/infer", json=v2_body(batch)).status_code == 200
             assert client.post("/v2/models/demo/infer", json=v2_body(np.ones((1, 5), np.float32))).status_code == 400
             assert client.post("/v2/models/missing/infer", json=v2_body(batch)).status_code == 404
+            # Counted apart from the split's traffic (serving/metrics.py): a pinned request,
+            # and a 504 under a deadline the client shortened itself.
+            assert client.post("/v2/models/demo/versions/1/infer", json=v2_body(batch)).status_code == 200
+            refused = client.post("/v2/models/demo/infer", json=v2_body(batch), headers={"X-Request-Timeout-S": "0.000001"})
+            assert refused.status_code == 504
         yield worker
     finally:
         worker.stop()

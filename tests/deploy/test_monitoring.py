@@ -71,7 +71,7 @@ def test_the_dashboard_queries_only_metrics_a_worker_or_the_console_exports(work
 @pytest.mark.parametrize("family", [
     "modelops_request_duration_seconds_bucket", "modelops_queue_duration_seconds_bucket", "modelops_compute_duration_seconds_bucket",
     "modelops_batch_size_bucket", "modelops_requests_total", "modelops_queue_depth", "modelops_device_memory_used_bytes",
-    "modelops_state_generation",
+    "modelops_state_generation", "modelops_pinned_requests_total", "modelops_client_deadline_refusals_total",
 ])
 def test_the_dashboard_shows_each_serving_figure(family):
     assert any(family in promql_metric_names(expression) for expression in dashboard_expressions())
