@@ -114,7 +114,18 @@ class StrictBooleanField(JSONTypeMixin, serializers.BooleanField):
 
 
 class StrictModelSerializer(serializers.ModelSerializer):
-    """A model serializer for JSON bodies, built from the strict fields above."""
+    """A model serializer for JSON bodies, built from the strict fields above. A key it does
+    not take is refused, naming what it takes: DRF drops unknown and read-only keys, so a
+    PATCH of `max_batch_size` or a misspelt field answered 200 and changed nothing."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            takes = [name for name, field in self.fields.items() if not field.read_only]
+            unknown = [key for key in data if key not in takes]
+            if unknown:
+                message = f"this request does not take this field (it takes: {', '.join(takes)})"
+                raise serializers.ValidationError({clip_key(key): [message] for key in unknown[:10]})
+        return super().to_internal_value(data)
 
     serializer_field_mapping = {
         **serializers.ModelSerializer.serializer_field_mapping,
@@ -127,6 +138,12 @@ class StrictModelSerializer(serializers.ModelSerializer):
         models.FloatField: StrictFloatField,
         models.BooleanField: StrictBooleanField,
     }
+
+
+def clip_key(key: object) -> str:
+    """A client's key as an error names it: at most 80 characters."""
+    text = str(key)
+    return text if len(text) <= 80 else text[:80] + "…"
 
 
 class RouteSerializer(serializers.Serializer):

@@ -167,3 +167,22 @@ def test_serving_state_needs_the_worker_token(client, settings):
 
     assert response.status_code == 200
     assert (response.json()["generation"], response.json()["models"]) == (0, {})
+
+
+@pytest.mark.parametrize("field", ["max_batch_size", "name", "descripton"])
+def test_a_patch_of_a_field_it_does_not_take_is_refused_naming_it(operator_client, field):
+    operator_client.post("/api/models/", {"name": "fraud", "description": "cards"}, format="json")
+
+    response = operator_client.patch("/api/models/fraud/", {field: 8}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == f"{field}: this request does not take this field (it takes: description, tags, owner, analysis)"
+    assert RegisteredModel.objects.get(name="fraud").description == "cards"
+
+
+def test_a_model_created_with_a_field_it_does_not_take_is_refused_and_not_created(operator_client):
+    response = operator_client.post("/api/models/", {"name": "fraud", "max_batch_sise": 8}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("max_batch_sise: this request does not take this field (it takes: name, description,")
+    assert not RegisteredModel.objects.filter(name="fraud").exists()
