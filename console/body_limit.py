@@ -132,6 +132,12 @@ def _declared_length(scope) -> int | None:
 
 async def _refuse(send, limit: int, refusal: tuple[int, str] | None = None) -> None:
     status, words = refusal or (413, f"the request body is larger than the limit of {limit} bytes")
+    await send_refusal(send, status, words)
+
+
+async def send_refusal(send, status: int, words: str) -> None:
+    """A JSON ``{"error": words}`` answer sent before Django (or instead of it), closing the
+    connection: the body was not read, or not all of it."""
     body = json.dumps({"error": words}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
     if status == 401:

@@ -10,13 +10,13 @@ the spooled part is released with the failed read.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 
 from django.core.handlers.asgi import ASGIHandler
 
+from console.body_limit import send_refusal
 from registry.artifacts import storage
 
 
@@ -56,11 +56,4 @@ class ConsoleASGIHandler(ASGIHandler):
         try:
             return await super().handle(scope, receive, send)
         except BodySpoolFull as full:  # raised before the request was built: nothing was sent yet
-            await _answer_507(send, spool_full_message(full.errno))
-
-
-async def _answer_507(send, message: str) -> None:
-    body = json.dumps({"error": message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": 507, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+            await send_refusal(send, 507, spool_full_message(full.errno))
