@@ -31,6 +31,7 @@ class PendingRequest:
     deadline_s: float  # monotonic clock
     future: asyncio.Future
     request_id: str = ""
+    summarised: bool = True  # False: its outputs stay out of the version's output summary (a pinned request)
 
 
 class LatencyModel:

@@ -4,6 +4,11 @@ sliced back to their requests, and each request's answer set on its future.
 A batch whose run fails, or whose outputs do not have one row per input row, is split
 in halves and run again (`run_batch`), so one bad request fails alone and the others get
 their answers. A version not proven batchable never has requests concatenated.
+
+A run that is answered whole is also handed to the version's output summary (`summarise`,
+``serving.output_summary``), on the same dispatch thread, with only the rows of requests
+the traffic split sent: a client that names the version (pinned) is answered from the
+same run but cannot move what the canary analysis reads.
 `run_batch` runs on a dispatch thread; `answer` runs on the event loop.
 """
 
@@ -24,6 +29,8 @@ logger = logging.getLogger("serving.batcher")
 Outputs = tuple[np.ndarray, ...]
 RunFn = Callable[[Outputs], Sequence[np.ndarray]]  # model inputs in order -> outputs in order
 Outcome = tuple[list[Outputs | Exception], float | None]  # run_batch's (results, compute_s)
+# (outputs, input rows or None when not sliced per row, rows to keep or None for all)
+Summarise = Callable[[Sequence[np.ndarray], int | None, np.ndarray | None], None]
 
 
 class OutputRowsMismatch(Exception):
@@ -34,7 +41,8 @@ class OutputRowsMismatch(Exception):
         self.output_index, self.rows, self.shape = output_index, rows, shape
 
 
-def run_batch(run: RunFn, requests: Sequence[PendingRequest], is_batchable: bool = True) -> Outcome:
+def run_batch(run: RunFn, requests: Sequence[PendingRequest], is_batchable: bool = True,
+              summarise: Summarise | None = None) -> Outcome:
     """One run over the requests concatenated along the batch axis, outputs sliced back.
 
     Returns (results, compute_s). When the run fails, or its outputs do not have one row
@@ -44,25 +52,27 @@ def run_batch(run: RunFn, requests: Sequence[PendingRequest], is_batchable: bool
     batch's time says nothing about the model's speed).
     """
     if len(requests) > 1 and not is_batchable:  # rows of different clients would mix: each runs alone
-        return _run_halves(run, requests, is_batchable), None
+        return _run_halves(run, requests, is_batchable, summarise), None
     try:
-        return _run_together(run, requests, is_batchable)
+        return _run_together(run, requests, is_batchable, summarise)
     except Exception as exc:  # ORT raises its own classes; the split tells whose input it was
         if len(requests) == 1:
             return [exc], None
-        return _run_halves(run, requests, is_batchable), None
+        return _run_halves(run, requests, is_batchable, summarise), None
 
 
-def _run_halves(run: RunFn, requests: Sequence[PendingRequest], is_batchable: bool) -> list[Outputs | Exception]:
+def _run_halves(run: RunFn, requests: Sequence[PendingRequest], is_batchable: bool,
+                summarise: Summarise | None) -> list[Outputs | Exception]:
     """Bisect a failed batch: about 2·log2(n) runs find one bad request among n."""
     middle = len(requests) // 2
     results: list[Outputs | Exception] = []
     for half in (requests[:middle], requests[middle:]):
-        results.extend(run_batch(run, half, is_batchable)[0])
+        results.extend(run_batch(run, half, is_batchable, summarise)[0])
     return results
 
 
-def _run_together(run: RunFn, requests: Sequence[PendingRequest], is_batchable: bool) -> tuple[list[Outputs], float]:
+def _run_together(run: RunFn, requests: Sequence[PendingRequest], is_batchable: bool,
+                  summarise: Summarise | None) -> tuple[list[Outputs], float]:
     if len(requests) == 1:
         feeds = requests[0].inputs
     else:
@@ -75,17 +85,34 @@ def _run_together(run: RunFn, requests: Sequence[PendingRequest], is_batchable: 
     outputs = run(feeds)
     compute_s = time.perf_counter() - started_s
     if not is_batchable:
+        if summarise is not None and requests[0].summarised:
+            summarise(outputs, None, None)
         return [tuple(outputs)], compute_s
     rows = sum(request.rows for request in requests)
     for index, output in enumerate(outputs):
         if output.shape[:1] != (rows,):  # reduced over the batch, or another axis first
             raise OutputRowsMismatch(index, rows, output.shape)
+    if summarise is not None:
+        summarise(outputs, rows, _summarised_rows(requests, rows))
     results, start = [], 0
     for request in requests:
         stop = start + request.rows
         results.append(tuple(output[start:stop] for output in outputs))  # views, no copies
         start = stop
     return results, compute_s
+
+
+def _summarised_rows(requests: Sequence[PendingRequest], rows: int) -> np.ndarray | None:
+    """A mask of the batch's rows whose requests are summarised; None when all of them are
+    (the usual batch: no mask is built)."""
+    if all(request.summarised for request in requests):
+        return None
+    keep, start = np.zeros(rows, np.bool_), 0
+    for request in requests:
+        if request.summarised:
+            keep[start:start + request.rows] = True
+        start += request.rows
+    return keep
 
 
 # ---- answers (on the event loop) -------------------------------------------------------

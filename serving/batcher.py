@@ -20,7 +20,7 @@ from functools import partial
 
 from serving.batch_observer import BatchObserver
 from serving.batch_policy import Decision, LatencyModel, PendingRequest, QueuePace, next_batch, predicted_delay_s
-from serving.batch_run import Outputs, RunFn, answer, fail, fail_each, model_failed, request_error, run_batch
+from serving.batch_run import Outputs, RunFn, Summarise, answer, fail, fail_each, model_failed, request_error, run_batch
 from serving.contract import BatchPolicy
 from serving.dispatch import DispatchThreads, EngineGate
 from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull, ServingError
@@ -88,11 +88,13 @@ class Batcher:
         is_batchable: bool = True,
         output_names: Sequence[str] = (),
         classify_error: Callable[[Exception], ServingError] = model_failed,
+        summarise: Summarise | None = None,
     ):
         self.policy = policy
         self.is_batchable = is_batchable
         self.latency = latency
         self._run, self._dispatch_threads, self._gate, self._clock = run, dispatch, gate, clock
+        self._summarise = summarise
         self._request_error = partial(request_error, output_names=tuple(output_names), classify_error=classify_error)
         self._event_loop = asyncio.get_running_loop()
         self._observer = observer or BatchObserver()
@@ -135,15 +137,17 @@ class Batcher:
 
     # ---- admission ----------------------------------------------------------------
 
-    def submit(self, inputs: Outputs, rows: int, deadline_s: float, request_id: str = "") -> asyncio.Future:
-        """Enqueue a request; refuse at once what the queue or the deadline cannot take."""
+    def submit(self, inputs: Outputs, rows: int, deadline_s: float, request_id: str = "",
+               summarised: bool = True) -> asyncio.Future:
+        """Enqueue a request; refuse at once what the queue or the deadline cannot take.
+        ``summarised`` False keeps its outputs out of the version's output summary."""
         now_s = self._clock()
         refusal = self.refusal(rows, deadline_s, now_s)
         if refusal is not None:
             raise refusal
         self._pace.arrived(now_s, self._in_flight > 0)
         future = self._event_loop.create_future()
-        self._queue.append(PendingRequest(inputs, rows, now_s, deadline_s, future, request_id))
+        self._queue.append(PendingRequest(inputs, rows, now_s, deadline_s, future, request_id, summarised))
         self._queued_rows += rows
         self._drained.clear()
         self._wake.set()
@@ -240,7 +244,7 @@ class Batcher:
         self._pace.batch_sent(started_s)
         stop = RunStop()  # serving/run_stop.py: no run outlives the last deadline it serves
         deadlines = RunDeadlines(self._event_loop, self._clock, batch, partial(self._stop_run, batch, stop))
-        self._dispatch_threads.submit(self._event_loop, run_batch, (stop.running(self._run), batch, self.is_batchable),
+        self._dispatch_threads.submit(self._event_loop, run_batch, (stop.running(self._run), batch, self.is_batchable, self._summarise),
                                       partial(self._delivered, batch, started_s, stop, deadlines))
 
     def _stop_run(self, batch: list[PendingRequest], stop: RunStop) -> None:

@@ -138,7 +138,7 @@ class DataPlane:
     async def _run(self, target: LoadedVersion, decoded, context: RequestContext):
         deadline_s = context.started_s + self._timeout_s(context.timeout_s, decoded.timeout_s)
         try:
-            outputs = await target.submit(decoded, deadline_s, context.request_id)
+            outputs = await target.submit(decoded, deadline_s, context.request_id, summarised=not context.is_pinned)
             if time.monotonic() > deadline_s:
                 raise DeadlineExceeded("deadline passed while the batch ran")
         except DeadlineExceeded as exc:

@@ -22,7 +22,7 @@ from serving.contract import BatchPolicy
 from serving.dispatch import DispatchThreads, EngineGate
 from serving.engine import Engine
 from serving.errors import BadRequest, DeadlineExceeded, ModelFailed, NotReady, QueueFull, ServingError
-from serving.output_summary import OutputSummary, summarising
+from serving.output_summary import OutputSummary
 from serving.protocol import Decoded, ModelIO, v2_body_limit
 
 if TYPE_CHECKING:  # a type only: the repository imports this module
@@ -52,10 +52,9 @@ class LoadedVersion:
         self._max_shape_queues = config.max_shape_queues
         self._batchers: dict[tuple, Batcher] = {}
         self._observer = BatchObserver(spec.model_name, spec.version, self.metrics)
-        # What this version answered, for the report; fed on the dispatch threads by the
-        # run the batchers call (the warm-up calls the engine directly and is not counted).
+        # What this version answered, for the report; fed on the dispatch threads with each
+        # batch the batchers run (the warm-up calls the engine directly and is not counted).
         self.output_summary = OutputSummary(engine.outputs)
-        self._run = summarising(engine, self.output_summary, self.is_batchable)
         # Requests routed here and not answered yet, whether queued or still reading their
         # body: a retiring version's drain waits for each of them, not only for its queues.
         self._holders = 0
@@ -73,11 +72,13 @@ class LoadedVersion:
         if not self._holders:
             self._released.set()
 
-    def submit(self, decoded: Decoded, deadline_s: float, request_id: str) -> asyncio.Future:
+    def submit(self, decoded: Decoded, deadline_s: float, request_id: str, summarised: bool = True) -> asyncio.Future:
+        """Queue a decoded request; ``summarised`` False (a pinned request) keeps its outputs
+        out of this version's output summary."""
         if self._closed:  # past the drain's bound: fail now, never queue where nothing runs
             raise NotReady("this version was unloaded")
         batcher = self._batchers.get(decoded.shape_key) or self._new_batcher(decoded.shape_key)
-        return batcher.submit(decoded.tensors, decoded.rows, deadline_s, request_id)
+        return batcher.submit(decoded.tensors, decoded.rows, deadline_s, request_id, summarised)
 
     def refusal(self, deadline_s: float) -> ServingError | None:
         """Why a one-row request would be refused by every queue of this version now, or
@@ -96,9 +97,10 @@ class LoadedVersion:
     def _new_batcher(self, shape_key: tuple) -> Batcher:
         if len(self._batchers) >= self._max_shape_queues:
             self._reclaim_idle_queue()
-        batcher = Batcher(self._run, self.policy, self._dispatch, self._gate, self.latency,
+        batcher = Batcher(self._run_engine, self.policy, self._dispatch, self._gate, self.latency,
                           observer=self._observer, is_batchable=self.is_batchable,
-                          output_names=[spec.name for spec in self.io.outputs], classify_error=request_error)
+                          output_names=[spec.name for spec in self.io.outputs], classify_error=request_error,
+                          summarise=self.output_summary.add)
         self._batchers[shape_key] = batcher
         return batcher
 
@@ -112,6 +114,10 @@ class LoadedVersion:
         key, batcher = min(idle, key=lambda item: item[1].last_arrival_s)
         del self._batchers[key]
         batcher.close()
+
+    def _run_engine(self, feeds):
+        # Looked up per call, so a run swapped on the engine (a test's hook) is the one called.
+        return self.engine.run(feeds)
 
     def set_policy(self, policy: BatchPolicy) -> None:
         self.policy = policy

@@ -12,9 +12,11 @@ Per output, in the signature's order:
 - bool, string and bfloat16 outputs are not summarised.
 
 The kind is decided once, from the declared signature, so it never changes between
-batches. Fed on the dispatch thread with a whole batch's outputs, right after the model
-call (`summarising` wraps the engine's run): NumPy over the batch, no Python work per
-row or request, inputs never read. Memory is fixed: C or 256 counts, or SAMPLE_SIZE
+batches. Fed on the dispatch thread with a batch's outputs, right after a model call that
+is answered whole (``serving.batch_run``), less the rows of requests that named the
+version (pinned: they are answered, not summarised, so a client cannot steer what the
+canary analysis compares): NumPy over the batch, no Python work per row or request,
+inputs never read. Memory is fixed: C or 256 counts, or SAMPLE_SIZE
 values, per output.
 
 The sample is a reservoir merged batch by batch: each batch offers a uniform subset of
@@ -32,7 +34,7 @@ import logging
 import math
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -192,16 +194,21 @@ class OutputSummary:
         self._rng = np.random.default_rng()  # used under the lock only
         self._failed = False
 
-    def add(self, outputs: Sequence[np.ndarray], rows: int | None = None) -> None:
+    def add(self, outputs: Sequence[np.ndarray], rows: int | None = None, keep: np.ndarray | None = None) -> None:
         """One batch's outputs. ``rows``: the batch's input rows when its outputs are to be
         sliced back per row; a batch whose outputs do not have that many is not answered as
-        run (it is split and run again), so it is not counted. Never raises: a summary
-        must not fail a batch that ran."""
+        run (it is split and run again), so it is not counted. ``keep``: a boolean mask of
+        those rows to summarise (None: all); a batch with none kept is not counted. Never
+        raises: a summary must not fail a batch that ran."""
         try:
             if len(outputs) != self._output_count:
                 return
             if rows is not None and any(output.shape[:1] != (rows,) for output in outputs):
                 return
+            if keep is not None:
+                if rows is None or keep.shape != (rows,) or not keep.any():
+                    return
+                outputs = [output[keep] for output in outputs]
             parts = [(position, tally.of_batch(outputs[index])) for position, (index, tally) in enumerate(self._summarised)]
             with self._lock:
                 self._batches += 1
@@ -219,16 +226,3 @@ class OutputSummary:
             tallies, batches = self._tallies, self._batches
             self._tallies, self._batches = [tally.fresh() for tally in tallies], 0
         return [tally.figures() for tally in tallies] if batches else []
-
-
-def summarising(engine, summary: OutputSummary, is_batchable: bool) -> Callable:
-    """The engine's run that also feeds ``summary`` with each call's outputs, on the
-    calling (dispatch) thread. ``engine.run`` is looked up per call, so a run swapped on
-    the engine (a test's hook) is still the one called."""
-
-    def run_and_summarise(feeds: tuple[np.ndarray, ...]) -> Sequence[np.ndarray]:
-        outputs = engine.run(feeds)
-        summary.add(outputs, feeds[0].shape[0] if is_batchable and feeds else None)
-        return outputs
-
-    return run_and_summarise

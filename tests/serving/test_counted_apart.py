@@ -4,12 +4,15 @@ The console's charts and the canary analysis judge a version by these figures, a
 drill by the worker's failure total. A client that names the version (pinned) or sets
 itself a deadline it cannot meet must not move them: those requests are answered as
 before and counted apart on /metrics (`modelops_pinned_requests_total`,
-`modelops_client_deadline_refusals_total`). A 504 under the worker's own deadline
-(SERVING_REQUEST_TIMEOUT_S) stays a failure."""
+`modelops_client_deadline_refusals_total`), and a pinned request's outputs stay out of
+the version's output summary, even when they ran in one batch with routed requests. A 504
+under the worker's own deadline (SERVING_REQUEST_TIMEOUT_S) stays a failure."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -22,15 +25,25 @@ from serving.reports import ReportBuilder
 ONE_ROW = np.ones((1, 64), np.float32)
 
 
-def version_figures(worker, builder: ReportBuilder, model: str, version: int) -> tuple[int, int, int, int]:
-    """(requests, ok, errors, client_errors) of one version in a report built on the worker's loop."""
+def version_entry(worker, builder: ReportBuilder, model: str, version: int) -> dict:
+    """One version's entry in a report built on the worker's loop."""
 
     async def build():
         return builder.build(WorkerIdentity("w-counted-apart"), worker.worker.repository)
 
     built = asyncio.run_coroutine_threadsafe(build(), worker.loop).result(timeout=10)
-    entry = next(entry for entry in built.versions if (entry["model"], entry["version"]) == (model, version))
+    return next(entry for entry in built.versions if (entry["model"], entry["version"]) == (model, version))
+
+
+def version_figures(worker, builder: ReportBuilder, model: str, version: int) -> tuple[int, int, int, int]:
+    """(requests, ok, errors, client_errors) of one version in a report."""
+    entry = version_entry(worker, builder, model, version)
     return entry["requests"], entry["ok"], entry["errors"], entry["client_errors"]
+
+
+def summarised_rows(entry: dict) -> int:
+    """The rows in a report entry's output summary (the classifier's top-class counts)."""
+    return sum(sum(output["counts"]) for output in entry["outputs"])
 
 
 def series(client, worker, name: str, **labels) -> float:
@@ -68,6 +81,32 @@ def test_pinned_requests_are_on_metrics_and_not_in_the_versions_report_figures(s
     assert [(answer.status_code, answer.headers["x-model-version"]) for answer in answers] == [(status, "2")] * 3
     assert version_figures(worker, builder, model, 2) == (0, 0, 0, 0)
     assert series(client, worker, "modelops_pinned_requests_total", model=model, version="2", code=str(status)) == 3
+
+
+def test_pinned_requests_outputs_stay_out_of_the_output_summary_even_in_a_batch_with_routed_ones(start_worker, client, mlp_v1):
+    model = "pinned-outputs"
+    worker = start_worker(state(1, {model: {"routes": [route(1, 100, *mlp_v1)]}}), max_batches_in_flight=1)
+    builder = ReportBuilder()
+    version_entry(worker, builder, model, 1)
+    version = worker.worker.repository.loaded[(model, 1)]
+    held = version.engine.run = HeldRun(version.engine.run)  # the first batch holds the engine while the rest queue
+    routed, pinned = f"{worker.url}/v2/models/{model}/infer", f"{worker.url}/v2/models/{model}/versions/1/infer"
+    queued = [(pinned, np.ones((3, 64), np.float32)), (routed, ONE_ROW), (pinned, ONE_ROW)]
+    with ThreadPoolExecutor(len(queued) + 1) as pool:
+        try:
+            first = pool.submit(client.post, routed, json=v2_body(ONE_ROW))
+            assert held.entered.wait(5)
+            later = [pool.submit(client.post, url, json=v2_body(rows)) for url, rows in queued]
+            give_up_s = time.monotonic() + 5
+            while version.queue_depth < len(queued) and time.monotonic() < give_up_s:
+                time.sleep(0.01)
+        finally:
+            held.release.set()
+        answers = [future.result(timeout=10) for future in (first, *later)]
+
+    assert [answer.status_code for answer in answers] == [200] * 4
+    assert held.rows == [1, 5]  # the second batch: one routed row, four pinned ones
+    assert summarised_rows(version_entry(worker, builder, model, 1)) == 2
 
 
 CLIENT_DEADLINES = {

@@ -1,5 +1,6 @@
 """What a loaded version answered, summarised per report interval (serving/output_summary.py):
-top-class counts of class scores, label counts, count/sum/sample of other values."""
+top-class counts of class scores, label counts, count/sum/sample of other values; only
+the rows of requests the traffic split sent (serving/batch_run.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from onnx import TensorProto, helper
 from serving_testkit import make_config
 
 from registry.building.onnx_build import random_mlp, to_bytes
+from serving.batch_policy import PendingRequest
+from serving.batch_run import run_batch
 from serving.engine import Engine, TensorSpec
-from serving.output_summary import SAMPLE_SIZE, OutputSummary, ValueTally, summarising
+from serving.output_summary import SAMPLE_SIZE, OutputSummary, ValueTally
 
 
 def scores_label_total() -> onnx.ModelProto:
@@ -42,6 +45,16 @@ def spec(name: str, datatype: str, *shape) -> TensorSpec:
     return TensorSpec(name, datatype, shape)
 
 
+def summarised_run(engine: Engine, summary: OutputSummary):
+    """The engine's run as a batcher makes it: one request a call, summarised."""
+
+    def run(feeds):
+        (outputs,), _ = run_batch(engine.run, [PendingRequest(feeds, feeds[0].shape[0], 0.0, 1.0, None)], True, summary.add)
+        return outputs
+
+    return run
+
+
 def batches(seed: int, count: int, width: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.standard_normal((int(rng.integers(1, 33)), width)).astype(np.float32) for _ in range(count)]
@@ -53,7 +66,7 @@ def batches(seed: int, count: int, width: int) -> list[np.ndarray]:
 def test_a_classifiers_batches_count_each_rows_top_class_exactly(tmp_path):
     engine = Engine(to_bytes(random_mlp([64, 32, 10], seed=3)), make_config(tmp_path), "cpu")
     summary = OutputSummary(engine.outputs)
-    run = summarising(engine, summary, is_batchable=True)
+    run = summarised_run(engine, summary)
 
     answered = [run((batch,))[0] for batch in batches(1, 20, 64)]
 
@@ -64,7 +77,7 @@ def test_a_classifiers_batches_count_each_rows_top_class_exactly(tmp_path):
 def test_each_output_is_summarised_by_its_declared_kind_in_the_signatures_order_and_bool_outputs_are_not(tmp_path):
     engine = Engine(to_bytes(scores_label_total()), make_config(tmp_path), "cpu")
     summary = OutputSummary(engine.outputs)
-    run = summarising(engine, summary, is_batchable=True)
+    run = summarised_run(engine, summary)
     inputs = np.array([[0, 3, 1, 2], [5, 1, 1, 1], [0, 0, 0, 9]], np.float32)
 
     run((inputs,))
@@ -217,6 +230,42 @@ def test_a_batch_whose_outputs_do_not_have_one_row_per_input_row_is_not_counted(
     summary.add([np.array([1, 2], np.int64)], rows=3)
 
     assert summary.take() == []
+
+
+def test_only_the_rows_of_requests_to_be_summarised_are_counted_in_a_mixed_batch():
+    """A request that named its version (pinned) is answered from the same run as the
+    routed ones, and its rows stay out of the summary the canary analysis reads."""
+    summary = OutputSummary([spec("label", "INT64", None)])
+    labels = [np.array([0, 0], np.int64), np.array([7, 7, 7], np.int64), np.array([1], np.int64)]
+    requests = [PendingRequest((label,), len(label), 0.0, 1.0, None, summarised=summarised)
+                for label, summarised in zip(labels, (True, False, True))]
+
+    results, _ = run_batch(lambda feeds: [feeds[0]], requests, True, summary.add)
+
+    assert [result[0].tolist() for result in results] == [[0, 0], [7, 7, 7], [1]]  # every request answered
+    assert summary.take() == [{"name": "label", "kind": "classes", "counts": [2, 1], "other": 0}]
+
+
+@pytest.mark.parametrize("is_batchable", [True, False], ids=["batched", "run-alone"])
+def test_a_batch_of_requests_none_of_which_is_to_be_summarised_is_not_counted(is_batchable):
+    summary = OutputSummary([spec("label", "INT64", None)])
+    requests = [PendingRequest((np.array([3], np.int64),), 1, 0.0, 1.0, None, summarised=False) for _ in range(2)]
+
+    results, _ = run_batch(lambda feeds: [feeds[0]], requests, is_batchable, summary.add)
+
+    assert [result[0].tolist() for result in results] == [[3], [3]]
+    assert summary.take() == []
+
+
+def test_a_run_alone_request_to_be_summarised_is_counted_whole():
+    """A version not proven batchable: its outputs are not sliced per row."""
+    summary = OutputSummary([spec("total", "FP32")])
+
+    run_batch(lambda feeds: [np.float32(feeds[0].sum())], [PendingRequest((np.ones((2, 3), np.float32),), 2, 0.0, 1.0, None)],
+              False, summary.add)
+
+    (total,) = summary.take()
+    assert (total["count"], total["sum"]) == (1, 6.0)
 
 
 @pytest.fixture
