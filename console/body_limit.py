@@ -8,6 +8,12 @@ their file's limit (``MAX_UPLOAD_BYTES``, ``JOB_MAX_INPUT_BYTES``, ``DATASET_MAX
 plus the multipart framing; every other path allows Django's
 ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (nothing else takes files).
 
+A request that declares both a ``Content-Length`` and a ``Transfer-Encoding`` is refused
+400 before anything: the console's h11 reads such a body as chunked, so the declared
+length (which the limit and the uploader check read) would not be the body's, and an
+anonymous client declaring 10 bytes could spool an upload's worth (RFC 9112 §6.3 lets a
+server refuse it, and asks it to close the connection).
+
 An upload endpoint's limit is only for those who may upload. Django spools the whole
 body to a temporary file before any view authenticates, so an anonymous 1 GB POST to an
 upload URL used to take 1 GB of disk before its 401. Here a body larger than the default
@@ -111,6 +117,15 @@ def _may_exceed(scope, declared: int | None, limit: int) -> bool:
     return header(scope.get("headers", []), b"transfer-encoding") is not None
 
 
+FRAMING_REFUSAL = ("a request may not carry both Content-Length and Transfer-Encoding (RFC 9112 section 6.3): "
+                   "send one of them; the body was not read")
+
+
+def _has_conflicting_framing(scope) -> bool:
+    headers = scope.get("headers", [])
+    return header(headers, b"transfer-encoding") is not None and header(headers, b"content-length") is not None
+
+
 # Django's multipart parser reads a body of the length declared, and of none without one:
 # a chunked upload was answered "No file was submitted", naming the wrong problem.
 CHUNKED_UPLOAD_REFUSAL = ("an upload needs a Content-Length header: a chunked (Transfer-Encoding) multipart body cannot be read; "
@@ -155,6 +170,8 @@ class BodySizeLimit:
         self.app = app
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and _has_conflicting_framing(scope):
+            return await send_refusal(send, 400, FRAMING_REFUSAL)
         limit = body_limit_for(scope["path"]) if scope["type"] == "http" else None
         if limit is None:
             return await self.app(scope, receive, send)

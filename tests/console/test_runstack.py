@@ -295,6 +295,22 @@ def test_the_console_refuses_a_request_head_past_64_kib_without_holding_it(runni
     assert answer.startswith(b"HTTP/1.1 400 ")
 
 
+def test_the_console_refuses_a_body_framed_both_by_length_and_as_chunked(running):
+    """h11 reads such a body as chunked, while the upload limit read the declared length."""
+    from urllib.parse import urlsplit
+
+    from console.console_address import recorded
+
+    console = urlsplit(recorded(running.data_dir))
+    with socket.create_connection((console.hostname, console.port), timeout=30) as connection:
+        connection.sendall(b"POST /api/models/digits/versions/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n"
+                           b"Transfer-Encoding: chunked\r\n\r\n4000\r\n" + b"x" * 0x4000 + b"\r\n")
+        answer = connection.recv(4096)
+
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"both Content-Length and Transfer-Encoding" in answer
+
+
 def test_what_a_stopped_child_left_in_its_process_group_is_swept():
     child = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!"], stdout=subprocess.PIPE, start_new_session=True)
     grandchild = int(child.stdout.readline())

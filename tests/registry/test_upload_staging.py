@@ -328,6 +328,23 @@ def test_an_anonymous_chunked_upload_is_cut_off_at_the_form_size(settings):
     assert len(received) == (_past_the_form_size(settings) - 1) // 16384 + 1  # the form size, not MAX_UPLOAD_BYTES
 
 
+@pytest.mark.parametrize("path", ["/api/models/digits/versions/", "/login/"])
+def test_a_body_declaring_both_a_length_and_chunked_encoding_is_400_before_a_byte_is_read(path):
+    # The console's h11 reads such a body as chunked: declaring 10 bytes let an anonymous
+    # client past the uploader check and spool an upload's worth before its 401.
+    from console.asgi import application
+
+    chunks = [{"type": "http.request", "body": b"x" * 16384, "more_body": True} for _ in range(400)]
+    scope = _http_scope(path, [(b"content-length", b"10"), (b"transfer-encoding", b"chunked")])
+
+    sent, received = asyncio.run(_call(application, scope, chunks))
+
+    assert sent[0]["status"] == 400
+    assert (b"connection", b"close") in sent[0]["headers"]
+    assert b"both Content-Length and Transfer-Encoding" in sent[1]["body"]
+    assert received == []
+
+
 @pytest.mark.django_db(transaction=True)  # the gate reads the database from its own thread
 def test_a_made_up_session_cookie_or_token_is_401_before_the_body_is_read():
     from console.asgi import application
