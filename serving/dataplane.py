@@ -158,11 +158,13 @@ class DataPlane:
         return self.repository.is_ready
 
     def model_metadata(self, name: str, version: int | None) -> tuple[dict, LoadedVersion | None]:
-        """V2 model metadata, and the version it describes when one was named."""
+        """V2 model metadata, and the version it describes when one was named. A named
+        version is described when a request naming it would be served (`resolve`): a warm
+        or shadow one is the 404 its inference and its readiness get."""
         table = self.repository.router.table
         routes = table.model(name)
         if version is not None:
-            target = _loaded(routes, name, version)
+            target = table.resolve(name, version)
             return target.metadata(), target
         default = _default_version(routes, name)
         document = default.metadata([str(v) for v in sorted(routes.targets) if _is_requestable(table, name, v)])

@@ -34,14 +34,23 @@ def test_model_metadata_lists_only_versions_a_request_may_name(canary_worker, cl
     assert document["parameters"]["warm"] == [2, 3]  # still shown to operators, as what they are
 
 
+@pytest.mark.parametrize("asked", ["ready", "metadata"])
 @pytest.mark.parametrize("version", [2, 3])
-def test_ready_of_a_version_taking_no_traffic_is_the_404_its_inference_gets(canary_worker, client, version):
-    ready = client.get(f"{canary_worker.url}/v2/models/digits/versions/{version}/ready")
-    infer = client.post(f"{canary_worker.url}/v2/models/digits/versions/{version}/infer", json=v2_body(ONE_ROW))
+def test_a_version_taking_no_traffic_is_the_404_its_inference_gets(canary_worker, client, version, asked):
+    path = f"{canary_worker.url}/v2/models/digits/versions/{version}"
+    answer = client.get(path + "/ready" if asked == "ready" else path)
+    infer = client.post(path + "/infer", json=v2_body(ONE_ROW))
 
     assert infer.status_code == 404
-    assert (ready.status_code, ready.json()) == (404, infer.json())
-    assert "takes no traffic" in ready.json()["error"]
+    assert (answer.status_code, answer.json()) == (404, infer.json())
+    assert "takes no traffic" in answer.json()["error"]
+
+
+def test_a_pinnable_warm_versions_metadata_is_served(digits_worker, client):
+    """SERVING_ALLOW_PINNING_UNROUTED: a request may name the warm version, so may its metadata."""
+    answer = client.get(digits_worker.url + "/v2/models/digits/versions/2")
+
+    assert (answer.status_code, answer.json()["versions"]) == (200, ["2"])
 
 
 def test_tritonclient_sees_a_warm_version_as_not_ready(canary_worker, triton_of):
