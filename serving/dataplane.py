@@ -59,6 +59,8 @@ class DataPlane:
         self.repository = repository
         self.request_timeout_s = request_timeout_s
         self.shadow = ShadowMirror()
+        self._predict_limit: protocol.BodyLimit | None = None
+        self._predict_limit_of = None  # the routing table it was found for
 
     def refuses_every_request(self) -> bool:
         """Whether every routed version would refuse a request arriving now (its queues
@@ -68,6 +70,15 @@ class DataPlane:
         routed = [routes.targets[version] for routes in self.repository.router.table.models.values()
                   for version in routes.versions if version in routes.targets]
         return bool(routed) and all(target.refusal(deadline_s) is not None for target in routed)
+
+    def predict_body_limit(self) -> protocol.BodyLimit | None:
+        """What a /predict body may take before it is read: its model is named inside it, so
+        the largest bound of any loaded version (`LoadedVersion.body_limit`); None when none
+        is loaded. Found once per routing table (a batching change swaps the table too)."""
+        table = self.repository.router.table
+        if table is not self._predict_limit_of:
+            self._predict_limit, self._predict_limit_of = _largest_body_limit(table), table
+        return self._predict_limit
 
     # ---- inference ----------------------------------------------------------------
 
@@ -214,6 +225,16 @@ class DataPlane:
         metrics.flush_pending()
         metrics.update_device_memory(self.repository.device)
         return generate_latest()
+
+
+def _largest_body_limit(table) -> protocol.BodyLimit | None:
+    limits = [target.body_limit for routes in table.models.values() for target in routes.targets.values()]
+    if not limits:
+        return None
+    largest = max(limits, key=lambda limit: limit.max_bytes)
+    if largest.reason is None:  # SERVING_MAX_BODY_BYTES: its own words
+        return largest
+    return protocol.BodyLimit(largest.max_bytes, f"no model this worker serves takes more; the largest, {largest.reason}")
 
 
 def _is_requestable(table, name: str, version: int) -> bool:

@@ -202,7 +202,8 @@ class ServingApp:
         if path == "/predict":
             _require(method, "POST")
             coding = check_headers(headers, self.api_keys, self.max_body_bytes, allow_binary=False)
-            limit = BodyLimit(self.max_body_bytes)  # the model is named in the body: only the global limit applies
+            # The model is named in the body: the most any loaded version takes.
+            limit = self.dataplane.predict_body_limit() or BodyLimit(self.max_body_bytes)
             body = await receive_body(receive, self.body_buffer, headers.content_length, limit)
             if coding is not None:
                 body = http_request.inflate(body, coding, limit, self.body_buffer)

@@ -211,11 +211,13 @@ def read_until_closed(connection: socket.socket, timeout_s: float = 5.0) -> byte
 
 
 @pytest.fixture
-def guarded_worker(start_worker, mlp_v1):
-    """start(**limits) -> a digits worker whose engine records every run in worker.runs."""
+def guarded_worker(start_worker, mlp_v1, relu_model):
+    """start(**limits) -> a digits worker whose engine records every run in worker.runs; it
+    also serves relu, whose dynamic width leaves its bodies SERVING_MAX_BODY_BYTES."""
 
     def start(**overrides):
-        worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}), **overrides)
+        models = {"digits": {"routes": [route(1, 100, *mlp_v1)]}, "relu": {"routes": [route(1, 100, *relu_model)]}}
+        worker = start_worker(state(1, models), **overrides)
         version = worker.worker.repository.loaded[("digits", 1)]
         worker.runs, original = [], version.engine.run
         version.engine.run = lambda feeds: worker.runs.append(1) or original(feeds)
@@ -224,9 +226,9 @@ def guarded_worker(start_worker, mlp_v1):
     return start
 
 
-# Large bodies go to /predict, held to SERVING_MAX_BODY_BYTES alone (its model is named in
-# the body): digits/infer takes at most what its version's inputs can fill (v2_body_limit).
-LARGE_BODY_PATH = "/predict"
+# Large bodies go to relu, held to SERVING_MAX_BODY_BYTES alone (a dynamic width): digits
+# takes at most what its version's inputs can fill (v2_body_limit).
+LARGE_BODY_PATH = "/v2/models/relu/infer"
 
 
 def head(path: str = INFER, length: int = len(BODY), extra: str = "") -> bytes:

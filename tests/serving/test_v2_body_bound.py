@@ -1,4 +1,5 @@
-"""A V2 inference body is bounded by what the routed version can take, and a large body is
+"""A V2 inference body is bounded by what the routed version can take, a /predict body by
+what the largest loaded version takes (its model is named inside it), and a large body is
 decoded off the event loop.
 
 An attacker's 60 MB body of zeros for a model whose input is [batch, 4] was read whole,
@@ -55,6 +56,17 @@ def worker(tmp_path_factory, model_dir, relu_model):
     atk = write_model(model_dir, "atk", four_wide_relu())
     desired = state(1, {"atk": {"routes": [route(3, 100, *atk)]}, "relu": {"routes": [route(1, 100, *relu_model)]}},
                     max_batch_size=MAX_BATCH_SIZE)
+    started = SubprocessWorker(write_state(tmp_path / "state.json", desired), tmp_path).wait_ready()
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def fixed_worker(tmp_path_factory, model_dir):
+    """Only atk v3 ([batch, 4]): every model it serves has fixed non-batch dimensions."""
+    tmp_path = tmp_path_factory.mktemp("bound-fixed")
+    atk = write_model(model_dir, "atk", four_wide_relu())
+    desired = state(1, {"atk": {"routes": [route(3, 100, *atk)]}}, max_batch_size=MAX_BATCH_SIZE)
     started = SubprocessWorker(write_state(tmp_path / "state.json", desired), tmp_path).wait_ready()
     yield started
     started.stop()
@@ -155,6 +167,55 @@ def test_a_model_with_a_dynamic_dimension_keeps_the_global_limit(worker, client)
 
     assert response.status_code == 200
     assert response.json()["outputs"][0]["shape"] == [1, width]
+
+
+# ---- /predict: the model is named in the body, so the largest version's bound applies --------
+
+PREDICT_REASON = f"no model this worker serves takes more; the largest, {ATK_REASON}"
+
+
+def test_a_declared_predict_body_past_what_any_loaded_version_takes_is_a_413_before_it_is_sent(fixed_worker):
+    head = ("POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 60000000\r\n\r\n").encode()
+
+    response = exchange(fixed_worker.port, head)  # no body follows: the answer must not wait for one
+
+    assert response.startswith(b"HTTP/1.1 413 ")
+    error = orjson.loads(response.partition(b"\r\n\r\n")[2])["error"]
+    assert error.startswith(f"body of 60000000 bytes is too large: {PREDICT_REASON}")
+
+
+def test_a_chunked_predict_body_is_cut_off_at_the_largest_versions_bound(fixed_worker, client):
+    body = b'{"model_name":"atk","inputs":[' + b"0," * 100_000 + b"0]}"  # 200 KB, past the bound
+
+    def chunks():
+        for start in range(0, len(body), 8192):
+            yield body[start:start + 8192]
+
+    response = client.post(fixed_worker.url + "/predict", content=chunks())
+
+    assert response.status_code == 413
+    assert response.json()["error"].startswith(f"body is too large: {PREDICT_REASON}")
+
+
+def test_the_largest_predict_request_a_version_takes_is_served(fixed_worker, client):
+    rows = np.full((MAX_BATCH_SIZE, 4), -1.1754943508222875e-38, np.float64)
+    body = orjson.dumps({"model_name": "atk", "inputs": rows.tolist()}, option=orjson.OPT_INDENT_2)
+
+    response = client.post(fixed_worker.url + "/predict", content=body)
+
+    assert response.status_code == 200
+    assert np.asarray(response.json()["outputs"]["y"]).shape == (MAX_BATCH_SIZE, 4)
+
+
+def test_a_predict_body_keeps_the_global_limit_where_a_loaded_model_has_a_dynamic_dimension(worker, client):
+    width = ATK_BOUND  # about twice the atk bound: relu takes it
+    body = orjson.dumps({"model_name": "relu", "inputs": [[0] * width]})
+    assert len(body) > ATK_BOUND
+
+    response = client.post(worker.url + "/predict", content=body)
+
+    assert response.status_code == 200
 
 
 # ---- a large body is decoded off the event loop ---------------------------------------------
