@@ -29,7 +29,8 @@ logger = logging.getLogger("serving.batcher")
 Outputs = tuple[np.ndarray, ...]
 RunFn = Callable[[Outputs], Sequence[np.ndarray]]  # model inputs in order -> outputs in order
 Outcome = tuple[list[Outputs | Exception], float | None]  # run_batch's (results, compute_s)
-# (outputs, input rows or None when not sliced per row, rows to keep or None for all)
+# (outputs, input rows or None when not sliced per row, rows to keep or None for all). It must
+# not raise (OutputSummary.add never does): a raise here would read as the model's failure.
 Summarise = Callable[[Sequence[np.ndarray], int | None, np.ndarray | None], None]
 
 

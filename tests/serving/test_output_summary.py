@@ -306,3 +306,164 @@ def test_feeding_from_many_threads_at_once_loses_no_counts(frequent_thread_switc
     classes, counted = summary.take()
     assert classes["counts"] == [4000, 8000, 4000, 16000]
     assert (counted["count"], counted["sum"], len(counted["sample"])) == (32000, 32000.0, SAMPLE_SIZE)
+
+
+# ---- edges found by mutation testing (tools/mutation.py) ------------------------------------
+
+
+def test_sums_that_overflow_one_way_then_the_other_read_as_0():
+    """+inf meeting -inf over an interval is NaN; the contract takes finite numbers only."""
+    summary = OutputSummary([spec("value", "FP64", None)])
+
+    summary.add([np.array([1e308, 1e308], np.float64)])
+    summary.add([np.array([-1e308, -1e308], np.float64)])
+
+    assert summary.take()[0]["sum"] == 0.0
+
+
+def test_a_sum_that_overflows_saturates_even_where_numpy_is_set_to_raise_on_overflow():
+    summary = OutputSummary([spec("value", "FP64", None)])
+
+    with np.errstate(over="raise"):
+        summary.add([np.array([1e308, 1e308], np.float64)])
+
+    assert summary.take()[0]["sum"] == sys.float_info.max
+
+
+def test_float32_values_are_summed_in_float64_so_a_sum_past_float32s_range_is_kept():
+    summary = OutputSummary([spec("value", "FP32", None)])
+
+    summary.add([np.array([3e38, 3e38], np.float32)])
+
+    assert summary.take()[0]["sum"] == pytest.approx(6e38, rel=1e-6)
+
+
+def test_a_float_output_declared_256_wide_is_class_scores_and_257_wide_is_values():
+    summary = OutputSummary([spec("widest", "FP32", None, 256), spec("wider", "FP32", None, 257)])
+
+    summary.add([np.eye(256, dtype=np.float32)[:2], np.zeros((2, 257), np.float32)])
+
+    widest, wider = summary.take()
+    assert (widest["kind"], widest["counts"][:2], sum(widest["counts"])) == ("classes", [1, 1], 2)
+    assert wider["kind"] == "values"
+
+
+def test_class_and_label_counts_are_integers_as_the_report_contract_takes_them():
+    summary = OutputSummary([spec("scores", "FP32", None, 3), spec("label", "INT64", None)])
+
+    summary.add([np.eye(3, dtype=np.float32), np.array([0, 2, -1], np.int64)])
+
+    scores, label = summary.take()
+    assert [type(count) for count in scores["counts"] + label["counts"] + [label["other"]]] == [int] * 7
+
+
+def test_labels_all_outside_0_to_255_report_no_counts_and_all_of_them_as_other():
+    summary = OutputSummary([spec("label", "INT64", None)])
+
+    summary.add([np.array([-1, 300, -7], np.int64)])
+
+    assert summary.take() == [{"name": "label", "kind": "classes", "counts": [], "other": 3}]
+
+
+def test_a_label_of_256_is_other_and_255_is_the_last_class():
+    summary = OutputSummary([spec("label", "INT64", None)])
+
+    summary.add([np.array([255, 256], np.int64)])
+
+    (label,) = summary.take()
+    assert (len(label["counts"]), label["counts"][255], sum(label["counts"]), label["other"]) == (256, 1, 1, 1)
+
+
+def test_labels_outside_0_to_255_add_up_over_the_batches_of_an_interval():
+    summary = OutputSummary([spec("label", "INT64", None)])
+
+    summary.add([np.array([1, -1], np.int64)])
+    summary.add([np.array([400], np.int64)])
+
+    assert summary.take() == [{"name": "label", "kind": "classes", "counts": [0, 1], "other": 2}]
+
+
+def test_a_label_output_not_of_its_declared_shape_is_not_counted():
+    """Declared [rows, 1]; a model that answers [rows, 2] there is not read as labels."""
+    summary = OutputSummary([spec("label", "INT64", None, 1)])
+
+    summary.add([np.array([[1, 2], [3, 4]], np.int64)])
+
+    assert summary.take() == [{"name": "label", "kind": "classes", "counts": [], "other": 0}]
+
+
+def test_class_scores_not_of_their_declared_width_are_not_counted():
+    summary = OutputSummary([spec("scores", "FP32", None, 4)])
+
+    summary.add([np.eye(3, dtype=np.float32)])
+
+    assert summary.take() == [{"name": "scores", "kind": "classes", "counts": [0, 0, 0, 0], "other": 0}]
+
+
+def test_a_summary_that_fails_logs_it_once_per_version_with_its_traceback(caplog):
+    summary = OutputSummary([spec("label", "INT64", None), spec("probabilities", "seq(map(int64,tensor(float)))")])
+
+    with caplog.at_level("ERROR", logger="serving.output_summary"):
+        for _ in range(3):
+            summary.add([np.array([1], np.int64), [{0: 0.1, 1: 0.9}]], rows=1)
+
+    assert [(record.getMessage(), record.exc_info is not None) for record in caplog.records] == [
+        ("summarising a batch's outputs failed (logged once per version)", True)]
+
+
+def test_a_keep_mask_not_of_the_batchs_rows_is_not_counted():
+    """Only a [rows] boolean mask says which rows to keep; a mask of the elements is not one."""
+    summary = OutputSummary([spec("embedding", "FP32", None, None)])
+
+    summary.add([np.ones((2, 2), np.float32)], rows=2, keep=np.array([[True, False], [True, True]]))
+
+    assert summary.take() == []
+
+
+def test_a_values_output_with_no_finite_element_reports_an_empty_sample():
+    summary = OutputSummary([spec("value", "FP32", None)])
+
+    summary.add([np.array([np.nan, np.inf], np.float32)])
+
+    assert summary.take() == [{"name": "value", "kind": "values", "count": 0, "sum": 0.0, "non_finite": 2, "sample": []}]
+
+
+def test_a_values_output_keeps_its_name_in_the_next_interval():
+    summary = OutputSummary([spec("value", "FP32", None)])
+    summary.add([np.array([1.0], np.float32)])
+    summary.take()
+
+    summary.add([np.array([2.0], np.float32)])
+
+    assert summary.take()[0]["name"] == "value"
+
+
+def test_batches_of_one_value_each_are_all_in_the_sample():
+    summary = OutputSummary([spec("value", "FP32", None)])
+
+    for value in (1.0, 2.0, 3.0):
+        summary.add([np.array([value], np.float32)])
+
+    assert sorted(summary.take()[0]["sample"]) == [1.0, 2.0, 3.0]
+
+
+def test_one_batch_of_more_values_than_the_sample_holds_offers_that_many_distinct_ones():
+    summary = OutputSummary([spec("value", "FP32", None)])
+    fed = np.arange(100, dtype=np.float32)
+
+    summary.add([fed])
+
+    sample = summary.take()[0]["sample"]
+    assert len(sample) == len(set(sample)) == SAMPLE_SIZE
+    assert set(sample) <= set(fed.tolist())
+
+
+@pytest.mark.parametrize("interval_first", [True, False], ids=["interval-at-the-limit", "batch-at-the-limit"])
+def test_a_side_of_exactly_numpys_hypergeometric_limit_still_merges(interval_first):
+    tally, rng = ValueTally("value"), np.random.default_rng(2)
+    at_limit, small = (10**9, 0.0, 0, np.zeros(SAMPLE_SIZE)), (5, 5.0, 0, np.ones(5))
+
+    for part in (at_limit, small) if interval_first else (small, at_limit):
+        tally.merge(part, rng)
+
+    assert (tally.count, tally.sum, len(tally.sample)) == (10**9 + 5, 5.0, SAMPLE_SIZE)
