@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from registry.api.request_keys import RefusesUnknownKeys
 from registry.api.serializers import DESCRIPTION_MAX_CHARS, UserNameField
 from registry.domain.choices import DatasetTask, JobKind, JobStatus
 from registry.jobs.batch import MAX_BATCH_SIZE
@@ -37,7 +38,7 @@ class JobSerializer(serializers.Serializer):
     finished_at = serializers.DateTimeField(allow_null=True)
 
 
-class BatchJobRequestSerializer(serializers.Serializer):
+class BatchJobRequestSerializer(RefusesUnknownKeys, serializers.Serializer):
     input = serializers.FileField(help_text="The inputs: .npy, .npz (arrays named by the model's inputs), .jsonl or .csv.")
     version = serializers.IntegerField(required=False, min_value=1, help_text="The ready version to run; default: the stable version.")
     batch_size = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BATCH_SIZE,
@@ -52,7 +53,7 @@ class DatasetSerializer(serializers.ModelSerializer):
         fields = ["name", "task", "file_format", "sha256", "size_bytes", "rows", "description", "created_by", "created_at"]
 
 
-class DatasetRequestSerializer(serializers.Serializer):
+class DatasetRequestSerializer(RefusesUnknownKeys, serializers.Serializer):
     file = serializers.FileField(help_text=".npz (the model's input arrays and 'labels') or .jsonl (one object per row, inputs and 'label').")
     name = serializers.SlugField(max_length=100)
     task = serializers.ChoiceField(DatasetTask.choices)

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from registry.actions import rollouts
+from registry.api.request_keys import RefusesUnknownKeys
 from registry.domain import audit_log
 from registry.domain.canary_analysis import (
     AnalysisSettings,
@@ -113,19 +114,9 @@ class StrictBooleanField(JSONTypeMixin, serializers.BooleanField):
     json_types = (bool,)
 
 
-class StrictModelSerializer(serializers.ModelSerializer):
-    """A model serializer for JSON bodies, built from the strict fields above. A key it does
-    not take is refused, naming what it takes: DRF drops unknown and read-only keys, so a
-    PATCH of `max_batch_size` or a misspelt field answered 200 and changed nothing."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            takes = [name for name, field in self.fields.items() if not field.read_only]
-            unknown = [key for key in data if key not in takes]
-            if unknown:
-                message = f"this request does not take this field (it takes: {', '.join(takes)})"
-                raise serializers.ValidationError({clip_key(key): [message] for key in unknown[:10]})
-        return super().to_internal_value(data)
+class StrictModelSerializer(RefusesUnknownKeys, serializers.ModelSerializer):
+    """A model serializer for JSON bodies, built from the strict fields above; a key it does
+    not take (unknown, misspelt or read-only) is refused, naming what it takes."""
 
     serializer_field_mapping = {
         **serializers.ModelSerializer.serializer_field_mapping,
@@ -138,12 +129,6 @@ class StrictModelSerializer(serializers.ModelSerializer):
         models.FloatField: StrictFloatField,
         models.BooleanField: StrictBooleanField,
     }
-
-
-def clip_key(key: object) -> str:
-    """A client's key as an error names it: at most 80 characters."""
-    text = str(key)
-    return text if len(text) <= 80 else text[:80] + "…"
 
 
 class RouteSerializer(serializers.Serializer):
@@ -324,7 +309,7 @@ class VersionUploadAnswerSerializer(VersionSerializer):
         fields = [*VersionSerializer.Meta.fields, "job"]
 
 
-class VersionUploadSerializer(serializers.Serializer):
+class VersionUploadSerializer(RefusesUnknownKeys, serializers.Serializer):
     artifact = serializers.FileField(allow_empty_file=True, help_text="The ONNX file (multipart form field).")
     description = serializers.CharField(required=False, allow_blank=True, default="", max_length=DESCRIPTION_MAX_CHARS)
     allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=(
@@ -340,7 +325,7 @@ class DuplicateUploadSerializer(ErrorSerializer):
     page_url = serializers.CharField(required=False, help_text="That version's page in the console.")
 
 
-class ArchiveSerializer(serializers.Serializer):
+class ArchiveSerializer(RefusesUnknownKeys, serializers.Serializer):
     reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500, help_text="Why; recorded in the audit timeline.")
 
 
@@ -348,7 +333,7 @@ FORCE_HELP = ("Route traffic to a version whose inputs differ from the stable ve
               "dimensions). Needs a reason; recorded in the audit timeline.")
 
 
-class ReasonSerializer(serializers.Serializer):
+class ReasonSerializer(RefusesUnknownKeys, serializers.Serializer):
     reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500)  # as the console's form field
     expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
 
@@ -369,7 +354,7 @@ class RestoreSerializer(ReasonSerializer):
     generation = StrictIntegerField(min_value=1, max_value=GENERATION_MAX)
 
 
-class DrillRequestSerializer(serializers.Serializer):
+class DrillRequestSerializer(RefusesUnknownKeys, serializers.Serializer):
     roll_forward = StrictBooleanField(required=False, default=True, help_text="Restore the split the drill rolled back from once every worker followed (the default).")
     expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
 

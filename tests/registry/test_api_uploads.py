@@ -152,6 +152,26 @@ def test_upload_without_a_file_names_the_missing_field(operator_client, model):
     assert ModelVersion.objects.count() == 0
 
 
+def test_an_upload_with_a_field_it_does_not_take_is_refused_naming_it_and_leaves_nothing(operator_client, model, good_onnx, artifact_root):
+    response = upload(operator_client, good_onnx, descriptoin="typo")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == ("descriptoin: this request does not take this field "
+                                        "(it takes: artifact, description, allow_duplicate)")
+    assert ModelVersion.objects.count() == 0
+    assert stored_files(artifact_root) == []
+
+
+def test_an_upload_of_two_files_is_refused_not_one_of_them_kept(operator_client, model, good_onnx, good_onnx_v2, artifact_root):
+    with open(good_onnx, "rb") as first, open(good_onnx_v2, "rb") as second:
+        response = operator_client.post("/api/models/digits/versions/", {"artifact": [first, second]}, format="multipart")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "artifact: given 2 times: send it once"
+    assert ModelVersion.objects.count() == 0
+    assert stored_files(artifact_root) == []
+
+
 def test_a_description_past_2000_characters_is_refused_as_the_console_form_refuses_it(operator_client, model, good_onnx, artifact_root):
     response = upload(operator_client, good_onnx, description="x" * 2001)
 

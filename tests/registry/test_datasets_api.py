@@ -60,6 +60,15 @@ def test_a_data_set_is_stored_by_content_and_every_ready_version_is_evaluated_on
     assert event.message.startswith("Data set holdout added (classification, 6 rows") and event.actor.username == "olivia"
 
 
+def test_a_data_set_with_a_field_it_does_not_take_is_refused_naming_it_and_stores_nothing(jobs_model, operator_client, artifact_root):
+    response = add(operator_client, labelled(6), descripton="typo")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "descripton: this request does not take this field (it takes: file, name, task, description)"
+    assert not EvaluationDataset.objects.exists()
+    assert dataset_files(artifact_root) == []
+
+
 def test_a_jsonl_data_set_counts_its_rows(jobs_model, operator_client):
     lines = [{"input": row.tolist(), "label": 1.5} for row in rows(3)]
 

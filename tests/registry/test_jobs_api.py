@@ -58,6 +58,15 @@ def test_a_batch_job_is_queued_on_the_stable_version_with_its_input_stored(jobs_
     assert np.array_equal(np.load(files.input_path(job)), rows(10))
 
 
+def test_a_batch_job_with_a_field_it_does_not_take_is_refused_naming_it_and_queues_nothing(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, npy_upload(rows(10)), batchsize="8")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "batchsize: this request does not take this field (it takes: input, version, batch_size)"
+    assert batch_jobs() == 0
+    assert left_behind(artifact_root) == []
+
+
 def test_a_batch_job_runs_on_a_named_version_with_its_batch_size(jobs_model, operator_client):
     response = submit(operator_client, npy_upload(rows(3)), version=2, batch_size=7)
 
