@@ -31,6 +31,9 @@ class SeenGenerationForm(forms.Form):
     )
 
 
+FORCE_NEEDS_REASON = "force needs a reason: say why traffic goes to a version with incompatible inputs"
+
+
 class SplitForm(SeenGenerationForm):
     """A canary version and its share of traffic; the stable version gets the rest."""
 
@@ -40,6 +43,7 @@ class SplitForm(SeenGenerationForm):
     # Sent only by the confirmation's button: 100% replaces the stable, like a promote.
     confirmed_weight = forms.TypedChoiceField(coerce=int, required=False, choices=[(FULL_WEIGHT, f"{FULL_WEIGHT}%")])
     reason = forms.CharField(required=False, max_length=500)
+    force = forms.BooleanField(required=False, label="Route it despite incompatible inputs")
 
     def __init__(self, *args, canary_choices: list[int], stable_version: int | None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -56,6 +60,8 @@ class SplitForm(SeenGenerationForm):
             raise forms.ValidationError("choose a preset or type the canary's share (0-100%)")
         data["canary_weight"] = chosen
         data["needs_confirmation"] = chosen == FULL_WEIGHT and not confirmed
+        if data.get("force") and not data.get("reason", "").strip():
+            raise forms.ValidationError(FORCE_NEEDS_REASON)
         return data
 
     def routes(self) -> list[dict]:
@@ -89,7 +95,6 @@ ROLLOUT_PLANS = {
     "quick": RolloutPlan("Quick", (10, 50, 100), 60),
 }
 CUSTOM_PLAN = "custom"
-FORCE_NEEDS_REASON = "force needs a reason: say why traffic goes to a version with incompatible inputs"
 
 
 class RolloutForm(SeenGenerationForm):

@@ -20,6 +20,7 @@ from console.views import (
     abort_rollout_answer,
     canary_choices,
     operator_required,
+    release_error_words,
     rollout_panel_context,
 )
 from registry.actions import releases, rollouts
@@ -42,7 +43,7 @@ def start_rollout(request, name: str):
         rollout = rollouts.start(model, data["canary_version"], data["plan_steps"], data["step_duration_s"], {}, request.user, data["reason"],
                                  expected_generation=data["expected_generation"], force=data["force"])
     except releases.ReleaseError as error:
-        return _answer(request, name, "error", f"Rollout not started: {error.message}", status=error.status, **error.details())
+        return _answer(request, name, "error", f"Rollout not started: {release_error_words(error)}", status=error.status, **error.details())
     interval_s = rollout.analysis["interval_s"]
     text = (f"Rollout #{rollout.pk} started: v{rollout.canary_version} at {rollout.current_weight}% (step 1 of {len(rollout.steps)}); "
             f"the analysis judges it every {interval_s:g} s.")

@@ -212,6 +212,7 @@ SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_COOKIES
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True  # the pages' scripts read the token from <meta name="csrf-token">
+CSRF_FAILURE_VIEW = "console.views.csrf_refused"  # a stale form said as such, never Django's bare page
 SESSION_ENGINE = "console.sessions"  # database sessions; a database outage while saving one is a 503, not a 400
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
 SECURE_CONTENT_TYPE_NOSNIFF = True

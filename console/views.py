@@ -118,6 +118,22 @@ def permission_denied(request, exception=None):
     return _error_page("403.html", 403)
 
 
+CSRF_EXPIRED = ("This page's form has expired: your sign-in changed since the page was loaded (you signed out "
+                "and in again, maybe in another tab). Nothing was changed: reload the page and try again.")
+
+
+def csrf_refused(request, reason=""):
+    """CSRF_FAILURE_VIEW. A stale form is the usual cause (a new sign-in rotates the token):
+    said as such, as JSON to the page's scripts (which showed "your role may not do this")
+    and as a styled page to a plain form post (Django's own is a bare "CSRF verification
+    failed"). Like the other error pages it renders without the database."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": f"CSRF check failed ({reason}): send the X-CSRFToken header, or use an API token"}, status=403)
+    if _wants_json(request):
+        return JsonResponse({"level": "error", "message": CSRF_EXPIRED}, status=403)
+    return _error_page("403_csrf.html", 403)
+
+
 def server_error(request):
     """handler500. Renders without the database (no request context: its processors
     read the session and the user); a database error raised in middleware is a 503."""
@@ -319,6 +335,8 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "convergence": (convergence := fleet.convergence(release)),
         "lagging_workers": [row for row in convergence["workers"] if not row["converged"]],
         "split_form": _split_form(release, choices, canary),
+        "split_candidates": (candidates := canary_candidates(versions, choices)),
+        "split_any_incompatible": any(candidate["incompatible"] for candidate in candidates),
         "presets": forms.PRESET_WEIGHTS,
         "full_weight": forms.FULL_WEIGHT,
         "last_drill": model.drills.select_related("actor").first(),
@@ -368,7 +386,7 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
     rollout = shown or (history[0] if history else None)
     verdict = rollout.verdicts.first() if rollout else None
     choices = canary_choices(release, versions)
-    candidates = _rollout_candidates(versions, choices)
+    candidates = canary_candidates(versions, choices)
     return {
         "rollout": rollout,
         "rollout_is_active": rollout is not None and rollout.status in ACTIVE_ROLLOUT_STATUSES,
@@ -388,9 +406,9 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
     }
 
 
-def _rollout_candidates(versions: list[ModelVersion], choices: list[int]) -> list[dict]:
-    """Each version a rollout may take, and how its inputs differ from the stable's when
-    its validation report says they do."""
+def canary_candidates(versions: list[ModelVersion], choices: list[int]) -> list[dict]:
+    """Each version a canary (a split's or a rollout's) may be, newest first, and how its
+    inputs differ from the stable's when its validation report says they do."""
     by_number = {version.number: version for version in versions}
     candidates = []
     for number in sorted(choices, reverse=True):
@@ -443,7 +461,9 @@ def set_split(request, name: str):
     if form.cleaned_data["needs_confirmation"]:
         return _confirm_full_share(request, model, form.cleaned_data)
     seen = form.cleaned_data["expected_generation"]
-    return _release(request, model, lambda: releases.set_routes(model, form.routes(), request.user, form.cleaned_data["reason"], expected_generation=seen))
+    data = form.cleaned_data
+    return _release(request, model, lambda: releases.set_routes(model, form.routes(), request.user, data["reason"], expected_generation=seen,
+                                                                force=data["force"]))
 
 
 @require_http_methods(["GET", "POST"])
@@ -472,12 +492,20 @@ def rollback(request, name: str):
     return _release(request, model, lambda: releases.rollback(model, request.user, reason, expected_generation=seen))
 
 
+def release_error_words(error: releases.ReleaseError) -> str:
+    """A refusal as the console says it: an unforced incompatible canary names the page's
+    Force control, not the API's ``force: true``."""
+    if isinstance(error, releases.IncompatibleInputs):
+        return f"{error.refusal}: tick Force and say why in the reason to route traffic to it anyway"
+    return error.message
+
+
 def _release(request, model: RegisteredModel, change):
     try:
         with committing(request):
             release = change()
     except releases.ReleaseError as error:
-        return _answer(request, model.name, "error", error.message, status=error.status, **error.details())
+        return _answer(request, model.name, "error", release_error_words(error), status=error.status, **error.details())
     return _release_made(request, model, release)
 
 
@@ -490,9 +518,10 @@ def _confirm_full_share(request, model: RegisteredModel, data: dict):
     """100% makes the canary the only route: asked again, as a promote is."""
     version = data["canary_version"]
     if _wants_json(request):
-        text = f"v{version} at {forms.FULL_WEIGHT}% takes all of {model.name}'s traffic: confirm it with the {forms.FULL_WEIGHT}% button's dialog"
+        text = f"v{version} at {forms.FULL_WEIGHT}% takes all the traffic of {model.name}: confirm it with the {forms.FULL_WEIGHT}% button's dialog"
         return _answer(request, model.name, "error", text, status=400)
-    return _confirm(request, model, "console/fragments/confirm_full_share.html", full_share={"version": version, "reason": data["reason"]})
+    return _confirm(request, model, "console/fragments/confirm_full_share.html",
+                    full_share={"version": version, "reason": data["reason"], "force": data["force"]})
 
 
 def _confirm(request, model: RegisteredModel, fragment: str, **extra):
@@ -640,6 +669,9 @@ def _refuse_forgery(reason: str | None) -> None:
         raise PermissionDenied(f"CSRF check failed: {reason}")
 
 
+UPLOAD_COPY_LABEL = "Upload as a copy"  # the upload form's checkbox (templates/console/fragments/upload_form.html)
+
+
 def _upload(request, model: RegisteredModel):
     name = model.name
     if getattr(request, "upload_too_large", False):
@@ -651,7 +683,8 @@ def _upload(request, model: RegisteredModel):
         version, job = uploads.accept_staged(model, form.cleaned_data["artifact"].staged, uploaded_by=request.user, description=form.cleaned_data["description"],
                                              allow_duplicate=form.cleaned_data["allow_duplicate"])
     except uploads.DuplicateUpload as refusal:
-        return _answer(request, name, "error", f"Upload refused: {refusal.reason}", status=409, **duplicate_details(refusal.existing))
+        text = f"Upload refused: {refusal.identical}; tick “{UPLOAD_COPY_LABEL}” and upload it again to register it as a new version anyway"
+        return _answer(request, name, "error", text, status=409, **duplicate_details(refusal.existing))
     except uploads.UploadRefused as refusal:
         return _answer(request, name, "error", f"Upload refused: {refusal.reason}", status=refusal.status)
     text = f"Version {version.number} uploaded; it is being validated (job #{job.pk}): the versions table shows whether it is ready or rejected."
@@ -691,6 +724,7 @@ def version_context(version: ModelVersion, **extra) -> dict:
         "download_url": reverse("api-version-artifact", kwargs={"name": version.model.name, "number": version.number}),
         "try_form": forms.TryForm(initial={"inputs": example_inputs(version.signature or {})}),
         "worker_url": serving_url(),
+        "takes_traffic": bool(release) and any(route["version"] == version.number and route["weight"] > 0 for route in release.routes),
         "jobs_config": {"model": version.model.name, "page": "version", "version": version.number},
         **version_metrics_context(version, release.stable_version if release else None),
     }

@@ -68,6 +68,16 @@ class ReleaseConflict(ReleaseError):
     status = 409
 
 
+class IncompatibleInputs(ReleaseConflict):
+    """Traffic to a version whose inputs differ from the stable version's, not forced.
+    ``refusal`` is what is wrong; the message adds how an API client forces it (the
+    console names its own Force control instead)."""
+
+    def __init__(self, stable_version: int, differences: list[str]):
+        self.refusal = f"inputs differ from the stable v{stable_version}'s ({'; '.join(differences)}): clients would be refused"
+        super().__init__(f"{self.refusal}; send force: true with a reason to route traffic to it anyway")
+
+
 class GenerationConflict(ReleaseConflict):
     """The model's traffic changed since the operator looked: nothing was done."""
 
@@ -148,6 +158,9 @@ def to_stable(model: RegisteredModel, stable_version: int | None, actor, reason:
         stable_version = current.stable_version if stable_version is None else stable_version
         _check_still_ready(model, [stable_version])
         routes = [Route(version=stable_version, weight=100)]
+        if rollout is None and _same_routes(routes, current):  # as set_routes: no generation that changes nothing
+            raise ReleaseConflict(f"{model.name} already serves {_describe_routes(current)} (generation {current.generation}): "
+                                  "no canary takes traffic, nothing to change")
         target = _rollback_target_after_abort(current, routes)
         release = _append(counter, model, routes, stable_version, ReleaseAction.ROLLBACK, target, actor, reason, rollout=rollout)
         events.release_made(release, f"Traffic back to v{stable_version} 100% (generation {release.generation}): {reason}")
@@ -428,8 +441,7 @@ def check_compatible(model: RegisteredModel, current: Release | None, routes: li
     if not differences:
         return []
     if not force:
-        raise ReleaseConflict(f"inputs differ from the stable v{current.stable_version}'s ({'; '.join(differences)}): clients would be refused; "
-                              "send force: true with a reason to route traffic to it anyway")
+        raise IncompatibleInputs(current.stable_version, differences)
     if not reason.strip():
         raise ReleaseError("force needs a reason: say why traffic goes to a version with incompatible inputs")
     return differences

@@ -58,11 +58,11 @@ class DuplicateUpload(UploadRefused):
     """The bytes are those of an existing version of the same model; nothing was stored."""
 
     def __init__(self, existing: ModelVersion):
-        super().__init__(
-            f"the file is identical to version {existing.number} of {existing.model.name} ({existing.get_status_display().lower()}, "
-            f"sha256 {existing.sha256[:12]}): nothing was stored; send allow_duplicate=true to register it as a new version anyway",
-            status=409,
-        )
+        # What happened; the message adds how an API client asks for a copy (the console's
+        # upload form names its own checkbox instead).
+        self.identical = (f"the file is identical to version {existing.number} of {existing.model.name} "
+                          f"({existing.get_status_display().lower()}, sha256 {existing.sha256[:12]}): nothing was stored")
+        super().__init__(f"{self.identical}; send allow_duplicate=true to register it as a new version anyway", status=409)
         self.existing = existing
 
 

@@ -5,6 +5,7 @@
 window.ModelOps = (function () {
   const liveStatus = document.getElementById("live-status");
   const csrfToken = document.querySelector("meta[name=csrf-token]").content;
+  const ENABLE_AFTER_CHANGE_MS = 5000;  // a changed form's buttons, when no refreshed copy replaced it
 
   // ---- fragments: the server renders the same template on load and on refresh.
   const pending = new Set();
@@ -230,10 +231,15 @@ window.ModelOps = (function () {
     // Announced on the document: a live refresh may replace the form while it is posted.
     document.dispatchEvent(new CustomEvent("modelops:submitting", { detail: { form } }));
     const answer = await post(form.action, body);
-    buttons.forEach((button) => { button.disabled = false; });
     if (answer.ok) {  // sent: the refresh that follows shows the server's form again (a copy swapped in meanwhile too)
       delete form.dataset.edited;
       if (form.id) document.querySelectorAll(`form#${CSS.escape(form.id)}`).forEach((copy) => delete copy.dataset.edited);
+      // This copy still holds the generation the change just replaced: a second click here would
+      // be refused as stale, in red, over the change's own success. Its buttons wait for the
+      // refreshed form (with the new generation), or come back after a while if none comes.
+      setTimeout(() => buttons.forEach((button) => { button.disabled = false; }), ENABLE_AFTER_CHANGE_MS);
+    } else {
+      buttons.forEach((button) => { button.disabled = false; });
     }
     flash(answer.data.level || (answer.ok ? "success" : "error"), answer.data.message, form.dataset.subject);
     document.dispatchEvent(new CustomEvent("modelops:changed", { detail: { form, answer } }));

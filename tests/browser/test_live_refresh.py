@@ -35,3 +35,25 @@ def test_a_live_refresh_keeps_the_choices_made_in_a_form_and_takes_fresh_hidden_
     expect(form.get_by_role("textbox", name="Reason")).to_have_value("chosen before the refresh")
     expect(form.get_by_role("radio").nth(plans.count() - 1)).to_be_checked()
     expect(form.locator("input[name=expected_generation]")).to_have_value(fresh_generation)
+
+
+def test_a_form_that_made_a_change_cannot_send_again_until_it_holds_the_new_generation(page, stack):
+    """A second click on a preset just after its answer sent the generation that answer had
+    replaced: a red "replaced generation N you saw" over the change's own success."""
+    sign_in(page, "olivia")
+    page.goto("/models/digits/")
+    ensure_a_second_version(page, stack)
+    panel = page.locator("#release-panel")
+    before = int(panel.locator("form:has(button[name=preset]) input[name=expected_generation]").first.input_value())
+    page.evaluate("""() => document.addEventListener("modelops:changed", (event) => {
+        window.buttonsAtAnswer = [...event.detail.form.querySelectorAll("button")].map((button) => button.disabled);
+    }, { once: true })""")
+    panel.get_by_label("Version").select_option("2")
+
+    panel.get_by_role("button", name="50%", exact=True).click()
+
+    expect(page.locator("#messages")).to_contain_text("v2 50%")
+    assert all(page.evaluate("window.buttonsAtAnswer"))  # the answered copy stays shut
+    fresh = panel.locator("form:has(button[name=preset]) input[name=expected_generation]").first
+    expect(fresh).not_to_have_value(str(before))  # the refreshed copy holds the new generation...
+    expect(panel.get_by_role("button", name="50%", exact=True)).to_be_enabled()  # ...and takes clicks again

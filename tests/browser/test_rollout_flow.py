@@ -80,7 +80,7 @@ def full_share_asks_first(page, stack) -> None:
     dialog = page.locator("#full-share-dialog")
     expect(dialog).to_be_visible()
     expect(dialog).to_contain_text("Send 100% to v2?")
-    expect(dialog).to_contain_text("v2 becomes the stable version and takes 100% of digits's traffic")
+    expect(dialog).to_contain_text("v2 becomes the stable version and takes 100% of the traffic of digits")
     stack.screenshot(page, "15a-full-share-confirm")
     dialog.get_by_role("link", name="Cancel").click()
     expect(dialog).to_be_hidden()

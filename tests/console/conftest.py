@@ -53,6 +53,14 @@ def add_version(model: RegisteredModel, number: int, **fields) -> ModelVersion:
     return ModelVersion.objects.create(model=model, number=number, **{**defaults, **fields})
 
 
+def incompatible_v3(model: RegisteredModel) -> ModelVersion:
+    """v3 takes 8 inputs where the stable v1 takes 4, as its validation report says."""
+    signature = {**SIGNATURE, "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 8]}]}
+    difference = "input 'input' dimension 1: 4 on v1, 8 here"
+    report = {"checks": [], "compatibility": {"stable_version": 1, "compatible": False, "differences": [difference], "notes": []}}
+    return add_version(model, 3, signature=signature, validation_report=report)
+
+
 @pytest.fixture
 def digits(db, operator) -> RegisteredModel:
     """Model ``digits``: v1 stable at 100% (generation 1), v2 ready and unrouted."""

@@ -137,6 +137,16 @@ def test_version_page_shows_signature_report_metrics_and_download(viewer_page, d
     assert "[0, 0, 0, 0]" in html  # the try-it example: one row of zeros
 
 
+def test_try_it_on_a_version_that_takes_no_traffic_says_it_will_be_refused_and_why(viewer_page, digits):
+    """Every try of a ready, unrouted version was a bare 404 ("no loaded version")."""
+    unrouted = viewer_page.get("/models/digits/versions/2/").content.decode()
+    routed = viewer_page.get("/models/digits/versions/1/").content.decode()
+
+    assert 'id="try-unrouted"' not in routed
+    assert 'id="try-unrouted">v2 takes no traffic now' in unrouted
+    assert "Route it (a canary at 1%) to try it." in unrouted
+
+
 def test_workers_page_highlights_a_worker_behind_and_fades_a_gone_one(viewer_page, canary_digits):
     report_from("current", generation=2, versions=[{"model": "digits", "version": 1, "requests_per_s": 12.0}])
     report_from("lagging", generation=1, versions=[])

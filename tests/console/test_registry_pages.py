@@ -258,3 +258,18 @@ def test_the_page_twin_answers_a_duplicate_upload_with_the_existing_version(oper
     assert (body["level"], body["existing_version"], body["page_url"]) == ("error", 3, "/models/digits/versions/3/")
     assert "identical to version 3" in body["message"]
     assert list(digits.versions.values_list("number", flat=True)) == [3, 2, 1]
+
+
+def test_a_duplicate_upload_without_javascript_names_the_forms_copy_checkbox_which_registers_a_copy(operator_page, digits, artifact_root):
+    """The refusal said "send allow_duplicate=true", which a page without JavaScript cannot."""
+    data = to_bytes(random_mlp([4, 3], seed=11))
+    operator_page.post("/models/digits/upload/", {"artifact": io.BytesIO(data)})
+
+    refused = operator_page.post("/models/digits/upload/", {"artifact": io.BytesIO(data)}, follow=True)
+    copied = operator_page.post("/models/digits/upload/", {"artifact": io.BytesIO(data), "allow_duplicate": "on"})
+
+    text = refused.content.decode()
+    assert "tick “Upload as a copy” and upload it again" in text and "allow_duplicate=true" not in text
+    assert 'name="allow_duplicate"' in text  # the checkbox it names, on the page it lands on
+    assert copied.status_code == 302
+    assert list(digits.versions.values_list("number", flat=True)) == [4, 3, 2, 1]

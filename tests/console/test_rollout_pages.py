@@ -14,9 +14,9 @@ from registry.actions import rollouts
 from registry.domain.choices import RolloutStatus
 from registry.models import AuditEvent, Release, Rollout
 from tests.console.conftest import (
-    SIGNATURE,
     add_version,
     figures,
+    incompatible_v3,
     judge_window,
     start_rollout,
 )
@@ -38,14 +38,6 @@ def panel(client) -> str:
 def snapshot() -> tuple:
     return (list(Release.objects.values_list("generation", "routes")), list(Rollout.objects.values_list("pk", "status", "step_index")),
             AuditEvent.objects.count())
-
-
-def incompatible_v3(model):
-    """v3 takes 8 inputs where the stable v1 takes 4, as its validation report says."""
-    signature = {**SIGNATURE, "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 8]}]}
-    difference = "input 'input' dimension 1: 4 on v1, 8 here"
-    report = {"checks": [], "compatibility": {"stable_version": 1, "compatible": False, "differences": [difference], "notes": []}}
-    return add_version(model, 3, signature=signature, validation_report=report)
 
 
 # ---- no rollout yet ----------------------------------------------------------------------
@@ -153,7 +145,9 @@ def test_an_incompatible_canary_without_force_is_refused_with_the_registrys_reas
     response = operator_page.post(START, {**STANDARD, "canary_version": "3"}, HTTP_ACCEPT="application/json")
 
     assert response.status_code == 409
-    assert response.json()["message"].startswith("Rollout not started: inputs differ from the stable v1's (v3: input 'input' dimension 1")
+    assert response.json()["message"] == ("Rollout not started: inputs differ from the stable v1's (v3: input 'input' dimension 1: "
+                                          "4 on v1, 8 here): clients would be refused: tick Force and say why in the reason to route "
+                                          "traffic to it anyway")
     assert snapshot() == before
 
 

@@ -11,7 +11,7 @@ from django.contrib.messages import get_messages
 from registry.actions import events, releases, rollouts
 from registry.domain.choices import RolloutStatus
 from registry.models import AuditEvent, Release
-from tests.console.conftest import report_from, served, start_rollout
+from tests.console.conftest import incompatible_v3, report_from, served, start_rollout
 
 pytestmark = pytest.mark.django_db
 
@@ -74,6 +74,19 @@ def test_a_double_clicked_abort_to_stable_changes_traffic_once(operator_page, ca
     assert releases_made() == after_first
 
 
+def test_abort_to_stable_with_no_canary_taking_traffic_is_a_409_and_makes_no_generation(operator_page, digits):
+    """It made a rollback release routing what was already routed, which moved the rollback point."""
+    generation = digits.current_release().generation
+    before = releases_made()
+
+    response = operator_page.post(TO_STABLE, {"expected_generation": str(generation)}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 409
+    message = f"digits already serves v1 100% (generation {generation}): no canary takes traffic, nothing to change"
+    assert response.json()["message"] == message
+    assert releases_made() == before
+
+
 def test_abort_to_stable_during_a_rollout_aborts_the_rollout(operator_page, digits, operator):
     rollout = start_rollout(digits, operator)
 
@@ -114,7 +127,7 @@ def test_an_unconfirmed_100_percent_asks_first_and_changes_nothing(operator_page
     html = response.content.decode()
     assert response.status_code == 200
     assert "Send 100% to <span data-full-version>v2</span>?" in html
-    assert "becomes the stable version and takes <strong>100%</strong> of digits's traffic" in html
+    assert "becomes the stable version and takes <strong>100%</strong> of the traffic of digits" in html
     assert '<input type="hidden" name="canary_version" value="2">' in html
     assert releases_made() == before
 
@@ -125,7 +138,7 @@ def test_an_unconfirmed_100_percent_from_the_script_is_refused(operator_page, ca
     response = operator_page.post(SPLIT, {"canary_version": "2", "preset": "100", "expected_generation": "2"}, HTTP_ACCEPT="application/json")
 
     assert response.status_code == 400
-    assert response.json()["message"] == "v2 at 100% takes all of digits's traffic: confirm it with the 100% button's dialog"
+    assert response.json()["message"] == "v2 at 100% takes all the traffic of digits: confirm it with the 100% button's dialog"
     assert releases_made() == before
 
 
@@ -271,3 +284,57 @@ def test_the_whole_model_page_renders_before_during_and_after_a_rollout(operator
     assert b'id="start-rollout"' in before.content and b'id="start-rollout"' not in during.content
     assert b'id="abort-rollout-dialog"' in during.content and b'id="to-stable-dialog"' in during.content
     assert b"<strong>Aborted</strong>" in after.content and b'id="start-rollout"' in after.content
+
+
+# ---- a canary whose inputs differ from the stable version's -----------------------------------
+
+SPLIT = "/models/digits/split/"
+
+
+def test_an_incompatible_canary_is_marked_in_the_split_form_beside_a_force_box(operator_page, digits):
+    incompatible_v3(digits)
+
+    html = release_panel(operator_page)
+
+    assert '<option value="3" selected data-incompatible="true">v3 (inputs differ from v1)</option>' in html
+    assert 'id="split-force"' in html and 'id="id_split_force"' in html and 'id="id_split_reason"' in html
+
+
+def test_a_split_form_with_only_compatible_canaries_has_no_force_box(operator_page, digits):
+    assert 'id="split-force"' not in release_panel(operator_page)
+
+
+def test_an_unforced_incompatible_split_names_the_pages_force_control_not_the_apis(operator_page, digits):
+    incompatible_v3(digits)
+    before = releases_made()
+
+    response = operator_page.post(SPLIT, {"canary_version": "3", "preset": "10", "expected_generation": "1"},
+                                  HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 409
+    assert response.json()["message"].endswith("clients would be refused: tick Force and say why in the reason to route traffic "
+                                               "to it anyway")
+    assert "force: true" not in response.json()["message"]
+    assert releases_made() == before
+
+
+def test_a_forced_split_needs_a_reason(operator_page, digits):
+    incompatible_v3(digits)
+    before = releases_made()
+
+    body = {"canary_version": "3", "preset": "10", "force": "on", "reason": " ", "expected_generation": "1"}
+    response = operator_page.post(SPLIT, body, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 400
+    assert response.json()["message"] == "force needs a reason: say why traffic goes to a version with incompatible inputs"
+    assert releases_made() == before
+
+
+def test_a_forced_split_with_a_reason_routes_the_incompatible_canary(operator_page, digits):
+    incompatible_v3(digits)
+
+    body = {"canary_version": "3", "preset": "10", "force": "on", "reason": "clients move to 8 features", "expected_generation": "1"}
+    operator_page.post(SPLIT, body)
+
+    release = digits.current_release()
+    assert (release.routes, release.reason) == ([{"version": 1, "weight": 90}, {"version": 3, "weight": 10}], "clients move to 8 features")
