@@ -255,10 +255,11 @@ def _loaded(routes, name: str, version: int) -> LoadedVersion:
 
 
 def _default_version(routes, name: str) -> LoadedVersion:
-    """What a model's path without a version describes: the most weighted routed version,
-    else the newest loaded one."""
+    """What a model's path without a version describes: the most weighted routed version
+    (at a tie the older, usually the stable one: 50/50 described the canary), else the
+    newest loaded one."""
     if not routes.targets:
         raise NotReady(f"model '{name}' has no loaded version")
     if routes.versions:
-        return routes.targets[max(zip(routes.weights, routes.versions))[1]]
+        return routes.targets[max(zip(routes.weights, routes.versions), key=lambda route: (route[0], -route[1]))[1]]
     return max(routes.targets.items())[1]

@@ -34,6 +34,18 @@ def test_model_metadata_lists_only_versions_a_request_may_name(canary_worker, cl
     assert document["parameters"]["warm"] == [2, 3]  # still shown to operators, as what they are
 
 
+@pytest.mark.parametrize("versions", [(1, 2), (2, 1)], ids=["older listed first", "newer listed first"])
+def test_at_an_even_split_the_model_metadata_describes_the_older_version(start_worker, client, mlp_v1, mlp_v2, versions):
+    """Usually the stable one: a 50/50 split described the canary (the higher number)."""
+    models = {"even": {"routes": [route(versions[0], 50, *(mlp_v1 if versions[0] == 1 else mlp_v2)),
+                                  route(versions[1], 50, *(mlp_v1 if versions[1] == 1 else mlp_v2))]}}
+    worker = start_worker(state(1, models))
+
+    document = client.get(worker.url + "/v2/models/even").json()
+
+    assert document["parameters"]["default_version"] == 1
+
+
 @pytest.mark.parametrize("asked", ["ready", "metadata"])
 @pytest.mark.parametrize("version", [2, 3])
 def test_a_version_taking_no_traffic_is_the_404_its_inference_gets(canary_worker, client, version, asked):
