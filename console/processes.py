@@ -26,7 +26,8 @@ READY_TIMEOUT_S = 60.0
 # 127.0.0.1, so through make run, an SSH tunnel or a port-forward any client could name
 # its own address and step around the sign-in lockout (django-axes counts by address).
 # The Dockerfile, compose and Kubernetes command lines say the same (tests/deploy).
-CONSOLE_HTTP_OPTIONS = ("--http", "h11", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers")
+# --lifespan off: Channels' router has no lifespan protocol (uvicorn said so at every start).
+CONSOLE_HTTP_OPTIONS = ("--http", "h11", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers", "--lifespan", "off")
 STOP_GRACE_S = 10.0
 # A serving worker loads models: it never gets the database's credentials or the
 # console's signing key (see worker_environment).
