@@ -106,14 +106,18 @@ def _response_length(received: bytes) -> int:
     return len(received) + 1
 
 
-def test_a_declared_body_over_the_versions_bound_is_a_413_before_a_byte_of_it_is_sent(worker):
-    head = (f"POST {ATK} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+def refusal_of_a_declared_60_mb(port: int, path: str) -> str:
+    """The 413's words for a head declaring 60 MB, no body following: the answer must not wait for one."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             "Content-Length: 60000000\r\n\r\n").encode()
+    response = exchange(port, head)
+    assert response.startswith(b"HTTP/1.1 413 "), response[:200]
+    return orjson.loads(response.partition(b"\r\n\r\n")[2])["error"]
 
-    response = exchange(worker.port, head)  # no body follows: the answer must not wait for one
 
-    assert response.startswith(b"HTTP/1.1 413 ")
-    error = orjson.loads(response.partition(b"\r\n\r\n")[2])["error"]
+def test_a_declared_body_over_the_versions_bound_is_a_413_before_a_byte_of_it_is_sent(worker):
+    error = refusal_of_a_declared_60_mb(worker.port, ATK)
+
     assert error.startswith(f"body of 60000000 bytes is too large: {ATK_REASON}")
 
 
@@ -175,13 +179,8 @@ PREDICT_REASON = f"no model this worker serves takes more; the largest, {ATK_REA
 
 
 def test_a_declared_predict_body_past_what_any_loaded_version_takes_is_a_413_before_it_is_sent(fixed_worker):
-    head = ("POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            "Content-Length: 60000000\r\n\r\n").encode()
+    error = refusal_of_a_declared_60_mb(fixed_worker.port, "/predict")
 
-    response = exchange(fixed_worker.port, head)  # no body follows: the answer must not wait for one
-
-    assert response.startswith(b"HTTP/1.1 413 ")
-    error = orjson.loads(response.partition(b"\r\n\r\n")[2])["error"]
     assert error.startswith(f"body of 60000000 bytes is too large: {PREDICT_REASON}")
 
 
