@@ -1,4 +1,5 @@
-"""ASGI entry point: Django for HTTP, Channels for the browser and worker websockets."""
+"""ASGI entry point: Django for HTTP, Channels for the browsers' live-feed websockets
+(workers speak HTTP to the console and hear it over the channel layer, not a websocket)."""
 
 import os
 

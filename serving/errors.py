@@ -80,8 +80,8 @@ class ModelNotFound(NotFound):
 
 class VersionNotFound(NotFound):
     def __init__(self, model_name: str, version: object):
-        super().__init__(f"model '{clip(model_name)}' has no loaded version '{clip(str(version))}': a worker loads the "
-                         "versions the console routes (and keeps the rollback target warm); route it to serve it")
+        super().__init__(f"model '{clip(model_name)}' has no loaded version '{clip(str(version))}': "
+                         "a worker loads only what the console routes")
 
 
 class NotReady(ServingError):

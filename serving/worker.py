@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from serving.env import SettingError, port_number
 from serving.http_protocol import HttpLimits, listen_backlog, protocol_class
 from serving.listen_queue import Keepers
 from serving.logs import configure_logging, event
+from serving.model_safety import enter_private_working_directory
 from serving.repository import Repository
 from serving.state_signing import signing_key
 from serving.state_store import PersistedStateRefused, StateStore
@@ -233,9 +235,23 @@ def configure_process(config: ServingConfig) -> None:
     sys.setswitchinterval(config.switch_interval_s)
 
 
-def run(config: ServingConfig, host: str, port: int, state_file: str | Path | None = None) -> None:
-    configure_process(config)
-    Worker(config, state_file).serve(host, port)
+def leave_the_code_tree(config: ServingConfig, state_file: str | None) -> tuple[ServingConfig, str | None, Path]:
+    """Make our own paths absolute, then move into an empty private directory before
+    any model loads: ONNX Runtime resolves a file reference in a model against the
+    working directory, which must hold nothing to read (serving.model_safety)."""
+    config = dataclasses.replace(config, cache_dir=str(Path(config.cache_dir).resolve()))
+    state_file = str(Path(state_file).resolve()) if state_file else None
+    return config, state_file, enter_private_working_directory()
+
+
+def private_directory_remover(directory: Path):
+    """A shutdown hook removing the private directory. A forced stop (a second SIGTERM,
+    serving/drain.py) re-raises the signal, so atexit may never run."""
+
+    async def remove() -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+    return remove
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -257,7 +273,11 @@ def main(argv: list[str] | None = None) -> None:
             configure_logging("info")
             logger.error(event("bad_state_file", reason=str(error)))
             raise SystemExit(2) from None
-    run(config, args.host, args.port, args.state_file)
+    configure_process(config)
+    config, state_file, private_directory = leave_the_code_tree(config, args.state_file)  # as `manage.py serve` does
+    worker = Worker(config, state_file)
+    worker.on_shutdown.append(private_directory_remover(private_directory))
+    worker.serve(args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,20 @@ def test_the_listen_queue_is_as_long_as_the_connection_cap(process_worker):
     assert int(listening[2]) == min(4096, somaxconn)  # Send-Q of a listening socket: its backlog
 
 
+def test_the_worker_runs_from_an_empty_private_directory_not_the_code_tree(tmp_path, mlp_v1):
+    """ONNX Runtime resolves a file a model names against the working directory: it was
+    the code tree (wherever the process started) for `python -m serving.worker`."""
+    state_file = write_state(tmp_path / "state.json", state(4, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}))
+    worker = SubprocessWorker(state_file, tmp_path).wait_ready()
+    try:
+        directory = Path(f"/proc/{worker.process.pid}/cwd").readlink()
+        assert directory.name.startswith("modelops-worker-")
+        assert (directory.stat().st_mode & 0o777, list(directory.iterdir())) == (0o700, [])
+    finally:
+        worker.stop()
+    assert not directory.exists()  # removed at the stop
+
+
 @pytest.fixture
 def triton_client(process_worker):
     client = triton.InferenceServerClient(process_worker.url.removeprefix("http://"))

@@ -202,8 +202,7 @@ def test_unknown_model_and_version_are_refused_with_their_names():
         routes.resolve("digits", 9)
 
     assert unknown_model.value.message == "unknown model 'nope'"
-    assert unknown_version.value.message == ("model 'digits' has no loaded version '9': a worker loads the versions the "
-                                             "console routes (and keeps the rollback target warm); route it to serve it")
+    assert unknown_version.value.message == "model 'digits' has no loaded version '9': a worker loads only what the console routes"
 
 
 def test_model_with_nothing_routed_is_not_ready():

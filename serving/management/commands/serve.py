@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shutil
 from pathlib import Path
 
 from django.conf import settings
@@ -25,8 +24,7 @@ from serving.config import ServingConfig
 from serving.console_client import StateError, read_state_file
 from serving.control import ControlPlane
 from serving.env import SettingError, check_http_url, env_float, env_str, port_number
-from serving.model_safety import enter_private_working_directory
-from serving.worker import Worker, configure_process
+from serving.worker import Worker, configure_process, leave_the_code_tree, private_directory_remover
 
 # The files `manage.py runstack` records the stack's addresses in, in DATA_DIR
 # (console/console_address.py, which nothing outside the console imports).
@@ -41,7 +39,8 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=port_number, default=8001)
         parser.add_argument("--state-file", help="serve this desired-state JSON instead of asking the console (no control plane)")
-        parser.add_argument("--public-url", type=_public_url, help="URL the console uses to probe this worker (default http://HOST:PORT)")
+        parser.add_argument("--public-url", type=_public_url,
+                            help="URL this worker says it serves at, shown on the console's Workers page (never fetched; default http://HOST:PORT)")
 
     def handle(self, *args, host, port, state_file, public_url, **options):
         if state_file is not None:  # read again at start-up; a typo in its path is said here, not in a logged traceback
@@ -55,9 +54,9 @@ class Command(BaseCommand):
         if state_file is None:
             config = dataclasses.replace(config, console_url=console_url())
         configure_process(config)
-        config, state_file, private_directory = _leave_the_code_tree(config, state_file)
+        config, state_file, private_directory = leave_the_code_tree(config, state_file)
         worker = Worker(config, state_file)
-        worker.on_shutdown.append(_remover(private_directory))
+        worker.on_shutdown.append(private_directory_remover(private_directory))
         if state_file is None:
             follows_records = not env_str("CONSOLE_URL")
             ControlPlane(
@@ -123,21 +122,3 @@ def _record_reader(file_name: str):
             return ""
 
     return read
-
-
-def _leave_the_code_tree(config: ServingConfig, state_file: str | None) -> tuple[ServingConfig, str | None, Path]:
-    """Make our own paths absolute, then move into an empty private directory before
-    any model loads: ONNX Runtime resolves a file reference in a model against the
-    working directory, which must hold nothing to read (serving.model_safety)."""
-    config = dataclasses.replace(config, cache_dir=str(Path(config.cache_dir).resolve()))
-    state_file = str(Path(state_file).resolve()) if state_file else None
-    return config, state_file, enter_private_working_directory()
-
-
-def _remover(directory: Path):
-    # A forced stop (a second SIGTERM, serving/drain.py) re-raises the signal, so atexit
-    # may never run: clean up in the lifespan shutdown instead.
-    async def remove() -> None:
-        shutil.rmtree(directory, ignore_errors=True)
-
-    return remove
