@@ -56,6 +56,10 @@ MAX_SAMPLE = 256  # values in a values summary's sample
 MAX_NAME_CHARS = 200  # a model or output name
 MAX_COUNT = 2**63 - 1  # any count: what the console's 64-bit columns hold
 BUCKET_BOUND = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+# A histogram bound's size: seconds of latency or rows of a batch, both far below it. A
+# bound of 9e307 seconds read as Infinity once in milliseconds: the charts' API answered
+# 500 and every rollout verdict failed to save, jamming the analysis.
+MAX_BUCKET_BOUND = 1e6
 
 
 def is_hex64(value: object) -> bool:
@@ -488,6 +492,8 @@ def _buckets(value: object, path: str) -> dict[str, int]:
         where = f"{path}[{_shown(bound)}]"
         if not (bound == "+Inf" or _is_bound(bound)):
             raise ContractError(where, 'a bound must be a finite decimal number or "+Inf"')
+        if bound != "+Inf" and abs(float(bound)) > MAX_BUCKET_BOUND:
+            raise ContractError(where, f"a bound must be within ±{MAX_BUCKET_BOUND:.0f}")
         parsed[bound] = _count(count, where)
     return parsed
 
@@ -594,7 +600,7 @@ class WorkerReport:
     - ``requests_per_s``, ``latency_sum_s`` (finite, >= 0), ``p50_ms``/``p99_ms``
       (finite >= 0, or null: no request), ``queue_depth`` (now, not a delta).
     - ``latency_buckets``, ``batch_size_buckets``: Prometheus histogram deltas, at most
-      MAX_BUCKETS bounds (decimal strings, or "+Inf") to counts.
+      MAX_BUCKETS bounds (decimal strings within ±MAX_BUCKET_BOUND, or "+Inf") to counts.
     - ``outputs`` (at most MAX_REPORTED_OUTPUTS, names unique; empty or absent: no batch
       ran): what the version answered (``serving.output_summary``), either
       ``{name, kind: "classes", counts: [count of class i], other}`` (at most

@@ -38,6 +38,7 @@ from registry.domain.choices import (
     ANALYSED_ROLLOUT_STATUSES,
     RolloutStatus,
 )
+from registry.domain.json_numbers import finite_or_null
 from registry.domain.traffic import Route, canary_split
 from registry.fleet import samples
 from registry.models import (
@@ -271,7 +272,7 @@ def _judge_window(rollout: Rollout, now: datetime) -> RolloutVerdict:
     if rollout.current_weight == 0:
         canary = canary.as_shadow()
     verdict = judge(canary, stable, settings)
-    body = {**verdict.to_json(), "canary": canary.summary(), "stable": stable.summary()}
+    body = finite_or_null({**verdict.to_json(), "canary": canary.summary(), "stable": stable.summary()})
     rollout.windows_judged += 1
     rollout.next_window_at = now + timedelta(seconds=settings.interval_s)
     return RolloutVerdict.objects.create(

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from django.utils import timezone
 
 from registry.domain.choices import ReleaseAction
+from registry.domain.json_numbers import finite_or_null
 from registry.domain.traffic import Route
 from registry.models import RegisteredModel, Release, ReportSample, VersionMetricMinute
 from serving.contract import quantile_ms
@@ -161,7 +162,7 @@ def _figures(buckets: dict[int, Bucket], starts: list[int], step_s: int, end_s: 
             "p99_ms": quantile_ms(bucket.latency_buckets, 0.99),
             "queue_depth": bucket.queue_depth(),
         }
-        for name, value in row.items():
+        for name, value in finite_or_null(row).items():
             columns[name][index] = round(value, 4) if isinstance(value, float) else value
     return columns
 

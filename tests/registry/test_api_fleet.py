@@ -112,6 +112,17 @@ def test_failed_ack_marks_the_worker_not_converged(worker_client, operator_clien
     }
 
 
+def test_a_failed_acks_error_is_kept_to_its_first_2000_characters(worker_client, operator_client, three_versions):
+    """An audit's 40 acks of 2.5 MB errors grew the database by 201 MB and /api/workers/ to 97 MB."""
+    worker_client.post("/api/serving/reports", report(generation=1), format="json")
+    operator_client.post("/api/models/digits/release/", {"routes": [{"version": 2, "weight": 100}]}, format="json")
+
+    response = worker_client.post("/api/serving/acks", ack(2, ok=False, error="E" * 100_000), format="json")
+
+    assert response.status_code == 204
+    assert WorkerAck.objects.get(generation=2).error == "E" * 2000 + "…"
+
+
 def test_version_metric_history_lists_the_per_minute_rollups(worker_client, operator_client, three_versions):
     worker_client.post("/api/serving/reports", report(), format="json")
     worker_client.post("/api/serving/reports", report(), format="json")

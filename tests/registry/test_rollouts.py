@@ -394,3 +394,17 @@ def test_a_window_judged_late_covers_the_whole_time_since_the_last_one(three_ver
     verdict = rollout.verdicts.order_by("-number").first()
     assert (verdict.window_start, verdict.window_end) == (rollout.next_window_at - timedelta(seconds=FAST["interval_s"]), late)
     assert verdict.result == "fail"
+
+
+def test_a_window_whose_figures_compute_to_infinity_is_still_judged_and_saved(three_versions, operator):
+    """A latency bound of 9e307 s (stored before the contract's limit) is Infinity in ms: every
+    verdict of the window failed to save (JSON holds no Infinity) and the analysis jammed."""
+    rollout = start(three_versions, operator)
+    hostile = figures("digits", 2)
+    hostile["latency_buckets"] = {"9e307": 200, "+Inf": 200}
+
+    rollout = judge_next(rollout, canary=hostile)
+
+    verdict = rollout.verdicts.get()
+    assert rollout.windows_judged == 1
+    assert next(signal for signal in verdict.signals if signal["name"] == "latency_p99")["value"] is None

@@ -62,6 +62,30 @@ def test_a_viewer_reads_the_series_of_reports_posted_through_the_report_api(work
     assert [(value) for _, value in points(body, 1, "client_error_rate")] == [0.25]
 
 
+def test_a_report_with_a_latency_bound_past_the_contracts_limit_is_refused_and_the_charts_keep_answering(
+        worker_client, viewer_client, three_versions):
+    """An attacker's 9e307 s bound read as Infinity in milliseconds: the series answered 500."""
+    hostile = {**entry(2, 10), "latency_buckets": {"9e307": 10, "+Inf": 10}}
+
+    refused = worker_client.post("/api/serving/reports", report(hostile, worker_id="evil-1"), format="json")
+
+    assert refused.status_code == 400
+    assert "a bound must be within ±1000000" in refused.json()["error"]
+    assert viewer_client.get(URL).status_code == 200
+
+
+@pytest.mark.parametrize("range_", ["15m", "1h"])
+def test_figures_stored_before_the_bound_limit_read_as_no_value_not_a_500(viewer_client, three_versions, range_):
+    stored_before = report({**entry(1, 10), "latency_buckets": {"9e307": 10, "+Inf": 10}})  # the contract refuses it now
+    live.ingest_report(fleet.record_report(report()), stored_before, received_at=timezone.now() - timedelta(seconds=70))
+
+    response = viewer_client.get(URL, {"range": range_})
+
+    assert response.status_code == 200
+    assert points(response.json(), 1, "p99_ms") == []
+    assert [value for _, value in points(response.json(), 1, "requests_per_s")] != []
+
+
 def test_an_unknown_range_is_a_400_naming_the_allowed_ones(viewer_client, three_versions):
     response = viewer_client.get(URL, {"range": "2d"})
 

@@ -122,6 +122,8 @@ def test_figures_at_every_limit_parse():
         ("versions[0].latency_buckets", {"inf": 1}, "versions[0].latency_buckets['inf']: a bound must be a finite decimal number or \"+Inf\""),
         ("versions[0].latency_buckets", {"1e999": 1}, "versions[0].latency_buckets['1e999']: a bound must be a finite decimal number or \"+Inf\""),
         ("versions[0].latency_buckets", {" 1": 1}, "versions[0].latency_buckets[' 1']: a bound must be a finite decimal number or \"+Inf\""),
+        ("versions[0].latency_buckets", {"9e307": 1}, "versions[0].latency_buckets['9e307']: a bound must be within ±1000000"),
+        ("versions[0].batch_size_buckets", {"-1000001": 1}, "versions[0].batch_size_buckets['-1000001']: a bound must be within ±1000000"),
         ("versions[0].latency_buckets.+Inf", -1, "versions[0].latency_buckets['+Inf']: must be an integer >= 0"),
         ("versions[0].batch_size_buckets.+Inf", 5.5, "versions[0].batch_size_buckets['+Inf']: must be an integer"),
         ("versions[0].outputs", {"name": "x"}, "versions[0].outputs: must be a list"),
