@@ -13,10 +13,11 @@ from django.utils import timezone
 from registry.broadcast import send_to_group
 from registry.fleet import samples
 from registry.models import ModelVersion, VersionMetricMinute, Worker
-from serving.contract import MAX_COUNT
+from serving.contract import MAX_BUCKETS, MAX_COUNT
 
 logger = logging.getLogger(__name__)
 LIVE_GROUP = "live"
+MAX_ROLLUP_BOUNDS = 2 * MAX_BUCKETS  # bounds one minute's histogram keeps
 
 
 def ingest_report(worker: Worker, report: dict, received_at: datetime | None = None) -> None:
@@ -59,9 +60,13 @@ def add_to_rollup(version: ModelVersion, figures: dict, at: datetime | None = No
 
 
 def _add_buckets(total: dict, delta: dict) -> dict:
+    """A minute's histogram plus one report's. Its bounds stop growing at MAX_ROLLUP_BOUNDS
+    (a worker's histograms have a fixed 15 or so): reports of 31 new bounds each had grown
+    one row without end, every report rewriting it whole (17 → 108 ms a report)."""
     merged = dict(total)
     for bound, count in delta.items():
-        merged[bound] = _capped(merged.get(bound, 0), int(count))
+        if bound in merged or bound == "+Inf" or len(merged) < MAX_ROLLUP_BOUNDS:
+            merged[bound] = _capped(merged.get(bound, 0), int(count))
     return merged
 
 

@@ -123,6 +123,19 @@ def test_a_failed_acks_error_is_kept_to_its_first_2000_characters(worker_client,
     assert WorkerAck.objects.get(generation=2).error == "E" * 2000 + "…"
 
 
+def test_a_minutes_histogram_keeps_at_most_64_bounds_however_many_reports_name_new_ones(worker_client, three_versions):
+    """Reports of 31 new bounds each grew one roll-up row without end (every report rewrites it)."""
+    for flood in range(5):
+        bounds = {f"{flood}.{index:02d}": 1 for index in range(31)}
+        flooded = report(versions=[{"model": "digits", "version": 1, "requests": 1, "errors": 0, "latency_sum_s": 0.01,
+                                    "latency_buckets": {**bounds, "+Inf": 1}, "batch_size_buckets": {"+Inf": 1}}])
+        assert worker_client.post("/api/serving/reports", flooded, format="json").status_code == 204
+
+    minutes = list(ModelVersion.objects.get(number=1).metric_minutes.all())  # one, or two across a minute's turn
+    assert max(len(minute.latency_buckets) for minute in minutes) <= 64
+    assert sum(minute.latency_buckets["+Inf"] for minute in minutes) == 5  # the total still counts every report
+
+
 def test_version_metric_history_lists_the_per_minute_rollups(worker_client, operator_client, three_versions):
     worker_client.post("/api/serving/reports", report(), format="json")
     worker_client.post("/api/serving/reports", report(), format="json")
