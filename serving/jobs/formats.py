@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import struct
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -38,6 +39,13 @@ LABEL_KEY = "label"  # the answer of one .jsonl dataset row
 NUMERIC_KINDS = "biuf"
 LABEL_KINDS = NUMERIC_KINDS + "U"
 MAX_HEADER_BYTES = 10_000
+# An .npz file is read member by member only after its zip directory is bounded: an array
+# per input of the model (and the labels of a data set), or MAX_NPZ_MEMBERS when the inputs
+# are not known. A few more are tolerated until the names are read, so that a stray array
+# is refused by its name; the directory may take MAX_ZIP_ENTRY_BYTES per member so tolerated.
+MAX_NPZ_MEMBERS = 1024
+NPZ_STRAY_MEMBERS = 64
+MAX_ZIP_ENTRY_BYTES = 512
 MAX_LINE_BYTES = 64 * 1024 * 1024
 MAX_SHOWN_CHARS = 60
 READ_CHUNK_BYTES = 1024 * 1024
@@ -223,16 +231,21 @@ class ArrayFile:
     """A .npy or .npz file opened for streaming: named arrays that all have the same rows.
 
     The one array of a .npy file is named None. Headers are read, and sizes checked
-    against the file, when it opens; data only when `chunks` asks."""
+    against the file, when it opens; data only when `chunks` asks.
 
-    def __init__(self, path: Path, file_format: str, *, label_member: str | None = None):
+    An .npz file's member names are read, and its members counted, before any member is
+    opened: at most one per input of `inputs` (and `label_member`) when given, else
+    MAX_NPZ_MEMBERS; given `inputs`, a member that is none of them is refused unopened."""
+
+    def __init__(self, path: Path, file_format: str, *, label_member: str | None = None,
+                 inputs: Sequence[InputLayout] | None = None):
         self._closing: list = []
         self.streams: dict[str | None, ArrayStream] = {}
         try:
             if file_format == "npy":
                 self._open_npy(Path(path))
             else:
-                self._open_npz(Path(path), label_member)
+                self._open_npz(Path(path), label_member, inputs)
         except BaseException:
             self.close()
             raise
@@ -247,20 +260,26 @@ class ArrayFile:
                               f"it holds {path.stat().st_size - fp.tell()}")
         self.streams[None] = ArrayStream(fp, header, "the .npy file")
 
-    def _open_npz(self, path: Path, label_member: str | None) -> None:
+    def _open_npz(self, path: Path, label_member: str | None, inputs: Sequence[InputLayout] | None) -> None:
+        limit = NpzLimit.of(inputs, label_member)
+        limit.check_directory(path)
         try:
             archive = zipfile.ZipFile(path)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as error:
             raise FormatError(f"the .npz file is not a readable zip archive ({short(error)})") from None
         self._closing.append(archive)
-        members = [info for info in archive.infolist() if not info.is_dir()]
+        entries = archive.infolist()
+        limit.check_count(len(entries), limit.tolerated)  # a directory whose record understated its entries
+        members = [info for info in entries if not info.is_dir()]
         if not members:
             raise FormatError("the .npz file holds no arrays")
         for info in members:
-            name = info.filename
-            if not name.endswith(".npy"):
-                raise FormatError(f"the .npz member '{short(name)}' is not a .npy array")
-            self._open_member(archive, info, name.removesuffix(".npy"), label_member)
+            if not info.filename.endswith(".npy"):
+                raise FormatError(f"the .npz member '{short(info.filename)}' is not a .npy array")
+        limit.check_names([info.filename.removesuffix(".npy") for info in members])
+        limit.check_count(len(members), limit.allowed)
+        for info in members:
+            self._open_member(archive, info, info.filename.removesuffix(".npy"), label_member)
 
     def _open_member(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, label_member: str | None) -> None:
         what = f"the .npz array '{short(name)}'"
@@ -281,7 +300,7 @@ class ArrayFile:
     def _common_rows(self) -> int:
         rows = {name: stream.header.rows for name, stream in self.streams.items()}
         if len(set(rows.values())) > 1:
-            listed = ", ".join(f"'{short(name)}' {count}" for name, count in rows.items())
+            listed = ", ".join(f"'{short(name)}' {count}" for name, count in list(rows.items())[:10]) + (", ..." if len(rows) > 10 else "")
             raise FormatError(f"the .npz arrays have different numbers of rows ({listed}); they must match")
         return next(iter(rows.values()))
 
@@ -328,6 +347,67 @@ class ArrayFile:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class NpzLimit:
+    """How many members an .npz file may have, checked before zipfile reads its directory
+    (which it parses whole, into an object per entry) and before any member is opened."""
+
+    names: tuple[str, ...] | None  # the arrays the file may hold; None: not known
+    inputs: tuple[str, ...]  # the model's inputs among them
+    feedable: bool  # every input numeric (else match_inputs refuses the model first)
+    allowed: int
+    what: str  # how many members may be there, and which, for people
+
+    @classmethod
+    def of(cls, inputs: Sequence[InputLayout] | None, label_member: str | None) -> NpzLimit:
+        if inputs is None:
+            return cls(None, (), True, MAX_NPZ_MEMBERS, f"at most {MAX_NPZ_MEMBERS} arrays")
+        names = tuple(layout.name for layout in inputs)
+        allowed = (*names, label_member) if label_member is not None else names
+        count = len(set(allowed))
+        labels = f" and '{short(label_member)}'" if label_member is not None else ""
+        what = f"at most {count} (one array per input of the model{labels})"
+        return cls(allowed, names, all(layout.dtype is not None for layout in inputs), count, what)
+
+    @property
+    def tolerated(self) -> int:
+        return self.allowed + (NPZ_STRAY_MEMBERS if self.names is not None else 0)
+
+    def refuse(self, reason: str) -> FormatError:
+        # Given the model's inputs, too many arrays is the file not fitting the model.
+        return InputMismatch(reason) if self.names is not None else FormatError(reason)
+
+    def check_count(self, count: int, limit: int) -> None:
+        if count > limit:
+            raise self.refuse(f"the .npz file holds {count} members; it can hold {self.what}")
+
+    def check_directory(self, path: Path) -> None:
+        """The entries and size its end record gives the zip directory (the size is what
+        zipfile reads and parses: every entry takes at least 46 bytes of it)."""
+        try:
+            with open(path, "rb") as fp:
+                record = zipfile._EndRecData(fp)  # what zipfile.ZipFile itself reads the directory by
+        except (OSError, zipfile.BadZipFile, EOFError, ValueError, struct.error, AttributeError):  # AttributeError: a
+            record = None  # Python without these private names; zipfile still reads the file, unbounded as before
+        if not record:
+            return  # not a zip file: zipfile.ZipFile says so, as before
+        self.check_count(record[zipfile._ECD_ENTRIES_TOTAL], self.tolerated)
+        size, most = record[zipfile._ECD_SIZE], self.tolerated * MAX_ZIP_ENTRY_BYTES
+        if size > most:
+            raise self.refuse(f"the .npz file's zip directory takes {size} bytes, more than {most}: "
+                              f"the file can hold {self.what}")
+
+    def check_names(self, members: Sequence[str]) -> None:
+        """A member that is no input of the model (nor the labels) is refused unopened, as
+        `ArrayFile.match_inputs` would (after a model input the jobs cannot feed, as there)."""
+        if self.names is None or not self.feedable:
+            return
+        unknown = sorted(set(members) - set(self.names))
+        if unknown:
+            raise InputMismatch(f"the .npz array '{short(unknown[0])}' is not an input of the model "
+                                f"(its inputs: {_listed(self.inputs)})")
 
 
 def check_array(stream: ArrayStream, layout: InputLayout) -> None:
@@ -554,7 +634,7 @@ def check_batch_input(path: Path, file_format: str, layouts: Sequence[InputLayou
     .csv (returns None: later bad lines are per-row errors of the job)."""
     path = Path(path)
     if file_format in ARRAY_FORMATS:
-        with ArrayFile(path, file_format) as arrays:
+        with ArrayFile(path, file_format, inputs=layouts) as arrays:
             if layouts is not None:
                 with _fitting():
                     arrays.match_inputs(layouts)
@@ -619,7 +699,7 @@ def check_dataset(path: Path, file_format: str, layouts: Sequence[InputLayout] |
 
 
 def _check_npz_dataset(path: Path, layouts: Sequence[InputLayout] | None) -> int:
-    with ArrayFile(path, "npz", label_member=LABELS_MEMBER) as arrays:
+    with ArrayFile(path, "npz", label_member=LABELS_MEMBER, inputs=layouts) as arrays:
         if LABELS_MEMBER not in arrays.streams:
             raise FormatError(f"the .npz dataset has no '{LABELS_MEMBER}' array")
         if len(arrays.streams) < 2:

@@ -5,6 +5,9 @@ Tests marked ``child`` run the evaluation for real (``python -m serving.jobs``).
 
 from __future__ import annotations
 
+import io
+import zipfile
+
 import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -219,3 +222,44 @@ def test_an_evaluation_measures_the_exact_accuracy_and_keeps_it_with_the_data_se
     assert kept["dataset_sha256"] == EvaluationDataset.objects.get(name="holdout").sha256
     table = version_metrics.evaluation_table(jobs_model)
     assert [(row["version"], row["cells"]) for row in table["rows"]] == [(2, {"holdout": {"status": "queued"}}), (1, {"holdout": {"accuracy": 0.75}})]
+
+
+def members_npz(name: str, arrays: dict[str, np.ndarray], junk: int) -> SimpleUploadedFile:
+    """An .npz of `arrays` followed by `junk` tiny deflated members named like arrays that
+    are not .npy data at all: a reader that opened any of them would refuse it as unreadable."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for key, array in arrays.items():
+            member = io.BytesIO()
+            np.save(member, array)
+            archive.writestr(f"{key}.npy", member.getvalue())
+        for index in range(junk):
+            archive.writestr(f"arr_{index}.npy", b"not an array")
+    return SimpleUploadedFile(name, buffer.getvalue())
+
+
+def test_an_npz_data_set_of_thousands_of_members_is_refused_by_their_count_before_any_is_opened(jobs_model, operator_client,
+                                                                                                artifact_root):
+    upload = members_npz("holdout.npz", {"input": rows(6), "labels": np.arange(6) % CLASSES}, junk=5000)
+
+    response = add(operator_client, upload)
+
+    assert response.status_code == 400
+    # The count, not the first junk member's bytes: the console read the zip's directory, no member.
+    assert response.json()["error"] == (
+        "the data set does not fit version 1 (the stable version, which it was checked against): the .npz file holds 5002 members; "
+        "it can hold at most 2 (one array per input of the model and 'labels') "
+        f"(version 1 takes 'input' rows [{INPUT_WIDTH}] float32, and 'labels')")
+    assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+def test_without_a_ready_version_an_npz_data_set_of_thousands_of_members_is_refused_by_their_count(jobs_model, operator_client,
+                                                                                                 artifact_root):
+    jobs_model.versions.update(status=VersionStatus.VALIDATING)
+    upload = members_npz("holdout.npz", {"input": rows(6), "labels": np.arange(6) % CLASSES}, junk=5000)
+
+    response = add(operator_client, upload)
+
+    assert (response.status_code, response.json()["error"]) == (
+        400, "the data set cannot be used: the .npz file holds 5002 members; it can hold at most 1024 arrays")
+    assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []

@@ -6,6 +6,7 @@ Tests marked ``child`` run the job for real (``python -m serving.jobs``)."""
 from __future__ import annotations
 
 import io
+import zipfile
 
 import numpy as np
 import pytest
@@ -362,3 +363,38 @@ def test_a_job_that_makes_no_output_file_has_no_output(jobs_model, operator_clie
     response = operator_client.get(f"{JOBS}{job.pk}/output")
 
     assert response.status_code == 404 and "only batch jobs" in response.json()["error"]
+
+
+def members_npz(name: str, arrays: dict[str, np.ndarray], junk: int) -> SimpleUploadedFile:
+    """An .npz of `arrays` followed by `junk` tiny deflated members named like arrays that
+    are not .npy data at all: a reader that opened any of them would refuse it as unreadable."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for key, array in arrays.items():
+            member = io.BytesIO()
+            np.save(member, array)
+            archive.writestr(f"{key}.npy", member.getvalue())
+        for index in range(junk):
+            archive.writestr(f"arr_{index}.npy", b"not an array")
+    return SimpleUploadedFile(name, buffer.getvalue())
+
+
+def test_an_npz_input_of_thousands_of_members_is_refused_by_their_count_before_any_is_opened(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, members_npz("inputs.npz", {"input": rows(3)}, junk=5000))
+
+    assert response.status_code == 400
+    # The count, not the first junk member's bytes: the console read the zip's directory, no member.
+    assert response.json()["error"] == (
+        "the input file does not fit version 1: the .npz file holds 5001 members; it can hold at most 1 "
+        f"(one array per input of the model) (version 1 takes 'input' rows [{INPUT_WIDTH}] float32)")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_a_stray_npz_member_that_is_not_even_npy_data_is_refused_by_its_name_unopened(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, members_npz("inputs.npz", {"input": rows(3)}, junk=1))
+
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        "the input file does not fit version 1: the .npz array 'arr_0' is not an input of the model (its inputs: 'input') "
+        f"(version 1 takes 'input' rows [{INPUT_WIDTH}] float32)")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
