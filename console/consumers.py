@@ -51,6 +51,15 @@ FEED_PINGS_MISSED = 2
 FEED_PING = "live.ping"
 WATCHDOG_TASK = "live-feed-watchdog"
 
+# The feed only speaks; the page sends it nothing (static/js/console.js). A client's frame
+# is dropped unread: AsyncJsonWebsocketConsumer decoded each one's JSON on the event loop,
+# and two signed-in sockets sending 16 MiB arrays (uvicorn's default frame cap) held a
+# light API request up to 7 s and grew the console by 250 MB. Dropped rather than closed
+# with a policy code: the sender would reconnect, and a handshake (a session read) costs more.
+# uvicorn refuses larger frames itself (--ws-max-size in console.processes.CONSOLE_HTTP_OPTIONS,
+# closed with 1009); websocket pings are answered by uvicorn and never reach the consumer.
+CLIENT_FRAME = "websocket.receive"
+
 
 def _say_if_it_died(task: asyncio.Task) -> None:
     """A watchdog ended by an error it does not expect leaves its feed unwatched: say so."""
@@ -88,7 +97,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if message.get("type") == FEED_PING:
             self._ping_back_at = time.monotonic()
             return
+        if message.get("type") == CLIENT_FRAME:
+            return  # nothing the browser sends is read: see CLIENT_FRAME
         await super().dispatch(message)
+
+    async def receive(self, text_data=None, bytes_data=None):
+        """Never reached through dispatch (CLIENT_FRAME): whatever else calls it is not decoded either."""
 
     async def _watch_channel_layer(self):
         while True:

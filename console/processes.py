@@ -27,7 +27,11 @@ READY_TIMEOUT_S = 60.0
 # its own address and step around the sign-in lockout (django-axes counts by address).
 # The Dockerfile, compose and Kubernetes command lines say the same (tests/deploy).
 # --lifespan off: Channels' router has no lifespan protocol (uvicorn said so at every start).
-CONSOLE_HTTP_OPTIONS = ("--http", "h11", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers", "--lifespan", "off")
+# --ws-max-size: the live feed (/ws/live/, the only websocket) takes nothing from the page,
+# so a client's frame past 4 KiB closes its socket (1009) before it is buffered whole;
+# uvicorn's default let each take 16 MiB (console/consumers.py CLIENT_FRAME drops the rest unread).
+CONSOLE_HTTP_OPTIONS = ("--http", "h11", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers", "--lifespan", "off",
+                        "--ws-max-size", "4096")
 STOP_GRACE_S = 10.0
 # A serving worker loads models: it never gets the database's credentials or the
 # console's signing key (see worker_environment).

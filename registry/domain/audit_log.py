@@ -6,6 +6,11 @@ The export is read by spreadsheets, which execute a cell that starts with ``=``,
 ``-`` or ``@`` as a formula (CSV injection): every text cell that starts with one of
 those, or with a tab or carriage return, is prefixed with an apostrophe, which makes it
 text. Messages and reasons are typed by people and so are hostile.
+
+Every cell is quoted: written bare, ``ok;=1+1;@SUM(A1:A2)`` was split by a spreadsheet
+whose list separator is ``;`` into cells starting with ``=`` and ``@``, which ran (only
+the first character had been checked). Quoted, such a spreadsheet keeps the cell whole,
+and the text people typed is exported as typed.
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ class _Line:
 
 def csv_lines(found: Iterable[AuditEvent]) -> Iterator[str]:
     """The header, then one line per event: a generator, so a long timeline streams."""
-    writer = csv.writer(_Line())
+    writer = csv.writer(_Line(), quoting=csv.QUOTE_ALL)
     yield writer.writerow(CSV_HEADER)
     for event in found:
         yield writer.writerow(csv_row(event))

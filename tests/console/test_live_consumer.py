@@ -250,3 +250,46 @@ def test_a_live_feed_closed_by_its_watchdog_sends_nothing_after_its_close(operat
 
     assert closed == CLOSE_TRY_AGAIN
     assert nothing_after is True
+
+
+# ---------------------------------------------------------------- what a client sends
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def decoded(monkeypatch) -> list[int]:
+    """The length of every text the feed hands to its JSON decoder."""
+    calls: list[int] = []
+    decode = consumers.LiveConsumer.decode_json
+
+    async def counting(cls, text_data):
+        calls.append(len(text_data))
+        return await decode(text_data)
+
+    monkeypatch.setattr(consumers.LiveConsumer, "decode_json", classmethod(counting))
+    return calls
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_live_feed_drops_a_clients_frames_unread_and_stays_open(operator, settings, decoded, caplog):
+    # AsyncJsonWebsocketConsumer decoded each frame's JSON on the event loop: two sockets
+    # sending 16 MiB arrays held a light API request for seconds. The feed takes nothing
+    # from the page: a frame, JSON or not, text or bytes, is dropped without a decode.
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    communicator = feed(operator)
+
+    async def send_frames_then_relay():
+        await communicator.send_to(text_data="[" + "1," * (MIB // 2 - 1) + "1]")  # a 1 MiB JSON array
+        await communicator.send_to(text_data="{" * MIB)  # 1 MiB of invalid JSON
+        await communicator.send_to(bytes_data=b"\x00" * MIB)
+        quiet = await communicator.receive_nothing(timeout=1)
+        await get_channel_layer().group_send(LIVE_GROUP, {"type": "live.job", "job": {"id": 7}})
+        return quiet, await communicator.receive_json_from(timeout=5)
+
+    (quiet, relayed), _ = with_open_feed(communicator, send_frames_then_relay)
+
+    assert decoded == []
+    assert quiet is True  # nothing answered, and the feed was not closed
+    assert relayed == {"kind": "job", "job": {"id": 7}}
+    assert [record.getMessage() for record in caplog.records if record.levelname in {"ERROR", "CRITICAL"}] == []

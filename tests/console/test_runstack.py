@@ -428,3 +428,45 @@ def test_a_recorded_redis_url_not_of_an_embedded_server_gives_no_port_to_reuse(t
     password = embedded_redis.generated_password(tmp_path / embedded_redis.PASSWORD_FILE)
 
     assert embedded_redis.reusable_port(recorded.format(port=free_port(), password=password), password) is None
+
+
+def signed_in_session(data_dir: Path) -> tuple[str, str]:
+    """(the session cookie's name, a session of a new user) in the stack's own database."""
+    env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"}}
+    script = ("import django; django.setup(); from django.conf import settings; from django.contrib.auth.models import User; "
+              "from django.test import Client; client = Client(); "
+              "client.force_login(User.objects.create_user('feed-viewer', password='not-used-here-7Q')); "
+              "print(settings.SESSION_COOKIE_NAME, client.cookies[settings.SESSION_COOKIE_NAME].value)")
+    shown = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**env, "DATA_DIR": str(data_dir),
+                           "DJANGO_SETTINGS_MODULE": "console.settings"}, capture_output=True, text=True, timeout=60, check=True)
+    name, value = shown.stdout.strip().splitlines()[-1].split()
+    return name, value
+
+
+def test_the_live_feed_drops_a_clients_frame_unread_and_closes_one_past_4_kib_with_1009(running):
+    """The feed decoded each client frame's JSON on the event loop, and uvicorn took frames
+    up to 16 MiB: two signed-in sockets sending 16 MiB arrays held light requests for seconds."""
+    import struct
+
+    from websockets.exceptions import ConnectionClosedError
+    from websockets.sync.client import connect
+
+    console_url = console_address.recorded(running.data_dir)
+    cookie_name, session = signed_in_session(running.data_dir)
+    opened = {"origin": console_url, "additional_headers": {"Cookie": f"{cookie_name}={session}"}, "compression": None,
+              "proxy": None, "ping_interval": None, "open_timeout": 30}
+    socket_url = console_url.replace("http://", "ws://") + "/ws/live/"
+
+    with connect(socket_url, **opened) as feed:
+        feed.send("{" * 3000)  # under the cap, and no JSON: dropped, never decoded
+        assert feed.ping().wait(timeout=10)  # the feed is still open
+    with connect(socket_url, **opened) as feed:
+        # A text frame's head declaring 1 MiB: refused from the head, before its payload is buffered.
+        feed.socket.sendall(bytes([0x81, 0x80 | 127]) + struct.pack("!Q", 1 << 20) + os.urandom(4))
+        deadline = time.monotonic() + 10
+        with pytest.raises(ConnectionClosedError) as closed:
+            while True:  # the stack's worker reports reach the feed meanwhile
+                feed.recv(timeout=max(deadline - time.monotonic(), 0.01))
+
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    assert "Traceback" not in running.errors.read_text()

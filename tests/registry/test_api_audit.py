@@ -155,3 +155,25 @@ def test_an_unknown_model_is_a_404_even_as_csv(operator_client, three_versions):
 
     assert response.status_code == 404
     assert "error" in response.json()
+
+
+SEMICOLON_FORMULAS = "ok;=1+1;-2+3;@SUM(A1:A2)"
+
+
+def csv_body(response) -> str:
+    return b"".join(response.streaming_content).decode()
+
+
+def test_csv_export_quotes_every_cell_so_a_semicolon_spreadsheet_keeps_a_reason_whole(operator_client, three_versions):
+    # Written bare, a spreadsheet whose list separator is ";" split the reason into cells
+    # starting with =, - and @, and ran them: only the cell's first character was checked.
+    split(operator_client, 10, SEMICOLON_FORMULAS)
+
+    body = csv_body(operator_client.get(AUDIT, {"format": "csv", "kind": "release"}))
+
+    lines = body.splitlines()
+    rows = list(csv.reader(io.StringIO(body)))
+    assert len(lines) == len(rows) == 1 + 2
+    for line, row in zip(lines, rows, strict=True):
+        assert line == ",".join('"' + cell.replace('"', '""') + '"' for cell in row)
+    assert rows[1][CSV_HEADER.index("reason")] == SEMICOLON_FORMULAS  # as typed, inside its quotes
