@@ -5,9 +5,6 @@ Tests marked ``child`` run the evaluation for real (``python -m serving.jobs``).
 
 from __future__ import annotations
 
-import io
-import zipfile
-
 import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -21,6 +18,7 @@ from tests.fixtures.job_world import (
     INPUT_WIDTH,
     SIGNATURE,
     jsonl_upload,
+    members_npz,
     npz_upload,
     predictions,
     rows,
@@ -222,20 +220,6 @@ def test_an_evaluation_measures_the_exact_accuracy_and_keeps_it_with_the_data_se
     assert kept["dataset_sha256"] == EvaluationDataset.objects.get(name="holdout").sha256
     table = version_metrics.evaluation_table(jobs_model)
     assert [(row["version"], row["cells"]) for row in table["rows"]] == [(2, {"holdout": {"status": "queued"}}), (1, {"holdout": {"accuracy": 0.75}})]
-
-
-def members_npz(name: str, arrays: dict[str, np.ndarray], junk: int) -> SimpleUploadedFile:
-    """An .npz of `arrays` followed by `junk` tiny deflated members named like arrays that
-    are not .npy data at all: a reader that opened any of them would refuse it as unreadable."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for key, array in arrays.items():
-            member = io.BytesIO()
-            np.save(member, array)
-            archive.writestr(f"{key}.npy", member.getvalue())
-        for index in range(junk):
-            archive.writestr(f"arr_{index}.npy", b"not an array")
-    return SimpleUploadedFile(name, buffer.getvalue())
 
 
 def test_an_npz_data_set_of_thousands_of_members_is_refused_by_their_count_before_any_is_opened(jobs_model, operator_client,

@@ -6,7 +6,6 @@ Tests marked ``child`` run the job for real (``python -m serving.jobs``)."""
 from __future__ import annotations
 
 import io
-import zipfile
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from tests.fixtures.job_world import (
     INPUT_WIDTH,
     SIGNATURE,
     jsonl_upload,
+    members_npz,
     npy_upload,
     npz_upload,
     predictions,
@@ -363,20 +363,6 @@ def test_a_job_that_makes_no_output_file_has_no_output(jobs_model, operator_clie
     response = operator_client.get(f"{JOBS}{job.pk}/output")
 
     assert response.status_code == 404 and "only batch jobs" in response.json()["error"]
-
-
-def members_npz(name: str, arrays: dict[str, np.ndarray], junk: int) -> SimpleUploadedFile:
-    """An .npz of `arrays` followed by `junk` tiny deflated members named like arrays that
-    are not .npy data at all: a reader that opened any of them would refuse it as unreadable."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for key, array in arrays.items():
-            member = io.BytesIO()
-            np.save(member, array)
-            archive.writestr(f"{key}.npy", member.getvalue())
-        for index in range(junk):
-            archive.writestr(f"arr_{index}.npy", b"not an array")
-    return SimpleUploadedFile(name, buffer.getvalue())
 
 
 def test_an_npz_input_of_thousands_of_members_is_refused_by_their_count_before_any_is_opened(jobs_model, operator_client, artifact_root):
