@@ -89,7 +89,7 @@ def _writing(writer):
 
 def _run_arrays(engine: Engine, layouts: tuple[InputLayout, ...], input_path: Path, file_format: str,
                 output: Path, output_format: str, batch_size: int) -> tuple[int, int, int, int]:
-    with ArrayFile(input_path, file_format) as arrays:
+    with ArrayFile(input_path, file_format, inputs=layouts) as arrays:
         members = arrays.match_inputs(layouts)
         row_bytes = sum(max(arrays.header(member).row_bytes, layout.row_bytes_hint)
                         for member, layout in zip(members, layouts))

@@ -68,7 +68,7 @@ def _batches(engine: Engine, dataset: Path, file_format: str) -> tuple[Iterator,
     layouts = input_layouts(engine)
     batch_size = EVALUATION_BATCH_SIZE if engine.is_batchable else 1
     if file_format == "npz":
-        arrays = ArrayFile(dataset, "npz", label_member=LABELS_MEMBER)
+        arrays = ArrayFile(dataset, "npz", label_member=LABELS_MEMBER, inputs=layouts)
         return _npz_batches(arrays, layouts, batch_size), arrays.rows
     require_numeric_inputs(layouts)
     return _jsonl_batches(dataset, layouts, batch_size), count_lines(dataset)

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -214,6 +215,20 @@ def test_a_bad_array_file_is_an_error_event_and_exit_2(tmp_path, capsys, mlp, na
     assert code == 2
     assert len(events) == 1 and events[0]["event"] == "error" and events[0]["reason"].startswith(reason)
     assert not (tmp_path / f"out.{file_format}").exists()
+
+
+def test_the_child_refuses_a_stray_npz_member_by_its_name_unopened(tmp_path, capsys, mlp, features):
+    """The job child reads with the model's inputs too (an .npz stored before the console
+    counted members): a stray member that is not even .npy data is named, never opened."""
+    with zipfile.ZipFile(tmp_path / "x.npz", "w") as archive:
+        with archive.open("input.npy", "w") as member:
+            np.save(member, features)
+        archive.writestr("arr_0.npy", b"not an array")
+
+    code, events = run_in_process(capsys, mlp, tmp_path / "x.npz", "npz", tmp_path / "out.npz", 8)
+
+    assert code == 2
+    assert events == [{"event": "error", "reason": "the .npz array 'arr_0' is not an input of the model (its inputs: 'input')"}]
 
 
 def test_a_file_that_is_not_an_onnx_model_is_an_error_event(tmp_path, capsys, features):
