@@ -179,8 +179,8 @@ class ServingApp:
                  started_s: float) -> None:
         version = response.version
         if version is not None and is_inference:  # metadata of a named version is no inference
-            if context.is_pinned or response.status == 504:
-                _count_apart(version, response, context.is_pinned, time.monotonic() - started_s)
+            if context.is_pinned or response.is_clients_deadline:
+                _count_apart(version, response, time.monotonic() - started_s)
             else:  # the traffic the split sent: what the reports carry
                 version.metrics.record(response.status, time.monotonic() - started_s)
         elif is_inference:
@@ -270,16 +270,14 @@ def _inference_response(answer: Answer) -> Response:
                     answer.version, b"application/octet-stream")
 
 
-def _count_apart(version: LoadedVersion, response: Response, is_pinned: bool, latency_s: float) -> None:
+def _count_apart(version: LoadedVersion, response: Response, latency_s: float) -> None:
     """What the reports leave out of a version's figures, which are the traffic the split
     sent it (canary analysis, charts): a 504 under the client's own deadline, and any
     request that named its version. A server-side 504 of routed traffic stays in them."""
     if response.is_clients_deadline:
         version.metrics.record_client_deadline_refusal(latency_s)
-    elif is_pinned:
-        version.metrics.record_pinned(response.status, latency_s)
     else:
-        version.metrics.record(response.status, latency_s)
+        version.metrics.record_pinned(response.status, latency_s)
 
 
 def _context(headers: RequestHeaders, request_id: bytes, started_s: float) -> RequestContext:

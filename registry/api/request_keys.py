@@ -33,7 +33,8 @@ class RefusesUnknownKeys:
             if unknown:
                 message = f"this request does not take this field (it takes: {', '.join(takes)})"
                 raise serializers.ValidationError({clip_key(key): [message] for key in unknown[:MAX_NAMED]})
-            repeated = {name: len(data.getlist(name)) for name in takes if hasattr(data, "getlist") and len(data.getlist(name)) > 1}
+            counts = {name: len(data.getlist(name)) for name in takes} if hasattr(data, "getlist") else {}  # multipart
+            repeated = {name: count for name, count in counts.items() if count > 1}
             if repeated:
                 raise serializers.ValidationError({name: [f"given {count} times: send it once"] for name, count in repeated.items()})
         return super().to_internal_value(data)
