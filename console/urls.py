@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+
+from registry.api.schema_view import SchemaView
 
 handler403 = "console.views.permission_denied"
 handler404 = "console.views.not_found"
@@ -8,7 +9,7 @@ handler500 = "console.views.server_error"
 
 urlpatterns = [
     path("api/", include("registry.api.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/schema/", SchemaView.as_view(), name="api-schema"),
     path("admin/", admin.site.urls),
     path("", include("console.ui_urls")),
 ]
