@@ -310,6 +310,9 @@ WORKER_GONE_AFTER_S = env_float("WORKER_GONE_AFTER_S", 5.0, minimum=1.0)
 ROLLOUT_TICK_S = env_float("ROLLOUT_TICK_S", 5.0, minimum=0.2)
 REPORT_SAMPLE_RETENTION_S = env_float("REPORT_SAMPLE_RETENTION_S", 3600.0, minimum=60.0)
 WORKER_FORGET_AFTER_S = env_float("WORKER_FORGET_AFTER_S", 86400.0, minimum=1.0)
+# Reports one worker id may send a second, and save up (registry/fleet/report_rate.py).
+WORKER_REPORTS_PER_S = env_float("WORKER_REPORTS_PER_S", 10.0, minimum=0.1)
+WORKER_REPORT_BURST = env_float("WORKER_REPORT_BURST", 20.0, minimum=1.0)
 DRILL_TARGET_S = env_float("DRILL_TARGET_S", 60.0, minimum=0.1)
 DRILL_ACK_TIMEOUT_S = env_float("DRILL_ACK_TIMEOUT_S", 10.0, minimum=0.1)
 

@@ -212,6 +212,7 @@ class Worker(models.Model):
     loaded = models.JSONField(default=list)  # [{"model", "version", "warm": bool}]
     last_report = models.JSONField(default=dict)
     key_digest = models.CharField(max_length=64, blank=True)  # sha256 of the key that claimed this id (fleet/worker_keys.py)
+    report_allowance = models.FloatField(null=True)  # reports saved up at its last accepted one (fleet/report_rate.py); null: full
     started_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField()
 

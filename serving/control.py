@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import uuid
@@ -68,6 +69,9 @@ FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 UNREACHABLE_RETRY_S = 1.0  # how soon to ask again when the console did not answer
 FINAL_REPORT_TIMEOUT_S = 2.0  # a stopping worker waits no longer for the console
+# A report refused as too soon waits the console's Retry-After, never longer than this:
+# a worker silent for WORKER_GONE_AFTER_S is shown as gone.
+MAX_REPORT_WAIT_S = 2.0
 # A signed push that makes the worker ask the console (another epoch, other content at
 # the same generation) does so at most this often; more within it are one later reconcile.
 # Anyone who can publish to Redis could replay such a push as fast as they like, and
@@ -143,6 +147,7 @@ class ControlPlane:
         self._console_answered: bool | None = None  # None: not asked yet
         self._refused_status: int | None = None  # the status refusing this worker's reports since the last accepted one
         self._refused_reports = 0
+        self._report_wait_s = 0.0  # a console's Retry-After on a refused report: the next waits at least this long
         self.group_expiry_s = GROUP_EXPIRY_S
         self._apply_lock = asyncio.Lock()
         self._push_reconciled_at = -PUSH_RECONCILE_EVERY_S  # loop time of the last reconcile a push asked for
@@ -421,7 +426,8 @@ class ControlPlane:
     async def _report_forever(self) -> None:
         while True:  # report first: a new worker is listed at once
             await _survived(self.send_report, "report")
-            await self.worker.drain.changes_within(self.report_interval_s)  # a graceful stop is reported at once
+            wait_s, self._report_wait_s = max(self.report_interval_s, self._report_wait_s), 0.0
+            await self.worker.drain.changes_within(wait_s)  # a graceful stop is reported at once
 
     async def send_report(self, state: str | None = None) -> None:
         """``state``: the worker's (serving, draining) unless given (the last report's "stopped")."""
@@ -435,6 +441,9 @@ class ControlPlane:
                 log = logger.debug if response.status_code == self._refused_status else logger.warning
                 log(event("report_refused", status=response.status_code, body=response.text[:200]))
                 self._refused_status, self._refused_reports = response.status_code, self._refused_reports + 1
+                if response.status_code == 429:  # too soon, and nothing stored: the next report carries these figures too
+                    self.reports.not_stored()
+                    self._report_wait_s = min(_retry_after_s(response), MAX_REPORT_WAIT_S)
             else:
                 if self._refused_reports:
                     logger.info(event("reports_accepted_again", refused=self._refused_reports))
@@ -444,6 +453,15 @@ class ControlPlane:
             logger.debug(event("report_not_delivered", reason=str(error)))
             if isinstance(error, httpx.TransportError):  # no answer at all, and reports go every second: the console may have moved
                 await _survived(self._follow_recorded_console, "follow_recorded_console")
+
+
+def _retry_after_s(response: httpx.Response) -> float:
+    """A refusal's ``Retry-After`` in seconds (0 when it has none, or not as a number)."""
+    try:
+        seconds = float(response.headers.get("Retry-After", "0"))
+    except ValueError:
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
 
 
 async def _survived(step, name: str) -> None:

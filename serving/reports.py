@@ -11,6 +11,9 @@ The per-version request figures are the traffic the split sent each version: req
 that named their version, and 504s under a client's own shorter deadline, are counted
 apart (``serving.metrics``), so a client cannot make a canary look worse than it is.
 
+A report the console refused as too soon (429: it stored nothing) is not counted as sent:
+the next one carries its deltas too (``ReportBuilder.not_stored``).
+
 A counter that went back (a version unloaded and loaded again between two reports)
 starts its delta from zero, and no delta is ever negative: the contract refuses a
 report with a negative count whole.
@@ -115,6 +118,7 @@ class ReportBuilder:
         self._previous: dict[Key, dict] = {}
         self._previous_shadow: dict[Key, dict] = {}
         self._previous_at = time.monotonic()
+        self._before_last = (self._previous, self._previous_shadow, self._previous_at)
         self._warned_too_many = False
 
     def build(self, identity: WorkerIdentity, repository, applied: dict | None = None, state: str = "serving") -> WorkerReport:
@@ -124,6 +128,7 @@ class ReportBuilder:
         current, shadows, outputs = snapshot(), shadow_counts(), output_summaries(table)
         interval_s = max(now - self._previous_at, 1e-6)
         versions = self._entries(current, shadows, outputs, shadow_versions(table), interval_s)
+        self._before_last = (self._previous, self._previous_shadow, self._previous_at)
         self._previous, self._previous_shadow, self._previous_at = current, shadows, now
         applied = applied or {}
         return WorkerReport(
@@ -139,6 +144,12 @@ class ReportBuilder:
             device_memory_bytes=device_memory_bytes(repository.device),
             state=state,
         )
+
+    def not_stored(self) -> None:
+        """The console stored nothing of the last report (it was too soon): the next one
+        counts from the report before it, so its requests, errors and comparisons are
+        reported once after all. Its output summaries are not given back."""
+        self._previous, self._previous_shadow, self._previous_at = self._before_last
 
     def _entries(self, current: dict[Key, dict], shadows: dict[Key, dict], outputs: dict[Key, list], mirrored: set[Key],
                  interval_s: float) -> tuple[dict, ...]:

@@ -102,6 +102,7 @@ ERROR_MEANINGS = {
     413: "The upload is larger than its limit: MAX_UPLOAD_BYTES (models), JOB_MAX_INPUT_BYTES (job inputs), DATASET_MAX_BYTES (data sets).",
     415: "The body's Content-Type is not one this endpoint reads.",
     422: "The ONNX file is well formed but cannot be served; nothing was stored.",
+    429: "A worker id reports faster than WORKER_REPORTS_PER_S allows: report again after `Retry-After` seconds.",
     503: ("Busy (too many inspections at once), a dependency (the database) is down, or a ready version's file is missing "
           "from the artifact store (its volume not mounted): retry after `Retry-After` seconds."),
     507: "The artifact store's disk is full (or over its quota): nothing was kept; send the file again once there is room.",

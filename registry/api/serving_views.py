@@ -19,7 +19,7 @@ from registry.api.permissions import (
     IsWorkerOrStaff,
     WorkerTokenAuthentication,
 )
-from registry.fleet import live, worker_keys
+from registry.fleet import live, report_rate, worker_keys
 from registry.fleet import workers as fleet
 from registry.fleet.state import desired_state
 from serving.contract import WORKER_KEY_HEADER
@@ -151,7 +151,8 @@ class WorkerReports(APIView):
     permission_classes = [IsWorker]
     parser_classes = [JSONParser]
 
-    @extend_schema(request=ReportSerializer, parameters=[WORKER_KEY_PARAMETER], responses={204: None, **error_responses(400, 403, 415)})
+    @extend_schema(request=ReportSerializer, parameters=[WORKER_KEY_PARAMETER],
+                   responses={204: None, **error_responses(400, 403, 415, 429)})
     def post(self, request):
         try:
             fleet.check_contract(request.data)  # first: a report of another version may have any shape
@@ -161,6 +162,10 @@ class WorkerReports(APIView):
             worker = fleet.record_report(report, request.headers.get(WORKER_KEY_HEADER))
         except worker_keys.KeyRefused as refusal:
             return error_response(str(refusal), status.HTTP_403_FORBIDDEN)
+        except report_rate.TooSoon as refusal:
+            response = error_response(str(refusal), status.HTTP_429_TOO_MANY_REQUESTS)
+            response["Retry-After"] = report_rate.retry_after_header(refusal.retry_after_s)
+            return response
         except fleet.Refused as refusal:
             return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
         live.ingest_report(worker, worker.last_report)  # the figures as the contract parsed them

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from registry.fleet import worker_keys
+from registry.fleet import report_rate, worker_keys
 from registry.fleet.state import issued_digest, serving_counter, warm_versions
 from registry.models import Release, Worker, WorkerAck
 from serving.contract import WORKER_STATES, Ack, ContractError, WorkerReport, check_version
@@ -85,7 +85,7 @@ def record_report(message: dict, key: str | None = None) -> Worker:
     """Store a worker's latest report as parsed (``last_report``: only the fields the
     contract knows, each checked); the identity comes with every report. ReportRefused
     when it does not follow the contract; KeyRefused when another worker's ``key`` holds
-    its id (worker_keys.py)."""
+    its id (worker_keys.py); report_rate.TooSoon when its id reports faster than it may."""
     try:
         report = WorkerReport.parse(message)
     except ContractError as error:
@@ -95,10 +95,18 @@ def record_report(message: dict, key: str | None = None) -> Worker:
         worker = locked_worker(worker_id, fields, key)
         worker_keys.check(worker, worker_id, key)
         fields.update(worker_keys.claimed(worker, key))
+        fields["report_allowance"] = allowance_after_report(worker, fields["last_seen_at"])
         for name, value in fields.items():
             setattr(worker, name, value)
         worker.save(update_fields=list(fields))
     return worker
+
+
+def allowance_after_report(worker: Worker, now) -> float:
+    """What ``worker``'s id has saved up after this report; TooSoon when it has none."""
+    bucket = report_rate.Bucket(settings.WORKER_REPORTS_PER_S, settings.WORKER_REPORT_BURST)
+    saved = bucket.burst if worker.report_allowance is None else worker.report_allowance
+    return bucket.spend(saved, worker.last_seen_at, now)
 
 
 def reported_fields(report: WorkerReport) -> dict:

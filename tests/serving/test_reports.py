@@ -151,3 +151,20 @@ def test_a_version_loaded_again_between_two_reports_reports_its_new_counts_not_n
     assert (figures["requests"], figures["ok"]) == (2, 2)
     assert sum(figures["outputs"][0]["counts"]) == len(rows[5]) + len(rows[6])
     assert WorkerReport.parse(orjson.loads(orjson.dumps(built.to_dict()))) == built
+
+
+def test_a_report_the_console_did_not_store_is_counted_again_in_the_next(start_worker, client, mlp_v1, rows):
+    worker = start_worker(state(1, {"report-again": {"routes": [route(1, 100, *mlp_v1)]}}))
+    builder = ReportBuilder()
+    report(worker, builder)
+    for batch in rows[:4]:
+        infer(client, worker, "report-again", batch)
+    refused = report(worker, builder)
+    builder.not_stored()  # a 429: the console kept nothing of it
+    for batch in rows[4:7]:
+        infer(client, worker, "report-again", batch)
+
+    after = entry(report(worker, builder), "report-again", 1)
+
+    assert (entry(refused, "report-again", 1)["requests"], after["requests"], after["ok"]) == (4, 7, 7)
+    assert entry(report(worker, builder), "report-again", 1)["requests"] == 0  # and only once

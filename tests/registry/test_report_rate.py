@@ -1,0 +1,81 @@
+"""How often one worker id may report (WORKER_REPORTS_PER_S, WORKER_REPORT_BURST): a
+report past its allowance is a 429 with Retry-After that stores nothing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from registry.fleet.report_rate import Bucket, TooSoon
+from registry.models import ReportSample, Worker
+from serving.contract import CONTRACT_VERSION
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 12, 5, tzinfo=UTC)
+
+
+def report(worker_id: str = "w-1", requests: int = 5) -> dict:
+    return {"worker": {"id": worker_id, "host": "box", "pid": 7, "url": "http://127.0.0.1:9", "device": "cpu"},
+            "generation": 1, "loaded": [{"model": "digits", "version": 1}],
+            "versions": [{"model": "digits", "version": 1, "requests": requests, "errors": 0, "latency_sum_s": 0.01,
+                          "latency_buckets": {"0.001": requests, "+Inf": requests}}],
+            "contract": CONTRACT_VERSION}
+
+
+@pytest.fixture
+def two_a_burst(settings):
+    settings.WORKER_REPORTS_PER_S, settings.WORKER_REPORT_BURST = 0.5, 2
+
+
+def test_a_report_past_the_burst_is_a_429_with_retry_after_naming_the_setting(worker_client, three_versions, two_a_burst):
+    statuses = [worker_client.post("/api/serving/reports", report(), format="json").status_code for _ in range(2)]
+    refused = worker_client.post("/api/serving/reports", report(), format="json")
+
+    assert statuses == [204, 204]
+    assert refused.status_code == 429
+    assert refused["Retry-After"] == "2"  # 1 report at 0.5 a second, whole seconds
+    assert "WORKER_REPORTS_PER_S (0.5 a second)" in refused.json()["error"]
+
+
+def test_a_refused_report_stores_nothing(worker_client, three_versions, two_a_burst):
+    for requests in (5, 6):
+        worker_client.post("/api/serving/reports", report(requests=requests), format="json")
+    samples, seen = ReportSample.objects.count(), Worker.objects.get().last_seen_at
+
+    worker_client.post("/api/serving/reports", report(requests=7), format="json")
+
+    worker = Worker.objects.get()
+    assert ReportSample.objects.count() == samples
+    assert (worker.last_seen_at, worker.last_report["versions"][0]["requests"]) == (seen, 6)
+
+
+def test_each_worker_id_has_an_allowance_of_its_own(worker_client, three_versions, two_a_burst):
+    for _ in range(3):
+        worker_client.post("/api/serving/reports", report("w-1"), format="json")
+
+    assert worker_client.post("/api/serving/reports", report("w-2"), format="json").status_code == 204
+
+
+def test_a_worker_reporting_once_a_second_is_never_held_back_by_the_defaults(settings):
+    bucket, saved = Bucket(settings.WORKER_REPORTS_PER_S, settings.WORKER_REPORT_BURST), settings.WORKER_REPORT_BURST
+    for second in range(1, 600):
+        saved = bucket.spend(saved, T0 + timedelta(seconds=second - 1), T0 + timedelta(seconds=second))
+
+    assert saved == settings.WORKER_REPORT_BURST - 1
+
+
+def test_the_allowance_is_earned_back_at_the_rate():
+    bucket = Bucket(rate=2.0, burst=3.0)
+
+    with pytest.raises(TooSoon) as refused:
+        bucket.spend(0.0, T0, T0 + timedelta(seconds=0.2))
+    assert refused.value.retry_after_s == pytest.approx(0.3)
+    assert bucket.spend(0.0, T0, T0 + timedelta(seconds=0.5)) == pytest.approx(0.0)
+    assert bucket.spend(0.0, T0, T0 + timedelta(seconds=60)) == pytest.approx(2.0)  # never more than the burst saved
+
+
+def test_a_clock_stepped_back_earns_nothing():
+    with pytest.raises(TooSoon):
+        Bucket(rate=1.0, burst=5.0).spend(0.5, T0, T0 - timedelta(hours=1))
