@@ -128,10 +128,11 @@ def _with_upload(request, model: RegisteredModel, act, max_bytes: int):
             return _refused(request, model, str(storage.UploadTooLarge(max_bytes)), 413)
         return act(request, model)
     except OSError as error:
-        if not storage.is_full(error):
+        refusal = storage.write_refusal(error)
+        if refusal is None:
             raise
-        logger.error("the artifact store is full on an upload for %s: %s", model.name, error)
-        return _refused(request, model, storage.full_message(error), 507)
+        logger.error("the artifact store could not keep an upload for %s: %s", model.name, error)
+        return _refused(request, model, refusal[1], refusal[0])
     finally:
         staging.discard()  # whatever the action kept, it has copied or moved
 

@@ -656,10 +656,11 @@ def upload_version(request, name: str):
             _refuse_forgery(csrf_failure(request))
         return _upload(request, model)
     except OSError as error:
-        if not storage.is_full(error):
+        refusal = storage.write_refusal(error)
+        if refusal is None:
             raise
-        logger.error("the artifact store is full on an upload to %s: %s", name, error)
-        return _answer(request, name, "error", f"Upload refused: {storage.full_message(error)}", status=507)
+        logger.error("the artifact store could not keep an upload to %s: %s", name, error)
+        return _answer(request, name, "error", f"Upload refused: {refusal[1]}", status=refusal[0])
     finally:
         staging.discard()  # whatever happened: registered bytes have moved into the store
 

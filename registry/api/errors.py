@@ -11,12 +11,15 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooMany
 from django.http import JsonResponse
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions, status
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from registry.artifacts import storage
 
 logger = logging.getLogger(__name__)
+# A store that refuses writes is a mount or permissions fault someone must mend: ask again later.
+STORE_RETRY_AFTER_S = 30
 
 
 # Django's own limits on a request body, met while DRF parses it: Django would answer its
@@ -31,8 +34,10 @@ def exception_handler(exc, context):
         limit = next((code for kind, code in BODY_LIMITS.items() if isinstance(exc, kind)), None)
         if limit is not None:  # e.g. "The number of GET/POST parameters exceeded settings.DATA_UPLOAD_MAX_NUMBER_FIELDS."
             return error_response(str(exc), limit)
-        if storage.is_full(exc):
-            return store_full_response(exc, context.get("request"))
+        request = context.get("request")
+        refusal = None if request is not None and request.method in SAFE_METHODS else storage.write_refusal(exc)  # only a write is refused
+        if refusal is not None:
+            return store_refusal_response(exc, refusal, request)
         return None  # Django's handler500 answers, as JSON, below.
     if isinstance(exc, exceptions.ValidationError):
         response.data = {"error": _first_message(exc.detail), "fields": exc.detail}
@@ -82,11 +87,15 @@ def error_response(message: str, status_code: int, **extra) -> Response:
     return Response({"error": message, **extra}, status=status_code)
 
 
-def store_full_response(exc: OSError, request) -> Response:
-    """507, naming the problem; the staged file is gone already (``StagingWriter``)."""
+def store_refusal_response(exc: OSError, refusal: tuple[int, str], request) -> Response:
+    """507 (full) or 503 (refusing writes), naming the problem; the staged file is gone already (``StagingWriter``)."""
     where = "" if request is None else f" on {request.method} {request.path}"
-    logger.error("the artifact store is full%s: %s", where, exc)
-    return error_response(storage.full_message(exc), status.HTTP_507_INSUFFICIENT_STORAGE)
+    logger.error("the artifact store could not keep a file%s: %s", where, exc)
+    status_code, message = refusal
+    response = error_response(message, status_code)
+    if status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
+        response["Retry-After"] = str(STORE_RETRY_AFTER_S)
+    return response
 
 
 # What each refusal means, for the OpenAPI schema: every operation lists the statuses it
@@ -103,8 +112,9 @@ ERROR_MEANINGS = {
     415: "The body's Content-Type is not one this endpoint reads.",
     422: "The ONNX file is well formed but cannot be served; nothing was stored.",
     429: "A worker id reports faster than WORKER_REPORTS_PER_S allows: report again after `Retry-After` seconds.",
-    503: ("Busy (too many inspections at once), a dependency (the database) is down, or a ready version's file is missing "
-          "from the artifact store (its volume not mounted): retry after `Retry-After` seconds."),
+    503: ("Busy (too many inspections at once), a dependency (the database) is down, a ready version's file is missing "
+          "from the artifact store (its volume not mounted), or the store refuses writes (read-only, permissions): "
+          "retry after `Retry-After` seconds."),
     507: "The artifact store's disk is full (or over its quota): nothing was kept; send the file again once there is room.",
 }
 

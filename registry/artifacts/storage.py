@@ -70,6 +70,23 @@ def is_full(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in FULL_ERRNOS
 
 
+# ...and what a store that will not take a write raises: a read-only mount, a directory
+# whose owner or flags changed. Both answered 500 "internal error", naming nothing.
+REFUSING_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def write_refusal(error: BaseException) -> tuple[int, str] | None:
+    """The status and words of an upload the store could not keep (507 full, 503 refused),
+    or None when ``error`` is neither. A request writes only under ARTIFACT_ROOT (models,
+    job inputs, data sets and the upload staging directory), so that is what it names."""
+    if is_full(error):
+        return 507, full_message(error)
+    if isinstance(error, OSError) and error.errno in REFUSING_ERRNOS:
+        return 503, (f"the artifact store refused the write: {os.strerror(error.errno).lower()}; nothing was kept. "
+                     "ARTIFACT_ROOT must be mounted read-write and writable by the console's user; send it again once it is")
+    return None
+
+
 def full_message(error: OSError) -> str:
     """What a 507 says: the store is full, how much is free, and that nothing was kept."""
     free = free_bytes()

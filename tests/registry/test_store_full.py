@@ -134,7 +134,7 @@ def test_a_full_disk_is_logged_once_as_an_error_naming_the_request(model, operat
 
     # Beside Django's own line for any 5xx ("Insufficient Storage: <path>"), which names no cause.
     errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR and record.name.startswith("registry")]
-    assert errors == ["the artifact store is full on POST /api/models/digits/versions/: [Errno 28] No space left on device"]
+    assert errors == ["the artifact store could not keep a file on POST /api/models/digits/versions/: [Errno 28] No space left on device"]
 
 
 def test_a_batch_job_input_on_a_full_disk_is_507_and_queues_nothing(jobs_model, operator_client, artifact_root, fill_disk):
@@ -186,6 +186,66 @@ def test_a_batch_job_through_the_jobs_page_on_a_full_disk_is_507(jobs_model, ope
     assert Job.objects.count() == jobs_before
 
 
+# ---------------------------------------------------------------- a store that refuses writes
+
+REFUSED = "the artifact store refused the write: "
+MENDED = ("; nothing was kept. ARTIFACT_ROOT must be mounted read-write and writable by the console's user; "
+          "send it again once it is")
+
+
+@pytest.mark.parametrize(("error_number", "problem"), [(errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied"),
+                                                       (errno.EPERM, "operation not permitted")])
+def test_a_model_upload_to_a_store_that_refuses_writes_is_503_naming_the_problem_and_keeps_nothing(
+        model, operator_client, good_onnx, artifact_root, fill_disk, error_number, problem):
+    fill_disk(error_number)
+
+    response = upload(operator_client, good_onnx)
+
+    assert response.status_code == 503  # was a 500 "internal error", naming nothing
+    assert response.json()["error"] == REFUSED + problem + MENDED
+    assert response["Retry-After"] == "30"
+    assert stored_files(artifact_root) == [] and ModelVersion.objects.count() == 0
+
+
+def test_a_batch_job_input_to_a_store_that_refuses_writes_is_503_and_queues_nothing(jobs_model, operator_client, artifact_root, fill_disk):
+    jobs_before = Job.objects.count()
+    fill_disk(errno.EROFS)
+
+    response = operator_client.post("/api/models/digits/jobs/", {"input": npy_upload(rows(100))}, format="multipart")
+
+    assert (response.status_code, response.json()["error"]) == (503, REFUSED + "read-only file system" + MENDED)
+    assert Job.objects.count() == jobs_before
+
+
+def test_a_data_set_to_a_store_that_refuses_writes_is_503_and_adds_nothing(jobs_model, operator_client, fill_disk):
+    fill_disk(errno.EACCES)
+    upload_file = npz_upload("holdout.npz", input=rows(50), labels=[index % CLASSES for index in range(50)])
+
+    response = operator_client.post("/api/models/digits/datasets/", {"file": upload_file, "name": "holdout", "task": "classification"},
+                                    format="multipart")
+
+    assert (response.status_code, response.json()["error"]) == (503, REFUSED + "permission denied" + MENDED)
+    assert EvaluationDataset.objects.count() == 0
+
+
+def test_an_upload_through_the_model_page_to_a_store_that_refuses_writes_is_503_naming_the_problem(model, operator_page, good_onnx,
+                                                                                                 fill_disk):
+    fill_disk(errno.EROFS)
+
+    with open(good_onnx, "rb") as handle:
+        response = operator_page.post("/models/digits/upload/", {"artifact": handle}, HTTP_ACCEPT="application/json")
+
+    assert (response.status_code, response.json()["message"]) == (503, "Upload refused: " + REFUSED + "read-only file system" + MENDED)
+
+
+def test_a_batch_job_through_the_jobs_page_to_a_store_that_refuses_writes_is_503(jobs_model, operator_page, fill_disk):
+    fill_disk(errno.EPERM)
+
+    response = operator_page.post("/models/digits/jobs/new", {"input": npy_upload(rows(100))}, HTTP_ACCEPT="application/json")
+
+    assert (response.status_code, response.json()["message"]) == (503, REFUSED + "operation not permitted" + MENDED)
+
+
 # ---------------------------------------------------------------- a real full file system
 
 # Run in a process of its own, inside the mount namespace: a console on a fresh SQLite
@@ -232,4 +292,22 @@ def test_a_model_larger_than_the_free_space_of_a_real_file_system_is_507_and_lea
     answer = json.loads(finished.stdout.strip().splitlines()[-1])
     assert answer["status"] == 507
     assert answer["body"]["error"].startswith("the artifact store is full: no space left on device (")
+    assert (answer["left"], answer["versions"], answer["later"]) == ([], 0, 200)
+
+
+def test_a_model_upload_to_a_real_read_only_store_is_503_and_leaves_nothing(tmp_path, good_onnx):
+    prefix = in_a_mount_namespace()
+    store, data = tmp_path / "store", tmp_path / "data"
+    (store / "tmp").mkdir(parents=True)
+    environment = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL"}}
+    environment.update(DATA_DIR=str(data), ARTIFACT_ROOT=str(store), DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(REPOSITORY))
+    # The store bound onto itself and made read-only, as a volume mounted ro would be.
+    shell = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$1" -c "$2" "$3"'
+
+    finished = subprocess.run([*prefix, "sh", "-c", shell, str(store), sys.executable, CONSOLE_ON_A_SMALL_DISK, str(good_onnx)],
+                              cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=180)
+
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    answer = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert (answer["status"], answer["body"]["error"]) == (503, REFUSED + "read-only file system" + MENDED)
     assert (answer["left"], answer["versions"], answer["later"]) == ([], 0, 200)
