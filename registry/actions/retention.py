@@ -6,7 +6,8 @@ NEVER delete the artifact of a version that
 - or could be reached by up to ``RETENTION_ROLLBACK_DEPTH`` rollbacks from the
   current release (one rollback always, whatever the setting); for an archived model
   that counts from the release served before the archive, which a restore brings back,
-- or is still being validated (its validation job reads the stored bytes).
+- or is still being validated (its validation job reads the stored bytes),
+- or is the version of a queued or running batch job.
 Rows are never deleted: an archived version keeps its metadata, report and metrics.
 A file shared by several versions (same bytes) is deleted only when none of them
 still needs it. Models are handled one at a time, each in its own transaction, and a
@@ -39,10 +40,11 @@ from django.utils import timezone
 
 from registry.actions import events, job_retention, uploads
 from registry.artifacts import storage
-from registry.domain.choices import DrillStatus, VersionStatus
+from registry.domain.choices import TERMINAL_JOB_STATUSES, DrillStatus, JobKind, VersionStatus
 from registry.fleet.state import current_generation
 from registry.models import (
     Drill,
+    Job,
     ModelVersion,
     RegisteredModel,
     Release,
@@ -64,7 +66,16 @@ def protected_versions(model: RegisteredModel, keep: int) -> set[int]:
     current = model.current_release()
     if current is not None and current.is_archive:
         current = current.rollback_target  # routes nothing itself: what a restore serves again is what counts
-    return set(newest) | rollback_reachable(current, depth)
+    return set(newest) | rollback_reachable(current, depth) | versions_jobs_await(model)
+
+
+def versions_jobs_await(model: RegisteredModel) -> set[int]:
+    """Versions a queued or running batch job of ``model`` will run: archived under one, a
+    version failed it when its worker came ("deleted by retention"), the input someone sent
+    thrown away. The benchmark and evaluations every ready version gets by itself are no
+    reason to keep an old one: with the jobs worker down they would keep every version."""
+    unfinished = Job.objects.filter(model=model, kind=JobKind.BATCH, version__isnull=False).exclude(status__in=TERMINAL_JOB_STATUSES)
+    return set(unfinished.values_list("version__number", flat=True))
 
 
 def rollback_reachable(release: Release | None, depth: int) -> set[int]:

@@ -14,8 +14,9 @@ from registry.actions import releases, uploads
 from registry.actions.retention import apply_retention
 from registry.artifacts import storage
 from registry.building.onnx_build import random_mlp, to_bytes
+from registry.domain.choices import JobKind, JobStatus
 from registry.fleet.state import issued_digest
-from registry.models import ModelVersion
+from registry.models import Job, ModelVersion
 
 pytestmark = pytest.mark.django_db
 
@@ -63,6 +64,27 @@ def test_versions_a_few_rollbacks_away_are_kept(three_versions):
     assert statuses(three_versions) == {1: "ready", 2: "ready", 3: "archived", 4: "ready"}
     releases.rollback(three_versions, actor)
     assert three_versions.current_release().routes == [{"version": 1, "weight": 100}]
+
+
+@pytest.mark.parametrize("status", [JobStatus.QUEUED, JobStatus.RUNNING])
+def test_the_version_of_an_unfinished_job_keeps_its_artifact(three_versions, status):
+    version_two = ModelVersion.objects.get(model=three_versions, number=2)
+    Job.objects.create(kind=JobKind.BATCH, model=three_versions, version=version_two, status=status)
+
+    apply_retention(keep=1)
+
+    assert statuses(three_versions) == {1: "ready", 2: "ready", 3: "ready"}  # 3 is the newest, 1 routed
+    assert storage.exists(version_two.sha256)
+
+
+def test_the_version_of_a_finished_job_may_go(three_versions):
+    version_two = ModelVersion.objects.get(model=three_versions, number=2)
+    for status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
+        Job.objects.create(kind=JobKind.BATCH, model=three_versions, version=version_two, status=status)
+
+    apply_retention(keep=1)
+
+    assert statuses(three_versions)[2] == "archived"
 
 
 def test_archived_version_keeps_its_metadata_and_loses_its_file(three_versions, operator_client):
