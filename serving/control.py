@@ -69,6 +69,14 @@ FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 UNREACHABLE_RETRY_S = 1.0  # how soon to ask again when the console did not answer
 FINAL_REPORT_TIMEOUT_S = 2.0  # a stopping worker waits no longer for the console
+# Answers after which the console has kept nothing of a report (too soon; its database
+# unavailable: the report's row and figures are written in one transaction), and errors
+# before a report was sent at all. Its figures go with the next report instead of being
+# lost: the requests a worker answered while the console was down or restarting had been
+# missing from its charts and from the rollout window judged after it. Any other failure
+# (a timeout after sending, a 400) may have been kept, or would be refused again.
+NOTHING_STORED = frozenset({429, 503})
+NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # A report refused as too soon waits the console's Retry-After, never longer than this:
 # a worker silent for WORKER_GONE_AFTER_S is shown as gone.
 MAX_REPORT_WAIT_S = 2.0
@@ -441,8 +449,9 @@ class ControlPlane:
                 log = logger.debug if response.status_code == self._refused_status else logger.warning
                 log(event("report_refused", status=response.status_code, body=response.text[:200]))
                 self._refused_status, self._refused_reports = response.status_code, self._refused_reports + 1
-                if response.status_code == 429:  # too soon, and nothing stored: the next report carries these figures too
+                if response.status_code in NOTHING_STORED:  # the next report carries these figures too
                     self.reports.not_stored()
+                if response.status_code == 429:
                     self._report_wait_s = min(_retry_after_s(response), MAX_REPORT_WAIT_S)
             else:
                 if self._refused_reports:
@@ -451,6 +460,8 @@ class ControlPlane:
                 self._reported = True
         except httpx.HTTPError as error:
             logger.debug(event("report_not_delivered", reason=str(error)))
+            if isinstance(error, NEVER_SENT):
+                self.reports.not_stored()
             if isinstance(error, httpx.TransportError):  # no answer at all, and reports go every second: the console may have moved
                 await _survived(self._follow_recorded_console, "follow_recorded_console")
 

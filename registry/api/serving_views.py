@@ -4,6 +4,7 @@ applied states and their reports (everything under ``/api/serving/`` but the API
 
 from __future__ import annotations
 
+from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers as drf_serializers
@@ -159,7 +160,9 @@ class WorkerReports(APIView):
             form = ReportSerializer(data=request.data)
             form.is_valid(raise_exception=True)
             report = {**request.data, **form.validated_data}
-            worker = fleet.record_report(report, request.headers.get(WORKER_KEY_HEADER))
+            with transaction.atomic():  # a 503 (the database gone midway) means nothing was kept: the worker sends it all again
+                worker = fleet.record_report(report, request.headers.get(WORKER_KEY_HEADER))
+                live.store_figures(worker, worker.last_report)  # the figures as the contract parsed them
         except worker_keys.KeyRefused as refusal:
             return error_response(str(refusal), status.HTTP_403_FORBIDDEN)
         except report_rate.TooSoon as refusal:
@@ -168,5 +171,5 @@ class WorkerReports(APIView):
             return response
         except fleet.Refused as refusal:
             return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
-        live.ingest_report(worker, worker.last_report)  # the figures as the contract parsed them
+        live.relay(worker, worker.last_report)
         return Response(status=status.HTTP_204_NO_CONTENT)

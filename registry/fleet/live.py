@@ -21,16 +21,24 @@ MAX_ROLLUP_BOUNDS = 2 * MAX_BUCKETS  # bounds one minute's histogram keeps
 
 
 def ingest_report(worker: Worker, report: dict, received_at: datetime | None = None) -> None:
-    """Roll the report's per-version figures up per minute, keep them as samples for the
-    canary analysis and the charts, and relay them to browsers. The figures were validated
+    """Store the report's figures (``store_figures``) and relay them to browsers."""
+    store_figures(worker, report, received_at)
+    relay(worker, report)
+
+
+def store_figures(worker: Worker, report: dict, received_at: datetime | None = None) -> None:
+    """Roll the report's per-version figures up per minute and keep them as samples for the
+    canary analysis and the charts, all or nothing: a worker sends again the figures of a
+    report answered 503, so none of them may have been kept. The figures were validated
     with the report (``serving.contract``); versions this console does not know are skipped.
     ``received_at`` is now, unless a test replays a report at another moment."""
     at = received_at or timezone.now()
     resolved = _resolve_versions(report.get("versions") or [])
-    for version, figures in resolved:
-        add_to_rollup(version, figures, at)
-    samples.store(worker.worker_id, resolved, at)
-    relay(worker, report)
+    with transaction.atomic():
+        # One lock order for every report, so two reports never wait for each other's rows.
+        for version, figures in sorted(resolved, key=lambda pair: pair[0].pk):
+            add_to_rollup(version, figures, at)
+        samples.store(worker.worker_id, resolved, at)
 
 
 def _resolve_versions(entries: list[dict]) -> list[tuple[ModelVersion, dict]]:

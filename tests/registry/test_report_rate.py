@@ -6,9 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import OperationalError
 
+from registry.fleet import samples
 from registry.fleet.report_rate import Bucket, TooSoon
-from registry.models import ReportSample, Worker
+from registry.models import ReportSample, VersionMetricMinute, Worker
 from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db
@@ -79,3 +81,18 @@ def test_the_allowance_is_earned_back_at_the_rate():
 def test_a_clock_stepped_back_earns_nothing():
     with pytest.raises(TooSoon):
         Bucket(rate=1.0, burst=5.0).spend(0.5, T0, T0 - timedelta(hours=1))
+
+
+def test_a_report_whose_figures_the_database_failed_to_keep_is_a_503_that_kept_nothing(worker_client, three_versions, monkeypatch):
+    # The worker sends a 503's figures again with its next report: none of them may have stayed.
+    worker_client.post("/api/serving/reports", report(requests=5), format="json")
+
+    def database_gone(*args, **kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(samples, "store", database_gone)
+    response = worker_client.post("/api/serving/reports", report(requests=7), format="json")
+
+    assert response.status_code == 503
+    assert Worker.objects.get().last_report["versions"][0]["requests"] == 5
+    assert list(VersionMetricMinute.objects.values_list("requests", flat=True)) == [5]

@@ -4,6 +4,7 @@ at start serves the persisted state, reports it, and acks it once the console an
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -275,8 +276,6 @@ async def test_reports_refused_through_an_outage_are_warned_about_once(start_pla
 
 
 async def test_a_replayed_push_asks_the_console_at_most_once_a_second_however_often_it_comes(start_plane, console, mlp_v1, mlp_v2):
-    import asyncio
-
     from serving.control import PUSH_RECONCILE_EVERY_S
     from serving.state_signing import sign_state, signing_key
 
@@ -336,3 +335,43 @@ async def test_a_worker_whose_console_answers_a_state_it_cannot_apply_at_start_s
     assert worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 100}]
     assert worker.initial_persisted[0]["digest"] == console.state["digest"]
     await worker.close()
+
+
+# ---- reports the console did not keep ---------------------------------------------------
+
+
+async def interval_after_a_lost_report(plane, console, lose) -> float:
+    """The ``interval_s`` of the report after one lost by ``lose(console)``, 0.4 s after
+    the last one the console kept: 0.4 s and more when the lost one's figures went with it."""
+    await plane.send_report()
+    await asyncio.sleep(0.4)
+    lose(console)
+    await plane.send_report()
+    console.is_down, console.report_status = False, 204
+    await plane.send_report()
+    return console.reports[-1]["interval_s"]
+
+
+def answered(status: int):
+    def lose(console) -> None:
+        console.report_status = status
+    return lose
+
+
+def unreachable(console) -> None:
+    console.is_down = True
+
+
+@pytest.mark.parametrize("lose", [answered(429), answered(503), unreachable], ids=["too soon", "database down", "console down"])
+async def test_a_report_the_console_kept_nothing_of_is_sent_again_with_the_next(start_plane, console, lose):
+    plane = await start_plane()
+
+    assert await interval_after_a_lost_report(plane, console, lose) >= 0.4
+
+
+@pytest.mark.parametrize("status", [400, 500])
+async def test_a_report_refused_for_what_it_holds_is_not_sent_again(start_plane, console, status):
+    # A 400 would be refused again with every report after it; a 500 may have kept part of it.
+    plane = await start_plane()
+
+    assert await interval_after_a_lost_report(plane, console, answered(status)) < 0.2
