@@ -2,8 +2,9 @@
 
 The document depends only on the code (``SERVE_PUBLIC``: every endpoint, whoever asks),
 yet drf-spectacular builds it anew for each request: about 85 ms of the console's CPU a
-call, which any signed-in user could repeat at will. It is kept per version and language
-asked for, a few at most, since both come from the query string.
+call, which any signed-in user could repeat at will. It is kept per language (a few at
+most), and ``?version=`` is not read: the API has one version, and any string there
+named another document to build and keep ("1.0.0 (evil)").
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ KEPT_SCHEMAS = 8
 class SchemaView(SpectacularAPIView):
     _built: OrderedDict[tuple, dict] = OrderedDict()
 
+    def _get_version_parameter(self, request):
+        return None
+
     def _get_schema_response(self, request):
-        version = self.api_version or request.version or self._get_version_parameter(request)
+        version = self.api_version or request.version
         key = (version, translation.get_language())
         schema = self._built.get(key)
         if schema is None:

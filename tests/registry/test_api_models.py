@@ -60,6 +60,18 @@ def test_the_schema_is_built_once_and_answered_alike_after(operator_client, view
     assert first.json() == second.json()
 
 
+def test_a_version_in_the_query_string_builds_no_other_schema(operator_client, monkeypatch):
+    monkeypatch.setattr(SchemaView, "_built", OrderedDict())
+    builds = []
+    build = SchemaGenerator.get_schema
+    monkeypatch.setattr(SchemaGenerator, "get_schema", lambda self, **kw: builds.append(1) or build(self, **kw))
+
+    answers = [operator_client.get(f"/api/schema/?version={name}", HTTP_ACCEPT="application/json") for name in ("", "a", "b", "evil")]
+
+    assert len(builds) == 1
+    assert {answer.json()["info"]["version"] for answer in answers} == {"1.0.0"}
+
+
 def test_the_schema_is_still_refused_to_anonymous_callers_once_built(operator_client, stranger_client):
     operator_client.get("/api/schema/", HTTP_ACCEPT="application/json")
 
