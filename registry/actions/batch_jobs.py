@@ -19,7 +19,7 @@ from registry.artifacts import storage
 from registry.domain.choices import JobKind, VersionStatus
 from registry.jobs import files, records
 from registry.jobs.batch import MAX_BATCH_SIZE
-from registry.models import Job, ModelVersion, RegisteredModel
+from registry.models import Job, ModelVersion, RegisteredModel, ServingGeneration
 from serving.jobs import formats
 
 INPUT_FORMATS = ("npy", "npz", "jsonl", "csv")
@@ -82,10 +82,21 @@ def _check(staged: storage.StagedArtifact, file_format: str, version: ModelVersi
     return rows
 
 
+def _check_still_ready(version: ModelVersion) -> None:
+    status = ModelVersion.objects.filter(pk=version.pk).values_list("status", flat=True).first()
+    if status != VersionStatus.READY:
+        raise JobRefused(f"version {version.number} is {status or 'gone'}: only a ready version runs batch jobs", 409)
+
+
 def _create(model, version, staged, file_format: str, rows: int | None, batch_size: int, input_name: str, created_by) -> Job:
     job = None
     try:
         with transaction.atomic():
+            # Retention decides what to keep under this lock, and keeps the version of a queued
+            # batch job: checked again under it, a version archived while the input was read
+            # (seconds for a large file) is refused here, not failed once the job runs.
+            ServingGeneration.objects.lock()
+            _check_still_ready(version)
             job = records.create(JobKind.BATCH, model, version=version, params={"batch_size": batch_size}, created_by=created_by,
                                  input_format=file_format, input_name=input_name, send=False)
             if rows is not None:

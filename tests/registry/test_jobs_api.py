@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from registry.domain.choices import JobKind, JobStatus
+from registry.domain.choices import JobKind, JobStatus, VersionStatus
 from registry.jobs import batch, files, records, runner
-from registry.models import Job
+from registry.models import Job, ModelVersion
+from serving.jobs import formats
 from tests.fixtures.job_world import (
     INPUT_WIDTH,
     SIGNATURE,
@@ -242,6 +243,23 @@ def test_a_version_that_is_not_ready_is_409(jobs_model, operator_client, artifac
     response = submit(operator_client, npy_upload(rows(2)), version=3)
 
     assert (response.status_code, response.json()["error"]) == (409, "version 3 is validating: only a ready version runs batch jobs")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_a_version_retention_archives_while_the_input_is_read_is_409_and_queues_nothing(jobs_model, operator_client, artifact_root,
+                                                                                        monkeypatch):
+    # Reading a large input takes seconds; retention, run meanwhile, kept nothing for a job
+    # not yet created, and the job was accepted for a version whose file was gone.
+    read_input = formats.check_batch_input
+
+    def read_while_retention_runs(*args, **kwargs):
+        ModelVersion.objects.filter(model=jobs_model, number=2).update(status=VersionStatus.ARCHIVED)
+        return read_input(*args, **kwargs)
+
+    monkeypatch.setattr(formats, "check_batch_input", read_while_retention_runs)
+    response = submit(operator_client, npy_upload(rows(2)), version=2)
+
+    assert (response.status_code, response.json()["error"]) == (409, "version 2 is archived: only a ready version runs batch jobs")
     assert batch_jobs() == 0 and left_behind(artifact_root) == []
 
 
