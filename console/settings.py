@@ -313,6 +313,10 @@ WORKER_FORGET_AFTER_S = env_float("WORKER_FORGET_AFTER_S", 86400.0, minimum=1.0)
 # Reports one worker id may send a second, and save up (registry/fleet/report_rate.py).
 WORKER_REPORTS_PER_S = env_float("WORKER_REPORTS_PER_S", 10.0, minimum=0.1)
 WORKER_REPORT_BURST = env_float("WORKER_REPORT_BURST", 20.0, minimum=1.0)
+if WORKER_REPORTS_PER_S * WORKER_GONE_AFTER_S < 3:  # a refused report does not count as seen
+    raise SettingError(f"WORKER_REPORTS_PER_S={WORKER_REPORTS_PER_S:g} with WORKER_GONE_AFTER_S={WORKER_GONE_AFTER_S:g}: a worker held "
+                       "to it would be shown gone between its accepted reports; keep WORKER_REPORTS_PER_S at least "
+                       f"3 / WORKER_GONE_AFTER_S ({3 / WORKER_GONE_AFTER_S:g})")
 DRILL_TARGET_S = env_float("DRILL_TARGET_S", 60.0, minimum=0.1)
 DRILL_ACK_TIMEOUT_S = env_float("DRILL_ACK_TIMEOUT_S", 10.0, minimum=0.1)
 

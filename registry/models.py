@@ -213,6 +213,7 @@ class Worker(models.Model):
     last_report = models.JSONField(default=dict)
     key_digest = models.CharField(max_length=64, blank=True)  # sha256 of the key that claimed this id (fleet/worker_keys.py)
     report_allowance = models.FloatField(null=True)  # reports saved up at its last accepted one (fleet/report_rate.py); null: full
+    report_allowance_at = models.DateTimeField(null=True)  # when its last report was accepted (acks move last_seen_at too)
     started_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField()
 

@@ -74,7 +74,8 @@ FINAL_REPORT_TIMEOUT_S = 2.0  # a stopping worker waits no longer for the consol
 # before a report was sent at all. Its figures go with the next report instead of being
 # lost: the requests a worker answered while the console was down or restarting had been
 # missing from its charts and from the rollout window judged after it. Any other failure
-# (a timeout after sending, a 400) may have been kept, or would be refused again.
+# (a timeout after sending, a 400, a 503 whose COMMIT is in doubt) may have been kept, or
+# would be refused again.
 NOTHING_STORED = frozenset({429, 503})
 NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # A report refused as too soon waits the console's Retry-After, never longer than this:
@@ -151,6 +152,7 @@ class ControlPlane:
         self._key = signing_key(worker.config.worker_token) if worker.config.worker_token else None
         self._transport = transport
         self._reported = False
+        self._report_lock = asyncio.Lock()
         self._unacked: Ack | None = None  # the ack of a persisted state, sent once the console answers
         self._console_answered: bool | None = None  # None: not asked yet
         self._refused_status: int | None = None  # the status refusing this worker's reports since the last accepted one
@@ -333,7 +335,7 @@ class ControlPlane:
         take it now (5xx, 429: worth sending again). A 4xx is the console's answer to this
         ack, and the same ack would get it again."""
         if not self._reported:
-            await self.send_report()
+            await self.send_report(only_first=True)
         try:
             response = await self._http.post("/api/serving/acks", json=ack.to_dict())
         except httpx.HTTPError as error:
@@ -437,8 +439,16 @@ class ControlPlane:
             wait_s, self._report_wait_s = max(self.report_interval_s, self._report_wait_s), 0.0
             await self.worker.drain.changes_within(wait_s)  # a graceful stop is reported at once
 
-    async def send_report(self, state: str | None = None) -> None:
-        """``state``: the worker's (serving, draining) unless given (the last report's "stopped")."""
+    async def send_report(self, state: str | None = None, *, only_first: bool = False) -> None:
+        """``state``: the worker's (serving, draining) unless given (the last report's "stopped").
+        One at a time: an ack sends one too (``only_first``: none once one was accepted), and
+        a report built while another was in flight made that one's ``not_stored`` give back
+        the wrong figures."""
+        async with self._report_lock:
+            if not (only_first and self._reported):
+                await self._send_report(state)
+
+    async def _send_report(self, state: str | None) -> None:
         applied = {"generation": self.applied.generation, "digest": self.applied.digest, "epoch": self.applied.epoch}
         report = self.reports.build(self.identity, self.worker.repository, applied, state or self.worker.drain.phase)
         try:
@@ -449,8 +459,8 @@ class ControlPlane:
                 log = logger.debug if response.status_code == self._refused_status else logger.warning
                 log(event("report_refused", status=response.status_code, body=response.text[:200]))
                 self._refused_status, self._refused_reports = response.status_code, self._refused_reports + 1
-                if response.status_code in NOTHING_STORED:  # the next report carries these figures too
-                    self.reports.not_stored()
+                if response.status_code in NOTHING_STORED and not _maybe_kept(response):
+                    self.reports.not_stored()  # the next report carries these figures too
                 if response.status_code == 429:
                     self._report_wait_s = min(_retry_after_s(response), MAX_REPORT_WAIT_S)
             else:
@@ -464,6 +474,16 @@ class ControlPlane:
                 self.reports.not_stored()
             if isinstance(error, httpx.TransportError):  # no answer at all, and reports go every second: the console may have moved
                 await _survived(self._follow_recorded_console, "follow_recorded_console")
+
+
+def _maybe_kept(response: httpx.Response) -> bool:
+    """A 503 that says the report was, or may have been, committed before the database
+    went (console/outage.py: "committed", "in_doubt"): sent again, it could count twice."""
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and bool(body.keys() & {"committed", "in_doubt"})
 
 
 def _retry_after_s(response: httpx.Response) -> float:

@@ -20,6 +20,7 @@ from registry.api.permissions import (
     IsWorkerOrStaff,
     WorkerTokenAuthentication,
 )
+from registry.committed_change import committing, note_pending
 from registry.fleet import live, report_rate, worker_keys
 from registry.fleet import workers as fleet
 from registry.fleet.state import desired_state
@@ -160,9 +161,13 @@ class WorkerReports(APIView):
             form = ReportSerializer(data=request.data)
             form.is_valid(raise_exception=True)
             report = {**request.data, **form.validated_data}
-            with transaction.atomic():  # a 503 (the database gone midway) means nothing was kept: the worker sends it all again
+            # All or nothing, so a 503 (the database gone midway) kept nothing and the worker sends
+            # the figures again; a COMMIT that lost its connection may have kept them, and its
+            # 503 says "in_doubt" (console/outage.py), which the worker takes as kept.
+            with committing(request), transaction.atomic():
                 worker = fleet.record_report(report, request.headers.get(WORKER_KEY_HEADER))
                 live.store_figures(worker, worker.last_report)  # the figures as the contract parsed them
+                note_pending(f"the report of worker {worker.worker_id[:40]!r}")
         except worker_keys.KeyRefused as refusal:
             return error_response(str(refusal), status.HTTP_403_FORBIDDEN)
         except report_rate.TooSoon as refusal:

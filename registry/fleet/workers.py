@@ -95,7 +95,10 @@ def record_report(message: dict, key: str | None = None) -> Worker:
         worker = locked_worker(worker_id, fields, key)
         worker_keys.check(worker, worker_id, key)
         fields.update(worker_keys.claimed(worker, key))
-        fields["report_allowance"] = allowance_after_report(worker, fields["last_seen_at"])
+        # Read under the lock: a report that waited for it, stamped before, set the time
+        # back and let the next one earn the same seconds twice (24 a second passed a limit of 10).
+        now = timezone.now()
+        fields.update(last_seen_at=now, report_allowance=allowance_after_report(worker, now), report_allowance_at=now)
         for name, value in fields.items():
             setattr(worker, name, value)
         worker.save(update_fields=list(fields))
@@ -103,10 +106,12 @@ def record_report(message: dict, key: str | None = None) -> Worker:
 
 
 def allowance_after_report(worker: Worker, now) -> float:
-    """What ``worker``'s id has saved up after this report; TooSoon when it has none."""
+    """What ``worker``'s id has saved up after this report; TooSoon when it has none. The
+    bucket keeps its own time: ``last_seen_at`` moves with acks too."""
     bucket = report_rate.Bucket(settings.WORKER_REPORTS_PER_S, settings.WORKER_REPORT_BURST)
-    saved = bucket.burst if worker.report_allowance is None else worker.report_allowance
-    return bucket.spend(saved, worker.last_seen_at, now)
+    if worker.report_allowance is None or worker.report_allowance_at is None:  # a new id: a full bucket
+        return bucket.burst - 1.0
+    return bucket.spend(worker.report_allowance, worker.report_allowance_at, now)
 
 
 def reported_fields(report: WorkerReport) -> dict:

@@ -111,3 +111,11 @@ def test_a_database_made_readable_by_an_earlier_version_is_made_private_at_start
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "0o600"
+
+
+def test_a_report_rate_that_would_show_workers_gone_stops_the_console(tmp_path):
+    result = _settings(tmp_path, "'started'", WORKER_REPORTS_PER_S="0.5", WORKER_GONE_AFTER_S="5")
+
+    assert result.returncode != 0
+    assert ("SettingError: WORKER_REPORTS_PER_S=0.5 with WORKER_GONE_AFTER_S=5: a worker held to it would be shown gone between its "
+            "accepted reports; keep WORKER_REPORTS_PER_S at least 3 / WORKER_GONE_AFTER_S (0.6)") in result.stderr

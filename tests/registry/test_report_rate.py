@@ -3,13 +3,17 @@ report past its allowance is a 429 with Retry-After that stores nothing."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
+from rest_framework.test import APIClient
 
 from registry.fleet import samples
 from registry.fleet.report_rate import Bucket, TooSoon
+from registry.fleet.state import issued_digest
 from registry.models import ReportSample, VersionMetricMinute, Worker
 from serving.contract import CONTRACT_VERSION
 
@@ -83,6 +87,44 @@ def test_a_clock_stepped_back_earns_nothing():
         Bucket(rate=1.0, burst=5.0).spend(0.5, T0, T0 - timedelta(hours=1))
 
 
+def test_an_ack_between_two_reports_does_not_hold_the_next_back(worker_client, three_versions, settings):
+    # Acks move the worker's last_seen_at too; the bucket earned from that, not from its last report.
+    settings.WORKER_REPORTS_PER_S, settings.WORKER_REPORT_BURST = 1, 1
+    assert worker_client.post("/api/serving/reports", report(), format="json").status_code == 204
+    time.sleep(0.6)
+    ack = {"worker": "w-1", "generation": 1, "digest": issued_digest(1), "ok": True, "contract": CONTRACT_VERSION}
+    assert worker_client.post("/api/serving/acks", ack, format="json").status_code == 204
+    time.sleep(0.6)
+
+    assert worker_client.post("/api/serving/reports", report(), format="json").status_code == 204
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reports_of_one_id_sent_at_once_get_no_more_than_the_allowance(three_versions, settings):
+    # Each report's time is read once it holds its worker's row: one stamped before it
+    # waited for the row set the time back, and the next earned the same seconds again
+    # (on PostgreSQL all 240 of these were accepted).
+    settings.WORKER_REPORTS_PER_S, settings.WORKER_REPORT_BURST = 10, 20
+    busy = report()
+    busy["versions"] = [{**busy["versions"][0], "version": number} for number in (1, 2, 3)]  # a longer hold of the row
+    started = time.monotonic()
+
+    def send(_: int) -> int:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
+        try:
+            return client.post("/api/serving/reports", busy, format="json").status_code
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(send, range(240)))
+
+    allowed = settings.WORKER_REPORT_BURST + settings.WORKER_REPORTS_PER_S * (time.monotonic() - started)
+    assert set(statuses) == {204, 429}
+    assert statuses.count(204) <= allowed, (statuses.count(204), allowed)
+
+
 def test_a_report_whose_figures_the_database_failed_to_keep_is_a_503_that_kept_nothing(worker_client, three_versions, monkeypatch):
     # The worker sends a 503's figures again with its next report: none of them may have stayed.
     worker_client.post("/api/serving/reports", report(requests=5), format="json")
@@ -96,3 +138,20 @@ def test_a_report_whose_figures_the_database_failed_to_keep_is_a_503_that_kept_n
     assert response.status_code == 503
     assert Worker.objects.get().last_report["versions"][0]["requests"] == 5
     assert list(VersionMetricMinute.objects.values_list("requests", flat=True)) == [5]
+
+
+@pytest.mark.django_db(transaction=True)  # the report must really commit
+def test_a_report_whose_commit_lost_the_connection_is_answered_in_doubt(worker_client, three_versions, monkeypatch):
+    # It may have been kept: a worker sending its figures again could count them twice.
+    commit = connection._commit
+
+    def commit_then_lose_the_connection():
+        commit()
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(connection, "_commit", commit_then_lose_the_connection)
+    response = worker_client.post("/api/serving/reports", report(), format="json")
+
+    assert response.status_code == 503
+    assert "Retry-After" not in response
+    assert response.json()["in_doubt"] == "the report of worker 'w-1'"

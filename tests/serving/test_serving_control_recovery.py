@@ -27,12 +27,22 @@ class Console:
         self.state: dict | None = None
         self.is_down = False
         self.report_status = 204  # 503: the console's database is down
+        self.report_refusal = {"error": "the database is unavailable; retry in 5 s"}
         self.ack_status = 204
         self.ack_posts = 0
         self.state_reads = 0
         self.acks: list[dict] = []
         self.reports: list[dict] = []
-        self.transport = httpx.MockTransport(lambda request: self.handle(request))
+        self.hold_reports: asyncio.Event | None = None  # set: reports wait for it, then take the status of that moment
+        self.transport = httpx.MockTransport(self.handle_held)
+
+    async def handle_held(self, request: httpx.Request) -> httpx.Response:
+        if self.hold_reports is not None and request.url.path == "/api/serving/reports":
+            status = self.report_status
+            await self.hold_reports.wait()
+            if status != 204:
+                return httpx.Response(status, json=self.report_refusal)
+        return self.handle(request)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if self.is_down:
@@ -41,7 +51,7 @@ class Console:
             self.state_reads += 1
             return httpx.Response(200, json=self.state)
         if request.url.path == "/api/serving/reports" and self.report_status != 204:
-            return httpx.Response(self.report_status, json={"error": "the database is unavailable; retry in 5 s"})
+            return httpx.Response(self.report_status, json=self.report_refusal)
         if request.url.path == "/api/serving/acks":
             self.ack_posts += 1
             if self.ack_status != 204:
@@ -375,3 +385,30 @@ async def test_a_report_refused_for_what_it_holds_is_not_sent_again(start_plane,
     plane = await start_plane()
 
     assert await interval_after_a_lost_report(plane, console, answered(status)) < 0.2
+
+
+async def test_a_report_whose_commit_the_console_could_not_confirm_is_not_sent_again(start_plane, console):
+    plane = await start_plane()
+    console.report_refusal = {"error": "the database failed while this change was being committed", "in_doubt": "the report of worker 'w'"}
+
+    assert await interval_after_a_lost_report(plane, console, answered(503)) < 0.2
+
+
+async def test_reports_sent_at_once_go_one_after_the_other_and_a_lost_one_is_sent_again(start_plane, console):
+    # An ack sends the first report itself, beside the report loop: two reports in flight at
+    # once gave back the wrong figures after the first was lost (0.4 s of them never sent).
+    plane = await start_plane()
+    await plane.send_report()
+    await asyncio.sleep(0.4)
+    console.report_status = 503
+    console.hold_reports = asyncio.Event()
+    first = asyncio.create_task(plane.send_report())
+    await asyncio.sleep(0.05)  # the first is in flight, held by the console
+    second = asyncio.create_task(plane.send_report())
+    await asyncio.sleep(0.05)
+    console.report_status = 204  # the first is answered 503, the second 204
+    console.hold_reports.set()
+    await asyncio.gather(first, second)
+    await plane.send_report()
+
+    assert sum(report["interval_s"] for report in console.reports[1:]) >= 0.4
