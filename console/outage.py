@@ -26,13 +26,15 @@ from django.template.loader import render_to_string
 from django.utils.deprecation import MiddlewareMixin
 
 from registry.committed_change import change_in_doubt, committed_change
-from registry.db_unavailable import is_database_unavailable, is_read_only
+from registry.db_unavailable import is_database_unavailable, is_lock_timeout, is_read_only
 
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5
 MESSAGE = f"the database is unavailable; retry in {RETRY_AFTER_S} s"
 READ_ONLY_MESSAGE = f"the database accepts no writes now (read-only); retry in {RETRY_AFTER_S} s"
+LOCK_MESSAGE = (f"the database is busy: a lock this request needs was held by another session for longer than "
+                f"DATABASE_LOCK_TIMEOUT_S; nothing was changed; retry in {RETRY_AFTER_S} s")
 
 
 def database_unavailable_response(request, error: BaseException) -> HttpResponse:
@@ -49,8 +51,8 @@ def database_unavailable_response(request, error: BaseException) -> HttpResponse
     elif in_doubt:
         response = _in_doubt_response(request, in_doubt, request_id)
     elif request.path.startswith("/api/"):
-        read_only = is_read_only(error)
-        response = JsonResponse({"error": READ_ONLY_MESSAGE if read_only else MESSAGE, "request_id": request_id}, status=503)
+        message = READ_ONLY_MESSAGE if is_read_only(error) else LOCK_MESSAGE if is_lock_timeout(error) else MESSAGE
+        response = JsonResponse({"error": message, "request_id": request_id}, status=503)
     else:
         context = {"retry_after_s": RETRY_AFTER_S, "request_id": request_id, "read_only": is_read_only(error)}
         response = HttpResponse(render_to_string("503.html", context), status=503)

@@ -180,6 +180,13 @@ def _database() -> dict:
         # Without it a database host that drops packets holds each request for libpq's
         # 130 s; with it the request fails fast as a 503. libpq counts 2 s at least.
         database.setdefault("OPTIONS", {})["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT_S", 3, minimum=2)
+        # Without it a change waited for a lock as long as anyone held it: a session left
+        # idle in a transaction held the generation row 45 s, every traffic change waited
+        # (and committed long after the click), and 110 of them used up max_connections,
+        # so every page and report failed. Past this a change is a 503 that made nothing.
+        lock_timeout_ms = round(env_float("DATABASE_LOCK_TIMEOUT_S", 10.0, minimum=0.1) * 1000)
+        options = database["OPTIONS"].get("options", "")
+        database["OPTIONS"]["options"] = f"{options} -c lock_timeout={lock_timeout_ms}".strip()
     return database
 
 

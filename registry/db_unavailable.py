@@ -27,5 +27,14 @@ def is_read_only(error: BaseException | None) -> bool:
     return getattr(cause, "sqlstate", None) == READ_ONLY_SQLSTATE or getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_READONLY
 
 
+LOCK_TIMEOUT_SQLSTATE = "55P03"  # lock_not_available: DATABASE_LOCK_TIMEOUT_S passed
+
+
+def is_lock_timeout(error: BaseException | None) -> bool:
+    """A lock this work needed was held by another session for longer than PostgreSQL's
+    ``lock_timeout`` (an OperationalError, so unavailable too: the same 503 and retry)."""
+    return isinstance(error, DatabaseError) and getattr(error.__cause__, "sqlstate", None) == LOCK_TIMEOUT_SQLSTATE
+
+
 def is_database_unavailable(error: BaseException | None) -> bool:
     return isinstance(error, UNREACHABLE_ERRORS) or is_read_only(error)
