@@ -132,6 +132,19 @@ def cancel_requested(job: Job) -> bool:
     return Job.objects.filter(pk=job.pk, cancel_requested=True).exists()
 
 
+def give_back(job: Job) -> None:
+    """Queue a job this runner still holds again, its attempt not counted (a database
+    outage stopped it, not the job), and send it; nothing when it is no longer this
+    runner's (swept, cancelled or finished elsewhere)."""
+    note = f"attempt {job.attempts} was interrupted by a database outage; queued again"
+    if _current(job).update(status=JobStatus.QUEUED, attempts=job.attempts - 1, heartbeat_at=None, error=note) != 1:
+        return
+    job.refresh_from_db()
+    logger.warning("job %s: %s", job.pk, note)
+    relay(job)
+    _send(job.pk)
+
+
 def succeed(job: Job, result: dict, **fields) -> bool:
     done = job.total if job.total is not None else job.done
     return _finish(job, JobStatus.SUCCEEDED, result=result, done=done, **fields)

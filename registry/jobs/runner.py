@@ -11,17 +11,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils.module_loading import import_string
 
+from registry.db_unavailable import is_database_unavailable
 from registry.domain.choices import JobKind
 from registry.jobs import records
 from registry.models import Job
 
 logger = logging.getLogger(__name__)
+OUTAGE_POLL_S = 1.0  # how often a runner the database left asks whether it is back
 
 HANDLERS = {
     JobKind.VALIDATION: "registry.jobs.validation.run",
@@ -57,11 +60,36 @@ def run(job_id: int) -> str | None:
         except JobFailed as failure:
             records.fail(job, failure.reason)
         except Exception as error:
-            logger.exception("job %s (%s) failed unexpectedly", job.pk, job.kind)
-            records.fail(job, f"the job failed unexpectedly ({type(error).__name__}); the Celery worker's log has the details (job {job.pk})")
+            if not is_database_unavailable(error):
+                logger.exception("job %s (%s) failed unexpectedly", job.pk, job.kind)
+                records.fail(job, f"the job failed unexpectedly ({type(error).__name__}); the Celery worker's log has the details (job {job.pk})")
+            elif not _given_back_after_outage(job, error):
+                raise  # the task's outage handling says so, and the job sweep has it
         else:
             records.succeed(job, result or {})
     return Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
+
+
+def _given_back_after_outage(job: Job, error: BaseException) -> bool:
+    """The database went while the job ran (its progress, its cancel poll): not the job's
+    fault. Left ``running``, it waited for the stale sweep, which counted the attempt: two
+    short outages failed a good upload's validation, "its Celery worker stopped". The
+    runner waits for the database (up to JOB_STALE_AFTER_S) and queues the job again with
+    its attempt given back (True); after a longer outage the sweep has it, as before."""
+    logger.warning("job %s (%s): the database became unavailable while it ran (%s); waiting for it to give the attempt back",
+                   job.pk, job.kind, type(error).__name__)
+    deadline_s = time.monotonic() + settings.JOB_STALE_AFTER_S
+    while time.monotonic() < deadline_s:
+        if not connection.in_atomic_block:  # a test's transaction; a runner's lost connection is replaced
+            close_old_connections()
+        try:
+            records.give_back(job)
+            return True
+        except DatabaseError as still:
+            if not is_database_unavailable(still):
+                raise
+        time.sleep(OUTAGE_POLL_S)
+    return False
 
 
 @contextlib.contextmanager

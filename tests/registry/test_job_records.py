@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import OperationalError
 from django.utils import timezone
 
 from registry.domain.choices import JobKind, JobStatus
@@ -30,6 +31,16 @@ def crashing_handler(job):
 
 def succeeding_handler(job):
     records.progress(job, 5, 10, force=True)
+    return {"answer": 42}
+
+
+OUTAGES = []  # how many more runs the database "goes away" under
+
+
+def outage_then_success_handler(job):
+    if OUTAGES:
+        OUTAGES.pop()
+        raise OperationalError("server closed the connection unexpectedly")  # as Django raises it when PostgreSQL goes
     return {"answer": 42}
 
 
@@ -176,3 +187,29 @@ def test_a_job_waiting_behind_a_running_one_is_not_sent_again(model, settings):
     _sent(waiting, 31)
 
     assert records.sweep_stale() == 0
+
+
+def test_a_job_the_database_left_while_it_ran_is_queued_again_with_its_attempt_given_back(model, handler):
+    handler(outage_then_success_handler)
+    OUTAGES[:] = [1]
+    job = records.create(JobKind.BATCH, model)
+
+    status = runner.run(job.pk)
+
+    job.refresh_from_db()
+    assert (status, job.attempts, job.error) == ("queued", 0, "attempt 1 was interrupted by a database outage; queued again")
+
+
+def test_two_database_outages_during_a_job_do_not_use_up_its_attempts(model, handler, settings):
+    # Each left it running for the sweep, which counted it: a good upload's validation
+    # failed "its Celery worker stopped while it ran" after two short outages.
+    settings.JOB_MAX_ATTEMPTS = 2
+    handler(outage_then_success_handler)
+    OUTAGES[:] = [1, 1]
+    job = records.create(JobKind.BATCH, model)
+
+    statuses = [runner.run(job.pk) for _ in range(3)]
+
+    job.refresh_from_db()
+    assert statuses == ["queued", "queued", "succeeded"]
+    assert (job.status, job.attempts, job.result) == (JobStatus.SUCCEEDED, 1, {"answer": 42})
