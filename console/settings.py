@@ -155,6 +155,11 @@ TEMPLATES = [
 ]
 
 
+# How long a change may wait for a lock another session holds (PostgreSQL): every single
+# wait (lock_timeout), and the generation row's in all (registry/row_lock.py).
+DATABASE_LOCK_TIMEOUT_S = env_float("DATABASE_LOCK_TIMEOUT_S", 10.0, minimum=0.1)
+
+
 def _database() -> dict:
     url = env_secret("DATABASE_URL")  # may carry a password
     if url:
@@ -184,9 +189,8 @@ def _database() -> dict:
         # idle in a transaction held the generation row 45 s, every traffic change waited
         # (and committed long after the click), and 110 of them used up max_connections,
         # so every page and report failed. Past this a change is a 503 that made nothing.
-        lock_timeout_ms = round(env_float("DATABASE_LOCK_TIMEOUT_S", 10.0, minimum=0.1) * 1000)
         options = database["OPTIONS"].get("options", "")
-        database["OPTIONS"]["options"] = f"{options} -c lock_timeout={lock_timeout_ms}".strip()
+        database["OPTIONS"]["options"] = f"{options} -c lock_timeout={round(DATABASE_LOCK_TIMEOUT_S * 1000)}".strip()
     return database
 
 

@@ -30,9 +30,15 @@ def is_read_only(error: BaseException | None) -> bool:
 LOCK_TIMEOUT_SQLSTATE = "55P03"  # lock_not_available: DATABASE_LOCK_TIMEOUT_S passed
 
 
+class LockWaitTimeout(OperationalError):
+    """A row lock not taken within DATABASE_LOCK_TIMEOUT_S in all (registry/row_lock.py)."""
+
+
 def is_lock_timeout(error: BaseException | None) -> bool:
-    """A lock this work needed was held by another session for longer than PostgreSQL's
-    ``lock_timeout`` (an OperationalError, so unavailable too: the same 503 and retry)."""
+    """A lock this work needed was held by another session for longer than
+    DATABASE_LOCK_TIMEOUT_S (an OperationalError, so unavailable too: the same 503 and retry)."""
+    if isinstance(error, LockWaitTimeout):
+        return True
     return isinstance(error, DatabaseError) and getattr(error.__cause__, "sqlstate", None) == LOCK_TIMEOUT_SQLSTATE
 
 

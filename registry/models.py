@@ -20,6 +20,7 @@ from registry.domain.choices import (
     RolloutStatus,
     VersionStatus,
 )
+from registry.row_lock import locked
 
 
 class RegisteredModelQuerySet(models.QuerySet):
@@ -116,7 +117,7 @@ class ServingGenerationManager(models.Manager):
         # A migration creates the row; get_or_create covers a flushed test database (a
         # racing insert raises IntegrityError, which get_or_create answers with a get).
         self.get_or_create(pk=1)
-        return self.select_for_update().get(pk=1)
+        return locked(self.all(), pk=1)  # within DATABASE_LOCK_TIMEOUT_S, however many wait for it
 
 
 def new_epoch() -> str:

@@ -112,12 +112,19 @@ def _heartbeats(job: Job) -> Iterator[None]:
 
 
 def _beat(job: Job, stop: threading.Event) -> None:
+    failing = False
     try:
         while not stop.wait(settings.JOB_HEARTBEAT_S):
             try:
                 records.heartbeat(job)
-            except Exception:  # a database blip: the next beat tries again
-                logger.warning("heartbeat of job %s failed", job.pk, exc_info=True)
+                failing = False
+            except Exception as error:  # a database blip: the next beat tries again
+                # One line per outage: a traceback every beat filled the log while the runner
+                # waited for the database to give its attempt back.
+                if not failing:
+                    logger.warning("heartbeat of job %s failed (%s: %s); retrying every %g s", job.pk, type(error).__name__,
+                                   str(error).strip()[:200], settings.JOB_HEARTBEAT_S)
+                failing = True
                 close_old_connections()
     finally:
         connection.close()

@@ -3,6 +3,8 @@ delivered twice; a runner that went silent is replaced or the job fails; a cance
 
 from __future__ import annotations
 
+import logging
+import time
 from datetime import timedelta
 
 import pytest
@@ -42,6 +44,11 @@ def outage_then_success_handler(job):
         OUTAGES.pop()
         raise OperationalError("server closed the connection unexpectedly")  # as Django raises it when PostgreSQL goes
     return {"answer": 42}
+
+
+def slow_handler(job):
+    time.sleep(0.5)
+    return {}
 
 
 @pytest.fixture
@@ -213,3 +220,24 @@ def test_two_database_outages_during_a_job_do_not_use_up_its_attempts(model, han
     job.refresh_from_db()
     assert statuses == ["queued", "queued", "succeeded"]
     assert (job.status, job.attempts, job.result) == (JobStatus.SUCCEEDED, 1, {"answer": 42})
+
+
+@pytest.mark.django_db(transaction=True)  # the heartbeat thread writes through a connection of its own
+def test_a_heartbeat_failing_through_an_outage_is_one_warning_not_a_traceback_a_beat(model, handler, settings, monkeypatch, caplog):
+    settings.JOB_HEARTBEAT_S = 0.05
+    handler(slow_handler)
+    beat = records.heartbeat
+    failures = [1] * 4
+
+    def heartbeat_through_an_outage(job):
+        if failures:
+            failures.pop()
+            raise OperationalError("server closed the connection unexpectedly")
+        return beat(job)
+
+    monkeypatch.setattr(records, "heartbeat", heartbeat_through_an_outage)
+    with caplog.at_level(logging.WARNING, logger="registry.jobs.runner"):
+        assert runner.run(records.create(JobKind.BATCH, model).pk) == "succeeded"
+
+    warnings = [record for record in caplog.records if "heartbeat of job" in record.getMessage()]
+    assert len(warnings) == 1 and warnings[0].exc_info is None
