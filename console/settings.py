@@ -157,7 +157,8 @@ TEMPLATES = [
 
 # How long a change may wait for a lock another session holds (PostgreSQL): every single
 # wait (lock_timeout), and the generation row's in all (registry/row_lock.py).
-DATABASE_LOCK_TIMEOUT_S = env_float("DATABASE_LOCK_TIMEOUT_S", 10.0, minimum=0.1)
+# 0: neither (a pooler that refuses startup options; set lock_timeout on the role instead).
+DATABASE_LOCK_TIMEOUT_S = env_float("DATABASE_LOCK_TIMEOUT_S", 10.0, minimum=0.0)
 
 
 def _database() -> dict:
@@ -189,8 +190,9 @@ def _database() -> dict:
         # idle in a transaction held the generation row 45 s, every traffic change waited
         # (and committed long after the click), and 110 of them used up max_connections,
         # so every page and report failed. Past this a change is a 503 that made nothing.
-        options = database["OPTIONS"].get("options", "")
-        database["OPTIONS"]["options"] = f"{options} -c lock_timeout={round(DATABASE_LOCK_TIMEOUT_S * 1000)}".strip()
+        if DATABASE_LOCK_TIMEOUT_S > 0:
+            options = database["OPTIONS"].get("options", "")
+            database["OPTIONS"]["options"] = f"{options} -c lock_timeout={round(DATABASE_LOCK_TIMEOUT_S * 1000)}".strip()
     return database
 
 

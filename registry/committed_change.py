@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from django.db import DatabaseError
 
-from registry.db_unavailable import is_database_unavailable
+from registry.db_unavailable import is_database_unavailable, is_lock_timeout
 
 ATTRIBUTE = "committed_change"
 
@@ -49,7 +49,8 @@ def committing(request):
         yield
     except DatabaseError as error:
         change = getattr(_pending, "change", None)
-        if change and is_database_unavailable(error):
+        # A lock wait that timed out is a statement before the COMMIT, never the COMMIT itself.
+        if change and is_database_unavailable(error) and not is_lock_timeout(error):
             setattr(getattr(request, "_request", request), IN_DOUBT_ATTRIBUTE, change)
         raise
     finally:

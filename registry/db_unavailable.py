@@ -42,5 +42,25 @@ def is_lock_timeout(error: BaseException | None) -> bool:
     return isinstance(error, DatabaseError) and getattr(error.__cause__, "sqlstate", None) == LOCK_TIMEOUT_SQLSTATE
 
 
+# SQLSTATEs of a server going away: class 08 (connection exception), and an administrator's
+# or a crash's shutdown, or a server still starting (57P01-57P03).
+CONNECTION_LOST_SQLSTATES = ("57P01", "57P02", "57P03")
+
+
+def is_connection_lost(error: BaseException | None) -> bool:
+    """The database went away (or was never reached): not a lock, a timeout, a full disk
+    or a deadlock, which a database that still answers raises as OperationalError too.
+    A driver error with no SQLSTATE is one the client raised itself: a lost connection."""
+    if isinstance(error, InterfaceError):
+        return True
+    if not isinstance(error, OperationalError) or isinstance(error, LockWaitTimeout):
+        return False
+    cause = error.__cause__
+    if isinstance(cause, sqlite3.Error):
+        return False  # a file database cannot go away: "database is locked", a full disk
+    sqlstate = getattr(cause, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in CONNECTION_LOST_SQLSTATES
+
+
 def is_database_unavailable(error: BaseException | None) -> bool:
     return isinstance(error, UNREACHABLE_ERRORS) or is_read_only(error)

@@ -21,7 +21,7 @@ QUERY_CANCELED_SQLSTATE = "57014"
 
 def locked(queryset, **lookup):
     """``queryset.select_for_update().get(**lookup)``, waiting DATABASE_LOCK_TIMEOUT_S at most."""
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql" or not settings.DATABASE_LOCK_TIMEOUT_S:
         return queryset.select_for_update().get(**lookup)
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('statement_timeout')")

@@ -27,6 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from registry.actions import events, releases
+from registry.db_unavailable import is_database_unavailable
 from registry.domain.canary_analysis import (
     AnalysisSettings,
     InvalidAnalysis,
@@ -243,8 +244,11 @@ def tick(now: datetime | None = None) -> int:
     for pk in list(due):
         try:
             judged += analyse(pk, now)
-        except Exception:
-            logger.exception("analysis of rollout %s failed", pk)
+        except Exception as error:
+            if not is_database_unavailable(error):
+                logger.exception("analysis of rollout %s failed", pk)
+            else:  # a lock held past DATABASE_LOCK_TIMEOUT_S, a blip: the next tick judges it
+                logger.warning("analysis of rollout %s postponed: the database is busy or unavailable (%s)", pk, type(error).__name__)
     samples.prune(now)
     return judged
 

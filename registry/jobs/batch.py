@@ -14,12 +14,10 @@ import os
 
 from django.conf import settings
 
-from registry.domain.choices import JobStatus
-from registry.jobs import files
+from registry.jobs import files, records
 from registry.jobs.child import run_child
 from registry.jobs.runner import JobFailed
 from registry.jobs.versions import artifact_path, memory_limit_bytes
-from registry.models import Job
 
 PENDING_OUTPUT = "output.pending"
 MAX_BATCH_SIZE = 4096  # rows per model call; BATCH_JOB_BATCH_SIZE is bounded the same
@@ -61,7 +59,7 @@ def _keep_output(job, pending, result: dict) -> None:
 
 
 def _held(job):
-    return Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts)
+    return records.held(job)
 
 
 def _still_held(job) -> bool:

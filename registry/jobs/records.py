@@ -98,9 +98,11 @@ def _set(job: Job, **fields) -> None:
     job.save(update_fields=list(fields))
 
 
-def _current(job: Job):
-    """This runner's claim: the row is still running under the attempt it claimed."""
-    return Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts)
+def held(job: Job):
+    """This runner's claim: the row is still running under the attempt it claimed, started
+    when it claimed it (an attempt given back after an outage is claimed again under the
+    same number, by another runner)."""
+    return Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts, started_at=job.started_at)
 
 
 def progress(job: Job, done: int, total: int | None = None, *, force: bool = False) -> bool:
@@ -118,14 +120,14 @@ def progress(job: Job, done: int, total: int | None = None, *, force: bool = Fal
         return True
     job._progress_written_at = now_s
     job.heartbeat_at = timezone.now()
-    held = _current(job).update(done=job.done, total=job.total, rate_per_s=job.rate_per_s, heartbeat_at=job.heartbeat_at) == 1
-    if held:
+    still_held = held(job).update(done=job.done, total=job.total, rate_per_s=job.rate_per_s, heartbeat_at=job.heartbeat_at) == 1
+    if still_held:
         relay(job)
-    return held
+    return still_held
 
 
 def heartbeat(job: Job) -> bool:
-    return _current(job).update(heartbeat_at=timezone.now()) == 1
+    return held(job).update(heartbeat_at=timezone.now()) == 1
 
 
 def cancel_requested(job: Job) -> bool:
@@ -137,7 +139,7 @@ def give_back(job: Job) -> None:
     outage stopped it, not the job), and send it; nothing when it is no longer this
     runner's (swept, cancelled or finished elsewhere)."""
     note = f"attempt {job.attempts} was interrupted by a database outage; queued again"
-    if _current(job).update(status=JobStatus.QUEUED, attempts=job.attempts - 1, heartbeat_at=None, error=note) != 1:
+    if held(job).update(status=JobStatus.QUEUED, attempts=job.attempts - 1, heartbeat_at=None, error=note) != 1:
         return
     job.refresh_from_db()
     logger.warning("job %s: %s", job.pk, note)
@@ -162,7 +164,7 @@ def _finish(job: Job, status: str, **fields) -> bool:
     fields.update(status=status, finished_at=timezone.now())
     if job.rate_per_s is not None:
         fields.setdefault("rate_per_s", job.rate_per_s)
-    if _current(job).update(**fields) != 1:
+    if held(job).update(**fields) != 1:
         logger.info("job %s finished as %s by a runner that no longer held it; ignored", job.pk, status)
         return False
     for name, value in fields.items():
@@ -204,7 +206,7 @@ def sweep_stale() -> int:
     stale_before = now - timedelta(seconds=settings.JOB_STALE_AFTER_S)
     touched = 0
     for job in Job.objects.filter(status=JobStatus.RUNNING, heartbeat_at__lt=stale_before):
-        touched += _recover(job, now)
+        touched += _recover(job, now, stale_before)
     unsent = Job.objects.filter(status=JobStatus.QUEUED, heartbeat_at__isnull=True, created_at__lt=now - timedelta(seconds=UNSENT_GRACE_S))
     for job_id in [*unsent.values_list("pk", flat=True), *_lost(stale_before)]:
         _send(job_id)
@@ -222,15 +224,17 @@ def _lost(sent_before) -> list[int]:
     return list(Job.objects.filter(status=JobStatus.QUEUED, heartbeat_at__lt=sent_before).values_list("pk", flat=True))
 
 
-def _recover(job: Job, now) -> int:
+def _recover(job: Job, now, stale_before) -> int:
     silent_s = settings.JOB_STALE_AFTER_S
+    # Still silent when written: a runner that claimed it since the listing is alive.
+    stale = held(job).filter(heartbeat_at__lt=stale_before)
     if job.attempts >= settings.JOB_MAX_ATTEMPTS:
         reason = (f"its Celery worker stopped while it ran (no heartbeat for {silent_s:g} s), "
                   f"after {job.attempts} attempt{'s' if job.attempts != 1 else ''}")
-        changed = _current(job).update(status=JobStatus.FAILED, finished_at=now, error=reason)
+        changed = stale.update(status=JobStatus.FAILED, finished_at=now, error=reason)
     else:
-        changed = _current(job).update(status=JobStatus.QUEUED, heartbeat_at=None,
-                                       error=f"attempt {job.attempts} stopped (no heartbeat for {silent_s:g} s); queued again")
+        changed = stale.update(status=JobStatus.QUEUED, heartbeat_at=None,
+                               error=f"attempt {job.attempts} stopped (no heartbeat for {silent_s:g} s); queued again")
     if changed:
         job.refresh_from_db()
         logger.warning("job %s: %s", job.pk, job.error)

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils.module_loading import import_string
 
-from registry.db_unavailable import is_database_unavailable
+from registry.db_unavailable import is_connection_lost, is_database_unavailable
 from registry.domain.choices import JobKind
 from registry.jobs import records
 from registry.models import Job
@@ -60,7 +60,7 @@ def run(job_id: int) -> str | None:
         except JobFailed as failure:
             records.fail(job, failure.reason)
         except Exception as error:
-            if not is_database_unavailable(error):
+            if not is_connection_lost(error):  # a lock or a full disk would come back at every run
                 logger.exception("job %s (%s) failed unexpectedly", job.pk, job.kind)
                 records.fail(job, f"the job failed unexpectedly ({type(error).__name__}); the Celery worker's log has the details (job {job.pk})")
             elif not _given_back_after_outage(job, error):

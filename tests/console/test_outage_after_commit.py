@@ -123,3 +123,29 @@ def test_a_form_change_whose_commit_loses_the_connection_says_it_may_have_been_m
     assert "Retry-After" not in response
     assert "Your change may or may not have been made" in response.content.decode()
     assert "digits: generation 3" in response.content.decode()
+
+
+class LockNotAvailable(Exception):
+    """As psycopg raises it when lock_timeout passes (DATABASE_LOCK_TIMEOUT_S)."""
+
+    sqlstate = "55P03"
+
+
+def test_a_lock_that_times_out_after_the_release_is_written_is_a_503_that_made_nothing_not_in_doubt(operator_client, canary_digits):
+    # The release row is noted pending, then the model's rollouts are locked: a lock wait is
+    # never the COMMIT, so the change was certainly not made.
+    written = []
+
+    def time_out_on_the_rollouts_lock(execute, sql, params, many, context):
+        written.extend([1] if sql.startswith('INSERT INTO "registry_release"') else [])
+        if written and 'FROM "registry_rollout"' in sql:  # SELECT … FOR UPDATE on PostgreSQL
+            raise OperationalError("canceling statement due to lock timeout") from LockNotAvailable()
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(time_out_on_the_rollouts_lock):
+        response = operator_client.post("/api/models/digits/release/promote/", {"reason": "ship v2"}, format="json")
+
+    assert response.status_code == 503 and response["Retry-After"] == "5"
+    assert "in_doubt" not in response.json()
+    assert response.json()["error"].startswith("the database is busy: a lock this request needs was held")
+    assert not Release.objects.filter(model=canary_digits, generation=3).exists()

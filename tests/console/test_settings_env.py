@@ -119,3 +119,12 @@ def test_a_report_rate_that_would_show_workers_gone_stops_the_console(tmp_path):
     assert result.returncode != 0
     assert ("SettingError: WORKER_REPORTS_PER_S=0.5 with WORKER_GONE_AFTER_S=5: a worker held to it would be shown gone between its "
             "accepted reports; keep WORKER_REPORTS_PER_S at least 3 / WORKER_GONE_AFTER_S (0.6)") in result.stderr
+
+
+def test_the_lock_timeout_is_set_on_postgresql_connections_unless_it_is_0(tmp_path):
+    url = "postgres://u@127.0.0.1:5432/d"
+    on = _settings(tmp_path, "settings.DATABASES['default']['OPTIONS'].get('options')", DATABASE_URL=url, DATABASE_LOCK_TIMEOUT_S="2.5")
+    off = _settings(tmp_path, "settings.DATABASES['default']['OPTIONS'].get('options')", DATABASE_URL=url, DATABASE_LOCK_TIMEOUT_S="0")
+
+    assert on.stdout.strip().splitlines()[-1] == "-c lock_timeout=2500", on.stderr
+    assert off.stdout.strip().splitlines()[-1] == "None", off.stderr

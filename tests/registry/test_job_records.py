@@ -4,6 +4,7 @@ delivered twice; a runner that went silent is replaced or the job fails; a cance
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from datetime import timedelta
 
@@ -37,6 +38,10 @@ def succeeding_handler(job):
 
 
 OUTAGES = []  # how many more runs the database "goes away" under
+
+
+def locked_database_handler(job):
+    raise OperationalError("database is locked") from sqlite3.OperationalError("database is locked")
 
 
 def outage_then_success_handler(job):
@@ -241,3 +246,26 @@ def test_a_heartbeat_failing_through_an_outage_is_one_warning_not_a_traceback_a_
 
     warnings = [record for record in caplog.records if "heartbeat of job" in record.getMessage()]
     assert len(warnings) == 1 and warnings[0].exc_info is None
+
+
+def test_an_error_of_a_database_that_still_answers_fails_the_job_rather_than_queueing_it_for_ever(model, handler):
+    # A lock, a timeout or a full disk comes back at every run: given back, it looped.
+    handler(locked_database_handler)
+    job = records.create(JobKind.BATCH, model)
+
+    assert runner.run(job.pk) == "failed"
+
+
+def test_a_runner_whose_attempt_was_given_back_holds_nothing_once_it_is_claimed_again(model):
+    # The next claim takes the same attempt number: the old runner retrying its give-back
+    # (its first went through, the answer did not) or a sweep that listed the job before
+    # must not take the new run for theirs.
+    first = records.claim(records.create(JobKind.BATCH, model).pk)
+    as_the_old_runner_knew_it = Job.objects.get(pk=first.pk)
+    records.give_back(first)
+    time.sleep(0.001)  # claims a moment apart, as runners' are
+    records.claim(first.pk)
+
+    records.give_back(as_the_old_runner_knew_it)
+
+    assert Job.objects.get(pk=first.pk).status == JobStatus.RUNNING
