@@ -20,12 +20,6 @@ LIVE_GROUP = "live"
 MAX_ROLLUP_BOUNDS = 2 * MAX_BUCKETS  # bounds one minute's histogram keeps
 
 
-def ingest_report(worker: Worker, report: dict, received_at: datetime | None = None) -> None:
-    """Store the report's figures (``store_figures``) and relay them to browsers."""
-    store_figures(worker, report, received_at)
-    relay(worker, report)
-
-
 def store_figures(worker: Worker, report: dict, received_at: datetime | None = None) -> None:
     """Roll the report's per-version figures up per minute and keep them as samples for the
     canary analysis and the charts, all or nothing: a worker sends again the figures of a

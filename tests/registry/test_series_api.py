@@ -36,7 +36,7 @@ def report(*entries: dict, worker_id: str = "w-1") -> dict:
 def ingest_at(at, *entries: dict, worker_id: str = "w-1") -> None:
     """One report, as the report API ingests it, received at ``at``."""
     message = report(*entries, worker_id=worker_id)
-    live.ingest_report(fleet.record_report(message), message, received_at=at)
+    live.store_figures(fleet.record_report(message), message, received_at=at)
 
 
 def column(body: dict, version: int, figure: str) -> list:
@@ -77,7 +77,7 @@ def test_a_report_with_a_latency_bound_past_the_contracts_limit_is_refused_and_t
 @pytest.mark.parametrize("range_", ["15m", "1h"])
 def test_figures_stored_before_the_bound_limit_read_as_no_value_not_a_500(viewer_client, three_versions, range_):
     stored_before = report({**entry(1, 10), "latency_buckets": {"9e307": 10, "+Inf": 10}})  # the contract refuses it now
-    live.ingest_report(fleet.record_report(report()), stored_before, received_at=timezone.now() - timedelta(seconds=70))
+    live.store_figures(fleet.record_report(report()), stored_before, received_at=timezone.now() - timedelta(seconds=70))
 
     response = viewer_client.get(URL, {"range": range_})
 
