@@ -412,3 +412,13 @@ async def test_reports_sent_at_once_go_one_after_the_other_and_a_lost_one_is_sen
     await plane.send_report()
 
     assert sum(report["interval_s"] for report in console.reports[1:]) >= 0.4
+
+
+@pytest.mark.parametrize(("header", "seconds"), [("1", 1.0), ("0.5", 0.5), ("inf", 0.0), ("nan", 0.0), ("-5", 0.0), ("1e400", 0.0),
+                                                ("Fri, 31 Dec 1999 23:59:59 GMT", 0.0), ("", 0.0)])
+def test_a_retry_after_that_is_not_a_finite_positive_number_asks_for_no_wait(header, seconds):
+    # A console, or a proxy before it, names the wait; the control plane caps it at
+    # MAX_REPORT_WAIT_S (a worker silent past WORKER_GONE_AFTER_S is shown gone).
+    from serving.control import _retry_after_s
+
+    assert _retry_after_s(httpx.Response(429, headers={"Retry-After": header})) == seconds
