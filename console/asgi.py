@@ -23,7 +23,8 @@ from console.websocket_urls import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        # Oversized bodies are refused before Django spools them to disk.
+        # Oversized bodies are refused before Django spools them to disk; then so many
+        # requests run at once, per kind (console/request_slots.py, in the handler).
         "http": BodySizeLimit(django_application),
         # A page of another origin cannot open the live feed with a signed-in user's
         # cookies: the Origin's host must be one of ALLOWED_HOSTS, and the Origin the

@@ -1,4 +1,5 @@
-"""Django's ASGI handler, answering 507 when the request body cannot be spooled.
+"""Django's ASGI handler, answering 507 when the request body cannot be spooled, and
+running so many requests at once (``console.request_slots``).
 
 Django reads a whole request body into a temporary file (in memory up to
 ``FILE_UPLOAD_MAX_MEMORY_SIZE``, then in ``TMPDIR``) before any view runs. When that file
@@ -14,9 +15,11 @@ import os
 import shutil
 import tempfile
 
+from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 
 from console.body_limit import send_refusal
+from console.request_slots import RequestSlots, busy_response
 from registry.artifacts import storage
 
 
@@ -39,7 +42,20 @@ def spool_full_message(errno: int) -> str:
 
 
 class ConsoleASGIHandler(ASGIHandler):
-    """Django's handler; a full spool is a 507 instead of an exception out of the app."""
+    """Django's handler; a full spool is a 507 instead of an exception out of the app, and
+    a request runs (a thread, a database connection) only with a slot of its kind."""
+
+    def __init__(self):
+        super().__init__()
+        self.slots = RequestSlots(limit=settings.CONSOLE_MAX_REQUESTS, wait_s=settings.CONSOLE_REQUEST_WAIT_S)
+
+    async def run_get_response(self, request):
+        # Here, not in front of the handler: the body has arrived, so a client that sends
+        # it slowly holds no slot. A streamed answer is sent after its slot is given back.
+        async with self.slots.held(request.method, request.path) as refusal:
+            if refusal is not None:
+                return busy_response(request.path, refusal)
+            return await super().run_get_response(request)
 
     async def read_body(self, receive):
         try:

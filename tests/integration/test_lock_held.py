@@ -19,6 +19,7 @@ from tools.stack import running_stack
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 LOCK_TIMEOUT_S = 3
+MAX_REQUESTS = 4
 
 
 @pytest.fixture
@@ -28,7 +29,8 @@ def stack(tmp_path, settings, model):
         if os.environ.get("CI"):  # CI runs on PostgreSQL: there a SQLite database is a failure, never a skip
             pytest.fail(reason)
         pytest.skip(reason)
-    with running_stack(tmp_path, settings, connection.settings_dict, DATABASE_LOCK_TIMEOUT_S=str(LOCK_TIMEOUT_S)) as stack:
+    with running_stack(tmp_path, settings, connection.settings_dict, DATABASE_LOCK_TIMEOUT_S=str(LOCK_TIMEOUT_S),
+                       CONSOLE_MAX_REQUESTS=str(MAX_REQUESTS)) as stack:
         yield stack
 
 
@@ -65,3 +67,42 @@ def test_a_change_queued_behind_another_waits_the_lock_timeout_in_all_not_twice(
 
     assert answered["behind"][0] == 503 and answered["first"][0] == 503
     assert answered["behind"][1] < LOCK_TIMEOUT_S + 1.2, answered
+
+
+def _console_connections() -> int:
+    """Connections to this test's database other than this test's own."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def test_changes_stalled_by_a_held_lock_take_no_more_connections_than_their_slots_and_pages_go_on(stack, api, model):
+    # 30 changes behind a lock used to take 30 connections (110 used up max_connections for
+    # every process on the database); now CONSOLE_MAX_REQUESTS of them wait on the lock.
+    answers: list[tuple[int, str]] = []
+    connections: list[int] = []
+
+    def change(index: int) -> None:
+        body = {"routes": [{"version": 1 + index % 2, "weight": 100}], "reason": f"change {index}"}
+        answer = api.post("/api/models/tiny/release/", json=body)
+        answers.append((answer.status_code, answer.json().get("error", "")))
+
+    with transaction.atomic():
+        ServingGeneration.objects.lock()
+        changes = [threading.Thread(target=change, args=(index,)) for index in range(30)]
+        for thread in changes:
+            thread.start()
+        for _ in range(8):
+            time.sleep(0.2)
+            connections.append(_console_connections())
+        started = time.monotonic()
+        page = api.get("/api/models/tiny/")
+        read_s = time.monotonic() - started
+    for thread in changes:
+        thread.join(timeout=30)
+
+    assert max(connections) <= MAX_REQUESTS + 2, connections  # + a report or page in flight
+    assert page.status_code == 200 and read_s < 1.0, (page.status_code, read_s)
+    statuses = {status for status, _ in answers}
+    assert len(answers) == 30 and statuses <= {201, 409, 503} and 201 in statuses, answers  # 409: already so routed
+    assert all(error.startswith("the console is busy: 4 requests of this kind (changes)") for status, error in answers if status == 503)

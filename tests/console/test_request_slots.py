@@ -1,0 +1,192 @@
+"""How many requests one console process runs at once (console/request_slots.py): each
+running request holds a thread and a database connection, so the rest wait for a slot of
+their kind, briefly, then are a 503 naming the cause."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from console.body_spool import ConsoleASGIHandler
+from console.request_slots import QUEUE_PER_SLOT, Refusal, RequestSlots, busy_response
+
+
+class Requests:
+    """Requests run under ``slots`` until ``release``; what each was answered."""
+
+    def __init__(self, slots: RequestSlots):
+        self.slots = slots
+        self.running = 0
+        self.release = asyncio.Event()
+
+    async def run(self, method: str = "POST", path: str = "/api/models/tiny/release/", fail: bool = False):
+        async with self.slots.held(method, path) as refusal:
+            if refusal is not None:
+                return refusal
+            self.running += 1
+            try:
+                await self.release.wait()
+                if fail:
+                    raise RuntimeError("the view failed")
+                return "ran"
+            finally:
+                self.running -= 1
+
+    def start(self, *args, **kwargs) -> asyncio.Task:
+        return asyncio.create_task(self.run(*args, **kwargs))
+
+
+async def settle():
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_a_request_past_its_kinds_slots_waits_for_one_and_runs_when_one_frees():
+    async def scenario():
+        requests = Requests(RequestSlots(limit=2, wait_s=5))
+        calls = [requests.start() for _ in range(3)]
+        await settle()
+        running_while_full = requests.running
+        requests.release.set()
+        return running_while_full, await asyncio.gather(*calls)
+
+    running_while_full, answers = asyncio.run(scenario())
+    assert running_while_full == 2 and answers == ["ran"] * 3
+
+
+def test_a_request_that_waits_past_the_wait_is_refused_and_holds_nothing():
+    async def scenario():
+        requests = Requests(RequestSlots(limit=1, wait_s=0.2))
+        first = requests.start()
+        await settle()
+        started = time.monotonic()
+        refusal = await requests.run()
+        waited_s = time.monotonic() - started
+        requests.release.set()
+        await first
+        return refusal, waited_s, await requests.run()
+
+    refusal, waited_s, after = asyncio.run(scenario())
+    assert refusal == ("changes", 1) and 0.15 < waited_s < 1.0
+    assert after == "ran"
+
+
+def test_the_refusal_is_a_503_naming_the_cause_with_retry_after():
+    async def scenario():
+        requests = Requests(RequestSlots(limit=1, wait_s=0))
+        first = requests.start()
+        await settle()
+        refusal = await requests.run()
+        requests.release.set()
+        await first
+        return refusal
+
+    response = busy_response("/api/models/tiny/release/", asyncio.run(scenario()))
+    assert response.status_code == 503 and response["Retry-After"] == "2" and response["Cache-Control"] == "no-store"
+    message = json.loads(response.content)["error"]
+    assert message.startswith("the console is busy: 1 requests of this kind (changes) are running") and "CONSOLE_MAX_REQUESTS" in message
+
+
+def test_a_page_refused_is_a_503_page_rendered_without_the_database():
+    response = busy_response("/models/tiny/", Refusal("reads", 16))
+    assert response.status_code == 503 and response["Content-Type"].startswith("text/html")
+    assert b"The console is busy" in response.content and b"16 requests of this kind (reads)" in response.content
+
+
+def test_changes_filling_their_slots_hold_up_neither_reads_nor_workers_calls():
+    async def scenario():
+        requests = Requests(RequestSlots(limit=1, wait_s=0))
+        calls = [requests.start("POST", "/api/models/tiny/release/"), requests.start("GET", "/api/models/"),
+                 requests.start("POST", "/api/serving/reports")]
+        await settle()
+        running = requests.running
+        requests.release.set()
+        return running, await asyncio.gather(*calls)
+
+    running, answers = asyncio.run(scenario())
+    assert running == 3 and answers == ["ran"] * 3
+
+
+def test_liveness_takes_no_slot():
+    async def scenario():
+        requests = Requests(RequestSlots(limit=1, wait_s=0))
+        page = requests.start("GET", "/models/")
+        await settle()
+        liveness = requests.start("GET", "/healthz")
+        await settle()
+        running = requests.running
+        requests.release.set()
+        return running, await asyncio.gather(page, liveness)
+
+    running, answers = asyncio.run(scenario())
+    assert running == 2 and answers == ["ran", "ran"]
+
+
+def test_when_the_queue_is_full_a_request_is_refused_at_once():
+    async def scenario():
+        requests = Requests(RequestSlots(limit=1, wait_s=30))
+        calls = [requests.start() for _ in range(1 + QUEUE_PER_SLOT)]
+        await settle()
+        started = time.monotonic()
+        refusal = await requests.run()
+        refused_in_s = time.monotonic() - started
+        requests.release.set()
+        return refusal, refused_in_s, await asyncio.gather(*calls)
+
+    refusal, refused_in_s, answers = asyncio.run(scenario())
+    assert refusal == ("changes", 1) and refused_in_s < 0.1
+    assert answers == ["ran"] * (1 + QUEUE_PER_SLOT)
+
+
+def test_a_request_that_fails_gives_its_slot_back():
+    async def scenario():
+        requests = Requests(RequestSlots(limit=1, wait_s=0))
+        requests.release.set()
+        for _ in range(2):
+            with pytest.raises(RuntimeError):
+                await requests.run(fail=True)
+        return await requests.run()
+
+    assert asyncio.run(scenario()) == "ran"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_client_still_sending_its_body_holds_no_slot(settings):
+    settings.CONSOLE_MAX_REQUESTS = 1
+    handler = ConsoleASGIHandler()
+
+    async def call(method: str, body_arrives: asyncio.Event) -> int:
+        answer = {}
+        sent_body = False
+
+        async def receive():
+            nonlocal sent_body
+            if sent_body:  # Django listens for a disconnect while the view runs: none comes
+                await asyncio.Event().wait()
+            await body_arrives.wait()
+            sent_body = True
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                answer["status"] = message["status"]
+
+        scope = {"type": "http", "method": method, "path": "/api/models/", "query_string": b"", "scheme": "http",
+                 "server": ("testserver", 80), "client": ("127.0.0.1", 5000), "headers": [(b"host", b"testserver")]}
+        await handler(scope, receive, send)
+        return answer["status"]
+
+    async def scenario():
+        slow_body, at_once = asyncio.Event(), asyncio.Event()
+        at_once.set()
+        slow = asyncio.create_task(call("POST", slow_body))
+        await settle()
+        second = await asyncio.wait_for(call("POST", at_once), 10)
+        slow_body.set()
+        return second, await slow
+
+    second, first = asyncio.run(scenario())
+    assert second != 503 and first != 503, (second, first)
