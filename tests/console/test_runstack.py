@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -110,8 +111,8 @@ class Running:
     serving_port: int
 
 
-@pytest.fixture
-def running(tmp_path) -> Iterator[Running]:
+@contextmanager
+def stack_up(tmp_path: Path) -> Iterator[Running]:
     """A stack up and serving; whatever it leaves behind is killed by PID afterwards."""
     stack, serving_port, errors = start_stack(tmp_path)
     children: list[int] = []
@@ -121,6 +122,21 @@ def running(tmp_path) -> Iterator[Running]:
         yield Running(stack, errors, children, tmp_path / "data", serving_port)
     finally:
         stop_leftovers(stack, children)
+
+
+@pytest.fixture
+def running(tmp_path) -> Iterator[Running]:
+    """A stack of the test's own, which the test may stop or break."""
+    with stack_up(tmp_path) as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Iterator[Running]:
+    """One stack for the tests that only look at it or work beside it: a start and a stop
+    cost about 9 s each time."""
+    with stack_up(tmp_path_factory.mktemp("shared-stack")) as up:
+        yield up
 
 
 def test_a_second_stop_signal_does_not_cut_the_stop_short(running):
@@ -212,15 +228,15 @@ def test_a_port_already_taken_is_refused_before_anything_starts(tmp_path):
     assert not (tmp_path / "data" / "redis").exists()  # refused before Redis, migrations or anything else
 
 
-def test_a_worker_started_by_hand_beside_the_stack_follows_its_console_unasked(running, tmp_path):
+def test_a_worker_started_by_hand_beside_the_stack_follows_its_console_unasked(shared, tmp_path):
     """No CONSOLE_URL: `manage.py serve` takes the address runstack recorded in DATA_DIR
     (the stack's console is on a free port, not the default one)."""
-    worker, port, log = start_worker_by_hand(running.data_dir, tmp_path)
+    worker, port, log = start_worker_by_hand(shared.data_dir, tmp_path)
     try:
         wait_http(f"http://127.0.0.1:{port}/v2/health/ready", worker, timeout_s=60)  # ready: it applied its console's state
         # ...and joined the stack's push channel: without it each change waited for the next poll.
         assert wait_until(lambda: channel_joins(log), 30), log.read_text()
-        assert oct((running.data_dir / "redis-url").stat().st_mode & 0o777) == "0o600"  # it carries the Redis password
+        assert oct((shared.data_dir / "redis-url").stat().st_mode & 0o777) == "0o600"  # it carries the Redis password
     finally:
         worker.terminate()
         worker.wait(timeout=30)
@@ -262,29 +278,29 @@ def test_a_port_out_of_range_or_given_twice_is_refused_naming_it(ports):
     assert "expected a port number from 1 to 65535" in said or "are both 19999" in said
 
 
-def test_the_consoles_try_it_form_reaches_the_worker_on_the_serving_port_given(running):
-    console = next(child for child in psutil.Process(running.stack.pid).children() if "uvicorn" in child.cmdline())
+def test_the_consoles_try_it_form_reaches_the_worker_on_the_serving_port_given(shared):
+    console = next(child for child in psutil.Process(shared.stack.pid).children() if "uvicorn" in child.cmdline())
 
-    assert console.environ()["SERVING_PUBLIC_URL"] == f"http://127.0.0.1:{running.serving_port}"
+    assert console.environ()["SERVING_PUBLIC_URL"] == f"http://127.0.0.1:{shared.serving_port}"
 
 
-def test_a_command_run_by_hand_beside_the_stack_sends_to_its_worker_not_the_default_port(running):
+def test_a_command_run_by_hand_beside_the_stack_sends_to_its_worker_not_the_default_port(shared):
     # manage.py demo_traffic took SERVING_PUBLIC_URL's default, :8001, whatever --serving-port said.
     env = {key: value for key, value in os.environ.items() if key not in {"SERVING_PUBLIC_URL", "DATABASE_URL", "REDIS_URL"}}
     script = "import django; django.setup(); from django.conf import settings; print(settings.SERVING_PUBLIC_URL)"
-    shown = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**env, "DATA_DIR": str(running.data_dir),
+    shown = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**env, "DATA_DIR": str(shared.data_dir),
                            "DJANGO_SETTINGS_MODULE": "console.settings"}, capture_output=True, text=True, timeout=60, check=True)
 
-    assert shown.stdout.strip().splitlines()[-1] == f"http://127.0.0.1:{running.serving_port}"
+    assert shown.stdout.strip().splitlines()[-1] == f"http://127.0.0.1:{shared.serving_port}"
 
 
-def test_the_console_refuses_a_request_head_past_64_kib_without_holding_it(running):
+def test_the_console_refuses_a_request_head_past_64_kib_without_holding_it(shared):
     """uvicorn's default parser took a 50 MiB header line from anyone, and kept the memory."""
     from urllib.parse import urlsplit
 
     from console.console_address import recorded
 
-    console = urlsplit(recorded(running.data_dir))
+    console = urlsplit(recorded(shared.data_dir))
     with socket.create_connection((console.hostname, console.port), timeout=30) as connection:
         try:
             connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"a" * (4 << 20) + b"\r\n\r\n")
@@ -295,13 +311,13 @@ def test_the_console_refuses_a_request_head_past_64_kib_without_holding_it(runni
     assert answer.startswith(b"HTTP/1.1 400 ")
 
 
-def test_the_console_refuses_a_body_framed_both_by_length_and_as_chunked(running):
+def test_the_console_refuses_a_body_framed_both_by_length_and_as_chunked(shared):
     """h11 reads such a body as chunked, while the upload limit read the declared length."""
     from urllib.parse import urlsplit
 
     from console.console_address import recorded
 
-    console = urlsplit(recorded(running.data_dir))
+    console = urlsplit(recorded(shared.data_dir))
     with socket.create_connection((console.hostname, console.port), timeout=30) as connection:
         connection.sendall(b"POST /api/models/digits/versions/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n"
                            b"Transfer-Encoding: chunked\r\n\r\n4000\r\n" + b"x" * 0x4000 + b"\r\n")
@@ -382,15 +398,16 @@ def test_the_next_stack_names_by_pid_what_a_stack_killed_with_sigkill_left_runni
         sweep_groups(left)  # by process group: what the orphaned children started after the snapshot too
 
 
-def test_a_stack_still_running_is_named_by_its_runstack_pid_in_the_next_ones_refusal(running, tmp_path):
-    again, _, errors = start_stack(tmp_path, console_port(running.data_dir), running.serving_port, errors_name="again.log")
+def test_a_stack_still_running_is_named_by_its_runstack_pid_in_the_next_ones_refusal(shared):
+    # The same DATA_DIR (the shared stack's): its record names the stack still running.
+    again, _, errors = start_stack(shared.data_dir.parent, console_port(shared.data_dir), shared.serving_port, errors_name="again.log")
     again.wait(timeout=60)
 
     said = errors.read_text()
     assert again.returncode == 1
-    assert f"(runstack PID {running.stack.pid}; embedded Redis PID " in said
-    assert f"still runs: stop it with `kill {running.stack.pid}`" in said
-    assert running.stack.poll() is None  # named, not stopped
+    assert f"(runstack PID {shared.stack.pid}; embedded Redis PID " in said
+    assert f"still runs: stop it with `kill {shared.stack.pid}`" in said
+    assert shared.stack.poll() is None  # named, not stopped
 
 
 def test_a_stack_recorded_whose_pids_now_belong_to_later_processes_is_not_named(tmp_path):
@@ -443,7 +460,7 @@ def signed_in_session(data_dir: Path) -> tuple[str, str]:
     return name, value
 
 
-def test_the_live_feed_drops_a_clients_frame_unread_and_closes_one_past_4_kib_with_1009(running):
+def test_the_live_feed_drops_a_clients_frame_unread_and_closes_one_past_4_kib_with_1009(shared):
     """The feed decoded each client frame's JSON on the event loop, and uvicorn took frames
     up to 16 MiB: two signed-in sockets sending 16 MiB arrays held light requests for seconds."""
     import struct
@@ -451,8 +468,8 @@ def test_the_live_feed_drops_a_clients_frame_unread_and_closes_one_past_4_kib_wi
     from websockets.exceptions import ConnectionClosedError
     from websockets.sync.client import connect
 
-    console_url = console_address.recorded(running.data_dir)
-    cookie_name, session = signed_in_session(running.data_dir)
+    console_url = console_address.recorded(shared.data_dir)
+    cookie_name, session = signed_in_session(shared.data_dir)
     opened = {"origin": console_url, "additional_headers": {"Cookie": f"{cookie_name}={session}"}, "compression": None,
               "proxy": None, "ping_interval": None, "open_timeout": 30}
     socket_url = console_url.replace("http://", "ws://") + "/ws/live/"
@@ -469,4 +486,4 @@ def test_the_live_feed_drops_a_clients_frame_unread_and_closes_one_past_4_kib_wi
                 feed.recv(timeout=max(deadline - time.monotonic(), 0.01))
 
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
-    assert "Traceback" not in running.errors.read_text()
+    assert "Traceback" not in shared.errors.read_text()
