@@ -8,7 +8,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does, for our handler
 
-from console.body_spool import ConsoleASGIHandler  # noqa: E402  (needs the app registry)
+from console.handler import ConsoleASGIHandler  # noqa: E402  (needs the app registry)
 
 django_application = ConsoleASGIHandler()
 

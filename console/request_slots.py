@@ -1,21 +1,31 @@
 """How many HTTP requests one console process runs at once: ``CONSOLE_MAX_REQUESTS`` of
-each kind, the rest wait ``CONSOLE_REQUEST_WAIT_S`` for a slot, then are a 503.
+each kind; the rest wait, first come first served, ``CONSOLE_REQUEST_WAIT_S`` at most for
+a slot, then are a 503.
 
 Under ASGI, Django runs every request in a thread of its own with a database connection of
 its own, and nothing bounded how many: 30 traffic changes waiting on a lock another
 session held took 30 connections (110 in a fault run used up PostgreSQL's
 ``max_connections``, and every page, report and Celery task of every process on that
-database failed with them). Here a process runs at most three times ``CONSOLE_MAX_REQUESTS``.
+database failed with them). Here a process runs at most five times ``CONSOLE_MAX_REQUESTS``.
 
-Three kinds, each with its own slots, so one kind piling up does not stop the others:
-workers' calls (``/api/serving/``: their reports keep them from being marked gone),
-changes (any method but GET, HEAD and OPTIONS: they are what a held lock stalls) and
-reads. A request takes its slot once its body has arrived (``console.body_spool``), so a
-client sending slowly holds none; it waits in the event loop, holding no thread and no
-connection. Past the wait, or when as many as ``QUEUE_PER_SLOT`` times the slots already
-wait, it is answered 503 with ``Retry-After`` at once, naming the cause.
+Each kind has its own slots, so one piling up does not stop the others:
 
-``/healthz`` (liveness, no database) never waits.
+- ``workers``: calls carrying the worker token (reports and acks keep a worker from being
+  marked gone; the token is checked here, without the database, so anyone else's request
+  to ``/api/serving/`` is a read or a change like any other);
+- ``sign-in``: posts to the sign-in page (each a password hash, a fifth of a second of
+  CPU, and anyone may send them);
+- ``changes``: any other method but GET, HEAD and OPTIONS (what a held lock stalls);
+- ``reads``: the rest;
+- ``streams``: a streamed answer that reads the database while it is sent (the audit
+  CSV), for as long as it is sent: a slow reader holds one of these, not a read's slot.
+  A streamed file (an artifact, a job's output) needs no database: its request's
+  connection is closed before the first byte, and it holds no slot while sent.
+
+A request takes its slot once its body has arrived (``console.body_spool``), so a client
+sending slowly holds none, and waits in the event loop, holding no thread and no
+connection. A flood makes the others wait their turn, as it made them slow before; none
+is refused before it has waited. ``/healthz`` (liveness, no database) never waits.
 """
 
 from __future__ import annotations
@@ -28,22 +38,24 @@ from typing import NamedTuple
 from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 
+from registry.api.permissions import carries_worker_token
+
 EXEMPT_PATHS = frozenset({"/healthz"})
+SIGN_IN_PATH = "/login/"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-KINDS = ("workers", "changes", "reads")
-# Waiting costs a coroutine, not a thread; past this many a request is refused at once,
-# so a flood is answered in milliseconds instead of each caller waiting the full time.
-QUEUE_PER_SLOT = 4
+KINDS = ("workers", "sign-in", "changes", "reads", "streams")
 RETRY_AFTER_S = 2
 
 
-def request_kind(method: str, path: str) -> str | None:
+def request_kind(method: str, path: str, authorization: bytes | None) -> str | None:
     """Which slots a request takes; None: it takes none."""
     if path in EXEMPT_PATHS:
         return None
-    if path.startswith("/api/serving/"):
+    if path.startswith("/api/serving/") and authorization and carries_worker_token(authorization):
         return "workers"
-    return "reads" if method in SAFE_METHODS else "changes"
+    if method in SAFE_METHODS:
+        return "reads"
+    return "sign-in" if path == SIGN_IN_PATH else "changes"
 
 
 class Refusal(NamedTuple):
@@ -51,65 +63,57 @@ class Refusal(NamedTuple):
     limit: int
 
 
-class _Slots:
-    """A kind's slots and the requests waiting for one."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.semaphore = asyncio.Semaphore(limit)
-        self.waiting = 0
-
-    async def take(self, wait_s: float) -> bool:
-        if not self.semaphore.locked():  # a free slot and nobody before this request
-            await self.semaphore.acquire()
-            return True
-        if self.waiting >= QUEUE_PER_SLOT * self.limit:
-            return False
-        self.waiting += 1
-        try:
-            await asyncio.wait_for(self.semaphore.acquire(), wait_s)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            self.waiting -= 1
-
-
 class RequestSlots:
     """At most ``limit`` requests of each kind at once, each waiting ``wait_s`` at most."""
 
     def __init__(self, *, limit: int, wait_s: float):
+        self.limit = limit
         self.wait_s = wait_s
-        self.slots = {kind: _Slots(limit) for kind in KINDS}
+        self.semaphores = {kind: asyncio.Semaphore(limit) for kind in KINDS}
+
+    async def take(self, kind: str) -> Refusal | None:
+        """A slot of ``kind`` (give it back with ``give_back``); the refusal when none came in time."""
+        semaphore = self.semaphores[kind]
+        try:
+            if semaphore.locked():  # no free slot, or others wait for one already
+                await asyncio.wait_for(semaphore.acquire(), self.wait_s)
+            else:
+                await semaphore.acquire()  # at once; wait_for with no time left would refuse it
+        except TimeoutError:
+            return Refusal(kind, self.limit)
+        return None
+
+    def give_back(self, kind: str) -> None:
+        self.semaphores[kind].release()
 
     @asynccontextmanager
-    async def held(self, method: str, path: str) -> AsyncIterator[Refusal | None]:
-        """Holds a slot for the block; yields None when the request may run, else why it
-        may not (answer ``busy_response``)."""
-        kind = request_kind(method, path)
+    async def held(self, kind: str | None) -> AsyncIterator[Refusal | None]:
+        """A slot of ``kind`` (None: none is needed) held for the block; yields None when the
+        request may run, else why it may not (answer ``busy_response``)."""
         if kind is None:
             yield None
             return
-        slots = self.slots[kind]
-        if not await slots.take(self.wait_s):
-            yield Refusal(kind, slots.limit)
+        refusal = await self.take(kind)
+        if refusal is not None:
+            yield refusal
             return
         try:
             yield None
         finally:
-            slots.semaphore.release()
+            self.give_back(kind)
 
 
-def busy_message(kind: str, limit: int) -> str:
-    return (f"the console is busy: {limit} requests of this kind ({kind}) are running in this process "
+def busy_message(refusal: Refusal) -> str:
+    return (f"the console is busy: {refusal.limit} requests of this kind ({refusal.kind}) are running in this process "
             f"(CONSOLE_MAX_REQUESTS) and none finished in time; nothing was done; retry in {RETRY_AFTER_S} s")
 
 
-def busy_response(path: str, refusal: Refusal) -> HttpResponse:
-    """The 503: JSON for the API, a page elsewhere (rendered without a request: no session,
-    no user, no database, as every error page)."""
-    message = busy_message(refusal.kind, refusal.limit)
-    if path.startswith("/api/"):
+def busy_response(path: str, accept: str, refusal: Refusal) -> HttpResponse:
+    """The 503: JSON for the API and for the pages' scripts (which ask for JSON), a page
+    elsewhere (rendered without a request: no session, no user, no database, as every
+    error page)."""
+    message = busy_message(refusal)
+    if path.startswith("/api/") or "application/json" in accept:
         response = JsonResponse({"error": message}, status=503)
     else:
         response = HttpResponse(render_to_string("503_busy.html", {"message": message}), status=503)

@@ -41,6 +41,17 @@ class WorkerUser:
     username = "serving-worker"
 
 
+def is_worker_token(token: bytes) -> bool:
+    """Whether ``token`` is SERVING_WORKER_TOKEN (in constant time)."""
+    return hmac.compare_digest(token, settings.SERVING_WORKER_TOKEN.encode())
+
+
+def carries_worker_token(authorization: bytes) -> bool:
+    """Whether an ``Authorization`` header's value is ``Bearer <SERVING_WORKER_TOKEN>``."""
+    words = authorization.split()
+    return len(words) == 2 and words[0].lower() == b"bearer" and is_worker_token(words[1])
+
+
 class WorkerTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer <SERVING_WORKER_TOKEN>``, for workers only."""
 
@@ -52,7 +63,7 @@ class WorkerTokenAuthentication(authentication.BaseAuthentication):
             return None
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("malformed Bearer header")
-        if not hmac.compare_digest(header[1], settings.SERVING_WORKER_TOKEN.encode()):
+        if not is_worker_token(header[1]):
             raise exceptions.AuthenticationFailed("invalid worker token")
         return WorkerUser(), None
 

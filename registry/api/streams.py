@@ -29,8 +29,16 @@ def file_response(request, path: Path, **kwargs) -> FileResponse:
     """FileResponse of `path` (its length, name and type as FileResponse sets them), in parts."""
     response = FileResponse(open(path, "rb"), **kwargs)  # closed with the response
     response.block_size = FILE_PART_BYTES
-    # File reads need no database connection: any thread will do.
+    # File reads need no database connection: any thread will do, and the console closes
+    # the request's connection before the first byte (a slow reader held one to the last).
+    response.reads_database_while_sent = False
     return in_parts(request, response, FILE_PARTS_PER_HOP, thread_sensitive=False)
+
+
+def reads_database_while_sent(response) -> bool:
+    """Whether a streamed ``response`` reads the database as it is sent (an audit CSV),
+    rather than a file (``file_response``)."""
+    return getattr(response, "reads_database_while_sent", True)
 
 
 def in_parts(request, response: StreamingHttpResponse, per_hop: int = LINES_PER_HOP,

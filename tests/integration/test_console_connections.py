@@ -1,0 +1,102 @@
+"""What a console process holds of the database while it answers: each running request
+is a thread and a connection (console/request_slots.py bounds how many run); a streamed
+file needs neither once its first byte is ready, and a flood of calls that are not the
+workers' cannot crowd out the workers' own."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from django.db import connection
+
+from registry.actions import uploads
+from registry.building.onnx_build import random_mlp, to_bytes
+from registry.domain.choices import VersionStatus
+from registry.models import RegisteredModel
+from tools.stack import running_stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def stack(tmp_path, settings, model):
+    with running_stack(tmp_path, settings, connection.settings_dict, CONSOLE_MAX_REQUESTS="2", CONSOLE_REQUEST_WAIT_S="1") as stack:
+        yield stack
+
+
+def postgresql_only():
+    if connection.vendor != "postgresql":
+        reason = "counts connections in pg_stat_activity"
+        if os.environ.get("CI"):  # CI runs on PostgreSQL: there a SQLite database is a failure, never a skip
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+def _console_connections() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def test_slow_readers_of_an_artifact_hold_no_database_connection(stack, api, operator):
+    postgresql_only()
+    big = RegisteredModel.objects.create(name="big")
+    version = uploads.register_stream(big, io.BytesIO(to_bytes(random_mlp([2048, 2048, 8], seed=3))), uploaded_by=operator)
+    version.status = VersionStatus.READY
+    version.save(update_fields=["status"])
+    console = httpx.URL(stack.console.url)
+    token = api.headers["Authorization"]
+    readers = []
+    try:
+        for _ in range(6):  # each takes the head and a few bytes, then reads nothing more
+            reader = socket.socket()
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            reader.connect((console.host, console.port))
+            reader.sendall(f"GET /api/models/big/versions/{version.number}/artifact HTTP/1.1\r\nHost: {console.host}\r\n"
+                           f"Authorization: {token}\r\n\r\n".encode())
+            assert reader.recv(12).startswith(b"HTTP/1.1 200")
+            readers.append(reader)
+        time.sleep(1.0)
+        held = _console_connections()
+        answered = api.get("/api/models/")  # the reads' slots are free too
+    finally:
+        for reader in readers:
+            reader.close()
+
+    assert held <= 1, held  # 6 before: each stream kept its request's connection to the last byte
+    assert answered.status_code == 200
+
+
+def test_a_flood_of_calls_without_the_worker_token_does_not_hold_up_the_workers(stack, settings):
+    stop = threading.Event()
+    flooded: list[int] = []
+
+    def flood() -> None:
+        with httpx.Client(base_url=stack.console.url, headers={"Authorization": "Bearer not-the-token"}, timeout=30) as client:
+            while not stop.is_set():
+                flooded.append(client.post("/api/serving/reports", json={}).status_code)
+
+    floods = [threading.Thread(target=flood) for _ in range(30)]
+    for thread in floods:
+        thread.start()
+    worker_answers = []
+    try:
+        with httpx.Client(base_url=stack.console.url, headers={"Authorization": f"Bearer {settings.SERVING_WORKER_TOKEN}"},
+                          timeout=30) as worker:
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                worker_answers.append(worker.get("/api/serving/state").status_code)
+                time.sleep(0.1)
+    finally:
+        stop.set()
+        for thread in floods:
+            thread.join(timeout=30)
+
+    assert len(flooded) > 100 and set(flooded) <= {401, 503}, set(flooded)
+    assert worker_answers and set(worker_answers) == {200}, worker_answers  # 503 "busy" when the flood took the workers' slots
