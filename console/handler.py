@@ -1,10 +1,10 @@
 """The console's ASGI handler: Django's, with two answers of its own before any view.
 
 A request runs (a thread, a database connection) only with a slot of its kind
-(``console.request_slots``), taken once its body has arrived; a streamed answer that reads
-the database holds a slot of the streams kind until sent, and a streamed file goes
-without the request's connection. A request body the temporary space cannot hold is a
-507 (``console.body_spool``).
+(``console.request_slots``), taken once its body has arrived, and its connection is
+closed before its slot is given back and its answer sent; a streamed answer that reads
+the database holds a slot of the streams kind until sent. A request body the temporary
+space cannot hold is a 507 (``console.body_spool``).
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ class ConsoleASGIHandler(ASGIHandler):
             if refusal is not None:
                 return busy_response(request.path, request.headers.get("Accept", ""), refusal)
             response = await super().run_get_response(request)
-        if response.streaming:
-            return await self._streamed(request, response)
+            # Django closes it once the answer is sent, and a slow reader kept it open to
+            # the last byte after the slot was given back (60 readers of an artifact: 60).
+            await sync_to_async(_close_connections)()  # in the request's thread, whose connections they are
+        if response.streaming and reads_database_while_sent(response):
+            return await self._with_stream_slot(request, response)
         return response
 
-    async def _streamed(self, request, response):
-        """A file's stream goes without the request's database connection; one that reads
-        the database while sent holds a slot of the streams kind until its last byte."""
-        if not reads_database_while_sent(response):
-            await sync_to_async(_close_connections)()  # in the request's thread, whose connections they are
-            return response
+    async def _with_stream_slot(self, request, response):
+        """A stream that reads the database while sent holds a slot of the streams kind
+        until its last byte (its connection opens again at its first part)."""
         refusal = await self.slots.take("streams")
         if refusal is not None:
             await sync_to_async(response.close)()

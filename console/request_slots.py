@@ -11,16 +11,18 @@ database failed with them). Here a process runs at most five times ``CONSOLE_MAX
 Each kind has its own slots, so one piling up does not stop the others:
 
 - ``workers``: calls carrying the worker token (reports and acks keep a worker from being
-  marked gone; the token is checked here, without the database, so anyone else's request
-  to ``/api/serving/`` is a read or a change like any other);
-- ``sign-in``: posts to the sign-in page (each a password hash, a fifth of a second of
-  CPU, and anyone may send them);
+  marked gone, artifact downloads start its versions; the token is checked here, without
+  the database, so anyone else's request to ``/api/serving/`` is a read or a change like
+  any other);
+- ``sign-in``: posts to the sign-in pages, the console's and the admin's (each a password
+  hash, a fifth of a second of CPU, and anyone may send them);
 - ``changes``: any other method but GET, HEAD and OPTIONS (what a held lock stalls);
 - ``reads``: the rest;
 - ``streams``: a streamed answer that reads the database while it is sent (the audit
-  CSV), for as long as it is sent: a slow reader holds one of these, not a read's slot.
-  A streamed file (an artifact, a job's output) needs no database: its request's
-  connection is closed before the first byte, and it holds no slot while sent.
+  CSV, ``registry.api.streams.database_stream``), for as long as it is sent: a slow reader
+  holds one of these, not a read's slot. Every other answer is sent with no slot and no
+  connection: the request's connection is closed before its slot is given back (Django
+  closed it once the last byte was sent, so a slow reader kept one open).
 
 A request takes its slot once its body has arrived (``console.body_spool``), so a client
 sending slowly holds none, and waits in the event loop, holding no thread and no
@@ -41,21 +43,30 @@ from django.template.loader import render_to_string
 from registry.api.permissions import carries_worker_token
 
 EXEMPT_PATHS = frozenset({"/healthz"})
-SIGN_IN_PATH = "/login/"
+SIGN_IN_PATHS = frozenset({"/login/", "/admin/login/"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 KINDS = ("workers", "sign-in", "changes", "reads", "streams")
 RETRY_AFTER_S = 2
+# What the security middleware adds to every other answer; the page needs only its stylesheet.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+                               "base-uri 'none'; form-action 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
 
 
 def request_kind(method: str, path: str, authorization: bytes | None) -> str | None:
     """Which slots a request takes; None: it takes none."""
     if path in EXEMPT_PATHS:
         return None
-    if path.startswith("/api/serving/") and authorization and carries_worker_token(authorization):
+    if authorization and carries_worker_token(authorization):
         return "workers"
     if method in SAFE_METHODS:
         return "reads"
-    return "sign-in" if path == SIGN_IN_PATH else "changes"
+    return "sign-in" if path in SIGN_IN_PATHS else "changes"
 
 
 class Refusal(NamedTuple):
@@ -75,12 +86,16 @@ class RequestSlots:
         """A slot of ``kind`` (give it back with ``give_back``); the refusal when none came in time."""
         semaphore = self.semaphores[kind]
         try:
-            if semaphore.locked():  # no free slot, or others wait for one already
-                await asyncio.wait_for(semaphore.acquire(), self.wait_s)
-            else:
-                await semaphore.acquire()  # at once; wait_for with no time left would refuse it
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returned the slot and
+            # dropped the cancellation when the client left as the slot came, so requests
+            # nobody waited for ran on (16 audit exports for minutes after a storm of hang-ups).
+            async with asyncio.timeout(self.wait_s if semaphore.locked() else None):
+                await semaphore.acquire()
         except TimeoutError:
             return Refusal(kind, self.limit)
+        if asyncio.current_task().cancelling():  # cancelled as the slot came: not this request's any more
+            semaphore.release()
+            raise asyncio.CancelledError
         return None
 
     def give_back(self, kind: str) -> None:
@@ -119,4 +134,7 @@ def busy_response(path: str, accept: str, refusal: Refusal) -> HttpResponse:
         response = HttpResponse(render_to_string("503_busy.html", {"message": message}), status=503)
     response["Retry-After"] = str(RETRY_AFTER_S)
     response["Cache-Control"] = "no-store"
+    # Sent without the middleware that adds these to every other answer.
+    for header, value in PAGE_HEADERS.items():
+        response[header] = value
     return response

@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
-from registry.api.streams import in_parts
+from registry.api.streams import database_stream
 from registry.domain import audit_log
 from registry.domain.choices import AuditKind
 
@@ -54,7 +54,7 @@ class Audit(APIView):
             return error_response(error.message, status.HTTP_400_BAD_REQUEST, parameter=error.parameter)
         found = audit_log.events(model, chosen)
         if request.accepted_renderer.format == CsvRenderer.format:
-            return in_parts(request, csv_download(found, f"{model.name}-audit.csv"))
+            return database_stream(request, csv_download(found, f"{model.name}-audit.csv"))
         return Response(serializers.AuditEventSerializer(found, many=True).data)
 
     def finalize_response(self, request, response, *args, **kwargs):

@@ -29,16 +29,22 @@ def file_response(request, path: Path, **kwargs) -> FileResponse:
     """FileResponse of `path` (its length, name and type as FileResponse sets them), in parts."""
     response = FileResponse(open(path, "rb"), **kwargs)  # closed with the response
     response.block_size = FILE_PART_BYTES
-    # File reads need no database connection: any thread will do, and the console closes
-    # the request's connection before the first byte (a slow reader held one to the last).
-    response.reads_database_while_sent = False
+    # File reads need no database connection: any thread will do.
     return in_parts(request, response, FILE_PARTS_PER_HOP, thread_sensitive=False)
 
 
+def database_stream(request, response: StreamingHttpResponse) -> StreamingHttpResponse:
+    """``response``, whose parts are read from the database as it is sent (an audit CSV),
+    in parts on its request's thread and connection; the console gives such a stream a
+    slot of its own until its last byte (``console.request_slots``)."""
+    response.reads_database_while_sent = True
+    return in_parts(request, response)
+
+
 def reads_database_while_sent(response) -> bool:
-    """Whether a streamed ``response`` reads the database as it is sent (an audit CSV),
-    rather than a file (``file_response``)."""
-    return getattr(response, "reads_database_while_sent", True)
+    """Whether a streamed ``response`` came from ``database_stream``: a file's, or a static
+    file's, needs no connection while it is sent."""
+    return getattr(response, "reads_database_while_sent", False)
 
 
 def in_parts(request, response: StreamingHttpResponse, per_hop: int = LINES_PER_HOP,
