@@ -3,9 +3,7 @@ reader the workers use too (see the README tables)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import dj_database_url
 from csp.constants import NONE, SELF
 
 from console import console_address, redis_options
+from console.kept_secret import kept_secret
 from serving import contract
 from serving.env import (
     SettingError,
@@ -66,11 +65,7 @@ def _secret(name: str, file_name: str) -> str:
     explicit = env_secret(name)
     if explicit:
         return explicit
-    path = DATA_DIR / file_name
-    if not path.exists():
-        with contextlib.suppress(FileExistsError), os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as secret:
-            secret.write(secrets.token_urlsafe(40))  # made 0600: never readable by others, not even for a moment
-    return path.read_text().strip()
+    return kept_secret(DATA_DIR / file_name)
 
 
 # Keys that ship in examples, or too short to resist guessing: whoever knows the key
