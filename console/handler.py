@@ -9,6 +9,8 @@ space cannot hold is a 507 (``console.body_spool``).
 
 from __future__ import annotations
 
+import asyncio
+
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
@@ -36,10 +38,12 @@ class ConsoleASGIHandler(ASGIHandler):
         async with self.slots.held(kind) as refusal:
             if refusal is not None:
                 return busy_response(request.path, request.headers.get("Accept", ""), refusal)
-            response = await super().run_get_response(request)
-            # Django closes it once the answer is sent, and a slow reader kept it open to
-            # the last byte after the slot was given back (60 readers of an artifact: 60).
-            await sync_to_async(_close_connections)()  # in the request's thread, whose connections they are
+            try:
+                response = await super().run_get_response(request)
+            finally:  # answered, failed, or its client went
+                # Django closes it once the answer is sent, and a slow reader kept it open to
+                # the last byte after the slot was given back (60 readers of an artifact: 60).
+                await _close_request_connections()
         if response.streaming and reads_database_while_sent(response):
             return await self._with_stream_slot(request, response)
         return response
@@ -60,7 +64,11 @@ class ConsoleASGIHandler(ASGIHandler):
         finally:  # sent, failed or cancelled (the client went)
             if getattr(response, "holds_stream_slot", False):
                 response.holds_stream_slot = False
-                self.slots.give_back("streams")
+                try:  # its cursor, then the connection it opened again, before the slot goes
+                    await asyncio.shield(sync_to_async(response.close)())
+                    await _close_request_connections()
+                finally:
+                    self.slots.give_back("streams")
 
     async def read_body(self, receive):
         try:
@@ -78,6 +86,14 @@ class ConsoleASGIHandler(ASGIHandler):
             return await super().handle(scope, receive, send)
         except BodySpoolFull as full:  # raised before the request was built: nothing was sent yet
             await send_refusal(send, 507, spool_full_message(full.errno))
+
+
+async def _close_request_connections() -> None:
+    """Closes the database connections of the request's thread (the one its view ran on),
+    whatever DATABASE_CONN_MAX_AGE_S says: each request has a thread of its own under
+    ASGI, so a connection kept open would never be used again. Shielded: a client that
+    went still has its connection closed."""
+    await asyncio.shield(sync_to_async(_close_connections)())
 
 
 def _close_connections() -> None:

@@ -34,11 +34,13 @@ def _keep(path: Path, value: str) -> None:
     try:
         with os.fdopen(descriptor, "w") as file:
             file.write(value)
+            file.flush()
+            os.fsync(file.fileno())  # on disk before its name: a crash must not leave the name on an empty file
         try:
             os.link(written, path)
         except FileExistsError:  # another process kept its own first: that one holds
             pass
-        except OSError:  # a file system without hard links: created exclusively, then written
+        except OSError:  # a file system without hard links: created exclusively, then written (the old race, there only)
             with contextlib.suppress(FileExistsError), os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
                 file.write(value)
     finally:

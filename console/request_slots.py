@@ -24,7 +24,7 @@ Each kind has its own slots, so one piling up does not stop the others:
   connection: the request's connection is closed before its slot is given back (Django
   closed it once the last byte was sent, so a slow reader kept one open).
 
-A request takes its slot once its body has arrived (``console.body_spool``), so a client
+A request takes its slot once its body has arrived (``console.handler``), so a client
 sending slowly holds none, and waits in the event loop, holding no thread and no
 connection. A flood makes the others wait their turn, as it made them slow before; none
 is refused before it has waited. ``/healthz`` (liveness, no database) never waits.
@@ -93,7 +93,7 @@ class RequestSlots:
                 await semaphore.acquire()
         except TimeoutError:
             return Refusal(kind, self.limit)
-        if asyncio.current_task().cancelling():  # cancelled as the slot came: not this request's any more
+        if asyncio.current_task().cancelling():  # a guard: cancelled as the slot came, it is not this request's
             semaphore.release()
             raise asyncio.CancelledError
         return None

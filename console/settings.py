@@ -156,7 +156,8 @@ TEMPLATES = [
 DATABASE_LOCK_TIMEOUT_S = env_float("DATABASE_LOCK_TIMEOUT_S", 10.0, minimum=0.0)
 
 
-# Requests one console process runs at once, of each kind (workers' calls, changes, reads),
+# Requests one console process runs at once, of each kind (workers' calls, sign-ins,
+# changes, reads, streams that read the database),
 # and how long one waits for a slot before its 503 (console/request_slots.py): each running
 # request holds a thread and a database connection, and nothing else bounded how many.
 CONSOLE_MAX_REQUESTS = env_int("CONSOLE_MAX_REQUESTS", 16, minimum=1)

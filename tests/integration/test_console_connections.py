@@ -103,5 +103,5 @@ def test_a_flood_of_calls_without_the_worker_token_does_not_hold_up_the_workers(
         for thread in floods:
             thread.join(timeout=30)
 
-    assert len(flooded) > 100 and set(flooded) <= {401, 503}, set(flooded)
+    assert len(flooded) > 30 and set(flooded) <= {401, 503}, set(flooded)
     assert worker_answers and set(worker_answers) == {200}, worker_answers  # 503 "busy" when the flood took the workers' slots

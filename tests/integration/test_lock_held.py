@@ -105,4 +105,6 @@ def test_changes_stalled_by_a_held_lock_take_no_more_connections_than_their_slot
     assert page.status_code == 200 and read_s < 1.0, (page.status_code, read_s)
     statuses = {status for status, _ in answers}
     assert len(answers) == 30 and statuses <= {201, 409, 503} and 201 in statuses, answers  # 409: already so routed
-    assert all(error.startswith("the console is busy: 4 requests of this kind (changes)") for status, error in answers if status == 503)
+    # Busy past the slots; on a slow machine the hold may outlast the lock timeout too.
+    assert all(error.startswith(("the console is busy: 4 requests of this kind (changes)", "the database is busy: a lock"))
+               for status, error in answers if status == 503), answers
