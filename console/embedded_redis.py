@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from console.kept_secret import kept_secret
 from serving.env import env_secret
 from serving.model_safety import default_data_dir
 
@@ -73,15 +74,9 @@ def reusable_port(recorded_url: str, password: str) -> int | None:
 
 
 def generated_password(path: Path) -> str:
-    """The password kept in ``path``, created (mode 0600 from the start) on first use."""
+    """The password kept in ``path``, made (mode 0600, whole or not at all) on first use."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    with os.fdopen(descriptor, "w") as out:
-        out.write(secrets.token_urlsafe(32))  # URL-safe: it goes into REDIS_URL as is
-    return path.read_text().strip()
+    return kept_secret(path, lambda: secrets.token_urlsafe(32))  # URL-safe: it goes into REDIS_URL as is
 
 
 def start(data_dir: Path, port: int | None = None, password: str | None = None) -> tuple[subprocess.Popen, str]:
