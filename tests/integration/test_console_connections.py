@@ -6,7 +6,6 @@ workers' cannot crowd out the workers' own."""
 from __future__ import annotations
 
 import io
-import os
 import socket
 import threading
 import time
@@ -19,6 +18,7 @@ from registry.actions import uploads
 from registry.building.onnx_build import random_mlp, to_bytes
 from registry.domain.choices import AuditKind, VersionStatus
 from registry.models import AuditEvent, RegisteredModel
+from tests.fixtures.postgres_only import other_connections, require_postgresql
 from tools.stack import running_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -28,20 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 def stack(tmp_path, settings, model):
     with running_stack(tmp_path, settings, connection.settings_dict, CONSOLE_MAX_REQUESTS="2", CONSOLE_REQUEST_WAIT_S="1") as stack:
         yield stack
-
-
-def postgresql_only():
-    if connection.vendor != "postgresql":
-        reason = "counts connections in pg_stat_activity"
-        if os.environ.get("CI"):  # CI runs on PostgreSQL: there a SQLite database is a failure, never a skip
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
-def _console_connections() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        return cursor.fetchone()[0]
 
 
 def _slow_reader(console: httpx.URL, path: str, authorization: str) -> socket.socket:
@@ -55,7 +41,7 @@ def _slow_reader(console: httpx.URL, path: str, authorization: str) -> socket.so
 
 
 def test_slow_readers_of_large_answers_hold_no_database_connection(stack, api, operator):
-    postgresql_only()
+    require_postgresql("counts connections in pg_stat_activity")
     big = RegisteredModel.objects.create(name="big")
     version = uploads.register_stream(big, io.BytesIO(to_bytes(random_mlp([2048, 2048, 8], seed=3))), uploaded_by=operator)
     version.status = VersionStatus.READY
@@ -68,7 +54,7 @@ def test_slow_readers_of_large_answers_hold_no_database_connection(stack, api, o
             readers.append(_slow_reader(console, f"/api/models/big/versions/{version.number}/artifact", api.headers["Authorization"]))
             readers.append(_slow_reader(console, "/api/models/big/audit/", api.headers["Authorization"]))
         time.sleep(1.0)
-        held = _console_connections()
+        held = other_connections()
         answered = api.get("/api/models/")  # the reads' slots are free too
     finally:
         for reader in readers:

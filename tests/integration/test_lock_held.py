@@ -6,7 +6,6 @@ failed; with only lock_timeout, a change queued behind another waited twice as l
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -14,6 +13,7 @@ import pytest
 from django.db import connection, transaction
 
 from registry.models import Release, ServingGeneration
+from tests.fixtures.postgres_only import other_connections, require_postgresql
 from tools.stack import running_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -24,11 +24,7 @@ MAX_REQUESTS = 4
 
 @pytest.fixture
 def stack(tmp_path, settings, model):
-    if connection.vendor != "postgresql":
-        reason = "PostgreSQL's lock_timeout; SQLite's writers queue on SQLITE_BUSY_TIMEOUT_S, a 503 after it too"
-        if os.environ.get("CI"):  # CI runs on PostgreSQL: there a SQLite database is a failure, never a skip
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require_postgresql("PostgreSQL's lock_timeout; SQLite's writers queue on SQLITE_BUSY_TIMEOUT_S, a 503 after it too")
     with running_stack(tmp_path, settings, connection.settings_dict, DATABASE_LOCK_TIMEOUT_S=str(LOCK_TIMEOUT_S),
                        CONSOLE_MAX_REQUESTS=str(MAX_REQUESTS)) as stack:
         yield stack
@@ -69,13 +65,6 @@ def test_a_change_queued_behind_another_waits_the_lock_timeout_in_all_not_twice(
     assert answered["behind"][1] < LOCK_TIMEOUT_S + 1.2, answered
 
 
-def _console_connections() -> int:
-    """Connections to this test's database other than this test's own."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        return cursor.fetchone()[0]
-
-
 def test_changes_stalled_by_a_held_lock_take_no_more_connections_than_their_slots_and_pages_go_on(stack, api, model):
     # 30 changes behind a lock used to take 30 connections (110 used up max_connections for
     # every process on the database); now CONSOLE_MAX_REQUESTS of them wait on the lock.
@@ -94,7 +83,7 @@ def test_changes_stalled_by_a_held_lock_take_no_more_connections_than_their_slot
             thread.start()
         for _ in range(8):
             time.sleep(0.2)
-            connections.append(_console_connections())
+            connections.append(other_connections())
         started = time.monotonic()
         page = api.get("/api/models/tiny/")
         read_s = time.monotonic() - started
