@@ -405,7 +405,16 @@ class AuditEvent(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["-created_at", "-id"]
+        # Newest first as written: ``id`` is unique, so the API's pages of the timeline
+        # (registry/api/pagination.py) follow it without ties, as the model page and the CSV do.
+        ordering = ["-id"]
+        # A page reads the newest rows of one model, filtered or not: without these each
+        # page sorted every event of the model, and a rare kind read the whole table.
+        indexes = [
+            models.Index(fields=["model", "-id"], name="audit_newest_of_model"),
+            models.Index(fields=["model", "kind", "-id"], name="audit_newest_of_kind"),
+            models.Index(fields=["model", "actor", "-id"], name="audit_newest_by_actor"),
+        ]
 
 
 class InferenceApiKeyQuerySet(models.QuerySet):

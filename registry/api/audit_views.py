@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
+from registry.api.pagination import PAGE_PARAMETERS, page_of, refuse_unknown_query
 from registry.api.streams import database_stream
 from registry.domain import audit_log
 from registry.domain.choices import AuditKind
@@ -40,22 +41,26 @@ class Audit(APIView):
     renderer_classes = [*api_settings.DEFAULT_RENDERER_CLASSES, CsvRenderer]
 
     @extend_schema(
-        parameters=FILTERS,
+        parameters=[*FILTERS, *PAGE_PARAMETERS],
         responses={200: serializers.AuditEventSerializer(many=True),
                    (200, "text/csv"): OpenApiResponse(str, description="time, kind, actor, generation, rollout, reason, message"),
                    **error_responses(400, 404)},
-        description="The model's audit events, newest first. A bad `kind` or `actor` is a 400 that names the parameter.",
+        description=("The model's audit events, newest first, a page at a time (JSON; the CSV is every event). "
+                     "A bad `kind`, `actor`, `limit` or `cursor` is a 400 that names the parameter."),
     )
     def get(self, request, name: str):
         model = get_model(name)
+        as_csv = request.accepted_renderer.format == CsvRenderer.format
+        refuse_unknown_query(request, FILTERS, paged=not as_csv)  # the CSV is every event: a page's parameters would be ignored
         try:
             chosen = audit_log.AuditFilter.parse(request.query_params)
         except audit_log.AuditFilterError as error:
             return error_response(error.message, status.HTTP_400_BAD_REQUEST, parameter=error.parameter)
         found = audit_log.events(model, chosen)
-        if request.accepted_renderer.format == CsvRenderer.format:
+        if as_csv:
             return database_stream(request, csv_download(found, f"{model.name}-audit.csv"))
-        return Response(serializers.AuditEventSerializer(found, many=True).data)
+        page, pages = page_of(request, found, filters=FILTERS)
+        return pages.get_paginated_response(serializers.AuditEventSerializer(page, many=True).data)
 
     def finalize_response(self, request, response, *args, **kwargs):
         # Only the events stream as CSV; a refusal or OPTIONS' metadata is JSON even when

@@ -17,6 +17,7 @@ from registry.api import file_uploads
 from registry.api.errors import error_response, error_responses
 from registry.api.jobs_serializers import DatasetRequestSerializer, DatasetSerializer
 from registry.api.lookups import get_model
+from registry.api.pagination import PAGE_PARAMETERS, ByName, page_of
 from registry.api.versions_views import HeaderCsrfSessionAuthentication
 from registry.committed_change import mark_committed
 from registry.models import EvaluationDataset
@@ -27,10 +28,10 @@ class DatasetList(APIView):
     # As for uploads: the body (and its file) is parsed only after the role check.
     authentication_classes = [TokenAuthentication, HeaderCsrfSessionAuthentication]
 
-    @extend_schema(responses={200: DatasetSerializer(many=True), **error_responses(404)})
+    @extend_schema(parameters=PAGE_PARAMETERS, responses={200: DatasetSerializer(many=True), **error_responses(400, 404)})
     def get(self, request, name: str):
-        model = get_model(name)
-        return Response(DatasetSerializer(model.datasets.select_related("created_by").order_by("name"), many=True).data)
+        page, pages = page_of(request, get_model(name).datasets.select_related("created_by"), ByName)
+        return pages.get_paginated_response(DatasetSerializer(page, many=True).data)
 
     @extend_schema(
         request={"multipart/form-data": DatasetRequestSerializer},

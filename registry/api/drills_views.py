@@ -8,7 +8,7 @@ from rest_framework import generics, status
 from rest_framework.response import Response
 
 from registry.actions import drills, releases
-from registry.api import serializers
+from registry.api import pagination, serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.parsers import JSONParser
@@ -16,9 +16,12 @@ from registry.committed_change import committing, mark_committed
 from registry.models import Drill
 
 
-@extend_schema_view(get=extend_schema(responses={200: serializers.DrillSerializer(many=True), **error_responses(404)}))
+@extend_schema_view(get=extend_schema(
+    parameters=pagination.PAGE_PARAMETERS, responses={200: serializers.DrillSerializer(many=True), **error_responses(400, 404)},
+))
 class Drills(generics.ListAPIView):
     serializer_class = serializers.DrillSerializer
+    pagination_class = pagination.Pages
     parser_classes = [JSONParser]
 
     def get_queryset(self):
@@ -46,7 +49,10 @@ class Drills(generics.ListAPIView):
         return Response(serializers.DrillSerializer(drill).data, status=status.HTTP_201_CREATED)
 
 
-@extend_schema_view(get=extend_schema(responses={200: serializers.DrillSerializer(many=True), **error_responses()}))
+@extend_schema_view(get=extend_schema(
+    parameters=pagination.PAGE_PARAMETERS, responses={200: serializers.DrillSerializer(many=True), **error_responses(400)},
+))
 class AllDrills(generics.ListAPIView):
     serializer_class = serializers.DrillSerializer
+    pagination_class = pagination.Pages
     queryset = Drill.objects.select_related("model", "actor")

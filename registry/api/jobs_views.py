@@ -17,6 +17,7 @@ from registry.api import file_uploads
 from registry.api.errors import error_response, error_responses
 from registry.api.jobs_serializers import BatchJobRequestSerializer, JobSerializer
 from registry.api.lookups import get_model
+from registry.api.pagination import PAGE_PARAMETERS, page_of
 from registry.api.streams import file_response
 from registry.api.versions_views import HeaderCsrfSessionAuthentication
 from registry.committed_change import mark_committed
@@ -24,7 +25,6 @@ from registry.domain.choices import JobKind, JobStatus
 from registry.jobs import files, records
 from registry.models import Job
 
-LIST_LIMIT = 100
 OUTPUT_CONTENT_TYPES = {"npy": "application/octet-stream", "npz": "application/zip", "jsonl": "application/x-ndjson", "csv": "text/csv"}
 FILTERS = [
     OpenApiParameter("kind", str, enum=JobKind.values, description="Only jobs of this kind."),
@@ -42,8 +42,8 @@ class JobList(APIView):
     # file) is parsed in post(), after both have passed.
     authentication_classes = [TokenAuthentication, HeaderCsrfSessionAuthentication]
 
-    @extend_schema(parameters=FILTERS, responses={200: JobSerializer(many=True), **error_responses(400, 404)},
-                   description=f"The model's jobs, newest first (at most {LIST_LIMIT}).")
+    @extend_schema(parameters=[*FILTERS, *PAGE_PARAMETERS], responses={200: JobSerializer(many=True), **error_responses(400, 404)},
+                   description="The model's jobs, newest first, a page at a time.")
     def get(self, request, name: str):
         jobs = get_model(name).jobs.select_related("model", "version", "dataset")
         for field, choices in (("kind", JobKind.values), ("status", JobStatus.values)):
@@ -53,7 +53,8 @@ class JobList(APIView):
             if value not in choices:
                 return error_response(f"{field} must be one of {', '.join(choices)}", status.HTTP_400_BAD_REQUEST)
             jobs = jobs.filter(**{field: value})
-        return Response([records.payload(job) for job in jobs.order_by("-created_at", "-id")[:LIST_LIMIT]])
+        page, pages = page_of(request, jobs, filters=FILTERS)
+        return pages.get_paginated_response([records.payload(job) for job in page])
 
     @extend_schema(
         request={"multipart/form-data": BatchJobRequestSerializer},

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry.actions import catalog
-from registry.api import serializers
+from registry.api import pagination, serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.parsers import JSONParser
@@ -48,11 +48,14 @@ def filtered_models(params) -> QuerySet[RegisteredModel]:
 
 
 @extend_schema_view(
-    get=extend_schema(parameters=LIST_PARAMETERS, responses={200: serializers.ModelSerializer(many=True), **error_responses(400)}),
+    get=extend_schema(parameters=[*LIST_PARAMETERS, *pagination.PAGE_PARAMETERS],
+                      responses={200: serializers.ModelSerializer(many=True), **error_responses(400)}),
     post=extend_schema(request=serializers.ModelCreateSerializer, responses={201: serializers.ModelSerializer, **error_responses(400, 415)}),
 )
 class ModelList(generics.ListCreateAPIView):
     parser_classes = [JSONParser]  # nullable numbers have no form spelling
+    pagination_class = pagination.ByName
+    query_filters = LIST_PARAMETERS
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # the schema generator has no request

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry.actions import releases
-from registry.api import serializers
+from registry.api import pagination, serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.parsers import JSONParser
@@ -135,9 +135,12 @@ class Restore(ReleaseAction):
         return releases.restore(model, data["generation"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
 
 
-@extend_schema_view(get=extend_schema(responses={200: serializers.ReleaseSerializer(many=True), **error_responses(404)}))
+@extend_schema_view(get=extend_schema(
+    parameters=pagination.PAGE_PARAMETERS, responses={200: serializers.ReleaseSerializer(many=True), **error_responses(400, 404)},
+))
 class ReleaseHistory(generics.ListAPIView):
     serializer_class = serializers.ReleaseSerializer
+    pagination_class = pagination.ByGeneration
 
     def get_queryset(self):
         return get_model(self.kwargs["name"]).releases.select_related("actor", "rollback_target")

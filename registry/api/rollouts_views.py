@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry.actions import releases, rollouts
-from registry.api import serializers
+from registry.api import pagination, serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.parsers import JSONParser
@@ -24,9 +24,12 @@ def _rollouts_of(name: str):
     return get_model(name).rollouts.select_related("model", "actor")
 
 
-@extend_schema_view(get=extend_schema(responses={200: serializers.RolloutSerializer(many=True), **error_responses(404)}))
+@extend_schema_view(get=extend_schema(
+    parameters=pagination.PAGE_PARAMETERS, responses={200: serializers.RolloutSerializer(many=True), **error_responses(400, 404)},
+))
 class Rollouts(generics.ListAPIView):
     serializer_class = serializers.RolloutSerializer
+    pagination_class = pagination.Pages
     parser_classes = [JSONParser]
 
     def get_queryset(self):

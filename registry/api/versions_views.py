@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry.actions import uploads
-from registry.api import serializers
+from registry.api import pagination, serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.permissions import WorkerTokenAuthentication
@@ -57,9 +57,12 @@ class HeaderCsrfSessionAuthentication(SessionAuthentication):
             raise exceptions.PermissionDenied(f"CSRF Failed: {reason}")
 
 
-@extend_schema_view(get=extend_schema(responses={200: serializers.VersionSerializer(many=True), **error_responses(404)}))
+@extend_schema_view(get=extend_schema(
+    parameters=pagination.PAGE_PARAMETERS, responses={200: serializers.VersionSerializer(many=True), **error_responses(400, 404)},
+))
 class VersionList(generics.ListAPIView):
     serializer_class = serializers.VersionSerializer
+    pagination_class = pagination.ByNumber
     parser_classes = [MultiPartParser, FormParser]
     # Authentication and the role check use headers and cookies only; the body is
     # parsed (and its file staged) in post(), after both have passed.
@@ -137,11 +140,14 @@ class VersionDetail(generics.RetrieveAPIView):
         return get_object_or_404(versions, model__name=self.kwargs["name"], number=self.kwargs["number"])
 
 
-@extend_schema_view(get=extend_schema(responses={200: serializers.MetricMinuteSerializer(many=True), **error_responses(404)}))
+@extend_schema_view(get=extend_schema(
+    parameters=pagination.PAGE_PARAMETERS, responses={200: serializers.MetricMinuteSerializer(many=True), **error_responses(400, 404)},
+))
 class VersionMetricHistory(generics.ListAPIView):
     """Per-minute roll-ups of what workers reported for this version, oldest first."""
 
     serializer_class = serializers.MetricMinuteSerializer
+    pagination_class = pagination.ByMinute
 
     def get_queryset(self):
         version = get_object_or_404(ModelVersion, model__name=self.kwargs["name"], number=self.kwargs["number"])
