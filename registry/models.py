@@ -179,6 +179,10 @@ class Drill(models.Model):
     to_generation = models.PositiveBigIntegerField(null=True, blank=True)
     to_digest = models.CharField(max_length=64, blank=True)  # the content issued as to_generation: what "confirmed" means
     forward_generation = models.PositiveBigIntegerField(null=True, blank=True)  # the roll forward's release, when one was made
+    # Asked to roll forward, and nothing has yet made it or ruled it out: set with the
+    # rollback, cleared with the outcome. A drill left so by its process (an outage longer
+    # than its retries, a console stopped) is rolled forward by ``finish_stale_drills``.
+    forward_pending = models.BooleanField(default=False)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     first_ack_s = models.FloatField(null=True, blank=True)

@@ -4,7 +4,7 @@ scheduled ones skip a run the database's outage stops; a job's run is sent again
 
 from celery import shared_task
 
-from registry.actions import drills, retention, rollouts
+from registry.actions import retention, rollouts, stale_drills
 from registry.artifacts import storage
 from registry.jobs import records, runner
 from registry.task_outage import retried_during_outage, skipped_during_outage
@@ -32,9 +32,10 @@ def analyse_rollouts() -> int:
 @shared_task(name="registry.tasks.abandon_stale_drills", ignore_result=True)
 @skipped_during_outage
 def abandon_stale_drills() -> int:
-    """Fail the drills the console stopped during (beat runs this every 30 s): otherwise
-    such a drill says "running" until the model's next drill."""
-    return drills.abandon_stale_drills()
+    """Fail the drills the console stopped during and make the roll forwards drills still
+    owe (beat runs this every 30 s): otherwise such a drill says "running" until the
+    model's next drill, and a drill an outage cut short leaves its model rolled back."""
+    return stale_drills.finish_stale_drills()
 
 
 @shared_task(name="registry.tasks.run_job", bind=True, ignore_result=True)

@@ -25,10 +25,9 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
-from registry.actions import events, releases
+from registry.actions import events, releases, stale_drills
 from registry.db_unavailable import is_database_unavailable
-from registry.domain.choices import DrillStatus, ReleaseAction, RolloutStatus
-from registry.domain.traffic import Route
+from registry.domain.choices import DrillStatus, RolloutStatus
 from registry.fleet.state import issued_digest
 from registry.fleet.workers import (
     GONE_LISTED_FOR,
@@ -141,12 +140,17 @@ def made_so_far(drill: Drill, *, recorded: bool) -> str:
     """What ``drill`` has committed, for an answer an outage cuts short: its rollback is
     in force whatever fails next, and its end and roll forward are said only once made."""
     words = f"{drill.model.name}: drill #{drill.pk} rolled back to generation {drill.to_generation}"
+    later = (f"the console makes it once its database answers ({stale_drills.longest_drill_s():g} s after the drill started "
+             f"at the earliest), unless {drill.model.name} is changed first")
     if not recorded:
-        return f"{words}; the drill's result could not be recorded and it was not rolled forward"
+        owed = f" and it was not rolled forward yet: {later}" if drill.roll_forward else ""
+        return f"{words}; the drill's result could not be recorded{owed}"
     words = f"{words}, recorded as {drill.status}"
     if drill.forward_generation is not None:
         return f"{words}, rolled forward to generation {drill.forward_generation}"
-    return f"{words}; not rolled forward" if not drill.roll_forward else f"{words}; its roll forward may not have been made"
+    if not drill.roll_forward:
+        return f"{words}; not rolled forward"
+    return f"{words}; its roll forward may not have been made: if not, {later}"
 
 
 def through_outage(step, what: str):
@@ -192,25 +196,35 @@ def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generatio
     (the rollback noted itself pending). A rollback refused (nothing to roll back to) is
     committed as a drill recorded as error, and its ReleaseError raised."""
     refused = None
+    stale_drills.finish_stale_drills(model)  # a drill left rolled back is rolled forward first, in its own transaction
     with transaction.atomic():
         ServingGeneration.objects.lock()
-        abandon_stale_drills(model)
+        stale_drills.abandon_stale_drills(model)
         # A drill running says more than "the generation you saw changed": its own
         # rollback is that change, so two drills started together meet this first.
         running = model.drills.filter(status=DrillStatus.RUNNING).first()
         if running is not None:
             raise DrillRunning(f"drill #{running.pk} on {model.name} is still running (started {running.started_at:%H:%M:%S} UTC): one drill at a time")
+        # Nor over a drill whose roll forward is owed: this one's rollback and roll forward
+        # would come between, and the owed roll forward, refused over them, never made.
+        owing = model.drills.filter(forward_pending=True).exclude(status=DrillStatus.RUNNING).first()
+        if owing is not None:
+            due = owing.started_at + timedelta(seconds=stale_drills.longest_drill_s())
+            raise DrillRunning(f"drill #{owing.pk} on {model.name} has not rolled forward yet (its request was cut short): the console "
+                               f"makes its roll forward from {due:%H:%M:%S} UTC, unless {model.name} is changed first; one drill at a time")
         current = model.current_release()
         releases.check_expected_generation(model, current, expected_generation)
         releases.check_not_archived(model)
         drill = Drill.objects.create(
             model=model, actor=actor if actor.is_authenticated else None, started_at=timezone.now(),  # the operator's click
             target_s=drill_target_s(), roll_forward=roll_forward, from_generation=current.generation if current else None,
+            forward_pending=roll_forward,
         )
         try:
             # Under the same lock: the generation just read is the one rolled back.
             release = releases.rollback(model, actor, f"rollback drill #{drill.pk}", expected_generation=drill.from_generation or 0)
         except releases.ReleaseError as error:  # its savepoint is undone; the drill is kept, as error
+            drill.forward_pending = False  # nothing was rolled back
             _finish(drill, DrillStatus.ERROR, error=error.message)
             refused = error
         else:
@@ -223,67 +237,6 @@ def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generatio
 
 class DrillRunning(releases.ReleaseConflict):
     """Another drill of the same model has not finished."""
-
-
-def longest_drill_s() -> float:
-    """The longest a live drill stays running: its wait for acks (DRILL_ACK_TIMEOUT_S from
-    the click) and ``through_outage`` recording its end (as long again) make twice the
-    wait; a third and a minute are room for slow queries, since a live drill abandoned
-    would be recorded twice. A drill running longer has no process left to finish it."""
-    return 3 * settings.DRILL_ACK_TIMEOUT_S + 60
-
-
-def abandon_stale_drills(model: RegisteredModel | None = None, now=None) -> int:
-    """Finish as failed, with an audit entry each, the drills of ``model`` (or of every
-    model) still running past ``longest_drill_s``; the number finished. Beat runs this
-    (``registry.tasks.abandon_stale_drills``) and so does every drill's start: a drill the
-    console stopped during said "running" for ever, kept its model rolled back in silence
-    and refused the next drill. Running it again, or beside a live drill, changes nothing
-    it should not: a drill inside its bound is never touched (``_abandon``)."""
-    now = now or timezone.now()
-    stale = Drill.objects.filter(status=DrillStatus.RUNNING, started_at__lt=now - timedelta(seconds=longest_drill_s()))
-    if model is not None:
-        stale = stale.filter(model=model)
-    return sum(_abandon(drill, now) for drill in stale.select_related("model", "actor").order_by("pk"))
-
-
-def _abandon(drill: Drill, now) -> bool:
-    """One stale drill finished as failed, by an UPDATE that still requires it running and
-    past its bound: a drill whose own process records its end meanwhile keeps that end,
-    and a second sweep finds nothing. Its ``finished_at`` is the latest it could have ended
-    (``started_at`` + the bound), not when it was found: a sweep late by the console's
-    downtime would have read as a drill that took that long."""
-    longest_s = longest_drill_s()
-    drill.status, drill.finished_at = DrillStatus.FAILED, drill.started_at + timedelta(seconds=longest_s)
-    drill.error = _abandoned_words(drill, longest_s, now)
-    with transaction.atomic():
-        still_stale = Drill.objects.filter(pk=drill.pk, status=DrillStatus.RUNNING, started_at__lt=now - timedelta(seconds=longest_s))
-        if not still_stale.update(status=drill.status, finished_at=drill.finished_at, error=drill.error):
-            return False
-        events.drill_finished(drill)
-    logger.warning("drill #%s on %s: %s", drill.pk, drill.model.name, drill.error)
-    return True
-
-
-def _abandoned_words(drill: Drill, longest_s: float, now) -> str:
-    """Why the drill is failed, what it left in force and how to undo it, in words."""
-    if drill.to_generation is not None:
-        left = f"its rollback to generation {drill.to_generation} is still in force unless {drill.model.name} was changed since"
-    else:  # stopped before its rollback was recorded: it may or may not have committed
-        left = f"its rollback may or may not have been made (check {drill.model.name}'s current release)"
-    words = (f"abandoned: the console stopped during the drill (or lost its database for longer than the drill waits): "
-             f"not finished {longest_s:g} s after it started, found at {now:%Y-%m-%d %H:%M:%S} UTC; {left}, "
-             "and no roll forward was made")
-    if drill.from_generation is None:
-        return words
-    earlier = Release.objects.filter(model_id=drill.model_id, generation=drill.from_generation).first()
-    split = f"{_describe_split(earlier)}, " if earlier is not None else ""
-    generation = drill.from_generation
-    return f"{words}: to return to the split it rolled back from ({split}generation {generation}), restore generation {generation}"
-
-
-def _describe_split(release: Release) -> str:
-    return ", ".join(Route.from_json(route).describe() for route in release.routes) or "nothing routed"
 
 
 def failed_total(report: object) -> int | None:
@@ -450,21 +403,21 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
     ``through_outage`` may run this again after the restore committed (the outage came
     while recording it, or during its COMMIT): the drill's own roll forward is then found
     and recorded, never taken for someone else's change."""
-    reason = f"roll forward after drill #{drill.pk}"
     try:
-        release = _own_roll_forward(drill, model, actor, reason)
+        release = stale_drills.own_roll_forward(drill, actor)
         if release is None:
             # Only over the drill's own rollback: a change an operator made meanwhile stands.
-            release = releases.restore(model, drill.from_generation, actor, reason, expected_generation=drill.to_generation)
+            release = releases.restore(model, drill.from_generation, actor, stale_drills.forward_reason(drill), expected_generation=drill.to_generation)
     except releases.GenerationConflict as conflict:
         changed_at = conflict.current.generation if conflict.current else "?"
-        _record_reason(drill, f"not rolled forward: {model.name} changed during the drill (generation {changed_at}), and that change stands")
+        _record_reason(drill, f"not rolled forward: {model.name} changed during the drill (generation {changed_at}), and that change stands",
+                       settled=True)
         return
     except releases.ReleaseError as error:
-        _record_reason(drill, f"roll forward failed: {error.message}")
+        _record_reason(drill, f"roll forward failed: {error.message}", settled=True)
         return
-    drill.forward_generation = release.generation
-    drill.save(update_fields=["forward_generation"])
+    drill.forward_generation, drill.forward_pending = release.generation, False
+    drill.save(update_fields=["forward_generation", "forward_pending"])
     worker_ids = [worker.worker_id for worker in workers]
     try:
         acks = wait_for_acks(worker_ids, RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S)
@@ -478,16 +431,6 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
     if unconfirmed:
         _record_reason(drill, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of {len(followed)} workers "
                               f"did not ack it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {', '.join(unconfirmed)}")
-
-
-def _own_roll_forward(drill: Drill, model: RegisteredModel, actor, reason: str) -> Release | None:
-    """The release this drill's roll forward committed already, if an earlier try made it:
-    a restore of ``from_generation``'s routes after the drill's rollback, by its actor,
-    with its reason (which names the drill)."""
-    return model.releases.filter(
-        generation__gt=drill.to_generation, action=ReleaseAction.RESTORE, reason=reason,
-        actor=actor if actor is not None and actor.is_authenticated else None,
-    ).order_by("generation").first()
 
 
 def _note_paused_rollout(drill: Drill, rollout: Rollout) -> None:
@@ -504,14 +447,16 @@ def _add_reason(drill: Drill, words: str) -> None:
     drill.error = "; ".join(filter(None, [drill.error, words]))
 
 
-def _record_reason(drill: Drill, words: str) -> None:
-    """``_add_reason``, for a drill already recorded as finished: saved at once."""
-    before = drill.error
+def _record_reason(drill: Drill, words: str, *, settled: bool = False) -> None:
+    """``_add_reason``, for a drill already recorded as finished: saved at once; with
+    ``settled``, the words rule out its roll forward (``forward_pending`` cleared with them)."""
+    before = (drill.error, drill.forward_pending)
     _add_reason(drill, words)
+    drill.forward_pending = drill.forward_pending and not settled
     try:
-        drill.save(update_fields=["error"])
+        drill.save(update_fields=["error", "forward_pending"])
     except BaseException:
-        drill.error = before  # not recorded: a step ``through_outage`` tries again must not say it twice
+        drill.error, drill.forward_pending = before  # not recorded: a step ``through_outage`` tries again must not say it twice
         raise
 
 

@@ -123,6 +123,15 @@ def drill_finished(drill: Drill) -> AuditEvent:
     )
 
 
+def drill_roll_forward_settled(drill: Drill, outcome: str) -> AuditEvent:
+    """The console's sweep made (or ruled out) the roll forward a drill's own request could
+    not: the timeline said only what the drill left in force."""
+    return AuditEvent.objects.create(
+        model=drill.model, kind=AuditKind.DRILL, actor=None, message=f"Rollback drill #{drill.pk}: {outcome}",
+        data={"drill": drill.pk, "status": drill.status, "generation": drill.forward_generation},
+    )
+
+
 def _failed_requests(drill: Drill) -> str:
     """The drill's failed requests in words: a count only when every worker's is known."""
     if drill.failed_requests is not None:

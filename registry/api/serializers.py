@@ -387,12 +387,15 @@ class ReleaseStateSerializer(serializers.Serializer):
 class DrillSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", read_only=True)
     actor = UserNameField(read_only=True)
+    forward_pending = serializers.BooleanField(read_only=True, help_text=(
+        "Asked to roll forward, and the roll forward is neither made nor ruled out yet: true while the drill runs, and after "
+        "an outage cut its request short, until the console makes it (at the earliest 3 × DRILL_ACK_TIMEOUT_S + 60 s after the start)."))
 
     class Meta:
         model = Drill
         fields = [
             "id", "model", "actor", "status", "roll_forward", "from_generation", "to_generation", "to_digest", "forward_generation",
-            "started_at", "finished_at",
+            "forward_pending", "started_at", "finished_at",
             "first_ack_s", "last_ack_s", "confirmed_s", "failed_requests", "target_s", "workers", "error",
         ]
 

@@ -27,9 +27,10 @@ def canary(three_versions, operator, settings):
 
 def drill_cut_off(model, operator, started_ago_s: float) -> Drill:
     """What a console killed mid-drill leaves: the drill's rollback (generation 3) in
-    force and its row running, with no worker rows and no end."""
+    force and its row running, with no worker rows and no end. The drill was not to roll
+    forward: one that was is also rolled forward by the sweep (test_drill_rolled_forward_late.py)."""
     drill = Drill.objects.create(model=model, actor=operator, started_at=timezone.now() - timedelta(seconds=started_ago_s),
-                                 target_s=10, roll_forward=True, from_generation=2)
+                                 target_s=10, roll_forward=False, from_generation=2)
     drill.to_generation = releases.rollback(model, operator, f"rollback drill #{drill.pk}", expected_generation=2).generation
     drill.save(update_fields=["to_generation"])
     return drill
