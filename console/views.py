@@ -368,7 +368,8 @@ def audit_entries(model: RegisteredModel, chosen: audit_log.AuditFilter = audit_
     events = list(audit_log.events(model, chosen)[:AUDIT_EVENTS_SHOWN])
     if not events:
         return []
-    oldest, newest = events[-1].created_at, events[0].created_at
+    # By id, newest first: their times nearly always follow, but two transactions may commit out of time order.
+    oldest, newest = min(event.created_at for event in events), max(event.created_at for event in events)
     timeline = list(model.releases.filter(created_at__gte=oldest, created_at__lte=newest).order_by("generation").values_list("created_at", "generation"))
     before = model.releases.filter(created_at__lt=oldest).order_by("-generation").values_list("created_at", "generation").first()
     in_force = releases_in_force([event.created_at for event in events], ([before] if before else []) + timeline)

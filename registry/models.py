@@ -182,7 +182,8 @@ class Drill(models.Model):
     # Asked to roll forward, and nothing has yet made it or ruled it out: set with the
     # rollback, cleared with the outcome. A drill left so by its process (an outage longer
     # than its retries, a console stopped) is rolled forward by ``finish_stale_drills``.
-    forward_pending = models.BooleanField(default=False)
+    # db_default: a console still on the code before it (a rolling update) inserts drills without it.
+    forward_pending = models.BooleanField(default=False, db_default=False)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     first_ack_s = models.FloatField(null=True, blank=True)

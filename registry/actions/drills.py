@@ -148,7 +148,7 @@ def made_so_far(drill: Drill, *, recorded: bool) -> str:
     words = f"{words}, recorded as {drill.status}"
     if drill.forward_generation is not None:
         return f"{words}, rolled forward to generation {drill.forward_generation}"
-    if not drill.roll_forward:
+    if not drill.roll_forward or not drill.forward_pending:  # not asked, or ruled out (the summary says why)
         return f"{words}; not rolled forward"
     return f"{words}; its roll forward may not have been made: if not, {later}"
 
@@ -196,7 +196,7 @@ def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generatio
     (the rollback noted itself pending). A rollback refused (nothing to roll back to) is
     committed as a drill recorded as error, and its ReleaseError raised."""
     refused = None
-    stale_drills.finish_stale_drills(model)  # a drill left rolled back is rolled forward first, in its own transaction
+    _settle_owed_roll_forward(model)
     with transaction.atomic():
         ServingGeneration.objects.lock()
         stale_drills.abandon_stale_drills(model)
@@ -207,11 +207,11 @@ def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generatio
             raise DrillRunning(f"drill #{running.pk} on {model.name} is still running (started {running.started_at:%H:%M:%S} UTC): one drill at a time")
         # Nor over a drill whose roll forward is owed: this one's rollback and roll forward
         # would come between, and the owed roll forward, refused over them, never made.
-        owing = model.drills.filter(forward_pending=True).exclude(status=DrillStatus.RUNNING).first()
+        owing = stale_drills.owing_drills(model).first()
         if owing is not None:
             due = owing.started_at + timedelta(seconds=stale_drills.longest_drill_s())
-            raise DrillRunning(f"drill #{owing.pk} on {model.name} has not rolled forward yet (its request was cut short): the console "
-                               f"makes its roll forward from {due:%H:%M:%S} UTC, unless {model.name} is changed first; one drill at a time")
+            raise DrillRunning(f"drill #{owing.pk} on {model.name} has not rolled forward yet: the console settles it from {due:%H:%M:%S} "
+                               f"UTC (rolls it forward, or says why not if {model.name} was changed since); one drill at a time")
         current = model.current_release()
         releases.check_expected_generation(model, current, expected_generation)
         releases.check_not_archived(model)
@@ -237,6 +237,20 @@ def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generatio
 
 class DrillRunning(releases.ReleaseConflict):
     """Another drill of the same model has not finished."""
+
+
+def _settle_owed_roll_forward(model: RegisteredModel) -> None:
+    """Before a drill starts: the roll forward a stale drill of ``model`` still owes is
+    settled in its own transaction. One made is a change the operator did not see, so the
+    drill is refused (409, saying so) rather than run from a state other than the one the
+    operator chose it on; the console's drill form sent the generation it showed, and
+    was told "nothing changed"."""
+    stale_drills.abandon_stale_drills(model)
+    made = [drill for drill in stale_drills.roll_forward_owed(model) if drill.forward_generation is not None]
+    if made:
+        words = ", ".join(f"drill #{drill.pk}'s (generation {drill.forward_generation})" for drill in made)
+        raise releases.ReleaseConflict(f"{model.name} was rolled forward just now by the console: {words}, owed since an outage or a "
+                                       "console stop cut the drill short; look at what it serves now and run the drill again from there")
 
 
 def failed_total(report: object) -> int | None:

@@ -54,12 +54,23 @@ def finish_stale_drills(model: RegisteredModel | None = None, now=None) -> int:
     """Fail the stale running drills of ``model`` (or of every model), then make the roll
     forwards stale drills still owe; how many drills this changed."""
     now = now or timezone.now()
-    changed = abandon_stale_drills(model, now)
-    owed = Drill.objects.filter(forward_pending=True, to_generation__isnull=False, started_at__lt=now - timedelta(seconds=longest_drill_s()))
-    owed = owed.exclude(status=DrillStatus.RUNNING)
-    if model is not None:
-        owed = owed.filter(model=model)
-    return changed + sum(_roll_forward_owed(pk, now) for pk in owed.order_by("pk").values_list("pk", flat=True))
+    return abandon_stale_drills(model, now) + len(roll_forward_owed(model, now))
+
+
+def owing_drills(model: RegisteredModel | None = None):
+    """Finished drills whose roll forward is neither made nor ruled out yet."""
+    owing = Drill.objects.filter(forward_pending=True, to_generation__isnull=False).exclude(status=DrillStatus.RUNNING)
+    return owing if model is None else owing.filter(model=model)
+
+
+def roll_forward_owed(model: RegisteredModel | None = None, now=None) -> list[Drill]:
+    """Settle the roll forward of each drill of ``model`` (or of every model) that owes one
+    and is past the longest a live drill takes; the drills settled, each with the release
+    it made (``forward_generation``) or none."""
+    now = now or timezone.now()
+    due = owing_drills(model).filter(started_at__lt=now - timedelta(seconds=longest_drill_s()))
+    settled = (_roll_forward_owed(pk, now) for pk in due.order_by("pk").values_list("pk", flat=True))
+    return [drill for drill in settled if drill is not None]
 
 
 def abandon_stale_drills(model: RegisteredModel | None = None, now=None) -> int:
@@ -120,7 +131,7 @@ def _describe_split(release: Release) -> str:
     return ", ".join(Route.from_json(route).describe() for route in release.routes) or "nothing routed"
 
 
-def _roll_forward_owed(pk: int, now) -> int:
+def _roll_forward_owed(pk: int, now) -> Drill | None:
     """Restore the drill's ``from_generation`` over its rollback, or say why not, and clear
     ``forward_pending`` in the same transaction. Under the generation lock (taken first, as
     a drill's start takes it) and the drill's row lock, so two sweeps make it once; a
@@ -129,14 +140,14 @@ def _roll_forward_owed(pk: int, now) -> int:
         ServingGeneration.objects.lock()
         drill = Drill.objects.select_for_update(of=("self",)).select_related("model", "actor").filter(pk=pk, forward_pending=True).first()
         if drill is None:
-            return 0
+            return None
         words = _make_roll_forward(drill, now)
         drill.forward_pending = False
         drill.error = "; ".join(filter(None, [drill.error, words]))
         drill.save(update_fields=["forward_pending", "forward_generation", "error"])
         events.drill_roll_forward_settled(drill, words)
     logger.warning("drill #%s on %s: %s", drill.pk, drill.model.name, words)
-    return 1
+    return drill
 
 
 def _make_roll_forward(drill: Drill, now) -> str:

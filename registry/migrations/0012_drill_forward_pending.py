@@ -3,6 +3,13 @@
 from django.db import migrations, models
 
 
+def owed_by_drills_cut_short(apps, schema_editor):
+    """A drill running when this migrates (most likely stopped by the very deploy) that
+    asked to roll forward and made its rollback owes its roll forward: the sweep makes it."""
+    Drill = apps.get_model("registry", "Drill")
+    Drill.objects.filter(status="running", roll_forward=True, to_generation__isnull=False).update(forward_pending=True)
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -13,6 +20,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='drill',
             name='forward_pending',
-            field=models.BooleanField(default=False),
+            field=models.BooleanField(db_default=False, default=False),
         ),
+        migrations.RunPython(owed_by_drills_cut_short, migrations.RunPython.noop),
     ]

@@ -149,7 +149,7 @@ def test_a_new_drill_is_refused_while_one_still_owes_its_roll_forward(operator_c
 
     # Its rollback and roll forward would have come between, and the owed one been refused over them.
     assert response.status_code == 409
-    assert response.json()["error"].startswith(f"drill #{owing.pk} on digits has not rolled forward yet (its request was cut short)")
+    assert response.json()["error"].startswith(f"drill #{owing.pk} on digits has not rolled forward yet: the console settles it from")
     assert (Drill.objects.count(), Release.objects.count()) == (1, generations)
 
 
@@ -214,16 +214,22 @@ def test_a_drill_that_did_not_ask_to_roll_forward_is_not_rolled_forward(operator
     assert listed(operator_client, drill)["error"].endswith("restore generation 2")
 
 
-def test_a_new_drill_first_rolls_forward_the_one_its_model_still_owes(operator_client, canary, database_gone_while_rolling_forward):
+def test_a_drill_started_past_the_bound_rolls_the_owed_one_forward_and_says_so_rather_than_run(operator_client, canary,
+                                                                                                database_gone_while_rolling_forward):
     stale = cut_short_drill(operator_client)
     database_gone_while_rolling_forward()
     later(stale)
+    shown = current(canary).generation  # what the operator's page shows: the stale drill's rollback
 
-    response = operator_client.post(DRILLS, {}, format="json")
+    refused = operator_client.post(DRILLS, {"expected_generation": shown}, format="json")
+    retried = operator_client.post(DRILLS, {"expected_generation": current(canary).generation}, format="json")
 
     owed = listed(operator_client, stale)["forward_generation"]
-    assert response.status_code == 201, response.content
-    assert response.json()["from_generation"] == owed  # it rolled back from the split, not from the old drill's rollback
+    assert refused.status_code == 409
+    # Not "nothing changed": the request's own sweep made a change the operator had not seen.
+    assert refused.json()["error"].startswith(f"digits was rolled forward just now by the console: drill #{stale.pk}'s (generation {owed})")
+    assert retried.status_code == 201, retried.content
+    assert retried.json()["from_generation"] == owed  # it rolled back from the split, not from the old drill's rollback
     assert Release.objects.get(generation=owed).routes == SPLIT
 
 
