@@ -404,10 +404,16 @@ def _record_end(drill: Drill) -> None:
 
 
 def _finish(drill: Drill, status: str, *, error: str = "") -> None:
-    drill.status = status
-    drill.error = error
-    drill.finished_at = timezone.now()
+    """Record the drill's end, unless the sweep finished it first: a process stalled past
+    the bound (SIGSTOP for 70 s in a fault run) wrote its end over the sweep's, and its
+    summary then called the sweep's roll forward "another change of the model"."""
     with transaction.atomic():
+        recorded = Drill.objects.select_for_update(of=("self",)).filter(pk=drill.pk).values_list("status", flat=True).first()
+        if recorded not in (None, DrillStatus.RUNNING):
+            logger.warning("drill #%s: finished by the console's sweep while its own request stalled; the sweep's record stands", drill.pk)
+            drill.refresh_from_db()
+            return
+        drill.status, drill.error, drill.finished_at = status, error, timezone.now()
         drill.save()
         events.drill_finished(drill)
 

@@ -243,3 +243,21 @@ def test_two_sweeps_at_once_roll_forward_once(operator_client, canary, database_
     assert sorted(results) == [0, 0, 0, 1], results
     assert canary.releases.filter(action="restore").count() == 1
     assert listed(operator_client, drill)["error"].count("rolled forward to generation") == 1
+
+
+def test_a_drill_whose_request_stalled_past_the_bound_keeps_what_the_sweep_recorded(operator, canary, monkeypatch):
+    watch_workers = drills.watch_workers
+
+    def the_request_stalls_while_the_sweep_runs(drill, *args, **kwargs):
+        stale_drills.finish_stale_drills(now=drill.started_at + timedelta(seconds=600))
+        return watch_workers(drill, *args, **kwargs)
+
+    monkeypatch.setattr(drills, "watch_workers", the_request_stalls_while_the_sweep_runs)
+
+    drill = drills.run_drill(canary, operator, expected_generation=2)
+
+    assert drill.error.startswith("abandoned: the console stopped during the drill")  # not written over by the stalled request
+    assert Release.objects.filter(model=canary, action="restore").count() == 1
+    assert drill.forward_generation == current(canary).generation
+    finished = [event for event in canary.audit_events.filter(kind="drill") if event.message.startswith("Rollback drill failed")]
+    assert len(finished) == 1
