@@ -3,13 +3,15 @@
 A request runs (a thread, a database connection) only with a slot of its kind
 (``console.request_slots``), taken once its body has arrived, and its connection is
 closed before its slot is given back and its answer sent; a streamed answer that reads
-the database holds a slot of the streams kind until sent. A request body the temporary
+the database takes a slot of the streams kind for each read, and closes its connection
+after each. A request body the temporary
 space cannot hold is a 507 (``console.body_spool``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -19,8 +21,10 @@ from django.db import connections
 from console.body_limit import send_refusal
 from console.body_spool import BodySpoolFull, spool_full_message
 from console.request_slots import RequestSlots, busy_response, request_kind
-from registry.api.streams import reads_database_while_sent
+from registry.api.streams import in_hops, reads_database_while_sent
 from registry.artifacts import storage
+
+STATIC_PREFIX = "/" + settings.STATIC_URL.lstrip("/")
 
 
 class ConsoleASGIHandler(ASGIHandler):
@@ -30,6 +34,9 @@ class ConsoleASGIHandler(ASGIHandler):
     def __init__(self):
         super().__init__()
         self.slots = RequestSlots(limit=settings.CONSOLE_MAX_REQUESTS, wait_s=settings.CONSOLE_REQUEST_WAIT_S)
+        # Whether the last answer that needed the database found it unreachable; what a
+        # refusal for want of a slot then says (console.request_slots.busy_response).
+        self.database_unreachable = False
 
     async def run_get_response(self, request):
         # Here, not in front of the handler: the body has arrived, so a client that sends
@@ -37,38 +44,37 @@ class ConsoleASGIHandler(ASGIHandler):
         kind = request_kind(request.method, request.path, request.META.get("HTTP_AUTHORIZATION", "").encode("latin-1"))
         async with self.slots.held(kind) as refusal:
             if refusal is not None:
-                return busy_response(request.path, request.headers.get("Accept", ""), refusal)
+                return busy_response(request.path, request.headers.get("Accept", ""), refusal, self.database_unreachable)
             try:
                 response = await super().run_get_response(request)
             finally:  # answered, failed, or its client went
                 # Django closes it once the answer is sent, and a slow reader kept it open to
                 # the last byte after the slot was given back (60 readers of an artifact: 60).
                 await _close_request_connections()
+        self._note_database(request.path, response)
         if response.streaming and reads_database_while_sent(response):
-            return await self._with_stream_slot(request, response)
+            return in_hops(response, self._stream_hop)
         return response
 
-    async def _with_stream_slot(self, request, response):
-        """A stream that reads the database while sent holds a slot of the streams kind
-        until its last byte (its connection opens again at its first part)."""
-        refusal = await self.slots.take("streams")
-        if refusal is not None:
-            await sync_to_async(response.close)()
-            return busy_response(request.path, request.headers.get("Accept", ""), refusal)
-        response.holds_stream_slot = True
-        return response
+    def _note_database(self, path: str, response) -> None:
+        if getattr(response, "database_unreachable", False):
+            self.database_unreachable = True
+        elif response.status_code < 500 and not path.startswith(STATIC_PREFIX):  # static files need no database
+            self.database_unreachable = False
 
-    async def send_response(self, response, send):
+    @asynccontextmanager
+    async def _stream_hop(self):
+        """One take from a stream that reads the database while sent: under a slot of the
+        streams kind, waited for as long as it takes (the answer has begun), and its
+        connection closed after it, so a client that reads slowly holds neither."""
+        await self.slots.take("streams", patient=True)
         try:
-            await super().send_response(response, send)
-        finally:  # sent, failed or cancelled (the client went)
-            if getattr(response, "holds_stream_slot", False):
-                response.holds_stream_slot = False
-                try:  # its cursor, then the connection it opened again, before the slot goes
-                    await asyncio.shield(sync_to_async(response.close)())
-                    await _close_request_connections()
-                finally:
-                    self.slots.give_back("streams")
+            yield
+        finally:
+            try:
+                await _close_request_connections()
+            finally:
+                self.slots.give_back("streams")
 
     async def read_body(self, receive):
         try:

@@ -59,6 +59,9 @@ def database_unavailable_response(request, error: BaseException) -> HttpResponse
     if not (committed or in_doubt):
         response["Retry-After"] = str(RETRY_AFTER_S)
     response["Cache-Control"] = "no-store"
+    # Read by the console's handler: while the database cannot be reached, a request
+    # refused for want of a slot is told that, not that the console is busy.
+    response.database_unreachable = not (is_read_only(error) or is_lock_timeout(error))
     return response
 
 

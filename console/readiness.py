@@ -12,7 +12,8 @@ hosts, go to the log, since anyone who reaches the port may ask.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor, wait
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import redis
 from django.conf import settings
@@ -69,6 +70,32 @@ def readiness() -> dict:
     finally:
         pool.shutdown(wait=False)  # a check past its time ends on its driver's own timeout
     return {"ready": all(result["ok"] for result in results.values()), **results}
+
+
+_flight_lock = threading.Lock()
+_flight: Future | None = None  # the check running now, whose answer concurrent callers share
+
+
+def shared_readiness() -> dict:
+    """``readiness()``, one check at a time per process: a call made while a check runs
+    waits for it (about ``CHECK_TIMEOUT_S`` at most) and answers what it found. Anyone may
+    call ``/readyz``, and each check opens a connection to the database and to Redis: a
+    flood of probes opened two for each."""
+    global _flight
+    with _flight_lock:
+        flight, leads = (_flight, False) if _flight is not None else (Future(), True)
+        if leads:
+            _flight = flight
+    if not leads:
+        return flight.result()
+    try:
+        flight.set_result(readiness())
+    except BaseException as error:
+        flight.set_exception(error)
+    finally:
+        with _flight_lock:
+            _flight = None
+    return flight.result()
 
 
 def _result(name: str, future) -> dict:

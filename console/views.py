@@ -156,7 +156,7 @@ def healthz(request):
 
 def readyz(request):
     """Readiness: the database and Redis, each reported on its own; 503 unless both answer."""
-    body = readiness.readiness()
+    body = readiness.shared_readiness()
     response = JsonResponse(body, status=200 if body["ready"] else 503)
     response["Cache-Control"] = "no-store"
     if not body["ready"]:

@@ -6,14 +6,18 @@ download of an artifact (up to MAX_UPLOAD_BYTES, 2 GiB) held the whole file in t
 console's memory until it ended, a worker waited for the whole read before its download
 began, and a few concurrent downloads could exhaust the console. Under ASGI,
 `in_parts` hands the handler an asynchronous iterator instead, which takes a few parts
-at a time from the synchronous one in a thread. Under WSGI (the test client, `wsgi.py`)
+at a time from the synchronous one in a thread; a stream that reads the database as it
+goes is sent by the console's handler with `in_hops`, which does the same with a slot and
+a closed connection around each take. Under WSGI (the test client, `wsgi.py`)
 Django already streams a synchronous iterator, and the response is left as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
@@ -34,17 +38,26 @@ def file_response(request, path: Path, **kwargs) -> FileResponse:
 
 
 def database_stream(request, response: StreamingHttpResponse) -> StreamingHttpResponse:
-    """``response``, whose parts are read from the database as it is sent (an audit CSV),
-    in parts on its request's thread and connection; the console gives such a stream a
-    slot of its own until its last byte (``console.request_slots``)."""
+    """``response``, whose parts are read from the database as it is sent (the audit CSV,
+    a page of events per query). The console's handler sends it with ``in_hops``: a
+    few parts at a time, each take under a slot of the streams kind and followed by the
+    close of its connection, so a slow reader holds neither (``console.handler``)."""
     response.reads_database_while_sent = True
-    return in_parts(request, response)
+    return response
 
 
 def reads_database_while_sent(response) -> bool:
     """Whether a streamed ``response`` came from ``database_stream``: a file's, or a static
     file's, needs no connection while it is sent."""
     return getattr(response, "reads_database_while_sent", False)
+
+
+def in_hops(response: StreamingHttpResponse, hop: Callable[[], AbstractAsyncContextManager]) -> StreamingHttpResponse:
+    """``response`` (a ``database_stream``), its content taken ``LINES_PER_HOP`` parts at a
+    time on its request's thread, each take inside ``hop()``."""
+    if not response.is_async:
+        response.streaming_content = _from_thread(iter(response.streaming_content), LINES_PER_HOP, True, hop)
+    return response
 
 
 def in_parts(request, response: StreamingHttpResponse, per_hop: int = LINES_PER_HOP,
@@ -57,8 +70,13 @@ def in_parts(request, response: StreamingHttpResponse, per_hop: int = LINES_PER_
     return response
 
 
-async def _from_thread(parts: Iterator[bytes], per_hop: int, thread_sensitive: bool) -> AsyncIterator[bytes]:
+async def _from_thread(parts: Iterator[bytes], per_hop: int, thread_sensitive: bool,
+                       hop: Callable[[], AbstractAsyncContextManager] = contextlib.nullcontext) -> AsyncIterator[bytes]:
     take = sync_to_async(lambda: list(itertools.islice(parts, per_hop)), thread_sensitive=thread_sensitive)
-    while batch := await take():
+    while True:
+        async with hop():
+            batch = await take()
+        if not batch:
+            return
         for part in batch:
             yield part

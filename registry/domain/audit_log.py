@@ -16,6 +16,7 @@ and the text people typed is exported as typed.
 from __future__ import annotations
 
 import csv
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from registry.models import AuditEvent, RegisteredModel
 
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 CSV_HEADER = ["time", "kind", "actor", "generation", "rollout", "reason", "message"]
-CSV_CHUNK_ROWS = 500  # rows read from the database at a time while streaming
+CSV_PAGE_ROWS = 500  # events read from the database at a time while streaming
 SHOWN_PREFIX = 40  # of a refused value, in the error
 
 
@@ -126,4 +127,22 @@ def csv_lines(found: Iterable[AuditEvent]) -> Iterator[str]:
 
 
 def stream(found: QuerySet[AuditEvent]) -> Iterator[str]:
-    return csv_lines(found.iterator(chunk_size=CSV_CHUNK_ROWS))
+    """``found`` as CSV lines, newest first, read a page at a time by id: the first page
+    now, while the request holds its slot (a database outage is then a 503, not a
+    download cut short), the rest as they are sent. Each page is a query of its own, so
+    no cursor or transaction stays open between them and the connection can be closed
+    while a slow client reads; events written meanwhile have higher ids and are left
+    out, so the export is the timeline as it stood when it began."""
+    pages = _pages(found)
+    first = next(pages, [])
+    return csv_lines(itertools.chain.from_iterable(itertools.chain([first], pages)))
+
+
+def _pages(found: QuerySet[AuditEvent]) -> Iterator[list[AuditEvent]]:
+    newest_first = found.order_by("-id")
+    page = list(newest_first[:CSV_PAGE_ROWS])
+    while page:
+        yield page
+        if len(page) < CSV_PAGE_ROWS:
+            return
+        page = list(newest_first.filter(id__lt=page[-1].id)[:CSV_PAGE_ROWS])

@@ -15,7 +15,7 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 from console.handler import ConsoleASGIHandler
-from registry.api.streams import database_stream
+from registry.api.streams import LINES_PER_HOP, database_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 used = []  # the connection wrapper each request's view or stream used
@@ -31,12 +31,14 @@ def slow_view(request):
 
 
 def stream_view(request):
-    def lines():
-        connection = connections["default"]
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        used.append(connection)
-        yield b"line\n"
+    def lines():  # reads the database for its first line and again for its last, two takes later
+        for number in range(LINES_PER_HOP + 1):
+            if number in (0, LINES_PER_HOP):
+                connection = connections["default"]
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT 1")
+                used.append(connection)
+            yield b"line\n"
 
     return database_stream(request, StreamingHttpResponse(lines()))
 
@@ -54,7 +56,7 @@ def handler(settings):
     connections.settings["default"]["CONN_MAX_AGE"] = kept
 
 
-async def call(handler, path: str, hang_up_after_s: float | None = None) -> None:
+async def call(handler, path: str, hang_up_after_s: float | None = None, on_part=lambda: None) -> None:
     body_sent = False
 
     async def receive():
@@ -68,7 +70,8 @@ async def call(handler, path: str, hang_up_after_s: float | None = None) -> None
         return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message):
-        pass
+        if message["type"] == "http.response.body" and message.get("body"):
+            on_part()
 
     scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "scheme": "http",
              "server": ("testserver", 80), "client": ("127.0.0.1", 5000), "headers": [(b"host", b"testserver")]}
@@ -82,7 +85,10 @@ def test_a_requests_connection_is_closed_however_it_ends(handler, hang_up_after_
     assert len(used) == 1 and used[0].connection is None
 
 
-def test_a_database_stream_closes_the_connection_it_opened_again_once_sent(handler):
-    asyncio.run(call(handler, "/stream/"))
+def test_a_database_stream_closes_its_connection_after_each_read_while_its_client_reads(handler):
+    open_while_sent = []
 
-    assert len(used) == 1 and used[0].connection is None
+    asyncio.run(call(handler, "/stream/", on_part=lambda: open_while_sent.append(used[-1].connection is not None)))
+
+    assert len(used) == 2 and used[-1].connection is None
+    assert open_while_sent and not any(open_while_sent)  # it held one open between its reads before

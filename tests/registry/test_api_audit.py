@@ -10,7 +10,9 @@ import io
 import pytest
 
 from registry.actions import releases
+from registry.domain import audit_log
 from registry.domain.audit_log import CSV_HEADER, csv_cell
+from registry.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
 
@@ -177,3 +179,35 @@ def test_csv_export_quotes_every_cell_so_a_semicolon_spreadsheet_keeps_a_reason_
     for line, row in zip(lines, rows, strict=True):
         assert line == ",".join('"' + cell.replace('"', '""') + '"' for cell in row)
     assert rows[1][CSV_HEADER.index("reason")] == SEMICOLON_FORMULAS  # as typed, inside its quotes
+
+
+def add_events(model, count: int, kind: str = "release", label: str = "event") -> list[str]:
+    made = AuditEvent.objects.bulk_create(AuditEvent(model=model, kind=kind, message=f"{label} {n}") for n in range(count))
+    return [event.message for event in made]
+
+
+def test_a_csv_longer_than_a_page_has_every_event_once_newest_first(operator_client, three_versions, monkeypatch):
+    monkeypatch.setattr(audit_log, "CSV_PAGE_ROWS", 7)  # read a page at a time: 21 events are three pages
+    add_events(three_versions, 21 - three_versions.audit_events.filter(kind="release").count())
+
+    rows = csv_rows(operator_client.get(AUDIT, {"format": "csv", "kind": "release"}))
+
+    expected = list(three_versions.audit_events.filter(kind="release").order_by("-id").values_list("message", flat=True))
+    assert len(expected) == 21
+    assert [row[CSV_HEADER.index("message")] for row in rows[1:]] == expected
+
+
+def test_events_written_while_a_csv_is_sent_are_left_out_of_it(operator_client, three_versions, monkeypatch):
+    monkeypatch.setattr(audit_log, "CSV_PAGE_ROWS", 5)
+    add_events(three_versions, 12)
+    before = list(three_versions.audit_events.order_by("-id").values_list("message", flat=True))
+
+    response = operator_client.get(AUDIT, {"format": "csv"})
+    parts = iter(response.streaming_content)
+    first = [next(parts) for _ in range(3)]  # the header and two events: the first page was read
+    added = set(add_events(three_versions, 8, kind="version_uploaded", label="written meanwhile"))
+    body = b"".join([*first, *parts]).decode()
+
+    messages = [row[CSV_HEADER.index("message")] for row in list(csv.reader(io.StringIO(body)))[1:]]
+    assert messages == before  # the timeline as it stood: none of the 8 new ones, none twice
+    assert not added & set(messages)
