@@ -166,11 +166,16 @@ CONSOLE_REQUEST_WAIT_S = env_float("CONSOLE_REQUEST_WAIT_S", 5.0, minimum=0.0)
 
 def _database() -> dict:
     url = env_secret("DATABASE_URL")  # may carry a password
+    # All read whatever the database: a bad value is refused at start, not accepted until
+    # the day DATABASE_URL changes.
+    conn_max_age_s = env_int("DATABASE_CONN_MAX_AGE_S", 0, minimum=0)
+    busy_timeout_s = env_int("SQLITE_BUSY_TIMEOUT_S", 20, minimum=1)
+    connect_timeout_s = env_int("DATABASE_CONNECT_TIMEOUT_S", 3, minimum=2)
     if url:
         # Health checks: a persistent connection broken by an outage is replaced at the
         # next request instead of failing it.
         try:
-            database = dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE_S", 0), conn_health_checks=True)
+            database = dj_database_url.parse(url, conn_max_age=conn_max_age_s, conn_health_checks=True)
         except ValueError as error:  # an unknown scheme, a port that is not a number; never the URL: it may hold a password
             raise SettingError(f"DATABASE_URL: {type(error).__name__}: expected a URL such as postgres://user@host:5432/name "
                                "or sqlite:////path/db.sqlite3") from None
@@ -183,12 +188,12 @@ def _database() -> dict:
         database["OPTIONS"] = {
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             "transaction_mode": "IMMEDIATE",
-            "timeout": env_int("SQLITE_BUSY_TIMEOUT_S", 20, minimum=1),
+            "timeout": busy_timeout_s,
         }
     elif database["ENGINE"].endswith("postgresql"):
         # Without it a database host that drops packets holds each request for libpq's
         # 130 s; with it the request fails fast as a 503. libpq counts 2 s at least.
-        database.setdefault("OPTIONS", {})["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT_S", 3, minimum=2)
+        database.setdefault("OPTIONS", {})["connect_timeout"] = connect_timeout_s
         # Without it a change waited for a lock as long as anyone held it: a session left
         # idle in a transaction held the generation row 45 s, every traffic change waited
         # (and committed long after the click), and 110 of them used up max_connections,

@@ -95,7 +95,7 @@ class ServingConfig:
             max_body_bytes=env_int("SERVING_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
             max_body_buffer_bytes=env_int("SERVING_MAX_BODY_BUFFER_BYTES", 512 * 1024 * 1024, minimum=1024),
             max_elements=env_int("SERVING_MAX_ELEMENTS", 16 * 1024 * 1024, minimum=1),
-            compute_nice=env_int("SERVING_COMPUTE_NICE", 5),
+            compute_nice=env_int("SERVING_COMPUTE_NICE", 5, maximum=19),
             max_in_flight=env_int("SERVING_MAX_IN_FLIGHT", 0),
             header_timeout_s=env_float("SERVING_HEADER_TIMEOUT_S", 10.0, minimum=0.01),
             body_timeout_s=env_float("SERVING_BODY_TIMEOUT_S", 30.0, minimum=0.01),

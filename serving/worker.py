@@ -275,7 +275,12 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(2) from None
     configure_process(config)
     config, state_file, private_directory = leave_the_code_tree(config, args.state_file)  # as `manage.py serve` does
-    worker = Worker(config, state_file)
+    try:
+        worker = Worker(config, state_file)
+    except SettingError as error:  # a device this machine lacks (SERVING_DEVICE=cuda), found when the engine starts
+        configure_logging("info")
+        logger.error(event("bad_setting", reason=str(error)))
+        raise SystemExit(2) from None
     worker.on_shutdown.append(private_directory_remover(private_directory))
     worker.serve(args.host, args.port)
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READ = "settings.SERVING_DEFAULT_MAX_BATCH_SIZE, settings.ALLOWED_HOSTS, settings.DEBUG, settings.LOGGING['root']['level']"
 
@@ -78,6 +80,22 @@ def test_manage_py_with_a_bad_value_says_which_in_one_line_without_a_traceback(t
 
     assert result.returncode == 1
     assert result.stderr == "manage.py: MAX_UPLOAD_BYTES='abc': expected an integer\n"
+
+
+@pytest.mark.parametrize("name", ["DATABASE_CONNECT_TIMEOUT_S", "DATABASE_CONN_MAX_AGE_S"])
+def test_a_bad_postgresql_setting_is_refused_on_sqlite_too(tmp_path, name):
+    # Read on the PostgreSQL branch only, it was accepted until the day DATABASE_URL was set.
+    result = _manage(tmp_path, "check", **{name: "abc"})
+
+    assert result.returncode == 1
+    assert result.stderr == f"manage.py: {name}='abc': expected an integer\n"
+
+
+def test_a_bad_sqlite_setting_is_refused_on_postgresql_too(tmp_path):
+    result = _manage(tmp_path, "check", DATABASE_URL="postgres://postgres@127.0.0.1:5432/test", SQLITE_BUSY_TIMEOUT_S="abc")
+
+    assert result.returncode == 1
+    assert result.stderr == "manage.py: SQLITE_BUSY_TIMEOUT_S='abc': expected an integer\n"
 
 
 def test_a_database_url_of_no_known_scheme_is_named_and_its_value_is_not_echoed(tmp_path):

@@ -154,3 +154,33 @@ def test_a_worker_given_a_state_file_it_cannot_read_exits_2_with_one_line_naming
     lines = finished.stderr.decode().splitlines()
     assert len(lines) == 1, finished.stderr.decode()
     assert json.loads(lines[0])["event"] == "bad_state_file" and str(missing) in lines[0]
+
+
+def test_a_compute_nice_past_the_lowest_priority_is_refused_not_quietly_capped(monkeypatch):
+    monkeypatch.setenv("SERVING_COMPUTE_NICE", "100")  # ran at 19, as if 100 had been honoured
+
+    with pytest.raises(SettingError, match="SERVING_COMPUTE_NICE='100'"):
+        ServingConfig.from_env()
+
+
+def _cuda_loads() -> bool:
+    from serving.engine import resolve_device
+
+    return resolve_device(ServingConfig.from_env()).startswith("cuda")
+
+
+@pytest.mark.skipif(_cuda_loads(), reason="CUDA loads on this machine: a worker asked for it starts and serves")
+def test_a_worker_asked_for_a_device_this_machine_lacks_exits_with_one_log_line_naming_it(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from serving_testkit import REPO_ROOT
+
+    finished = subprocess.run([sys.executable, "-m", "serving.worker", "--port", "9"], cwd=REPO_ROOT, capture_output=True, timeout=60,
+                              check=False, env={"PATH": "/usr/bin:/bin", "SERVING_DEVICE": "cuda", "SERVING_CACHE_DIR": str(tmp_path)})
+
+    assert finished.returncode == 2, finished.stderr.decode()
+    lines = finished.stderr.decode().splitlines()
+    assert len(lines) == 1, finished.stderr.decode()
+    assert json.loads(lines[0])["reason"].startswith("SERVING_DEVICE=cuda")
