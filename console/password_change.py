@@ -10,6 +10,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.signals import user_logged_in
 from django.dispatch import receiver
+from django.http import JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse, reverse_lazy
 from django.utils.deprecation import MiddlewareMixin
@@ -19,6 +20,8 @@ from registry.actions import users
 from registry.db_unavailable import UNREACHABLE_ERRORS
 
 SESSION_KEY = "must_change_password"
+API_REFUSAL = ("this account signed in with a one-time password and must choose its own before anything else: "
+               "change it at {page}, then call again")
 
 
 @receiver(user_logged_in)
@@ -33,6 +36,8 @@ class PasswordChangeRequiredMiddleware(MiddlewareMixin):
 
     def process_request(self, request):
         if _required(request) and request.path not in (reverse("password-change"), reverse("logout")):
+            if request.path.startswith("/api/"):  # the API answers JSON, never a redirect to a page
+                return JsonResponse({"error": API_REFUSAL.format(page=reverse("password-change"))}, status=403)
             return redirect("password-change")
         return None
 

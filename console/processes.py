@@ -10,6 +10,7 @@ import secrets
 import signal
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -64,11 +65,28 @@ def wait_http(url: str, process: subprocess.Popen, timeout_s: float = READY_TIME
             raise RuntimeError(f"{process.args[:4]} exited with {process.returncode} before answering {url}")
         try:
             with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
+                if response.status == 200 and listens_on(process, urllib.parse.urlsplit(url).port):
                     return
         except OSError:
-            time.sleep(0.2)
+            pass
+        # Not yet, or not ours: the port was free when checked, and another process that
+        # took it meanwhile answered, and a stack was "Ready" with its console about to fail
+        # to bind. Ours then exits, and the check above names it.
+        time.sleep(0.2)
     raise RuntimeError(f"{url} did not answer within {timeout_s} s")
+
+
+def listens_on(process: subprocess.Popen, port: int | None) -> bool:
+    """Whether ``process``, or a process it started, listens on TCP ``port``."""
+    try:
+        parent = psutil.Process(process.pid)
+        family = [parent, *parent.children(recursive=True)]
+        return any(connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port
+                   for member in family for connection in member.net_connections("tcp"))
+    except psutil.AccessDenied:  # a system that hides even our own children's sockets: what answered is taken on trust
+        return True
+    except psutil.Error:  # gone meanwhile: the poll above says so next
+        return False
 
 
 def stop_all(processes: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:

@@ -126,6 +126,7 @@ def start(model: RegisteredModel, canary_version: int, steps: object, step_durat
         if canary_version == current.stable_version:
             raise RolloutError(f"version {canary_version} is already the stable version of {model.name}")
         _check_canary(model, current, canary_version, force, reason)
+        _refuse_third_version(model, current, canary_version)
         now = timezone.now()
         rollout = Rollout.objects.create(
             model=model, canary_version=canary_version, stable_version=current.stable_version, steps=plan,
@@ -145,6 +146,18 @@ def _check_canary(model: RegisteredModel, current, canary_version: int, force: b
     if not model.versions.ready().filter(number=canary_version).exists():
         raise RolloutError(f"version {canary_version} of {model.name} does not exist or is not ready")
     releases.check_compatible(model, current, [Route(version=canary_version, weight=1)], force, reason)
+
+
+def _refuse_third_version(model: RegisteredModel, current, canary_version: int) -> None:
+    """A rollout moves traffic between the stable version and its canary: its first step
+    replaced the split, and a third version's weight was gone without a word (v1 50 / v3
+    50 became v1 99 / v2 1)."""
+    others = [route for route in current.routes if route["weight"] > 0 and route["version"] not in (current.stable_version, canary_version)]
+    if others:
+        weighted = ", ".join(f"v{route['version']} at {route['weight']}%" for route in others)
+        raise RolloutConflict(f"{model.name} also routes {weighted} (generation {current.generation}): a rollout moves traffic between "
+                              f"the stable v{current.stable_version} and v{canary_version} only; set the split to v{current.stable_version} "
+                              "alone first (Abort to stable), or promote the other version, then start the rollout")
 
 
 def _refuse_second_rollout(model: RegisteredModel) -> None:

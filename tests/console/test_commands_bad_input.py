@@ -339,3 +339,13 @@ def test_serve_refuses_a_state_file_it_cannot_apply_with_exit_2_and_one_line_nam
     lines = [json.loads(line) for line in finished.stderr.splitlines()]  # the worker's JSON log lines, that one too
     assert [line["event"] for line in lines if str(state_file) in json.dumps(line)] == ["bad_state_file"], finished.stderr
     assert f"this side speaks contract {CONTRACT_VERSION}" in lines[-1]["reason"], finished.stderr
+
+
+def test_a_command_run_against_a_database_with_no_tables_says_so_and_how_to_point_it_at_the_stack(tmp_path):
+    # Run without the stack's DATA_DIR, it ended in a traceback: "no such table: auth_user".
+    result = manage(tmp_path, "drf_create_token", "admin")
+
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"manage.py: the SQLite database {tmp_path / 'data' / 'db.sqlite3'} has no tables yet (no such table: auth_user)")
+    assert "set DATA_DIR (or DATABASE_URL) to the one the stack runs with" in result.stderr

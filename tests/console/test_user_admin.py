@@ -139,6 +139,17 @@ def test_a_one_time_password_opens_only_the_password_change_until_a_new_one_is_c
     assert is_signed_in(sign_in("nora", "quiet-harbour-47")) and not is_signed_in(sign_in("nora", password))
 
 
+def test_before_a_new_password_is_chosen_the_api_answers_a_json_403_naming_the_page_not_a_redirect(admin_page):
+    client = sign_in("nora", shown_secret(admin_page.post("/users/new/", {"username": "nora", "role": "operator"})))
+
+    read = client.get("/api/models/")
+    change = client.post("/api/models/", {"name": "x"}, content_type="application/json")
+
+    for refused in (read, change):
+        assert refused.status_code == 403 and refused["Content-Type"] == "application/json"
+        assert "must choose its own" in refused.json()["error"] and "/account/password/" in refused.json()["error"]
+
+
 def test_a_password_reset_ends_the_users_sessions_and_gives_a_new_one_time_password(admin_page, viewer):
     session = sign_in("victor", "pw-victor")
 

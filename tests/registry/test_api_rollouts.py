@@ -92,6 +92,16 @@ def test_a_second_rollout_is_a_409(three_versions, operator_client):
     assert answer.status_code == 409 and "one rollout per model" in answer.json()["error"]
 
 
+def test_a_rollout_while_a_third_version_has_traffic_is_a_409_naming_it(three_versions, operator_client):
+    split = operator_client.post("/api/models/digits/release/", {"routes": [{"version": 1, "weight": 70}, {"version": 3, "weight": 30}]},
+                                 format="json")
+    assert split.status_code == 201
+
+    answer = operator_client.post(ROLLOUTS, PLAN, format="json")
+
+    assert answer.status_code == 409 and "also routes v3 at 30%" in answer.json()["error"]
+
+
 def test_a_viewer_reads_rollouts_but_cannot_start_or_abort_one(three_versions, operator_client, viewer_client):
     rollout = operator_client.post(ROLLOUTS, PLAN, format="json").json()
 

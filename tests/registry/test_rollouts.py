@@ -103,6 +103,25 @@ def test_the_stable_version_cannot_be_its_own_canary(three_versions, operator):
         start(three_versions, operator, canary_version=1)
 
 
+def test_a_rollout_is_refused_while_a_third_version_has_traffic_and_the_split_is_left_alone(three_versions, operator):
+    # Its first step replaced the split: v1 50 / v3 50 became v1 99 / v2 1, v3's half gone without a word.
+    releases.set_routes(three_versions, [{"version": 1, "weight": 50}, {"version": 3, "weight": 50}], operator, "v3 on half")
+
+    with pytest.raises(rollouts.RolloutConflict, match=r"also routes v3 at 50% .* between the stable v1 and v2 only"):
+        start(three_versions, operator, steps=[1, 10, 100])
+
+    assert routes(three_versions) == [{"version": 1, "weight": 50}, {"version": 3, "weight": 50}]
+    assert not Rollout.objects.exists()
+
+
+def test_a_rollout_of_the_version_that_already_has_canary_traffic_starts(three_versions, operator):
+    releases.set_routes(three_versions, [{"version": 1, "weight": 80}, {"version": 2, "weight": 20}], operator, "v2 on a fifth")
+
+    start(three_versions, operator)
+
+    assert routes(three_versions) == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
+
+
 # ---- walking the steps -----------------------------------------------------------------
 
 
