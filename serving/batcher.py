@@ -168,7 +168,8 @@ class Batcher:
         delay_s = predicted_delay_s(rows, now_s, self._queued_rows, self._in_flight > 0, self._pace, self.policy,
                                     self.latency)
         if delay_s >= deadline_s - now_s:  # the client's own deadline cannot be met (the policy would drop it)
-            return DeadlineExceeded(f"cannot answer within the deadline (predicted {delay_s * 1000:.1f} ms)")
+            return DeadlineExceeded(f"cannot answer within the deadline, {(deadline_s - now_s) * 1000:.1f} ms from now "
+                                    f"(predicted {delay_s * 1000:.1f} ms)")
         target_s = self.policy.latency_target_s
         if target_s is not None and delay_s > target_s:  # our latency target: shed load, retry later
             return QueueFull(f"overloaded: predicted {delay_s * 1000:.1f} ms exceeds the {target_s * 1000:.1f} ms target")

@@ -124,7 +124,7 @@ class ServingApp:
         started_s = time.monotonic()
         request_id = context = None
         try:
-            headers = RequestHeaders(scope["headers"])
+            headers = RequestHeaders(scope["headers"], inference=is_inference)
             request_id = self._ids.pick(headers.request_id)
             if is_inference:
                 context = _context(headers, request_id, started_s)

@@ -136,6 +136,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._arm(self.limits.header_timeout_s, self._on_header_deadline)
 
+    def _should_upgrade(self) -> bool:
+        return False  # HTTP only, whatever uvicorn's ws setting: see the HttpParserUpgrade branch of data_received
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refusal_lingers:
             self.refusals_lingering[0] -= 1  # its keepers were told it closed when it began to linger
@@ -165,10 +168,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse_lingering(400, "invalid HTTP request")
             return
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            # Answered as the plain request it also is (RFC 9110 §7.8: a server may ignore
+            # Upgrade); the parser reads nothing after it, so its connection ends with it.
+            # Handed to uvicorn's WebSocket protocol, a connection never reached this one's
+            # connection_lost: each upgrade leaked a keepers' slot, and after 4,096 of them
+            # the keeper refused nearly every new connection, health probes too, for good.
+            self._close_after_upgrade()
             return
         if self._awaiting_headers and self._raw_header_bytes > self.limits.max_header_bytes:
             self._refuse_lingering(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
@@ -303,6 +308,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if previous is not None:
             self._settle(previous)
         self._change(cycle)
+
+    def _close_after_upgrade(self) -> None:
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            self.transport.close()
+            return
+        self._close_after(cycle)  # the last request this connection carries
 
     def _change(self, cycle) -> None:
         if self._changed is not cycle:
@@ -452,7 +464,9 @@ def _may_stay_unsent(cycle) -> bool:
     other body is read on by the parser and dropped, and the connection kept: under
     overload a client whose body follows its headers in another segment (httpx writes them
     apart) would otherwise reconnect after every refusal."""
-    if cycle.waiting_for_100_continue:
+    if cycle.waiting_for_100_continue or not cycle.keep_alive:
+        # Or its client asked to close: uvicorn closes after the answer, and a close with the
+        # rest of a chunked body unread was a reset that lost the answer.
         return True
     for name, value in cycle.scope["headers"]:
         if name == b"content-length":

@@ -137,11 +137,13 @@ class BodyNotJson(BadRequest):
         super().__init__(f"{what} is not valid JSON: {clip(reason)}")
         self.reason = reason
 
-    def blame_missing_header(self) -> None:
+    def blame_missing_header(self, given_as_zero: bool = False) -> None:
         """Say what such a body most likely lacks: binary tensors sent without the header
-        that says where the JSON ends read as "not valid UTF-8", which names nothing useful."""
-        self.message = (f"request body is not valid JSON ({clip(self.reason)}): binary tensor data needs the "
-                        "Inference-Header-Content-Length header, the length in bytes of the JSON part before it")
+        that says where the JSON ends read as "not valid UTF-8", which names nothing useful.
+        ``given_as_zero``: the header came, as 0 (all JSON), which is what is wrong."""
+        needs = ("Inference-Header-Content-Length 0 says the body is all JSON; binary tensor data needs it to be"
+                 if given_as_zero else "binary tensor data needs the Inference-Header-Content-Length header,")
+        self.message = f"request body is not valid JSON ({clip(self.reason)}): {needs} the length in bytes of the JSON part before it"
 
 
 def load_object(body: bytes | memoryview, what: str = "request body") -> dict:
@@ -283,11 +285,11 @@ def decode_v2(body: bytes, header_length: int | None, io: ModelIO) -> Decoded:
             document, binary = load_object(body), _NO_BINARY
         except BodyNotJson as exc:
             if _is_json_then_bytes(body, exc.reason):
-                exc.blame_missing_header()
+                exc.blame_missing_header(given_as_zero=header_length == 0)
             raise
     else:
         json_part, binary = split_binary(body, header_length)
-        document = load_object(json_part)
+        document = load_object(json_part, f"the JSON part of the body (its first {header_length} bytes, Inference-Header-Content-Length)")
     items = document.get("inputs")
     if not isinstance(items, list) or not items:
         raise BadRequest("'inputs' must be a non-empty list")
@@ -407,7 +409,7 @@ def _requested_outputs(document: dict, io: ModelIO, parameters: object = None) -
     requested = document.get("outputs")
     if parameters is None and requested is None:  # the common case: every output, as JSON
         return io.json_outputs
-    parameters = parameters or {}
+    parameters = {} if parameters is None else parameters  # [], 0, false are no object either
     if not isinstance(parameters, dict):
         raise BadRequest("'parameters' must be an object")
     default_binary = _flag(parameters, "binary_data_output", False, "parameters")
@@ -437,7 +439,9 @@ def _output_choice(item: object, io: ModelIO, default_binary: bool) -> tuple[int
     index = io.output_index.get(name)
     if index is None:
         raise BadRequest(f"output {clip(repr(name))}: the model has no such output")
-    parameters = item.get("parameters") or {}
+    parameters = item.get("parameters", {})
+    if parameters is None:
+        parameters = {}
     if not isinstance(parameters, dict):
         raise BadRequest(f"output '{name}': parameters must be an object")
     if "classification" in parameters:

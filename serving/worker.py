@@ -178,6 +178,7 @@ class Worker:
         server = DrainingServer(uvicorn.Config(
             self.app, host=host, port=port, loop="uvloop", lifespan="on",
             http=self.http_protocol(),
+            ws="none",  # HTTP only: an upgrade is answered as a plain request (serving/http_protocol.py)
             # Nothing here reads the client address or scheme, so uvicorn's X-Forwarded-*
             # middleware would only cost a header scan and a coroutine per request (1.2 µs).
             proxy_headers=False,

@@ -804,3 +804,25 @@ def test_a_graceful_stop_ends_the_keeper_and_closes_the_port(tmp_path, mlp_v1):
     assert not _alive(keeper_pid)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", worker.port), timeout=2)
+
+
+WEBSOCKET_UPGRADE = (b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+
+
+def test_websocket_upgrades_are_answered_as_plain_requests_and_leave_the_keeper_its_room(tmp_path, mlp_v1):
+    # Handed to uvicorn's WebSocket protocol (a 500), each upgrade's close never reached the
+    # keeper's count: past the connection cap of them, it refused nearly every new client.
+    worker = _worker(tmp_path, mlp_v1, SERVING_MAX_CONNECTIONS="32")
+    try:
+        upgrades = []
+        for _ in range(80):
+            with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as client:
+                client.sendall(WEBSOCKET_UPGRADE)
+                upgrades.append(read_answer(client).split(b"\r\n", 1)[0])
+        after = [httpx.get(f"{worker.url}/v2/health/live", timeout=5, headers={"Connection": "close"}).status_code for _ in range(40)]
+    finally:
+        worker.stop()
+
+    assert upgrades == [b"HTTP/1.1 200 OK"] * 80
+    assert after == [200] * 40

@@ -256,10 +256,10 @@ def test_bodies_being_received_together_are_held_under_the_buffer(guarded_worker
     app = worker.worker.app
 
     with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
-        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 500_000)  # most of a body, then it waits
-        assert wait_until(lambda: app.body_buffer.held == 1_000_000)
+        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 900_000)  # most of a body, then it waits
+        assert wait_until(lambda: app.body_buffer.held == 900_000)
         with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as second:
-            second.sendall(head(LARGE_BODY_PATH, length=1_000_000))
+            second.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 700_000)  # past the 600,000 left
             answer = second.recv(65536)
 
     assert answer.startswith(b"HTTP/1.1 503 ")
@@ -268,6 +268,23 @@ def test_bodies_being_received_together_are_held_under_the_buffer(guarded_worker
     assert wait_until(lambda: app.body_buffer.held == 0)  # the holder went away: its share is back
     assert client.post(worker.url + INFER, content=BODY).status_code == 200
     assert app.body_buffer.held == 0
+
+
+def test_headers_alone_hold_nothing_of_the_buffer(guarded_worker, client):
+    # A declared length was taken before a byte of it came: 2,800 connections declaring
+    # 190 KB each, about 300 KB sent in all, had every other request refused.
+    worker = guarded_worker(max_body_buffer_bytes=1_500_000)
+    declaring = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(4)]
+    try:
+        for connection in declaring:
+            connection.sendall(head(LARGE_BODY_PATH, length=1_000_000))  # and nothing of it
+        time.sleep(0.3)
+
+        assert worker.worker.app.body_buffer.held == 0
+        assert [client.post(worker.url + INFER, content=BODY).status_code for _ in range(3)] == [200] * 3
+    finally:
+        for connection in declaring:
+            connection.close()
 
 
 def first_bytes(connection: socket.socket) -> bytes:
@@ -285,8 +302,8 @@ def test_clients_holding_large_bodies_leave_half_the_buffer_to_small_requests(gu
     holders = [socket.create_connection(("127.0.0.1", worker.port), timeout=5) for _ in range(3)]
     try:
         for holder in holders:
-            holder.sendall(head(LARGE_BODY_PATH, length=2_000_000) + b"[" * 100)
-        assert wait_until(lambda: app.body_buffer.held == 2_000_000)  # a second large body would pass half
+            holder.sendall(head(LARGE_BODY_PATH, length=2_000_000) + b"[" * 1_600_000)
+        assert wait_until(lambda: app.body_buffer.held == 1_600_000)  # a second large body would pass half
         answers = [first_bytes(holder) for holder in holders]
 
         assert sorted(answer[:13] for answer in answers) == [b"", b"HTTP/1.1 503 ", b"HTTP/1.1 503 "]
@@ -861,18 +878,18 @@ def test_a_small_body_sent_after_an_early_refusal_is_read_as_its_body_and_the_co
     assert after.startswith(b"HTTP/1.1 200 ") and after.endswith(b'{"live":true}')
 
 
-def test_an_overload_refusal_before_the_body_closes_the_connection(guarded_worker):
-    """The body buffer's 503 is given from the headers, the body not read: Connection: close,
+def test_an_overload_refusal_before_the_whole_body_closes_the_connection(guarded_worker):
+    """The body buffer's 503, given before the rest of the body is read: Connection: close,
     and the connection ends once answered."""
     worker = guarded_worker(max_body_buffer_bytes=1_500_000)
     app = worker.worker.app
 
     with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
-        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 500_000)
-        assert wait_until(lambda: app.body_buffer.held == 1_000_000)
+        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 900_000)
+        assert wait_until(lambda: app.body_buffer.held == 900_000)
         with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as second:
             started = time.monotonic()
-            second.sendall(head(LARGE_BODY_PATH, length=1_000_000))
+            second.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 700_000)
             answer = read_until_closed(second, timeout_s=4)
             took_s = time.monotonic() - started
 

@@ -301,3 +301,19 @@ def test_a_long_data_list_decodes_to_the_same_array():
     decoded = protocol.decode_v2(body, None, relu_io())
 
     np.testing.assert_array_equal(decoded.tensors[0], rows)
+
+
+@pytest.mark.parametrize("path", [ATK, "/v2/models/nope/infer"])
+def test_a_chunked_body_sent_with_connection_close_still_reads_its_early_answer(worker, path):
+    # Answered before its body was read, then closed with the rest unread: a reset, and the
+    # client's recv failed before the answer (the same body with Content-Length got its 413).
+    part = b" " * 65536
+    request = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n").encode() + (b"%x\r\n" % len(part) + part + b"\r\n") * 16 + b"0\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=10) as connection:
+        connection.sendall(request)  # 1 MiB, past the version's bound, written at once as a client does
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+
+    assert received.startswith((b"HTTP/1.1 413 ", b"HTTP/1.1 404 ")), received[:200]

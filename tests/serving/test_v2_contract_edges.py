@@ -186,6 +186,19 @@ def test_unknown_output_parameters_are_still_accepted(digits_worker, client, mlp
     np.testing.assert_allclose(response.json()["outputs"][0]["data"], ort_reference(mlp_v1[0], ONE_ROW)[0], atol=1e-5)
 
 
+@pytest.mark.parametrize("parameters", [[], 0, False, ""], ids=["empty list", "zero", "false", "empty string"])
+def test_parameters_that_are_no_object_are_a_400_even_when_empty_or_false(digits_worker, client, parameters):
+    # Read as `parameters or {}`, these passed as no parameters while "x" was a 400.
+    on_request = {**v2_body(ONE_ROW), "parameters": parameters}
+    on_output = {**v2_body(ONE_ROW), "outputs": [{"name": "probabilities", "parameters": parameters}]}
+
+    answers = [client.post(digits_worker.url + INFER, content=orjson.dumps(body)) for body in (on_request, on_output)]
+
+    assert [answer.status_code for answer in answers] == [400, 400]
+    assert "'parameters' must be an object" in answers[0].json()["error"]
+    assert "output 'probabilities': parameters must be an object" in answers[1].json()["error"]
+
+
 # ---- the binary tensor header ---------------------------------------------------------------
 
 
@@ -216,6 +229,26 @@ def test_binary_data_without_its_header_is_a_400_naming_the_header(digits_worker
     assert "binary tensor data needs the Inference-Header-Content-Length header" in response.json()["error"]
 
 
+def test_binary_data_with_a_zero_header_length_says_the_zero_is_what_is_wrong(digits_worker, client):
+    rows = np.random.default_rng(1).standard_normal((1, 64), dtype=np.float32)
+
+    response = client.post(digits_worker.url + INFER, content=binary_request(rows), headers={"Inference-Header-Content-Length": "0"})
+
+    assert response.status_code == 400  # it said the header was needed, though it had been sent
+    assert "Inference-Header-Content-Length 0 says the body is all JSON" in response.json()["error"]
+
+
+def test_a_header_length_past_the_json_names_the_json_part_it_marked(digits_worker, client):
+    rows = np.random.default_rng(1).standard_normal((1, 64), dtype=np.float32)
+    content = binary_request(rows)
+    json_length = len(content) - rows.nbytes
+
+    response = client.post(digits_worker.url + INFER, content=content, headers={"Inference-Header-Content-Length": str(json_length + 1)})
+
+    assert response.status_code == 400  # it said only "str is not valid UTF-8"
+    assert response.json()["error"].startswith(f"the JSON part of the body (its first {json_length + 1} bytes, Inference-Header-Content-Length)")
+
+
 def test_octet_stream_that_is_not_json_at_all_names_the_header(digits_worker, client):
     response = client.post(digits_worker.url + INFER, content=ONE_ROW.tobytes(), headers={"Content-Type": "application/octet-stream"})
 
@@ -229,3 +262,21 @@ def test_plain_invalid_json_is_still_called_just_that(digits_worker, client):
     assert response.status_code == 400
     assert response.json()["error"].startswith("request body is not valid JSON")
     assert "Inference-Header-Content-Length" not in response.json()["error"]
+
+
+# ---- headers that only inference reads --------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v2/health/live", "/v2/health/ready", "/v2/models/digits", "/metrics"])
+def test_inference_headers_on_other_requests_are_ignored_not_refused(digits_worker, client, path):
+    # A proxy adding a default deadline to every request took the worker out of rotation: its probes were 400s.
+    headers = {"X-Request-Timeout-S": "-1", "Inference-Header-Content-Length": "x"}
+
+    assert client.get(digits_worker.url + path, headers=headers).status_code == 200
+
+
+def test_a_deadline_written_with_an_underscore_is_refused_not_read_as_ten_seconds(digits_worker, client):
+    response = client.post(digits_worker.url + INFER, content=orjson.dumps(v2_body(ONE_ROW)), headers={"X-Request-Timeout-S": "1_0"})
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "header X-Request-Timeout-S must be a number of seconds"
