@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from registry.actions import events, releases
-from registry.domain.choices import DrillStatus, ReleaseAction
+from registry.domain.choices import DrillStatus, ReleaseAction, RolloutStatus
 from registry.domain.traffic import Route
 from registry.models import Drill, RegisteredModel, Release, ServingGeneration
 
@@ -141,13 +141,23 @@ def _roll_forward_owed(pk: int, now) -> Drill | None:
         drill = Drill.objects.select_for_update(of=("self",)).select_related("model", "actor").filter(pk=pk, forward_pending=True).first()
         if drill is None:
             return None
-        words = _make_roll_forward(drill, now)
+        words = "; ".join(filter(None, [_make_roll_forward(drill, now), _paused_rollout_words(drill)]))
         drill.forward_pending = False
         drill.error = "; ".join(filter(None, [drill.error, words]))
         drill.save(update_fields=["forward_pending", "forward_generation", "error"])
         events.drill_roll_forward_settled(drill, words)
     logger.warning("drill #%s on %s: %s", drill.pk, drill.model.name, words)
     return drill
+
+
+def _paused_rollout_words(drill: Drill) -> str:
+    """The rollout the drill's rollback paused, which a roll forward restores the split of
+    but does not resume (as a live drill says, ``drills._note_paused_rollout``)."""
+    paused_by_rollback = f"(generation {drill.to_generation}, "  # as releases._pause_rollouts words its reason
+    for rollout in drill.model.rollouts.filter(status=RolloutStatus.PAUSED):
+        if paused_by_rollback in rollout.status_reason:
+            return f"rollout #{rollout.pk} was paused by the drill's rollback and stays paused until it is resumed"
+    return ""
 
 
 def _make_roll_forward(drill: Drill, now) -> str:

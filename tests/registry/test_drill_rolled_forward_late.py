@@ -12,7 +12,7 @@ import pytest
 from django.db import OperationalError
 
 from registry import tasks
-from registry.actions import drills, releases, stale_drills
+from registry.actions import drills, releases, rollouts, stale_drills
 from registry.models import Drill, Release
 from tests.fixtures.threads import run_in_threads
 
@@ -261,3 +261,18 @@ def test_a_drill_whose_request_stalled_past_the_bound_keeps_what_the_sweep_recor
     assert drill.forward_generation == current(canary).generation
     finished = [event for event in canary.audit_events.filter(kind="drill") if event.message.startswith("Rollback drill failed")]
     assert len(finished) == 1
+
+
+def test_a_late_roll_forward_names_the_rollout_the_drills_rollback_paused(operator_client, operator, canary, database_gone_while_rolling_forward):
+    rollout = rollouts.start(canary, 2, [20, 50, 100], 0, {"interval_s": 10, "min_requests": 50, "failure_limit": 2}, operator)
+    response = operator_client.post(DRILLS, {"expected_generation": rollout.release_generation}, format="json")
+    assert response.status_code == 503, response.content
+    drill = Drill.objects.get()
+    database_gone_while_rolling_forward()
+    later(drill)
+
+    tasks.abandon_stale_drills.apply()
+
+    row = listed(operator_client, drill)
+    assert f"rolled forward to generation {current(canary).generation}" in row["error"]
+    assert f"rollout #{rollout.pk} was paused by the drill's rollback and stays paused until it is resumed" in row["error"]
