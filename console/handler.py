@@ -3,15 +3,14 @@
 A request runs (a thread, a database connection) only with a slot of its kind
 (``console.request_slots``), taken once its body has arrived, and its connection is
 closed before its slot is given back and its answer sent; a streamed answer that reads
-the database takes a slot of the streams kind for each read, and closes its connection
-after each. A request body the temporary
+the database holds a slot of the streams kind, and a connection, only while its client
+keeps up (``console.stream_slot``). A request body the temporary
 space cannot hold is a 507 (``console.body_spool``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -21,10 +20,9 @@ from django.db import connections
 from console.body_limit import send_refusal
 from console.body_spool import BodySpoolFull, spool_full_message
 from console.request_slots import RequestSlots, busy_response, request_kind
+from console.stream_slot import StreamSlot
 from registry.api.streams import in_hops, reads_database_while_sent
 from registry.artifacts import storage
-
-STATIC_PREFIX = "/" + settings.STATIC_URL.lstrip("/")
 
 
 class ConsoleASGIHandler(ASGIHandler):
@@ -50,31 +48,22 @@ class ConsoleASGIHandler(ASGIHandler):
             finally:  # answered, failed, or its client went
                 # Django closes it once the answer is sent, and a slow reader kept it open to
                 # the last byte after the slot was given back (60 readers of an artifact: 60).
-                await _close_request_connections()
-        self._note_database(request.path, response)
+                used_database = await _close_request_connections()
+        self._note_database(response, used_database)
         if response.streaming and reads_database_while_sent(response):
-            return in_hops(response, self._stream_hop)
+            return in_hops(response, StreamSlot(self.slots, _close_request_connections, self._database_unreachable))
         return response
 
-    def _note_database(self, path: str, response) -> None:
+    def _database_unreachable(self) -> None:
+        self.database_unreachable = True
+
+    def _note_database(self, response, used_database: bool) -> None:
+        """Whether the database was found unreachable, by the last answer that tried it:
+        one that needed none (/healthz, a 404, an anonymous 401) says nothing of it."""
         if getattr(response, "database_unreachable", False):
             self.database_unreachable = True
-        elif response.status_code < 500 and not path.startswith(STATIC_PREFIX):  # static files need no database
+        elif used_database and response.status_code < 500:
             self.database_unreachable = False
-
-    @asynccontextmanager
-    async def _stream_hop(self):
-        """One take from a stream that reads the database while sent: under a slot of the
-        streams kind, waited for as long as it takes (the answer has begun), and its
-        connection closed after it, so a client that reads slowly holds neither."""
-        await self.slots.take("streams", patient=True)
-        try:
-            yield
-        finally:
-            try:
-                await _close_request_connections()
-            finally:
-                self.slots.give_back("streams")
 
     async def read_body(self, receive):
         try:
@@ -94,15 +83,19 @@ class ConsoleASGIHandler(ASGIHandler):
             await send_refusal(send, 507, spool_full_message(full.errno))
 
 
-async def _close_request_connections() -> None:
+async def _close_request_connections() -> bool:
     """Closes the database connections of the request's thread (the one its view ran on),
     whatever DATABASE_CONN_MAX_AGE_S says: each request has a thread of its own under
     ASGI, so a connection kept open would never be used again. Shielded: a client that
-    went still has its connection closed."""
-    await asyncio.shield(sync_to_async(_close_connections)())
+    went still has its connection closed. Whether one was open (the request reached the
+    database)."""
+    return await asyncio.shield(sync_to_async(_close_connections)())
 
 
-def _close_connections() -> None:
+def _close_connections() -> bool:
+    opened = False
     for connection in connections.all(initialized_only=True):
         if not connection.in_atomic_block:
+            opened = opened or connection.connection is not None
             connection.close()
+    return opened

@@ -21,12 +21,12 @@ Each kind has its own slots, so one piling up does not stop the others:
   hash, a fifth of a second of CPU, and anyone may send them);
 - ``changes``: any other method but GET, HEAD and OPTIONS (what a held lock stalls);
 - ``reads``: the rest;
-- ``streams``: each read from the database of a streamed answer that reads it while it
-  is sent (the audit CSV, a page of events at a time: ``registry.api.streams.database_stream``),
-  its connection closed after each. A stream waits for these as long as it takes (its
-  answer has begun) and holds none while its client reads: 16 slow readers of a long
-  export held the 16 slots for as long as they cared to, and every other export waited
-  5 s and was refused. Every other answer is sent with no slot and no connection: the
+- ``streams``: a streamed answer that reads the database while it is sent (the audit
+  CSV, a page of events at a time: ``registry.api.streams.database_stream``), while its
+  client keeps up (``console.stream_slot``). A stream waits for these as long as it takes
+  (its answer has begun) and holds none, nor a connection, while its client reads slowly:
+  16 slow readers of a long export held the 16 slots for as long as they cared to, and
+  every other export waited 5 s and was refused. Every other answer is sent with no slot and no connection: the
   request's connection is closed before its slot is given back (Django closed it once
   the last byte was sent, so a slow reader kept one open).
 

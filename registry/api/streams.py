@@ -7,17 +7,15 @@ console's memory until it ended, a worker waited for the whole read before its d
 began, and a few concurrent downloads could exhaust the console. Under ASGI,
 `in_parts` hands the handler an asynchronous iterator instead, which takes a few parts
 at a time from the synchronous one in a thread; a stream that reads the database as it
-goes is sent by the console's handler with `in_hops`, which does the same with a slot and
-a closed connection around each take. Under WSGI (the test client, `wsgi.py`)
+goes is sent by the console's handler with `in_hops`, which does the same under a slot
+held only while its client keeps up. Under WSGI (the test client, `wsgi.py`)
 Django already streams a synchronous iterator, and the response is left as it is.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
@@ -39,9 +37,9 @@ def file_response(request, path: Path, **kwargs) -> FileResponse:
 
 def database_stream(request, response: StreamingHttpResponse) -> StreamingHttpResponse:
     """``response``, whose parts are read from the database as it is sent (the audit CSV,
-    a page of events per query). The console's handler sends it with ``in_hops``: a
-    few parts at a time, each take under a slot of the streams kind and followed by the
-    close of its connection, so a slow reader holds neither (``console.handler``)."""
+    a page of events per query). The console's handler sends it with ``in_hops``: a few
+    parts at a time, under a slot of the streams kind held while its client keeps up and
+    given back, its connection closed, while it reads slowly (``console.stream_slot``)."""
     response.reads_database_while_sent = True
     return response
 
@@ -52,11 +50,11 @@ def reads_database_while_sent(response) -> bool:
     return getattr(response, "reads_database_while_sent", False)
 
 
-def in_hops(response: StreamingHttpResponse, hop: Callable[[], AbstractAsyncContextManager]) -> StreamingHttpResponse:
+def in_hops(response: StreamingHttpResponse, slot) -> StreamingHttpResponse:
     """``response`` (a ``database_stream``), its content taken ``LINES_PER_HOP`` parts at a
-    time on its request's thread, each take inside ``hop()``."""
+    time on its request's thread, each take under ``slot`` (``console.stream_slot.StreamSlot``)."""
     if not response.is_async:
-        response.streaming_content = _from_thread(iter(response.streaming_content), LINES_PER_HOP, True, hop)
+        response.streaming_content = _from_thread(iter(response.streaming_content), LINES_PER_HOP, True, slot)
     return response
 
 
@@ -70,13 +68,25 @@ def in_parts(request, response: StreamingHttpResponse, per_hop: int = LINES_PER_
     return response
 
 
-async def _from_thread(parts: Iterator[bytes], per_hop: int, thread_sensitive: bool,
-                       hop: Callable[[], AbstractAsyncContextManager] = contextlib.nullcontext) -> AsyncIterator[bytes]:
+async def _from_thread(parts: Iterator[bytes], per_hop: int, thread_sensitive: bool, slot=None) -> AsyncIterator[bytes]:
     take = sync_to_async(lambda: list(itertools.islice(parts, per_hop)), thread_sensitive=thread_sensitive)
-    while True:
-        async with hop():
+    if slot is None:
+        while batch := await take():
+            for part in batch:
+                yield part
+        return
+    error = None
+    try:
+        while True:
+            await slot.before_take()
             batch = await take()
-        if not batch:
-            return
-        for part in batch:
-            yield part
+            slot.after_take()
+            if not batch:
+                return
+            for part in batch:
+                yield part
+    except BaseException as failure:  # noqa: B036 (GeneratorExit and cancellation end it too; re-raised)
+        error = failure
+        raise
+    finally:
+        await slot.finish(error)

@@ -14,6 +14,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
+from console import stream_slot
 from console.handler import ConsoleASGIHandler
 from registry.api.streams import LINES_PER_HOP, database_stream
 
@@ -56,7 +57,7 @@ def handler(settings):
     connections.settings["default"]["CONN_MAX_AGE"] = kept
 
 
-async def call(handler, path: str, hang_up_after_s: float | None = None, on_part=lambda: None) -> None:
+async def call(handler, path: str, hang_up_after_s: float | None = None, on_part=None) -> None:
     body_sent = False
 
     async def receive():
@@ -70,8 +71,8 @@ async def call(handler, path: str, hang_up_after_s: float | None = None, on_part
         return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message):
-        if message["type"] == "http.response.body" and message.get("body"):
-            on_part()
+        if message["type"] == "http.response.body" and message.get("body") and on_part is not None:
+            await on_part()
 
     scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "scheme": "http",
              "server": ("testserver", 80), "client": ("127.0.0.1", 5000), "headers": [(b"host", b"testserver")]}
@@ -85,10 +86,37 @@ def test_a_requests_connection_is_closed_however_it_ends(handler, hang_up_after_
     assert len(used) == 1 and used[0].connection is None
 
 
-def test_a_database_stream_closes_its_connection_after_each_read_while_its_client_reads(handler):
+def test_a_database_stream_keeps_its_connection_while_its_client_keeps_up(handler):
     open_while_sent = []
 
-    asyncio.run(call(handler, "/stream/", on_part=lambda: open_while_sent.append(used[-1].connection is not None)))
+    async def reads_at_once():
+        open_while_sent.append(used[-1].connection is not None)
+
+    asyncio.run(call(handler, "/stream/", on_part=reads_at_once))
+
+    assert len(used) == 2 and used[0] is used[1]  # one connection for both reads, closed once sent
+    assert open_while_sent[0] and used[-1].connection is None
+
+
+def test_a_database_stream_closes_its_connection_while_its_client_reads_slowly(handler):
+    open_after_a_slow_read = []
+
+    async def reads_slowly():
+        if not open_after_a_slow_read:  # the first part only
+            await asyncio.sleep(stream_slot.KEEP_S * 3)
+            open_after_a_slow_read.append(used[-1].connection is not None)
+
+    asyncio.run(call(handler, "/stream/", on_part=reads_slowly))
 
     assert len(used) == 2 and used[-1].connection is None
-    assert open_while_sent and not any(open_while_sent)  # it held one open between its reads before
+    assert open_after_a_slow_read and not any(open_after_a_slow_read)  # it held one open to the last byte before
+
+
+def test_a_database_stream_whose_client_goes_mid_way_gives_back_its_slot_and_connection(handler, settings):
+    async def never_reads_on():
+        await asyncio.sleep(30)  # cut short when the client goes
+
+    asyncio.run(asyncio.wait_for(call(handler, "/stream/", hang_up_after_s=0.2, on_part=never_reads_on), 10))
+
+    assert handler.slots.semaphores["streams"]._value == settings.CONSOLE_MAX_REQUESTS
+    assert used and used[-1].connection is None

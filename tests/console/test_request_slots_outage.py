@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from django.http import HttpResponse
 from django.urls import path
 
@@ -31,10 +31,16 @@ def slow_view(request):
 
 
 def fine_view(request):
+    with connection.cursor() as cursor:  # the database answers
+        cursor.execute("SELECT 1")
     return HttpResponse("fine")
 
 
-urlpatterns = [path("down/", unreachable_view), path("slow/", slow_view), path("fine/", fine_view),
+def no_database_view(request):  # a 404, /healthz, an anonymous 401: they say nothing of the database
+    return HttpResponse("needs no database")
+
+
+urlpatterns = [path("down/", unreachable_view), path("slow/", slow_view), path("fine/", fine_view), path("nodb/", no_database_view),
                path("readyz", readyz)]
 
 
@@ -102,6 +108,18 @@ def test_once_the_database_answers_again_a_refusal_says_the_console_is_busy(hand
 
     assert refused["status"] == 503 and refused["headers"][b"retry-after"] == b"2"
     assert json.loads(refused["body"])["error"].startswith("the console is busy")
+
+
+def test_an_answer_that_needed_no_database_leaves_the_outage_words_in_place(handler):
+    # A liveness probe every few seconds made the refusals flip back to "busy" mid-outage.
+    async def scenario():
+        await get(handler, "/down/")
+        await get(handler, "/nodb/")
+        return await refused_behind_a_slow_request(handler)
+
+    refused = asyncio.run(scenario())
+
+    assert json.loads(refused["body"])["error"].startswith("the database is unavailable")
 
 
 def test_readiness_probes_take_no_reads_slot(handler, monkeypatch):
