@@ -111,6 +111,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     keepers: Keepers = Keepers()  # the listen queue's keepers count what the loop accepts (serving/listen_queue.py)
     refusals_lingering = [0]  # the worker's refused connections lingering, every kind (one list per protocol_class)
     _stopping = False  # set by shutdown(): a class default, so that a connection costs no attribute for it
+    _skipped_body_left = 0  # of a body httptools skipped after an Upgrade header: bytes still to come (_after_upgrade)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -152,6 +153,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._lingering:  # answered and half-closed: what still comes is dropped unread
             self._linger_quiet_ends = self.loop.time() + LINGER_QUIET_S
             return
+        if self._skipped_body_left:
+            self._take_skipped_body(data)
+            return
         self._unset_keepalive_if_required()
         if self._awaiting_headers:
             self._raw_header_bytes += len(data)
@@ -167,13 +171,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self.logger.warning("Invalid HTTP request received.")
                 self._refuse_lingering(400, "invalid HTTP request")
             return
-        except httptools.HttpParserUpgrade:
-            # Answered as the plain request it also is (RFC 9110 §7.8: a server may ignore
-            # Upgrade); the parser reads nothing after it, so its connection ends with it.
+        except httptools.HttpParserUpgrade as upgrade:
             # Handed to uvicorn's WebSocket protocol, a connection never reached this one's
             # connection_lost: each upgrade leaked a keepers' slot, and after 4,096 of them
             # the keeper refused nearly every new connection, health probes too, for good.
-            self._close_after_upgrade()
+            self._after_upgrade(data[upgrade.args[0]:])
             return
         if self._awaiting_headers and self._raw_header_bytes > self.limits.max_header_bytes:
             self._refuse_lingering(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
@@ -309,12 +311,37 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._settle(previous)
         self._change(cycle)
 
-    def _close_after_upgrade(self) -> None:
+    def _after_upgrade(self, rest: bytes) -> None:
+        """A request asking to upgrade (WebSocket, h2c) is answered as the plain request it
+        also is (RFC 9110 §7.8: a server may ignore Upgrade), and its connection ends with
+        it: httptools parses nothing after it. httptools also skipped its body (``curl
+        --http2 -d …`` was a 400 "empty document"): a declared length's is taken here from
+        what follows; a chunked one, which only the parser could read, is refused."""
         cycle = self.cycle
         if cycle is None or cycle.response_complete:
             self.transport.close()
             return
         self._close_after(cycle)  # the last request this connection carries
+        length, chunked = _declared_body(cycle)
+        if chunked:
+            self._refuse_lingering(400, "a chunked request body cannot come with an Upgrade header here: "
+                                        "send it without Upgrade (curl: --http1.1)")
+        elif length:
+            cycle.more_body = True  # the parser called it complete, having skipped it
+            self._skipped_body_left = length
+            self._take_skipped_body(rest)
+
+    def _take_skipped_body(self, data: bytes) -> None:
+        part = data[:self._skipped_body_left]
+        self._skipped_body_left -= len(part)
+        if part:
+            self.on_body(part)
+        if self._skipped_body_left:
+            self._arm_deadline()
+        else:  # whole; whatever follows it is not read (the connection ends with the answer)
+            self._cancel()
+            self.cycle.more_body = False
+            self.cycle.message_event.set()
 
     def _change(self, cycle) -> None:
         if self._changed is not cycle:
@@ -455,6 +482,17 @@ def _disconnect(cycle) -> None:
     cycle.disconnected = True
     cycle.waiting_for_100_continue = False
     cycle.message_event.set()
+
+
+def _declared_body(cycle) -> tuple[int, bool]:
+    """(Content-Length, chunked) of a request, as its headers say (the parser checked them)."""
+    length, chunked = 0, False
+    for name, value in cycle.scope["headers"]:
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+    return length, chunked
 
 
 def _may_stay_unsent(cycle) -> bool:

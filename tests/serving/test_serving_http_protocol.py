@@ -982,3 +982,34 @@ def test_an_app_that_reads_after_the_body_deadline_sees_a_disconnect_not_an_erro
 
     assert answer.startswith(b"HTTP/1.1 408 ")
     assert received == [{"type": "http.disconnect"}]
+
+
+H2C = "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nContent-Type: application/json\r\n"
+
+
+@pytest.mark.parametrize("split_at", [None, 10], ids=["body with the head", "body in a later read"])
+def test_a_request_asking_for_h2c_is_answered_over_http1_with_its_body(digits_worker, split_at):
+    # `curl --http2 -d …` on http://: httptools skipped the body of a request asking to
+    # upgrade, and the worker answered 400 "empty document".
+    request = head(length=len(BODY), extra=H2C)
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        if split_at is None:
+            connection.sendall(request + BODY)
+        else:
+            connection.sendall(request + BODY[:split_at])
+            time.sleep(0.2)
+            connection.sendall(BODY[split_at:])
+        answer = read_until_closed(connection)
+
+    [(head_part, body)] = split_answers(answer)
+    assert head_part.startswith(b"http/1.1 200 ") and b"connection: close" in head_part.split(b"\r\n")
+    assert orjson.loads(body)["outputs"][0]["name"] == "probabilities"
+
+
+def test_a_chunked_body_asking_for_an_upgrade_is_a_400_naming_the_way_out(digits_worker):
+    request = (f"POST {INFER} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n{H2C}\r\n").encode()
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        connection.sendall(request + b"%x\r\n" % len(BODY) + BODY + b"\r\n0\r\n\r\n")
+        answer = read_until_closed(connection)
+
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"cannot come with an Upgrade header" in answer
