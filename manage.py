@@ -36,8 +36,8 @@ def _unmigrated(error: Exception) -> str:
     where = f"the SQLite database {database['NAME']}" if database["ENGINE"].endswith("sqlite3") else (
         f"the database {database.get('NAME')!r} on {database.get('HOST') or 'localhost'}")  # never the URL: it may hold a password
     first_line = (str(error).strip().splitlines() or [""])[0]
-    return (f"{where} has no tables yet ({first_line}): set DATA_DIR (or DATABASE_URL) to the one the stack runs with, "
-            "or create them with `manage.py migrate`")
+    return (f"{where} lacks a table this command needs ({first_line}): it is not the stack's database, or not migrated to "
+            "this version; set DATA_DIR (or DATABASE_URL) to the one the stack runs with, or run `manage.py migrate`")
 
 
 if __name__ == "__main__":

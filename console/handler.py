@@ -59,10 +59,11 @@ class ConsoleASGIHandler(ASGIHandler):
 
     def _note_database(self, response, used_database: bool) -> None:
         """Whether the database was found unreachable, by the last answer that tried it:
-        one that needed none (/healthz, a 404, an anonymous 401) says nothing of it."""
+        one that needed none (/healthz, a 404, an anonymous 401) says nothing of it; /readyz
+        checks it on a connection of its own and says which."""
         if getattr(response, "database_unreachable", False):
             self.database_unreachable = True
-        elif used_database and response.status_code < 500:
+        elif (used_database and response.status_code < 500) or getattr(response, "database_answered", False):
             self.database_unreachable = False
 
     async def read_body(self, receive):

@@ -161,6 +161,10 @@ def readyz(request):
     response["Cache-Control"] = "no-store"
     if not body["ready"]:
         response["Retry-After"] = str(outage.RETRY_AFTER_S)  # as every other outage 503: when to ask again
+    # What the console's handler tells requests it refuses for want of a slot (console.handler).
+    database = body["database"]
+    response.database_answered = database["ok"]
+    response.database_unreachable = not database["ok"] and not database["error"].startswith("read-only")
     return response
 
 

@@ -168,8 +168,9 @@ class Batcher:
         delay_s = predicted_delay_s(rows, now_s, self._queued_rows, self._in_flight > 0, self._pace, self.policy,
                                     self.latency)
         if delay_s >= deadline_s - now_s:  # the client's own deadline cannot be met (the policy would drop it)
-            return DeadlineExceeded(f"cannot answer within the deadline, {(deadline_s - now_s) * 1000:.1f} ms from now "
-                                    f"(predicted {delay_s * 1000:.1f} ms)")
+            left_s = deadline_s - now_s
+            when = f"{left_s * 1000:.1f} ms from now" if left_s > 0 else "which has passed"
+            return DeadlineExceeded(f"cannot answer within the deadline, {when} (predicted {delay_s * 1000:.1f} ms)")
         target_s = self.policy.latency_target_s
         if target_s is not None and delay_s > target_s:  # our latency target: shed load, retry later
             return QueueFull(f"overloaded: predicted {delay_s * 1000:.1f} ms exceeds the {target_s * 1000:.1f} ms target")

@@ -355,8 +355,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is self._changed and not cycle.response_started:
             keep_alive = self._changed_from and cycle is not self._last and cycle is not self._unread
             cycle.keep_alive = keep_alive
-            # uvicorn closes after an answer without keep-alive: lingering, as bytes may follow
-            cycle.transport = self.transport if keep_alive else LingerOnClose(self)
+            # uvicorn closes after an answer without keep-alive: lingering where bytes may
+            # follow (a body unread, requests pipelined behind the last); a client that asked
+            # to close and whose body was read whole gets a plain close
+            cycle.transport = LingerOnClose(self) if cycle is self._last or cycle is self._unread else self.transport
 
     def _linger(self) -> None:
         """Close after the answer, reading and dropping what the client still sends: a close

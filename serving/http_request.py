@@ -228,11 +228,17 @@ class BodyBuffer:
 
     def take(self, more: int, body_size: int) -> None:
         """Take `more` bytes for a body that is `body_size` bytes with them."""
+        self.check_room(more, body_size)
+        self.held += more
+
+    def check_room(self, more: int, body_size: int) -> None:
+        """Refuse now a body the buffer has no room for, taking nothing: a declared length
+        is refused from the headers when the buffer is already that full, before a client
+        waiting for 100 Continue sends it."""
         limit = self.max_bytes if body_size <= LARGE_BODY_BYTES else self.max_bytes // 2
         if self.held + more > limit:
             raise BodyBufferFull(f"request bodies being received fill the worker's buffer ({self.max_bytes} bytes, "
                                  "SERVING_MAX_BODY_BUFFER_BYTES; a body over 1 MiB may use half); retry later")
-        self.held += more
 
     def give_back(self, size: int) -> None:
         self.held -= size
@@ -247,6 +253,8 @@ async def receive_body(receive, buffer: BodyBuffer, declared: int | None, limit:
     190 KB each, about 300 KB sent in all, had every other request refused."""
     if declared is not None and declared > limit.max_bytes:  # past a version's bound (the headers passed the global one)
         raise limit.too_large(f"body of {declared} bytes")
+    if declared:
+        buffer.check_room(declared, declared)
     taken = 0
     try:
         message = await receive()

@@ -347,5 +347,6 @@ def test_a_command_run_against_a_database_with_no_tables_says_so_and_how_to_poin
 
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    assert result.stderr.startswith(f"manage.py: the SQLite database {tmp_path / 'data' / 'db.sqlite3'} has no tables yet (no such table: auth_user)")
-    assert "set DATA_DIR (or DATABASE_URL) to the one the stack runs with" in result.stderr
+    assert result.stderr.startswith(f"manage.py: the SQLite database {tmp_path / 'data' / 'db.sqlite3'} lacks a table this command needs "
+                                    "(no such table: auth_user)")
+    assert "set DATA_DIR (or DATABASE_URL) to the one the stack runs with, or run `manage.py migrate`" in result.stderr

@@ -170,3 +170,19 @@ def test_a_readiness_call_after_a_check_ended_checks_again(monkeypatch):
     readiness.shared_readiness()
 
     assert len(checks) == 2  # never a stale answer: a probe that comes after a check sees a new one
+
+
+def test_a_readiness_probe_that_finds_the_database_down_sets_the_outage_words(handler, monkeypatch):
+    def unreachable():
+        raise OperationalError("timeout expired")
+
+    monkeypatch.setattr(readiness, "CHECKS", {"database": (unreachable, "cannot connect or query")})
+
+    async def scenario():
+        probe = await get(handler, "/readyz")
+        return probe, await refused_behind_a_slow_request(handler)
+
+    probe, refused = asyncio.run(scenario())
+
+    assert probe["status"] == 503
+    assert json.loads(refused["body"])["error"].startswith("the database is unavailable")

@@ -1,5 +1,5 @@
-"""``console.processes.wait_http``, which runstack, the browser tests and tools/stack.py
-use to wait for a child: ready means the child answered, not whoever holds the port."""
+"""``console.processes.wait_http``, which runstack and the browser tests use to wait for
+a child: ready means the child answered, not whoever holds the port."""
 
 from __future__ import annotations
 

@@ -359,6 +359,14 @@ async def test_request_whose_deadline_cannot_be_met_is_refused_at_admission(disp
     assert float((await batcher.submit(row(1), 1, clock.now_s + 0.101))[0][0, 0]) == 2.0
 
 
+async def test_a_deadline_already_past_is_said_to_have_passed(dispatch):
+    clock = FakeClock()
+    batcher = make_batcher(FakeModel(), dispatch, latency=FixedLatency(0.1), clock=clock)
+
+    with pytest.raises(DeadlineExceeded, match=r"^cannot answer within the deadline, which has passed \(predicted 100\.0 ms\)$"):
+        batcher.submit(row(1), 1, clock.now_s - 0.0001)
+
+
 async def test_request_that_would_finish_exactly_at_its_deadline_is_refused_at_once(dispatch):
     clock = FakeClock(0.0)  # 0.1 - 0.0 is exact: the boundary itself is tested
     batcher = make_batcher(FakeModel(), dispatch, latency=FixedLatency(0.1), clock=clock)

@@ -270,6 +270,21 @@ def test_bodies_being_received_together_are_held_under_the_buffer(guarded_worker
     assert app.body_buffer.held == 0
 
 
+def test_a_declared_body_the_full_buffer_has_no_room_for_is_refused_before_100_continue(guarded_worker):
+    worker = guarded_worker(max_body_buffer_bytes=1_500_000)
+    app = worker.worker.app
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
+        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 900_000)
+        assert wait_until(lambda: app.body_buffer.held == 900_000)
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as waiting:
+            waiting.sendall(head(LARGE_BODY_PATH, length=1_000_000, extra="Expect: 100-continue\r\n"))  # sends its body only if told to
+            answer = waiting.recv(65536)
+
+    assert answer.startswith(b"HTTP/1.1 503 ") and b"100 Continue" not in answer
+    assert b"SERVING_MAX_BODY_BUFFER_BYTES" in answer
+
+
 def test_headers_alone_hold_nothing_of_the_buffer(guarded_worker, client):
     # A declared length was taken before a byte of it came: 2,800 connections declaring
     # 190 KB each, about 300 KB sent in all, had every other request refused.
