@@ -4,6 +4,7 @@ clients are cut off by deadlines and caps."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
@@ -251,13 +252,20 @@ def test_a_body_that_never_finishes_gets_408_and_frees_its_in_flight_slot(guarde
     assert client.post(worker.url + INFER, content=BODY).status_code == 200  # the only slot is free again
 
 
+@contextlib.contextmanager
+def most_of_a_body_held(worker):
+    """A client that sent 900,000 bytes of a 1,000,000-byte body and waits: they are held."""
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
+        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 900_000)
+        assert wait_until(lambda: worker.worker.app.body_buffer.held == 900_000)
+        yield
+
+
 def test_bodies_being_received_together_are_held_under_the_buffer(guarded_worker, client):
     worker = guarded_worker(max_body_buffer_bytes=1_500_000)
     app = worker.worker.app
 
-    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
-        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 900_000)  # most of a body, then it waits
-        assert wait_until(lambda: app.body_buffer.held == 900_000)
+    with most_of_a_body_held(worker):
         with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as second:
             second.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 700_000)  # past the 600,000 left
             answer = second.recv(65536)
@@ -272,11 +280,8 @@ def test_bodies_being_received_together_are_held_under_the_buffer(guarded_worker
 
 def test_a_declared_body_the_full_buffer_has_no_room_for_is_refused_before_100_continue(guarded_worker):
     worker = guarded_worker(max_body_buffer_bytes=1_500_000)
-    app = worker.worker.app
 
-    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
-        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 900_000)
-        assert wait_until(lambda: app.body_buffer.held == 900_000)
+    with most_of_a_body_held(worker):
         with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as waiting:
             waiting.sendall(head(LARGE_BODY_PATH, length=1_000_000, extra="Expect: 100-continue\r\n"))  # sends its body only if told to
             answer = waiting.recv(65536)
@@ -897,11 +902,8 @@ def test_an_overload_refusal_before_the_whole_body_closes_the_connection(guarded
     """The body buffer's 503, given before the rest of the body is read: Connection: close,
     and the connection ends once answered."""
     worker = guarded_worker(max_body_buffer_bytes=1_500_000)
-    app = worker.worker.app
 
-    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as holding:
-        holding.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 900_000)
-        assert wait_until(lambda: app.body_buffer.held == 900_000)
+    with most_of_a_body_held(worker):
         with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as second:
             started = time.monotonic()
             second.sendall(head(LARGE_BODY_PATH, length=1_000_000) + b"[" * 700_000)
