@@ -111,7 +111,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     keepers: Keepers = Keepers()  # the listen queue's keepers count what the loop accepts (serving/listen_queue.py)
     refusals_lingering = [0]  # the worker's refused connections lingering, every kind (one list per protocol_class)
     _stopping = False  # set by shutdown(): a class default, so that a connection costs no attribute for it
-    _skipped_body_left = 0  # of a body httptools skipped after an Upgrade header: bytes still to come (_after_upgrade)
+    _upgraded = False  # an upgrade request was read: nothing after it is parsed (_after_upgrade)
+    _skipped_body_left = 0  # of its body, which httptools skipped: bytes still to come
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -153,8 +154,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._lingering:  # answered and half-closed: what still comes is dropped unread
             self._linger_quiet_ends = self.loop.time() + LINGER_QUIET_S
             return
-        if self._skipped_body_left:
-            self._take_skipped_body(data)
+        if self._upgraded:  # its skipped body, then nothing: what follows is dropped unparsed
+            if self._skipped_body_left:
+                self._take_skipped_body(data)
             return
         self._unset_keepalive_if_required()
         if self._awaiting_headers:
@@ -317,6 +319,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         it: httptools parses nothing after it. httptools also skipped its body (``curl
         --http2 -d …`` was a 400 "empty document"): a declared length's is taken here from
         what follows; a chunked one, which only the parser could read, is refused."""
+        self._upgraded = True  # httptools would parse a later read as a new request: out of step, a 400
         cycle = self.cycle
         if cycle is None or cycle.response_complete:
             self.transport.close()

@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 import pytest
 import uvicorn
-from serving_testkit import free_port, route, state, v2_body, wait_until
+from serving_testkit import HeldRun, free_port, route, state, v2_body, wait_until
 
 from serving import http_protocol
 from serving.http_protocol import CoalescingTransport, listen_backlog
@@ -1030,3 +1030,24 @@ def test_a_chunked_body_asking_for_an_upgrade_is_a_400_naming_the_way_out(digits
         answer = read_until_closed(connection)
 
     assert answer.startswith(b"HTTP/1.1 400 ") and b"cannot come with an Upgrade header" in answer
+
+
+@pytest.mark.parametrize("later", [b"junk\r\n\r\n", f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n{H2C}\r\n".encode()],
+                         ids=["garbage", "another upgrade request"])
+def test_what_follows_an_upgrade_request_in_a_later_read_is_dropped_not_parsed(digits_worker, later):
+    # Parsed as a new request, a tail made the answer a 400 "invalid HTTP request", and a
+    # second request gave the first its keep-alive back.
+    version = digits_worker.worker.repository.loaded[("digits", 1)]
+    held = version.engine.run = HeldRun(version.engine.run)  # the answer waits while more bytes come
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        try:
+            connection.sendall(head(length=len(BODY), extra=H2C) + BODY)
+            assert held.entered.wait(5)
+            connection.sendall(later)
+            time.sleep(0.2)  # read by the worker while its answer is held
+        finally:
+            held.release.set()
+        answer = read_until_closed(connection)
+
+    [(head_part, _)] = split_answers(answer)
+    assert head_part.startswith(b"http/1.1 200 ") and b"connection: close" in head_part.split(b"\r\n")
