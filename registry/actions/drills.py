@@ -199,7 +199,6 @@ def _start(model: RegisteredModel, actor, roll_forward: bool, expected_generatio
     _settle_owed_roll_forward(model)
     with transaction.atomic():
         ServingGeneration.objects.lock()
-        stale_drills.abandon_stale_drills(model)
         # A drill running says more than "the generation you saw changed": its own
         # rollback is that change, so two drills started together meet this first.
         running = model.drills.filter(status=DrillStatus.RUNNING).first()

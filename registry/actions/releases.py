@@ -114,7 +114,7 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
         if rollout is None and current is not None and _same_routes(parsed, current):
             # A new generation that changes nothing would become the rollback point: the
             # one-click rollback would then "return" to the very split being served.
-            raise ReleaseConflict(f"{model.name} already serves {_describe_routes(current)} (generation {current.generation}): nothing to change")
+            raise ReleaseConflict(f"{model.name} already serves {describe_routes(current)} (generation {current.generation}): nothing to change")
         stable = _stable_for(parsed, current)
         forced = check_compatible(model, current, parsed, force, reason)
         release = _append(counter, model, parsed, stable, ReleaseAction.SET_ROUTES, current, actor, reason, rollout=rollout)
@@ -140,7 +140,7 @@ def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generat
         target = last_all_stable(model, current.stable_version) or current
         release = _append(counter, model, routes, canary, ReleaseAction.PROMOTE, target, actor, reason, rollout=rollout)
         events.release_made(release, f"Version {canary} promoted to stable at 100% (generation {release.generation}); "
-                                     f"a rollback returns to {_describe_routes(target)} (generation {target.generation})")
+                                     f"a rollback returns to {describe_routes(target)} (generation {target.generation})")
     return release
 
 
@@ -159,7 +159,7 @@ def to_stable(model: RegisteredModel, stable_version: int | None, actor, reason:
         _check_still_ready(model, [stable_version])
         routes = [Route(version=stable_version, weight=100)]
         if rollout is None and _same_routes(routes, current):  # as set_routes: no generation that changes nothing
-            raise ReleaseConflict(f"{model.name} already serves {_describe_routes(current)} (generation {current.generation}): "
+            raise ReleaseConflict(f"{model.name} already serves {describe_routes(current)} (generation {current.generation}): "
                                   "no canary takes traffic, nothing to change")
         target = _rollback_target_after_abort(current, routes)
         release = _append(counter, model, routes, stable_version, ReleaseAction.ROLLBACK, target, actor, reason, rollout=rollout)
@@ -206,7 +206,7 @@ def rollback_preview(release: Release | None) -> str | None:
 
 def describe_rollback_target(target: Release) -> str:
     """A rollback target in words: its split and generation."""
-    return f"{_describe_routes(target)} (generation {target.generation})"
+    return f"{describe_routes(target)} (generation {target.generation})"
 
 
 def rollback_refusal(release: Release) -> str | None:
@@ -312,8 +312,8 @@ def archive_traffic(model: RegisteredModel, actor, reason: str) -> Release | Non
     note = reason or "model archived"
     release = _append(counter, model, [], current.stable_version, ReleaseAction.ARCHIVE, current, actor, note)
     _abort_rollouts(model, release)
-    events.release_made(release, f"Archived: {_describe_routes(current)} stop serving on every worker (generation {release.generation}); "
-                                 f"a restore brings back {_describe_routes(current)}")
+    events.release_made(release, f"Archived: {describe_routes(current)} stop serving on every worker (generation {release.generation}); "
+                                 f"a restore brings back {describe_routes(current)}")
     return release
 
 
@@ -517,7 +517,8 @@ def _describe(routes: list[Route]) -> str:
     return ", ".join(route.describe() for route in routes)
 
 
-def _describe_routes(release: Release) -> str:
+def describe_routes(release: Release) -> str:
+    """What ``release`` routes, in words ("v1 90%, v2 10%"), as answers and drills say it."""
     if release.is_archive:
         return "nothing (archived)"
     return _describe([Route.from_json(route) for route in release.routes])

@@ -22,7 +22,6 @@ from django.utils import timezone
 
 from registry.actions import events, releases
 from registry.domain.choices import DrillStatus, ReleaseAction, RolloutStatus
-from registry.domain.traffic import Route
 from registry.models import Drill, RegisteredModel, Release, ServingGeneration
 
 logger = logging.getLogger(__name__)
@@ -122,13 +121,9 @@ def _how_to_return(drill: Drill) -> str:
     if drill.from_generation is None:
         return ""
     earlier = Release.objects.filter(model_id=drill.model_id, generation=drill.from_generation).first()
-    split = f"{_describe_split(earlier)}, " if earlier is not None else ""
+    split = f"{releases.describe_routes(earlier)}, " if earlier is not None else ""
     generation = drill.from_generation
     return f": to return to the split it rolled back from ({split}generation {generation}), restore generation {generation}"
-
-
-def _describe_split(release: Release) -> str:
-    return ", ".join(Route.from_json(route).describe() for route in release.routes) or "nothing routed"
 
 
 def _roll_forward_owed(pk: int, now) -> Drill | None:

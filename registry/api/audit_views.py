@@ -51,7 +51,8 @@ class Audit(APIView):
     def get(self, request, name: str):
         model = get_model(name)
         as_csv = request.accepted_renderer.format == CsvRenderer.format
-        refuse_unknown_query(request, FILTERS, paged=not as_csv)  # the CSV is every event: a page's parameters would be ignored
+        if as_csv:  # every event: a page's parameters would be ignored (page_of refuses the JSON's unknown ones)
+            refuse_unknown_query(request, FILTERS, paged=False)
         try:
             chosen = audit_log.AuditFilter.parse(request.query_params)
         except audit_log.AuditFilterError as error:
