@@ -6,6 +6,7 @@ window.ModelOps = (function () {
   const liveStatus = document.getElementById("live-status");
   const csrfToken = document.querySelector("meta[name=csrf-token]").content;
   const ENABLE_AFTER_CHANGE_MS = 5000;  // a changed form's buttons, when no refreshed copy replaced it
+  const RETRY_FIRST_MS = 1000, RETRY_MAX_MS = 15000;  // a fragment whose refresh failed
 
   // ---- fragments: the server renders the same template on load and on refresh.
   const pending = new Set();
@@ -23,7 +24,15 @@ window.ModelOps = (function () {
     }
     const ticket = (element.refreshTicket = (element.refreshTicket || 0) + 1);
     const html = await fetchFragment(element.dataset.fragment);
-    if (html === null || ticket !== element.refreshTicket) return;  // failed, or overtaken by a newer one
+    if (ticket !== element.refreshTicket) return;  // overtaken by a newer one
+    if (html === null) {
+      // Asked again later: the event that asked for it (a worker's report naming another
+      // generation) comes once, and the fragment would show the old news until the next.
+      element.retryMs = Math.min((element.retryMs || RETRY_FIRST_MS / 2) * 2, RETRY_MAX_MS);
+      setTimeout(() => { if (ticket === element.refreshTicket) refresh(element); }, element.retryMs);
+      return;
+    }
+    element.retryMs = 0;
     if (isBusy(element)) {
       pending.add(element);  // they opened a dialog or started typing while we fetched
       return;

@@ -60,9 +60,9 @@
       for (const entry of message.versions || []) {
         if (entry.model === config.model) addBatches(entry.version, entry.batch_size_buckets);
       }
-      // A worker moved to another generation: convergence and roles changed, and the health
-      // headline counts the workers still converging.
-      if (previous && previous.generation !== message.generation) ["release-panel", "health"].forEach((id) => M.refreshSoon(id));
+      // A worker moved to another generation, or one this page had not heard from reports:
+      // convergence and roles changed, and the health headline counts the workers still converging.
+      if (!previous || previous.generation !== message.generation) ["release-panel", "health"].forEach((id) => M.refreshSoon(id));
     },
     state(message) {
       const mine = message.models && message.models[config.model];
@@ -263,7 +263,9 @@
   }, true);
 
   // Health words come from the server (recent roll-ups, the rollout's verdict): keep them fresh.
-  setInterval(() => M.refreshAll("health"), 10000);
+  // A release panel that does not show every worker on its release too: it moves when a report
+  // names another generation, and a worker whose every such report was lost would stay behind.
+  setInterval(() => M.refreshAll("health", ...(document.querySelector("#convergence[data-unsettled]") ? ["release-panel"] : [])), 10000);
 
   // ---- traffic actions answered in place (console.js posts them)
   document.addEventListener("modelops:submitting", (event) => {

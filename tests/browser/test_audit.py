@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import signal
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -278,8 +279,21 @@ def test_after_a_rollback_the_health_headline_follows_the_workers_not_only_its_p
         expect(health).to_contain_text("converging")
     finally:
         os.kill(worker.pid, signal.SIGCONT)
-    expect(convergence).to_contain_text("serve generation", timeout=LIVE_S)
-    expect(health).not_to_contain_text("converging", timeout=3_000)  # the poll is every 10 s
+    with _logs_on_failure(stack, "worker", "console"):
+        expect(convergence).to_contain_text("serve generation", timeout=LIVE_S)
+        expect(health).not_to_contain_text("converging", timeout=3_000)  # the poll is every 10 s
+
+
+@contextmanager
+def _logs_on_failure(stack, *names: str, lines: int = 25):
+    """A failure says what the processes did meanwhile: whether the worker followed, and
+    what the console answered (CI keeps only the test's output)."""
+    try:
+        yield
+    except AssertionError as failure:
+        tails = [f"--- {name}.log, last {lines} lines ---\n" + "\n".join((stack.data_dir / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
+                 for name in names]
+        raise AssertionError("\n".join([str(failure), *tails])) from None
 
 
 @pytest.mark.parametrize("gone_first", [False, True], ids=["frozen at the click", "gone before the click"])

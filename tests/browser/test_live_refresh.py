@@ -57,3 +57,49 @@ def test_a_form_that_made_a_change_cannot_send_again_until_it_holds_the_new_gene
     fresh = panel.locator("form:has(button[name=preset]) input[name=expected_generation]").first
     expect(fresh).not_to_have_value(str(before))  # the refreshed copy holds the new generation...
     expect(panel.get_by_role("button", name="50%", exact=True)).to_be_enabled()  # ...and takes clicks again
+
+
+def _settled_model_page(page) -> None:
+    """The digits page with its feed on and a report heard: the refreshes those ask for are done."""
+    sign_in(page, "olivia")
+    page.goto("/models/digits/")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "on", timeout=20_000)
+    expect(page.locator("#live-note")).to_contain_text("live worker", timeout=20_000)
+    page.wait_for_timeout(1_000)
+
+
+def _marked_convergence(page) -> None:
+    """Mark the release panel's copy, so a test sees when the server's copy replaces it."""
+    page.locator("#convergence").evaluate("element => { element.dataset.before = 'true'; }")
+
+
+def test_a_fragment_whose_refresh_failed_is_asked_for_again(page, stack):
+    """A refresh that failed (a 503, a dropped connection) was given up: the event that asked
+    for it, a worker's report naming another generation, comes once, and the panel kept
+    showing the worker behind."""
+    _settled_model_page(page)
+    failed = []
+
+    def fail_once(route):
+        if failed:
+            return route.continue_()
+        failed.append(route.request.url)
+        return route.fulfill(status=503, body="busy")
+
+    page.route(lambda url: "fragment=release-panel" in url, fail_once)
+    _marked_convergence(page)
+
+    page.evaluate("ModelOps.refreshAll('release-panel')")
+
+    expect(page.locator("#convergence[data-before]")).to_have_count(0, timeout=5_000)
+    assert len(failed) == 1
+
+
+def test_a_release_panel_not_showing_every_worker_on_its_release_is_refreshed_with_the_health_poll(page, stack):
+    """The panel moved only on events: with every one of them lost, "Converging" stayed up
+    after the workers had followed."""
+    _settled_model_page(page)
+    page.locator("#convergence").evaluate("element => { element.dataset.unsettled = ''; }")
+    _marked_convergence(page)
+
+    expect(page.locator("#convergence[data-before]")).to_have_count(0, timeout=13_000)  # the health poll is every 10 s
