@@ -113,6 +113,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _stopping = False  # set by shutdown(): a class default, so that a connection costs no attribute for it
     _upgraded = False  # an upgrade request was read: nothing after it is parsed (_after_upgrade)
     _skipped_body_left = 0  # of its body, which httptools skipped: bytes still to come
+    _counting_framing = False  # this read continues a body: what is not data in it is framing
+    _framing = 0  # framing bytes of the request being read, over the reads that continue its body
+    _body_bytes = 0  # its data so far
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -161,6 +164,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         if self._awaiting_headers:
             self._raw_header_bytes += len(data)
+        elif self.cycle is not None and self.cycle.more_body:
+            self._counting_framing = True
+            self._framing += len(data)  # on_body takes the data back out
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -179,8 +185,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # the keeper refused nearly every new connection, health probes too, for good.
             self._after_upgrade(data[upgrade.args[0]:])
             return
+        finally:
+            self._counting_framing = False
         if self._awaiting_headers and self._raw_header_bytes > self.limits.max_header_bytes:
             self._refuse_lingering(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
+            return
+        if self._framing - self._body_bytes > self.limits.max_header_bytes:
+            self._refuse_framing()
             return
         self._arm_deadline()
 
@@ -189,6 +200,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._awaiting_headers = True
         self._parsed_header_bytes = 0
+        # The rest of this read is the new request's headers (counted there) and perhaps its
+        # data: its framing is counted from the next read that continues its body.
+        self._counting_framing, self._framing, self._body_bytes = False, 0, 0
         super().on_message_begin()
 
     def on_url(self, url: bytes) -> None:
@@ -198,6 +212,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_header_bytes(len(name) + len(value) + 4)
         super().on_header(name, value)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._counting_framing:
+            self._framing -= len(body)
+        super().on_body(body)
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
@@ -412,6 +432,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_started and not self.pipeline:
             self._refuse_lingering(408, f"request body did not arrive within {self.limits.body_timeout_s:g} s")
         else:
+            self._drop_cycle()
+            self.transport.close()
+
+    def _refuse_framing(self) -> None:
+        """A chunked body's framing (chunk size lines, their extensions, CRLFs) outgrew its
+        data by the header cap: llhttp reads extensions of any length and reports none of
+        them, so a client streamed 42 GB of them in 35 s under no limit but the body deadline.
+        Chunks of about 6 bytes of data and up never come near it."""
+        if self.cycle is not None and not self.cycle.response_started and not self.pipeline:
+            self._refuse_lingering(413, f"the chunked body's framing (chunk size lines and extensions) exceeds its data by more than "
+                                        f"{self.limits.max_header_bytes} bytes")
+        else:  # answered already (a 413 from the headers, an overload 503): no second answer
             self._drop_cycle()
             self.transport.close()
 

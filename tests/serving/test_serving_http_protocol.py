@@ -578,7 +578,52 @@ STILL_SENDING = [
     pytest.param({"header_timeout_s": 0.3}, HEADER_ARRIVING, b"p" * 20, b"HTTP/1.1 408 ", id="408 headers dripping"),
     pytest.param({"body_timeout_s": 0.3}, head(LARGE_BODY_PATH, length=500_000), b"[" * 100, b"HTTP/1.1 408 ", id="408 a slow upload"),
     pytest.param({"max_header_bytes": 4096}, HEADER_ARRIVING, b"p" * 1000, b"HTTP/1.1 431 ", id="431 a header streaming"),
+    pytest.param({"max_header_bytes": 4096}, CHUNKED + b"1;ext=", b"e" * 1000, b"HTTP/1.1 413 ", id="413 a chunk extension streaming"),
 ]
+
+
+def chunked_close(path: str = INFER) -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode()
+
+
+def in_chunks(body: bytes, size: int, extension: bytes = b"") -> bytes:
+    return b"".join(b"%x%s\r\n%s\r\n" % (len(body[i:i + size]), extension, body[i:i + size]) for i in range(0, len(body), size)) + b"0\r\n\r\n"
+
+
+def send_in_reads(connection: socket.socket, data: bytes, piece: int = 2000) -> None:
+    for start in range(0, len(data), piece):
+        connection.sendall(data[start:start + piece])
+        time.sleep(0.002)  # each its own read: the worker counts framing over the reads after the headers
+
+
+def test_chunk_extensions_streamed_past_the_header_cap_are_a_413_naming_the_framing(guarded_worker, client):
+    """llhttp reads a chunk extension of any length and reports none of it: a client streamed
+    42 GB of one in 35 s, cut only by the body deadline."""
+    worker = guarded_worker(max_header_bytes=4096)
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(chunked_close() + b"1;ext=")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            send_in_reads(connection, b"e" * 8000, piece=500)
+        answer = read_until_closed(connection)
+
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b"framing (chunk size lines and extensions) exceeds its data by more than 4096 bytes" in answer
+    assert worker.runs == []
+    assert client.post(worker.url + INFER, content=BODY).status_code == 200
+
+
+def test_a_large_body_in_small_chunks_is_served_though_its_framing_outgrows_the_header_cap(guarded_worker):
+    worker = guarded_worker(max_header_bytes=4096)
+    body = orjson.dumps(v2_body(np.ones((1, 20_000), np.float32)))
+    chunks = in_chunks(body, 16, b";n=1")  # 13 bytes of framing for 16 of data: far past 4096 in all
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        send_in_reads(connection, chunked_close(LARGE_BODY_PATH) + chunks)
+        answer = read_until_closed(connection)
+
+    assert len(chunks) - len(body) > 10 * 4096
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
 
 
 def refusals_lingering(worker) -> int:
