@@ -106,7 +106,11 @@ def _store(dataset: EvaluationDataset, staged: storage.StagedArtifact, created_b
             scheduling.dataset_added(dataset)
     except IntegrityError:
         _forget(dataset, created_file)
-        raise _taken(dataset.model, dataset.name) from None
+        # Only the name's uniqueness is the client's to hear of; any other constraint a
+        # checked file still broke is this code's bug, and a 409 "taken" would hide it.
+        if EvaluationDataset.objects.filter(model=dataset.model, name=dataset.name).exists():
+            raise _taken(dataset.model, dataset.name) from None
+        raise
     except BaseException:
         _forget(dataset, created_file)
         raise

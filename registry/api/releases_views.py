@@ -57,6 +57,10 @@ def release_at(model: RegisteredModel, raw: str) -> Response:
         return error_response(f"at must be an ISO 8601 time such as 2026-12-01T16:00:00Z, got {raw[:60]!r}", 400)
     if timezone.is_naive(at):
         at = at.replace(tzinfo=datetime.timezone.utc)  # a time without a zone is UTC, as the API's times are
+    try:
+        at = at.astimezone(datetime.timezone.utc)  # as the database compares it: year 1 at +01:00 overflowed there (a 500)
+    except OverflowError:
+        return error_response(f"at must be a time between the years 1 and 9999 in UTC, got {raw[:60]!r}", 400)
     release = model.releases.filter(created_at__lte=at).order_by("-generation").select_related("actor", "rollback_target").first()
     if release is None:
         return error_response(f"{model.name} had no release at {at.isoformat()}: its first was made later (or never)", 404)

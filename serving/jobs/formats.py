@@ -47,8 +47,15 @@ MAX_NPZ_MEMBERS = 1024
 NPZ_STRAY_MEMBERS = 64
 MAX_ZIP_ENTRY_BYTES = 512
 MAX_LINE_BYTES = 64 * 1024 * 1024
+# The longest line one row can take as text, where the model's rows have a fixed size: each
+# number with its separators and spaces (a float's repr is at most 24 characters), plus
+# names, brackets and a label. A line past it cannot fit the model, and is refused before
+# it is parsed: parsing a 40 MB line of numbers took 0.6-1.2 GB of the console's memory.
+VALUE_TEXT_BYTES = 64
+ROW_TEXT_SLACK_BYTES = 64 * 1024
 MAX_SHOWN_CHARS = 60
 READ_CHUNK_BYTES = 1024 * 1024
+SKIP_CHUNK_BYTES = 64 * 1024  # the rest of a line too long to read, passed over
 
 
 class FormatError(ValueError):
@@ -199,6 +206,8 @@ def _check_array_type(shape, fortran_order: bool, dtype: np.dtype, what: str, ki
         raise FormatError(f"{what} has dtype {short(dtype)}; only arrays of numbers are accepted")
     if len(shape) == 0:
         raise FormatError(f"{what} is a scalar; it needs a first axis of rows")
+    if any(dim < 0 for dim in shape):  # numpy's header reader takes them: a job of -3 rows was a 500
+        raise FormatError(f"{what} has shape {shape_text(shape)}, with a negative dimension")
     if fortran_order and len(shape) > 1:
         raise FormatError(f"{what} is in Fortran order; save it in C order (numpy's default)")
 
@@ -448,13 +457,35 @@ def count_lines(path: Path) -> int:
     return lines + (last != b"\n")
 
 
-def _lines(fp: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
-    """(line number, bytes) of each non-blank line; bytes None for a line too long to read."""
+def row_text_bytes(layouts: Sequence[InputLayout] | None, *, with_label: bool = False) -> int:
+    """The longest line a row of ``layouts`` can take (a label as large as the inputs
+    beside it); MAX_LINE_BYTES when they are not known or a row's size is not fixed."""
+    if layouts is None or any(dim is None for layout in layouts for dim in layout.row_shape):
+        return MAX_LINE_BYTES
+    values = sum(math.prod(layout.row_shape) for layout in layouts) * (2 if with_label else 1)
+    return min(VALUE_TEXT_BYTES * values + ROW_TEXT_SLACK_BYTES, MAX_LINE_BYTES)
+
+
+def line_too_long(line: int, max_size: int, unit: str = "bytes") -> str:
+    if max_size == MAX_LINE_BYTES:
+        return f"line {line} is longer than {MAX_LINE_BYTES} {unit}"
+    return f"line {line} is longer than {max_size} {unit}, more than a row of the model's inputs takes as text"
+
+
+def _too_long(line: int, max_size: int, unit: str = "bytes") -> FormatError:
+    """Past the model's own bound, the file does not fit the model (an InputMismatch)."""
+    kind = FormatError if max_size == MAX_LINE_BYTES else InputMismatch
+    return kind(line_too_long(line, max_size, unit))
+
+
+def _lines(fp: IO[bytes], max_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes) of each non-blank line; bytes None for a line longer than
+    ``max_bytes`` (read past, never held)."""
     number = 0
-    while line := fp.readline(MAX_LINE_BYTES):
+    while line := fp.readline(max_bytes + 1):
         number += 1
-        if not line.endswith(b"\n") and len(line) == MAX_LINE_BYTES:
-            while (rest := fp.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+        if len(line) > max_bytes:
+            while (rest := fp.readline(SKIP_CHUNK_BYTES)) and not rest.endswith(b"\n"):
                 pass
             yield number, None
         elif line.strip():
@@ -509,10 +540,11 @@ def jsonl_feeds(value: object, layouts: Sequence[InputLayout], *, with_label: bo
 
 def jsonl_rows(path: Path, layouts: Sequence[InputLayout], *, with_label: bool = False) -> Iterator[Row]:
     require_numeric_inputs(layouts)
+    max_bytes = row_text_bytes(layouts, with_label=with_label)
     with open(path, "rb") as fp:
-        for index, (line, text) in enumerate(_lines(fp)):
+        for index, (line, text) in enumerate(_lines(fp, max_bytes)):
             if text is None:
-                yield Row(index, line, None, f"line {line} is longer than {MAX_LINE_BYTES} bytes")
+                yield Row(index, line, None, line_too_long(line, max_bytes))
                 continue
             try:
                 feeds, label = parse_jsonl_row(text, layouts, with_label=with_label)
@@ -585,11 +617,12 @@ def _is_numeric_record(fields: Sequence[str]) -> bool:
     return bool(fields)
 
 
-def _csv_records(path: Path) -> Iterator[tuple[int, list[str]]]:
-    """(line number, fields) of each non-empty record."""
+def _csv_records(path: Path, max_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of each non-empty record; FormatError at a line longer than
+    ``max_bytes``, before the csv module splits it."""
     # Undecodable bytes become U+FFFD and then fail as a value of their own row only.
     with open(path, encoding="utf-8", errors="replace", newline="") as fp:
-        reader = csv.reader(fp)
+        reader = csv.reader(_bounded_text_lines(fp, max_bytes))
         try:
             for fields in reader:
                 if any(field.strip() for field in fields):
@@ -598,11 +631,20 @@ def _csv_records(path: Path) -> Iterator[tuple[int, list[str]]]:
             raise FormatError(f"the .csv file cannot be parsed at line {reader.line_num} ({short(error)})") from None
 
 
+def _bounded_text_lines(fp: IO[str], max_chars: int) -> Iterator[str]:
+    number = 0
+    while line := fp.readline(max_chars + 1):
+        number += 1
+        if len(line) > max_chars:
+            raise _too_long(number, max_chars, unit="characters")
+        yield line
+
+
 def csv_rows(path: Path, layouts: Sequence[InputLayout]) -> Iterator[Row]:
     """Rows of a .csv file; a first record that is not all numbers is a header, skipped."""
     layout = csv_layout(layouts)
     index = 0
-    for position, (line, fields) in enumerate(_csv_records(path)):
+    for position, (line, fields) in enumerate(_csv_records(path, row_text_bytes([layout]))):
         if position == 0 and not _is_numeric_record(fields):
             continue
         try:
@@ -640,7 +682,7 @@ def check_batch_input(path: Path, file_format: str, layouts: Sequence[InputLayou
                     arrays.match_inputs(layouts)
             return arrays.rows
     if file_format == "jsonl":
-        line, value = _check_first_jsonl_line(path)
+        line, value = _check_first_jsonl_line(path, row_text_bytes(layouts))
         if layouts is not None:
             with _fitting(line):
                 require_numeric_inputs(layouts)
@@ -650,7 +692,7 @@ def check_batch_input(path: Path, file_format: str, layouts: Sequence[InputLayou
         if layouts is not None:
             with _fitting():
                 layout = csv_layout(layouts)
-        line, fields = _check_first_csv_record(path)
+        line, fields = _check_first_csv_record(path, row_text_bytes([layout]) if layouts is not None else MAX_LINE_BYTES)
         if layouts is not None:
             with _fitting(line):
                 parse_csv_fields(fields, layout)
@@ -658,11 +700,13 @@ def check_batch_input(path: Path, file_format: str, layouts: Sequence[InputLayou
     raise FormatError(f"'{short(file_format)}' is not a batch input format ({', '.join(BATCH_FORMATS)})")
 
 
-def _check_first_jsonl_line(path: Path) -> tuple[int, object]:
+def _check_first_jsonl_line(path: Path, max_bytes: int) -> tuple[int, object]:
     with open(path, "rb") as fp:
-        line, text = next(_lines(fp), (0, b""))
+        line, text = next(_lines(fp, max_bytes), (0, b""))
     if not text:
-        raise FormatError("the .jsonl file has no rows" if line == 0 else f"line {line} is too long")
+        if line == 0:
+            raise FormatError("the .jsonl file has no rows")
+        raise _too_long(line, max_bytes)
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
@@ -672,8 +716,8 @@ def _check_first_jsonl_line(path: Path) -> tuple[int, object]:
     return line, value
 
 
-def _check_first_csv_record(path: Path) -> tuple[int, list[str]]:
-    records = _csv_records(path)
+def _check_first_csv_record(path: Path, max_bytes: int) -> tuple[int, list[str]]:
+    records = _csv_records(path, max_bytes)
     first = next(records, None)
     if first is not None and not _is_numeric_record(first[1]):
         first = next(records, None)
@@ -716,11 +760,11 @@ def _check_jsonl_dataset(path: Path, layouts: Sequence[InputLayout] | None) -> i
     if layouts is not None:
         with _fitting():
             require_numeric_inputs(layouts)
-    rows = 0
+    rows, max_bytes = 0, row_text_bytes(layouts, with_label=True)
     with open(path, "rb") as fp:
-        for line, text in _lines(fp):
+        for line, text in _lines(fp, max_bytes):
             if text is None:
-                raise FormatError(f"line {line} is longer than {MAX_LINE_BYTES} bytes")
+                raise _too_long(line, max_bytes)
             try:
                 value = json.loads(text)
             except (ValueError, RecursionError):

@@ -5,6 +5,9 @@ Tests marked ``child`` run the evaluation for real (``python -m serving.jobs``).
 
 from __future__ import annotations
 
+import io
+import zipfile
+
 import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -19,6 +22,7 @@ from tests.fixtures.job_world import (
     SIGNATURE,
     jsonl_upload,
     members_npz,
+    negative_rows_npy,
     npz_upload,
     predictions,
     rows,
@@ -44,6 +48,21 @@ def dataset_files(artifact_root) -> list:
 
 def evaluations() -> list[tuple[int, str]]:
     return sorted(Job.objects.filter(kind=JobKind.EVALUATION).values_list("version__number", "key"))
+
+
+def test_a_data_set_whose_arrays_claim_negative_rows_is_a_400_not_a_409_over_its_name(jobs_model, operator_client, artifact_root):
+    """Saved with rows = -3, its check constraint failed, and every integrity error was
+    answered "model digits has a data set named negds already" though none had the name."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("input.npy", negative_rows_npy((-3, INPUT_WIDTH)))
+        archive.writestr("labels.npy", negative_rows_npy((-3,)))
+
+    response = add(operator_client, SimpleUploadedFile("negative.npz", buffer.getvalue()), name="negds")
+
+    assert response.status_code == 400
+    assert "with a negative dimension" in response.json()["error"]
+    assert not EvaluationDataset.objects.exists() and dataset_files(artifact_root) == []
 
 
 def test_a_data_set_is_stored_by_content_and_every_ready_version_is_evaluated_on_it(jobs_model, operator_client):
@@ -117,15 +136,19 @@ def test_an_npz_data_set_with_an_array_that_is_no_input_is_refused_naming_it_and
     assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
 
 
-def test_a_jsonl_data_set_with_any_row_of_the_wrong_shape_is_refused_naming_it(jobs_model, operator_client, artifact_root):
-    lines = [{"input": [0.0] * INPUT_WIDTH, "label": 1}, {"input": [0] * 2_000_000, "label": 2}]
+@pytest.mark.parametrize(("width", "problem"), [
+    (INPUT_WIDTH + 1, f"line 2: input 'input' has shape [{INPUT_WIDTH + 1}]; the model expects [{INPUT_WIDTH}]"),
+    (2_000_000, "line 2 is longer than 66560 bytes, more than a row of the model's inputs takes as text"),  # refused unparsed
+])
+def test_a_jsonl_data_set_with_any_row_of_the_wrong_shape_is_refused_naming_it(jobs_model, operator_client, artifact_root, width, problem):
+    lines = [{"input": [0.0] * INPUT_WIDTH, "label": 1}, {"input": [0] * width, "label": 2}]
 
     response = add(operator_client, jsonl_upload(lines, "holdout.jsonl"))
 
     assert response.status_code == 400
     assert response.json()["error"] == (
-        "the data set does not fit version 1 (the stable version, which it was checked against): line 2: input 'input' "
-        f"has shape [2000000]; the model expects [{INPUT_WIDTH}] (version 1 takes 'input' rows [{INPUT_WIDTH}] float32, and 'label')")
+        f"the data set does not fit version 1 (the stable version, which it was checked against): {problem} "
+        f"(version 1 takes 'input' rows [{INPUT_WIDTH}] float32, and 'label')")
     assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
 
 

@@ -20,6 +20,7 @@ from tests.fixtures.job_world import (
     SIGNATURE,
     jsonl_upload,
     members_npz,
+    negative_rows_npy,
     npy_upload,
     npz_upload,
     predictions,
@@ -34,6 +35,7 @@ PIXELS_SIGNATURE = {**SIGNATURE, "inputs": [{"name": "pixels", "datatype": "FP32
 
 def submit(client, upload, **fields):
     return client.post(JOBS, {"input": upload, **fields}, format="multipart")
+
 
 
 def job_files(artifact_root) -> list:
@@ -203,6 +205,22 @@ def test_an_array_without_rows_is_refused(jobs_model, operator_client, artifact_
     response = submit(operator_client, npy_upload(np.zeros((0, INPUT_WIDTH), np.float32)))
 
     assert (response.status_code, response.json()["error"]) == (400, "the input file cannot be used: its arrays have no rows")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_an_array_header_with_a_negative_row_count_is_a_400_not_a_500(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, SimpleUploadedFile("inputs.npy", negative_rows_npy((-3, INPUT_WIDTH))))
+
+    assert response.status_code == 400
+    assert "with a negative dimension" in response.json()["error"]
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_a_csv_row_far_wider_than_the_version_takes_is_refused_before_it_is_parsed(jobs_model, operator_client, artifact_root):
+    response = submit(operator_client, SimpleUploadedFile("inputs.csv", ",".join(["1.5"] * 1_000_000).encode() + b"\n"))
+
+    assert response.status_code == 400
+    assert "line 1 is longer than" in response.json()["error"]
     assert batch_jobs() == 0 and left_behind(artifact_root) == []
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
+import tracemalloc
 import zipfile
 
 import numpy as np
 import pytest
 from jobs_testkit import REPO_ROOT, write_jsonl
+from numpy.lib import format as npy_format
 
 from serving.jobs.formats import (
     ArrayFile,
@@ -244,3 +248,81 @@ def test_rows_are_grouped_by_shape_and_split_around_bad_rows(tmp_path):
     write_jsonl(tmp_path / "x.jsonl", [[1, 2], [3, 4], [5, 6, 7], "bad", [8, 9, 1], [2, 3, 4]])
     batches = group_rows(jsonl_rows(tmp_path / "x.jsonl", [free]), max_rows=2, max_bytes=1 << 20)
     assert [[row.index for row in batch] for batch in batches] == [[0, 1], [2], [3], [4, 5]]
+
+
+# ---------------------------------------------------------------- rows longer than the model's rows
+
+
+WIDE = InputLayout("input", FLOAT, (64,))
+
+
+def _peak_bytes(call) -> int:
+    tracemalloc.start()
+    try:
+        with contextlib.suppress(FormatError):
+            call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(("file_format", "line"), [("csv", ",".join(["1.5"] * 1_000_000)), ("jsonl", "[" + ",".join(["1.5"] * 1_000_000) + "]")])
+def test_a_first_row_far_wider_than_the_model_is_refused_before_it_is_parsed(tmp_path, file_format, line):
+    """A 40 MB line of numbers took 0.6-1.2 GB of the console's memory to be told it had
+    the wrong width: the csv module split it, json.loads built a float per value."""
+    path = tmp_path / f"x.{file_format}"
+    path.write_text(line + "\n")
+
+    with pytest.raises(FormatError, match="more than a row of the model's inputs takes as text"):
+        check_batch_input(path, file_format, [WIDE])
+    assert _peak_bytes(lambda: check_batch_input(path, file_format, [WIDE])) < 1_000_000  # the file is 4 MB
+
+
+def test_a_jsonl_dataset_row_far_wider_than_the_model_is_refused_by_line(tmp_path):
+    write_jsonl(tmp_path / "d.jsonl", [{"input": [1.0] * 64, "label": 1}, {"input": [1.0] * 100_000, "label": 1}])
+    with pytest.raises(FormatError, match="line 2 is longer than .* more than a row of the model's inputs takes as text"):
+        check_dataset(tmp_path / "d.jsonl", "jsonl", [WIDE])
+
+
+def test_rows_as_long_as_text_of_the_models_width_can_be_are_read(tmp_path):
+    value = "-1.2345678901234567e-300"  # the longest a float32's repr needs, and more
+    (tmp_path / "x.csv").write_text(", ".join([value] * 64) + "\n")
+    write_jsonl(tmp_path / "x.jsonl", [{"input": [float(value)] * 64}])
+
+    assert check_batch_input(tmp_path / "x.csv", "csv", [WIDE]) is None
+    assert check_batch_input(tmp_path / "x.jsonl", "jsonl", [WIDE]) is None
+
+
+def test_a_model_whose_rows_have_no_fixed_size_keeps_the_general_line_bound(tmp_path):
+    path = tmp_path / "x.csv"
+    path.write_text(",".join(["1.5"] * 100_000) + "\n")
+    assert check_batch_input(path, "csv", [InputLayout("input", FLOAT, (None,))]) is None
+
+
+def test_a_wide_csv_row_in_a_job_fails_the_job_naming_its_line(tmp_path):
+    path = tmp_path / "x.csv"
+    path.write_text("1,2,3,4\n" + ",".join(["1.5"] * 100_000) + "\n")
+    with pytest.raises(FormatError, match="line 2 is longer than"):
+        list(csv_rows(path, [FEATURES]))
+
+
+def test_a_wide_jsonl_row_in_a_job_is_an_error_of_its_own_line(tmp_path):
+    write_jsonl(tmp_path / "x.jsonl", [[1, 2, 3, 4], [1.5] * 100_000, [5, 6, 7, 8]])
+    rows = list(jsonl_rows(tmp_path / "x.jsonl", [FEATURES]))
+    assert [row.error is None for row in rows] == [True, False, True]
+    assert "line 2 is longer than" in rows[1].error
+
+
+@pytest.mark.parametrize("file_format", ["npy", "npz"])
+def test_an_array_header_with_a_negative_dimension_is_refused(tmp_path, file_format):
+    header = npy_format.header_data_from_array_1_0(np.zeros((3, 64), np.float32))
+    buffer = io.BytesIO()
+    npy_format.write_array_header_1_0(buffer, {**header, "shape": (-3, 64)})
+    path = tmp_path / f"x.{file_format}"
+    if file_format == "npy":
+        path.write_bytes(buffer.getvalue())
+    else:
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("input.npy", buffer.getvalue())
+    with pytest.raises(FormatError, match=r"shape \[-3, 64\], with a negative dimension"):
+        check_batch_input(path, file_format, [WIDE])
