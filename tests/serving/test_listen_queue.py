@@ -826,3 +826,43 @@ def test_websocket_upgrades_are_answered_as_plain_requests_and_leave_the_keeper_
 
     assert upgrades == [b"HTTP/1.1 200 OK"] * 80
     assert after == [200] * 40
+
+
+def _answer_on(client: socket.socket, timeout_s: float = 5.0) -> bytes:
+    """One whole answer (its Content-Length) read from a kept-alive connection."""
+    client.settimeout(timeout_s)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = client.recv(65536)
+        assert chunk, f"closed before an answer: {data[:200]!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += client.recv(65536)
+    return head.split(b"\r\n")[0]
+
+
+def test_a_request_sent_on_a_kept_alive_connection_while_the_worker_is_frozen_is_answered(tmp_path, mlp_v1):
+    """Frozen past the keep-alive timeout (5 s), the worker's loop ran that timer before it
+    read the request waiting on the connection: the close, with it unread, was a reset, and
+    the request was lost with neither a 503 nor a 504 (3 of 7 freezes of 7-12 s)."""
+    worker = _worker(tmp_path, mlp_v1)
+    request = (f"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(BODY)}\r\n\r\n").encode() + BODY
+    try:
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as client:
+            client.sendall(request)
+            first = _answer_on(client)
+            os.kill(worker.process.pid, signal.SIGSTOP)
+            client.sendall(request)
+            time.sleep(6.0)  # past uvicorn's keep-alive timeout
+            os.kill(worker.process.pid, signal.SIGCONT)
+            try:
+                second = _answer_on(client)
+            except ConnectionResetError as error:
+                second = repr(error).encode()
+    finally:
+        os.kill(worker.process.pid, signal.SIGCONT)
+        worker.stop()
+
+    assert (first, second) == (b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK")

@@ -1096,3 +1096,40 @@ def test_what_follows_an_upgrade_request_in_a_later_read_is_dropped_not_parsed(d
 
     [(head_part, _)] = split_answers(answer)
     assert head_part.startswith(b"http/1.1 200 ") and b"connection: close" in head_part.split(b"\r\n")
+
+
+def test_the_keep_alive_timeout_leaves_open_a_connection_whose_next_request_is_waiting(digits_worker):
+    """A loop held past the keep-alive timeout runs the timer before it reads (uvloop runs
+    timers first): the close came with the request unread, a reset that lost it. Here the
+    timer's handler runs while the request waits, before the loop could read it."""
+    request = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(BODY)}\r\n\r\n".encode() + BODY
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        connection.sendall(request)
+        assert first_bytes(connection).startswith(b"HTTP/1.1 200 ")
+        [protocol] = digits_worker.server.server_state.connections
+        sent, held = threading.Event(), threading.Event()
+
+        def timeout_with_the_request_waiting():
+            held.set()
+            assert sent.wait(5)
+            time.sleep(0.05)  # in the kernel's buffer, not read: the loop is here
+            protocol.timeout_keep_alive_handler()
+
+        digits_worker.loop.call_soon_threadsafe(timeout_with_the_request_waiting)
+        assert held.wait(5)
+        connection.sendall(request)
+        sent.set()
+        answer = read_for(connection, 5.0)
+
+    assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_the_keep_alive_timeout_still_closes_an_idle_connection(digits_worker):
+    request = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(BODY)}\r\n\r\n".encode() + BODY
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        connection.sendall(request)
+        assert first_bytes(connection).startswith(b"HTTP/1.1 200 ")
+        [protocol] = digits_worker.server.server_state.connections
+        digits_worker.loop.call_soon_threadsafe(protocol.timeout_keep_alive_handler)
+
+        assert read_until_closed(connection) == b""
