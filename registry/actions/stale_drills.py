@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from registry.actions import events, releases
 from registry.domain.choices import DrillStatus, ReleaseAction, RolloutStatus
-from registry.models import Drill, RegisteredModel, Release, ServingGeneration
+from registry.models import Drill, RegisteredModel, Release, ServingGeneration, WorkerAck
 
 logger = logging.getLogger(__name__)
 
@@ -94,9 +94,10 @@ def _abandon(drill: Drill, now) -> bool:
     longest_s = longest_drill_s()
     drill.status, drill.finished_at = DrillStatus.FAILED, drill.started_at + timedelta(seconds=longest_s)
     drill.error = _abandoned_words(drill, longest_s, now)
+    drill.workers = drill.workers or _acks_received(drill)
     with transaction.atomic():
         still_stale = Drill.objects.filter(pk=drill.pk, status=DrillStatus.RUNNING, started_at__lt=now - timedelta(seconds=longest_s))
-        if not still_stale.update(status=drill.status, finished_at=drill.finished_at, error=drill.error):
+        if not still_stale.update(status=drill.status, finished_at=drill.finished_at, error=drill.error, workers=drill.workers):
             return False
         events.drill_finished(drill)
     logger.warning("drill #%s on %s: %s", drill.pk, drill.model.name, drill.error)
@@ -105,16 +106,28 @@ def _abandon(drill: Drill, now) -> bool:
 
 def _abandoned_words(drill: Drill, longest_s: float, now) -> str:
     """Why the drill is failed and what it left in force; how to undo it, unless the roll
-    forward it owes is made next (``_roll_forward_owed`` says how that went)."""
-    if drill.to_generation is not None:
-        left = f"its rollback to generation {drill.to_generation} is still in force unless {drill.model.name} was changed since"
-    else:  # stopped before its rollback was recorded: it may or may not have committed
-        left = f"its rollback may or may not have been made (check {drill.model.name}'s current release)"
+    forward it owes is made next (``_roll_forward_owed`` then says how that went: saying
+    here the rollback "is still in force" read as a contradiction once it was rolled forward)."""
     words = (f"abandoned: the console stopped during the drill (or lost its database for longer than the drill waits): "
-             f"not finished {longest_s:g} s after it started, found at {now:%Y-%m-%d %H:%M:%S} UTC; {left}")
-    if drill.forward_pending and drill.to_generation is not None:
-        return words
-    return f"{words}, and no roll forward was made{_how_to_return(drill)}"
+             f"not finished {longest_s:g} s after it started, found at {now:%Y-%m-%d %H:%M:%S} UTC; ")
+    if drill.to_generation is None:  # stopped before its rollback was recorded: it may or may not have committed
+        return (f"{words}its rollback may or may not have been made (check {drill.model.name}'s current release), "
+                f"and no roll forward was made{_how_to_return(drill)}")
+    if drill.forward_pending:
+        return f"{words}it rolled back to generation {drill.to_generation}, and the roll forward it owes follows"
+    return (f"{words}its rollback to generation {drill.to_generation} is still in force unless {drill.model.name} was changed since, "
+            f"and no roll forward was made{_how_to_return(drill)}")
+
+
+def _acks_received(drill: Drill) -> list[dict]:
+    """The acks of the drill's rollback the console received while no process watched
+    them, as its rows (no report was watched: none is confirmed)."""
+    if drill.to_generation is None:
+        return []
+    acks = WorkerAck.objects.filter(generation=drill.to_generation, received_at__gte=drill.started_at).order_by("received_at")
+    return [{"worker": ack.worker_id, "ack_s": round((ack.received_at - drill.started_at).total_seconds(), 3), "ok": ack.ok,
+             "error": ack.error or "acked while no drill process watched: no report was looked at", "confirmed_s": None,
+             "silent_before_s": None, "generation": None, "digest": None, "failed_requests": None} for ack in acks]
 
 
 def _how_to_return(drill: Drill) -> str:

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from registry import tasks
 from registry.actions import releases
-from registry.models import Drill
+from registry.models import Drill, WorkerAck
 
 
 @pytest.fixture
@@ -56,6 +56,22 @@ def test_a_drill_running_past_its_bound_is_failed_by_the_sweep_saying_the_consol
     assert "its rollback to generation 3 is still in force unless digits was changed since, and no roll forward was made" in row["error"]
     assert row["error"].endswith("to return to the split it rolled back from (v1 90%, v2 10%, generation 2), restore generation 2")
     assert row["forward_generation"] is None
+
+
+@pytest.mark.django_db
+def test_an_abandoned_drill_lists_the_acks_of_its_rollback_the_console_received_unconfirmed(operator_client, canary, operator):
+    """Its workers followed, and the console recorded their acks, but the drill said
+    "workers: []": only its dead process would have written them."""
+    drill = drill_cut_off(canary, operator, started_ago_s=600)
+    acked = WorkerAck.objects.create(worker_id="w-1", generation=drill.to_generation, ok=True)
+    WorkerAck.objects.filter(pk=acked.pk).update(received_at=drill.started_at + timedelta(seconds=6.4))
+    WorkerAck.objects.create(worker_id="w-old", generation=drill.to_generation - 1, ok=True)  # another generation's
+
+    tasks.abandon_stale_drills.apply()
+
+    [row] = listed(operator_client, drill)["workers"]
+    assert (row["worker"], row["ack_s"], row["ok"], row["confirmed_s"]) == ("w-1", 6.4, True, None)
+    assert row["error"] == "acked while no drill process watched: no report was looked at"
 
 
 @pytest.mark.django_db

@@ -106,6 +106,8 @@ def test_a_drill_whose_end_was_never_recorded_is_failed_and_rolled_forward(opera
     assert (row["status"], row["forward_generation"], release.routes) == ("failed", release.generation, SPLIT)
     assert row["error"].startswith("abandoned: the console stopped during the drill")
     assert "no roll forward was made" not in row["error"]
+    assert "still in force" not in row["error"]  # it said so, then that it was rolled forward
+    assert f"; it rolled back to generation {drill.to_generation}, and the roll forward it owes follows; rolled forward to generation {release.generation} by" in row["error"]
     assert row["error"].endswith("started (the drill's own request could not: the database or the console was down); the workers' acks of it were not watched")
 
 
