@@ -144,6 +144,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._arm(self.limits.header_timeout_s, self._on_header_deadline)
 
+    def eof_received(self) -> bool | None:
+        """A client that half-closes after its requests (``shutdown(SHUT_WR)``, ``nc -N``)
+        still reads their answers: the transport stays open for writing while a request
+        read whole is unanswered, and closes after the last answer. uvicorn's let the
+        transport close at once, and the answer was lost. An end of file inside a request
+        (its body cut short) or with nothing to answer closes as before."""
+        cycle = self.cycle
+        if self._lingering or cycle is None or cycle.more_body or (cycle.response_complete and not self.pipeline):
+            return None
+        cycle.keep_alive = False  # the newest request read: the last answer, then the close
+        return True
+
     def timeout_keep_alive_handler(self) -> None:
         """uvicorn's, unless the client's next request is already waiting in the socket. A
         loop held past the keep-alive timeout (a frozen or starved process) runs its timers

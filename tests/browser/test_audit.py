@@ -271,16 +271,20 @@ def test_after_a_rollback_the_health_headline_follows_the_workers_not_only_its_p
     page.goto(f"/models/{audited.name}/")
     health, convergence = page.locator("#model-health"), page.locator("#release-panel #convergence")
     expect(convergence).to_contain_text("serve generation", timeout=LIVE_S)
+    shown = page.locator("#release-panel [data-generation]")
+    before = shown.get_attribute("data-generation")
     worker = next(process for process in stack.processes if "serve" in process.args)
     os.kill(worker.pid, signal.SIGSTOP)  # the worker takes the rollback only once the headline showed it behind
     try:
         page.locator("#rollback-button").click()
         page.locator("#rollback-dialog").get_by_role("button", name="Roll back now").click()
         expect(health).to_contain_text("converging")
+        expect(shown).not_to_have_attribute("data-generation", before)
     finally:
         os.kill(worker.pid, signal.SIGCONT)
+    rollback = shown.get_attribute("data-generation")  # "serve generation" alone was also the text before the click
     with _logs_on_failure(stack, "worker", "console"):
-        expect(convergence).to_contain_text("serve generation", timeout=LIVE_S)
+        expect(convergence).to_contain_text(f"serve generation {rollback}", timeout=LIVE_S)
         expect(health).not_to_contain_text("converging", timeout=3_000)  # the poll is every 10 s
 
 

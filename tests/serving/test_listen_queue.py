@@ -866,3 +866,20 @@ def test_a_request_sent_on_a_kept_alive_connection_while_the_worker_is_frozen_is
         worker.stop()
 
     assert (first, second) == (b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK")
+
+
+def test_a_deployed_worker_answers_a_client_that_half_closes_after_its_request(tmp_path, mlp_v1):
+    """uvloop, as deployed: the end of file closed the transport before the answer."""
+    worker = _worker(tmp_path, mlp_v1)
+    request = (f"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(BODY)}\r\n\r\n").encode() + BODY
+    try:
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as client:
+            client.sendall(request)
+            client.shutdown(socket.SHUT_WR)
+            answer = _answer_on(client)
+            client.settimeout(5)
+            after = client.recv(1)
+    finally:
+        worker.stop()
+
+    assert (answer, after) == (b"HTTP/1.1 200 OK", b"")  # the answer, then the close

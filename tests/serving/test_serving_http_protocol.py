@@ -1133,3 +1133,28 @@ def test_the_keep_alive_timeout_still_closes_an_idle_connection(digits_worker):
         digits_worker.loop.call_soon_threadsafe(protocol.timeout_keep_alive_handler)
 
         assert read_until_closed(connection) == b""
+
+
+def test_a_client_that_half_closes_after_its_request_reads_the_answer(digits_worker):
+    """uvicorn closed the connection at the end of file, and the answer was lost."""
+    request = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(BODY)}\r\n\r\n".encode() + BODY
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        connection.sendall(request + request)
+        connection.shutdown(socket.SHUT_WR)
+        answer = read_until_closed(connection)
+
+    assert answers_in(answer) == 2
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 200 ") == 2
+    assert answer.count(b"connection: close") == 1  # the last answer says the connection ends
+
+
+def test_a_client_that_half_closes_inside_its_body_is_closed_and_nothing_runs(guarded_worker):
+    worker = guarded_worker()
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(head() + BODY[:20])
+        connection.shutdown(socket.SHUT_WR)
+        answer = read_until_closed(connection)
+
+    assert answer == b""
+    assert wait_until(lambda: worker.worker.app.in_flight == 0)
+    assert worker.runs == []
