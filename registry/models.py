@@ -202,6 +202,8 @@ class Drill(models.Model):
             # constraint says it where the data lives.
             models.UniqueConstraint(fields=["model"], condition=models.Q(status=DrillStatus.RUNNING), name="one_running_drill_per_model"),
         ]
+        # A model's drills are listed newest first by id, a page at a time (api/pagination.Pages).
+        indexes = [models.Index(fields=["model", "-id"], name="drills_newest_of_model")]
 
 
 class Worker(models.Model):
@@ -388,7 +390,14 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["model", "-created_at"]), models.Index(fields=["status", "heartbeat_at"])]
+        indexes = [
+            models.Index(fields=["model", "-created_at"]), models.Index(fields=["status", "heartbeat_at"]),
+            # The jobs API lists a model's jobs newest first by id, filtered by kind or status,
+            # a page at a time: without these a page scanned every job of every model.
+            models.Index(fields=["model", "-id"], name="jobs_newest_of_model"),
+            models.Index(fields=["model", "kind", "-id"], name="jobs_newest_of_kind"),
+            models.Index(fields=["model", "status", "-id"], name="jobs_newest_by_status"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.model.name} {self.kind} job {self.pk}"
