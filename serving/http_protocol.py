@@ -116,6 +116,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _stopping = False  # set by shutdown(): a class default, so that a connection costs no attribute for it
     _upgraded = False  # an upgrade request was read: nothing after it is parsed (_after_upgrade)
     _skipped_body_left = 0  # of its body, which httptools skipped: bytes still to come
+    _refusal_owed: tuple[int, str] | None = None  # given once the requests read before it are answered
     _counting_framing = False  # this read continues a body: what is not data in it is framing
     _framing = 0  # framing bytes of the request being read, over the reads that continue its body
     _body_bytes = 0  # its data so far
@@ -204,7 +205,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse_lingering(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
             else:
                 self.logger.warning("Invalid HTTP request received.")
-                self._refuse_lingering(400, "invalid HTTP request")
+                self._refuse_lingering_after_answers(400, "invalid HTTP request")
             return
         except httptools.HttpParserUpgrade as upgrade:
             # Handed to uvicorn's WebSocket protocol, a connection never reached this one's
@@ -259,6 +260,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # reads on, and starts the next queued request
+        if self._refusal_owed is not None and not self.transport.is_closing():
+            answering = self._answering
+            if self.pipeline or (answering is not None and not answering.response_complete):
+                self.flow.pause_reading()  # nothing after what the parser rejected is read
+            else:
+                owed, self._refusal_owed = self._refusal_owed, None
+                self._refuse_lingering(*owed)
+            return
         if self._lingering:
             self._unset_keepalive_if_required()  # the linger's own timer closes
         elif self.pipeline and not self.transport.is_closing():
@@ -491,6 +500,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._write_refusal(status, message, b"")
         self._disconnect_all()  # an app still answering an earlier request would write after the end of file
         self._linger_as_refusal()
+
+    def _refuse_lingering_after_answers(self, status: int, message: str) -> None:
+        """A refusal of what followed requests read whole, given once they are answered: a
+        client that pipelined a valid request ahead of garbage lost its answer to the 400.
+        Reading stops (the parser has failed); a request still arriving is refused at once."""
+        newest, answering = self.cycle, self._answering
+        owed = newest is not None and not newest.more_body and (
+            bool(self.pipeline) or (answering is not None and not answering.response_complete))
+        if not owed:
+            self._refuse_lingering(status, message)
+            return
+        self._refusal_owed = (status, message)
+        self._cancel()  # its header deadline would close the connection under the answers
+        self.flow.pause_reading()
 
     def _refuse_past_cap(self) -> None:
         """503 before anything is read, then a lingering close: the client may be sending a

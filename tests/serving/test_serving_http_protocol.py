@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import subprocess
 import sys
@@ -1157,4 +1158,28 @@ def test_a_client_that_half_closes_inside_its_body_is_closed_and_nothing_runs(gu
 
     assert answer == b""
     assert wait_until(lambda: worker.worker.app.in_flight == 0)
+    assert worker.runs == []
+
+
+@pytest.mark.parametrize("valid", [1, 2])
+def test_requests_pipelined_ahead_of_garbage_are_answered_before_its_400(digits_worker, valid):
+    """The 400 for what the parser rejected dropped the answers of the valid requests read
+    before it in the same write."""
+    request = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(BODY)}\r\n\r\n".encode() + BODY
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        connection.sendall(request * valid + b"GARBAGE \x00\x01 NOT HTTP\r\n\r\n")
+        answer = read_until_closed(connection)
+
+    statuses = re.findall(rb"HTTP/1\.1 \d{3} [A-Za-z ]+", answer)
+    assert statuses == [b"HTTP/1.1 200 OK"] * valid + [b"HTTP/1.1 400 Bad Request"]
+    assert answer.endswith(b'{"error":"invalid HTTP request"}')
+
+
+def test_garbage_inside_a_body_still_being_read_is_refused_at_once(guarded_worker):
+    worker = guarded_worker()
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(CHUNKED + b"zz\r\n")
+        answer = read_until_closed(connection)
+
+    assert answer.startswith(b"HTTP/1.1 400 ")
     assert worker.runs == []
