@@ -1,7 +1,8 @@
 """Roles are Django groups: viewers read; operators upload, change traffic and run
 drills; admins do everything, including managing users in the Django admin.
 
-What the admin group grants is real Django permissions (``ADMIN_PERMISSION_APPS``) plus
+What the admin group grants is real Django permissions (``ADMIN_PERMISSION_APPS`` and the
+registry's ``ADMIN_REGISTRY_MODELS``) plus
 ``is_staff``, the admin site's door, which ``sync_admin_staff`` keeps equal to membership
 (console/signals.py calls it on every change). Nothing is granted by flipping
 ``is_superuser``, so leaving the group takes back everything joining gave; users created
@@ -11,15 +12,18 @@ as superusers (``ensure_login``'s first admin) keep their flag.
 from __future__ import annotations
 
 from django.contrib.auth.models import Group, Permission, User
+from django.db.models import Q
 
 VIEWER = "viewer"
 OPERATOR = "operator"
 ADMIN = "admin"
 ALL_GROUPS = (VIEWER, OPERATOR, ADMIN)
 
-# The Django admin's share of the admin role: users and groups, API tokens, and
-# login lockouts (to unlock someone). Registry data changes only through the console.
+# The Django admin's share of the admin role: users and groups, API tokens, login
+# lockouts (to unlock someone) and the prediction API's keys. Other registry data changes
+# only through the console.
 ADMIN_PERMISSION_APPS = ("auth", "authtoken", "axes")
+ADMIN_REGISTRY_MODELS = ("inferenceapikey",)
 
 
 def can_operate(user) -> bool:
@@ -43,7 +47,8 @@ def ensure_role_groups() -> None:
     for name in ALL_GROUPS:
         Group.objects.get_or_create(name=name)
     admin = Group.objects.get(name=ADMIN)
-    admin.permissions.add(*Permission.objects.filter(content_type__app_label__in=ADMIN_PERMISSION_APPS))
+    granted = Q(content_type__app_label__in=ADMIN_PERMISSION_APPS) | Q(content_type__app_label="registry", content_type__model__in=ADMIN_REGISTRY_MODELS)
+    admin.permissions.add(*Permission.objects.filter(granted))
 
 
 def sync_admin_staff(user_ids) -> None:

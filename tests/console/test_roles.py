@@ -39,6 +39,21 @@ def test_adding_a_user_to_the_admin_group_lets_them_manage_users():
     assert flags(user) == (True, False)
 
 
+def test_an_admin_manages_the_prediction_apis_keys_in_the_django_admin():
+    """As the README says: a member of the admin group who is no superuser was refused
+    (403) the API-key pages, the group holding no registry permission."""
+    user = User.objects.create_user("ines")
+    user.groups.add(admin_group())
+    client = Client()
+    client.force_login(User.objects.get(pk=user.pk))
+
+    pages = [client.get(url).status_code for url in ("/admin/registry/inferenceapikey/", "/admin/registry/inferenceapikey/add/")]
+
+    assert pages == [200, 200]
+    assert User.objects.get(pk=user.pk).has_perms(["registry.add_inferenceapikey", "registry.change_inferenceapikey"])
+    assert not User.objects.get(pk=user.pk).has_perm("registry.change_release")  # registry data changes only through the console
+
+
 def test_adding_members_from_the_group_side_lets_them_manage_users():
     users = [User.objects.create_user(name) for name in ("bo", "cy")]
 
