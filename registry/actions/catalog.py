@@ -103,4 +103,4 @@ def archive_preview(model: RegisteredModel) -> str:
     if current is None or current.is_archive:
         return f"{model.name} serves nothing: archiving only hides it and refuses uploads and traffic changes until it is restored."
     served = ", ".join(Route.from_json(route).describe() for route in current.routes)
-    return f"{served} stops serving on every worker; restore brings back {served}."
+    return f"{served} stops serving on every worker; restore brings back {releases.restored_after_archive(current)}."

@@ -310,11 +310,21 @@ def archive_traffic(model: RegisteredModel, actor, reason: str) -> Release | Non
     if current is None or current.is_archive:
         return None
     note = reason or "model archived"
+    restored = restored_after_archive(current)  # before the abort below changes the answer
     release = _append(counter, model, [], current.stable_version, ReleaseAction.ARCHIVE, current, actor, note)
     _abort_rollouts(model, release)
     events.release_made(release, f"Archived: {describe_routes(current)} stop serving on every worker (generation {release.generation}); "
-                                 f"a restore brings back {describe_routes(current)}")
+                                 f"a restore brings back {restored}")
     return release
+
+
+def restored_after_archive(current: Release) -> str:
+    """What a restore would serve if ``current`` were archived now, in words: its routes,
+    or its stable version alone when an active rollout's canary has a share of them (the
+    archive aborts the rollout, and an aborted rollout's canary serves nothing)."""
+    canaries = {route["version"] for route in current.routes if route["weight"] > 0 or route.get("shadow")}
+    rollout = current.model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES, canary_version__in=canaries).first()
+    return f"v{rollout.stable_version} 100%" if rollout is not None else describe_routes(current)
 
 
 def restore_from_archive(model: RegisteredModel, actor, reason: str) -> tuple[Release | None, str]:
@@ -329,15 +339,35 @@ def restore_from_archive(model: RegisteredModel, actor, reason: str) -> tuple[Re
     if before is None:
         return None, "the release it served before the archive is gone: it serves nothing until a version is routed"
     routes = [Route.from_json(route) for route in before.routes]
+    aborted = _rollout_aborted_by(current, routes)
+    if aborted is not None:  # as its abort would have: stable at 100 %, the canary unwatched no more
+        routes = [Route(version=aborted.stable_version, weight=100)]
     missing = sorted({route.version for route in routes} - _ready_numbers(model))
     if missing:
         words = f"{_versions_words(missing)} it served before {_are(missing)} no longer ready"
         return None, f"{words}: it serves nothing until a version is routed"
     note = reason or f"restored from the archive, back to the routes of generation {before.generation}"
+    if aborted is not None:
+        note = reason or f"restored from the archive, back to the stable version of generation {before.generation}"
     # Rolling back from here is what rolling back before the archive would have been.
     release = _append(counter, model, routes, before.stable_version, ReleaseAction.RESTORE, before.rollback_target, actor, note)
     events.release_made(release, f"Restored from the archive: traffic {_describe(routes)} (generation {release.generation})")
-    return release, f"traffic is back to {_describe(routes)} (generation {release.generation})"
+    outcome = f"traffic is back to {_describe(routes)} (generation {release.generation})"
+    if aborted is not None:
+        outcome += (f", without v{aborted.canary_version}'s share of generation {before.generation}: rollout #{aborted.pk}, "
+                    "whose step it was, was aborted by the archive, and an aborted rollout's canary serves nothing")
+    return release, outcome
+
+
+def _rollout_aborted_by(archive: Release, routes: list[Route]):
+    """The rollout the ``archive`` release aborted while its canary had a share of
+    ``routes``: restoring that share would serve a canary no analysis watches any more."""
+    canaries = {route.version for route in routes if route.weight > 0 or route.shadow}
+    marks = ("was archived by", f"(generation {archive.generation})")
+    for rollout in Rollout.objects.filter(model=archive.model, status=RolloutStatus.ABORTED, canary_version__in=canaries):
+        if all(mark in rollout.status_reason for mark in marks):
+            return rollout
+    return None
 
 
 def _abort_rollouts(model: RegisteredModel, release: Release) -> None:

@@ -116,6 +116,29 @@ def test_archiving_aborts_the_running_rollout_and_says_why(operator_client, thre
     assert rollout.status_reason == "aborted: digits was archived by olivia (generation 3); nothing serves it any more"
 
 
+def test_restoring_a_model_archived_mid_rollout_serves_its_stable_version_alone(operator_client, three_versions, operator):
+    """The archive aborted the rollout, and the restore brought its canary's step back (v2
+    at 5 %) with nothing watching it; an aborted rollout leaves stable at 100 % anywhere else."""
+    rollout = rollouts.start(three_versions, 2, [5, 100], 60, {"interval_s": 30}, operator)
+    archive(operator_client)
+
+    response = unarchive(operator_client)
+
+    assert response.status_code == 200, response.content
+    assert response.json()["current_release"]["routes"] == [{"version": 1, "weight": 100}]
+    assert (f"traffic is back to v1 100% (generation 4), without v2's share of generation 2: rollout #{rollout.pk}, whose step it was, "
+            "was aborted by the archive") in AuditEvent.objects.get(kind="model_restored").message
+
+
+def test_archiving_mid_rollout_says_a_restore_brings_back_the_stable_version_alone(operator_client, three_versions, operator):
+    rollouts.start(three_versions, 2, [5, 100], 60, {"interval_s": 30}, operator)
+    assert catalog.archive_preview(three_versions).endswith("restore brings back v1 100%.")
+
+    archive(operator_client)
+
+    assert "a restore brings back v1 100%" in AuditEvent.objects.filter(kind="release").latest("id").message
+
+
 def test_the_current_release_answer_says_archived_with_no_routes(operator_client, split_model):
     archive(operator_client)
 
