@@ -122,16 +122,23 @@ CSRF_EXPIRED = ("This page's form has expired: your sign-in changed since the pa
                 "and in again, maybe in another tab). Nothing was changed: reload the page and try again.")
 
 
+CSRF_NOT_FROM_HERE = ("This form was not sent from a page of this console (it carried no valid form token, or came from "
+                      "another site). Nothing was changed: open the page in the console and send it from there.")
+
+
 def csrf_refused(request, reason=""):
     """CSRF_FAILURE_VIEW. A stale form is the usual cause (a new sign-in rotates the token):
     said as such, as JSON to the page's scripts (which showed "your role may not do this")
     and as a styled page to a plain form post (Django's own is a bare "CSRF verification
-    failed"). Like the other error pages it renders without the database."""
+    failed"). A form with no token, or from another origin, is not stale: said otherwise
+    (it read "your sign-in changed" to a form that never had a token). Like the other
+    error pages it renders without the database."""
     if request.path.startswith("/api/"):
         return JsonResponse({"error": f"CSRF check failed ({reason}): send the X-CSRFToken header, or use an API token"}, status=403)
+    stale = reason.startswith("CSRF token from") and reason.endswith("incorrect.")  # Django's REASON_CSRF_TOKEN_INCORRECT
     if _wants_json(request):
-        return JsonResponse({"level": "error", "message": CSRF_EXPIRED}, status=403)
-    return _error_page("403_csrf.html", 403)
+        return JsonResponse({"level": "error", "message": CSRF_EXPIRED if stale else CSRF_NOT_FROM_HERE}, status=403)
+    return _error_page("403_csrf.html" if stale else "403_csrf_foreign.html", 403)
 
 
 def server_error(request):

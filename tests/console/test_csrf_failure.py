@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from console.views import CSRF_EXPIRED
+from console.views import CSRF_EXPIRED, CSRF_NOT_FROM_HERE
 from registry.models import Release
 
 pytestmark = pytest.mark.django_db
@@ -49,3 +49,26 @@ def test_a_plain_form_post_with_a_stale_token_gets_the_consoles_page_saying_it_e
     assert "This form has expired" in text and "reload the page" in text
     assert "CSRF verification failed" not in text
     assert 'class="error-page"' in text  # the console's own error page
+
+
+def test_a_form_with_no_token_is_told_it_did_not_come_from_the_console_not_that_it_expired(operator, canary_digits):
+    """It read "your sign-in changed since the page was loaded" to a form that never had a token."""
+    page, _ = stale_page(operator)
+    releases = Release.objects.count()
+
+    script = page.post("/models/digits/split/", SPLIT, HTTP_ACCEPT="application/json")
+    plain = page.post("/models/digits/split/", SPLIT)
+
+    assert (script.status_code, script.json()) == (403, {"level": "error", "message": CSRF_NOT_FROM_HERE})
+    assert plain.status_code == 403 and "This form was not sent from the console" in plain.content.decode()
+    assert "expired" not in plain.content.decode()
+    assert Release.objects.count() == releases
+
+
+def test_a_form_from_another_site_is_told_so(operator, canary_digits):
+    page, _ = stale_page(operator)
+
+    response = page.post("/models/digits/split/", {**SPLIT, "csrfmiddlewaretoken": page.cookies["csrftoken"].value},
+                         HTTP_ACCEPT="application/json", HTTP_ORIGIN="https://evil.example")
+
+    assert (response.status_code, response.json()["message"]) == (403, CSRF_NOT_FROM_HERE)
