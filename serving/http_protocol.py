@@ -153,6 +153,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         (its body cut short) or with nothing to answer closes as before."""
         cycle = self.cycle
         if self._lingering or cycle is None or cycle.more_body or (cycle.response_complete and not self.pipeline):
+            # The transport closes on return: an answer complete but still held to be
+            # coalesced would be dropped by that close (a body over 1 MiB, decoded in a
+            # thread, was answered just before the end of file was read).
+            flush = getattr(self.transport, "flush", None)
+            if flush is not None:
+                flush()
             return None
         cycle.keep_alive = False  # the newest request read: the last answer, then the close
         return True
@@ -195,6 +201,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         elif self.cycle is not None and self.cycle.more_body:
             self._counting_framing = True
             self._framing += len(data)  # on_body takes the data back out
+        elif self.cycle is None or (self.cycle.response_complete and not self.pipeline):
+            # An idle connection's next request, under the header deadline from its first
+            # bytes: CRLFs, which llhttp skips before a request line, begin no message, and
+            # one after an answer left the connection with no timer at all (uvicorn's read
+            # cancels the keep-alive's), open for good. (While an answer is on its way, the
+            # keep-alive timer is armed after it, as before.)
+            self._awaiting_headers = True
+            if data[0] not in b"\r\n" or data.strip(b"\r\n"):  # CRLFs alone are idle: a drain closes them, the deadline silently
+                self._raw_header_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -220,6 +235,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._framing - self._body_bytes > self.limits.max_header_bytes:
             self._refuse_framing()
+            return
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and cycle.response_complete and self._body_bytes > UNREAD_BODY_READ_UP_TO:
+            # A chunked body answered before it arrived is read on only to be dropped: past
+            # this, the connection ends (a lingering close) rather than read 34 GB in 20 s.
+            self._linger()
             return
         self._arm_deadline()
 

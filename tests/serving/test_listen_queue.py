@@ -883,3 +883,24 @@ def test_a_deployed_worker_answers_a_client_that_half_closes_after_its_request(t
         worker.stop()
 
     assert (answer, after) == (b"HTTP/1.1 200 OK", b"")  # the answer, then the close
+
+
+def test_a_deployed_worker_answers_a_half_closing_client_whose_answer_waits_to_be_coalesced(tmp_path, relu_model):
+    """A body over 1 MiB is decoded in a thread: its answer was complete but still held to
+    be coalesced when the end of file was read, and the close dropped it."""
+    tmp_path.mkdir(exist_ok=True)
+    worker = SubprocessWorker(write_state(tmp_path / "state.json", state(1, {"relu": {"routes": [route(1, 100, *relu_model)]}})),
+                              tmp_path).wait_ready()
+    body = json.dumps(v2_body(np.ones((1, 300_000), np.float32))).encode()
+    request = (f"POST /v2/models/relu/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    try:
+        answers = []
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as client:
+                client.sendall(request)
+                client.shutdown(socket.SHUT_WR)
+                answers.append(_answer_on(client, timeout_s=10))
+    finally:
+        worker.stop()
+
+    assert answers == [b"HTTP/1.1 200 OK"] * 3

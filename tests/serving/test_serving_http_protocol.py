@@ -1183,3 +1183,39 @@ def test_garbage_inside_a_body_still_being_read_is_refused_at_once(guarded_worke
 
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert worker.runs == []
+
+
+def test_a_crlf_after_an_answer_does_not_keep_the_connection_open_for_good(guarded_worker):
+    """llhttp skips CRLFs before a request line: they began no request, yet cancelled the
+    keep-alive timer, and the connection had no timer at all (300 held 300 open files)."""
+    worker = guarded_worker(header_timeout_s=0.5)
+    request = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(BODY)}\r\n\r\n".encode() + BODY
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(request)
+        assert first_bytes(connection).startswith(b"HTTP/1.1 200 ")
+        connection.sendall(b"\r\n")
+        started = time.monotonic()
+        rest = read_until_closed(connection)
+
+    assert rest == b""  # closed quietly: CRLFs are no request to refuse
+    assert time.monotonic() - started < 3
+
+
+def test_a_chunked_body_answered_before_it_arrived_is_not_read_on_past_the_unread_bound(guarded_worker):
+    """Answered at its headers (415), a chunked body was read on, to be dropped, under no
+    bound but the body deadline: 33.9 GB in 20 s on one connection."""
+    worker = guarded_worker(body_timeout_s=30)
+    opening = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    chunk = b"10000\r\n" + b"x" * 0x10000 + b"\r\n"
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(opening)
+        assert first_bytes(connection).startswith(b"HTTP/1.1 415 ")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for _ in range(4):  # past UNREAD_BODY_READ_UP_TO, then quiet
+                connection.sendall(chunk)
+                time.sleep(0.01)
+        started = time.monotonic()
+        read_until_closed(connection)
+
+    assert time.monotonic() - started < http_protocol.LINGER_QUIET_S + 2
+    assert worker.runs == []
