@@ -24,6 +24,7 @@ from itertools import pairwise
 
 from django.conf import settings as django_settings
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from registry.actions import events, releases
@@ -45,6 +46,7 @@ from registry.fleet import samples
 from registry.models import (
     RegisteredModel,
     Release,
+    ReportSample,
     Rollout,
     RolloutVerdict,
     ServingGeneration,
@@ -56,6 +58,7 @@ MAX_STEPS = 20
 # A due window is judged at the next tick (ROLLOUT_TICK_S); past three ticks and this
 # slack (a slow tick, a busy broker) the analysis counts as stopped.
 OVERDUE_SLACK_S = 10.0
+REPORTS_BEHIND = "waiting for the workers' reports"  # the status of a due window whose reports have not reached its end
 MAX_STEP_DURATION_S = 7 * 24 * 3600.0
 
 
@@ -275,9 +278,44 @@ def analyse(pk: int, now: datetime) -> bool:
             return False
         if _paused_by_manual_change(rollout):
             return False
+        behind_s = reports_behind_s(rollout, now)
+        if behind_s is not None:
+            _wait_for_reports(rollout, behind_s)
+            return False
         verdict = _judge_window(rollout, now)
         _act_on(rollout, verdict, now)
     return True
+
+
+def reports_behind_s(rollout: Rollout, now: datetime) -> float | None:
+    """How old the newest report is of the workers that reported the window's versions in
+    it, when that is older than a working report path allows (half WORKER_GONE_AFTER_S):
+    none of them has reached the window's end. None when one has, or none reported (the
+    verdict then says what is missing). Judged while the console could not take reports,
+    a window passed on 6 of its 12 s and promoted a canary that failed 1,389 requests."""
+    latest = ReportSample.objects.filter(
+        version__model_id=rollout.model_id, version__number__in=(rollout.canary_version, rollout.stable_version),
+        received_at__gte=_window_start(rollout), received_at__lt=now,
+    ).aggregate(newest=Max("received_at"))["newest"]
+    if latest is None:
+        return None
+    behind_s = (now - latest).total_seconds()
+    return behind_s if behind_s > django_settings.WORKER_GONE_AFTER_S / 2 else None
+
+
+def _wait_for_reports(rollout: Rollout, behind_s: float) -> None:
+    """Not judged: said in its status (once, not at every tick), and judged at the first
+    tick that finds the reports current, over the whole window since."""
+    reason = (f"{REPORTS_BEHIND}: the newest that reached the console is over {int(behind_s)} s old (the console, its "
+              "database or the workers' way to it is down); the window is judged once they arrive")
+    if not rollout.status_reason.startswith(REPORTS_BEHIND):
+        logger.warning("rollout #%s: %s", rollout.pk, reason)
+    rollout.status_reason = reason
+    rollout.save(update_fields=["status_reason"])
+
+
+def waits_for_reports(rollout: Rollout) -> bool:
+    return rollout.status in ANALYSED_ROLLOUT_STATUSES and rollout.status_reason.startswith(REPORTS_BEHIND)
 
 
 def _judge_window(rollout: Rollout, now: datetime) -> RolloutVerdict:

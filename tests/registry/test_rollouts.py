@@ -11,6 +11,7 @@ import io
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from registry.actions import releases, rollouts, uploads
@@ -413,6 +414,58 @@ def test_a_window_judged_late_covers_the_whole_time_since_the_last_one(three_ver
     verdict = rollout.verdicts.order_by("-number").first()
     assert (verdict.window_start, verdict.window_end) == (rollout.next_window_at - timedelta(seconds=FAST["interval_s"]), late)
     assert verdict.result == "fail"
+
+
+def test_a_window_whose_reports_stopped_short_of_its_end_waits_for_them(three_versions, operator, settings):
+    """Judged while the console could not take reports, a window passed on the 6 s of its
+    12 reported before the outage, and promoted a canary that then failed 1,389 requests."""
+    settings.WORKER_GONE_AFTER_S = 5
+    rollout = start(three_versions, operator, steps=[50, 100])
+    due = rollout.next_window_at
+    report(three_versions, {2: figures("digits", 2), 1: figures("digits", 1)}, due - timedelta(seconds=6))  # then nothing reached it
+
+    rollouts.tick(due)
+
+    rollout.refresh_from_db()
+    assert (rollout.windows_judged, rollout.status, routes(three_versions)[1]) == (0, RolloutStatus.RUNNING, {"version": 2, "weight": 50})
+    assert rollout.status_reason.startswith("waiting for the workers' reports: the newest that reached the console is over 6 s old")
+
+    later = due + timedelta(seconds=4)  # the outage's figures arrive, sent again with the next report
+    report(three_versions, {2: figures("digits", 2, errors=150), 1: figures("digits", 1)}, later - timedelta(seconds=1))
+    rollouts.tick(later)
+
+    verdict = rollout.verdicts.get()
+    assert (verdict.window_end, verdict.result) == (later, "fail")
+    assert verdict.canary["requests"] == 400  # the whole window, before and after the outage
+
+
+def test_a_window_is_judged_when_one_worker_reports_though_another_fell_silent(three_versions, operator, settings):
+    settings.WORKER_GONE_AFTER_S = 5
+    rollout = start(three_versions, operator)
+    due = rollout.next_window_at
+    versions = {version.number: version for version in three_versions.versions.all()}
+    samples.store("gone-worker", [(versions[2], figures("digits", 2)), (versions[1], figures("digits", 1))], received_at=due - timedelta(seconds=8))
+    report(three_versions, {2: figures("digits", 2), 1: figures("digits", 1)}, due - timedelta(seconds=1))
+
+    rollouts.tick(due)
+
+    assert rollout.verdicts.count() == 1
+
+
+def test_a_rollout_waiting_for_reports_says_so_where_the_overdue_analysis_is_shown(three_versions, operator, settings):
+    settings.WORKER_GONE_AFTER_S, settings.ROLLOUT_TICK_S = 5, 5
+    rollout = start(three_versions, operator)
+    Rollout.objects.filter(pk=rollout.pk).update(step_started_at=timezone.now() - timedelta(seconds=100))
+    report(three_versions, {2: figures("digits", 2), 1: figures("digits", 1)}, timezone.now() - timedelta(seconds=60))
+    due_ago(rollout, 3 * 5 + rollouts.OVERDUE_SLACK_S + 20)
+    rollouts.tick()
+
+    page = Client()
+    page.force_login(operator)
+    panel = page.get("/models/digits/", {"fragment": "rollout-panel"}).content.decode()
+
+    assert "It is waiting for the workers&#x27; reports: the newest that reached the console is over" in panel
+    assert "Is the Celery worker that runs beat" not in panel
 
 
 def test_a_window_whose_figures_compute_to_infinity_is_still_judged_and_saved(three_versions, operator):
