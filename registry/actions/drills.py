@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from registry.actions import events, releases, stale_drills
 from registry.db_unavailable import is_database_unavailable
-from registry.domain.choices import DrillStatus, RolloutStatus
+from registry.domain.choices import ANALYSED_ROLLOUT_STATUSES, DrillStatus, RolloutStatus
 from registry.fleet.state import issued_digest
 from registry.fleet.workers import (
     GONE_LISTED_FOR,
@@ -79,7 +79,7 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
     moment its rollback commits: a database outage after that raises out of here with
     the rollback in force, and the caller's answer must say it was made, not "retry"."""
     workers, silent_s, gone = drill_workers()
-    running_rollout = model.rollouts.filter(status=RolloutStatus.RUNNING).first()
+    running_rollout = model.rollouts.filter(status__in=ANALYSED_ROLLOUT_STATUSES).first()  # waiting for data too: its rollback pauses it as well
     drill, release = _start(model, actor, roll_forward, expected_generation)
     failed_before = {worker.worker_id: failed_total(worker.last_report) for worker in workers}
     made(made_so_far(drill, recorded=False))

@@ -117,7 +117,11 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
             raise ReleaseConflict(f"{model.name} already serves {describe_routes(current)} (generation {current.generation}): nothing to change")
         stable = _stable_for(parsed, current)
         forced = check_compatible(model, current, parsed, force, reason)
-        release = _append(counter, model, parsed, stable, ReleaseAction.SET_ROUTES, current, actor, reason, rollout=rollout)
+        # A rollback from a rollout's step returns to its stable at 100 %, as its abort does:
+        # returning to the release before walked back through the rollout's own steps (a
+        # drill's rollback raised the canary to a 30 % split the rollout had replaced).
+        target = current if rollout is None else (last_all_stable(model, stable) or current)
+        release = _append(counter, model, parsed, stable, ReleaseAction.SET_ROUTES, target, actor, reason, rollout=rollout)
         message = f"Traffic set to {_describe(parsed)} (generation {release.generation})"
         if forced:
             message += f"; forced onto incompatible inputs ({'; '.join(forced)}): {reason}"

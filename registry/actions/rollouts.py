@@ -217,7 +217,17 @@ def abort(rollout: Rollout, actor, reason: str = "") -> Rollout:
         if rollout.status not in ACTIVE_ROLLOUT_STATUSES:
             raise RolloutConflict(f"rollout #{rollout.pk} is already {rollout.get_status_display().lower()}")
         note = f"aborted by {_who(actor)}{_because(reason)}"
-        _finish_to_stable(rollout, actor, RolloutStatus.ABORTED, note)
+        current = rollout.model.current_release()
+        if current is None or current.generation == rollout.release_generation:
+            _finish_to_stable(rollout, actor, RolloutStatus.ABORTED, note)
+        elif [route["version"] for route in current.routes if route["weight"] > 0] == [current.stable_version]:
+            # Someone changed the traffic since the rollout's last step (the pause says who),
+            # onto one version: it stands. Back to the rollout's stable undid an operator's
+            # promote of the canary, with no rollback to return to it.
+            _finish(rollout, actor, RolloutStatus.ABORTED,
+                    f"{note}; traffic left as generation {current.generation} ({releases.describe_routes(current)}), made since the rollout's last step")
+        else:  # a split made since: its own stable at 100 %, as "Abort to stable" does
+            _finish_to_stable(rollout, actor, RolloutStatus.ABORTED, note, stable_version=current.stable_version)
     return rollout
 
 
@@ -399,10 +409,11 @@ def _promote(rollout: Rollout) -> None:
     _finish(rollout, None, RolloutStatus.PROMOTED, f"every step passed; v{rollout.canary_version} promoted at generation {release.generation}")
 
 
-def _finish_to_stable(rollout: Rollout, actor, status: str, note: str) -> None:
-    release = releases.to_stable(rollout.model, rollout.stable_version, actor, f"rollout #{rollout.pk} {note}", rollout=rollout)
+def _finish_to_stable(rollout: Rollout, actor, status: str, note: str, stable_version: int | None = None) -> None:
+    stable_version = rollout.stable_version if stable_version is None else stable_version
+    release = releases.to_stable(rollout.model, stable_version, actor, f"rollout #{rollout.pk} {note}", rollout=rollout)
     rollout.release_generation = release.generation
-    _finish(rollout, actor, status, f"{note} (generation {release.generation}: v{rollout.stable_version} at 100%)")
+    _finish(rollout, actor, status, f"{note} (generation {release.generation}: v{stable_version} at 100%)")
 
 
 def _finish(rollout: Rollout, actor, status: str, note: str) -> None:

@@ -117,8 +117,11 @@ def test_a_rollback_that_would_change_no_traffic_is_a_conflict_naming_why(operat
     split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
     split(operator_client, [{"version": 1, "weight": 70}, {"version": 2, "weight": 30}])
     operator_client.post(RELEASE + "restore/", {"generation": 2}, format="json")  # generation 4: 50/50 again, over 70/30
-    # A restore of what is served is refused now; a rollout's step may still set it again (generation 5).
+    # A restore of what is served is refused now; a rollout's step may still set it again
+    # (generation 5), and one made before its rollback returned to the stable at 100 % (an
+    # upgraded database's) rolls back to generation 4.
     operator_client.post("/api/models/digits/rollouts/", {"canary_version": 2, "steps": [50, 100]}, format="json")
+    Release.objects.filter(generation=5).update(rollback_target=Release.objects.get(generation=4))
     count = Release.objects.count()
 
     response = operator_client.post(RELEASE + "rollback/", {}, format="json")

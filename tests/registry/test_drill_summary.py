@@ -107,13 +107,17 @@ def test_a_passed_drill_has_no_error(worker_client, operator_client, canary, set
     assert (drill["status"], drill["error"]) == ("passed", "")
 
 
-def test_a_drill_says_it_left_a_running_rollout_paused(worker_client, operator_client, three_versions, operator, settings):
+@pytest.mark.parametrize("status", ["running", "waiting_for_data"])
+def test_a_drill_says_it_left_a_running_rollout_paused(worker_client, operator_client, three_versions, operator, settings, status):
     # The drill's rollback is a manual traffic change, which pauses a running rollout; the
-    # roll forward restored the split and left the rollout paused, with nothing said.
+    # roll forward restored the split and left the rollout paused, with nothing said (and,
+    # for a rollout waiting for data, still nothing said after the first fix).
     from registry.actions import rollouts
+    from registry.models import Rollout
 
     settings.DRILL_ACK_TIMEOUT_S = 5
     rollout = rollouts.start(three_versions, 2, [10, 50, 100], 300, {}, operator)  # generation 2: v2 at 10 %
+    Rollout.objects.filter(pk=rollout.pk).update(status=status)
     worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
 
     drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])

@@ -257,6 +257,29 @@ def test_abort_returns_all_traffic_to_stable_at_once(three_versions, operator):
         rollouts.abort(rollout, operator)
 
 
+def test_aborting_after_an_operator_promoted_the_canary_by_hand_leaves_the_promote_standing(three_versions, operator):
+    """The 409 for a second rollout said to abort the paused one first; the abort put the
+    old stable back at 100 %, undoing the promote, with no rollback to return to it."""
+    rollout = start(three_versions, operator)
+    promoted = releases.promote(three_versions, operator, "v2 is fine, taking it now")
+
+    rollout = rollouts.abort(Rollout.objects.get(pk=rollout.pk), operator)
+
+    assert routes(three_versions) == [{"version": 2, "weight": 100}]
+    assert three_versions.current_release().generation == promoted.generation
+    assert rollout.status == RolloutStatus.ABORTED
+    assert rollout.status_reason.endswith(f"traffic left as generation {promoted.generation} (v2 100%), made since the rollout's last step")
+
+
+def test_aborting_after_an_operators_split_returns_that_splits_stable_to_100(three_versions, operator):
+    rollout = start(three_versions, operator)
+    releases.set_routes(three_versions, [{"version": 1, "weight": 70}, {"version": 2, "weight": 30}], operator)
+
+    rollouts.abort(Rollout.objects.get(pk=rollout.pk), operator)
+
+    assert routes(three_versions) == [{"version": 1, "weight": 100}]
+
+
 def test_a_manual_traffic_change_pauses_a_running_rollout_and_says_so(three_versions, operator):
     rollout = start(three_versions, operator)
 
@@ -299,6 +322,30 @@ def test_rollback_after_a_promote_returns_to_the_last_all_stable_release(three_v
 
     assert release.routes == [{"version": 1, "weight": 100}] == all_stable.routes
     assert release.stable_version == 1
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_a_rollback_during_a_rollout_returns_to_its_stable_at_100_not_to_its_previous_step(three_versions, operator, step):
+    """At step 2 (50 %), a rollback landed on step 1 (10 %); after an operator's 30 % split
+    the rollout replaced on resuming, a drill's rollback raised the canary to that 30 %."""
+    rollout = start(three_versions, operator)
+    for _ in range(step - 1):
+        rollout = judge_next(rollout)
+    assert rollout.step_index == step - 1
+
+    release = releases.rollback(three_versions, operator, "the canary looks wrong")
+
+    assert release.routes == [{"version": 1, "weight": 100}]
+
+
+def test_a_rollback_after_a_resumed_rollout_returns_to_its_stable_not_to_the_operators_split(three_versions, operator):
+    rollout = start(three_versions, operator)
+    releases.set_routes(three_versions, [{"version": 1, "weight": 70}, {"version": 2, "weight": 30}], operator, "more canary")
+    rollouts.resume(Rollout.objects.get(pk=rollout.pk), operator)
+
+    release = releases.rollback(three_versions, operator)
+
+    assert release.routes == [{"version": 1, "weight": 100}]
 
 
 # ---- a shadow step ---------------------------------------------------------------------
