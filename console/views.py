@@ -26,6 +26,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db.models import Sum
 from django.http import HttpResponse, JsonResponse
+from django.middleware.csrf import REASON_NO_CSRF_COOKIE
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -135,7 +136,9 @@ def csrf_refused(request, reason=""):
     error pages it renders without the database."""
     if request.path.startswith("/api/"):
         return JsonResponse({"error": f"CSRF check failed ({reason}): send the X-CSRFToken header, or use an API token"}, status=403)
-    stale = reason.startswith("CSRF token from") and reason.endswith("incorrect.")  # Django's REASON_CSRF_TOKEN_INCORRECT
+    # Django's REASON_CSRF_TOKEN_INCORRECT (a token of another sign-in), or its cookie gone
+    # (cleared, expired): both mend with a reload; a missing token or a foreign origin does not.
+    stale = (reason.startswith("CSRF token from") and reason.endswith("incorrect.")) or reason == REASON_NO_CSRF_COOKIE
     if _wants_json(request):
         return JsonResponse({"level": "error", "message": CSRF_EXPIRED if stale else CSRF_NOT_FROM_HERE}, status=403)
     return _error_page("403_csrf.html" if stale else "403_csrf_foreign.html", 403)

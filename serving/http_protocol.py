@@ -287,6 +287,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self.flow.pause_reading()  # nothing after what the parser rejected is read
             else:
                 owed, self._refusal_owed = self._refusal_owed, None
+                self._unset_keepalive_if_required()  # armed by uvicorn's, it would cut the linger short
                 self._refuse_lingering(*owed)
             return
         if self._lingering:
@@ -304,6 +305,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle, self._unread = self._unread, None
             self._settle(cycle)
         super().on_message_complete()
+        if self.cycle is not None:
+            # uvicorn's leaves more_body set on a request answered before its body ended:
+            # read as a body still arriving, the idle connection got the body deadline for
+            # its keep-alive, and a body ending in the read past UNREAD_BODY_READ_UP_TO ended
+            # a connection whose answer had said keep-alive.
+            self.cycle.more_body = False
 
     # ---- graceful stop (serving.drain) -------------------------------------------------
 

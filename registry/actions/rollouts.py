@@ -50,6 +50,7 @@ from registry.models import (
     Rollout,
     RolloutVerdict,
     ServingGeneration,
+    Worker,
 )
 
 logger = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ def abort(rollout: Rollout, actor, reason: str = "") -> Rollout:
         current = rollout.model.current_release()
         if current is None or current.generation == rollout.release_generation:
             _finish_to_stable(rollout, actor, RolloutStatus.ABORTED, note)
-        elif [route["version"] for route in current.routes if route["weight"] > 0] == [current.stable_version]:
+        elif [route["version"] for route in current.routes if route["weight"] > 0 or route.get("shadow")] == [current.stable_version]:
             # Someone changed the traffic since the rollout's last step (the pause says who),
             # onto one version: it stands. Back to the rollout's stable undid an operator's
             # promote of the canary, with no rollback to return to it.
@@ -309,8 +310,11 @@ def reports_behind_s(rollout: Rollout, now: datetime) -> float | None:
     ).aggregate(newest=Max("received_at"))["newest"]
     if latest is None:
         return None
+    allowed_s = django_settings.WORKER_GONE_AFTER_S / 2
     behind_s = (now - latest).total_seconds()
-    return behind_s if behind_s > django_settings.WORKER_GONE_AFTER_S / 2 else None
+    if behind_s <= allowed_s or Worker.objects.filter(last_seen_at__gte=now - timedelta(seconds=allowed_s)).exists():
+        return None  # the reports reach the console (a worker restarted with no traffic sends no figures)
+    return behind_s
 
 
 def _wait_for_reports(rollout: Rollout, behind_s: float) -> None:

@@ -72,3 +72,13 @@ def test_a_form_from_another_site_is_told_so(operator, canary_digits):
                          HTTP_ACCEPT="application/json", HTTP_ORIGIN="https://evil.example")
 
     assert (response.status_code, response.json()["message"]) == (403, CSRF_NOT_FROM_HERE)
+
+
+def test_a_form_whose_csrf_cookie_is_gone_is_told_to_reload(operator, canary_digits):
+    """A cleared or expired cookie mends with a reload: not a form from another site."""
+    page = Client(enforce_csrf_checks=True)
+    page.force_login(operator)  # no page loaded: no CSRF cookie
+
+    response = page.post("/models/digits/split/", SPLIT, HTTP_ACCEPT="application/json", HTTP_X_CSRFTOKEN="x" * 32)
+
+    assert (response.status_code, response.json()["message"]) == (403, CSRF_EXPIRED)

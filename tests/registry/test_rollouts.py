@@ -18,7 +18,7 @@ from registry.actions import releases, rollouts, uploads
 from registry.building.onnx_build import random_mlp, to_bytes
 from registry.domain.choices import AuditKind, RolloutStatus
 from registry.fleet import samples
-from registry.models import AuditEvent, ReportSample, Rollout
+from registry.models import AuditEvent, ReportSample, Rollout, Worker
 
 pytestmark = pytest.mark.django_db
 
@@ -271,6 +271,15 @@ def test_aborting_after_an_operator_promoted_the_canary_by_hand_leaves_the_promo
     assert rollout.status_reason.endswith(f"traffic left as generation {promoted.generation} (v2 100%), made since the rollout's last step")
 
 
+def test_aborting_after_an_operator_mirrored_the_canary_ends_the_mirror_too(three_versions, operator):
+    rollout = start(three_versions, operator)
+    releases.set_routes(three_versions, [{"version": 1, "weight": 100}, {"version": 2, "weight": 0, "shadow": 0.5}], operator)
+
+    rollouts.abort(Rollout.objects.get(pk=rollout.pk), operator)
+
+    assert routes(three_versions) == [{"version": 1, "weight": 100}]
+
+
 def test_aborting_after_an_operators_split_returns_that_splits_stable_to_100(three_versions, operator):
     rollout = start(three_versions, operator)
     releases.set_routes(three_versions, [{"version": 1, "weight": 70}, {"version": 2, "weight": 30}], operator)
@@ -484,6 +493,20 @@ def test_a_window_whose_reports_stopped_short_of_its_end_waits_for_them(three_ve
     verdict = rollout.verdicts.get()
     assert (verdict.window_end, verdict.result) == (later, "fail")
     assert verdict.canary["requests"] == 400  # the whole window, before and after the outage
+
+
+def test_a_window_is_judged_when_its_reporters_fell_silent_but_the_console_hears_from_workers(three_versions, operator, settings):
+    """A worker restarted with no traffic sends reports without figures: the reports reach
+    the console, and waiting for figures would have said, falsely, that they did not."""
+    settings.WORKER_GONE_AFTER_S = 5
+    rollout = start(three_versions, operator)
+    due = rollout.next_window_at
+    report(three_versions, {2: figures("digits", 2), 1: figures("digits", 1)}, due - timedelta(seconds=8))
+    Worker.objects.create(worker_id="restarted", last_seen_at=due - timedelta(seconds=1))
+
+    rollouts.tick(due)
+
+    assert rollout.verdicts.count() == 1
 
 
 def test_a_window_is_judged_when_one_worker_reports_though_another_fell_silent(three_versions, operator, settings):

@@ -1219,3 +1219,45 @@ def test_a_chunked_body_answered_before_it_arrived_is_not_read_on_past_the_unrea
 
     assert time.monotonic() - started < http_protocol.LINGER_QUIET_S + 2
     assert worker.runs == []
+
+
+def test_a_chunked_body_answered_early_that_ends_in_the_read_past_the_unread_bound_keeps_its_connection(guarded_worker):
+    """Its answer said keep-alive; uvicorn left the request marked as still receiving, so the
+    read that ended the body past UNREAD_BODY_READ_UP_TO ended the connection, and the
+    client's next request on it was dropped unanswered."""
+    worker = guarded_worker()
+    opening = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(opening)
+        answer = first_bytes(connection)
+        assert answer.startswith(b"HTTP/1.1 415 ") and b"connection: close" not in answer
+        connection.sendall(b"a000\r\n" + b"x" * 0xA000 + b"\r\n")
+        time.sleep(0.2)
+        connection.sendall(b"7800\r\n" + b"x" * 0x7800 + b"\r\n0\r\n\r\n")
+        time.sleep(0.2)
+        connection.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert first_bytes(connection).startswith(b"HTTP/1.1 200 ")
+
+
+def test_an_idle_connection_after_an_early_answered_body_keeps_the_keep_alive_timeout_not_the_body_deadline(guarded_worker):
+    worker = guarded_worker(body_timeout_s=0.5)
+    opening = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(opening)
+        assert first_bytes(connection).startswith(b"HTTP/1.1 415 ")
+        connection.sendall(b"5\r\nhello\r\n0\r\n\r\n")
+        time.sleep(1.0)  # past the body deadline, inside the keep-alive timeout
+        connection.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert first_bytes(connection).startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_refusal_given_after_pipelined_answers_lingers_without_the_keep_alive_timer(digits_worker):
+    """uvicorn armed its keep-alive timer after the last answer, and that timer would close
+    the connection in the middle of the refusal's lingering close."""
+    request = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(BODY)}\r\n\r\n".encode() + BODY
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        connection.sendall(request * 2 + b"GARBAGE \x00\x01 NOT HTTP\r\n\r\n")
+        assert wait_until(lambda: any(protocol._lingering for protocol in digits_worker.server.server_state.connections), timeout_s=5)
+        [protocol] = digits_worker.server.server_state.connections
+
+        assert protocol.timeout_keep_alive_task is None
