@@ -46,7 +46,7 @@ def main() -> None:
         files = {"csv": Path(directory) / "wide.csv", "jsonl": Path(directory) / "wide.jsonl"}
         files["csv"].write_text(values + "\n")
         files["jsonl"].write_text("[" + values + "]\n")
-        print(f"| format | line | peak MB | seconds | outcome |\n|---|---:|---:|---:|---|")
+        print("| format | line | peak MB | seconds | outcome |\n|---|---:|---:|---:|---|")
         for file_format, path in files.items():
             peak_mb, elapsed_s, outcome = measure(path, file_format, layout)
             print(f"| {file_format} | {path.stat().st_size / 1e6:.0f} MB | {peak_mb:.1f} | {elapsed_s:.2f} | {outcome[:90]} |")
