@@ -408,6 +408,10 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
         "rollout_is_analysed": rollout is not None and rollout.status in ANALYSED_ROLLOUT_STATUSES,
         "rollout_overdue_s": rollouts.analysis_overdue_s(rollout) if rollout else None,
         "rollout_waits_for_reports": rollouts.waits_for_reports(rollout) if rollout else False,
+        # A paused rollout whose traffic someone changed since: its step is not what serves.
+        "rollout_traffic_elsewhere": (f"{describe_routes(release.routes)} (generation {release.generation})"
+                                      if rollout is not None and rollout.status in ACTIVE_ROLLOUT_STATUSES and release is not None
+                                      and release.generation != rollout.release_generation else ""),
         "rollout_steps": rollout_steps(rollout) if rollout else [],
         "rollout_hold": duration_words(rollout.step_duration_s) if rollout else "",
         "rollout_state": rollout_state_key(rollout) if rollout else "",

@@ -10,7 +10,7 @@ import pytest
 from django.contrib.messages import get_messages
 from django.utils import timezone
 
-from registry.actions import rollouts
+from registry.actions import releases, rollouts
 from registry.domain.choices import RolloutStatus
 from registry.models import AuditEvent, Release, Rollout
 from tests.console.conftest import (
@@ -240,6 +240,19 @@ def test_pause_stops_the_analysis_and_the_panel_offers_resume(operator_page, dig
     assert "paused by olivia (looking at a dashboard)" in html
     assert 'id="resume-rollout"' in html and 'id="pause-rollout"' not in html
     assert "Next window</dt><dd>when resumed" in html
+
+
+def test_a_rollout_paused_by_an_operators_change_shows_the_traffic_in_force_not_its_step(operator_page, digits, operator):
+    """After a rollback paused it at step 2, the panel said "Now v2 at 50%" while the
+    stable served everything."""
+    start_rollout(digits, operator)
+    rolled_back = releases.rollback(digits, operator, "the canary looks wrong")
+
+    html = panel(operator_page)
+
+    assert f"Serving <strong>v1 100% (generation {rolled_back.generation})</strong>, which this rollout did not make; " in html
+    assert "resuming sets step 1 of 4 again (v2 at 1%)." in html
+    assert "Now <strong>" not in html
 
 
 def test_resume_sets_the_step_again_and_says_so(operator_page, digits, operator):
