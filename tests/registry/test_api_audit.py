@@ -137,6 +137,14 @@ def test_csv_cell_prefixes_text_that_starts_a_formula_and_nothing_else(value, ce
     assert csv_cell(value) == cell
 
 
+@pytest.mark.parametrize(("value", "cell"), [("\x1b[2Jcleared", "U+001B[2Jcleared"), ("bell\x07", "bellU+0007"),
+                                             ("\u202eevil", "U+202Eevil"), ("\x9bcsi", "U+009Bcsi"), ("tab\tand\nline", "tab\tand\nline")])
+def test_csv_cell_writes_terminal_controls_as_their_code_points(value, cell):
+    """A reason with ESC sequences cleared or recoloured the terminal of whoever ran
+    `cat audit.csv`; a right-to-left override reordered what followed."""
+    assert csv_cell(value) == cell
+
+
 def test_csv_export_keeps_commas_quotes_and_newlines_in_one_cell(operator_client, three_versions):
     typed = 'ship it, "carefully"\nsecond line'
     split(operator_client, 10, typed)
