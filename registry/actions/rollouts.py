@@ -43,6 +43,7 @@ from registry.domain.choices import (
 from registry.domain.json_numbers import finite_or_null
 from registry.domain.traffic import Route, canary_split
 from registry.fleet import samples
+from registry.fleet.workers import SAID_STOPPED
 from registry.models import (
     RegisteredModel,
     Release,
@@ -299,22 +300,28 @@ def analyse(pk: int, now: datetime) -> bool:
 
 
 def reports_behind_s(rollout: Rollout, now: datetime) -> float | None:
-    """How old the newest report is of the workers that reported the window's versions in
-    it, when that is older than a working report path allows (half WORKER_GONE_AFTER_S):
-    none of them has reached the window's end. None when one has, or none reported (the
-    verdict then says what is missing). Judged while the console could not take reports,
-    a window passed on 6 of its 12 s and promoted a canary that failed 1,389 requests."""
+    """How old the newest report is, when the console hears from no worker within half
+    WORKER_GONE_AFTER_S and the window's reports stop short of its end: the reports of the
+    window's versions in it, or, when none reached it, those of a worker live as it began
+    (an outage just after the last verdict). None otherwise: a worker restarted with no
+    traffic sends no figures, and a window with no worker at all is judged as waiting for
+    data. Judged while the console could not take reports, a window passed on 6 of its 12 s
+    and promoted a canary that failed 1,389 requests."""
+    allowed_s = django_settings.WORKER_GONE_AFTER_S / 2
+    if Worker.objects.filter(last_seen_at__gte=now - timedelta(seconds=allowed_s)).exists():
+        return None  # the reports reach the console
+    start = _window_start(rollout)
     latest = ReportSample.objects.filter(
         version__model_id=rollout.model_id, version__number__in=(rollout.canary_version, rollout.stable_version),
-        received_at__gte=_window_start(rollout), received_at__lt=now,
+        received_at__gte=start, received_at__lt=now,
     ).aggregate(newest=Max("received_at"))["newest"]
     if latest is None:
-        return None
-    allowed_s = django_settings.WORKER_GONE_AFTER_S / 2
+        live_as_it_began = Worker.objects.filter(last_seen_at__gte=start - timedelta(seconds=django_settings.WORKER_GONE_AFTER_S)).exclude(SAID_STOPPED)
+        latest = live_as_it_began.aggregate(newest=Max("last_seen_at"))["newest"]
+        if latest is None:
+            return None
     behind_s = (now - latest).total_seconds()
-    if behind_s <= allowed_s or Worker.objects.filter(last_seen_at__gte=now - timedelta(seconds=allowed_s)).exists():
-        return None  # the reports reach the console (a worker restarted with no traffic sends no figures)
-    return behind_s
+    return behind_s if behind_s > allowed_s else None
 
 
 def _wait_for_reports(rollout: Rollout, behind_s: float) -> None:

@@ -395,7 +395,7 @@ def test_the_panel_says_when_the_analysis_has_stopped_judging(viewer_page, digit
     html = panel(viewer_page)
 
     assert "The analysis is 90 s late" in html
-    assert "Is the Celery worker that runs beat" in html
+    assert "Are the Celery worker that runs beat (<code>registry.tasks.analyse_rollouts</code>) and its broker (Redis) up?" in html
 
 
 def test_the_panel_says_nothing_late_while_the_analysis_is_on_time(viewer_page, digits, operator):

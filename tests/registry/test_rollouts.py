@@ -495,6 +495,20 @@ def test_a_window_whose_reports_stopped_short_of_its_end_waits_for_them(three_ve
     assert verdict.canary["requests"] == 400  # the whole window, before and after the outage
 
 
+def test_a_window_no_report_reached_waits_when_a_worker_was_live_as_it_began(three_versions, operator, settings):
+    """The console killed just after a verdict: the next window had no report at all and
+    was judged "waiting for data, 0 requests a side" instead of waiting for the reports."""
+    settings.WORKER_GONE_AFTER_S = 5
+    rollout = start(three_versions, operator)
+    due = rollout.next_window_at
+    Worker.objects.create(worker_id="w-1", last_seen_at=rollout.step_started_at - timedelta(seconds=1))
+
+    rollouts.tick(due)
+
+    rollout.refresh_from_db()
+    assert rollout.windows_judged == 0 and rollout.status_reason.startswith("waiting for the workers' reports")
+
+
 def test_a_window_is_judged_when_its_reporters_fell_silent_but_the_console_hears_from_workers(three_versions, operator, settings):
     """A worker restarted with no traffic sends reports without figures: the reports reach
     the console, and waiting for figures would have said, falsely, that they did not."""
@@ -535,7 +549,7 @@ def test_a_rollout_waiting_for_reports_says_so_where_the_overdue_analysis_is_sho
     panel = page.get("/models/digits/", {"fragment": "rollout-panel"}).content.decode()
 
     assert "It is waiting for the workers&#x27; reports: the newest that reached the console is over" in panel
-    assert "Is the Celery worker that runs beat" not in panel
+    assert "Are the Celery worker that runs beat" not in panel
 
 
 def test_a_window_whose_figures_compute_to_infinity_is_still_judged_and_saved(three_versions, operator):
