@@ -13,10 +13,12 @@ import asyncio
 import httpx
 import numpy as np
 import pytest
+from django.utils import timezone
 
 from registry.actions import rollouts
 from registry.building.onnx_build import random_mlp
 from registry.domain.choices import RolloutStatus
+from registry.models import Rollout
 from serving.contract import WorkerIdentity
 from serving.reports import ReportBuilder
 from tests.serving.serving_testkit import ThreadedWorker, make_config, route, state, v2_body, write_model, write_state
@@ -65,7 +67,10 @@ def test_pinned_malformed_and_tiny_deadline_requests_to_the_canary_do_not_roll_i
     assert sorted({answer.status_code for answer in attack}) == [400, 504]
     assert worker_client.post("/api/serving/reports", report(split_worker, builder), format="json").status_code == 204
 
-    rollouts.tick(rollout.next_window_at)
+    # Due now, not at its time ahead: a tick ahead of the clock finds the reports just sent
+    # seconds old, and a window waits for reports that stop short of its end.
+    Rollout.objects.filter(pk=rollout.pk).update(next_window_at=timezone.now())
+    rollouts.tick(timezone.now())
 
     rollout.refresh_from_db()
     verdict = rollout.verdicts.get()
