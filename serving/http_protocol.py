@@ -493,8 +493,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _on_body_deadline(self) -> None:
         self._timer = None
+        self._refuse_body(408, f"request body did not arrive within {self.limits.body_timeout_s:g} s")
+
+    def _refuse_body(self, status: int, message: str) -> None:
+        """A refusal of the body being read, with a lingering close; a close alone when the
+        request was answered already (a 413 from its headers, an overload 503) or others
+        are queued behind it: no second answer, none out of order."""
         if self.cycle is not None and not self.cycle.response_started and not self.pipeline:
-            self._refuse_lingering(408, f"request body did not arrive within {self.limits.body_timeout_s:g} s")
+            self._refuse_lingering(status, message)
         else:
             self._drop_cycle()
             self.transport.close()
@@ -504,12 +510,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         data by the header cap: llhttp reads extensions of any length and reports none of
         them, so a client streamed 42 GB of them in 35 s under no limit but the body deadline.
         Chunks of about 6 bytes of data and up never come near it."""
-        if self.cycle is not None and not self.cycle.response_started and not self.pipeline:
-            self._refuse_lingering(413, f"the chunked body's framing (chunk size lines and extensions) exceeds its data by more than "
-                                        f"{self.limits.max_header_bytes} bytes")
-        else:  # answered already (a 413 from the headers, an overload 503): no second answer
-            self._drop_cycle()
-            self.transport.close()
+        self._refuse_body(413, f"the chunked body's framing (chunk size lines and extensions) exceeds its data by more than "
+                               f"{self.limits.max_header_bytes} bytes")
 
     def _response_in_progress(self) -> bool:
         return self.cycle is not None and not self.cycle.response_complete

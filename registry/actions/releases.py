@@ -38,7 +38,7 @@ from registry.domain.choices import (
     RolloutStatus,
 )
 from registry.domain.compatibility import input_differences
-from registry.domain.traffic import InvalidRoutes, Route, check_routes, routes_to_json
+from registry.domain.traffic import InvalidRoutes, Route, check_routes, routes_to_json, versions_receiving
 from registry.models import (
     ModelVersion,
     RegisteredModel,
@@ -326,7 +326,7 @@ def restored_after_archive(current: Release) -> str:
     """What a restore would serve if ``current`` were archived now, in words: its routes,
     or its stable version alone when an active rollout's canary has a share of them (the
     archive aborts the rollout, and an aborted rollout's canary serves nothing)."""
-    canaries = {route["version"] for route in current.routes if route["weight"] > 0 or route.get("shadow")}
+    canaries = versions_receiving(current.routes)
     rollout = current.model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES, canary_version__in=canaries).first()
     return f"v{rollout.stable_version} 100%" if rollout is not None else describe_routes(current)
 
@@ -366,7 +366,7 @@ def restore_from_archive(model: RegisteredModel, actor, reason: str) -> tuple[Re
 def _rollout_aborted_by(archive: Release, routes: list[Route]):
     """The rollout the ``archive`` release aborted while its canary had a share of
     ``routes``: restoring that share would serve a canary no analysis watches any more."""
-    canaries = {route.version for route in routes if route.weight > 0 or route.shadow}
+    canaries = [route.version for route in routes if route.receives_requests]
     marks = ("was archived by", f"(generation {archive.generation})")
     for rollout in Rollout.objects.filter(model=archive.model, status=RolloutStatus.ABORTED, canary_version__in=canaries):
         if all(mark in rollout.status_reason for mark in marks):

@@ -41,7 +41,7 @@ from registry.domain.choices import (
     RolloutStatus,
 )
 from registry.domain.json_numbers import finite_or_null
-from registry.domain.traffic import Route, canary_split
+from registry.domain.traffic import Route, canary_split, versions_receiving
 from registry.fleet import samples
 from registry.fleet.workers import SAID_STOPPED
 from registry.models import (
@@ -222,7 +222,7 @@ def abort(rollout: Rollout, actor, reason: str = "") -> Rollout:
         current = rollout.model.current_release()
         if current is None or current.generation == rollout.release_generation:
             _finish_to_stable(rollout, actor, RolloutStatus.ABORTED, note)
-        elif [route["version"] for route in current.routes if route["weight"] > 0 or route.get("shadow")] == [current.stable_version]:
+        elif versions_receiving(current.routes) == [current.stable_version]:
             # Someone changed the traffic since the rollout's last step (the pause says who),
             # onto one version: it stands. Back to the rollout's stable undid an operator's
             # promote of the canary, with no rollback to return to it.

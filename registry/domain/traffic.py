@@ -22,6 +22,11 @@ class Route:
             data["shadow"] = self.shadow
         return data
 
+    @property
+    def receives_requests(self) -> bool:
+        """Whether its version answers a share of clients or is mirrored a share of them."""
+        return self.weight > 0 or bool(self.shadow)
+
     def describe(self) -> str:
         if self.shadow is not None:
             return f"v{self.version} shadow {self.shadow:.0%}"
@@ -34,6 +39,11 @@ class InvalidRoutes(ValueError):
 
 def routes_to_json(routes: list[Route]) -> list[dict]:
     return [route.to_json() for route in routes]
+
+
+def versions_receiving(routes: list[dict]) -> list[int]:
+    """The versions of a release's routes (as stored) that answer or are mirrored requests."""
+    return [route.version for route in map(Route.from_json, routes) if route.receives_requests]
 
 
 def canary_split(stable_version: int | None, canary_version: int, canary_weight: int) -> list[dict]:
