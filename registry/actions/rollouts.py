@@ -19,6 +19,8 @@ they carry no evidence either way.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from datetime import datetime, timedelta
 from itertools import pairwise
 
@@ -263,15 +265,49 @@ def overdue_after_s() -> float:
     return 3 * django_settings.ROLLOUT_TICK_S + OVERDUE_SLACK_S
 
 
-def tick(now: datetime | None = None) -> int:
+class _Fallback:
+    """When this process last looked for windows the analysis left overdue (monotonic)."""
+
+    lock = threading.Lock()
+    looked_at = float("-inf")
+
+
+def judge_overdue(now: datetime | None = None) -> int:
+    """The console's own tick, for when Celery's is not coming: the rollouts judged.
+
+    Beat runs the analysis through Redis, Celery's broker. With Redis down (or the
+    worker that runs beat gone) no window was judged, and a failing canary kept its share
+    of the traffic for the whole outage, although the workers' reports still reached the
+    console over HTTP. Each report now lets this process look, at most once a
+    ROLLOUT_TICK_S, for a window overdue past three ticks (``analysis_overdue_s``) and then
+    judges every due window itself: ``tick`` is idempotent, so a beat that comes back
+    meanwhile judges nothing twice."""
+    with _Fallback.lock:
+        clock = time.monotonic()
+        if clock - _Fallback.looked_at < django_settings.ROLLOUT_TICK_S:
+            return 0
+        _Fallback.looked_at = clock
+    now = now or timezone.now()
+    overdue = Rollout.objects.filter(status__in=ANALYSED_ROLLOUT_STATUSES,
+                                     next_window_at__lt=now - timedelta(seconds=overdue_after_s()))
+    pks = list(overdue.values_list("pk", flat=True)[:20])
+    if not pks:
+        return 0
+    logger.warning("the canary analysis is overdue for rollout(s) %s (Celery beat or its broker, Redis, is not running it): "
+                   "the console judges the due windows itself", ", ".join(f"#{pk}" for pk in pks))
+    return tick(now, by_console=True)
+
+
+def tick(now: datetime | None = None, *, by_console: bool = False) -> int:
     """Judge every rollout whose window is due; the number judged. Idempotent: a window
-    already judged by another process is not judged again."""
+    already judged by another process is not judged again. ``by_console``: the console's
+    fallback judges (``judge_overdue``), which each verdict says."""
     now = now or timezone.now()
     due = Rollout.objects.filter(status__in=ANALYSED_ROLLOUT_STATUSES, next_window_at__lte=now).values_list("pk", flat=True)
     judged = 0
     for pk in list(due):
         try:
-            judged += analyse(pk, now)
+            judged += analyse(pk, now, by_console=by_console)
         except Exception as error:
             if not is_database_unavailable(error):
                 logger.exception("analysis of rollout %s failed", pk)
@@ -281,7 +317,7 @@ def tick(now: datetime | None = None) -> int:
     return judged
 
 
-def analyse(pk: int, now: datetime) -> bool:
+def analyse(pk: int, now: datetime, *, by_console: bool = False) -> bool:
     """Judge rollout ``pk``'s last window if it is due; True when a verdict was recorded."""
     with transaction.atomic():
         ServingGeneration.objects.lock()
@@ -294,7 +330,7 @@ def analyse(pk: int, now: datetime) -> bool:
         if behind_s is not None:
             _wait_for_reports(rollout, behind_s)
             return False
-        verdict = _judge_window(rollout, now)
+        verdict = _judge_window(rollout, now, _judged_late(rollout, now) if by_console else "")
         _act_on(rollout, verdict, now)
     return True
 
@@ -335,11 +371,19 @@ def _wait_for_reports(rollout: Rollout, behind_s: float) -> None:
     rollout.save(update_fields=["status_reason"])
 
 
+def _judged_late(rollout: Rollout, now: datetime) -> str:
+    """What a verdict of the console's fallback adds to its reason: the operator learns
+    that beat is not running (retention and the job sweep stop with it)."""
+    late_s = (now - rollout.next_window_at).total_seconds()
+    return (f" (judged by the console {late_s:.0f} s after it was due: Celery beat, or its broker Redis, "
+            "is not running the analysis)")
+
+
 def waits_for_reports(rollout: Rollout) -> bool:
     return rollout.status in ANALYSED_ROLLOUT_STATUSES and rollout.status_reason.startswith(REPORTS_BEHIND)
 
 
-def _judge_window(rollout: Rollout, now: datetime) -> RolloutVerdict:
+def _judge_window(rollout: Rollout, now: datetime, note: str = "") -> RolloutVerdict:
     settings = AnalysisSettings.parse(rollout.analysis)
     start = _window_start(rollout)
     versions = {version.number: version for version in rollout.model.versions.filter(number__in=[rollout.canary_version, rollout.stable_version])}
@@ -353,7 +397,7 @@ def _judge_window(rollout: Rollout, now: datetime) -> RolloutVerdict:
     rollout.next_window_at = now + timedelta(seconds=settings.interval_s)
     return RolloutVerdict.objects.create(
         rollout=rollout, number=rollout.windows_judged, step_index=rollout.step_index, weight=rollout.current_weight,
-        window_start=start, window_end=now, result=body["result"], reason=body["reason"], signals=body["signals"],
+        window_start=start, window_end=now, result=body["result"], reason=body["reason"] + note, signals=body["signals"],
         canary=body.get("canary", {}), stable=body.get("stable", {}),
     )
 

@@ -4,6 +4,8 @@ applied states and their reports (everything under ``/api/serving/`` but the API
 
 from __future__ import annotations
 
+import logging
+
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -12,6 +14,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from registry.actions import rollouts
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.parsers import JSONParser
@@ -25,6 +28,8 @@ from registry.fleet import live, report_rate, worker_keys
 from registry.fleet import workers as fleet
 from registry.fleet.state import desired_state
 from serving.contract import WORKER_KEY_HEADER
+
+logger = logging.getLogger(__name__)
 
 
 class ServingState(APIView):
@@ -129,6 +134,16 @@ class ReportSerializer(drf_serializers.Serializer):
         return attrs
 
 
+def judge_overdue_rollouts() -> None:
+    """The console's fallback tick (rollouts.judge_overdue), after the report is kept: its
+    failure is logged and never the report's answer, which the worker would send again."""
+    try:
+        rollouts.judge_overdue()
+    except Exception as error:
+        logger.warning("could not judge the overdue rollout windows (%s: %s); the next report tries again",
+                       type(error).__name__, " ".join(str(error).split())[:200])
+
+
 def contains_nul(value: object) -> bool:
     """Any NUL in the strings (keys included) of a parsed JSON value; iterative, since
     the nesting depth is the sender's."""
@@ -177,4 +192,5 @@ class WorkerReports(APIView):
         except fleet.Refused as refusal:
             return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
         live.relay(worker, worker.last_report)
+        judge_overdue_rollouts()
         return Response(status=status.HTTP_204_NO_CONTENT)

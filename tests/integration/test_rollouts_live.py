@@ -301,3 +301,32 @@ def test_a_console_restart_mid_rollout_resumes_where_it_was_and_finishes(api, st
     after_restart = [verdict for verdict in rollout["verdicts"] if verdict["number"] > before["windows_judged"]]
     assert after_restart and {verdict["step_index"] for verdict in after_restart} == {1}  # step 2 went on, step 1 was not redone
     assert any(verdict["result"] == "pass" for verdict in after_restart)
+
+
+# ---- Celery beat stops ---------------------------------------------------------------------
+
+
+def test_with_celery_beat_stopped_the_console_judges_the_overdue_windows_and_rolls_a_failing_canary_back(api, stack):
+    # Beat reaches the analysis through Redis, Celery's broker: with either down no window
+    # was judged, and a canary answering 400 to everything kept half the traffic until
+    # they came back. The workers' reports still reach the console, which judges instead.
+    register(api, stack, "no-beat", random_mlp(SIZES, seed=22), random_mlp([60, 32, 10], seed=22))
+    beat = stack.celery
+    beat.stop()
+    try:
+        with load(stack, "no-beat") as traffic:
+            started = start_rollout(api, "no-beat", force=True, reason="beat is down")
+            rollout = finished_within(api, "no-beat", started["id"], 2 * (3 * 0.25 + 10) + ROLLOUT_TIMEOUT_S)
+    finally:
+        stack.start_celery()
+
+    assert beat.popen.returncode is not None
+    assert rollout["status"] == "rolled_back", rollout["status_reason"]
+    assert "client errors 100.0% on canary vs 0.0% on stable" in rollout["status_reason"]
+    assert [verdict["result"] for verdict in rollout["verdicts"][:2]] == ["fail", "fail"]
+    assert all("judged by the console" in verdict["reason"] for verdict in rollout["verdicts"][:2])
+    assert traffic.counts()[(2, 400)] > 0
+
+
+def finished_within(api: httpx.Client, name: str, rollout_id: int, timeout_s: float) -> dict:
+    return wait_rollout(api, name, rollout_id, lambda state: state["status"] in FINISHED, timeout_s)

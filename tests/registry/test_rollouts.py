@@ -8,6 +8,8 @@ tests/integration/test_rollouts_live.py."""
 from __future__ import annotations
 
 import io
+import re
+import time
 from datetime import timedelta
 
 import pytest
@@ -19,6 +21,7 @@ from registry.building.onnx_build import random_mlp, to_bytes
 from registry.domain.choices import AuditKind, RolloutStatus
 from registry.fleet import samples
 from registry.models import AuditEvent, ReportSample, Rollout, Worker
+from serving.contract import CONTRACT_VERSION
 
 pytestmark = pytest.mark.django_db
 
@@ -455,6 +458,63 @@ def test_a_paused_rollout_is_never_overdue(three_versions, operator, viewer_clie
     due_ago(rollout, 3600)
 
     assert viewer_client.get(f"/api/models/digits/rollouts/{rollout.pk}/").json()["analysis_overdue_s"] is None
+
+
+def a_workers_report(worker_client) -> int:
+    """A worker's report posted as a worker posts it (one that has applied no state: the
+    figures the windows judge are stored by ``report`` above); its status code."""
+    body = {"worker": {"id": "w-1", "host": "box", "pid": 7, "url": "http://127.0.0.1:9", "device": "cpu"},
+            "generation": None, "digest": None, "epoch": None, "loaded": [], "versions": [], "contract": CONTRACT_VERSION}
+    return worker_client.post("/api/serving/reports", body, format="json").status_code
+
+
+def a_tick_later(settings) -> None:
+    """The console looks for overdue windows at most once a ROLLOUT_TICK_S per process."""
+    settings.ROLLOUT_TICK_S = 0.2
+    time.sleep(0.25)
+
+
+def test_a_window_the_analysis_left_overdue_is_judged_by_the_console_when_a_worker_reports(three_versions, operator,
+                                                                                         worker_client, settings):
+    # Redis (Celery's broker) down: beat judged nothing, and a canary failing half its
+    # requests kept its share for the whole outage, its workers' reports reaching the console.
+    rollout = start(three_versions, operator)
+    due_ago(rollout, 3 * 5 + rollouts.OVERDUE_SLACK_S + 20)
+    a_tick_later(settings)
+    report(three_versions, {2: figures("digits", 2, errors=100), 1: figures("digits", 1)}, timezone.now())
+
+    assert a_workers_report(worker_client) == 204
+
+    rollout.refresh_from_db()
+    verdict = rollout.verdicts.get()
+    assert (verdict.result, verdict.canary["requests"]) == ("fail", 200), verdict.reason
+    assert re.search(r"judged by the console \d+ s after it was due: Celery beat, or its broker Redis, is not running", verdict.reason)
+    assert rollout.next_window_at > timezone.now()
+
+
+def test_a_window_due_within_a_few_ticks_is_left_to_celery_beat_when_a_worker_reports(three_versions, operator, worker_client,
+                                                                                    settings):
+    rollout = start(three_versions, operator)
+    a_tick_later(settings)
+    due_ago(rollout, 3 * 0.2)
+
+    assert a_workers_report(worker_client) == 204
+
+    assert not rollout.verdicts.exists()
+
+
+def test_a_report_is_kept_when_the_overdue_window_cannot_be_judged(three_versions, operator, worker_client, settings, monkeypatch):
+    rollout = start(three_versions, operator)
+    due_ago(rollout, 3600)
+    a_tick_later(settings)
+
+    def fails(now=None):
+        raise RuntimeError("the analysis broke")
+
+    monkeypatch.setattr(rollouts, "tick", fails)
+
+    assert a_workers_report(worker_client) == 204
+    assert Worker.objects.filter(worker_id="w-1").exists()
 
 
 def test_a_window_judged_late_covers_the_whole_time_since_the_last_one(three_versions, operator):
