@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager, nullcontext
 
 from prometheus_client import generate_latest
 
 from serving import metrics, protocol, triton
+from serving.decode_budget import DecodeBudget, DecodeTimedOut, decode_cost
 from serving.errors import DeadlineExceeded, NotFound, NotReady, ServingError, VersionNotFound
 from serving.loaded_version import LoadedVersion
 from serving.reports import failed_total
@@ -55,9 +57,10 @@ class Answer:
 
 
 class DataPlane:
-    def __init__(self, repository: Repository, request_timeout_s: float):
+    def __init__(self, repository: Repository, request_timeout_s: float, decode_budget_bytes: int = 512 * 1024 * 1024):
         self.repository = repository
         self.request_timeout_s = request_timeout_s
+        self.decode_budget = DecodeBudget(decode_budget_bytes)  # large bodies' decodes, together (serving.decode_budget)
         self.shadow = ShadowMirror()
         self._predict_limit: protocol.BodyLimit | None = None
         self._predict_limit_of = None  # the routing table it was found for
@@ -94,7 +97,8 @@ class DataPlane:
                 raise refusal
             body = await read_body(target.body_limit)  # 413 past what this version can take
             if len(body) > DECODE_OFF_LOOP_BYTES:
-                decoded = await asyncio.to_thread(protocol.decode_v2, body, header_length, target.io)
+                async with self._decoding(decode_cost(len(body), header_length), context):
+                    decoded = await asyncio.to_thread(protocol.decode_v2, body, header_length, target.io)
             else:
                 decoded = protocol.decode_v2(body, header_length, target.io)
             outputs = await self._run(target, decoded, context)
@@ -111,15 +115,23 @@ class DataPlane:
     async def predict(self, body: bytes, context: RequestContext) -> Answer:
         """A `/predict` request: `{model_name, version?, inputs}`."""
         is_large = len(body) > DECODE_OFF_LOOP_BYTES
-        document = await asyncio.to_thread(protocol.load_object, body) if is_large else protocol.load_object(body)
-        name, version = protocol.predict_target(document)
-        target = self._resolve(name, version, context)
-        target.hold()
+        async with self._decoding(decode_cost(len(body)), context) if is_large else nullcontext():
+            document = await asyncio.to_thread(protocol.load_object, body) if is_large else protocol.load_object(body)
+            name, version = protocol.predict_target(document)
+            target = self._resolve(name, version, context)
+            target.hold()
+            try:
+                if is_large:
+                    decoded = await asyncio.to_thread(protocol.decode_predict, document, target.io)
+                else:
+                    decoded = protocol.decode_predict(document, target.io)
+            except BaseException as exc:
+                if isinstance(exc, ServingError):
+                    exc.version = target
+                target.release()
+                raise
+            del document  # its objects are not kept while the request waits for its batch
         try:
-            if is_large:
-                decoded = await asyncio.to_thread(protocol.decode_predict, document, target.io)
-            else:
-                decoded = protocol.decode_predict(document, target.io)
             outputs = await self._run(target, decoded, context)
         except ServingError as exc:
             exc.version = target
@@ -131,6 +143,19 @@ class DataPlane:
         latency_ms = (time.monotonic() - context.started_s) * 1000
         return Answer(target, protocol.encode_predict(context.request_id, name, target.version, decoded, outputs,
                                                       target.io, latency_ms))
+
+    @asynccontextmanager
+    async def _decoding(self, cost: int, context: RequestContext):
+        """Room in the decode budget for a large body, within the request's deadline."""
+        deadline_s = context.started_s + self._timeout_s(context.timeout_s)
+        try:
+            async with self.decode_budget.hold(cost, deadline_s):
+                yield
+        except DecodeTimedOut:
+            refusal = DeadlineExceeded("deadline exceeded waiting for memory to decode the body (large bodies being decoded "
+                                       "fill SERVING_MAX_BODY_BUFFER_BYTES)")
+            refusal.deadline_s = deadline_s
+            raise refusal from None
 
     def _resolve(self, name: str, version: int | None, context: RequestContext) -> LoadedVersion:
         if not self.repository.is_ready:

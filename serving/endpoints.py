@@ -213,10 +213,16 @@ class ServingApp:
         if handler is None:
             raise NotFound(f"no such endpoint: {clip(path)}")
         _require(method, "GET")
-        is_guarded = self._operator_token is not None and path in OPERATOR_PATHS
-        if is_guarded and not worker_token_matches(headers.authorization, self._operator_token):
-            raise Unauthorized(f"{path} needs the worker token (Authorization: Bearer)")
+        if path in OPERATOR_PATHS:
+            self._check_operator(headers, path)
         return handler()
+
+    def _check_operator(self, headers: RequestHeaders, what: str) -> None:
+        """The worker token, when /metrics and /health require it: Triton's statistics and
+        model configuration tell the same (every version's traffic, the split's weights,
+        the artifacts' digests), and were open while /metrics was locked."""
+        if self._operator_token is not None and not worker_token_matches(headers.authorization, self._operator_token):
+            raise Unauthorized(f"{what} needs the worker token (Authorization: Bearer)")
 
     async def _model_route(self, parts, method, receive, headers, context) -> Response:
         name, version, action = model_path(parts)
@@ -239,8 +245,10 @@ class ServingApp:
         if action == "ready":
             return self._model_ready(name, version)
         if action == "config":
+            self._check_operator(headers, "model configuration")
             return Response(200, orjson.dumps(self.dataplane.model_config(name, version)))
         if action == "stats":
+            self._check_operator(headers, "model statistics")
             return Response(200, orjson.dumps(self.dataplane.model_statistics(name, version)))
         document, target = self.dataplane.model_metadata(name, version)
         return Response(200, orjson.dumps(document), (), target)

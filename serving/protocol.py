@@ -371,7 +371,13 @@ def _v2_shape(spec: TensorSpec, item: dict) -> list[int]:
 def _v2_array(spec, item, shape, count, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
     size = _binary_size(spec, item.get("parameters"))
     if size is None:
-        array = array_from_list(spec, item.get("data"))
+        data = item.get("data")
+        if type(data) is list and len(data) > count:
+            # Refused before the conversion: a list longer than its shape has elements was
+            # made an array whole first (16 million values declared as one: 1 GB a request).
+            many = f"{len(data)}" if type(data[0]) is not list else f"over {count}"
+            raise BadRequest(f"input '{spec.name}': data has {many} elements, shape {shape} needs {count}")
+        array = array_from_list(spec, data)
         if array.size != count:
             raise BadRequest(f"input '{spec.name}': data has {array.size} elements, shape {shape} needs {count}")
         return array.reshape(shape), offset
@@ -384,6 +390,10 @@ def _v2_array(spec, item, shape, count, binary: memoryview, offset: int) -> tupl
             f"({count * dtype.itemsize} bytes) or the {len(binary) - offset} bytes left"
         )
     array = np.frombuffer(binary, dtype=dtype, count=count, offset=offset).reshape(shape)
+    if dtype == np.bool_ and array.view(np.uint8).max(initial=0) > 1:
+        # NumPy takes any byte as a bool: 2 reached the model as a true that Not kept true,
+        # and a Cast answered 2 and 255, where the same values as JSON answered otherwise.
+        raise BadRequest(f"input '{spec.name}': BOOL binary data must be bytes 0 or 1")
     return array, offset + size
 
 

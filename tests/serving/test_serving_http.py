@@ -515,6 +515,21 @@ def test_metrics_and_health_can_require_the_worker_token(start_worker, client, m
     assert client.get(worker.url + "/v2/health/ready").status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/v2/models/stats", "/v2/models/digits/stats", "/v2/models/digits/versions/1/stats",
+                                  "/v2/models/digits/config"])
+def test_statistics_and_configuration_need_the_worker_token_when_metrics_do(start_worker, client, mlp_v1, path):
+    # They tell what /metrics tells: every version's traffic, the split, the artifacts' digests.
+    worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}),
+                          metrics_token_required=True, worker_token="w-token")
+
+    anonymous = client.get(worker.url + path)
+    right = client.get(worker.url + path, headers={"Authorization": "Bearer w-token"})
+
+    assert (anonymous.status_code, right.status_code) == (401, 200)
+    assert "needs the worker token" in anonymous.json()["error"]
+    assert client.get(worker.url + "/v2/models/digits/ready").status_code == 200  # a probe stays open
+
+
 def test_metrics_token_without_a_worker_token_refuses_to_start(tmp_path, mlp_v1):
     from serving.config import ConfigError
     from serving.worker import Worker

@@ -302,3 +302,33 @@ def test_non_finite_outputs_in_predict_answers_are_words_in_their_rows():
 
     assert document["outputs"]["probabilities"] == [[1.0, "NaN"], ["-Infinity", 2.0]]
     assert document["outputs"]["logits"] == [[0.0, 0.0], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize("raw", [b"\x02\x01", b"\x00\xff"])
+def test_bool_binary_data_other_than_bytes_0_and_1_is_refused(raw):
+    # NumPy reads any byte as a bool: 2 went to the model as a true that Not left true,
+    # and a Cast of it answered 2 (JSON's true answered 1).
+    header = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 2], "datatype": "BOOL",
+                                       "parameters": {"binary_data_size": 2}}]})
+
+    with pytest.raises(BadRequest) as refused:
+        decode_v2(header + raw, len(header), io_of("BOOL"))
+
+    assert refused.value.message == "input 'input': BOOL binary data must be bytes 0 or 1"
+
+
+def test_bool_binary_data_of_bytes_0_and_1_is_read_as_booleans():
+    header = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 2], "datatype": "BOOL",
+                                       "parameters": {"binary_data_size": 2}}]})
+
+    decoded = decode_v2(header + b"\x01\x00", len(header), io_of("BOOL"))
+
+    assert decoded.tensors[0].tolist() == [[True, False]]
+
+
+@pytest.mark.parametrize(("data", "many"), [(list(range(900)), "900"), ([[0.5, 0.5]] * 900, "over 2")])
+def test_data_longer_than_its_shape_is_refused_before_it_is_converted(data, many):
+    with pytest.raises(BadRequest) as refused:
+        decode_v2(v2_of("FP32", data), None, io_of("FP32"))
+
+    assert refused.value.message == f"input 'input': data has {many} elements, shape [1, 2] needs 2"

@@ -1,0 +1,62 @@
+"""The memory that decoding large request bodies takes, bounded together.
+
+A JSON body becomes Python objects before it becomes an array: about 16 bytes of memory
+for each byte of a body of numbers (one 64 MB body took a worker from 96 MB to 1.1 GB).
+The body buffer (``serving.http_request.BodyBuffer``) bounds bodies while they arrive and
+is given back once a body is whole; the decode came after it, bounded by nothing: six
+62 KB gzip requests, each inflating to 64 MB of numbers, took a worker to 4.8 GB and held
+other clients' requests up to 10.8 s. A body decoded off the event loop (over
+``dataplane.DECODE_OFF_LOOP_BYTES``) now first waits here until its estimated cost fits
+beside the decodes under way, within its deadline; one costing more than the whole
+budget is decoded alone, so no valid body is refused for its size here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+
+JSON_EXPANSION = 16  # bytes of memory per byte of JSON while it is parsed and converted
+
+
+def decode_cost(body_bytes: int, json_bytes: int | None = None) -> int:
+    """The memory a body's decode is taken to need: its JSON part expanded, a binary part
+    (the binary tensor extension, read in place) once."""
+    json_part = body_bytes if json_bytes is None else min(json_bytes, body_bytes)
+    return json_part * JSON_EXPANSION + (body_bytes - json_part)
+
+
+class DecodeTimedOut(Exception):
+    """The deadline passed while a decode waited for room."""
+
+
+class DecodeBudget:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.held = 0
+        self._room: asyncio.Condition | None = None  # made on the serving loop, at first use
+
+    def _fits(self, cost: int) -> bool:
+        return self.held == 0 or self.held + cost <= self.max_bytes
+
+    @asynccontextmanager
+    async def hold(self, cost: int, deadline_s: float):
+        """Hold ``cost`` bytes while the block runs; DecodeTimedOut when there is no room for
+        it before ``deadline_s`` (monotonic clock)."""
+        if self._room is None:
+            self._room = asyncio.Condition()
+        room = self._room
+        async with room:
+            if not self._fits(cost):
+                try:
+                    await asyncio.wait_for(room.wait_for(lambda: self._fits(cost)), max(0.0, deadline_s - time.monotonic()))
+                except TimeoutError:
+                    raise DecodeTimedOut() from None
+            self.held += cost
+        try:
+            yield
+        finally:
+            async with room:
+                self.held -= cost
+                room.notify_all()
