@@ -9,6 +9,7 @@ stored nowhere.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from django.conf import settings
@@ -18,8 +19,10 @@ from django.utils import timezone
 
 from registry.fleet import report_rate, worker_keys
 from registry.fleet.state import issued_digest, serving_counter, warm_versions
-from registry.models import Release, Worker, WorkerAck
+from registry.models import Release, ServingGeneration, Worker, WorkerAck, new_epoch
 from serving.contract import WORKER_STATES, Ack, ContractError, WorkerReport, check_version
+
+logger = logging.getLogger(__name__)
 
 SHOWN_ID_CHARS = 40
 # How long a gone worker stays listed (faded) on the Workers page, named in each model's
@@ -102,7 +105,39 @@ def record_report(message: dict, key: str | None = None) -> Worker:
         for name, value in fields.items():
             setattr(worker, name, value)
         worker.save(update_fields=list(fields))
+    renew_epoch_past(report)
     return worker
+
+
+def renew_epoch_past(report: WorkerReport) -> bool:
+    """A new epoch when ``report`` serves a generation of this epoch the counter has not
+    reached: the database went back (restored from a backup), and the generations above
+    its counter were issued before, with other content, under this epoch. Every state
+    signed then stayed a valid push: replayed on Redis, one rolled a worker back to the
+    pre-restore routes, was acked and persisted, and made the worker drop the console's
+    next real push as older. Under a new epoch those states are of another epoch, which a
+    worker adopts only after asking the console; the new state is published at once.
+    True when the epoch was renewed."""
+    generation, epoch = serving_counter()
+    if not report.epoch or report.epoch != epoch or (report.generation or 0) <= generation:
+        return False
+    with transaction.atomic():
+        counter = ServingGeneration.objects.lock()
+        if counter.epoch != report.epoch or report.generation <= counter.generation:
+            return False  # renewed meanwhile, or the counter caught up
+        counter.epoch = new_epoch()
+        counter.save(update_fields=["epoch"])
+        transaction.on_commit(_publish)
+    logger.warning("worker %r serves generation %s of epoch %s, past this database's counter (%s): the database went back "
+                   "(restored?); a new epoch %s makes the states signed before it unusable as pushes",
+                   report.worker.id[:SHOWN_ID_CHARS], report.generation, epoch, generation, counter.epoch)
+    return True
+
+
+def _publish() -> None:
+    from registry.fleet.publish import publish_desired_state  # needs the channel layer, which parsing reports does not
+
+    publish_desired_state()
 
 
 def allowance_after_report(worker: Worker, now) -> float:

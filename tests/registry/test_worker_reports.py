@@ -136,3 +136,56 @@ def test_a_stopped_worker_that_reports_serving_again_is_live_again(worker_client
     worker_client.post("/api/serving/reports", stateless_report(), format="json")  # the same id, restarted
 
     assert lifecycles(viewer_client) == {"w-new": "serving"}
+
+
+# ---- a counter that went back (the database restored from a backup) ----------------------
+
+
+def counter() -> tuple[int, str]:
+    row = ServingGeneration.objects.get()
+    return row.generation, row.epoch
+
+
+def test_a_worker_serving_a_generation_past_the_counter_renews_the_epoch(worker_client, three_versions):
+    # Restored to generation N, the console issues N+1… again under the same epoch, and every
+    # state signed before the restore above N stays a push a worker takes as newer.
+    generation, epoch = counter()
+    before_restore = {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32, "epoch": epoch}
+
+    assert worker_client.post("/api/serving/reports", before_restore, format="json").status_code == 204
+
+    renewed = worker_client.get("/api/serving/state").json()
+    assert (renewed["generation"], counter()[0]) == (generation, generation)
+    assert renewed["epoch"] not in ("", epoch) and counter()[1] == renewed["epoch"]
+
+
+def test_a_worker_at_or_below_the_counter_keeps_the_epoch(worker_client, three_versions):
+    generation, epoch = counter()
+    report = {**stateless_report(), "generation": generation, "digest": issued_digest(generation), "epoch": epoch}
+
+    assert worker_client.post("/api/serving/reports", report, format="json").status_code == 204
+
+    assert counter() == (generation, epoch)
+
+
+def test_a_worker_of_another_epoch_past_the_counter_keeps_the_epoch(worker_client, three_versions):
+    # Another database's states: its numbers say nothing of this counter's.
+    generation, epoch = counter()
+    report = {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32, "epoch": "0" * 16}
+
+    assert worker_client.post("/api/serving/reports", report, format="json").status_code == 204
+
+    assert counter() == (generation, epoch)
+
+
+def test_after_the_epoch_is_renewed_the_worker_past_the_counter_is_not_converged_until_it_takes_the_new_state(
+        worker_client, viewer_client, three_versions):
+    generation, epoch = counter()
+    worker_client.post("/api/serving/reports", {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32,
+                                                "epoch": epoch}, format="json")
+    state = worker_client.get("/api/serving/state").json()
+
+    assert [row[3] for row in listed(viewer_client)] == [False]
+    worker_client.post("/api/serving/reports", {**stateless_report(), "generation": state["generation"], "digest": state["digest"],
+                                                "epoch": state["epoch"]}, format="json")
+    assert [row[1:4] for row in listed(viewer_client)] == [(state["generation"], state["digest"], True)]
