@@ -9,7 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console import forms
-from console.views import _model, model_context, operator_required
+from console.views import _answer, _first_error, _model, model_context, operator_required
 from registry.actions import catalog
 
 
@@ -53,9 +53,11 @@ def archive_model(request, name: str):
         return render(request, "console/confirm.html", {"nav": "models", "model": model, "standalone": True,
                                                         "archive_preview": catalog.archive_preview(model),
                                                         "confirm_fragment": "console/fragments/confirm_archive.html"})
-    reason = _reason(request)
+    form = forms.ArchiveForm(request.POST)
+    if not form.is_valid():  # never archived with the operator's reason dropped unsaid
+        return _answer(request, model.name, "error", f"Not archived: {_first_error(form)}", status=400)
     try:
-        _, release = catalog.archive(model, request.user, reason)
+        _, release = catalog.archive(model, request.user, form.cleaned_data["reason"])
     except catalog.CatalogError as error:
         return _refused(request, model, error)
     served = f" It stopped serving at generation {release.generation}; workers are unloading it." if release else ""
@@ -67,17 +69,15 @@ def archive_model(request, name: str):
 @operator_required
 def unarchive_model(request, name: str):
     model = _model(name)
+    form = forms.ArchiveForm(request.POST)
+    if not form.is_valid():
+        return _answer(request, model.name, "error", f"Not restored: {_first_error(form)}", status=400)
     try:
-        _, _, outcome = catalog.unarchive(model, request.user, _reason(request))
+        _, _, outcome = catalog.unarchive(model, request.user, form.cleaned_data["reason"])
     except catalog.CatalogError as error:
         return _refused(request, model, error)
     messages.success(request, f"{model.name} restored from the archive: {outcome}.")
     return redirect("model", name=model.name)
-
-
-def _reason(request) -> str:
-    form = forms.ArchiveForm(request.POST)
-    return form.cleaned_data["reason"] if form.is_valid() else ""
 
 
 def _refused(request, model, error: catalog.CatalogError):

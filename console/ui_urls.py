@@ -7,6 +7,7 @@ from console import (
     password_change,
     registry_views,
     rollout_views,
+    user_forms,
     user_views,
     views,
 )
@@ -15,7 +16,7 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", metrics.metrics_view, name="metrics"),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True, authentication_form=user_forms.SignInForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.models_page, name="models"),
     path("models/", registry_views.create_model, name="model-create"),

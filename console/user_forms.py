@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib.auth.forms import PasswordChangeForm
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm, PasswordChangeForm
 from django.contrib.auth.models import User
 
 from registry.domain import roles
@@ -16,7 +17,8 @@ ROLE_CHOICES = [(roles.VIEWER, "viewer: reads everything"), (roles.OPERATOR, "op
 class NewUserForm(forms.Form):
     username = forms.CharField(label="User name", max_length=150, validators=[User.username_validator],
                                help_text="Letters, digits and @ . + - _ only.")
-    email = forms.EmailField(label="Email (optional)", required=False)
+    # The column's length (RFC 5321's 254): a longer address was a 500 on PostgreSQL.
+    email = forms.EmailField(label="Email (optional)", required=False, max_length=254)
     role = forms.ChoiceField(label="Role", choices=ROLE_CHOICES, initial=roles.VIEWER)
 
     def clean_username(self):
@@ -39,3 +41,23 @@ class OwnPasswordForm(PasswordChangeForm):
         if password and self.user.check_password(password):
             self.add_error("new_password2", "choose a password other than the one you signed in with")
         return data
+
+
+class SignInForm(AuthenticationForm):
+    """Django's sign-in, refusing a user name longer than any can be before it is tried.
+
+    Django sets the field's max_length after the field is built, so the length went
+    unchecked to ``authenticate``, where django-axes records the failed attempt in a
+    255-character column: a 256-character name, anonymous and one request, was a 500 on
+    PostgreSQL (and a traceback in the log)."""
+
+    def clean_username(self):
+        username = self.cleaned_data["username"]
+        limit = self.fields["username"].max_length
+        if limit and len(username) > limit:
+            raise forms.ValidationError(f"a user name has at most {limit} characters")
+        return username
+
+
+class AdminSignInForm(SignInForm, AdminAuthenticationForm):
+    """The same check on the Django admin's sign-in."""

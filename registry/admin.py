@@ -1,7 +1,8 @@
 """Django admin for inference API keys (staff with the model's permissions only).
 
-Adding a key asks only for a name; the key is generated, shown once in the success
-message, and only its sha256 is stored. Keys are revoked (an action), never deleted, and
+Adding a key asks only for a name; the key is generated, shown once as the add form's own
+answer, and only its sha256 is stored (shown in a message, it was kept in clear in the
+session table until the next page read it, for two weeks if none did). Keys are revoked (an action), never deleted, and
 a saved key's fields cannot be edited: to rotate, create a new key and revoke the old one.
 
 DRF's own admin for users' API tokens is taken off the site: it listed every user's token
@@ -12,6 +13,8 @@ pages show a key once, to whoever issued it, and keep it only in DRF's table.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+from django.utils.cache import add_never_cache_headers
 from rest_framework.authtoken.models import TokenProxy
 
 from registry.actions import api_keys
@@ -40,8 +43,15 @@ class InferenceApiKeyAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         if change:
             return  # nothing of a saved key is editable
-        _, key = api_keys.create_key(obj.name, request.user, row=obj)
-        messages.warning(request, f"API key for “{obj.name}”: {key} — copy it now, it is not shown again.")
+        _, request.new_api_key = api_keys.create_key(obj.name, request.user, row=obj)
+
+    def response_add(self, request, obj, post_url_continue=None):
+        """The new key, on this answer alone: never a message (stored in the session) or a redirect."""
+        context = {**self.admin_site.each_context(request), "title": f"API key for “{obj.name}”", "key_row": obj,
+                   "key": request.new_api_key, "opts": self.model._meta}
+        response = TemplateResponse(request, "admin/registry/inferenceapikey/created.html", context)
+        add_never_cache_headers(response)
+        return response
 
     @admin.action(description="Revoke the selected keys", permissions=("change",))
     def revoke(self, request, queryset):

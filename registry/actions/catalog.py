@@ -52,9 +52,13 @@ def create_model(name: str, *, created_by, description: str = "", tags: list[str
     return model
 
 
-def change_model(model: RegisteredModel, actor, *, description=UNSET, tags=UNSET, owner=UNSET) -> RegisteredModel:
-    """Change what is given; the audit event lists what changed (nothing: no event)."""
-    changes = {field: value for field, value in {"description": description, "tags": tags, "owner": owner}.items() if value is not UNSET}
+def change_model(model: RegisteredModel, actor, *, description=UNSET, tags=UNSET, owner=UNSET, analysis=UNSET) -> RegisteredModel:
+    """Change what is given; the audit event lists what changed (nothing: no event).
+    ``analysis``: the canary analysis thresholds its rollouts start with, checked by the
+    caller (``rollouts.resolve_analysis``); audited like the rest, since loosening them is
+    how automatic rollback is switched off."""
+    given = {"description": description, "tags": tags, "owner": owner, "analysis": analysis}
+    changes = {field: value for field, value in given.items() if value is not UNSET}
     if "tags" in changes:
         changes["tags"] = check_tags(changes["tags"])
     with transaction.atomic():

@@ -32,6 +32,8 @@ def model_changed(model: RegisteredModel, user, changed: dict) -> AuditEvent:
 def _shown(value) -> str:
     if isinstance(value, list):
         return ", ".join(value) or "none"
+    if isinstance(value, dict):  # a model's analysis thresholds: each setting it overrides
+        return (", ".join(f"{key} {item}" for key, item in sorted(value.items())) or "the defaults")[:200]
     if hasattr(value, "get_username"):
         return value.get_username()
     return "none" if value in (None, "") else str(value)[:200]

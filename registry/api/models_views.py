@@ -95,11 +95,7 @@ class ModelDetail(generics.RetrieveUpdateAPIView):
         model = self.get_object()
         form = serializers.ModelUpdateSerializer(model, data=request.data, partial=True)
         form.is_valid(raise_exception=True)
-        data = dict(form.validated_data)
-        if "analysis" in data:  # thresholds are not catalogue facts: saved as before
-            model.analysis = data.pop("analysis")
-            model.save(update_fields=["analysis"])
-        model = catalog.change_model(model, request.user, **data)
+        model = catalog.change_model(model, request.user, **form.validated_data)
         return Response(serializers.ModelSerializer(model).data)
 
 

@@ -57,6 +57,8 @@ class AuditFilter:
         actor = (query.get("actor") or "").strip()
         if kind and kind not in AuditKind.values:
             raise AuditFilterError("kind", f"no audit kind {kind[:SHOWN_PREFIX]!r}; one of {', '.join(AuditKind.values)}")
+        if "\x00" in actor:  # PostgreSQL refuses NUL in a text parameter: the lookup below was a 500
+            raise AuditFilterError("actor", "must not contain NUL (\\u0000) characters")
         if actor and not get_user_model().objects.filter(username=actor).exists():
             raise AuditFilterError("actor", f"no user named {actor[:SHOWN_PREFIX]!r}")
         return cls(kind=kind, actor=actor)

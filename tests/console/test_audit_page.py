@@ -69,7 +69,8 @@ def test_a_fragment_refresh_keeps_the_filter(viewer_page, digits, admin_user):
     assert "No event matches this filter." in html
 
 
-@pytest.mark.parametrize(("query", "words"), [("?kind=nonsense", "kind: no audit kind"), ("?actor=nobody", "actor: no user named")])
+@pytest.mark.parametrize(("query", "words"), [("?kind=nonsense", "kind: no audit kind"), ("?actor=nobody", "actor: no user named"),
+                                              ("?actor=a%00b", "actor: must not contain NUL")])
 def test_a_bad_filter_is_a_400_that_names_it_and_shows_everything(viewer_page, digits, query, words):
     response = viewer_page.get(f"/models/digits/{query}")
 

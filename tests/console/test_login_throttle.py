@@ -55,3 +55,13 @@ def test_the_cool_off_ends_the_lockout(settings, operator):
     AccessAttempt.objects.update(attempt_time=AccessAttempt.objects.get().attempt_time - settings.AXES_COOLOFF_TIME)
 
     assert sign_in("olivia", "pw-olivia").status_code == 302
+
+
+@pytest.mark.parametrize("path", ["/login/", "/admin/login/"])
+def test_a_user_name_longer_than_any_can_be_is_refused_by_the_form_and_never_tried(path):
+    # Tried, django-axes recorded it in a 255-character column: a 500 on PostgreSQL.
+    response = Client(REMOTE_ADDR="203.0.113.7").post(path, {"username": "g" * 256, "password": "p"})
+
+    assert response.status_code == 200
+    assert "a user name has at most 150 characters" in response.content.decode()
+    assert AccessAttempt.objects.count() == 0

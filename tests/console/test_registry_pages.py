@@ -273,3 +273,25 @@ def test_a_duplicate_upload_without_javascript_names_the_forms_copy_checkbox_whi
     assert 'name="allow_duplicate"' in text  # the checkbox it names, on the page it lands on
     assert copied.status_code == 302
     assert list(digits.versions.values_list("number", flat=True)) == [4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("reason", ["x" * 501, "retired\x00"])
+@pytest.mark.parametrize(("action", "said"), [("archive", "Not archived"), ("unarchive", "Not restored")])
+def test_an_archive_or_restore_with_a_reason_the_form_refuses_is_not_done_and_says_why(operator_page, digits, operator, reason,
+                                                                                       action, said):
+    # The reason was dropped without a word and the model archived (every worker stopped serving it).
+    if action == "unarchive":
+        catalog.archive(digits, operator)
+    before = digits.current_release().generation
+
+    response = operator_page.post(f"/models/digits/{action}/", {"reason": reason})
+
+    assert [message.startswith(f"{said}: Reason (optional): ") for message in messages_of(response)] == [True]
+    assert digits.current_release().generation == before
+
+
+def test_an_archive_asked_for_as_json_with_a_bad_reason_is_a_400_naming_it(operator_page, digits):
+    response = operator_page.post("/models/digits/archive/", {"reason": "x" * 501}, headers={"Accept": "application/json"})
+
+    assert response.status_code == 400
+    assert response.json()["message"].startswith("Not archived: Reason (optional): Ensure this value has at most 500 characters")

@@ -160,6 +160,15 @@ def test_a_viewer_may_read_and_export_the_timeline(viewer_client, three_versions
     assert viewer_client.get(AUDIT, {"format": "csv"}).status_code == 200
 
 
+@pytest.mark.parametrize("as_csv", [False, True])
+def test_an_actor_with_a_nul_character_is_a_400_naming_the_filter(viewer_client, three_versions, as_csv):
+    # PostgreSQL refuses NUL in a text parameter: the user lookup was a 500 there.
+    response = viewer_client.get(AUDIT, {"actor": "a\x00b", **({"format": "csv"} if as_csv else {})})
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "actor: must not contain NUL (\\u0000) characters"
+
+
 def test_an_unknown_model_is_a_404_even_as_csv(operator_client, three_versions):
     response = operator_client.get("/api/models/no-such-model/audit/", {"format": "csv"})
 

@@ -97,6 +97,28 @@ def test_patch_changes_tags_and_owner_and_records_it(operator_client, viewer):
     assert event.data == {"changed": {"tags": "cards, eu", "owner": "victor"}}
 
 
+def test_patch_of_the_analysis_thresholds_is_recorded_naming_each_setting(operator_client):
+    # Loosened thresholds switch automatic rollback off for every later rollout: it left no event.
+    create(operator_client, name="fraud")
+    loosened = {"max_server_error_excess": 1, "failure_limit": 100}
+
+    response = operator_client.patch("/api/models/fraud/", {"analysis": loosened}, format="json")
+
+    assert response.status_code == 200, response.content
+    event = AuditEvent.objects.get(kind="model_changed")
+    assert event.data == {"changed": {"analysis": "failure_limit 100, max_server_error_excess 1"}}
+    assert (event.actor.username, RegisteredModel.objects.get(name="fraud").analysis) == ("olivia", loosened)
+
+
+def test_patch_of_the_same_analysis_thresholds_again_records_nothing(operator_client):
+    create(operator_client, name="fraud")
+    operator_client.patch("/api/models/fraud/", {"analysis": {"failure_limit": 3}}, format="json")
+
+    operator_client.patch("/api/models/fraud/", {"analysis": {"failure_limit": 3}}, format="json")
+
+    assert AuditEvent.objects.filter(kind="model_changed").count() == 1
+
+
 def test_patch_with_bad_tags_changes_nothing(operator_client):
     create(operator_client, name="fraud", tags=["cards"], description="before")
 
