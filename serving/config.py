@@ -41,6 +41,7 @@ class ServingConfig:
     max_batches_in_flight: int = 1
     max_shape_queues: int = 16
     request_timeout_s: float = 10.0
+    warm_timeout_s: float = 120.0  # a version's warm-up, every batch size; past it the load fails
     max_body_bytes: int = 64 * 1024 * 1024
     max_body_buffer_bytes: int = 512 * 1024 * 1024  # every body being received at once, together
     max_elements: int = 16 * 1024 * 1024
@@ -92,6 +93,7 @@ class ServingConfig:
             max_batches_in_flight=env_int("SERVING_MAX_BATCHES_IN_FLIGHT", 1, minimum=1),
             max_shape_queues=env_int("SERVING_MAX_SHAPE_QUEUES", 16, minimum=1),
             request_timeout_s=request_timeout_s,
+            warm_timeout_s=env_float("SERVING_WARM_TIMEOUT_S", 120.0, minimum=0.1),
             max_body_bytes=env_int("SERVING_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
             max_body_buffer_bytes=env_int("SERVING_MAX_BODY_BUFFER_BYTES", 512 * 1024 * 1024, minimum=1024),
             max_elements=env_int("SERVING_MAX_ELEMENTS", 16 * 1024 * 1024, minimum=1),

@@ -29,7 +29,7 @@ import onnxruntime as ort
 from serving import run_memory
 from serving.config import ConfigError, ServingConfig
 from serving.model_safety import check_model_bytes
-from serving.run_stop import current_options
+from serving.run_stop import current_options, stopped_after
 
 logger = logging.getLogger("serving.engine")
 
@@ -193,17 +193,36 @@ class Engine:
             feeds.append(np.zeros(dims, dtype=spec.dtype or np.float32))
         return tuple(feeds)
 
-    def warm(self, max_batch_size: int, start: int = 1) -> list[tuple[int, float]]:
+    def warm(self, max_batch_size: int, start: int = 1, timeout_s: float | None = None) -> list[tuple[int, float]]:
         """Run every batch size from `start` to `max_batch_size`, then time a few to seed
-        the batcher's latency model. Returns (rows, seconds) samples."""
-        sizes = range(start, max_batch_size + 1) if self.is_batchable else [1]
-        for rows in sizes:
-            self.run(self.example_inputs(rows))
-        samples = []
-        for rows in sorted({1, max(1, max(sizes) // 2), max(sizes)}):
-            feeds = self.example_inputs(rows)
-            for _ in range(3):
-                started_s = time.perf_counter()
-                self.run(feeds)
-                samples.append((rows, time.perf_counter() - started_s))
-        return samples
+        the batcher's latency model. Returns (rows, seconds) samples. Past `timeout_s` the
+        run under way is stopped (ONNX Runtime's RunOptions) and WarmTimedOut raised: a
+        model that loops for ever at one batch size (its inspection ran others) held the
+        worker's apply for good, and with it every later state, rollbacks included."""
+        rows = start
+        with stopped_after(timeout_s) as stop:
+            run = stop.running(self.run)
+            try:
+                sizes = range(start, max_batch_size + 1) if self.is_batchable else [1]
+                for rows in sizes:
+                    run(self.example_inputs(rows))
+                samples = []
+                for rows in sorted({1, max(1, max(sizes) // 2), max(sizes)}):
+                    feeds = self.example_inputs(rows)
+                    for _ in range(3):
+                        started_s = time.perf_counter()
+                        run(feeds)
+                        samples.append((rows, time.perf_counter() - started_s))
+                return samples
+            except Exception:
+                if stop.stopped:
+                    raise WarmTimedOut(rows, timeout_s) from None
+                raise
+
+
+class WarmTimedOut(Exception):
+    """A warm-up that ran past its time; the run under way was stopped."""
+
+    def __init__(self, rows: int, timeout_s: float):
+        super().__init__(f"the warm-up ran past SERVING_WARM_TIMEOUT_S ({timeout_s:g} s) at batch size {rows}; its run was stopped")
+        self.rows = rows

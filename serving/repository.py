@@ -21,6 +21,7 @@ from serving import metrics
 from serving.artifact_cache import evict_unused_artifacts
 from serving.config import ServingConfig
 from serving.contract import BatchPolicy, ContractError
+from serving.engine import WarmTimedOut
 from serving.errors import LoadError
 from serving.loaded_version import LoadedVersion
 from serving.logs import event
@@ -151,7 +152,10 @@ class Repository:
             return
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, version.engine.warm, policy.max_batch_size, version.policy.max_batch_size + 1)
+            await loop.run_in_executor(None, version.engine.warm, policy.max_batch_size, version.policy.max_batch_size + 1,
+                                       self.config.warm_timeout_s)
+        except WarmTimedOut as error:
+            raise LoadError(f"{version.model_name} v{version.version}: {error}") from None
         except Exception as error:  # noqa: BLE001 - ONNX Runtime raises its own kinds
             raise LoadError(f"{version.model_name} v{version.version}: batches of up to {policy.max_batch_size} rows "
                             f"failed to run: {type(error).__name__}: {str(error)[:200]}") from None

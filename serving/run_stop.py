@@ -14,7 +14,8 @@ function's signature: the run is wrapped once per batch, on the dispatch thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import onnxruntime as ort
 
@@ -53,3 +54,20 @@ class RunStop:
 def current_options() -> ort.RunOptions | None:
     """The RunOptions of the batch this thread is running, if any."""
     return getattr(_current, "options", None)
+
+
+@contextmanager
+def stopped_after(timeout_s: float | None) -> Iterator[RunStop]:
+    """A RunStop that stops its runs once ``timeout_s`` has passed (never with None): a
+    warm-up or a benchmark has no request deadline to stop it, and a model that loops for
+    ever at one batch size held its thread, and whatever waited for it, for good."""
+    stop = RunStop()
+    timer = None if timeout_s is None else threading.Timer(timeout_s, stop.stop)
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield stop
+    finally:
+        if timer is not None:
+            timer.cancel()

@@ -21,7 +21,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from serving.config import ServingConfig
 from serving.console_client import ArtifactError
 from serving.dispatch import lower_priority
-from serving.engine import Engine
+from serving.engine import Engine, WarmTimedOut
 from serving.errors import LoadError
 from serving.loaded_version import LoadedVersion
 from serving.model_safety import UnsafeModel
@@ -43,10 +43,12 @@ async def load_version(spec: VersionSpec, config: ServingConfig, device: str, fe
         _check_signature(spec, engine)
         version = LoadedVersion(spec, engine, config)
         try:
-            samples = await loop.run_in_executor(None, engine.warm, version.policy.max_batch_size)
+            samples = await loop.run_in_executor(None, engine.warm, version.policy.max_batch_size, 1, config.warm_timeout_s)
         except BaseException:
             version.close()
             raise
+    except WarmTimedOut as exc:
+        raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
     except (ArtifactError, OSError) as exc:
         raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
     except UnsafeModel as exc:  # the worker's own check, before any session exists

@@ -20,6 +20,7 @@ from serving.engine import Engine
 from serving.jobs.formats import FormatError
 from serving.jobs.model import describe_failure, load_engine
 from serving.jobs.protocol import Progress, peak_rss_bytes
+from serving.run_stop import stopped_after
 
 STANDARD_SIZES = (1, 8, 32)
 WARM_RUNS = 3
@@ -41,20 +42,28 @@ def run(model: Path, max_batch_size: int, seconds_per_size: float) -> dict:
     progress = Progress(len(sizes))
     measured = []
     for done, size in enumerate(sizes, start=1):
-        measured.append(measure(engine, size, seconds_per_size))
+        measured.append(measure(engine, size, seconds_per_size, config.warm_timeout_s))
         progress.tick(done)
     progress.finish(len(sizes))
     return {"device": engine.device, "onnxruntime": ort.__version__, "sizes": measured,
             "peak_rss_bytes": peak_rss_bytes(), "session": session_summary(engine, config)}
 
 
-def measure(engine: Engine, batch_size: int, seconds: float) -> dict:
+def measure(engine: Engine, batch_size: int, seconds: float, warm_timeout_s: float | None = None) -> dict:
+    """The size's figures. Its warm runs are stopped past ``warm_timeout_s`` (the worker's
+    SERVING_WARM_TIMEOUT_S): a model looping for ever at 8 rows held the one jobs worker,
+    every upload's validation queued behind it, until JOB_TIMEOUT_S (an hour)."""
     feeds = engine.example_inputs(batch_size)
     try:
-        for _ in range(WARM_RUNS):
-            engine.run(feeds)
+        with stopped_after(warm_timeout_s) as stop:
+            warm = stop.running(engine.run)
+            for _ in range(WARM_RUNS):
+                warm(feeds)
         timings_s = _timed_runs(engine, feeds, seconds)
     except Exception as error:  # noqa: BLE001 - ORT raises its own classes, with no common base
+        if stop.stopped:
+            raise FormatError(f"the model did not finish a batch of {batch_size} rows of zeros within SERVING_WARM_TIMEOUT_S "
+                              f"({warm_timeout_s:g} s); its run was stopped") from None
         raise FormatError(f"the model fails on a batch of {batch_size} rows of zeros: "
                           f"{describe_failure(error)}") from None
     timings = np.asarray(timings_s)

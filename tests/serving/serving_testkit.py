@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import orjson
 import uvicorn
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from registry.building.onnx_build import to_bytes
 from serving.config import ServingConfig
@@ -182,3 +182,25 @@ class HeldRun:
         self.entered.set()
         assert self.release.wait(5)
         return self._run(feeds)
+
+def loops_for_ever_at(rows: int):
+    """x [batch, 4] -> x, through a Loop of 10**12 iterations when the batch has ``rows``
+    rows and of none otherwise: an upload's inspection, which runs other sizes, passes it."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["condition_in"], ["condition_out"]), helper.make_node("Identity", ["x_in"], ["x_out"])],
+        "body",
+        [helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+         helper.make_tensor_value_info("condition_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("condition_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, ["batch", 4])],
+    )
+    constants = [numpy_helper.from_array(np.array(value, dtype), name) for value, dtype, name in
+                 [(0, np.int64, "first"), (rows, np.int64, "rows"), (10**12, np.int64, "many"), (True, np.bool_, "keep_going")]]
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "first"], ["batch"]),
+             helper.make_node("Equal", ["batch", "rows"], ["is_it"]), helper.make_node("Cast", ["is_it"], ["one_or_zero"], to=TensorProto.INT64),
+             helper.make_node("Mul", ["one_or_zero", "many"], ["trips"]),
+             helper.make_node("Loop", ["trips", "keep_going", "x"], ["y"], body=body)]
+    graph = helper.make_graph(nodes, "wedge", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

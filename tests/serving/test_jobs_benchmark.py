@@ -42,3 +42,18 @@ def test_a_model_that_is_not_batchable_is_timed_at_batch_size_1_only(tmp_path, c
     events = captured_events(capsys.readouterr().out)
     assert code == 0
     assert [size["batch_size"] for size in events[-1]["result"]["sizes"]] == [1]
+
+
+def test_a_size_whose_warm_runs_never_end_is_stopped_past_the_warm_timeout_naming_it(tmp_path):
+    # A model looping for ever at 8 rows held the one jobs worker for JOB_TIMEOUT_S (an hour).
+    from serving_testkit import loops_for_ever_at, make_config, to_bytes
+
+    from serving.engine import Engine
+    from serving.jobs.benchmark import measure
+    from serving.jobs.formats import FormatError
+
+    engine = Engine(to_bytes(loops_for_ever_at(8)), make_config(tmp_path), "cpu")
+
+    with pytest.raises(FormatError, match=r"did not finish a batch of 8 rows of zeros within SERVING_WARM_TIMEOUT_S \(0.5 s\)"):
+        measure(engine, 8, 0.1, warm_timeout_s=0.5)
+    assert measure(engine, 4, 0.05, warm_timeout_s=0.5)["batch_size"] == 4

@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 from prometheus_client import generate_latest
+from serving_testkit import route, state
 
 from serving.protocol import Decoded
 from serving.repository import Repository
-from serving_testkit import route, state
 
 
 def digits(generation: int, *routes, warm=()) -> dict:
@@ -170,3 +170,27 @@ async def test_a_batching_change_alone_is_applied_once_its_sizes_are_warm(reposi
 
     assert result["ok"] is True
     assert repository.loaded[("digits", 1)].policy.max_batch_size == 32
+
+
+async def test_a_version_whose_warm_up_never_ends_fails_its_apply_in_time_and_the_rollback_after_it_applies(tmp_path, mlp_v1):
+    # Its warm-up at 3 rows held the apply for good, and every later state with it: the
+    # rollback never applied and the worker went on serving the state before.
+    from serving_testkit import loops_for_ever_at, make_config, write_model
+
+    from serving.console_client import ConsoleClient
+
+    client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
+    repository = Repository(make_config(tmp_path, warm_timeout_s=1.0), "cpu", client.fetch_artifact)
+    wedge = write_model(tmp_path, "wedge", loops_for_ever_at(3))
+    await repository.apply(digits(1, route(1, 100, *mlp_v1)))
+
+    started = time.monotonic()
+    canary = await repository.apply(digits(2, route(1, 90, *mlp_v1), route(2, 10, *wedge)))
+    took_s = time.monotonic() - started
+    rollback = await repository.apply(digits(3, route(1, 100, *mlp_v1)))
+
+    assert canary["ok"] is False, canary
+    assert "digits v2: the warm-up ran past SERVING_WARM_TIMEOUT_S (1 s) at batch size 3; its run was stopped" in canary["error"]
+    assert took_s < 15
+    assert rollback["ok"] is True and repository.generation == 3
+    assert await infer(repository) == 1
