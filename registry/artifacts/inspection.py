@@ -83,6 +83,11 @@ CHILD_INHERITED_VARIABLES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_P
 # Declared input dimensions a worker can serve: positive, and no request bigger than
 # a worker's default element limit (SERVING_MAX_ELEMENTS).
 MAX_DIMENSION = 2**20
+# Names and lists every desired state carries (the signature) or the report stores.
+MAX_NAME_CHARS = 256
+PRODUCER_CHARS = 200  # the column's length (registry.models.ModelVersion.producer)
+MAX_GRAPH_TENSORS = 1024
+MAX_OPSET_IMPORTS = 64
 MAX_INPUT_ELEMENTS = 16 * 1024 * 1024
 # Batchability: a row alone and the same row batched with another must agree to
 # within what a different GEMM blocking can change, no more.
@@ -450,6 +455,7 @@ class _ChildInspection:
         self.data = self.path.read_bytes()
         self.report["artifact_size_bytes"] = len(self.data)
         self.model = _parse_model(self.data)
+        _refuse_oversized_names(self.model)  # before any name is written into the report
         self.report.update(_model_facts(self.model))
         return f"parsed ONNX model, IR version {self.model.ir_version}"
 
@@ -530,6 +536,29 @@ def _parse_model(data: bytes) -> ModelProto:
     return model
 
 
+def _refuse_oversized_names(model: ModelProto) -> None:
+    """Names and lists that travel in every desired state (the signature) or into the
+    report, bounded: a 20 MiB output name made every state sent to every worker 20 MB
+    (past the 16 MiB a worker persists, so a worker restarted during a console outage
+    served nothing), and 200,000 declared operator sets stored a 43 MB report."""
+    if len(model.opset_import) > MAX_OPSET_IMPORTS:
+        raise _Refusal(f"the model declares {len(model.opset_import)} operator sets, more than the limit {MAX_OPSET_IMPORTS}")
+    for role, values in (("input", model.graph.input), ("output", model.graph.output)):
+        if len(values) > MAX_GRAPH_TENSORS:
+            raise _Refusal(f"the model has {len(values)} {role}s, more than the limit {MAX_GRAPH_TENSORS}")
+        for value in values:
+            _refuse_long_name(f"an {role} name", value.name)
+    for entry in model.opset_import:
+        _refuse_long_name("an operator set domain", entry.domain)
+    for node in _all_nodes(model):
+        _refuse_long_name("an operator domain", node.domain)
+
+
+def _refuse_long_name(what: str, name: str) -> None:
+    if len(name) > MAX_NAME_CHARS:
+        raise _Refusal(f"{what} of {len(name)} characters ('{_short_name(name)}'), more than the limit {MAX_NAME_CHARS}")
+
+
 def _model_facts(model: ModelProto) -> dict:
     nodes = list(_all_nodes(model))
     return {
@@ -583,7 +612,7 @@ def _build_signature(model: ModelProto) -> dict:
         "inputs": inputs,
         "outputs": [_tensor_spec(value, "output") for value in model.graph.output],
         "opset": _default_opset(model),
-        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "producer": f"{model.producer_name} {model.producer_version}".strip()[:PRODUCER_CHARS],
     }
 
 

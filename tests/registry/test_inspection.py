@@ -562,3 +562,50 @@ def test_fixed_first_dimension_is_not_batchable(fixed_batch_onnx):
     assert result.report["not_batchable_reason"] == "input 'input' has no dynamic first dimension"
     assert "batch_sizes_run" not in result.report
 
+
+
+# ---------------------------------------------------------------- names every state carries
+
+
+def renamed_output(name: str):
+    model = build_matmul()
+    model.graph.node[0].output[0] = name
+    model.graph.output[0].name = name
+    return model
+
+
+def test_an_output_name_past_the_limit_is_refused_before_it_reaches_the_report(tmp_path):
+    # A 20 MiB output name made every desired state 20 MB, past what a worker persists.
+    error = refusal(write_model(tmp_path, "long-name.onnx", renamed_output("y" * 257)))
+
+    assert error.status == 422
+    assert "an output name of 257 characters" in error.reason and "more than the limit 256" in error.reason
+    assert check_names(error.report) == ["parse"]
+    assert "y" * 257 not in json.dumps(error.report)
+
+
+def test_an_output_name_at_the_limit_is_accepted(tmp_path):
+    result = inspect_artifact(write_model(tmp_path, "name.onnx", renamed_output("y" * 256)))
+
+    assert [spec["name"] for spec in result.signature["outputs"]] == ["y" * 256]
+
+
+def test_more_operator_sets_than_the_limit_are_refused_and_not_listed_in_the_report(tmp_path):
+    # 200,000 declared operator sets stored a 43 MB report, kept with the rejected version.
+    model = build_matmul()
+    for index in range(inspection.MAX_OPSET_IMPORTS):
+        model.opset_import.add(domain=f"com.example.d{index}", version=1)
+
+    error = refusal(write_model(tmp_path, "opsets.onnx", model))
+
+    assert "operator sets, more than the limit 64" in error.reason
+    assert "opset_imports" not in error.report
+
+
+def test_a_producer_name_longer_than_its_column_is_cut_to_it(tmp_path):
+    model = build_matmul()
+    model.producer_name = "p" * 5000
+
+    result = inspect_artifact(write_model(tmp_path, "producer.onnx", model))
+
+    assert result.producer == "p" * 200
