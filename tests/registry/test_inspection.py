@@ -498,10 +498,10 @@ def test_unservable_declared_dimension_is_a_422_naming_the_input(shape, words, t
 # ---------------------------------------------------------------- the batch sizes a worker warms
 
 
-def test_inspection_runs_every_batch_size_class_the_worker_warms(good_onnx):
+def test_inspection_runs_every_batch_size_the_worker_warms(good_onnx):
     report = inspect_artifact(good_onnx, max_batch_size=8).report
 
-    assert report["batch_sizes_run"] == [1, 2, 8]
+    assert report["batch_sizes_run"] == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 def test_model_failing_at_two_rows_is_refused_at_upload(tmp_path):
@@ -609,3 +609,20 @@ def test_a_producer_name_longer_than_its_column_is_cut_to_it(tmp_path):
     result = inspect_artifact(write_model(tmp_path, "producer.onnx", model))
 
     assert result.producer == "p" * 200
+
+
+def test_a_model_that_never_finishes_at_one_batch_size_inside_the_max_is_refused(tmp_path):
+    # It passed 1, 2 and 32, then held every worker's warm-up: 17 rows loop 10**12 times.
+    from tests.serving.serving_testkit import loops_for_ever_at
+
+    error = refusal(write_model(tmp_path, "wedge.onnx", loops_for_ever_at(17)), timeout_s=3)
+
+    assert (error.status, error.reason) == (422, "inspection timed out after 3 s")
+
+
+@pytest.mark.parametrize(("name", "code"), [("y\x1b[31m", "001B"), ("y\u202eexe.txt", "202E")])
+def test_an_output_name_with_a_control_character_is_refused_naming_it(tmp_path, name, code):
+    error = refusal(write_model(tmp_path, "control.onnx", renamed_output(name)))
+
+    assert error.status == 422
+    assert error.reason == f"an output name holds the control character U+{code}, which no name needs"
