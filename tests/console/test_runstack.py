@@ -174,6 +174,22 @@ def test_the_embedded_redis_stops_after_everything_that_uses_it(running):
     assert gone_at[redis] >= max(gone_at[pid] for pid in others)
 
 
+def test_a_stopped_stack_lists_its_worker_as_stopped_not_gone(running):
+    # Stopped together, the console went first and missed the worker's last report: the
+    # worker stayed "serving", then "gone", named "not measured" by every drill for an hour.
+    running.stack.send_signal(signal.SIGTERM)
+    running.stack.wait(timeout=60)
+
+    env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL"}}
+    env.update(DATA_DIR=str(running.data_dir))
+    code = ("from registry.fleet.workers import lifecycle; from registry.models import Worker; "
+            "print(sorted(lifecycle(worker) for worker in Worker.objects.all()))")
+    listed = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=60)
+
+    assert listed.stdout.strip().splitlines()[-1] == "['stopped']", listed.stderr[-2000:]
+
+
 def test_a_hangup_stops_the_whole_stack(running):
     running.stack.send_signal(signal.SIGHUP)  # what closing the terminal sends
     running.stack.wait(timeout=60)

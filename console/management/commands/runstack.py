@@ -36,6 +36,7 @@ from registry.artifacts import storage
 from serving.env import env_int, port_number
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+WORKER_ROLE = "serving worker"  # its role in the line that says a child died, and what stops first
 
 
 
@@ -82,7 +83,7 @@ class Command(BaseCommand):
             self._spawn([*console, *CONSOLE_HTTP_OPTIONS], env, children, "console")
             self._wait_http(f"{console_url}/healthz", children[-1])
             self._spawn([sys.executable, "manage.py", "serve", "--host", host, "--port", str(serving_port)], worker_environment(env), children,
-                        "serving worker")
+                        WORKER_ROLE)
             serving_worker = children[-1]
             self._spawn([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues", "celery", "--concurrency", "1",
                          "--hostname", "control@%h", "--loglevel", "INFO", "--schedule", str(settings.DATA_DIR / "celerybeat-schedule")], env, children,
@@ -101,6 +102,10 @@ class Command(BaseCommand):
             # No stop signal can cut this short: they only set a flag. The embedded Redis
             # goes last, once the rest have stopped: stopped with them, a Celery worker
             # finishing a job lost its broker mid-shutdown ("Couldn't ack", a traceback).
+            # The worker first, while the console still takes its last report ("stopped"):
+            # stopped together, the console was gone first, and the worker stayed listed as
+            # serving, then gone, its id named "not measured" by every drill for an hour.
+            stop_all([child for child in children if self.roles.get(child.pid) == WORKER_ROLE])
             stop_all([child for child in children if child is not self.redis_process])
             stop_all([child for child in children if child is self.redis_process])
             sweep_groups(children)  # each in a session of its own (_spawn, embedded_redis.start)
