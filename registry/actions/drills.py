@@ -62,6 +62,9 @@ POLL_S = 0.05
 # 10 s apart, about 33 s to a restart); a worker silent longer is taken for dead, since
 # every restart reports under a new id and the old one's row stays until retention.
 RECENTLY_SILENT_S = 60.0
+# A drill's wait overrunning DRILL_ACK_TIMEOUT_S by more than this was the console's own
+# stall, not a slow poll (POLL_S) or a slow query.
+CONSOLE_STALL_SLACK_S = 2.0
 # Workers gone longer than RECENTLY_SILENT_S are not measured, and the drill's note names
 # those gone within the Workers page's window (GONE_LISTED_FOR), so each one named can
 # still be found there; older ones, usually dead ids of restarted workers, were named in
@@ -91,6 +94,8 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
             _add_reason(drill, f"not measured: {len(gone)} worker(s) gone before the drill (last report between "
                                f"{RECENTLY_SILENT_S:g} s and {_duration(GONE_NOTED_FOR)} before it): {', '.join(gone)}")
         _note_uncounted_requests(drill)
+        _note_silent_workers(drill)
+        _note_console_stall(drill)
     except Exception as error:
         drill.workers, drill.status = [], DrillStatus.FAILED
         if is_database_unavailable(error):
@@ -337,7 +342,8 @@ def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int
     if not ack.ok:
         return failed_to_apply(ack.error)
     if confirmed_s is None:
-        return f"acked, but no report showed it serving generation {generation} or later before the timeout"
+        # "or later" was read as any later generation: one that replaced the rollback does not count.
+        return f"acked, but no report showed it serving generation {generation} (or a later state that kept the rollback) before the timeout"
     return ""
 
 
@@ -394,6 +400,29 @@ def _note_uncounted_requests(drill: Drill) -> None:
     if uncounted and not any(row["failed_requests"] for row in drill.workers):
         _add_reason(drill, f"failed requests not counted for {len(uncounted)} worker(s), whose reports carry no failure counter: "
                            f"{', '.join(uncounted)}")
+
+
+def _note_silent_workers(drill: Drill) -> None:
+    """A worker that was silent as the drill began and followed it all the same: said in
+    the summary, where a frozen worker's drill read "passed, 0 failed requests" although
+    its clients' requests waited for it (a failure counter counts answers, not waits).
+    One that never confirmed has its silence in its row's reason already."""
+    followed = [row for row in drill.workers if row["silent_before_s"] is not None and row["confirmed_s"] is not None]
+    if followed:
+        who = ", ".join(f"{row['worker']} (silent {row['silent_before_s']:.1f} s, confirmed at {row['confirmed_s']:.1f} s)" for row in followed)
+        _add_reason(drill, f"{len(followed)} worker(s) silent as the drill began followed it, but requests sent to them meanwhile "
+                           f"waited and are not among the failed: {who}")
+
+
+def _note_console_stall(drill: Drill) -> None:
+    """The console's own wait, overrun: its process or database paused (SIGSTOP for 15 s
+    in a fault run), the rollback reached no worker meanwhile, and the summary blamed every
+    worker ("no ack before the timeout") with nothing to say where the time went."""
+    late_s = _since(drill, timezone.now()) - settings.DRILL_ACK_TIMEOUT_S
+    if late_s > CONSOLE_STALL_SLACK_S:
+        _add_reason(drill, f"the console itself stalled: its wait for the workers ended {late_s:.1f} s past the "
+                           f"{settings.DRILL_ACK_TIMEOUT_S:g} s it allows (its process or its database paused), so a worker "
+                           "named above may have received the rollback late or not at all")
 
 
 def _record_end(drill: Drill) -> None:

@@ -8,6 +8,7 @@ here are threads speaking the worker API, as in test_drill_summary.py."""
 from __future__ import annotations
 
 import re
+import time
 from datetime import timedelta
 
 import pytest
@@ -46,8 +47,9 @@ def test_a_worker_silent_shortly_before_the_drill_fails_it_when_it_does_not_foll
                         r"w-frozen \(silent 7\.\d s before the drill; no ack before the timeout\)", drill["error"]), drill["error"]
 
 
-def test_a_worker_silent_shortly_before_the_drill_that_follows_it_passes_with_its_silence_on_its_row(worker_client, operator_client, canary,
-                                                                                                     settings):
+def test_a_worker_silent_shortly_before_the_drill_that_follows_it_passes_with_its_silence_on_its_row_and_in_the_summary(
+        worker_client, operator_client, canary, settings):
+    # A frozen worker's drill read "passed" with nothing said: its clients' requests waited for it.
     reported(worker_client, "w-1")
     reported(worker_client, "w-thawed", silent_for_s=settings.WORKER_GONE_AFTER_S + 2)
 
@@ -58,6 +60,29 @@ def test_a_worker_silent_shortly_before_the_drill_that_follows_it_passes_with_it
     assert (drill["status"], sorted(rows)) == ("passed", ["w-1", "w-thawed"])
     assert rows["w-1"]["silent_before_s"] is None
     assert rows["w-thawed"]["silent_before_s"] == pytest.approx(settings.WORKER_GONE_AFTER_S + 2, abs=1)
+    assert re.fullmatch(r"1 worker\(s\) silent as the drill began followed it, but requests sent to them meanwhile waited and are "
+                        r"not among the failed: w-thawed \(silent 7\.\d s, confirmed at \d+\.\d s\)", drill["error"]), drill["error"]
+
+
+def test_a_drill_whose_console_stalled_past_its_wait_says_so_rather_than_blame_the_workers_alone(worker_client, operator_client, canary,
+                                                                                                 settings, monkeypatch):
+    # The console SIGSTOPped 15 s mid-drill: every worker "never confirmed", nothing about the console.
+    from registry.actions import drills
+
+    watch = drills.watch_workers
+
+    def stalled(*args, **kwargs):
+        time.sleep(settings.DRILL_ACK_TIMEOUT_S + 3)
+        return watch(*args, **kwargs)
+
+    monkeypatch.setattr(drills, "watch_workers", stalled)
+    reported(worker_client, "w-1")
+
+    drill = run_drill(operator_client, [])
+
+    assert drill["status"] == "failed"
+    assert re.search(r"; the console itself stalled: its wait for the workers ended \d\.\d s past the 1\.5 s it allows \(its "
+                     r"process or its database paused\)", drill["error"]), drill["error"]
 
 
 def test_a_worker_gone_longer_before_the_drill_is_named_as_not_measured_and_does_not_fail_it(worker_client, operator_client, canary):
