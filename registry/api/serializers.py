@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.contrib.auth import get_user_model
 from django.db import models
 from django.urls import reverse
@@ -16,7 +18,7 @@ from registry.domain.canary_analysis import (
     InvalidAnalysis,
     json_schema,
 )
-from registry.domain.choices import JobKind, JobStatus, VersionStatus
+from registry.domain.choices import ACTIVE_ROLLOUT_STATUSES, JobKind, JobStatus, VersionStatus
 from registry.domain.tags import (
     MAX_TAG_LENGTH,
     MAX_TAGS,
@@ -481,7 +483,10 @@ class RolloutSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", read_only=True)
     actor = UserNameField(read_only=True)
     current_step = serializers.SerializerMethodField()
-    current_weight = serializers.IntegerField(read_only=True)
+    current_weight = serializers.SerializerMethodField(
+        help_text="The canary's share at the current step; null once the rollout finished (it sets no traffic then: the model's "
+                  "release says what serves).")
+    next_window_at = serializers.SerializerMethodField(help_text="When the next window is judged; null once the rollout finished.")
     last_verdict = serializers.SerializerMethodField()
     analysis_overdue_s = serializers.SerializerMethodField(
         help_text="Seconds the due window has waited past a few analysis ticks (the analysis is not running: is Celery beat up?); "
@@ -497,6 +502,13 @@ class RolloutSerializer(serializers.ModelSerializer):
 
     def get_current_step(self, rollout) -> int:
         return min(rollout.step_index, len(rollout.steps) - 1) + 1
+
+    # A rolled-back rollout answered "current_weight": 10 and a next window after its end.
+    def get_current_weight(self, rollout) -> int | None:
+        return rollout.current_weight if rollout.status in ACTIVE_ROLLOUT_STATUSES else None
+
+    def get_next_window_at(self, rollout) -> datetime | None:
+        return rollout.next_window_at if rollout.status in ACTIVE_ROLLOUT_STATUSES else None
 
     def get_analysis_overdue_s(self, rollout) -> float | None:
         overdue = rollouts.analysis_overdue_s(rollout)

@@ -123,6 +123,18 @@ def test_pause_resume_and_abort_answer_the_new_state(three_versions, operator_cl
     assert operator_client.post(url + "resume/", {}, format="json").status_code == 409
 
 
+def test_a_finished_rollout_answers_no_weight_and_no_next_window(three_versions, operator_client):
+    # Rolled back, it answered "current_weight": 10 while the canary served nothing, and a window after its end.
+    url = f"{ROLLOUTS}{operator_client.post(ROLLOUTS, PLAN, format='json').json()['id']}/"
+    running = operator_client.get(url).json()
+
+    aborted = operator_client.post(url + "abort/", {}, format="json").json()
+
+    assert running["current_weight"] == PLAN["steps"][0] and running["next_window_at"] is not None
+    assert (aborted["status"], aborted["current_weight"], aborted["next_window_at"]) == ("aborted", None, None)
+    assert aborted["current_step"] == 1  # where it stopped, as history
+
+
 def test_an_unknown_rollout_is_a_404(three_versions, operator_client):
     assert operator_client.get(f"{ROLLOUTS}12345/").status_code == 404
     assert operator_client.post(f"{ROLLOUTS}12345/abort/", {}, format="json").status_code == 404
