@@ -227,8 +227,8 @@ def big_request(path: str) -> bytes:
     converted whole before it is refused (400), so its answer comes when its decode ends."""
     if path == "/predict":
         body = b'{"model_name":"relu","inputs":[' + b"0," * BIG_ELEMENTS + b'"x"]}'  # the last value is wrong
-    else:
-        body = zeros_body([1, 4], BIG_ELEMENTS, model_input="input")
+    else:  # its shape fits its data, so the whole list is converted before the last value refuses it
+        body = zeros_body([1, BIG_ELEMENTS + 1], BIG_ELEMENTS, model_input="input").replace(b"0]}]}", b'0,"x"]}]}')
     return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
