@@ -37,13 +37,16 @@ FetchFn = Callable[[str, str, Path], Path]  # (artifact_url, sha256, cache path)
 async def load_version(spec: VersionSpec, config: ServingConfig, device: str, fetch: FetchFn) -> LoadedVersion:
     """A loaded, warm version whose latency model has learned from the warm-up runs."""
     loop = asyncio.get_running_loop()
+    if spec.sha256 in _ABANDONED_WARM_UPS:
+        raise LoadError(f"{spec.model_name} v{spec.version}: its warm-up ran past SERVING_WARM_TIMEOUT_S earlier and could not be "
+                        "stopped; its thread still runs, so it is not tried again until this worker restarts")
     try:
         model_bytes = await loop.run_in_executor(None, _fetch_verified, spec, config, fetch)
         engine = await loop.run_in_executor(None, build_engine, model_bytes, config, device)
         _check_signature(spec, engine)
         version = LoadedVersion(spec, engine, config)
         try:
-            samples = await loop.run_in_executor(None, engine.warm, version.policy.max_batch_size, 1, config.warm_timeout_s)
+            samples = await _warmed(loop, engine, version.policy.max_batch_size, config.warm_timeout_s, spec)
         except BaseException:
             version.close()
             raise
@@ -58,6 +61,24 @@ async def load_version(spec: VersionSpec, config: ServingConfig, device: str, fe
     for rows, seconds in samples:
         version.latency.observe(rows, seconds)
     return version
+
+
+# Past SERVING_WARM_TIMEOUT_S the run under way is told to stop (RunOptions.terminate), which
+# ONNX Runtime checks between nodes; one op that runs for ever never returns. The apply does
+# not wait for it past this grace: the thread is left to run, its model not tried again.
+WARM_STOP_GRACE_S = 5.0
+_ABANDONED_WARM_UPS: set[str] = set()  # sha256 of each model whose warm-up thread was left running
+
+
+async def _warmed(loop: asyncio.AbstractEventLoop, engine: Engine, max_batch_size: int, timeout_s: float, spec: VersionSpec) -> list:
+    warm = loop.run_in_executor(None, engine.warm, max_batch_size, 1, timeout_s)
+    try:
+        return await asyncio.wait_for(asyncio.shield(warm), timeout_s + WARM_STOP_GRACE_S)
+    except TimeoutError:
+        _ABANDONED_WARM_UPS.add(spec.sha256)
+        raise LoadError(f"{spec.model_name} v{spec.version}: the warm-up ran past SERVING_WARM_TIMEOUT_S ({timeout_s:g} s) and ONNX Runtime did not stop it "
+                        f"within {WARM_STOP_GRACE_S:g} s more; its thread is left running and the model is not tried again "
+                        "until this worker restarts") from None
 
 
 def _fetch_verified(spec: VersionSpec, config: ServingConfig, fetch: FetchFn) -> bytes:

@@ -194,3 +194,41 @@ async def test_a_version_whose_warm_up_never_ends_fails_its_apply_in_time_and_th
     assert took_s < 15
     assert rollback["ok"] is True and repository.generation == 3
     assert await infer(repository) == 1
+
+
+async def test_a_warm_up_onnx_runtime_cannot_stop_is_left_running_and_the_model_not_tried_again(tmp_path, mlp_v1, mlp_v2, monkeypatch):
+    # RunOptions.terminate is checked between nodes: one op that runs for ever never returns,
+    # and the apply, with every later state, waited for it. Stood in for by a warm-up that
+    # ignores its deadline until the test lets it go.
+    import threading
+
+    from serving import version_loader
+    from serving.console_client import ConsoleClient
+    from serving.engine import Engine
+    from serving_testkit import make_config
+
+    client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
+    repository = Repository(make_config(tmp_path, warm_timeout_s=0.2), "cpu", client.fetch_artifact)
+    await repository.apply(digits(1, route(1, 100, *mlp_v1)))
+    let_go, real_warm = threading.Event(), Engine.warm
+
+    def never_stops(engine, max_batch_size, start=1, timeout_s=None):
+        let_go.wait(30)
+        return real_warm(engine, max_batch_size, start, timeout_s)
+
+    monkeypatch.setattr(Engine, "warm", never_stops)
+    monkeypatch.setattr(version_loader, "WARM_STOP_GRACE_S", 0.3)
+    monkeypatch.setattr(version_loader, "_ABANDONED_WARM_UPS", set())  # this worker's own, not the next test's
+    try:
+        started = time.monotonic()
+        first = await repository.apply(digits(2, route(1, 90, *mlp_v1), route(2, 10, *mlp_v2)))
+        took_s = time.monotonic() - started
+        again = await repository.apply(digits(3, route(1, 90, *mlp_v1), route(2, 10, *mlp_v2)))
+        rollback = await repository.apply(digits(4, route(1, 100, *mlp_v1)))
+    finally:
+        let_go.set()
+
+    assert "ONNX Runtime did not stop it within 0.3 s more; its thread is left running" in first["error"]
+    assert took_s < 5
+    assert "could not be stopped; its thread still runs, so it is not tried again until this worker restarts" in again["error"]
+    assert rollback["ok"] is True and await infer(repository) == 1
