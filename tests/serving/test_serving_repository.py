@@ -202,10 +202,11 @@ async def test_a_warm_up_onnx_runtime_cannot_stop_is_left_running_and_the_model_
     # ignores its deadline until the test lets it go.
     import threading
 
+    from serving_testkit import make_config
+
     from serving import version_loader
     from serving.console_client import ConsoleClient
     from serving.engine import Engine
-    from serving_testkit import make_config
 
     client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
     repository = Repository(make_config(tmp_path, warm_timeout_s=0.2), "cpu", client.fetch_artifact)
