@@ -187,6 +187,26 @@ def test_json_nested_past_the_decoder_s_depth_is_a_400_not_a_500(operator_client
     assert response.json()["error"] == "JSON parse error - nested too deeply"
 
 
+@pytest.mark.parametrize("body", ['{"routes": [{"version": 1, "weight": 0, "weight": 100}]}',
+                                  '{"routes": [], "reason": "a", "routes": [{"version": 1, "weight": 100}]}'])
+def test_a_key_given_twice_in_one_object_is_a_400_naming_it_and_changes_nothing(operator_client, three_versions, body):
+    # The last value won in silence, where a proxy or a client library in front may read the first.
+    before = three_versions.current_release().generation
+
+    response = operator_client.post("/api/models/digits/release/", body, content_type="application/json")
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("JSON parse error - the key '")
+    assert response.json()["error"].endswith("' appears more than once in one object")
+    assert three_versions.current_release().generation == before
+
+
+def test_the_same_key_in_different_objects_is_accepted(operator_client, three_versions):
+    body = '{"routes": [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}], "reason": "half"}'
+
+    assert operator_client.post("/api/models/digits/release/", body, content_type="application/json").status_code == 201
+
+
 def test_a_worker_report_nested_past_the_decoder_s_depth_is_a_400_not_a_500(worker_client):
     body = '{"contract": 1, "shadow": ' + "[" * 5000 + "]" * 5000 + "}"
     response = worker_client.post("/api/serving/reports", body, content_type="application/json")
