@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto
 
@@ -626,3 +628,22 @@ def test_an_output_name_with_a_control_character_is_refused_naming_it(tmp_path, 
 
     assert error.status == 422
     assert error.reason == f"an output name holds the control character U+{code}, which no name needs"
+
+
+def test_initializers_listed_as_inputs_count_as_weights_not_inputs(tmp_path):
+    # IR 3 exporters (and PyTorch's keep_initializers_as_inputs) list every weight as an input.
+    model = build_matmul()
+    for index in range(inspection.MAX_GRAPH_TENSORS + 10):
+        name = f"w{index}"
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros(1, np.float32), name))
+        model.graph.input.append(onnx.helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]))
+
+    result = inspect_artifact(write_model(tmp_path, "weights-as-inputs.onnx", model))
+
+    assert [spec["name"] for spec in result.signature["inputs"]] == ["x"]
+
+
+def test_past_64_rows_only_the_max_batch_size_is_run(good_onnx):
+    report = inspect_artifact(good_onnx, max_batch_size=100).report
+
+    assert report["batch_sizes_run"] == [*range(1, 65), 100]
