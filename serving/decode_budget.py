@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from contextlib import asynccontextmanager
 
 JSON_EXPANSION = 16  # bytes of memory per byte of JSON while it is parsed and converted
@@ -32,27 +33,37 @@ class DecodeTimedOut(Exception):
 
 
 class DecodeBudget:
+    """Decodes start in the order they asked: a decode costing more than the whole budget,
+    which starts only when none runs, was starved by smaller ones that kept overlapping
+    until its deadline refused it (a review's experiment)."""
+
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.held = 0
         self._room: asyncio.Condition | None = None  # made on the serving loop, at first use
+        self._waiting: deque[object] = deque()  # one ticket per decode waiting, in arrival order
 
-    def _fits(self, cost: int) -> bool:
-        return self.held == 0 or self.held + cost <= self.max_bytes
+    def _may_start(self, ticket: object, cost: int) -> bool:
+        return self._waiting[0] is ticket and (self.held == 0 or self.held + cost <= self.max_bytes)
 
     @asynccontextmanager
     async def hold(self, cost: int, deadline_s: float):
-        """Hold ``cost`` bytes while the block runs; DecodeTimedOut when there is no room for
-        it before ``deadline_s`` (monotonic clock)."""
+        """Hold ``cost`` bytes while the block runs; DecodeTimedOut when its turn and room do
+        not come before ``deadline_s`` (monotonic clock)."""
         if self._room is None:
             self._room = asyncio.Condition()
-        room = self._room
+        room, ticket = self._room, object()
         async with room:
-            if not self._fits(cost):
-                try:
-                    await asyncio.wait_for(room.wait_for(lambda: self._fits(cost)), max(0.0, deadline_s - time.monotonic()))
-                except TimeoutError:
-                    raise DecodeTimedOut() from None
+            self._waiting.append(ticket)
+            try:
+                if not self._may_start(ticket, cost):
+                    await asyncio.wait_for(room.wait_for(lambda: self._may_start(ticket, cost)),
+                                           max(0.0, deadline_s - time.monotonic()))
+            except TimeoutError:
+                raise DecodeTimedOut() from None
+            finally:
+                self._waiting.remove(ticket)
+                room.notify_all()  # the next in line may start, or fit now
             self.held += cost
         try:
             yield

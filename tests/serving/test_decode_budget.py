@@ -80,3 +80,31 @@ def test_a_decode_that_finds_no_room_before_its_deadline_is_refused_and_takes_no
         return held, budget.held
 
     assert asyncio.run(scenario()) == (80, 0)
+
+
+def test_a_decode_over_the_whole_budget_is_not_starved_by_smaller_ones_arriving_after_it():
+    # It started only when none ran, and overlapping smaller ones kept that from happening until its deadline.
+    async def scenario():
+        budget, entered = DecodeBudget(100), []
+
+        async def small(name: str) -> None:
+            async with budget.hold(40, later(5)):
+                entered.append(name)
+                await asyncio.sleep(0.15)
+
+        async def big() -> None:
+            async with budget.hold(200, later(3)):
+                entered.append("big")
+
+        tasks = [asyncio.create_task(small("s0"))]
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(big()))
+        for index in range(1, 6):
+            await asyncio.sleep(0.1)
+            tasks.append(asyncio.create_task(small(f"s{index}")))
+        await asyncio.gather(*tasks)
+        return entered, budget.held
+
+    entered, held = asyncio.run(scenario())
+
+    assert entered[:2] == ["s0", "big"] and held == 0
