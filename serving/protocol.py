@@ -372,11 +372,7 @@ def _v2_array(spec, item, shape, count, binary: memoryview, offset: int) -> tupl
     size = _binary_size(spec, item.get("parameters"))
     if size is None:
         data = item.get("data")
-        if type(data) is list and len(data) > count:
-            # Refused before the conversion: a list longer than its shape has elements was
-            # made an array whole first (16 million values declared as one: 1 GB a request).
-            many = f"{len(data)}" if type(data[0]) is not list else f"over {count}"
-            raise BadRequest(f"input '{spec.name}': data has {many} elements, shape {shape} needs {count}")
+        _refuse_too_many(spec, data, shape, count)
         array = array_from_list(spec, data)
         if array.size != count:
             raise BadRequest(f"input '{spec.name}': data has {array.size} elements, shape {shape} needs {count}")
@@ -395,6 +391,22 @@ def _v2_array(spec, item, shape, count, binary: memoryview, offset: int) -> tupl
         # and a Cast answered 2 and 255, where the same values as JSON answered otherwise.
         raise BadRequest(f"input '{spec.name}': BOOL binary data must be bytes 0 or 1")
     return array, offset + size
+
+
+def _refuse_too_many(spec: TensorSpec, data: object, shape: list[int], count: int) -> None:
+    """A list with more elements than its shape has, refused before the conversion, which
+    made it an array whole first (16 million values declared as one: 1 GB a request). Its
+    top level and, when nested, the level below are counted (a list one level deeper
+    passed a count of its top level alone); deeper ones the conversion counts."""
+    if type(data) is not list:
+        return
+    if data and type(data[0]) is list:
+        seen = sum(len(row) if type(row) is list else 1 for row in data)
+        many = f"over {count}" if seen > count else ""
+    else:
+        seen, many = len(data), f"{len(data)}"
+    if seen > count:
+        raise BadRequest(f"input '{spec.name}': data has {many} elements, shape {shape} needs {count}")
 
 
 def _binary_size(spec: TensorSpec, parameters: object) -> int | None:

@@ -326,7 +326,8 @@ def test_bool_binary_data_of_bytes_0_and_1_is_read_as_booleans():
     assert decoded.tensors[0].tolist() == [[True, False]]
 
 
-@pytest.mark.parametrize(("data", "many"), [(list(range(900)), "900"), ([[0.5, 0.5]] * 900, "over 2")])
+@pytest.mark.parametrize(("data", "many"), [(list(range(900)), "900"), ([[0.5, 0.5]] * 900, "over 2"),
+                                            ([[0.5] * 900], "over 2")])  # one level deeper: the top level counts 1
 def test_data_longer_than_its_shape_is_refused_before_it_is_converted(data, many):
     with pytest.raises(BadRequest) as refused:
         decode_v2(v2_of("FP32", data), None, io_of("FP32"))
