@@ -121,17 +121,28 @@ def renew_epoch_past(report: WorkerReport) -> bool:
     generation, epoch = serving_counter()
     if not report.epoch or report.epoch != epoch or (report.generation or 0) <= generation:
         return False
+    if _RENEWED_AT.get(epoch, -1) >= generation:
+        # Minted here by a renewal, and no change made since: no state of it was issued past
+        # the counter, so this report is not a restore's. A worker-token holder reading each
+        # new epoch and reporting past it renewed it again and again, refusing real acks.
+        return False
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         if counter.epoch != report.epoch or report.generation <= counter.generation:
             return False  # renewed meanwhile, or the counter caught up
         counter.epoch = new_epoch()
         counter.save(update_fields=["epoch"])
+        _RENEWED_AT[counter.epoch] = counter.generation
         transaction.on_commit(_publish)
     logger.warning("worker %r serves generation %s of epoch %s, past this database's counter (%s): the database went back "
                    "(restored?); a new epoch %s makes the states signed before it unusable as pushes",
                    report.worker.id[:SHOWN_ID_CHARS], report.generation, epoch, generation, counter.epoch)
     return True
+
+
+# Epochs this process minted by a renewal -> the counter then: each renews again only once a
+# change was issued under it.
+_RENEWED_AT: dict[str, int] = {}
 
 
 def _publish() -> None:
