@@ -218,9 +218,8 @@ class ServingApp:
         return handler()
 
     def _check_operator(self, headers: RequestHeaders, what: str) -> None:
-        """The worker token, when /metrics and /health require it: Triton's statistics and
-        model configuration tell the same (every version's traffic, the split's weights,
-        the artifacts' digests), and were open while /metrics was locked."""
+        """The worker token, when /metrics and /health require it: Triton's statistics tell
+        the same (every version's traffic and timings), and were open while /metrics was locked."""
         if self._operator_token is not None and not worker_token_matches(headers.authorization, self._operator_token):
             raise Unauthorized(f"{what} needs the worker token (Authorization: Bearer)")
 
@@ -244,8 +243,7 @@ class ServingApp:
         _require(method, "GET")
         if action == "ready":
             return self._model_ready(name, version)
-        if action == "config":
-            self._check_operator(headers, "model configuration")
+        if action == "config":  # open like the metadata, which shows the split too: perf_analyzer and tritonclient read it
             return Response(200, orjson.dumps(self.dataplane.model_config(name, version)))
         if action == "stats":
             self._check_operator(headers, "model statistics")

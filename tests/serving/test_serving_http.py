@@ -515,10 +515,9 @@ def test_metrics_and_health_can_require_the_worker_token(start_worker, client, m
     assert client.get(worker.url + "/v2/health/ready").status_code == 200
 
 
-@pytest.mark.parametrize("path", ["/v2/models/stats", "/v2/models/digits/stats", "/v2/models/digits/versions/1/stats",
-                                  "/v2/models/digits/config"])
-def test_statistics_and_configuration_need_the_worker_token_when_metrics_do(start_worker, client, mlp_v1, path):
-    # They tell what /metrics tells: every version's traffic, the split, the artifacts' digests.
+@pytest.mark.parametrize("path", ["/v2/models/stats", "/v2/models/digits/stats", "/v2/models/digits/versions/1/stats"])
+def test_statistics_need_the_worker_token_when_metrics_do(start_worker, client, mlp_v1, path):
+    # They tell what /metrics tells: every version's traffic and timings.
     worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}),
                           metrics_token_required=True, worker_token="w-token")
 
@@ -528,6 +527,7 @@ def test_statistics_and_configuration_need_the_worker_token_when_metrics_do(star
     assert (anonymous.status_code, right.status_code) == (401, 200)
     assert "needs the worker token" in anonymous.json()["error"]
     assert client.get(worker.url + "/v2/models/digits/ready").status_code == 200  # a probe stays open
+    assert client.get(worker.url + "/v2/models/digits/config").status_code == 200  # as the metadata: perf_analyzer reads it
 
 
 def test_metrics_token_without_a_worker_token_refuses_to_start(tmp_path, mlp_v1):

@@ -92,7 +92,7 @@ def test_a_malformed_config_or_statistics_path_is_a_404_naming_no_more_than_a_cl
     assert len(response.json()["error"]) < 200  # the path is quoted clipped, never echoed whole
 
 
-def test_config_and_statistics_need_no_api_key_as_metadata_unless_metrics_need_the_token(start_worker, client, mlp_v1):
+def test_config_and_statistics_need_no_api_key_as_metadata(start_worker, client, mlp_v1):
     worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}), api_keys="required")
     worker.worker.app.api_keys.replace(frozenset({digest(b"mk_good-key")}))
 
