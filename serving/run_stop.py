@@ -29,9 +29,10 @@ class RunStop:
 
     __slots__ = ("options", "stopped")
 
-    def __init__(self) -> None:
+    def __init__(self, *, shrink: bool = True) -> None:
         self.options = ort.RunOptions()
-        run_memory.add_shrink_when_due(self.options)  # the batch's options are the one place to ask
+        if shrink:
+            run_memory.add_shrink_when_due(self.options)  # the batch's options are the one place to ask
         self.stopped = False
 
     def stop(self) -> None:
@@ -61,7 +62,9 @@ def stopped_after(timeout_s: float | None) -> Iterator[RunStop]:
     """A RunStop that stops its runs once ``timeout_s`` has passed (never with None): a
     warm-up or a benchmark has no request deadline to stop it, and a model that loops for
     ever at one batch size held its thread, and whatever waited for it, for good."""
-    stop = RunStop()
+    # No arena shrink: one stop covers every run of a warm-up, which would each shrink it
+    # and leave the next batch's due shrink undone (the warm-up ran none before).
+    stop = RunStop(shrink=False)
     timer = None if timeout_s is None else threading.Timer(timeout_s, stop.stop)
     if timer is not None:
         timer.daemon = True

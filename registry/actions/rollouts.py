@@ -330,7 +330,7 @@ def analyse(pk: int, now: datetime, *, by_console: bool = False) -> bool:
         if behind_s is not None:
             _wait_for_reports(rollout, behind_s)
             return False
-        verdict = _judge_window(rollout, now, _judged_late(rollout, now) if by_console else "")
+        verdict = _judge_window(rollout, now, _judged_late(rollout, now) if by_console and analysis_overdue_s(rollout, now) else "")
         _act_on(rollout, verdict, now)
     return True
 
