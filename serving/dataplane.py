@@ -19,8 +19,8 @@ from contextlib import asynccontextmanager, nullcontext
 from prometheus_client import generate_latest
 
 from serving import metrics, protocol, triton
-from serving.decode_budget import DecodeBudget, DecodeTimedOut, decode_cost
-from serving.errors import DeadlineExceeded, NotFound, NotReady, ServingError, VersionNotFound
+from serving.decode_budget import DecodeBudget, DecodeQueueFull, DecodeTimedOut, decode_cost
+from serving.errors import BodyBufferFull, DeadlineExceeded, NotFound, NotReady, ServingError, VersionNotFound
 from serving.loaded_version import LoadedVersion
 from serving.reports import failed_total
 from serving.repository import Repository
@@ -97,7 +97,7 @@ class DataPlane:
                 raise refusal
             body = await read_body(target.body_limit)  # 413 past what this version can take
             if len(body) > DECODE_OFF_LOOP_BYTES:
-                async with self._decoding(decode_cost(len(body), header_length), context):
+                async with self._decoding(decode_cost(len(body), header_length), context, len(body)):
                     decoded = await asyncio.to_thread(protocol.decode_v2, body, header_length, target.io)
             else:
                 decoded = protocol.decode_v2(body, header_length, target.io)
@@ -115,7 +115,7 @@ class DataPlane:
     async def predict(self, body: bytes, context: RequestContext) -> Answer:
         """A `/predict` request: `{model_name, version?, inputs}`."""
         is_large = len(body) > DECODE_OFF_LOOP_BYTES
-        async with self._decoding(decode_cost(len(body)), context) if is_large else nullcontext():
+        async with self._decoding(decode_cost(len(body)), context, len(body)) if is_large else nullcontext():
             document = await asyncio.to_thread(protocol.load_object, body) if is_large else protocol.load_object(body)
             name, version = protocol.predict_target(document)
             target = self._resolve(name, version, context)
@@ -145,12 +145,15 @@ class DataPlane:
                                                       target.io, latency_ms))
 
     @asynccontextmanager
-    async def _decoding(self, cost: int, context: RequestContext):
+    async def _decoding(self, cost: int, context: RequestContext, body_bytes: int):
         """Room in the decode budget for a large body, within the request's deadline."""
         deadline_s = context.started_s + self._timeout_s(context.timeout_s)
         try:
-            async with self.decode_budget.hold(cost, deadline_s):
+            async with self.decode_budget.hold(cost, deadline_s, body_bytes):
                 yield
+        except DecodeQueueFull:
+            raise BodyBufferFull("large bodies waiting to be decoded fill the worker's buffer (SERVING_MAX_BODY_BUFFER_BYTES); "
+                                 "retry later") from None
         except DecodeTimedOut:
             refusal = DeadlineExceeded("deadline exceeded waiting for memory to decode the body (large bodies being decoded "
                                        "fill SERVING_MAX_BODY_BUFFER_BYTES)")

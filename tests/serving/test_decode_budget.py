@@ -9,15 +9,15 @@ import time
 
 import pytest
 
-from serving.decode_budget import JSON_EXPANSION, DecodeBudget, DecodeTimedOut, decode_cost
+from serving.decode_budget import JSON_EXPANSION, DecodeBudget, DecodeQueueFull, DecodeTimedOut, decode_cost
 
 
 def later(seconds: float) -> float:
     return time.monotonic() + seconds
 
 
-async def hold_until(budget: DecodeBudget, cost: int, release: asyncio.Event, entered: list, name: str) -> None:
-    async with budget.hold(cost, later(5)):
+async def hold_until(budget: DecodeBudget, cost: int, release: asyncio.Event, entered: list, name: str, body_bytes: int = 60) -> None:
+    async with budget.hold(cost, later(5), body_bytes):
         entered.append(name)
         await release.wait()
 
@@ -108,3 +108,24 @@ def test_a_decode_over_the_whole_budget_is_not_starved_by_smaller_ones_arriving_
     entered, held = asyncio.run(scenario())
 
     assert entered[:2] == ["s0", "big"] and held == 0
+
+
+def test_a_decode_that_would_wait_is_refused_at_once_when_the_bodies_waiting_fill_the_budget():
+    # A waiting body is its (inflated) bytes in memory, counted nowhere else: 150 gzip bodies
+    # of 8.4 MB each waited together and took a worker to 1.1 GB.
+    async def scenario():
+        budget, release, entered = DecodeBudget(100), asyncio.Event(), []
+        running = asyncio.create_task(hold_until(budget, 100, release, entered, "running"))
+        await asyncio.sleep(0.02)
+        waiting = asyncio.create_task(hold_until(budget, 10, asyncio.Event(), entered, "waiting"))  # 60 body bytes waiting
+        await asyncio.sleep(0.02)
+        with pytest.raises(DecodeQueueFull):
+            async with budget.hold(10, later(5), body_bytes=60):
+                pass
+        release.set()
+        await running
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        return budget.waiting_bytes
+
+    assert asyncio.run(scenario()) == 0
