@@ -199,7 +199,7 @@ class Engine:
         run under way is stopped (ONNX Runtime's RunOptions) and WarmTimedOut raised: a
         model that loops for ever at one batch size (its inspection ran others) held the
         worker's apply for good, and with it every later state, rollbacks included."""
-        rows = start
+        rows, started_s = start, time.monotonic()
         with stopped_after(timeout_s) as stop:
             run = stop.running(self.run)
             try:
@@ -216,13 +216,15 @@ class Engine:
                 return samples
             except Exception:
                 if stop.stopped:
-                    raise WarmTimedOut(rows, timeout_s) from None
+                    raise WarmTimedOut(rows, timeout_s, time.monotonic() - started_s) from None
                 raise
 
 
 class WarmTimedOut(Exception):
     """A warm-up that ran past its time; the run under way was stopped."""
 
-    def __init__(self, rows: int, timeout_s: float):
-        super().__init__(f"the warm-up ran past SERVING_WARM_TIMEOUT_S ({timeout_s:g} s) at batch size {rows}; its run was stopped")
+    def __init__(self, rows: int, timeout_s: float, took_s: float):
+        # How long it took said too: a run stops at the next node, so one long op runs on past the deadline.
+        super().__init__(f"the warm-up ran past SERVING_WARM_TIMEOUT_S ({timeout_s:g} s) at batch size {rows}; its run was stopped "
+                         f"{took_s:.1f} s after the warm-up began")
         self.rows = rows

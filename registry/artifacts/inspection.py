@@ -557,6 +557,8 @@ def _refuse_oversized_names(model: ModelProto) -> None:
             raise _Refusal(f"the model has {len(values)} {role}s, more than the limit {MAX_GRAPH_TENSORS}")
         for value in values:
             _refuse_long_name(f"an {role} name", value.name)
+            for dimension in value.type.tensor_type.shape.dim:  # a symbolic dimension's name travels in the signature too
+                _refuse_long_name(f"a dimension name of {role} '{_short_name(value.name)}'", dimension.dim_param)
     for entry in model.opset_import:
         _refuse_long_name("an operator set domain", entry.domain)
     for node in _all_nodes(model):

@@ -647,3 +647,14 @@ def test_past_64_rows_only_the_max_batch_size_is_run(good_onnx):
     report = inspect_artifact(good_onnx, max_batch_size=100).report
 
     assert report["batch_sizes_run"] == [*range(1, 65), 100]
+
+
+def test_a_symbolic_dimension_name_past_the_limit_is_refused(tmp_path):
+    # A 17.5 MB dim_param made every desired state 21.5 MB.
+    model = build_matmul()
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_param = "\u202e" + "d" * 300
+
+    error = refusal(write_model(tmp_path, "long-dim.onnx", model))
+
+    assert error.status == 422
+    assert error.reason.startswith("a dimension name of output 'y' of 301 characters")
