@@ -119,12 +119,15 @@ def renew_epoch_past(report: WorkerReport) -> bool:
     worker adopts only after asking the console; the new state is published at once.
     True when the epoch was renewed."""
     generation, epoch = serving_counter()
+    if epoch in _MINTED:
+        _MINTED[epoch] = max(_MINTED[epoch], generation)
     if not report.epoch or report.epoch != epoch or (report.generation or 0) <= generation:
         return False
-    if _RENEWED_AT.get(epoch, -1) >= generation:
-        # Minted here by a renewal, and no change made since: no state of it was issued past
-        # the counter, so this report is not a restore's. A worker-token holder reading each
-        # new epoch and reporting past it renewed it again and again, refusing real acks.
+    if _MINTED.get(epoch) == generation:
+        # Minted here by a renewal, and its counter never seen higher: no state of it was
+        # issued past the counter, so this report is not a restore's. A worker-token holder
+        # reading each new epoch and reporting past it renewed it again and again, refusing
+        # real acks. (Seen higher, then back: restored to a backup taken since the renewal.)
         return False
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
@@ -132,7 +135,7 @@ def renew_epoch_past(report: WorkerReport) -> bool:
             return False  # renewed meanwhile, or the counter caught up
         counter.epoch = new_epoch()
         counter.save(update_fields=["epoch"])
-        _RENEWED_AT[counter.epoch] = counter.generation
+        _MINTED[counter.epoch] = counter.generation
         transaction.on_commit(_publish)
     logger.warning("worker %r serves generation %s of epoch %s, past this database's counter (%s): the database went back "
                    "(restored?); a new epoch %s makes the states signed before it unusable as pushes",
@@ -140,9 +143,9 @@ def renew_epoch_past(report: WorkerReport) -> bool:
     return True
 
 
-# Epochs this process minted by a renewal -> the counter then: each renews again only once a
-# change was issued under it.
-_RENEWED_AT: dict[str, int] = {}
+# Epochs this process minted by a renewal -> the highest counter it has seen under each: one
+# renews again only once its counter went back from what was seen (a restore again).
+_MINTED: dict[str, int] = {}
 
 
 def _publish() -> None:

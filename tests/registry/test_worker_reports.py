@@ -203,3 +203,19 @@ def test_an_epoch_a_renewal_minted_is_not_renewed_again_before_a_change_is_issue
             renewed = counter()[1]
 
     assert counter() == (generation, renewed)
+
+
+def test_an_epoch_a_renewal_minted_is_renewed_again_when_its_counter_goes_back_from_what_was_seen(worker_client, operator_client,
+                                                                                                  three_versions):
+    # Restored to a backup taken after the renewal, before the changes since: their states stay valid pushes.
+    generation, _ = counter()
+    past = {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32}
+    worker_client.post("/api/serving/reports", {**past, "epoch": counter()[1]}, format="json")
+    renewed = counter()[1]
+    operator_client.post("/api/models/digits/release/", {"routes": [{"version": 2, "weight": 100}]}, format="json")
+    worker_client.post("/api/serving/reports", {**stateless_report(), "epoch": renewed}, format="json")  # the console sees it
+    ServingGeneration.objects.update(generation=generation)  # the restore
+
+    worker_client.post("/api/serving/reports", {**past, "epoch": renewed}, format="json")
+
+    assert counter()[1] not in ("", renewed)
