@@ -86,7 +86,8 @@ MAX_DIMENSION = 2**20
 # Names and lists every desired state carries (the signature) or the report stores.
 MAX_NAME_CHARS = 256
 EVERY_BATCH_SIZE_UP_TO = 64  # then only the max batch size (below)
-CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0, C1, bidirectional overrides
+# C0 and C1 controls, bidirectional marks, overrides and isolates, zero-width and line/paragraph separators, BOM.
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 PRODUCER_CHARS = 200  # the column's length (registry.models.ModelVersion.producer)
 MAX_GRAPH_TENSORS = 1024
 MAX_OPSET_IMPORTS = 64
@@ -503,7 +504,7 @@ class _ChildInspection:
         # Past 64 only the max: every size to 1,024 took a 2.9M-parameter MLP 27 s, not 0.3.
         if not _has_batch_axis(self.signature["inputs"]):
             return "the first dimension is fixed: workers run it one request at a time"
-        sizes = sorted({*range(2, min(self.limits.max_batch_size, EVERY_BATCH_SIZE_UP_TO) + 1), self.limits.max_batch_size})
+        sizes = sorted({*range(2, min(self.limits.max_batch_size, EVERY_BATCH_SIZE_UP_TO) + 1), self.limits.max_batch_size} - {1})
         for rows in sizes:
             feeds = {spec["name"]: _synthetic_input(spec, rows) for spec in self.signature["inputs"]}
             try:
@@ -626,7 +627,8 @@ def _build_signature(model: ModelProto) -> dict:
         "inputs": inputs,
         "outputs": [_tensor_spec(value, "output") for value in model.graph.output],
         "opset": _default_opset(model),
-        "producer": f"{model.producer_name} {model.producer_version}".strip()[:PRODUCER_CHARS],
+        # Shown as it is on the version page: control characters dropped, like names never need them.
+        "producer": CONTROL_CHARACTERS.sub("", f"{model.producer_name} {model.producer_version}").strip()[:PRODUCER_CHARS],
     }
 
 

@@ -622,7 +622,8 @@ def test_a_model_that_never_finishes_at_one_batch_size_inside_the_max_is_refused
     assert (error.status, error.reason) == (422, "inspection timed out after 3 s")
 
 
-@pytest.mark.parametrize(("name", "code"), [("y\x1b[31m", "001B"), ("y\u202eexe.txt", "202E")])
+@pytest.mark.parametrize(("name", "code"), [("y\x1b[31m", "001B"), ("y\u202eexe.txt", "202E"), ("y\u200fz", "200F"),
+                                            ("y\u200bz", "200B"), ("y\u2028z", "2028"), ("y\u061cz", "061C")])
 def test_an_output_name_with_a_control_character_is_refused_naming_it(tmp_path, name, code):
     error = refusal(write_model(tmp_path, "control.onnx", renamed_output(name)))
 
@@ -658,3 +659,14 @@ def test_a_symbolic_dimension_name_past_the_limit_is_refused(tmp_path):
 
     assert error.status == 422
     assert error.reason.startswith("a dimension name of output 'y' of 301 characters")
+
+
+def test_a_producer_s_control_characters_are_dropped(tmp_path):
+    model = build_matmul()
+    model.producer_name = "evil\x1b[31m\u202e"
+
+    assert inspect_artifact(write_model(tmp_path, "producer.onnx", model)).producer.split()[0] == "evil[31m"
+
+
+def test_a_max_batch_size_of_one_runs_one_row_once(good_onnx):
+    assert inspect_artifact(good_onnx, max_batch_size=1).report["batch_sizes_run"] == [1]
