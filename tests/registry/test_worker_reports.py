@@ -191,7 +191,7 @@ def test_after_the_epoch_is_renewed_the_worker_past_the_counter_is_not_converged
     assert [row[1:4] for row in listed(viewer_client)] == [(state["generation"], state["digest"], True)]
 
 
-def test_an_epoch_a_renewal_minted_is_not_renewed_again_before_a_change_is_issued_under_it(worker_client, three_versions):
+def test_an_epoch_a_renewal_minted_is_not_renewed_again_by_reports_alone(worker_client, three_versions):
     # A worker-token holder read each new epoch and reported past it: six epochs in a row,
     # and the real workers' acks of each refused.
     generation, _ = counter()
