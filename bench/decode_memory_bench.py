@@ -5,7 +5,7 @@
                                                   [--worker-env SERVING_X=Y]
 
 One worker (`python -m serving.worker --state-file`, run from --worker-dir, default this
-checkout, on a free port in 18000-18999) serves one model built offline with the onnx
+checkout, on a free port, `bench.serve_bench.WorkerProcess`) serves one model built offline with the onnx
 helper: input x of shape [None, None] FP32 (a dynamic non-batch dimension, so the body
 limit is SERVING_MAX_BODY_BYTES), ReduceSum over axis 1 into y [None, 1]. Then
 --concurrency requests are sent at once, each a JSON body whose data list has --values
@@ -28,9 +28,6 @@ import gzip
 import hashlib
 import http.client
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,12 +38,12 @@ import onnx
 import orjson
 from onnx import TensorProto, helper, numpy_helper
 
+from bench.serve_bench import WorkerProcess
 from serving.contract import DesiredState, ModelState, Route
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "wide"
 PATH = f"/v2/models/{MODEL}/infer"
-PORTS = range(18000, 19000)
 BIG_TIMEOUT_S = 50.0  # client-side, per big request: every run stays under a minute
 PROBE_INTERVAL_S = 0.05
 PROBE_THREADS = 4
@@ -83,64 +80,13 @@ def write_state(workdir: Path) -> Path:
     return state_file
 
 
-def free_port() -> int:
-    """A port in 18000-18999 nothing listens on (started from a random point)."""
-    start = int.from_bytes(os.urandom(2), "big") % len(PORTS)
-    for index in range(len(PORTS)):
-        port = PORTS[(start + index) % len(PORTS)]
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18000-18999")
-
-
-class Worker:
-    def __init__(self, source_dir: Path, state_file: Path, cache_dir: Path, extra_env: dict[str, str]):
-        self.port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(source_dir), "SERVING_LOG_LEVEL": "warning", "SERVING_DEVICE": "cpu",
-               "SERVING_CACHE_DIR": str(cache_dir), **extra_env}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "serving.worker", "--host", "127.0.0.1", "--port", str(self.port),
-             "--state-file", str(state_file)],
-            cwd=source_dir, env=env,
-        )
-        self.pid = self.process.pid
-
-    def __enter__(self) -> Worker:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.process.returncode} before it was ready")
-            try:
-                if request("GET", self.port, "/v2/health/ready", timeout_s=1)[0] == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("worker did not become ready")
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        """SIGTERM by PID; SIGKILL if it has not exited 15 s later."""
-        if self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=15)
+class Worker(WorkerProcess):
+    """The benches' worker process (bench/serve_bench.py), and its memory."""
 
     def memory_mb(self) -> dict[str, float]:
         """VmHWM and VmRSS (MB) from /proc/PID/status; empty once the process is gone."""
         try:
-            text = Path(f"/proc/{self.pid}/status").read_text()
+            text = Path(f"/proc/{self.process.pid}/status").read_text()
         except OSError:
             return {}
         values = {}
@@ -237,8 +183,9 @@ def measure(args, workdir: Path) -> dict:
     if args.gzip:
         body = gzip.compress(raw, compresslevel=9)
         headers["Content-Encoding"] = "gzip"
-    extra_env = dict(item.split("=", 1) for item in args.worker_env)
-    with Worker(args.worker_dir.resolve(), state_file, workdir / "cache", extra_env) as worker:
+    Worker.extra_env = dict(item.split("=", 1) for item in args.worker_env)
+    Worker.source_dir = args.worker_dir.resolve()
+    with Worker(state_file, workdir / "cache") as worker:
         for _ in range(5):  # warm the connection path and the model
             status, answer = request("POST", worker.port, PATH, PROBE_BODY, {"Content-Type": "application/json"})
             if status != 200:
@@ -266,7 +213,7 @@ def measure(args, workdir: Path) -> dict:
     return {
         "worker_dir": str(args.worker_dir.resolve()), "concurrency": args.concurrency, "values": args.values,
         "gzip": args.gzip, "matching_shape": args.matching_shape, "json_body_bytes": len(raw), "wire_body_bytes": len(body),
-        "worker_env": extra_env, "cores": os.cpu_count(), "load_average": os.getloadavg()[0],
+        "worker_env": Worker.extra_env, "cores": os.cpu_count(), "load_average": os.getloadavg()[0],
         "vmhwm_before_mb": before.get("VmHWM", float("nan")), "vmhwm_after_mb": after.get("VmHWM", float("nan")),
         "vmrss_after_mb": after.get("VmRSS", float("nan")), "worker_exit_code": exit_code,
         "big_wall_s": big_wall_s, "big": results,
