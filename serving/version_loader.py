@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +41,7 @@ async def load_version(spec: VersionSpec, config: ServingConfig, device: str, fe
     if spec.sha256 in _ABANDONED_WARM_UPS:
         raise LoadError(f"{spec.model_name} v{spec.version}: its warm-up ran past SERVING_WARM_TIMEOUT_S earlier and could not be "
                         "stopped; its thread still runs, so it is not tried again until this worker restarts")
+    _refuse_recently_timed_out(spec)
     try:
         model_bytes = await loop.run_in_executor(None, _fetch_verified, spec, config, fetch)
         engine = await loop.run_in_executor(None, build_engine, model_bytes, config, device)
@@ -51,6 +53,7 @@ async def load_version(spec: VersionSpec, config: ServingConfig, device: str, fe
             version.close()
             raise
     except WarmTimedOut as exc:
+        _TIMED_OUT[spec.sha256] = (time.monotonic(), str(exc))
         raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
     except (ArtifactError, OSError) as exc:
         raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
@@ -68,6 +71,25 @@ async def load_version(spec: VersionSpec, config: ServingConfig, device: str, fe
 # not wait for it past this grace: the thread is left to run, its model not tried again.
 WARM_STOP_GRACE_S = 5.0
 _ABANDONED_WARM_UPS: set[str] = set()  # sha256 of each model whose warm-up thread was left running
+
+
+# A model whose warm-up timed out is not warmed again for this long: every reconcile (3 s)
+# tried, a core busy for SERVING_WARM_TIMEOUT_S each time and every later state, another
+# model's rollback included, waiting that long to be refused with it.
+WARM_RETRY_AFTER_S = 300.0
+_TIMED_OUT: dict[str, tuple[float, str]] = {}  # sha256 -> (when, why)
+
+
+def _refuse_recently_timed_out(spec: VersionSpec) -> None:
+    when, why = _TIMED_OUT.get(spec.sha256, (None, ""))
+    if when is None:
+        return
+    ago_s = time.monotonic() - when
+    if ago_s >= WARM_RETRY_AFTER_S:
+        del _TIMED_OUT[spec.sha256]
+        return
+    raise LoadError(f"{spec.model_name} v{spec.version}: {why} ({ago_s:.0f} s ago; tried again {WARM_RETRY_AFTER_S - ago_s:.0f} s "
+                    "from now, or at once when this worker restarts)")
 
 
 async def _warmed(loop: asyncio.AbstractEventLoop, engine: Engine, max_batch_size: int, timeout_s: float, spec: VersionSpec) -> list:

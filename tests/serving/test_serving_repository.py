@@ -173,13 +173,15 @@ async def test_a_batching_change_alone_is_applied_once_its_sizes_are_warm(reposi
     assert repository.loaded[("digits", 1)].policy.max_batch_size == 32
 
 
-async def test_a_version_whose_warm_up_never_ends_fails_its_apply_in_time_and_the_rollback_after_it_applies(tmp_path, mlp_v1):
+async def test_a_version_whose_warm_up_never_ends_fails_its_apply_in_time_and_the_rollback_after_it_applies(tmp_path, mlp_v1, monkeypatch):
     # Its warm-up at 3 rows held the apply for good, and every later state with it: the
     # rollback never applied and the worker went on serving the state before.
     from serving_testkit import loops_for_ever_at, make_config, write_model
 
+    from serving import version_loader
     from serving.console_client import ConsoleClient
 
+    monkeypatch.setattr(version_loader, "_TIMED_OUT", {})  # this worker's own, not the next test's
     client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
     repository = Repository(make_config(tmp_path, warm_timeout_s=1.0), "cpu", client.fetch_artifact)
     wedge = write_model(tmp_path, "wedge", loops_for_ever_at(3))
@@ -188,12 +190,19 @@ async def test_a_version_whose_warm_up_never_ends_fails_its_apply_in_time_and_th
     started = time.monotonic()
     canary = await repository.apply(digits(2, route(1, 90, *mlp_v1), route(2, 10, *wedge)))
     took_s = time.monotonic() - started
+    again_started = time.monotonic()
+    again = await repository.apply(digits(2, route(1, 90, *mlp_v1), route(2, 10, *wedge)))  # the next reconcile
+    again_took_s = time.monotonic() - again_started
     rollback = await repository.apply(digits(3, route(1, 100, *mlp_v1)))
 
     assert canary["ok"] is False, canary
     assert re.search(r"digits v2: the warm-up ran past SERVING_WARM_TIMEOUT_S \(1 s\) at batch size 3; its run was stopped "
                      r"1\.\d s after the warm-up began", canary["error"]), canary["error"]
     assert took_s < 15
+    # Not warmed again at each reconcile (a core for the whole deadline, each time): refused at once, saying when it is tried again.
+    assert again["ok"] is False and again_took_s < 0.5
+    assert re.search(r"digits v2: the warm-up ran past .* \(\d+ s ago; tried again \d+ s from now, or at once when this worker "
+                     r"restarts\)", again["error"]), again["error"]
     assert rollback["ok"] is True and repository.generation == 3
     assert await infer(repository) == 1
 
