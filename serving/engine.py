@@ -199,7 +199,7 @@ class Engine:
         run under way is stopped (ONNX Runtime's RunOptions) and WarmTimedOut raised: a
         model that loops for ever at one batch size (its inspection ran others) held the
         worker's apply for good, and with it every later state, rollbacks included."""
-        rows, started_s = start, time.monotonic()
+        rows, began_s = start, time.monotonic()
         with stopped_after(timeout_s) as stop:
             run = stop.running(self.run)
             try:
@@ -216,7 +216,7 @@ class Engine:
                 return samples
             except Exception:
                 if stop.stopped:
-                    raise WarmTimedOut(rows, timeout_s, time.monotonic() - started_s) from None
+                    raise WarmTimedOut(rows, timeout_s, time.monotonic() - began_s) from None
                 raise
 
 

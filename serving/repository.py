@@ -21,13 +21,12 @@ from serving import metrics
 from serving.artifact_cache import evict_unused_artifacts
 from serving.config import ServingConfig
 from serving.contract import BatchPolicy, ContractError
-from serving.engine import WarmTimedOut
 from serving.errors import LoadError
 from serving.loaded_version import LoadedVersion
 from serving.logs import event
 from serving.serving_plan import ServingPlan, parse_state
 from serving.traffic_split import Router, RoutingTable, build_routes
-from serving.version_loader import FetchFn, load_version
+from serving.version_loader import FetchFn, load_version, warm_in_time
 
 logger = logging.getLogger("serving.repository")
 
@@ -150,12 +149,10 @@ class Repository:
         to load: the worker acks the failure and serves what it served."""
         if not version.is_batchable or policy.max_batch_size <= version.policy.max_batch_size:
             return
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, version.engine.warm, policy.max_batch_size, version.policy.max_batch_size + 1,
-                                       self.config.warm_timeout_s)
-        except WarmTimedOut as error:
-            raise LoadError(f"{version.model_name} v{version.version}: {error}") from None
+            await warm_in_time(version, policy.max_batch_size, version.policy.max_batch_size + 1, self.config.warm_timeout_s)
+        except LoadError:
+            raise
         except Exception as error:  # noqa: BLE001 - ONNX Runtime raises its own kinds
             raise LoadError(f"{version.model_name} v{version.version}: batches of up to {policy.max_batch_size} rows "
                             f"failed to run: {type(error).__name__}: {str(error)[:200]}") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -38,23 +39,17 @@ FetchFn = Callable[[str, str, Path], Path]  # (artifact_url, sha256, cache path)
 async def load_version(spec: VersionSpec, config: ServingConfig, device: str, fetch: FetchFn) -> LoadedVersion:
     """A loaded, warm version whose latency model has learned from the warm-up runs."""
     loop = asyncio.get_running_loop()
-    if spec.sha256 in _ABANDONED_WARM_UPS:
-        raise LoadError(f"{spec.model_name} v{spec.version}: its warm-up ran past SERVING_WARM_TIMEOUT_S earlier and could not be "
-                        "stopped; its thread still runs, so it is not tried again until this worker restarts")
-    _refuse_recently_timed_out(spec)
+    _refuse_not_retried(spec)
     try:
         model_bytes = await loop.run_in_executor(None, _fetch_verified, spec, config, fetch)
         engine = await loop.run_in_executor(None, build_engine, model_bytes, config, device)
         _check_signature(spec, engine)
         version = LoadedVersion(spec, engine, config)
         try:
-            samples = await _warmed(loop, engine, version.policy.max_batch_size, config.warm_timeout_s, spec)
+            samples = await warm_in_time(version, version.policy.max_batch_size, 1, config.warm_timeout_s)
         except BaseException:
             version.close()
             raise
-    except WarmTimedOut as exc:
-        _TIMED_OUT[spec.sha256] = (time.monotonic(), str(exc))
-        raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
     except (ArtifactError, OSError) as exc:
         raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
     except UnsafeModel as exc:  # the worker's own check, before any session exists
@@ -70,37 +65,43 @@ async def load_version(spec: VersionSpec, config: ServingConfig, device: str, fe
 # ONNX Runtime checks between nodes; one op that runs for ever never returns. The apply does
 # not wait for it past this grace: the thread is left to run, its model not tried again.
 WARM_STOP_GRACE_S = 5.0
-_ABANDONED_WARM_UPS: set[str] = set()  # sha256 of each model whose warm-up thread was left running
-
-
 # A model whose warm-up timed out is not warmed again for this long: every reconcile (3 s)
 # tried, a core busy for SERVING_WARM_TIMEOUT_S each time and every later state, another
 # model's rollback included, waiting that long to be refused with it.
 WARM_RETRY_AFTER_S = 300.0
-_TIMED_OUT: dict[str, tuple[float, str]] = {}  # sha256 -> (when, why)
+_NOT_RETRIED: dict[str, tuple[float, float, str]] = {}  # sha256 -> (when, how long not tried again, why)
 
 
-def _refuse_recently_timed_out(spec: VersionSpec) -> None:
-    when, why = _TIMED_OUT.get(spec.sha256, (None, ""))
-    if when is None:
-        return
-    ago_s = time.monotonic() - when
-    if ago_s >= WARM_RETRY_AFTER_S:
-        del _TIMED_OUT[spec.sha256]
-        return
-    raise LoadError(f"{spec.model_name} v{spec.version}: {why} ({ago_s:.0f} s ago; tried again {WARM_RETRY_AFTER_S - ago_s:.0f} s "
-                    "from now, or at once when this worker restarts)")
-
-
-async def _warmed(loop: asyncio.AbstractEventLoop, engine: Engine, max_batch_size: int, timeout_s: float, spec: VersionSpec) -> list:
-    warm = loop.run_in_executor(None, engine.warm, max_batch_size, 1, timeout_s)
+async def warm_in_time(version: LoadedVersion, max_batch_size: int, start: int, timeout_s: float) -> list:
+    """``version``'s warm-up from batch size ``start`` to ``max_batch_size``, within ``timeout_s``
+    (plus the grace); LoadError naming it otherwise, and its model not warmed again for a
+    while (a run stopped) or until a restart (a run that would not stop)."""
+    spec, loop = version.spec, asyncio.get_running_loop()
+    warm = loop.run_in_executor(None, version.engine.warm, max_batch_size, start, timeout_s)
     try:
         return await asyncio.wait_for(asyncio.shield(warm), timeout_s + WARM_STOP_GRACE_S)
+    except WarmTimedOut as exc:
+        _NOT_RETRIED[spec.sha256] = (time.monotonic(), WARM_RETRY_AFTER_S, str(exc))
+        raise LoadError(f"{spec.model_name} v{spec.version}: {exc}") from None
     except TimeoutError:
-        _ABANDONED_WARM_UPS.add(spec.sha256)
-        raise LoadError(f"{spec.model_name} v{spec.version}: the warm-up ran past SERVING_WARM_TIMEOUT_S ({timeout_s:g} s) and ONNX Runtime did not stop it "
-                        f"within {WARM_STOP_GRACE_S:g} s more; its thread is left running and the model is not tried again "
+        why = (f"the warm-up ran past SERVING_WARM_TIMEOUT_S ({timeout_s:g} s) and ONNX Runtime did not stop it within "
+               f"{WARM_STOP_GRACE_S:g} s more")
+        _NOT_RETRIED[spec.sha256] = (time.monotonic(), math.inf, "its warm-up ran past SERVING_WARM_TIMEOUT_S earlier and could "
+                                                                 "not be stopped; its thread still runs")
+        raise LoadError(f"{spec.model_name} v{spec.version}: {why}; its thread is left running and the model is not tried again "
                         "until this worker restarts") from None
+
+
+def _refuse_not_retried(spec: VersionSpec) -> None:
+    when, for_s, why = _NOT_RETRIED.get(spec.sha256, (0.0, 0.0, ""))
+    ago_s = time.monotonic() - when
+    if not why or ago_s >= for_s:
+        _NOT_RETRIED.pop(spec.sha256, None)
+        return
+    if math.isinf(for_s):
+        raise LoadError(f"{spec.model_name} v{spec.version}: {why}, so it is not tried again until this worker restarts")
+    raise LoadError(f"{spec.model_name} v{spec.version}: {why} ({ago_s:.0f} s ago; tried again {for_s - ago_s:.0f} s "
+                    "from now, or at once when this worker restarts)")
 
 
 def _fetch_verified(spec: VersionSpec, config: ServingConfig, fetch: FetchFn) -> bytes:

@@ -181,7 +181,7 @@ async def test_a_version_whose_warm_up_never_ends_fails_its_apply_in_time_and_th
     from serving import version_loader
     from serving.console_client import ConsoleClient
 
-    monkeypatch.setattr(version_loader, "_TIMED_OUT", {})  # this worker's own, not the next test's
+    monkeypatch.setattr(version_loader, "_NOT_RETRIED", {})  # this worker's own, not the next test's
     client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
     repository = Repository(make_config(tmp_path, warm_timeout_s=1.0), "cpu", client.fetch_artifact)
     wedge = write_model(tmp_path, "wedge", loops_for_ever_at(3))
@@ -230,7 +230,7 @@ async def test_a_warm_up_onnx_runtime_cannot_stop_is_left_running_and_the_model_
 
     monkeypatch.setattr(Engine, "warm", never_stops)
     monkeypatch.setattr(version_loader, "WARM_STOP_GRACE_S", 0.3)
-    monkeypatch.setattr(version_loader, "_ABANDONED_WARM_UPS", set())  # this worker's own, not the next test's
+    monkeypatch.setattr(version_loader, "_NOT_RETRIED", {})  # this worker's own, not the next test's
     try:
         started = time.monotonic()
         first = await repository.apply(digits(2, route(1, 90, *mlp_v1), route(2, 10, *mlp_v2)))
