@@ -330,7 +330,7 @@ def analyse(pk: int, now: datetime, *, by_console: bool = False) -> bool:
         if behind_s is not None:
             _wait_for_reports(rollout, behind_s)
             return False
-        verdict = _judge_window(rollout, now, _judged_late(rollout, now) if by_console and analysis_overdue_s(rollout, now) else "")
+        verdict = _judge_window(rollout, now, _judged_late(rollout, now) if by_console else "")
         _act_on(rollout, verdict, now)
     return True
 
@@ -372,9 +372,12 @@ def _wait_for_reports(rollout: Rollout, behind_s: float) -> None:
 
 
 def _judged_late(rollout: Rollout, now: datetime) -> str:
-    """What a verdict of the console's fallback adds to its reason: the operator learns
-    that beat is not running (retention and the job sweep stop with it)."""
-    late_s = (now - rollout.next_window_at).total_seconds()
+    """What a verdict of the console's fallback adds to its reason when its window was
+    overdue: the operator learns that beat is not running (retention and the job sweep stop
+    with it). Nothing for a window the same fallback judged a moment after it fell due."""
+    late_s = analysis_overdue_s(rollout, now)
+    if late_s is None:
+        return ""
     return (f" (judged by the console {late_s:.0f} s after it was due: Celery beat, or its broker Redis, "
             "is not running the analysis)")
 
