@@ -93,7 +93,8 @@ def record_report(message: dict, key: str | None = None) -> Worker:
         report = WorkerReport.parse(message)
     except ContractError as error:
         raise ReportRefused(str(error)) from None
-    worker_id, fields = report.worker.id, reported_fields(report)
+    counter = serving_counter()  # read once: the served generation and the epoch check both need it
+    worker_id, fields = report.worker.id, reported_fields(report, counter[1])
     with transaction.atomic():
         worker = locked_worker(worker_id, fields, key)
         worker_keys.check(worker, worker_id, key)
@@ -105,11 +106,11 @@ def record_report(message: dict, key: str | None = None) -> Worker:
         for name, value in fields.items():
             setattr(worker, name, value)
         worker.save(update_fields=list(fields))
-    renew_epoch_past(report)
+    renew_epoch_past(report, counter)
     return worker
 
 
-def renew_epoch_past(report: WorkerReport) -> bool:
+def renew_epoch_past(report: WorkerReport, counter: tuple[int, str]) -> bool:
     """A new epoch when ``report`` serves a generation of this epoch the counter has not
     reached: the database went back (restored from a backup), and the generations above
     its counter were issued before, with other content, under this epoch. Every state
@@ -117,8 +118,8 @@ def renew_epoch_past(report: WorkerReport) -> bool:
     pre-restore routes, was acked and persisted, and made the worker drop the console's
     next real push as older. Under a new epoch those states are of another epoch, which a
     worker adopts only after asking the console; the new state is published at once.
-    True when the epoch was renewed."""
-    generation, epoch = serving_counter()
+    ``counter``: (generation, epoch) as read for this report. True when the epoch was renewed."""
+    generation, epoch = counter
     if epoch in _MINTED:
         _MINTED[epoch] = max(_MINTED[epoch], generation)
     if not report.epoch or report.epoch != epoch or (report.generation or 0) <= generation:
@@ -163,7 +164,7 @@ def allowance_after_report(worker: Worker, now) -> float:
     return bucket.spend(worker.report_allowance, worker.report_allowance_at, now)
 
 
-def reported_fields(report: WorkerReport) -> dict:
+def reported_fields(report: WorkerReport, epoch: str) -> dict:
     """What an accepted report sets on its worker's row."""
     identity = report.worker
     return {
@@ -171,7 +172,7 @@ def reported_fields(report: WorkerReport) -> dict:
         "pid": identity.pid,
         "url": identity.url,
         "device": identity.device,
-        "generation": served_generation(report),
+        "generation": served_generation(report, epoch),
         "loaded": [entry.to_dict() for entry in report.loaded],
         "last_report": report.to_dict(),
         "last_seen_at": timezone.now(),
@@ -205,10 +206,10 @@ def locked_worker(worker_id: str, fields: dict, key: str | None) -> Worker:
     raise RuntimeError(f"worker {worker_id[:SHOWN_ID_CHARS]!r}: its row vanished {CLAIM_ATTEMPTS} times while being claimed")
 
 
-def served_generation(report: WorkerReport) -> int:
-    """The generation a report says is served, counted only in this console's epoch: a
+def served_generation(report: WorkerReport, epoch: str) -> int:
+    """The generation a report says is served, counted only in this console's ``epoch``: a
     worker still on another database's states serves none of ours."""
-    if report.epoch and report.epoch != serving_counter()[1]:
+    if report.epoch and report.epoch != epoch:
         return 0
     return report.generation or 0
 
