@@ -99,18 +99,21 @@ class Command(BaseCommand):
         except RuntimeError as error:  # a child that never came up (processes.wait_http)
             raise CommandError(f"{error}; the stack was stopped") from None
         finally:
-            # No stop signal can cut this short: they only set a flag. The embedded Redis
-            # goes last, once the rest have stopped: stopped with them, a Celery worker
-            # finishing a job lost its broker mid-shutdown ("Couldn't ack", a traceback).
-            # The worker first, while the console still takes its last report ("stopped"):
-            # stopped together, the console was gone first, and the worker stayed listed as
-            # serving, then gone, its id named "not measured" by every drill for an hour.
-            stop_all([child for child in children if self.roles.get(child.pid) == WORKER_ROLE])
-            stop_all([child for child in children if child is not self.redis_process])
-            stop_all([child for child in children if child is self.redis_process])
-            sweep_groups(children)  # each in a session of its own (_spawn, embedded_redis.start)
-            forget_stack(settings.DATA_DIR)
-            _stops.ignore()
+            self._stop(children)
+
+    def _stop(self, children: list[subprocess.Popen]) -> None:
+        """Stop every child, in order. No stop signal can cut this short: they only set a
+        flag. The worker first, while the console still takes its last report ("stopped"):
+        stopped together, the console was gone first, and the worker stayed listed as
+        serving, then gone, its id named "not measured" by every drill for an hour. The
+        embedded Redis last, once the rest have stopped: stopped with them, a Celery worker
+        finishing a job lost its broker mid-shutdown ("Couldn't ack", a traceback)."""
+        stop_all([child for child in children if self.roles.get(child.pid) == WORKER_ROLE])
+        stop_all([child for child in children if child is not self.redis_process])
+        stop_all([child for child in children if child is self.redis_process])
+        sweep_groups(children)  # each in a session of its own (_spawn, embedded_redis.start)
+        forget_stack(settings.DATA_DIR)
+        _stops.ignore()
 
     redis_process: subprocess.Popen | None = None  # the embedded Redis, when it runs one
 
