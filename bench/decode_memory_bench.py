@@ -14,8 +14,8 @@ with Content-Encoding: gzip by default (about 62 KB on the wire). Their declared
 [1, 1] (a list far longer than its shape), or with --matching-shape [1, values] (a valid
 request: only a bound on decoding memory, not a length check, can keep it small).
 
-Meanwhile a probe sends small valid requests ([1, 4]) every 50 ms (4 threads, staggered)
-and records each answer's status and latency. The table gives the worker's VmHWM (peak
+Meanwhile a probe (tools/traffic.py's steady load) sends a small valid /predict request
+([1, 4]) 20 times a second and records each answer's status (0: none) and latency. The table gives the worker's VmHWM (peak
 resident memory, /proc/PID/status) before and after, its VmRSS after, each big request's
 status and seconds, and the probe's p50 / p99 / max latency and status counts. The worker
 is stopped by PID (SIGTERM, then SIGKILL 15 s later).
@@ -40,14 +40,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bench.serve_bench import WorkerProcess
 from serving.contract import DesiredState, ModelState, Route
+from tools.traffic import SteadyLoad
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "wide"
 PATH = f"/v2/models/{MODEL}/infer"
 BIG_TIMEOUT_S = 50.0  # client-side, per big request: every run stays under a minute
-PROBE_INTERVAL_S = 0.05
-PROBE_THREADS = 4
-PROBE_BODY = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]})
+PROBE_RATE_PER_S = 20  # small valid requests a second, over 4 threads (tools/traffic.py)
+PROBE_BODY = orjson.dumps({"model_name": MODEL, "inputs": [[1.0, 2.0, 3.0, 4.0]]})  # /predict
 
 
 # ---- model, state, worker -------------------------------------------------------------
@@ -119,49 +119,6 @@ def big_body(values: int, matching_shape: bool) -> bytes:
     return head + b"0.5," * (values - 1) + b"0.5]}]}"
 
 
-class Probe:
-    """Small valid requests every 50 ms in all (PROBE_THREADS threads, staggered, each on
-    its own keep-alive connection, reopened after an error)."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.samples: list[tuple[int, float]] = []  # (status, seconds); status 0: no answer
-        self.errors: dict[str, int] = {}  # why there was no answer (status 0), by exception
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(index,), daemon=True) for index in range(PROBE_THREADS)]
-
-    def __enter__(self) -> Probe:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=BIG_TIMEOUT_S)
-
-    def _run(self, index: int) -> None:
-        period_s = PROBE_INTERVAL_S * PROBE_THREADS
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=BIG_TIMEOUT_S)
-        next_s = time.perf_counter() + index * PROBE_INTERVAL_S
-        while not self._stop.is_set():
-            time.sleep(max(next_s - time.perf_counter(), 0.0))
-            started_s = time.perf_counter()
-            try:
-                status = request("POST", self.port, PATH, PROBE_BODY, {"Content-Type": "application/json"}, connection=connection)[0]
-            except (OSError, http.client.HTTPException) as exc:
-                status = 0
-                with self._lock:
-                    self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
-                connection.close()
-                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=BIG_TIMEOUT_S)
-            with self._lock:
-                self.samples.append((status, time.perf_counter() - started_s))
-            next_s = max(next_s + period_s, time.perf_counter())  # a stalled answer does not queue a burst
-        connection.close()
-
-
 def send_big(port: int, body: bytes, headers: dict, results: list, index: int) -> None:
     started_s = time.perf_counter()
     try:
@@ -187,12 +144,12 @@ def measure(args, workdir: Path) -> dict:
     Worker.source_dir = args.worker_dir.resolve()
     with Worker(state_file, workdir / "cache") as worker:
         for _ in range(5):  # warm the connection path and the model
-            status, answer = request("POST", worker.port, PATH, PROBE_BODY, {"Content-Type": "application/json"})
+            status, answer = request("POST", worker.port, "/predict", PROBE_BODY, {"Content-Type": "application/json"})
             if status != 200:
                 raise RuntimeError(f"the probe request failed: {status} {answer[:200]!r}")
         before = worker.memory_mb()
         results: list[dict | None] = [None] * args.concurrency
-        with Probe(worker.port) as probe:
+        with SteadyLoad([f"http://127.0.0.1:{worker.port}"], [PROBE_BODY], PROBE_RATE_PER_S, timeout_s=BIG_TIMEOUT_S) as probe:
             time.sleep(0.5)  # unloaded probe samples first
             started_s = time.perf_counter()
             threads = [threading.Thread(target=send_big, args=(worker.port, body, headers, results, index))
@@ -206,10 +163,11 @@ def measure(args, workdir: Path) -> dict:
         time.sleep(0.2)
         after = worker.memory_mb()
         exit_code = worker.process.poll()  # None: still running when the run ended
-    latencies = [seconds for _, seconds in probe.samples]
+    answers = probe.answers()
+    latencies = [answer.at - answer.sent for answer in answers]
     statuses: dict[str, int] = {}
-    for status, _ in probe.samples:
-        statuses[str(status)] = statuses.get(str(status), 0) + 1
+    for answer in answers:
+        statuses[str(answer.status)] = statuses.get(str(answer.status), 0) + 1
     return {
         "worker_dir": str(args.worker_dir.resolve()), "concurrency": args.concurrency, "values": args.values,
         "gzip": args.gzip, "matching_shape": args.matching_shape, "json_body_bytes": len(raw), "wire_body_bytes": len(body),
@@ -218,7 +176,7 @@ def measure(args, workdir: Path) -> dict:
         "vmrss_after_mb": after.get("VmRSS", float("nan")), "worker_exit_code": exit_code,
         "big_wall_s": big_wall_s, "big": results,
         "probe_p50_ms": _ms(latencies, 50), "probe_p99_ms": _ms(latencies, 99), "probe_max_ms": _ms(latencies, 100),
-        "probe_statuses": statuses, "probe_errors": probe.errors, "probe_samples": len(latencies),
+        "probe_statuses": statuses, "probe_samples": len(latencies),
     }
 
 
@@ -241,8 +199,6 @@ def print_report(r: dict) -> None:
     alive = "running" if r["worker_exit_code"] is None else f"exited {r['worker_exit_code']}"
     print(f"| {r['vmhwm_before_mb']:,.0f} | {r['vmhwm_after_mb']:,.0f} | {r['vmrss_after_mb']:,.0f} | {big} | {r['big_wall_s']:.1f} | "
           f"{r['probe_p50_ms']:.1f} / {r['probe_p99_ms']:.1f} / {r['probe_max_ms']:.1f} | {statuses} | {alive} |")
-    if r["probe_errors"]:
-        print("  probe requests without an answer (status 0): " + ", ".join(f"{name} {n}" for name, n in r["probe_errors"].items()))
     details = sorted({b["detail"] for b in r["big"] if b["detail"]})
     for detail in details:
         print(f"  answer: {detail}")
