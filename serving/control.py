@@ -60,7 +60,7 @@ from serving.contract import APPLY_MESSAGE, SERVING_GROUP, WORKER_KEY_HEADER, Ac
 from serving.env import SettingError, check_http_url, env_str
 from serving.logs import event
 from serving.reports import ReportBuilder
-from serving.state_signing import SignatureRefused, checked_digest, signing_key, verify_state
+from serving.state_signing import SignatureRefused, checked_digest, signing_key, state_digest, verify_state
 from serving.state_store import PersistedStateRefused
 from serving.worker_key import worker_key
 
@@ -304,6 +304,14 @@ class ControlPlane:
             self.applied = Applied(state["generation"], state.get("epoch"), digest)
             self._unacked = None  # superseded: the console hears of the state now served
             await self._persist(state)
+        elif result.get("kept"):
+            # The other models' changes serve, so reports name what is served: its own
+            # digest, which the console never issued. The ack says the state failed, and
+            # why; each reconcile tries the console's state again.
+            served = self.worker.repository.applied_state
+            self.applied = Applied(state["generation"], state.get("epoch"), state_digest(served))
+            self._unacked = None
+            await self._persist(served)
         if not await self._ack(ack) and result.get("ok"):
             # Sent again at the next reconcile that finds this digest applied: otherwise a
             # console that missed it (an outage, a 503) never hears the worker followed,

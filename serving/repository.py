@@ -3,8 +3,13 @@
 Converging: fetch and verify each new version's artifact, load and warm it
 (`serving.version_loader`), *then* swap the routing table (one reference assignment),
 then ack, while versions neither routed nor kept warm drain and unload in the background.
-If anything fails to load,
-nothing is swapped: the previous routes keep serving and the result says why.
+Models converge one by one: a model whose version fails to load (or to warm in time)
+keeps its previous routes and versions, and the other models' changes are swapped in
+anyway, so one broken canary never holds another model's rollback. The result is then
+not ok, names what failed and which models kept their routes (``kept``), and
+``applied_state`` is the state actually served: the console's, with those models'
+entries taken from the state applied before (absent when there was none). When nothing
+but failing models changed, nothing is swapped.
 Once the loaded versions changed, the cache drops artifacts nothing needs any more
 (serving/artifact_cache.py says what it always keeps).
 """
@@ -25,10 +30,12 @@ from serving.errors import LoadError
 from serving.loaded_version import LoadedVersion
 from serving.logs import event
 from serving.serving_plan import ServingPlan, parse_state
+from serving.state_signing import content_of
 from serving.traffic_split import Router, RoutingTable, build_routes
 from serving.version_loader import FetchFn, load_version, warm_in_time
 
 logger = logging.getLogger("serving.repository")
+EMPTY_PLAN = ServingPlan((), (), ())
 
 
 # ---- the repository -------------------------------------------------------------------
@@ -40,11 +47,14 @@ class ApplyResult:
     ok: bool
     load_ms: float = 0.0
     error: str | None = None
+    kept: tuple[str, ...] = ()  # models left on their previous routes while the others' changes applied
 
     def as_dict(self) -> dict:
         result = {"generation": self.generation, "ok": self.ok, "load_ms": round(self.load_ms, 1)}
         if self.error is not None:
             result["error"] = self.error
+        if self.kept:
+            result["kept"] = list(self.kept)
         return result
 
 
@@ -60,6 +70,9 @@ class Repository:
     not_ready_reason: str | None = None
     _loaded: dict = field(default_factory=dict)  # (model, version) -> LoadedVersion
     _desired: ServingPlan | None = None
+    # The state served, as received (or, after a partial apply, with the failing models'
+    # entries from the state before): what the control plane digests, reports and persists.
+    applied_state: dict | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _retiring: set = field(default_factory=set)  # drain-then-close tasks of retired versions
 
@@ -73,12 +86,13 @@ class Repository:
             started_s = time.perf_counter()
             result = await self._apply(state)
             result.load_ms = (time.perf_counter() - started_s) * 1000
-            if result.ok:
+            if result.ok or result.kept:
                 metrics.STATE_GENERATION.set(result.generation)
-            elif not self.is_ready:
+            if not result.ok and not self.is_ready:
                 self.serve_nothing_because(f"the state of generation {result.generation} could not be applied")
             log = logger.info if result.ok else logger.error
-            log(event("state_applied" if result.ok else "state_not_applied", **result.as_dict()))
+            name = "state_applied" if result.ok else "state_partly_applied" if result.kept else "state_not_applied"
+            log(event(name, **result.as_dict()))
             return result.as_dict()
 
     async def _apply(self, state: object) -> ApplyResult:
@@ -89,20 +103,47 @@ class Repository:
             return ApplyResult(raw if type(raw) is int else -1, False, error=str(exc))
         if desired == self._desired:
             self._set_generation(generation)
+            self.applied_state = content_of(state)
             return ApplyResult(generation, True)
-        try:
-            loaded = await self._converge_versions(desired)
-        except LoadError as exc:
-            return ApplyResult(generation, False, error=str(exc))
+        loaded, failures = await self._converge_versions(desired)
+        served_state = content_of(state)
+        if failures:
+            served_state = self._keeping(served_state, failures)
+            try:
+                generation, desired = parse_state(served_state, self.config)
+            except ContractError as error:  # parts of two valid states; refused all the same, nothing swapped
+                self._unload_unused(loaded)
+                return ApplyResult(generation, False, error=f"{'; '.join(failures.values())}; the rest could not be applied alone: {error}")
+            if desired == (self._desired or EMPTY_PLAN):
+                self._unload_unused(loaded)
+                return ApplyResult(generation, False, error="; ".join(failures.values()))
         retired = [version for key, version in self._loaded.items() if loaded.get(key) is not version]
-        self._loaded, self._desired, self.generation = loaded, desired, generation
+        self._loaded, self._desired, self.generation, self.applied_state = loaded, desired, generation, served_state
         self.router.swap(self._table(generation, desired))
         self.is_ready = True
         metrics.LOADED_VERSIONS.set(len(loaded))
         self._retire_after_the_ack(retired)
         served = {version.spec.sha256 for version in loaded.values()}
         await asyncio.to_thread(evict_unused_artifacts, self.config.cache_dir, served)
+        if failures:
+            error = f"applied but for {', '.join(sorted(failures))}, which kept the routes served before: {'; '.join(failures.values())}"
+            return ApplyResult(generation, False, error=error, kept=tuple(sorted(failures)))
         return ApplyResult(generation, True)
+
+    def _unload_unused(self, loaded: dict) -> None:
+        """Close what a call loaded and is not swapped in (nothing serves it yet)."""
+        current = {id(version) for version in self._loaded.values()}
+        for version in loaded.values():
+            if id(version) not in current:
+                version.close()
+
+    def _keeping(self, state: dict, failures: dict) -> dict:
+        """``state`` with each failing model's entry as it was applied before (absent if it
+        was not served): what this worker serves when the other models' changes apply."""
+        before = (self.applied_state or {}).get("models", {})
+        models = {name: entry for name, entry in state["models"].items() if name not in failures}
+        models.update({name: before[name] for name in failures if name in before})
+        return {**state, "models": models}
 
     def serve_nothing_because(self, *failures: str) -> None:
         """Say, in every 503 until a state applies, why there is nothing to serve. Kept to
@@ -115,11 +156,25 @@ class Repository:
             self.generation = generation
             self.router.swap(self._table(generation, self._desired))
 
-    async def _converge_versions(self, desired: ServingPlan) -> dict:
-        """Every desired version loaded and warm; on failure, unload what this call loaded."""
+    async def _converge_versions(self, desired: ServingPlan) -> tuple[dict, dict[str, str]]:
+        """Every desired version loaded and warm, model by model, and why each model that
+        failed did: its versions are those loaded before (what this call loaded for it is
+        unloaded) and its batching stays as it was."""
+        loaded, failures = {}, {}
+        for model_name in desired.model_names:
+            try:
+                loaded.update(await self._converge_model(desired, model_name))
+            except LoadError as error:
+                failures[model_name] = str(error)
+                loaded.update({key: version for key, version in self._loaded.items() if key[0] == model_name})
+        return loaded, failures
+
+    async def _converge_model(self, desired: ServingPlan, model_name: str) -> dict:
         loaded, fresh, policies = {}, [], []
         try:
             for spec in desired.versions:
+                if spec.model_name != model_name:
+                    continue
                 current = self._loaded.get(spec.key)
                 if current is not None and current.spec.sha256 == spec.sha256:
                     await self._warm_for(current, spec.policy)
@@ -132,11 +187,13 @@ class Repository:
             for version in fresh:
                 version.close()
             raise
-        # Only once every version is in: a failed apply leaves the served batching as it was.
+        # Only once every version of the model is in: a failed one leaves its batching as it was.
         for version, policy in policies:
             if version.is_batchable and policy != version.policy:
                 version.set_policy(policy)
         for key in desired.warm_keys:
+            if key[0] != model_name:
+                continue
             if key in self._loaded:
                 loaded[key] = self._loaded[key]
             else:

@@ -45,6 +45,10 @@ class ServingPlan:
     weights: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]  # model -> ((version, weight), ...)
     shadows: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()  # model -> ((version, fraction), ...)
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.weights)
+
 
 def parse_state(state: object, config: ServingConfig) -> tuple[int, ServingPlan]:
     """The contract's parse (every shape check, the contract version first; batching left

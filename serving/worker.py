@@ -42,7 +42,7 @@ from serving.listen_queue import Keepers
 from serving.logs import configure_logging, event
 from serving.model_safety import enter_private_working_directory
 from serving.repository import Repository
-from serving.state_signing import signing_key
+from serving.state_signing import content_of, signing_key
 from serving.state_store import PersistedStateRefused, StateStore
 
 logger = logging.getLogger("serving.worker")
@@ -134,9 +134,28 @@ class Worker:
             await self.load_persisted_state("the console's state could not be fetched")
             return
         result = await self.apply(state)
-        if not result["ok"]:  # an artifact the console cannot serve now: what was served last beats nothing
-            logger.warning(event("console_state_not_applied", generation=result["generation"], reason=result.get("error", "")[:300]))
+        if result["ok"]:
+            return
+        # An artifact the console cannot serve now: what was served last beats nothing.
+        logger.warning(event("console_state_not_applied", generation=result["generation"], reason=result.get("error", "")[:300]))
+        if result.get("kept"):
+            await self.keep_persisted_models(state, result["kept"])
+        else:
             await self.load_persisted_state("the console's state could not be applied")
+
+    async def keep_persisted_models(self, state: dict, kept: list[str]) -> None:
+        """The console's state serves but for ``kept`` models, whose versions failed: each
+        serves what the persisted state had for it, when it had it and it loads; the
+        reconcile then keeps them so (``Repository``: a failing model keeps what it served)."""
+        try:
+            persisted = await asyncio.to_thread(self.state_store.load)
+        except PersistedStateRefused as refusal:
+            logger.error(event("persisted_state_refused", path=str(self.state_store.path), reason=str(refusal)))
+            return
+        earlier = {name: entry for name, entry in (persisted or {}).get("models", {}).items() if name in kept}
+        if earlier:
+            result = await self.apply({**content_of(state), "models": {**state["models"], **earlier}})
+            logger.warning(event("serving_persisted_models", models=sorted(earlier), ok=result["ok"], reason=result.get("error", "")[:300]))
 
     async def apply_state_file(self) -> None:
         """Serve the state file; StateError naming it and why when it cannot be read or applied."""

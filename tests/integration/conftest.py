@@ -15,13 +15,18 @@ from registry.models import RegisteredModel
 from tools.stack import own_database
 
 
+def registered(name: str, seeds: tuple[int, ...], operator) -> RegisteredModel:
+    """Model ``name`` with a version per seed (MLPs of 16 inputs, 4 outputs); the first stable."""
+    model = RegisteredModel.objects.create(name=name)
+    for seed in seeds:
+        uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([16, 8, 4], seed=seed))), uploaded_by=operator)
+    return model
+
+
 @pytest.fixture
 def model(operator) -> RegisteredModel:
     """``tiny`` with versions 1 and 2 (different weights); version 1 stable."""
-    model = RegisteredModel.objects.create(name="tiny")
-    for seed in (1, 2):
-        uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([16, 8, 4], seed=seed))), uploaded_by=operator)
-    return model
+    return registered("tiny", (1, 2), operator)
 
 
 @pytest.fixture

@@ -422,3 +422,110 @@ def test_a_retry_after_that_is_not_a_finite_positive_number_asks_for_no_wait(hea
     from serving.control import _retry_after_s
 
     assert _retry_after_s(httpx.Response(429, headers={"Retry-After": header})) == seconds
+
+
+# ---- one model's failing version holds no other model's change ---------------------------
+# The worker applies the rest, keeps the failing model on what it served, reports that
+# content's own digest (never the console's), acks the state as failed with the reason,
+# persists what it serves, and tries the console's state again at each reconcile.
+
+
+BROKEN = "0" * 64  # a sha256 no artifact has: the version fails its check
+
+
+def signed(generation: int, digits_routes: list, other_routes: list) -> dict:
+    content = state(generation, {"digits": {"routes": digits_routes}, "other": {"routes": other_routes}}, epoch="epoch-x")
+    return {**content, "digest": state_digest(content)}
+
+
+def report_of(plane):
+    applied = {"generation": plane.applied.generation, "digest": plane.applied.digest, "epoch": plane.applied.epoch}
+    return plane.reports.build(plane.identity, plane.worker.repository, applied)
+
+
+async def partly_applied(start_plane, console, mlp_v1, mlp_v2):
+    """A plane serving digits v1 and other v2, then told to canary a broken digits v2 and
+    roll other back to v1."""
+    plane = await start_plane()
+    console.state = signed(1, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
+    await plane.reconcile()
+    console.state = signed(2, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)], [route(1, 100, *mlp_v1)])
+    result = await plane.reconcile()
+    return plane, result
+
+
+async def test_another_model_s_rollback_is_served_while_a_canary_fails(start_plane, console, mlp_v1, mlp_v2):
+    plane, result = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+
+    routes = plane.worker.repository.health()["models"]
+    assert result["ok"] is False
+    assert routes["other"]["routes"] == [{"version": 1, "weight": 100}]
+    assert routes["digits"]["routes"] == [{"version": 1, "weight": 100}]
+
+
+async def test_the_ack_of_a_partial_apply_says_the_state_failed_and_why(start_plane, console, mlp_v1, mlp_v2):
+    await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+
+    ack = console.acks[-1]
+    assert (ack["generation"], ack["digest"], ack["ok"]) == (2, console.state["digest"], False)
+    assert ack["error"].startswith("applied but for digits, which kept the routes served before: digits v2:")
+
+
+async def test_reports_after_a_partial_apply_name_the_served_content_not_the_console_s(start_plane, console, mlp_v1, mlp_v2):
+    plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+
+    report = report_of(plane)
+    served = plane.worker.repository.applied_state
+    assert report.digest == state_digest(served) != console.state["digest"]
+    assert served["models"]["digits"]["routes"] == [route(1, 100, *mlp_v1)]
+    assert served["models"]["other"] == console.state["models"]["other"]
+
+
+async def test_what_a_partial_apply_serves_is_persisted(start_plane, console, mlp_v1, mlp_v2):
+    plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+
+    persisted = plane.worker.state_store.load()
+    assert persisted["digest"] == plane.applied.digest == state_digest(plane.worker.repository.applied_state)
+
+
+async def test_a_worker_restarted_while_the_console_is_down_keeps_the_rollback_a_partial_apply_served(start_plane, console, mlp_v1, mlp_v2):
+    await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+    console.is_down = True
+
+    restarted = await start_plane()
+
+    routes = restarted.worker.repository.health()["models"]
+    assert routes["other"]["routes"] == [{"version": 1, "weight": 100}]
+    assert routes["digits"]["routes"] == [{"version": 1, "weight": 100}]
+
+
+async def test_the_console_s_state_is_tried_again_and_acked_once_it_applies(start_plane, console, mlp_v1, mlp_v2):
+    plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+    console.state = signed(2, [route(1, 90, *mlp_v1), route(2, 10, *mlp_v2)], [route(1, 100, *mlp_v1)])  # the artifact mended
+
+    result = await plane.reconcile()
+
+    assert result["ok"] is True
+    assert plane.applied.digest == console.state["digest"] == report_of(plane).digest
+    assert plane.worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
+
+
+async def test_a_worker_started_on_a_state_with_a_failing_model_takes_that_model_from_its_persisted_state(
+        start_plane, console, mlp_v1, mlp_v2, tmp_path):
+    from test_api_keys_persisted import Console as HttpConsole
+
+    first = await start_plane()
+    console.state = signed(1, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
+    await first.reconcile()
+    newer = signed(2, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)], [route(1, 100, *mlp_v1)])
+    answering = HttpConsole(newer, [])
+    try:
+        worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=answering.url))
+        await worker.load_initial_state()
+    finally:
+        answering.go_down()
+
+    routes = worker.repository.health()["models"]
+    assert routes["other"]["routes"] == [{"version": 1, "weight": 100}]  # the console's rollback, not the persisted v2
+    assert routes["digits"]["routes"] == [{"version": 1, "weight": 100}]  # what was served, not nothing
+    await worker.close()

@@ -244,3 +244,89 @@ async def test_a_warm_up_onnx_runtime_cannot_stop_is_left_running_and_the_model_
     assert took_s < 5
     assert "could not be stopped; its thread still runs, so it is not tried again until this worker restarts" in again["error"]
     assert rollback["ok"] is True and await infer(repository) == 1
+
+
+# ---- one model's failure does not hold another's change ------------------------------
+
+def two_models(generation: int, digits_routes: list, other_routes: list) -> dict:
+    return state(generation, {"digits": {"routes": digits_routes}, "other": {"routes": other_routes}})
+
+
+async def served_version(repository: Repository, model: str) -> int:
+    target = repository.router.table.resolve(model, None)
+    await target.submit(Decoded((np.zeros((1, 64), np.float32),), 1), time.monotonic() + 5, "test")
+    return target.version
+
+
+async def test_a_rollback_applies_while_another_model_s_canary_fails_to_load(repository, mlp_v1, mlp_v2):
+    await repository.apply(two_models(1, [route(1, 100, *mlp_v1)], [route(1, 50, *mlp_v1), route(2, 50, *mlp_v2)]))
+    broken_canary = route(2, 10, mlp_v2[0], "0" * 64)
+
+    result = await repository.apply(two_models(2, [route(1, 90, *mlp_v1), broken_canary], [route(1, 100, *mlp_v1)]))
+
+    assert result["ok"] is False
+    assert result["kept"] == ["digits"]
+    assert result["error"].startswith("applied but for digits, which kept the routes served before: digits v2:")
+    assert "sha256 mismatch" in result["error"]
+    assert repository.generation == 2
+    assert repository.router.table.model("other").versions == (1,)
+    assert [await served_version(repository, "other") for _ in range(20)] == [1] * 20
+    assert repository.router.table.model("digits").versions == (1,)
+    await asyncio.sleep(0.1)  # the retired version drains in the background
+    assert set(repository.loaded) == {("digits", 1), ("other", 1)}
+
+
+async def test_the_applied_state_of_a_partial_apply_keeps_the_failing_model_s_entry_as_served(repository, mlp_v1, mlp_v2):
+    before = two_models(1, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
+    await repository.apply(before)
+    after = two_models(2, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], "0" * 64)], [route(1, 100, *mlp_v1)])
+
+    await repository.apply(after)
+
+    assert repository.applied_state["generation"] == 2
+    assert repository.applied_state["models"]["digits"] == before["models"]["digits"]
+    assert repository.applied_state["models"]["other"] == after["models"]["other"]
+
+
+async def test_a_new_model_whose_only_version_fails_is_left_out_and_the_others_serve(repository, mlp_v1):
+    result = await repository.apply(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]},
+                                              "other": {"routes": [route(1, 100, mlp_v1[0], "0" * 64)]}}))
+
+    assert result["ok"] is False and result["kept"] == ["other"]
+    assert repository.is_ready
+    assert await served_version(repository, "digits") == 1
+    assert "other" not in repository.router.table.models
+    assert set(repository.applied_state["models"]) == {"digits"}
+
+
+async def test_when_only_failing_models_changed_nothing_is_swapped(repository, mlp_v1, mlp_v2):
+    await repository.apply(two_models(1, [route(1, 100, *mlp_v1)], [route(1, 100, *mlp_v1)]))
+    table, applied = repository.router.table, repository.applied_state
+
+    result = await repository.apply(two_models(2, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], "0" * 64)], [route(1, 100, *mlp_v1)]))
+
+    assert result["ok"] is False and "kept" not in result
+    assert repository.router.table is table and repository.generation == 1
+    assert repository.applied_state is applied
+
+
+async def test_the_failing_model_is_tried_again_and_applies_once_its_artifact_is_good(repository, mlp_v1, mlp_v2):
+    await repository.apply(two_models(1, [route(1, 100, *mlp_v1)], [route(1, 100, *mlp_v1)]))
+    await repository.apply(two_models(2, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], "0" * 64)], [route(2, 100, *mlp_v2)]))
+
+    result = await repository.apply(two_models(3, [route(1, 90, *mlp_v1), route(2, 10, *mlp_v2)], [route(2, 100, *mlp_v2)]))
+
+    assert result["ok"] is True
+    assert repository.router.table.model("digits").versions == (1, 2)
+    assert repository.applied_state["models"]["digits"]["routes"][1]["sha256"] == mlp_v2[1]
+
+
+async def test_a_failing_model_keeps_its_batching_while_another_s_changes(repository, mlp_v1, mlp_v2):
+    await repository.apply(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}, "other": {"routes": [route(1, 100, *mlp_v1)]}},
+                                 max_batch_size=8))
+
+    await repository.apply(state(2, {"digits": {"routes": [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], "0" * 64)]},
+                                     "other": {"routes": [route(1, 100, *mlp_v1)]}}, max_batch_size=16))
+
+    assert repository.loaded[("digits", 1)].policy.max_batch_size == 8
+    assert repository.loaded[("other", 1)].policy.max_batch_size == 16

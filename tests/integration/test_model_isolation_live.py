@@ -1,0 +1,63 @@
+"""One model's broken canary holds no other model's rollback, with a live console and a
+real worker process: the rollback serves, the broken model keeps what it served, and the
+console shows the worker failing with its reason, never converged."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import httpx
+import pytest
+from django.db import connection
+
+from registry.artifacts import storage
+from registry.models import ModelVersion, RegisteredModel
+from tests.integration.conftest import registered
+from tools.stack import running_stack, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+ROW = [0.5] * 16
+
+
+@pytest.fixture
+def other(operator) -> RegisteredModel:
+    """``other``, beside the conftest's ``tiny``, with versions 1 (stable) and 2."""
+    return registered("other", (3, 4), operator)
+
+
+@pytest.fixture
+def stack(tmp_path, settings, model, other):
+    with running_stack(tmp_path, settings, connection.settings_dict) as stack:
+        yield stack
+
+
+def served(worker, model: str, count: int = 20) -> collections.Counter:
+    with httpx.Client(base_url=worker.url, timeout=10) as client:
+        return collections.Counter(client.post("/predict", json={"model_name": model, "inputs": [ROW]}).json()["model_version"]
+                                   for _ in range(count))
+
+
+def worker_row(api) -> dict:
+    return api.get("/api/workers/").json()[0]
+
+
+def test_a_rollback_serves_while_another_model_s_canary_cannot_load(stack, api):
+    assert api.post("/api/models/other/release/", json={"routes": [{"version": 2, "weight": 100}]}).status_code == 201
+    worker = stack.start_worker()
+    assert served(worker, "other") == {2: 20}
+    canary = storage.path_for(ModelVersion.objects.get(model__name="tiny", number=2).sha256)
+    os.chmod(canary, 0o600)
+    canary.write_bytes(b"not the artifact the console registered")  # the worker's sha256 check fails it
+    assert api.post("/api/models/tiny/release/", json={"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}).status_code == 201
+
+    rollback = api.post("/api/models/other/release/rollback/")
+
+    assert rollback.status_code == 201
+    assert wait_until(lambda: served(worker, "other") == {1: 20}, 15), served(worker, "other")
+    assert served(worker, "tiny") == {1: 20}
+    assert wait_until(lambda: "applied but for tiny" in (worker_row(api)["error"] or ""), 10), worker_row(api)
+    row = worker_row(api)
+    assert row["converged"] is False and row["ok"] is False
+    assert "tiny v2" in row["error"]
