@@ -173,7 +173,9 @@ def reported_fields(report: WorkerReport, epoch: str) -> dict:
         "url": identity.url,
         "device": identity.device,
         "generation": served_generation(report, epoch),
-        "loaded": [entry.to_dict() for entry in report.loaded],
+        # A worker that said it stopped serves nothing: its last report still lists what
+        # it held while it drained, which the Workers page showed as loaded for good.
+        "loaded": [] if report.state == "stopped" else [entry.to_dict() for entry in report.loaded],
         "last_report": report.to_dict(),
         "last_seen_at": timezone.now(),
     }

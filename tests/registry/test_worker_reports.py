@@ -72,6 +72,16 @@ def test_a_worker_that_said_it_stopped_is_listed_as_serving_nothing_not_as_behin
     assert listed_all(viewer_client) == [("w-new", "stopped", False, "stopped: it last served generation 1")]
 
 
+def test_a_worker_that_said_it_stopped_is_listed_with_nothing_loaded(worker_client, viewer_client, three_versions):
+    loaded = [{"model": "digits", "version": 1, "routed": True, "ready": True}]
+    worker_client.post("/api/serving/reports", serving_generation_1(loaded=loaded), format="json")
+    assert viewer_client.get("/api/workers/?all=1").json()[0]["loaded"] == loaded
+
+    worker_client.post("/api/serving/reports", serving_generation_1(loaded=loaded, state="stopped"), format="json")
+
+    assert viewer_client.get("/api/workers/?all=1").json()[0]["loaded"] == []
+
+
 def test_a_gone_worker_is_listed_as_gone_not_as_converged(worker_client, viewer_client, three_versions, settings):
     worker_client.post("/api/serving/reports", serving_generation_1(), format="json")
     Worker.objects.update(last_seen_at=Worker.objects.get().last_seen_at - timedelta(seconds=settings.WORKER_GONE_AFTER_S + 1))
