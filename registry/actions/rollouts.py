@@ -43,7 +43,7 @@ from registry.domain.choices import (
     RolloutStatus,
 )
 from registry.domain.json_numbers import finite_or_null
-from registry.domain.traffic import Route, canary_split, versions_receiving
+from registry.domain.traffic import MIN_SHADOW_FRACTION, SHADOW_FRACTION_WORDS, Route, canary_split, versions_receiving
 from registry.fleet import samples
 from registry.fleet.workers import SAID_STOPPED
 from registry.models import (
@@ -104,8 +104,8 @@ def check_step_duration(value: object) -> float:
 
 
 def check_shadow_fraction(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise RolloutError("shadow_fraction must be a fraction above 0 and at most 1")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_SHADOW_FRACTION <= value <= 1:
+        raise RolloutError(f"shadow_fraction must be {SHADOW_FRACTION_WORDS}")
     return float(value)
 
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The smallest share of requests a shadow mirrors: one in 10,000. A smaller one (5e-324
+# was taken) mirrors nothing a window could judge, and read "shadow 0%".
+MIN_SHADOW_FRACTION = 0.0001
+SHADOW_FRACTION_WORDS = f"a fraction from {MIN_SHADOW_FRACTION:g} (one request in 10,000) to 1"
+
 
 @dataclass(frozen=True)
 class Route:
@@ -90,8 +95,8 @@ def _parse_route(index: int, item: object) -> Route:
 
 def _parse_shadow(index: int, version: int, item: dict) -> Route:
     shadow = item["shadow"]
-    if isinstance(shadow, bool) or not isinstance(shadow, (int, float)) or not 0 < shadow <= 1:
-        raise InvalidRoutes(f"routes[{index}].shadow must be a fraction above 0 and at most 1")
+    if isinstance(shadow, bool) or not isinstance(shadow, (int, float)) or not MIN_SHADOW_FRACTION <= shadow <= 1:
+        raise InvalidRoutes(f"routes[{index}].shadow must be {SHADOW_FRACTION_WORDS}")
     if item.get("weight", 0) != 0:
         raise InvalidRoutes(f"routes[{index}] is a shadow: its weight must be 0 (it never answers clients)")
     return Route(version=version, weight=0, shadow=float(shadow))

@@ -252,6 +252,21 @@ def test_shadow_route_is_accepted_with_zero_weight(operator_client, three_versio
     assert response.json()["release"]["routes"][1] == {"version": 3, "weight": 0, "shadow": 0.1}
 
 
+@pytest.mark.parametrize("shadow", [0, 5e-324, 0.00009, 1.5, True, "0.1"])
+def test_a_shadow_below_one_request_in_ten_thousand_or_not_a_fraction_is_a_400(operator_client, three_versions, shadow):
+    response = split(operator_client, [{"version": 1, "weight": 100}, {"version": 3, "weight": 0, "shadow": shadow}])
+
+    assert response.status_code == 400
+    assert "routes[1].shadow must be a fraction from 0.0001 (one request in 10,000) to 1" in response.json()["error"]
+    assert Release.objects.count() == 1
+
+
+def test_a_shadow_of_one_request_in_ten_thousand_is_accepted(operator_client, three_versions):
+    response = split(operator_client, [{"version": 1, "weight": 100}, {"version": 3, "weight": 0, "shadow": 0.0001}])
+
+    assert response.status_code == 201
+
+
 def test_viewer_cannot_run_a_drill(viewer_client, three_versions):
     from registry.models import Drill
 

@@ -55,6 +55,8 @@ def test_the_model_thresholds_apply_under_the_rollouts_own(three_versions, opera
     ({"shadow_fraction": 0}, "shadow_fraction"),
     ({"shadow_fraction": 1.5}, "shadow_fraction"),
     ({"shadow_fraction": True}, "shadow_fraction"),
+    ({"shadow_fraction": 5e-324}, "from 0.0001"),
+    ({"shadow_fraction": 0.00009}, "from 0.0001"),
     ({"analysis": {"min_requests": True}}, "min_requests"),
 ])
 def test_a_bad_plan_is_a_400_naming_the_problem_and_starts_nothing(three_versions, operator_client, change, field):
