@@ -40,7 +40,7 @@ def add(model: RegisteredModel, upload, *, name: str, task: str, description: st
     file_format = received_files.extension(upload, DATASET_FORMATS, "the data set", DatasetRefused)
     staged = received_files.stage(upload, settings.DATASET_MAX_BYTES, "DATASET_MAX_BYTES", "the data set", DatasetRefused)
     try:
-        rows = _rows(staged, file_format, model)
+        rows = _rows(staged, file_format, model, task)
         dataset = EvaluationDataset(model=model, name=name, task=task, file_format=file_format, sha256=staged.sha256,
                                     size_bytes=staged.size_bytes, rows=rows, description=description,
                                     created_by=created_by if created_by is not None and created_by.is_authenticated else None)
@@ -79,11 +79,11 @@ def _checked_against(model: RegisteredModel) -> tuple[ModelVersion | None, str]:
     return ready.order_by("-number").first(), "the newest ready version"
 
 
-def _rows(staged: storage.StagedArtifact, file_format: str, model: RegisteredModel) -> int:
+def _rows(staged: storage.StagedArtifact, file_format: str, model: RegisteredModel, task: str) -> int:
     version, role = _checked_against(model)
     layouts = formats.signature_layouts(version.signature) if version is not None else None
     try:
-        return formats.check_dataset(staged.path, file_format, layouts)
+        return formats.check_dataset(staged.path, file_format, layouts, task)
     except formats.InputMismatch as error:
         labels = formats.LABELS_MEMBER if file_format == "npz" else formats.LABEL_KEY
         raise DatasetRefused(f"the data set does not fit version {version.number} ({role}, which it was checked against): "

@@ -98,6 +98,57 @@ def test_a_jsonl_data_set_counts_its_rows(jobs_model, operator_client):
     assert (response.json()["file_format"], response.json()["rows"], response.json()["task"]) == ("jsonl", 3, "regression")
 
 
+@pytest.mark.parametrize(("task", "label", "words"), [
+    ("classification", 1.5, "a classification label is an integer or a string, not 1.5"),
+    ("classification", float("nan"), "a classification label is an integer or a string, not NaN"),
+    ("classification", [1, 2], "a classification label is an integer or a string"),
+    ("classification", "", "a classification label is an integer or a string"),
+    ("regression", "cat", "a regression label is a finite number or a list of finite numbers"),
+    ("regression", float("nan"), "a regression label is a finite number or a list of finite numbers, not NaN"),
+    ("regression", float("inf"), "a regression label is a finite number or a list of finite numbers"),
+    ("regression", [1.0, float("nan")], "a regression label is a finite number or a list of finite numbers"),
+    pytest.param("regression", 10**400, "a regression label is a finite number or a list of finite numbers", id="regression-int-past-float"),
+])
+def test_a_jsonl_label_its_task_cannot_score_is_a_400_naming_the_line(jobs_model, operator_client, artifact_root, task, label, words):
+    lines = [{"input": row.tolist(), "label": 1} for row in rows(3)]
+    lines[2]["label"] = label
+
+    response = add(operator_client, jsonl_upload(lines, "odd.jsonl"), task=task)
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(f"the data set cannot be used: line 3: {words}")
+    assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+@pytest.mark.parametrize(("task", "labels", "words"), [
+    ("classification", np.array([0.0, 1.5, 2.0, 1.0]), "row 1: a classification label is an integer or a string, not 1.5"),
+    ("classification", np.array([0.0, 1.0, np.nan, 1.0]), "row 2: a classification label is an integer or a string"),
+    ("classification", np.zeros((4, 2), np.int64), "a classification label is an integer or a string, one per row"),
+    ("classification", np.array([True, False, True, False]), "a classification label is an integer or a string, one per row"),
+    ("regression", np.array([0.5, 1.0, 2.0, np.inf]), "row 3: a regression label is a finite number or a list of finite numbers"),
+    ("regression", np.array([[0.5, np.nan]] * 4), "row 0: a regression label is a finite number or a list of finite numbers"),
+    ("regression", np.array(["a", "b", "c", "d"]), "a regression label is a finite number or a list of finite numbers"),
+])
+def test_an_npz_label_its_task_cannot_score_is_a_400(jobs_model, operator_client, artifact_root, task, labels, words):
+    response = add(operator_client, npz_upload("odd.npz", input=rows(4), labels=labels), task=task)
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("the data set cannot be used: ") and words in response.json()["error"]
+    assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+@pytest.mark.parametrize(("task", "labels"), [
+    ("classification", np.array([0.0, 1.0, 2.0, 1.0])),
+    ("classification", np.array(["cat", "dog", "cat", "dog"])),
+    ("regression", np.array([[0.5, 1.0]] * 4)),
+    ("regression", np.arange(4)),
+])
+def test_labels_a_task_can_score_are_accepted(jobs_model, operator_client, task, labels):
+    response = add(operator_client, npz_upload("fine.npz", input=rows(4), labels=labels), task=task)
+
+    assert response.status_code == 201, response.json()
+
+
 def test_a_data_set_name_taken_is_409_and_leaves_nothing_new(jobs_model, operator_client, artifact_root):
     add(operator_client, labelled(6))
     before = dataset_files(artifact_root)
