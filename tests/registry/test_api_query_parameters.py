@@ -1,0 +1,32 @@
+"""An API request names each query parameter once: a repeated one is a 400 naming it,
+where it took the last value while a proxy or a log in front may read the first."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize(("url", "named"), [
+    ("/api/workers/?all=1&all=0", "all"),
+    ("/api/models/?limit=1&limit=500", "limit"),
+    ("/api/models/digits/release/?at=2026-01-01T00:00:00Z&at=2030-01-01T00:00:00Z", "at"),
+])
+def test_a_repeated_query_parameter_is_a_400_naming_it(viewer_client, three_versions, url, named):
+    response = viewer_client.get(url)
+
+    assert response.status_code == 400
+    assert response.json() == {"error": f"the query parameter '{named}' is given 2 times: send it once"}
+
+
+def test_a_repeated_query_parameter_on_a_change_is_refused_before_the_change(operator_client, three_versions):
+    response = operator_client.post("/api/models/digits/release/rollback/?reason=a&reason=b", {}, format="json")
+
+    assert response.status_code == 400
+    assert three_versions.current_release().generation == 1
+
+
+def test_query_parameters_given_once_are_read_as_before(viewer_client, three_versions):
+    assert viewer_client.get("/api/workers/?all=1").status_code == 200
+    assert viewer_client.get("/api/models/?limit=1").status_code == 200
