@@ -307,11 +307,15 @@ class ControlPlane:
         elif result.get("kept"):
             # The other models' changes serve, so reports name what is served: its own
             # digest, which the console never issued. The ack says the state failed, and
-            # why; each reconcile tries the console's state again.
+            # why; each reconcile tries the console's state again. What serves is persisted
+            # once it changes (a start-up apply persisted nothing: a restart during an
+            # outage served the state before a rollback).
             served = self.worker.repository.applied_state
-            self.applied = Applied(state["generation"], state.get("epoch"), state_digest(served))
-            self._unacked = None
-            await self._persist(served)
+            served_digest = state_digest(served)
+            if served_digest != self.applied.digest:
+                self.applied = Applied(served["generation"], served.get("epoch"), served_digest)
+                self._unacked = None
+                await self._persist(served)
         if not await self._ack(ack) and result.get("ok"):
             # Sent again at the next reconcile that finds this digest applied: otherwise a
             # console that missed it (an outage, a 503) never hears the worker followed,

@@ -31,11 +31,10 @@ from serving.loaded_version import LoadedVersion
 from serving.logs import event
 from serving.serving_plan import ServingPlan, parse_state
 from serving.state_signing import content_of
-from serving.traffic_split import Router, RoutingTable, build_routes
+from serving.traffic_split import Router, RoutingTable, build_routes, unavailable_routes
 from serving.version_loader import FetchFn, load_version, warm_in_time
 
 logger = logging.getLogger("serving.repository")
-EMPTY_PLAN = ServingPlan((), (), ())
 
 
 # ---- the repository -------------------------------------------------------------------
@@ -86,8 +85,8 @@ class Repository:
             started_s = time.perf_counter()
             result = await self._apply(state)
             result.load_ms = (time.perf_counter() - started_s) * 1000
-            if result.ok or result.kept:
-                metrics.STATE_GENERATION.set(result.generation)
+            if self.generation is not None:
+                metrics.STATE_GENERATION.set(self.generation)
             if not result.ok and not self.is_ready:
                 self.serve_nothing_because(f"the state of generation {result.generation} could not be applied")
             log = logger.info if result.ok else logger.error
@@ -106,29 +105,44 @@ class Repository:
             self.applied_state = content_of(state)
             return ApplyResult(generation, True)
         loaded, failures = await self._converge_versions(desired)
-        served_state = content_of(state)
         if failures:
-            served_state = self._keeping(served_state, failures)
-            try:
-                generation, desired = parse_state(served_state, self.config)
-            except ContractError as error:  # parts of two valid states; refused all the same, nothing swapped
-                self._unload_unused(loaded)
-                return ApplyResult(generation, False, error=f"{'; '.join(failures.values())}; the rest could not be applied alone: {error}")
-            if desired == (self._desired or EMPTY_PLAN):
-                self._unload_unused(loaded)
-                return ApplyResult(generation, False, error="; ".join(failures.values()))
+            return await self._apply_in_part(content_of(state), loaded, failures)
+        await self._swap(generation, desired, content_of(state), loaded)
+        return ApplyResult(generation, True)
+
+    async def _apply_in_part(self, state: dict, loaded: dict, failures: dict[str, str]) -> ApplyResult:
+        """Serve ``state`` but for the failing models, each on what it served before (or,
+        absent before, on nothing: its requests get a 503 naming it). Not applied at all
+        when nothing was served and nothing would be."""
+        served_state = self._keeping(state, failures)
+        reasons = "; ".join(failures.values())
+        try:
+            generation, desired = parse_state(served_state, self.config)
+        except ContractError as error:  # parts of two valid states; refused all the same, nothing swapped
+            self._unload_unused(loaded)
+            return ApplyResult(state["generation"], False, error=f"{reasons}; the rest could not be applied alone: {error}")
+        if self._desired is None and not desired.model_names:
+            return ApplyResult(generation, False, error=reasons)
+        absent = sorted(name for name in failures if name not in served_state["models"])
+        if desired != self._desired:
+            await self._swap(generation, desired, served_state, loaded, absent)
+        # else only failing models changed: what is served, and its generation, stay as they
+        # are, so the console still sees the state it issued before, proved by its digest.
+        kept = sorted(failures)
+        words = [f"{name} (not served here: it was not before)" if name in absent else f"{name} (keeps the routes it served before)" for name in kept]
+        return ApplyResult(generation, False, error=f"applied but for {', '.join(words)}: {reasons}", kept=tuple(kept))
+
+    async def _swap(self, generation: int, desired: ServingPlan, served_state: dict, loaded: dict, absent: list[str] = ()) -> None:
+        """Route ``desired`` from ``loaded`` (one reference assignment), then retire and evict
+        what nothing routes or keeps warm any more."""
         retired = [version for key, version in self._loaded.items() if loaded.get(key) is not version]
         self._loaded, self._desired, self.generation, self.applied_state = loaded, desired, generation, served_state
-        self.router.swap(self._table(generation, desired))
+        self.router.swap(self._table(generation, desired, absent))
         self.is_ready = True
         metrics.LOADED_VERSIONS.set(len(loaded))
         self._retire_after_the_ack(retired)
         served = {version.spec.sha256 for version in loaded.values()}
         await asyncio.to_thread(evict_unused_artifacts, self.config.cache_dir, served)
-        if failures:
-            error = f"applied but for {', '.join(sorted(failures))}, which kept the routes served before: {'; '.join(failures.values())}"
-            return ApplyResult(generation, False, error=error, kept=tuple(sorted(failures)))
-        return ApplyResult(generation, True)
 
     def _unload_unused(self, loaded: dict) -> None:
         """Close what a call loaded and is not swapped in (nothing serves it yet)."""
@@ -214,12 +228,14 @@ class Repository:
             raise LoadError(f"{version.model_name} v{version.version}: batches of up to {policy.max_batch_size} rows "
                             f"failed to run: {type(error).__name__}: {str(error)[:200]}") from None
 
-    def _table(self, generation: int, desired: ServingPlan) -> RoutingTable:
+    def _table(self, generation: int, desired: ServingPlan, absent: list[str] = ()) -> RoutingTable:
         models = {}
         shadows = dict(desired.shadows)
         for model_name, weights in desired.weights:
             targets = {version: loaded for (name, version), loaded in self._loaded.items() if name == model_name}
             models[model_name] = build_routes(dict(weights), targets, shadows.get(model_name, ()))
+        for model_name in absent:  # the console routes it, its versions failed here: a 503, not "unknown model"
+            models[model_name] = unavailable_routes(f"model '{model_name}' could not be loaded on this worker; its log says why")
         return RoutingTable(generation, MappingProxyType(models), self.config.allow_pinning_unrouted)
 
     def _retire_after_the_ack(self, retired: list[LoadedVersion]) -> None:

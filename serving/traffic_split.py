@@ -41,10 +41,11 @@ class ModelRoutes(Generic[V]):
     bounds: tuple[int, ...]  # bounds[i] = first bucket *after* versions[i]
     targets: Mapping[int, V]  # routed and warm versions, by number (pinned requests)
     shadows: tuple[tuple[int, float], ...] = ()  # (version, fraction of requests mirrored)
+    unavailable: str = ""  # why nothing of a model the console routes is loaded here
 
     def choose(self, routing_key: str | None) -> int:
         if not self.versions:
-            raise NotReady("no version of this model is routed")
+            raise NotReady(self.unavailable or "no version of this model is routed")
         bucket = bucket_of(routing_key) if routing_key else random.randrange(BUCKETS)
         return self.versions[bisect.bisect_right(self.bounds, bucket)]
 
@@ -53,6 +54,11 @@ def bucket_of(routing_key: str) -> int:
     """A stable bucket in 0..BUCKETS-1: the same key lands in the same bucket everywhere."""
     digest = blake2b(routing_key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % BUCKETS
+
+
+def unavailable_routes(why: str) -> ModelRoutes:
+    """A model the console routes that has nothing loaded here: every request is a 503 saying ``why``."""
+    return ModelRoutes((), (), (), MappingProxyType({}), (), why)
 
 
 def build_routes(weights_by_version: Mapping[int, int], targets: Mapping[int, V], shadows=()) -> ModelRoutes[V]:
@@ -90,6 +96,8 @@ class RoutingTable(Generic[V]):
     def resolve(self, model_name: str, version: int | None, routing_key: str | None = None) -> V:
         """The target for a request: pinned `version` if given, else by weights/key."""
         routes = self.model(model_name)
+        if routes.unavailable:
+            raise NotReady(routes.unavailable)
         if version is None:
             version = routes.choose(routing_key)
         target = routes.targets.get(version)

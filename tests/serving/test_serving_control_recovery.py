@@ -468,7 +468,7 @@ async def test_the_ack_of_a_partial_apply_says_the_state_failed_and_why(start_pl
 
     ack = console.acks[-1]
     assert (ack["generation"], ack["digest"], ack["ok"]) == (2, console.state["digest"], False)
-    assert ack["error"].startswith("applied but for digits, which kept the routes served before: digits v2:")
+    assert ack["error"].startswith("applied but for digits (keeps the routes it served before): digits v2:")
 
 
 async def test_reports_after_a_partial_apply_name_the_served_content_not_the_console_s(start_plane, console, mlp_v1, mlp_v2):
@@ -529,3 +529,41 @@ async def test_a_worker_started_on_a_state_with_a_failing_model_takes_that_model
     assert routes["other"]["routes"] == [{"version": 1, "weight": 100}]  # the console's rollback, not the persisted v2
     assert routes["digits"]["routes"] == [{"version": 1, "weight": 100}]  # what was served, not nothing
     await worker.close()
+
+
+async def test_each_retry_of_a_partly_applied_state_says_what_serves(start_plane, console, mlp_v1, mlp_v2):
+    """The first ack said "applied but for digits"; each retry's said only digits' error,
+    and the console showed that beside the other model's rollback it was serving."""
+    plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+
+    await plane.reconcile()
+
+    assert len(console.acks) >= 3
+    assert console.acks[-1]["error"].startswith("applied but for digits (keeps the routes it served before): digits v2:")
+
+
+async def test_a_worker_started_on_a_state_with_a_failing_model_persists_what_it_serves(start_plane, console, mlp_v1, mlp_v2, tmp_path):
+    """Started with the console up, it served the rollback but never wrote it down: killed
+    and restarted during an outage, it served the state before the rollback."""
+    from test_api_keys_persisted import Console as HttpConsole
+
+    first = await start_plane()
+    console.state = signed(1, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
+    await first.reconcile()
+    console.state = signed(2, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)], [route(1, 100, *mlp_v1)])
+    answering = HttpConsole(console.state, [])
+    try:
+        worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=answering.url))
+        await worker.load_initial_state()
+    finally:
+        answering.go_down()
+    plane = ControlPlane(worker, redis_url="", public_url="http://127.0.0.1:1", transport=console.transport)
+    await plane.start(run_loops=False)
+    await plane.reconcile()
+    await plane.stop()
+    await worker.close()
+    console.is_down = True
+
+    restarted = await start_plane()
+
+    assert restarted.worker.repository.health()["models"]["other"]["routes"] == [{"version": 1, "weight": 100}]

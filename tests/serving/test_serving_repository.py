@@ -7,9 +7,11 @@ import re
 import time
 
 import numpy as np
+import pytest
 from prometheus_client import generate_latest
 from serving_testkit import route, state
 
+from serving.errors import NotReady
 from serving.protocol import Decoded
 from serving.repository import Repository
 
@@ -266,7 +268,7 @@ async def test_a_rollback_applies_while_another_model_s_canary_fails_to_load(rep
 
     assert result["ok"] is False
     assert result["kept"] == ["digits"]
-    assert result["error"].startswith("applied but for digits, which kept the routes served before: digits v2:")
+    assert result["error"].startswith("applied but for digits (keeps the routes it served before): digits v2:")
     assert "sha256 mismatch" in result["error"]
     assert repository.generation == 2
     assert repository.router.table.model("other").versions == (1,)
@@ -288,24 +290,36 @@ async def test_the_applied_state_of_a_partial_apply_keeps_the_failing_model_s_en
     assert repository.applied_state["models"]["other"] == after["models"]["other"]
 
 
-async def test_a_new_model_whose_only_version_fails_is_left_out_and_the_others_serve(repository, mlp_v1):
+async def test_a_new_model_whose_only_version_fails_answers_503s_naming_it_and_the_others_serve(repository, mlp_v1):
     result = await repository.apply(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]},
                                               "other": {"routes": [route(1, 100, mlp_v1[0], "0" * 64)]}}))
 
     assert result["ok"] is False and result["kept"] == ["other"]
+    assert result["error"].startswith("applied but for other (not served here: it was not before): other v1:")
     assert repository.is_ready
     assert await served_version(repository, "digits") == 1
-    assert "other" not in repository.router.table.models
+    with pytest.raises(NotReady, match="model 'other' could not be loaded on this worker; its log says why"):
+        repository.router.table.resolve("other", None)
+    with pytest.raises(NotReady):
+        repository.router.table.resolve("other", 1)
     assert set(repository.applied_state["models"]) == {"digits"}
 
 
-async def test_when_only_failing_models_changed_nothing_is_swapped(repository, mlp_v1, mlp_v2):
+async def test_a_state_whose_every_model_fails_on_a_worker_with_nothing_applied_is_not_applied(repository, mlp_v1):
+    result = await repository.apply(state(1, {"other": {"routes": [route(1, 100, mlp_v1[0], "0" * 64)]}}))
+
+    assert result["ok"] is False and "kept" not in result
+    assert not repository.is_ready and repository.applied_state is None
+
+
+async def test_when_only_failing_models_changed_nothing_is_swapped_and_the_state_served_stays(repository, mlp_v1, mlp_v2):
     await repository.apply(two_models(1, [route(1, 100, *mlp_v1)], [route(1, 100, *mlp_v1)]))
     table, applied = repository.router.table, repository.applied_state
 
     result = await repository.apply(two_models(2, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], "0" * 64)], [route(1, 100, *mlp_v1)]))
 
-    assert result["ok"] is False and "kept" not in result
+    assert (result["generation"], result["ok"], result["kept"]) == (2, False, ["digits"])
+    assert result["error"].startswith("applied but for digits (keeps the routes it served before): digits v2:")
     assert repository.router.table is table and repository.generation == 1
     assert repository.applied_state is applied
 
