@@ -23,6 +23,7 @@ from registry.domain.choices import DatasetTask
 from registry.jobs import files, scheduling
 from registry.models import EvaluationDataset, ModelVersion, RegisteredModel
 from serving.jobs import formats
+from serving.jobs.labels import LabelRule, regression_width
 
 DATASET_FORMATS = ("npz", "jsonl")
 NAME_MAX_CHARS = 100
@@ -82,8 +83,9 @@ def _checked_against(model: RegisteredModel) -> tuple[ModelVersion | None, str]:
 def _rows(staged: storage.StagedArtifact, file_format: str, model: RegisteredModel, task: str) -> int:
     version, role = _checked_against(model)
     layouts = formats.signature_layouts(version.signature) if version is not None else None
+    rule = LabelRule(task, regression_width(version.signature) if version is not None and task == DatasetTask.REGRESSION else None)
     try:
-        return formats.check_dataset(staged.path, file_format, layouts, task)
+        return formats.check_dataset(staged.path, file_format, layouts, rule)
     except formats.InputMismatch as error:
         labels = formats.LABELS_MEMBER if file_format == "npz" else formats.LABEL_KEY
         raise DatasetRefused(f"the data set does not fit version {version.number} ({role}, which it was checked against): "

@@ -109,6 +109,8 @@ def class_output(outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec]) -> 
 def class_label(value: object, row: int) -> int | str:
     if isinstance(value, np.generic):
         value = value.item()
+    if isinstance(value, np.floating):  # a longdouble's item() is itself, not a float
+        value = float(value)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bytes):

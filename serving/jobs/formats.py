@@ -30,6 +30,9 @@ from typing import IO, Self
 import numpy as np
 from numpy.lib import format as npy_format
 
+from serving.jobs import labels
+from serving.jobs.labels import LabelRule
+
 ARRAY_FORMATS = ("npy", "npz")
 ROW_FORMATS = ("jsonl", "csv")
 BATCH_FORMATS = ARRAY_FORMATS + ROW_FORMATS
@@ -376,8 +379,8 @@ class NpzLimit:
         names = tuple(layout.name for layout in inputs)
         allowed = (*names, label_member) if label_member is not None else names
         count = len(set(allowed))
-        labels = f" and '{short(label_member)}'" if label_member is not None else ""
-        what = f"at most {count} (one array per input of the model{labels})"
+        and_labels = f" and '{short(label_member)}'" if label_member is not None else ""
+        what = f"at most {count} (one array per input of the model{and_labels})"
         return cls(allowed, names, all(layout.dtype is not None for layout in inputs), count, what)
 
     @property
@@ -728,70 +731,36 @@ def _check_first_csv_record(path: Path, max_bytes: int) -> tuple[int, list[str]]
     return first
 
 
-def check_dataset(path: Path, file_format: str, layouts: Sequence[InputLayout] | None = None, task: str | None = None) -> int:
+def check_dataset(path: Path, file_format: str, layouts: Sequence[InputLayout] | None = None, rule: LabelRule = LabelRule()) -> int:
     """The number of rows of an evaluation dataset; FormatError when it cannot be used,
     InputMismatch when it does not fit the model of `layouts` (when given).
 
     `.npz`: a `labels` array (one label per row) beside the input arrays. `.jsonl`:
-    every line an object with a `label` (a number, a string or a list of numbers). Given
-    the `task`, every label must be one its evaluation can score (`label_problem`): a
-    label it would refuse failed every evaluation of the data set, after the upload."""
+    every line an object with a `label` (a number, a string or a list of numbers). Every
+    label must be one the evaluation can score under `rule` (`serving.jobs.labels`)."""
     path = Path(path)
     if file_format == "npz":
-        return _check_npz_dataset(path, layouts, task)
+        return _check_npz_dataset(path, layouts, rule)
     if file_format == "jsonl":
-        return _check_jsonl_dataset(path, layouts, task)
+        return _check_jsonl_dataset(path, layouts, rule)
     raise FormatError(f"'{short(file_format)}' is not a dataset format ({', '.join(DATASET_FORMATS)})")
 
 
-CLASSIFICATION_LABEL = "a classification label is an integer or a string"
-REGRESSION_LABEL = "a regression label is a finite number or a list of finite numbers"
-LABEL_CHECK_ROWS = 65_536  # labels read this many rows at a time
+def _check_npz_labels(stream: ArrayStream, rows: int, rule: LabelRule) -> None:
+    header = stream.header
+    problem = labels.header_problem(header.dtype, header.row_shape, rule)
+    if problem is not None:
+        raise FormatError(f"the .npz array '{LABELS_MEMBER}' has dtype {short(header.dtype)} and shape {shape_text(header.shape)}: {problem}")
+    step = labels.rows_per_check(header.row_bytes)
+    for first in range(0, rows, step):
+        chunk = stream.read(min(step, rows - first))
+        found = labels.chunk_problem(chunk, rule)
+        if found is not None:
+            row, words = found
+            raise FormatError(f"row {first + row}: {words}, not {short(chunk[row].tolist())}")
 
 
-def label_problem(value: object, task: str | None) -> str | None:
-    """Why a .jsonl ``value`` cannot be a label of ``task`` (as the evaluation would say at
-    its row), or None."""
-    if not is_label(value):
-        return "the label is not a number, a string or a list of numbers"
-    if task == "classification":
-        integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-        return None if (isinstance(value, str) and value) or integral else CLASSIFICATION_LABEL
-    if task == "regression":
-        values = value if isinstance(value, list) else [value]
-        return None if all(not isinstance(item, str) and _finite(item) for item in values) else REGRESSION_LABEL
-    return None
-
-
-def _finite(number: int | float) -> bool:
-    try:
-        return math.isfinite(number)
-    except OverflowError:  # an int past float's range
-        return False
-
-
-def _check_npz_labels(stream: ArrayStream, rows: int, task: str | None) -> None:
-    kind, what = stream.header.dtype.kind, f"the .npz array '{LABELS_MEMBER}'"
-    if task == "classification" and (kind == "b" or stream.header.row_shape != ()):
-        raise FormatError(f"{what} has dtype {short(stream.header.dtype)} and shape {shape_text(stream.header.shape)}: "
-                          f"{CLASSIFICATION_LABEL}, one per row")
-    if task == "regression" and kind in "bU":
-        raise FormatError(f"{what} has dtype {short(stream.header.dtype)}: {REGRESSION_LABEL}")
-    if task not in ("classification", "regression") or kind != "f":
-        return
-    for first in range(0, rows, LABEL_CHECK_ROWS):
-        labels = stream.read(min(LABEL_CHECK_ROWS, rows - first))
-        values = labels.reshape(len(labels), -1)
-        usable = np.isfinite(values).all(axis=1)
-        if task == "classification":
-            usable &= (values == np.floor(values)).all(axis=1)
-        if not usable.all():
-            row = int(np.argmin(usable))
-            words = CLASSIFICATION_LABEL if task == "classification" else REGRESSION_LABEL
-            raise FormatError(f"row {first + row}: {words}, not {short(labels[row].tolist())}")
-
-
-def _check_npz_dataset(path: Path, layouts: Sequence[InputLayout] | None, task: str | None) -> int:
+def _check_npz_dataset(path: Path, layouts: Sequence[InputLayout] | None, rule: LabelRule) -> int:
     with ArrayFile(path, "npz", label_member=LABELS_MEMBER, inputs=layouts) as arrays:
         if LABELS_MEMBER not in arrays.streams:
             raise FormatError(f"the .npz dataset has no '{LABELS_MEMBER}' array")
@@ -802,11 +771,11 @@ def _check_npz_dataset(path: Path, layouts: Sequence[InputLayout] | None, task: 
         if layouts is not None:
             with _fitting():
                 arrays.match_inputs(layouts, extra=(LABELS_MEMBER,))
-        _check_npz_labels(arrays.streams[LABELS_MEMBER], arrays.rows, task)
+        _check_npz_labels(arrays.streams[LABELS_MEMBER], arrays.rows, rule)
         return arrays.rows
 
 
-def _check_jsonl_dataset(path: Path, layouts: Sequence[InputLayout] | None, task: str | None) -> int:
+def _check_jsonl_dataset(path: Path, layouts: Sequence[InputLayout] | None, rule: LabelRule) -> int:
     if layouts is not None:
         with _fitting():
             require_numeric_inputs(layouts)
@@ -821,9 +790,10 @@ def _check_jsonl_dataset(path: Path, layouts: Sequence[InputLayout] | None, task
                 raise FormatError(f"line {line} is not valid JSON") from None
             if not isinstance(value, dict) or LABEL_KEY not in value:
                 raise FormatError(f"line {line} is not a JSON object with a '{LABEL_KEY}'")
-            problem = label_problem(value[LABEL_KEY], task)
+            label = value[LABEL_KEY]
+            problem = labels.value_problem(label, rule) if is_label(label) else "the label is not a number, a string or a list of numbers"
             if problem is not None:
-                raise FormatError(f"line {line}: {problem}, not {short(json.dumps(value[LABEL_KEY]))}")
+                raise FormatError(f"line {line}: {problem}, not {short(json.dumps(label))}")
             if layouts is not None:
                 # Any row that does not fit fails the whole evaluation, so every row is checked.
                 with _fitting(line):

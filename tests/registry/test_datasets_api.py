@@ -90,7 +90,7 @@ def test_a_data_set_with_a_field_it_does_not_take_is_refused_naming_it_and_store
 
 
 def test_a_jsonl_data_set_counts_its_rows(jobs_model, operator_client):
-    lines = [{"input": row.tolist(), "label": 1.5} for row in rows(3)]
+    lines = [{"input": row.tolist(), "label": [1.5] * CLASSES} for row in rows(3)]
 
     response = add(operator_client, jsonl_upload(lines, "targets.jsonl"), name="targets", task="regression")
 
@@ -98,19 +98,23 @@ def test_a_jsonl_data_set_counts_its_rows(jobs_model, operator_client):
     assert (response.json()["file_format"], response.json()["rows"], response.json()["task"]) == ("jsonl", 3, "regression")
 
 
+FITTING = {"classification": 1, "regression": [0.5] * CLASSES}  # the checked version's output: [batch, CLASSES]
+
+
 @pytest.mark.parametrize(("task", "label", "words"), [
     ("classification", 1.5, "a classification label is an integer or a string, not 1.5"),
     ("classification", float("nan"), "a classification label is an integer or a string, not NaN"),
     ("classification", [1, 2], "a classification label is an integer or a string"),
-    ("classification", "", "a classification label is an integer or a string"),
     ("regression", "cat", "a regression label is a finite number or a list of finite numbers"),
     ("regression", float("nan"), "a regression label is a finite number or a list of finite numbers, not NaN"),
     ("regression", float("inf"), "a regression label is a finite number or a list of finite numbers"),
-    ("regression", [1.0, float("nan")], "a regression label is a finite number or a list of finite numbers"),
+    ("regression", [1.0, 2.0, 3.0, float("nan")], "a regression label is a finite number or a list of finite numbers"),
     pytest.param("regression", 10**400, "a regression label is a finite number or a list of finite numbers", id="regression-int-past-float"),
+    ("regression", [1.0, 2.0], "the label has 2 values; a row of the model's first output has 4"),
+    ("regression", 1.0, "the label has 1 values; a row of the model's first output has 4"),
 ])
 def test_a_jsonl_label_its_task_cannot_score_is_a_400_naming_the_line(jobs_model, operator_client, artifact_root, task, label, words):
-    lines = [{"input": row.tolist(), "label": 1} for row in rows(3)]
+    lines = [{"input": row.tolist(), "label": FITTING[task]} for row in rows(3)]
     lines[2]["label"] = label
 
     response = add(operator_client, jsonl_upload(lines, "odd.jsonl"), task=task)
@@ -120,14 +124,22 @@ def test_a_jsonl_label_its_task_cannot_score_is_a_400_naming_the_line(jobs_model
     assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
 
 
+def regression_labels(*bad_row: float) -> np.ndarray:
+    labels = np.full((4, CLASSES), 0.5)
+    labels[3, :len(bad_row)] = bad_row
+    return labels
+
+
 @pytest.mark.parametrize(("task", "labels", "words"), [
     ("classification", np.array([0.0, 1.5, 2.0, 1.0]), "row 1: a classification label is an integer or a string, not 1.5"),
     ("classification", np.array([0.0, 1.0, np.nan, 1.0]), "row 2: a classification label is an integer or a string"),
     ("classification", np.zeros((4, 2), np.int64), "a classification label is an integer or a string, one per row"),
     ("classification", np.array([True, False, True, False]), "a classification label is an integer or a string, one per row"),
-    ("regression", np.array([0.5, 1.0, 2.0, np.inf]), "row 3: a regression label is a finite number or a list of finite numbers"),
-    ("regression", np.array([[0.5, np.nan]] * 4), "row 0: a regression label is a finite number or a list of finite numbers"),
+    ("regression", regression_labels(np.inf), "row 3: a regression label is a finite number or a list of finite numbers"),
+    ("regression", regression_labels(0.5, np.nan), "row 3: a regression label is a finite number or a list of finite numbers"),
     ("regression", np.array(["a", "b", "c", "d"]), "a regression label is a finite number or a list of finite numbers"),
+    ("regression", np.zeros((4, 2)), "the label has 2 values; a row of the model's first output has 4"),
+    ("regression", np.zeros((4, 0)), "a regression label holds no value"),
 ])
 def test_an_npz_label_its_task_cannot_score_is_a_400(jobs_model, operator_client, artifact_root, task, labels, words):
     response = add(operator_client, npz_upload("odd.npz", input=rows(4), labels=labels), task=task)
@@ -139,9 +151,9 @@ def test_an_npz_label_its_task_cannot_score_is_a_400(jobs_model, operator_client
 
 @pytest.mark.parametrize(("task", "labels"), [
     ("classification", np.array([0.0, 1.0, 2.0, 1.0])),
-    ("classification", np.array(["cat", "dog", "cat", "dog"])),
-    ("regression", np.array([[0.5, 1.0]] * 4)),
-    ("regression", np.arange(4)),
+    ("classification", np.array(["cat", "dog", "cat", ""])),
+    ("regression", np.full((4, CLASSES), 0.5)),
+    ("regression", np.arange(4 * CLASSES).reshape(4, CLASSES)),
 ])
 def test_labels_a_task_can_score_are_accepted(jobs_model, operator_client, task, labels):
     response = add(operator_client, npz_upload("fine.npz", input=rows(4), labels=labels), task=task)

@@ -56,6 +56,17 @@ def test_classification_reports_exact_accuracy_per_class_scores_and_the_confusio
     assert len(job.progress) > 1 and job.progress[-1]["done"] == 300
 
 
+def test_classes_stored_as_long_double_floats_are_scored_as_integers(tmp_path, capsys, identity):
+    """``np.longdouble(1).item()`` is itself, not a float: such labels passed the upload's
+    check and failed every evaluation at row 0."""
+    np.savez(tmp_path / "d.npz", input=one_hot_rows(PREDICTED), labels=np.array(LABELS, dtype=np.longdouble))
+
+    code, events = evaluate_in_process(capsys, identity, tmp_path / "d.npz", "npz", "classification")
+
+    assert code == 0
+    assert (events[-1]["result"]["accuracy"], events[-1]["result"]["classes"]) == (0.7, [0, 1, 2, 3])
+
+
 def test_string_labels_compare_as_text_and_a_class_never_predicted_has_no_precision(tmp_path, capsys, identity):
     rows = one_hot_rows([0, 1, 1, 2])
     labels = ["0", "1", "3", "2"]  # class "3" is never predicted

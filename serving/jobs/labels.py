@@ -1,0 +1,105 @@
+"""Labels an evaluation can score, judged when a data set is uploaded.
+
+A data set is evaluated on every ready version, in a child process, long after its
+upload was answered 201: a label the evaluation refuses (1.5 or NaN as a class, a string
+or Infinity as a regression target, a target of 3 values for a model that answers 10)
+failed every evaluation of it. ``LabelRule`` is what the upload knows: the task, and for
+regression how many values a row of the checked version's first output holds, when its
+signature fixes them. ``serving.jobs.formats`` reads the file and asks these functions.
+
+Memory stays bounded whatever the file claims: an .npz's labels are read in chunks of at
+most ``CHECK_BYTES``, and a label row of more than ``MAX_LABEL_VALUES`` values is refused
+from its header (a compressed row of zeros a gigabyte wide fits in a small upload).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+CLASSIFICATION_LABEL = "a classification label is an integer or a string"
+REGRESSION_LABEL = "a regression label is a finite number or a list of finite numbers"
+MAX_LABEL_VALUES = 1 << 20  # values in one row's label
+CHECK_BYTES = 16 << 20  # labels read at a time
+MAX_CHECK_ROWS = 65_536
+
+
+@dataclass(frozen=True)
+class LabelRule:
+    task: str | None = None  # "classification", "regression", or None (the format alone is checked)
+    width: int | None = None  # regression: the values a row of the model's first output holds, when known
+
+
+def regression_width(signature: object) -> int | None:
+    """The values per row of the first output in a version's signature (what the
+    evaluation compares a regression label with), when every non-batch dimension is fixed."""
+    outputs = signature.get("outputs") if isinstance(signature, dict) else None
+    shape = outputs[0].get("shape") if isinstance(outputs, list) and outputs and isinstance(outputs[0], dict) else None
+    if not isinstance(shape, list) or not shape:
+        return None
+    rest = shape[1:]
+    if not all(isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in rest):
+        return None
+    return math.prod(rest)
+
+
+def value_problem(value: object, rule: LabelRule) -> str | None:
+    """Why a .jsonl row's label (already known to be a number, a string or a list of
+    numbers) cannot be scored under ``rule``, or None."""
+    if rule.task == "classification":
+        integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        return None if isinstance(value, str) or integral else CLASSIFICATION_LABEL
+    if rule.task == "regression":
+        values = value if isinstance(value, list) else [value]
+        if not all(not isinstance(item, str) and _finite(item) for item in values):
+            return REGRESSION_LABEL
+        return _width_problem(len(values), rule)
+    return None
+
+
+def header_problem(dtype: np.dtype, row_shape: tuple[int, ...], rule: LabelRule) -> str | None:
+    """Why an .npz labels array of ``dtype`` and rows of ``row_shape`` cannot be scored, or None."""
+    values = math.prod(row_shape)
+    if values > MAX_LABEL_VALUES:
+        return f"a label row holds {values} values; at most {MAX_LABEL_VALUES} are read"
+    if rule.task == "classification" and (dtype.kind == "b" or row_shape != ()):
+        return f"{CLASSIFICATION_LABEL}, one per row"
+    if rule.task == "regression":
+        return REGRESSION_LABEL if dtype.kind in "bU" else _width_problem(values, rule)
+    return None
+
+
+def rows_per_check(row_bytes: int) -> int:
+    """How many label rows to read at a time: at most CHECK_BYTES of them."""
+    return max(1, min(MAX_CHECK_ROWS, CHECK_BYTES // max(1, row_bytes)))
+
+
+def chunk_problem(labels: np.ndarray, rule: LabelRule) -> tuple[int, str] | None:
+    """(index in ``labels``, why) of the first row of floats that cannot be scored, or None.
+    Other dtypes are judged by their header alone."""
+    if rule.task not in ("classification", "regression") or labels.dtype.kind != "f":
+        return None
+    values = labels.reshape(len(labels), -1)
+    usable = np.isfinite(values).all(axis=1)
+    if rule.task == "classification":
+        usable &= (values == np.floor(values)).all(axis=1)
+    if usable.all():
+        return None
+    return int(np.argmin(usable)), CLASSIFICATION_LABEL if rule.task == "classification" else REGRESSION_LABEL
+
+
+def _width_problem(values: int, rule: LabelRule) -> str | None:
+    if values == 0:
+        return "a regression label holds no value"
+    if rule.width is not None and values != rule.width:
+        return f"the label has {values} values; a row of the model's first output has {rule.width}"
+    return None
+
+
+def _finite(number: int | float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an int past float's range
+        return False
