@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from registry.domain.canary_analysis import DEFAULTS, FAIL
 from registry.domain.choices import RolloutStatus
-from registry.domain.traffic import Route
+from registry.domain.traffic import Route, percent
 from registry.fleet.state import warm_versions
 from registry.fleet.workers import GONE_LISTED_FOR, gone_workers
 from registry.models import Release, Rollout, RolloutVerdict, VersionMetricMinute
@@ -105,11 +105,12 @@ def served_since(rows) -> dict[int, dict]:
 
 
 def split_segments(release: Release | None) -> list[dict]:
-    """The split as bar segments, stable first: ``[{version, weight, role, shadow}]``."""
+    """The split as bar segments, stable first: ``[{version, weight, role, shadow, shadow_percent?}]``."""
     if release is None:
         return []
     ordered = sorted(release.routes, key=lambda route: (route["version"] != release.stable_version, route["version"]))
-    return [{**route, "role": _role_in(release, route)} for route in ordered]
+    return [{**route, "role": _role_in(release, route), **({"shadow_percent": percent(route["shadow"])} if route.get("shadow") else {})}
+            for route in ordered]
 
 
 def _role_in(release: Release, route: dict) -> str:

@@ -43,7 +43,7 @@ from registry.domain.choices import (
     RolloutStatus,
 )
 from registry.domain.json_numbers import finite_or_null
-from registry.domain.traffic import MIN_SHADOW_FRACTION, SHADOW_FRACTION_WORDS, Route, canary_split, versions_receiving
+from registry.domain.traffic import MIN_SHADOW_FRACTION, SHADOW_FRACTION_WORDS, Route, canary_split, percent, versions_receiving
 from registry.fleet import samples
 from registry.fleet.workers import SAID_STOPPED
 from registry.models import (
@@ -176,7 +176,7 @@ def _refuse_second_rollout(model: RegisteredModel) -> None:
 
 def _apply_step(rollout: Rollout, actor, reason: str = "", *, force: bool = False) -> None:
     weight = rollout.current_weight
-    share = f"shadow at {rollout.shadow_fraction:.0%} of requests" if weight == 0 else f"at {weight}%"
+    share = f"shadow at {percent(rollout.shadow_fraction)} of requests" if weight == 0 else f"at {weight}%"
     note = f"rollout #{rollout.pk} step {rollout.step_index + 1}/{len(rollout.steps)}: v{rollout.canary_version} {share}"
     routes = canary_split(rollout.stable_version, rollout.canary_version, weight)
     if weight == 0:

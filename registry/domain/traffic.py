@@ -34,8 +34,13 @@ class Route:
 
     def describe(self) -> str:
         if self.shadow is not None:
-            return f"v{self.version} shadow {self.shadow:.0%}"
+            return f"v{self.version} shadow {percent(self.shadow)}"
         return f"v{self.version} {self.weight}%"
+
+
+def percent(fraction: float) -> str:
+    """A shadow's share as people read it: 50%, 12.5%, 0.01% (":.0%" read 0% below 0.5%)."""
+    return f"{fraction * 100:.3g}%"
 
 
 class InvalidRoutes(ValueError):

@@ -31,6 +31,12 @@ def release_panel(client) -> str:
     return client.get("/models/digits/?fragment=release-panel").content.decode()
 
 
+def test_a_small_shadow_is_shown_by_its_share_not_as_zero(operator_page, digits, operator):
+    releases.set_routes(digits, [{"version": 1, "weight": 100}, {"version": 2, "weight": 0, "shadow": 0.0049}], operator)
+
+    assert "v2 mirrors 0.49% of requests as a shadow" in release_panel(operator_page)
+
+
 # ---- abort to stable -------------------------------------------------------------------------
 
 

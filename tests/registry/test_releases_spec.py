@@ -159,6 +159,14 @@ def test_a_split_keeps_the_current_stable_and_a_single_full_route_becomes_stable
     assert shadowed.routes == [{"version": 2, "weight": 100}, {"version": 1, "weight": 0, "shadow": 0.5}]
 
 
+def test_a_small_shadow_is_described_by_its_share_not_as_zero(three_versions, operator):
+    releases.set_routes(three_versions, [{"version": 1, "weight": 100}, {"version": 3, "weight": 0, "shadow": 0.0049}], operator)
+
+    message = AuditEvent.objects.filter(kind=AuditKind.RELEASE).order_by("pk").last().message
+
+    assert message == "Traffic set to v1 100%, v3 shadow 0.49% (generation 2)"
+
+
 def test_release_messages_describe_the_change(three_versions, operator):
     releases.set_routes(three_versions, CANARY + [{"version": 3, "weight": 0, "shadow": 0.25}], operator)
     releases.promote(three_versions, operator)

@@ -7,6 +7,7 @@ tests/integration/test_rollouts_live.py."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import re
 import time
@@ -374,6 +375,22 @@ def test_a_first_step_of_zero_mirrors_traffic_to_the_canary_without_answering_cl
     start(three_versions, operator, steps=[0, 50, 100], shadow_fraction=0.5)
 
     assert routes(three_versions) == [{"version": 1, "weight": 100}, {"version": 2, "weight": 0, "shadow": 0.5}]
+
+
+def test_a_paused_rollout_saved_with_a_shadow_below_the_floor_resumes_once_migrated(three_versions, operator):
+    """Saved before shadows had a floor, a rollout of shadow_fraction 1e-6 could not take
+    a step again: resuming it was a 400 about "routes[1].shadow" nobody had sent."""
+    from django.apps import apps
+
+    floor = importlib.import_module("registry.migrations.0014_shadow_fraction_floor")
+    rollout = start(three_versions, operator, steps=[0, 50, 100], shadow_fraction=0.5)
+    rollouts.pause(rollout, operator)
+    Rollout.objects.filter(pk=rollout.pk).update(shadow_fraction=1e-6)
+
+    floor.raise_to_the_floor(apps, None)
+    rollouts.resume(Rollout.objects.get(pk=rollout.pk), operator)
+
+    assert routes(three_versions) == [{"version": 1, "weight": 100}, {"version": 2, "weight": 0, "shadow": 0.0001}]
 
 
 def test_a_shadow_step_that_agrees_with_stable_advances_to_the_first_weighted_step(three_versions, operator):
