@@ -30,3 +30,23 @@ def test_a_repeated_query_parameter_on_a_change_is_refused_before_the_change(ope
 def test_query_parameters_given_once_are_read_as_before(viewer_client, three_versions):
     assert viewer_client.get("/api/workers/?all=1").status_code == 200
     assert viewer_client.get("/api/models/?limit=1").status_code == 200
+
+
+def test_a_semicolon_in_the_query_string_is_a_400_saying_how_to_separate_parameters(viewer_client, three_versions):
+    response = viewer_client.get("/api/workers/?all=1;all=0")
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("a ';' in the query string: separate parameters with '&'")
+
+
+def test_an_encoded_semicolon_in_a_value_is_read_as_before(viewer_client, three_versions):
+    assert viewer_client.get("/api/workers/?all=1%3B").status_code == 200
+
+
+def test_more_query_parameters_than_django_reads_is_a_json_400(viewer_client, three_versions, settings):
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 10
+
+    response = viewer_client.get("/api/workers/?" + "&".join(f"p{index}=1" for index in range(11)))
+
+    assert response.status_code == 400
+    assert "exceeded settings.DATA_UPLOAD_MAX_NUMBER_FIELDS" in response.json()["error"]
