@@ -32,8 +32,11 @@ from django.utils import timezone
 from registry.actions import events, releases
 from registry.db_unavailable import is_database_unavailable
 from registry.domain.canary_analysis import (
+    FAIL,
+    WAITING_FOR_DATA,
     AnalysisSettings,
     InvalidAnalysis,
+    Verdict,
     aggregate,
     judge,
 )
@@ -45,7 +48,7 @@ from registry.domain.choices import (
 from registry.domain.json_numbers import finite_or_null
 from registry.domain.traffic import MIN_SHADOW_FRACTION, SHADOW_FRACTION_WORDS, Route, canary_split, percent, versions_receiving
 from registry.fleet import samples
-from registry.fleet.workers import SAID_STOPPED
+from registry.fleet.workers import SAID_STOPPED, load_failure
 from registry.models import (
     RegisteredModel,
     Release,
@@ -395,6 +398,8 @@ def _judge_window(rollout: Rollout, now: datetime, note: str = "") -> RolloutVer
     if rollout.current_weight == 0:
         canary = canary.as_shadow()
     verdict = judge(canary, stable, settings)
+    if verdict.result == WAITING_FOR_DATA:
+        verdict = failed_if_unloadable(verdict, rollout)
     body = finite_or_null({**verdict.to_json(), "canary": canary.summary(), "stable": stable.summary()})
     rollout.windows_judged += 1
     rollout.next_window_at = now + timedelta(seconds=settings.interval_s)
@@ -403,6 +408,17 @@ def _judge_window(rollout: Rollout, now: datetime, note: str = "") -> RolloutVer
         window_start=start, window_end=now, result=body["result"], reason=body["reason"] + note, signals=body["signals"],
         canary=body.get("canary", {}), stable=body.get("stable", {}),
     )
+
+
+def failed_if_unloadable(verdict: Verdict, rollout: Rollout) -> Verdict:
+    """A window waiting for data fails when the canary waits because no worker can load
+    it: it waited for ever ("waiting for data, 0 requests"), where Argo Rollouts aborts a
+    canary that never becomes ready. It counts toward ``failure_limit`` like any failure."""
+    why = load_failure(rollout.model.name, rollout.canary_version)
+    if why is None:
+        return verdict
+    signal = {"name": "canary_loaded", "passed": False, "value": 0, "stable_value": None, "threshold": None, "detail": why}
+    return Verdict(FAIL, [*verdict.signals, signal], why)
 
 
 def _window_start(rollout: Rollout) -> datetime:

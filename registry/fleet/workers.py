@@ -64,6 +64,27 @@ def live_workers():
     return Worker.objects.filter(last_seen_at__gte=cutoff).exclude(SAID_STOPPED)
 
 
+def load_failure(model_name: str, version: int) -> str | None:
+    """Why no live worker serves ``model_name`` v``version``, when none has it loaded and
+    some say they failed to load it (a worker's load error names "<model> v<version>:");
+    None while any serves it, or none has said it failed (they may still be loading it)."""
+    workers = list(live_workers())
+    if not workers or any(_has_loaded(worker, model_name, version) for worker in workers):
+        return None
+    named = f"{model_name} v{version}:"
+    failed = [worker for worker in workers if not worker.ok and named in worker.error]
+    if not failed:
+        return None
+    error = failed[0].error
+    return (f"no worker serves v{version}: {len(failed)} of {len(workers)} live worker{'s' * (len(workers) != 1)} failed to load it "
+            f"({error[error.index(named):][:SHOWN_ERROR_CHARS]})")
+
+
+def _has_loaded(worker: Worker, model_name: str, version: int) -> bool:
+    return any(entry.get("model") == model_name and entry.get("version") == version and entry.get("ready", True)
+               for entry in worker.loaded if isinstance(entry, dict))
+
+
 def gone_workers():
     """Workers silent past WORKER_GONE_AFTER_S that never said they stopped (a crash, a
     frozen process, a lost host), until retention forgets them."""

@@ -303,6 +303,22 @@ def test_a_console_restart_mid_rollout_resumes_where_it_was_and_finishes(api, st
     assert any(verdict["result"] == "pass" for verdict in after_restart)
 
 
+def test_a_canary_no_worker_can_load_is_rolled_back_naming_the_load_error(api, stack):
+    # It waited for data for ever: the workers kept the stable routes (a version that does
+    # not load is never routed), so the canary answered nothing and held its share.
+    canary = register(api, stack, "unloadable", random_mlp(SIZES, seed=31), random_mlp(SIZES, seed=32))
+    artifact = stack.work_dir / "artifacts" / "sha256" / canary["sha256"][:2] / canary["sha256"]
+    artifact.chmod(0o600)
+    artifact.write_bytes(b"not the bytes the console registered")
+
+    with load(stack, "unloadable"):
+        rollout = finished(api, "unloadable", start_rollout(api, "unloadable")["id"])
+
+    assert rollout["status"] == "rolled_back", rollout["status_reason"]
+    assert "no worker serves v2: 2 of 2 live workers failed to load it (unloadable v2:" in rollout["status_reason"]
+    assert [verdict["result"] for verdict in rollout["verdicts"][:2]] == ["fail", "fail"]
+
+
 # ---- Celery beat stops ---------------------------------------------------------------------
 
 

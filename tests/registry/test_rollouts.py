@@ -377,6 +377,64 @@ def test_a_first_step_of_zero_mirrors_traffic_to_the_canary_without_answering_cl
     assert routes(three_versions) == [{"version": 1, "weight": 100}, {"version": 2, "weight": 0, "shadow": 0.5}]
 
 
+# ---- a canary no worker can load --------------------------------------------------------
+
+
+LOAD_ERROR = "applied but for digits (keeps the routes it served before): digits v2: artifact sha256 mismatch (expected 00…, got 3f…)"
+
+
+def live_worker(worker_id: str, *, ok: bool = True, error: str = "", loaded_versions=(1,)) -> Worker:
+    loaded = [{"model": "digits", "version": number, "routed": True, "ready": True} for number in loaded_versions]
+    return Worker.objects.create(worker_id=worker_id, last_seen_at=timezone.now(), ok=ok, error=error, loaded=loaded)
+
+
+def stable_only_window(rollout: Rollout) -> Rollout:
+    """One window in which only stable answered (the canary serves nowhere), judged at its end."""
+    rollout.refresh_from_db()
+    at = rollout.next_window_at
+    report(rollout.model, {rollout.stable_version: figures("digits", rollout.stable_version)}, at - timedelta(seconds=1))
+    rollouts.tick(at)
+    rollout.refresh_from_db()
+    return rollout
+
+
+def test_a_canary_every_live_worker_failed_to_load_fails_its_windows_and_is_rolled_back(three_versions, operator):
+    """It waited for data for ever ("canary: 0 requests"), holding its share of the split
+    while no worker could serve it."""
+    rollout = start(three_versions, operator)
+    live_worker("w-1", ok=False, error=LOAD_ERROR)
+    live_worker("w-2", ok=False, error=LOAD_ERROR)
+
+    rollout = stable_only_window(rollout)
+    verdict = rollout.verdicts.get()
+    assert verdict.result == "fail"
+    assert verdict.reason.startswith("no worker serves v2: 2 of 2 live workers failed to load it (digits v2: artifact sha256 mismatch")
+    assert [signal["name"] for signal in verdict.signals if signal["passed"] is False] == ["canary_loaded"]
+
+    rollout = stable_only_window(rollout)
+    assert rollout.status == RolloutStatus.ROLLED_BACK
+    assert routes(three_versions) == [{"version": 1, "weight": 100}]
+
+
+def test_a_canary_the_workers_are_still_loading_waits_for_data(three_versions, operator):
+    rollout = start(three_versions, operator)
+    live_worker("w-1")  # its last apply went well; this one's ack has not come yet
+
+    rollout = stable_only_window(rollout)
+
+    assert rollout.verdicts.get().result == "waiting_for_data"
+
+
+def test_a_canary_one_worker_serves_waits_for_data_though_another_failed_to_load_it(three_versions, operator):
+    rollout = start(three_versions, operator)
+    live_worker("w-1", ok=False, error=LOAD_ERROR)
+    live_worker("w-2", loaded_versions=(1, 2))
+
+    rollout = stable_only_window(rollout)
+
+    assert rollout.verdicts.get().result == "waiting_for_data"
+
+
 def test_a_paused_rollout_saved_with_a_shadow_below_the_floor_resumes_once_migrated(three_versions, operator):
     """Saved before shadows had a floor, a rollout of shadow_fraction 1e-6 could not take
     a step again: resuming it was a 400 about "routes[1].shadow" nobody had sent."""
