@@ -40,6 +40,17 @@ logger = logging.getLogger("serving.repository")
 # ---- the repository -------------------------------------------------------------------
 
 
+def with_entries_from(state: dict, earlier: dict | None, names) -> dict:
+    """``state`` with the models ``names`` as ``earlier`` had them: absent where it had
+    none, or where it is of another epoch (another database's entry, which this console
+    never issued, would be served and reported as of its epoch)."""
+    same_epoch = earlier is not None and earlier.get("epoch") == state.get("epoch")
+    before = earlier.get("models", {}) if same_epoch else {}
+    models = {name: entry for name, entry in state["models"].items() if name not in names}
+    models.update({name: before[name] for name in names if name in before})
+    return {**state, "models": models}
+
+
 @dataclass
 class ApplyResult:
     generation: int
@@ -80,7 +91,8 @@ class Repository:
         return MappingProxyType(self._loaded)
 
     async def apply(self, state: object) -> dict:
-        """Converge on `state`; returns {generation, ok, error?, load_ms} for the ack."""
+        """Converge on `state`; returns {generation, ok, error?, kept?, load_ms} for the ack
+        (``kept``: the models that failed and kept what they served, the rest applied)."""
         async with self._lock:
             started_s = time.perf_counter()
             result = await self._apply(state)
@@ -152,12 +164,9 @@ class Repository:
                 version.close()
 
     def _keeping(self, state: dict, failures: dict) -> dict:
-        """``state`` with each failing model's entry as it was applied before (absent if it
-        was not served): what this worker serves when the other models' changes apply."""
-        before = (self.applied_state or {}).get("models", {})
-        models = {name: entry for name, entry in state["models"].items() if name not in failures}
-        models.update({name: before[name] for name in failures if name in before})
-        return {**state, "models": models}
+        """What this worker serves when the other models' changes apply: ``state`` with each
+        failing model's entry as it was applied before."""
+        return with_entries_from(state, self.applied_state, failures)
 
     def serve_nothing_because(self, *failures: str) -> None:
         """Say, in every 503 until a state applies, why there is nothing to serve. Kept to
@@ -173,17 +182,30 @@ class Repository:
     async def _converge_versions(self, desired: ServingPlan) -> tuple[dict, dict[str, str]]:
         """Every desired version loaded and warm, model by model, and why each model that
         failed did: its versions are those loaded before (what this call loaded for it is
-        unloaded) and its batching stays as it was."""
-        loaded, failures = {}, {}
-        for model_name in desired.model_names:
-            try:
-                loaded.update(await self._converge_model(desired, model_name))
-            except LoadError as error:
-                failures[model_name] = str(error)
-                loaded.update({key: version for key, version in self._loaded.items() if key[0] == model_name})
+        unloaded) and its batching stays as it was. Anything else that ends the call (an
+        unforeseen error, a cancelled apply) unloads what it loaded and changes no batching."""
+        loaded, failures, policies = {}, {}, []
+        try:
+            for model_name in desired.model_names:
+                try:
+                    model_loaded, model_policies = await self._converge_model(desired, model_name)
+                except LoadError as error:
+                    failures[model_name] = str(error)
+                    loaded.update({key: version for key, version in self._loaded.items() if key[0] == model_name})
+                else:
+                    loaded.update(model_loaded)
+                    policies.extend(model_policies)
+        except BaseException:
+            self._unload_unused(loaded)
+            raise
+        # Only once every model is through: an apply that ends early leaves the served batching as it was.
+        for version, policy in policies:
+            if version.is_batchable and policy != version.policy:
+                version.set_policy(policy)
         return loaded, failures
 
-    async def _converge_model(self, desired: ServingPlan, model_name: str) -> dict:
+    async def _converge_model(self, desired: ServingPlan, model_name: str) -> tuple[dict, list]:
+        """The model's desired versions, loaded and warm, and the batching each kept one takes."""
         loaded, fresh, policies = {}, [], []
         try:
             for spec in desired.versions:
@@ -197,14 +219,10 @@ class Repository:
                 else:
                     loaded[spec.key] = await load_version(spec, self.config, self.device, self.fetch)
                     fresh.append(loaded[spec.key])
-        except LoadError:
+        except BaseException:
             for version in fresh:
                 version.close()
             raise
-        # Only once every version of the model is in: a failed one leaves its batching as it was.
-        for version, policy in policies:
-            if version.is_batchable and policy != version.policy:
-                version.set_policy(policy)
         for key in desired.warm_keys:
             if key[0] != model_name:
                 continue
@@ -212,7 +230,7 @@ class Repository:
                 loaded[key] = self._loaded[key]
             else:
                 logger.warning("%s v%s: listed warm but not loaded here and no artifact given; skipped", *key)
-        return loaded
+        return loaded, policies
 
     async def _warm_for(self, version: LoadedVersion, policy: BatchPolicy) -> None:
         """Warm the batch sizes a larger ``max_batch_size`` adds before they are routed. A

@@ -41,7 +41,7 @@ from serving.http_protocol import HttpLimits, listen_backlog, protocol_class
 from serving.listen_queue import Keepers
 from serving.logs import configure_logging, event
 from serving.model_safety import enter_private_working_directory
-from serving.repository import Repository
+from serving.repository import Repository, with_entries_from
 from serving.state_signing import content_of, signing_key
 from serving.state_store import PersistedStateRefused, StateStore
 
@@ -152,10 +152,11 @@ class Worker:
         except PersistedStateRefused as refusal:
             logger.error(event("persisted_state_refused", path=str(self.state_store.path), reason=str(refusal)))
             return
-        earlier = {name: entry for name, entry in (persisted or {}).get("models", {}).items() if name in kept}
+        taken = with_entries_from(content_of(state), persisted, kept)
+        earlier = sorted(name for name in kept if name in taken["models"])
         if earlier:
-            result = await self.apply({**content_of(state), "models": {**state["models"], **earlier}})
-            logger.warning(event("serving_persisted_models", models=sorted(earlier), ok=result["ok"], reason=result.get("error", "")[:300]))
+            result = await self.apply(taken)
+            logger.warning(event("serving_persisted_models", models=earlier, ok=result["ok"], reason=result.get("error", "")[:300]))
 
     async def apply_state_file(self) -> None:
         """Serve the state file; StateError naming it and why when it cannot be read or applied."""

@@ -567,3 +567,24 @@ async def test_a_worker_started_on_a_state_with_a_failing_model_persists_what_it
     restarted = await start_plane()
 
     assert restarted.worker.repository.health()["models"]["other"]["routes"] == [{"version": 1, "weight": 100}]
+
+
+async def test_a_worker_started_on_another_epoch_s_state_takes_no_model_from_its_persisted_state(start_plane, console, mlp_v1, mlp_v2, tmp_path):
+    """The persisted entry is another database's: served, it was reported as this one's."""
+    from test_api_keys_persisted import Console as HttpConsole
+
+    first = await start_plane()
+    console.state = signed(1, [route(2, 100, *mlp_v2)], [route(1, 100, *mlp_v1)])
+    await first.reconcile()
+    content = state(1, {"digits": {"routes": [route(1, 100, mlp_v1[0], BROKEN)]}, "other": {"routes": [route(1, 100, *mlp_v1)]}},
+                    epoch="epoch-restored")
+    answering = HttpConsole({**content, "digest": state_digest(content)}, [])
+    try:
+        worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=answering.url))
+        await worker.load_initial_state()
+    finally:
+        answering.go_down()
+
+    assert "digits" not in worker.repository.applied_state["models"]
+    assert worker.repository.health()["models"]["digits"]["routes"] == []
+    await worker.close()

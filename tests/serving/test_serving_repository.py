@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 from serving_testkit import route, state
 
+from serving import repository as repository_module
 from serving.errors import NotReady
 from serving.protocol import Decoded
 from serving.repository import Repository
@@ -344,3 +345,51 @@ async def test_a_failing_model_keeps_its_batching_while_another_s_changes(reposi
 
     assert repository.loaded[("digits", 1)].policy.max_batch_size == 8
     assert repository.loaded[("other", 1)].policy.max_batch_size == 16
+
+
+async def test_a_failing_model_does_not_keep_an_entry_of_another_epoch(repository, mlp_v1, mlp_v2):
+    """Another database's entry for it would be served and reported as this console's."""
+    await repository.apply(state(1, {"digits": {"routes": [route(2, 100, *mlp_v2)]}, "other": {"routes": [route(1, 100, *mlp_v1)]}},
+                                 epoch="epoch-old"))
+
+    result = await repository.apply(state(1, {"digits": {"routes": [route(1, 100, mlp_v1[0], "0" * 64)]},
+                                              "other": {"routes": [route(1, 100, *mlp_v1)]}}, epoch="epoch-new"))
+
+    assert result["kept"] == ["digits"] and "(not served here: it was not before)" in result["error"]
+    assert "digits" not in repository.applied_state["models"] and repository.applied_state["epoch"] == "epoch-new"
+    with pytest.raises(NotReady):
+        repository.router.table.resolve("digits", None)
+
+
+async def test_an_apply_ended_by_an_unforeseen_error_unloads_what_it_loaded_and_keeps_the_batching(tmp_path, mlp_v1, mlp_v2, monkeypatch):
+    """One model's batching changed before a later model's load raised (an error no
+    LoadError names), with nothing swapped; what the call loaded was never closed."""
+    from serving_testkit import make_config
+
+    from serving.console_client import ConsoleClient
+
+    client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
+
+    def fetch(url, sha256, path):
+        if url.endswith("#other"):
+            raise ValueError("an error no one foresaw")
+        return client.fetch_artifact(url, sha256, path)
+
+    repository = Repository(make_config(tmp_path), "cpu", fetch)
+    await repository.apply(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}, max_batch_size=8))
+    made, load = [], repository_module.load_version
+
+    async def recording_load(*args, **kwargs):
+        made.append(await load(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(repository_module, "load_version", recording_load)
+    other = {**route(1, 100, *mlp_v1), "artifact_url": str(mlp_v1[0]) + "#other"}
+
+    with pytest.raises(ValueError):
+        await repository.apply(state(2, {"digits": {"routes": [route(1, 50, *mlp_v1), route(2, 50, *mlp_v2)]}, "other": {"routes": [other]}},
+                                     max_batch_size=16))
+
+    assert repository.loaded[("digits", 1)].policy.max_batch_size == 8
+    assert [(version.version, version._closed) for version in made] == [(2, True)]
+    assert repository.generation == 1
