@@ -12,7 +12,8 @@ from tools.import_graph import ROOT, graph, imported_names, project_modules
 # The worker's layers, top to bottom: none may import one above it.
 WORKER_LAYERS = ("serving.endpoints", "serving.dataplane", "serving.repository", "serving.loaded_version",
                  "serving.batcher", "serving.dispatch", "serving.engine")
-REGISTRY_MAY_USE_FROM_SERVING = {"serving.contract", "serving.state_signing", "serving.model_safety", "serving.jobs.formats", "serving.env"}
+REGISTRY_MAY_USE_FROM_SERVING = {"serving.contract", "serving.state_signing", "serving.model_safety", "serving.jobs.formats", "serving.jobs.labels",
+                                 "serving.env"}
 
 
 def top(name: str) -> str:

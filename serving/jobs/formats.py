@@ -794,6 +794,7 @@ def _check_jsonl_dataset(path: Path, layouts: Sequence[InputLayout] | None, rule
             problem = labels.value_problem(label, rule) if is_label(label) else "the label is not a number, a string or a list of numbers"
             if problem is not None:
                 raise FormatError(f"line {line}: {problem}, not {short(json.dumps(label))}")
+            rule = rule.after(label)
             if layouts is not None:
                 # Any row that does not fit fails the whole evaluation, so every row is checked.
                 with _fitting(line):

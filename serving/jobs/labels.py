@@ -15,7 +15,7 @@ from its header (a compressed row of zeros a gigabyte wide fits in a small uploa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -30,6 +30,15 @@ MAX_CHECK_ROWS = 65_536
 class LabelRule:
     task: str | None = None  # "classification", "regression", or None (the format alone is checked)
     width: int | None = None  # regression: the values a row of the model's first output holds, when known
+    width_of: str = "a row of the model's first output"  # what ``width`` is, as a refusal names it
+
+    def after(self, value: object) -> LabelRule:
+        """The rule for the rows after a .jsonl row whose label was ``value``: without a
+        width from the model, every regression label must be as wide as the first (the
+        evaluation compares each with the same output)."""
+        if self.task != "regression" or self.width is not None:
+            return self
+        return replace(self, width=len(value) if isinstance(value, list) else 1, width_of="the first row's label")
 
 
 def regression_width(signature: object) -> int | None:
@@ -94,7 +103,7 @@ def _width_problem(values: int, rule: LabelRule) -> str | None:
     if values == 0:
         return "a regression label holds no value"
     if rule.width is not None and values != rule.width:
-        return f"the label has {values} values; a row of the model's first output has {rule.width}"
+        return f"the label has {values} values; {rule.width_of} has {rule.width}"
     return None
 
 

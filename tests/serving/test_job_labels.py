@@ -3,9 +3,13 @@ the bounds that keep its check's memory small, and the width a regression label 
 
 from __future__ import annotations
 
-import numpy as np
+import json
 
-from serving.jobs.labels import CHECK_BYTES, MAX_LABEL_VALUES, LabelRule, header_problem, regression_width, rows_per_check
+import numpy as np
+import pytest
+
+from serving.jobs.formats import FormatError, check_dataset
+from serving.jobs.labels import CHECK_BYTES, MAX_LABEL_VALUES, LabelRule, header_problem, regression_width, rows_per_check, value_problem
 
 
 def test_labels_are_read_at_most_check_bytes_at_a_time_however_wide_a_row():
@@ -31,3 +35,24 @@ def test_the_regression_width_is_unknown_when_a_dimension_is_not_fixed_or_no_out
     assert regression_width({"outputs": [{"name": "y", "shape": ["batch", "width"]}]}) is None
     assert regression_width({"outputs": []}) is None
     assert regression_width(None) is None
+
+
+def test_without_a_width_from_the_model_regression_labels_must_be_as_wide_as_the_first():
+    rule = LabelRule("regression").after([1.0, 2.0])
+
+    assert value_problem(3.0, rule) == "the label has 1 values; the first row's label has 2"
+    assert value_problem([3.0, 4.0], rule) is None
+
+
+def test_a_width_from_the_model_is_kept_after_the_first_row():
+    rule = LabelRule("regression", 4).after([1.0, 2.0])
+
+    assert value_problem([1.0, 2.0], rule) == "the label has 2 values; a row of the model's first output has 4"
+
+
+def test_a_jsonl_data_set_whose_regression_labels_change_width_is_refused_at_the_row(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in [{"x": [1.0], "label": [1.0, 2.0]}, {"x": [1.0], "label": 3.0}]))
+
+    with pytest.raises(FormatError, match="line 2: the label has 1 values; the first row's label has 2"):
+        check_dataset(path, "jsonl", None, LabelRule("regression"))
