@@ -119,7 +119,7 @@ MIDDLEWARE = [
     "console.security.LiveFeedCSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "console.outage.DatabaseOutageMiddleware",  # outside the session and auth middleware: 503, not 500
-    "registry.api.query_parameters.RepeatedQueryParameterMiddleware",  # before anything reads the query
+    "registry.api.query_parameters.refuse_repeated_query_parameters",  # before anything reads the query
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -50,3 +50,12 @@ def test_more_query_parameters_than_django_reads_is_a_json_400(viewer_client, th
 
     assert response.status_code == 400
     assert "exceeded settings.DATA_UPLOAD_MAX_NUMBER_FIELDS" in response.json()["error"]
+
+
+async def test_a_repeated_query_parameter_is_refused_under_asgi_too():
+    from django.test import AsyncClient
+
+    response = await AsyncClient().get("/api/workers/?all=1&all=0")
+
+    assert response.status_code == 400
+    assert response.json() == {"error": "the query parameter 'all' is given 2 times: send it once"}
