@@ -10,6 +10,7 @@ stored nowhere.
 from __future__ import annotations
 
 import logging
+import re
 from datetime import timedelta
 
 from django.conf import settings
@@ -71,13 +72,14 @@ def load_failure(model_name: str, version: int) -> str | None:
     workers = list(live_workers())
     if not workers or any(_has_loaded(worker, model_name, version) for worker in workers):
         return None
-    named = f"{model_name} v{version}:"
-    failed = [worker for worker in workers if not worker.ok and named in worker.error]
+    # Where a load error begins: not inside another model's name ("ab v2:" is not "b v2:").
+    named = re.compile(r"(?<![\w.-])" + re.escape(f"{model_name} v{version}:"))
+    failed = [(worker, match) for worker in workers if not worker.ok and (match := named.search(worker.error))]
     if not failed:
         return None
-    error = failed[0].error
+    worker, match = failed[0]
     return (f"no worker serves v{version}: {len(failed)} of {len(workers)} live worker{'s' * (len(workers) != 1)} failed to load it "
-            f"({error[error.index(named):][:SHOWN_ERROR_CHARS]})")
+            f"({worker.error[match.start():][:SHOWN_ERROR_CHARS]})")
 
 
 def _has_loaded(worker: Worker, model_name: str, version: int) -> bool:

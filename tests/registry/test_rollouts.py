@@ -416,6 +416,15 @@ def test_a_canary_every_live_worker_failed_to_load_fails_its_windows_and_is_roll
     assert routes(three_versions) == [{"version": 1, "weight": 100}]
 
 
+def test_another_model_s_load_error_whose_name_ends_like_this_one_s_does_not_fail_the_canary(three_versions, operator):
+    rollout = start(three_versions, operator)
+    live_worker("w-1", ok=False, error="applied but for big-digits (keeps the routes it served before): big-digits v2: sha256 mismatch")
+
+    rollout = stable_only_window(rollout)
+
+    assert rollout.verdicts.get().result == "waiting_for_data"
+
+
 def test_a_canary_the_workers_are_still_loading_waits_for_data(three_versions, operator):
     rollout = start(three_versions, operator)
     live_worker("w-1")  # its last apply went well; this one's ack has not come yet
