@@ -287,7 +287,7 @@ def _default_version(routes, name: str) -> LoadedVersion:
     (at a tie the older, usually the stable one: 50/50 described the canary), else the
     newest loaded one."""
     if not routes.targets:
-        raise NotReady(f"model '{name}' has no loaded version")
+        raise NotReady(routes.unavailable or f"model '{name}' has no loaded version")
     if routes.versions:
         return routes.targets[max(zip(routes.weights, routes.versions), key=lambda route: (route[0], -route[1]))[1]]
     return max(routes.targets.items())[1]

@@ -136,6 +136,8 @@ class Repository:
         if self._desired is None and not desired.model_names:
             return ApplyResult(generation, False, error=reasons)
         absent = sorted(name for name in failures if name not in served_state["models"])
+        # A failing model with no entry kept (another epoch's) routes nothing: its versions go.
+        loaded = {key: version for key, version in loaded.items() if key[0] not in absent}
         if desired != self._desired:
             await self._swap(generation, desired, served_state, loaded, absent)
         # else only failing models changed: what is served, and its generation, stay as they

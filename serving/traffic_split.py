@@ -45,7 +45,7 @@ class ModelRoutes(Generic[V]):
 
     def choose(self, routing_key: str | None) -> int:
         if not self.versions:
-            raise NotReady(self.unavailable or "no version of this model is routed")
+            raise NotReady("no version of this model is routed")
         bucket = bucket_of(routing_key) if routing_key else random.randrange(BUCKETS)
         return self.versions[bisect.bisect_right(self.bounds, bucket)]
 

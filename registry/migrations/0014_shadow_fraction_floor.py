@@ -6,11 +6,12 @@ which is the least the console issues."""
 from django.db import migrations
 
 MIN_SHADOW_FRACTION = 0.0001  # registry.domain.traffic's, as it was when this was written
+ACTIVE = ("running", "paused", "waiting_for_data")  # a finished rollout's record stays as it ran
 
 
 def raise_to_the_floor(apps, schema_editor):
     Rollout = apps.get_model("registry", "Rollout")
-    Rollout.objects.filter(shadow_fraction__lt=MIN_SHADOW_FRACTION).update(shadow_fraction=MIN_SHADOW_FRACTION)
+    Rollout.objects.filter(status__in=ACTIVE, shadow_fraction__lt=MIN_SHADOW_FRACTION).update(shadow_fraction=MIN_SHADOW_FRACTION)
 
 
 class Migration(migrations.Migration):

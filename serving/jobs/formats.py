@@ -748,9 +748,11 @@ def check_dataset(path: Path, file_format: str, layouts: Sequence[InputLayout] |
 
 def _check_npz_labels(stream: ArrayStream, rows: int, rule: LabelRule) -> None:
     header = stream.header
-    problem = labels.header_problem(header.dtype, header.row_shape, rule)
+    problem = labels.header_problem(header.dtype, header.row_shape, rule, header.data_bytes)
     if problem is not None:
         raise FormatError(f"the .npz array '{LABELS_MEMBER}' has dtype {short(header.dtype)} and shape {shape_text(header.shape)}: {problem}")
+    if not labels.reads_rows(header.dtype, rule):
+        return
     step = labels.rows_per_check(header.row_bytes)
     for first in range(0, rows, step):
         chunk = stream.read(min(step, rows - first))

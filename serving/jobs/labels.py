@@ -7,9 +7,11 @@ failed every evaluation of it. ``LabelRule`` is what the upload knows: the task,
 regression how many values a row of the checked version's first output holds, when its
 signature fixes them. ``serving.jobs.formats`` reads the file and asks these functions.
 
-Memory stays bounded whatever the file claims: an .npz's labels are read in chunks of at
-most ``CHECK_BYTES``, and a label row of more than ``MAX_LABEL_VALUES`` values is refused
-from its header (a compressed row of zeros a gigabyte wide fits in a small upload).
+Memory and time stay bounded whatever the file claims: only float labels are read (other
+dtypes are judged by their header), in chunks of at most ``CHECK_BYTES`` (one row at least:
+a row of more than ``MAX_LABEL_VALUES`` values is refused from its header), and labels of
+more than ``MAX_LABEL_BYTES`` in all are refused from it too (a compressed row of zeros a
+gigabyte wide fits in a small upload, and its inflating runs inside the upload's request).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 CLASSIFICATION_LABEL = "a classification label is an integer or a string"
 REGRESSION_LABEL = "a regression label is a finite number or a list of finite numbers"
 MAX_LABEL_VALUES = 1 << 20  # values in one row's label
+MAX_LABEL_BYTES = 1 << 30  # a data set's labels in all, as stored (about 3 s to check on this box)
 CHECK_BYTES = 16 << 20  # labels read at a time
 MAX_CHECK_ROWS = 65_536
 
@@ -68,11 +71,14 @@ def value_problem(value: object, rule: LabelRule) -> str | None:
     return None
 
 
-def header_problem(dtype: np.dtype, row_shape: tuple[int, ...], rule: LabelRule) -> str | None:
-    """Why an .npz labels array of ``dtype`` and rows of ``row_shape`` cannot be scored, or None."""
+def header_problem(dtype: np.dtype, row_shape: tuple[int, ...], rule: LabelRule, data_bytes: int = 0) -> str | None:
+    """Why an .npz labels array of ``dtype``, rows of ``row_shape`` and ``data_bytes`` in
+    all cannot be scored, or None."""
     values = math.prod(row_shape)
     if values > MAX_LABEL_VALUES:
         return f"a label row holds {values} values; at most {MAX_LABEL_VALUES} are read"
+    if data_bytes > MAX_LABEL_BYTES:
+        return f"the labels hold {data_bytes} bytes; at most {MAX_LABEL_BYTES} are read"
     if rule.task == "classification" and (dtype.kind == "b" or row_shape != ()):
         return f"{CLASSIFICATION_LABEL}, one per row"
     if rule.task == "regression":
@@ -85,10 +91,15 @@ def rows_per_check(row_bytes: int) -> int:
     return max(1, min(MAX_CHECK_ROWS, CHECK_BYTES // max(1, row_bytes)))
 
 
+def reads_rows(dtype: np.dtype, rule: LabelRule) -> bool:
+    """Whether labels of ``dtype`` are read at all: only floats can hold a value no task
+    scores (NaN, 1.5 as a class); other dtypes are judged by their header alone."""
+    return rule.task in ("classification", "regression") and dtype.kind == "f"
+
+
 def chunk_problem(labels: np.ndarray, rule: LabelRule) -> tuple[int, str] | None:
-    """(index in ``labels``, why) of the first row of floats that cannot be scored, or None.
-    Other dtypes are judged by their header alone."""
-    if rule.task not in ("classification", "regression") or labels.dtype.kind != "f":
+    """(index in ``labels``, why) of the first row of floats that cannot be scored, or None."""
+    if not reads_rows(labels.dtype, rule):
         return None
     values = labels.reshape(len(labels), -1)
     usable = np.isfinite(values).all(axis=1)

@@ -9,15 +9,41 @@ import numpy as np
 import pytest
 
 from serving.jobs.formats import FormatError, check_dataset
-from serving.jobs.labels import CHECK_BYTES, MAX_LABEL_VALUES, LabelRule, header_problem, regression_width, rows_per_check, value_problem
+from serving.jobs.labels import (
+    CHECK_BYTES,
+    MAX_LABEL_BYTES,
+    MAX_LABEL_VALUES,
+    LabelRule,
+    header_problem,
+    reads_rows,
+    regression_width,
+    rows_per_check,
+    value_problem,
+)
 
 
 def test_labels_are_read_at_most_check_bytes_at_a_time_however_wide_a_row():
     """65,536 rows of a million float64 values each were read at once: 2.3 GB of console
     memory for a 778 KB compressed upload."""
     assert rows_per_check(8 * 1_000_000) * 8 * 1_000_000 <= CHECK_BYTES
-    assert rows_per_check(CHECK_BYTES * 4) == 1
     assert rows_per_check(8) == 65_536
+    assert MAX_LABEL_VALUES * np.dtype(np.longdouble).itemsize <= CHECK_BYTES  # the widest row read fits in one chunk
+
+
+def test_only_float_labels_are_read_the_others_are_judged_by_their_header():
+    """A 117 KB file of three '<U10000000' labels took 153 MiB to read, for nothing: a
+    string or an integer is a class whatever its value."""
+    assert not reads_rows(np.dtype("<U10000000"), LabelRule("classification"))
+    assert not reads_rows(np.dtype(np.int64), LabelRule("regression"))
+    assert reads_rows(np.dtype(np.float32), LabelRule("classification"))
+    assert not reads_rows(np.dtype(np.float32), LabelRule())
+
+
+def test_labels_over_the_byte_bound_are_refused_from_their_header():
+    """Inflating them ran inside the upload's request: 400 MB of labels in a 389 KB file took a second."""
+    problem = header_problem(np.dtype(np.float64), (1000,), LabelRule("regression"), MAX_LABEL_BYTES + 1)
+
+    assert problem == f"the labels hold {MAX_LABEL_BYTES + 1} bytes; at most {MAX_LABEL_BYTES} are read"
 
 
 def test_a_label_row_wider_than_the_bound_is_refused_from_its_header():

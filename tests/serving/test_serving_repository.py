@@ -359,6 +359,7 @@ async def test_a_failing_model_does_not_keep_an_entry_of_another_epoch(repositor
     assert "digits" not in repository.applied_state["models"] and repository.applied_state["epoch"] == "epoch-new"
     with pytest.raises(NotReady):
         repository.router.table.resolve("digits", None)
+    assert repository.versions_of("digits") == []  # routed by nothing, its old version is unloaded, not held
 
 
 async def test_an_apply_ended_by_an_unforeseen_error_unloads_what_it_loaded_and_keeps_the_batching(tmp_path, mlp_v1, mlp_v2, monkeypatch):
