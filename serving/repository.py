@@ -40,6 +40,17 @@ logger = logging.getLogger("serving.repository")
 # ---- the repository -------------------------------------------------------------------
 
 
+# How a failing model is served, as the ack says after "applied but for <model>".
+SERVED_AS = {"before": "keeps the routes it served before", "in part": "serves only its versions that loaded",
+             "absent": "not served here: it was not before"}
+
+
+def without_versions(entry: dict, versions) -> dict:
+    """A model's entry of a state with ``versions`` neither routed nor kept warm."""
+    warm = [item for item in entry.get("warm", []) if (item["version"] if isinstance(item, dict) else item) not in versions]
+    return {**entry, "routes": [route for route in entry["routes"] if route["version"] not in versions], "warm": warm}
+
+
 def with_entries_from(state: dict, earlier: dict | None, names) -> dict:
     """``state`` with the models ``names`` as ``earlier`` had them: absent where it had
     none, or where it is of another epoch (another database's entry, which this console
@@ -116,18 +127,26 @@ class Repository:
             self._set_generation(generation)
             self.applied_state = content_of(state)
             return ApplyResult(generation, True)
-        loaded, failures = await self._converge_versions(desired)
+        loaded, failures, spares = await self._converge_versions(desired)
         if failures:
-            return await self._apply_in_part(content_of(state), loaded, failures)
+            return await self._apply_in_part(content_of(state), loaded, failures, spares)
         await self._swap(generation, desired, content_of(state), loaded)
         return ApplyResult(generation, True)
 
-    async def _apply_in_part(self, state: dict, loaded: dict, failures: dict[str, str]) -> ApplyResult:
-        """Serve ``state`` but for the failing models, each on what it served before (or,
-        absent before, on nothing: its requests get a 503 naming it). Not applied at all
-        when nothing was served and nothing would be."""
-        served_state = self._keeping(state, failures)
-        reasons = "; ".join(failures.values())
+    async def _apply_in_part(self, state: dict, loaded: dict, failures: dict[str, dict[int, str]], spares: dict[str, dict]) -> ApplyResult:
+        """Serve ``state`` but for the failing models: each on what it served before, or, with
+        nothing served before, on the versions of it that loaded (a fresh worker serves the
+        stable while a canary fails), or on nothing (its requests get a 503 naming it). Not
+        applied at all when nothing was served and nothing would be."""
+        served_state, in_part = self._keeping(state, failures), []
+        for name, failed in failures.items():
+            reduced = without_versions(state["models"][name], failed)
+            if name not in served_state["models"] and any(route["weight"] > 0 for route in reduced["routes"]):
+                served_state["models"][name] = reduced
+                loaded.update(spares[name])
+                in_part.append(name)
+        self._close_unrouted(spares, loaded)
+        reasons = "; ".join(reason for failed in failures.values() for reason in failed.values())
         try:
             generation, desired = parse_state(served_state, self.config)
         except ContractError as error:  # parts of two valid states; refused all the same, nothing swapped
@@ -142,9 +161,17 @@ class Repository:
             await self._swap(generation, desired, served_state, loaded, absent)
         # else only failing models changed: what is served, and its generation, stay as they
         # are, so the console still sees the state it issued before, proved by its digest.
-        kept = sorted(failures)
-        words = [f"{name} (not served here: it was not before)" if name in absent else f"{name} (keeps the routes it served before)" for name in kept]
-        return ApplyResult(generation, False, error=f"applied but for {', '.join(words)}: {reasons}", kept=tuple(kept))
+        words = [f"{name} ({SERVED_AS['absent' if name in absent else 'in part' if name in in_part else 'before']})" for name in sorted(failures)]
+        return ApplyResult(generation, False, error=f"applied but for {', '.join(words)}: {reasons}", kept=tuple(sorted(failures)))
+
+    def _close_unrouted(self, spares: dict[str, dict], loaded: dict) -> None:
+        """Close the versions of failing models that loaded but are not served (their model
+        keeps what it served before)."""
+        kept = {id(version) for version in (*loaded.values(), *self._loaded.values())}
+        for versions in spares.values():
+            for version in versions.values():
+                if id(version) not in kept:
+                    version.close()
 
     async def _swap(self, generation: int, desired: ServingPlan, served_state: dict, loaded: dict, absent: list[str] = ()) -> None:
         """Route ``desired`` from ``loaded`` (one reference assignment), then retire and evict
@@ -181,46 +208,51 @@ class Repository:
             self.generation = generation
             self.router.swap(self._table(generation, self._desired))
 
-    async def _converge_versions(self, desired: ServingPlan) -> tuple[dict, dict[str, str]]:
-        """Every desired version loaded and warm, model by model, and why each model that
-        failed did: its versions are those loaded before (what this call loaded for it is
-        unloaded) and its batching stays as it was. Anything else that ends the call (an
-        unforeseen error, a cancelled apply) unloads what it loaded and changes no batching."""
-        loaded, failures, policies = {}, {}, []
+    async def _converge_versions(self, desired: ServingPlan) -> tuple[dict, dict[str, dict[int, str]], dict[str, dict]]:
+        """Every desired version loaded and warm, model by model: what to route, why each
+        version of a failing model failed (by model, then version), and the versions of
+        the failing models that did load (``_apply_in_part`` decides whether they serve).
+        A failing model's versions in what to route are those loaded before, its batching
+        as it was. Anything else that ends the call (an unforeseen error, a cancelled
+        apply) unloads what it loaded and changes no batching."""
+        loaded, failures, spares, policies = {}, {}, {}, []
         try:
             for model_name in desired.model_names:
-                try:
-                    model_loaded, model_policies = await self._converge_model(desired, model_name)
-                except LoadError as error:
-                    failures[model_name] = str(error)
+                model_loaded, model_policies, failed = await self._converge_model(desired, model_name)
+                if failed:
+                    failures[model_name], spares[model_name] = failed, model_loaded
                     loaded.update({key: version for key, version in self._loaded.items() if key[0] == model_name})
                 else:
                     loaded.update(model_loaded)
                     policies.extend(model_policies)
         except BaseException:
-            self._unload_unused(loaded)
+            self._unload_unused({**loaded, **{key: version for versions in spares.values() for key, version in versions.items()}})
             raise
         # Only once every model is through: an apply that ends early leaves the served batching as it was.
         for version, policy in policies:
             if version.is_batchable and policy != version.policy:
                 version.set_policy(policy)
-        return loaded, failures
+        return loaded, failures, spares
 
-    async def _converge_model(self, desired: ServingPlan, model_name: str) -> tuple[dict, list]:
-        """The model's desired versions, loaded and warm, and the batching each kept one takes."""
-        loaded, fresh, policies = {}, [], []
+    async def _converge_model(self, desired: ServingPlan, model_name: str) -> tuple[dict, list, dict[int, str]]:
+        """The model's desired versions that load and warm, the batching each kept one takes,
+        and why each of the others failed (every version is tried)."""
+        loaded, fresh, policies, failed = {}, [], [], {}
         try:
             for spec in desired.versions:
                 if spec.model_name != model_name:
                     continue
-                current = self._loaded.get(spec.key)
-                if current is not None and current.spec.sha256 == spec.sha256:
-                    await self._warm_for(current, spec.policy)
-                    policies.append((current, spec.policy))
-                    loaded[spec.key] = current
-                else:
-                    loaded[spec.key] = await load_version(spec, self.config, self.device, self.fetch)
-                    fresh.append(loaded[spec.key])
+                try:
+                    current = self._loaded.get(spec.key)
+                    if current is not None and current.spec.sha256 == spec.sha256:
+                        await self._warm_for(current, spec.policy)
+                        policies.append((current, spec.policy))
+                        loaded[spec.key] = current
+                    else:
+                        loaded[spec.key] = await load_version(spec, self.config, self.device, self.fetch)
+                        fresh.append(loaded[spec.key])
+                except LoadError as error:
+                    failed[spec.version] = str(error)
         except BaseException:
             for version in fresh:
                 version.close()
@@ -232,7 +264,7 @@ class Repository:
                 loaded[key] = self._loaded[key]
             else:
                 logger.warning("%s v%s: listed warm but not loaded here and no artifact given; skipped", *key)
-        return loaded, policies
+        return loaded, policies, failed
 
     async def _warm_for(self, version: LoadedVersion, policy: BatchPolicy) -> None:
         """Warm the batch sizes a larger ``max_batch_size`` adds before they are routed. A

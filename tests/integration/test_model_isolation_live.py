@@ -61,3 +61,20 @@ def test_a_rollback_serves_while_another_model_s_canary_cannot_load(stack, api):
     row = worker_row(api)
     assert row["converged"] is False and row["ok"] is False
     assert "tiny v2" in row["error"]
+
+
+def test_a_worker_started_while_a_canary_cannot_load_serves_the_stable(stack, api):
+    """Started by an autoscaler during a broken canary, it reported ready and answered 503
+    to every request of that model, though the stable, 90% of the split, loaded fine."""
+    canary = storage.path_for(ModelVersion.objects.get(model__name="tiny", number=2).sha256)
+    os.chmod(canary, 0o600)
+    canary.write_bytes(b"not the artifact the console registered")
+    assert api.post("/api/models/tiny/release/", json={"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}).status_code == 201
+
+    worker = stack.start_worker()
+
+    assert served(worker, "tiny") == {1: 20}
+    # Its first apply serves v1 alone; each retry keeps that ("keeps the routes it served before").
+    assert wait_until(lambda: "applied but for tiny (" in (worker_row(api)["error"] or ""), 10), worker_row(api)
+    assert worker_row(api)["converged"] is False
+    assert "tiny v2: sha256 mismatch" in worker_row(api)["error"]

@@ -394,3 +394,31 @@ async def test_an_apply_ended_by_an_unforeseen_error_unloads_what_it_loaded_and_
     assert repository.loaded[("digits", 1)].policy.max_batch_size == 8
     assert [(version.version, version._closed) for version in made] == [(2, True)]
     assert repository.generation == 1
+
+
+async def test_a_worker_with_nothing_served_serves_the_versions_that_load_while_a_canary_fails(repository, mlp_v1, mlp_v2):
+    """A fresh worker (an autoscaler's) reported ready and answered 503 to every request of
+    the model whose 10% canary could not load, though its stable loaded fine."""
+    result = await repository.apply(digits(1, route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], "0" * 64)))
+
+    assert (result["ok"], result["kept"]) == (False, ["digits"])
+    assert result["error"].startswith("applied but for digits (serves only its versions that loaded): digits v2:")
+    assert [await infer(repository) for _ in range(20)] == [1] * 20
+    assert repository.applied_state["models"]["digits"]["routes"] == [route(1, 90, *mlp_v1)]
+
+
+async def test_a_model_that_keeps_its_routes_closes_the_versions_of_the_failed_state_that_loaded(repository, mlp_v1, mlp_v2, monkeypatch):
+    await repository.apply(digits(1, route(1, 100, *mlp_v1)))
+    made, load = [], repository_module.load_version
+
+    async def recording_load(*args, **kwargs):
+        made.append(await load(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(repository_module, "load_version", recording_load)
+
+    result = await repository.apply(digits(2, route(1, 80, *mlp_v1), route(2, 10, *mlp_v2), route(3, 10, mlp_v2[0], "0" * 64)))
+
+    assert result["error"].startswith("applied but for digits (keeps the routes it served before): digits v3:")
+    assert set(repository.loaded) == {("digits", 1)}
+    assert [(version.version, version._closed) for version in made] == [(2, True)]
