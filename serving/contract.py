@@ -369,6 +369,19 @@ class DesiredState:
 
 # ---- what workers send back ------------------------------------------------------------
 
+# How an ack's error begins when the state applied but for some models, each named before
+# " (" (serving/repository.py): "applied but for a (keeps ...), b (...): <their errors>".
+PARTLY_APPLIED = "applied but for "
+_FAILING_MODEL = re.compile(r"([^\s,()]+) \(")
+
+
+def models_not_applied(error: str) -> list[str] | None:
+    """The models an ack's ``error`` names as not applied when the rest of the state was;
+    None when the state did not apply (or the error is not of that form)."""
+    if not error.startswith(PARTLY_APPLIED) or "): " not in error:
+        return None
+    return _FAILING_MODEL.findall(error[len(PARTLY_APPLIED):error.index("): ") + 1])
+
 
 @dataclass(frozen=True, slots=True)
 class Ack:

@@ -25,7 +25,7 @@ from types import MappingProxyType
 from serving import metrics
 from serving.artifact_cache import evict_unused_artifacts
 from serving.config import ServingConfig
-from serving.contract import BatchPolicy, ContractError
+from serving.contract import PARTLY_APPLIED, BatchPolicy, ContractError
 from serving.errors import LoadError
 from serving.loaded_version import LoadedVersion
 from serving.logs import event
@@ -162,7 +162,7 @@ class Repository:
         # else only failing models changed: what is served, and its generation, stay as they
         # are, so the console still sees the state it issued before, proved by its digest.
         words = [f"{name} ({SERVED_AS['absent' if name in absent else 'in part' if name in in_part else 'before']})" for name in sorted(failures)]
-        return ApplyResult(generation, False, error=f"applied but for {', '.join(words)}: {reasons}", kept=tuple(sorted(failures)))
+        return ApplyResult(generation, False, error=f"{PARTLY_APPLIED}{', '.join(words)}: {reasons}", kept=tuple(sorted(failures)))
 
     def _close_unrouted(self, spares: dict[str, dict], loaded: dict) -> None:
         """Close the versions of failing models that loaded but are not served (their model

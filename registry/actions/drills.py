@@ -48,6 +48,7 @@ from registry.models import (
     Worker,
     WorkerAck,
 )
+from serving.contract import models_not_applied
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05
@@ -278,7 +279,7 @@ def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: 
     confirmed_s, report = confirmed or (None, None)
     after = failed_total(report)
     before = failed_before.get(worker.worker_id)
-    error = _row_error(ack, confirmed_s, drill.to_generation)
+    error = _row_error(ack, confirmed_s, drill.to_generation, drill.model.name)
     if error and silent_s is not None:  # the likely cause, said where the failure is
         error = f"silent {silent_s:.1f} s before the drill; {error}"
     return {
@@ -336,9 +337,15 @@ def wait_for_acks(worker_ids: list[str], window: RollbackWindow, deadline: float
         time.sleep(POLL_S)
 
 
-def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int) -> str:
+def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int, model_name: str) -> str:
     if ack is None:
         return "no ack before the timeout"
+    others = models_not_applied(ack.error) if not ack.ok else None
+    if others and model_name not in others:
+        # "failed to apply" read as "the rollback never reached the workers", where it served at once.
+        return (f"applied generation {generation} but for {', '.join(others)}, which fail{'s' * (len(others) == 1)} on it; "
+                f"the console proves a worker's whole state, so {model_name} cannot be confirmed there until they apply "
+                f"({ack.error[ack.error.index('): ') + 3:][:SHOWN_ERROR_CHARS]})")
     if not ack.ok:
         return failed_to_apply(ack.error)
     if confirmed_s is None:

@@ -185,3 +185,32 @@ def test_a_failed_drill_s_audit_entry_counts_failed_requests_as_at_least_when_so
     run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=12)])  # w-2 never acks
 
     assert drill_audit_message(operator_client).endswith("Last ack none, at least 2 failed requests (unknown for 1 of 2 workers)")
+
+
+def test_a_worker_that_applied_the_rollback_but_fails_another_model_is_named_so_not_as_failing_to_apply(worker_client, operator_client,
+                                                                                                        canary, settings):
+    """'failed to apply: applied but for other …' read as 'the rollback never reached the
+    workers', where it served at once (an operator's drill, one model broken elsewhere)."""
+    settings.DRILL_ACK_TIMEOUT_S = 1
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+    partly = "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
+
+    def run():
+        try:
+            deadline = time.monotonic() + 10
+            while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 3, "digest": issued_digest(3), "ok": False,
+                                                     "error": partly, "contract": CONTRACT_VERSION}, format="json")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    drill = run_drill(operator_client, [thread])
+
+    assert drill["status"] == "failed"
+    assert drill["workers"][0]["error"] == (
+        "applied generation 3 but for other, which fails on it; the console proves a worker's whole state, so digits cannot be "
+        "confirmed there until they apply (other v2: sha256 mismatch)")
+    assert "failed to apply" not in drill["error"]

@@ -294,3 +294,13 @@ def test_a_persisted_state_of_another_contract_version_is_not_served(tmp_path, m
 
     with pytest.raises(PersistedStateRefused, match=f"contract: the message speaks contract {V + 1}, this side speaks contract {V}"):
         store.load()
+
+
+def test_the_models_a_partly_applied_state_left_out_are_read_from_its_ack():
+    from serving.contract import models_not_applied
+
+    error = "applied but for big-digits (keeps the routes it served before), x_1 (not served here: it was not before): big-digits v2: bad"
+
+    assert models_not_applied(error) == ["big-digits", "x_1"]
+    assert models_not_applied("digits v2: sha256 mismatch (got a (b))") is None
+    assert models_not_applied("") is None
