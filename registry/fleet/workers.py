@@ -21,7 +21,7 @@ from django.utils import timezone
 from registry.fleet import report_rate, worker_keys
 from registry.fleet.state import issued_digest, serving_counter, warm_versions
 from registry.models import Release, ServingGeneration, Worker, WorkerAck, new_epoch
-from serving.contract import WORKER_STATES, Ack, ContractError, WorkerReport, check_version
+from serving.contract import WORKER_STATES, Ack, ContractError, WorkerReport, check_version, models_not_applied
 
 logger = logging.getLogger(__name__)
 
@@ -383,7 +383,11 @@ def worker_status(worker: Worker, generation: int, digests: IssuedDigests, now=N
 
 
 def failed_to_apply(error: str) -> str:
-    """A worker's own reason for failing to apply a state, as the console shows it."""
+    """A worker's own reason for failing to apply a state, as the console shows it; a state
+    it applied but for some models says so itself ("failed to apply: applied but for …"
+    contradicted itself)."""
+    if models_not_applied(error):
+        return error[:SHOWN_ERROR_CHARS]
     return f"failed to apply: {error[:SHOWN_ERROR_CHARS] or 'no reason given'}"
 
 
