@@ -139,7 +139,8 @@ def test_a_canary_failing_on_some_inputs_is_rolled_back_after_two_failing_window
     assert [verdict["result"] for verdict in last_two] == ["fail", "fail"]
     for verdict in last_two:
         errors = signal(verdict, "server_errors")
-        assert errors["passed"] is False and errors["value"] > 0.1 and errors["stable_value"] == 0
+        # How many a window holds depends on which bodies fell in it (4 of 41 in a CI run under load).
+        assert errors["passed"] is False and errors["value"] > 0 and errors["stable_value"] == 0
     assert traffic.counts()[(2, 500)] > 0  # the canary did answer 500s while it had traffic
     assert after == {(1, 200)}
 

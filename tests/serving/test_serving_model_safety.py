@@ -90,7 +90,8 @@ async def test_worker_asked_to_load_a_hostile_file_refuses_and_keeps_serving(rep
     result = await repository.apply(state(2, {"digits": {"routes": [route(1, 0, *mlp_v1), route(2, 100, *hostile)]}}))
 
     assert result["ok"] is False
-    assert result["error"].startswith("digits v2: refused to load the model: tensor 'bias' points at external data 'secret.bin'")
+    assert result["error"].startswith("applied but for digits (keeps the routes it served before): "
+                                      "digits v2: refused to load the model: tensor 'bias' points at external data 'secret.bin'")
     assert repository.router.table is table
     assert repository.generation == 1
     assert set(repository.loaded) == {("digits", 1)}
