@@ -143,7 +143,8 @@ class Repository:
             reduced = without_versions(state["models"][name], failed)
             if name not in served_state["models"] and any(route["weight"] > 0 for route in reduced["routes"]):
                 served_state["models"][name] = reduced
-                loaded.update(spares[name])
+                # Only what loaded now: versions held from another epoch's entry route nothing.
+                loaded = {key: version for key, version in loaded.items() if key[0] != name} | spares[name]
                 in_part.append(name)
         self._close_unrouted(spares, loaded)
         reasons = "; ".join(reason for failed in failures.values() for reason in failed.values())

@@ -422,3 +422,13 @@ async def test_a_model_that_keeps_its_routes_closes_the_versions_of_the_failed_s
     assert result["error"].startswith("applied but for digits (keeps the routes it served before): digits v3:")
     assert set(repository.loaded) == {("digits", 1)}
     assert [(version.version, version._closed) for version in made] == [(2, True)]
+
+
+async def test_a_model_served_in_part_holds_no_version_of_another_epoch_s_entry(repository, mlp_v1, mlp_v2):
+    await repository.apply(state(1, {"digits": {"routes": [route(2, 100, *mlp_v2)]}}, epoch="epoch-old"))
+
+    result = await repository.apply(state(1, {"digits": {"routes": [route(1, 90, *mlp_v1), route(3, 10, mlp_v2[0], "0" * 64)]}},
+                                          epoch="epoch-new"))
+
+    assert result["error"].startswith("applied but for digits (serves only its versions that loaded): digits v3:")
+    assert [version.version for version in repository.versions_of("digits")] == [1]
