@@ -51,6 +51,13 @@ def without_versions(entry: dict, versions) -> dict:
     return {**entry, "routes": [route for route in entry["routes"] if route["version"] not in versions], "warm": warm}
 
 
+def _set_policies(policies: list) -> None:
+    """Each kept version's new batching ((version, policy) pairs)."""
+    for version, policy in policies:
+        if version.is_batchable and policy != version.policy:
+            version.set_policy(policy)
+
+
 def with_entries_from(state: dict, earlier: dict | None, names) -> dict:
     """``state`` with the models ``names`` as ``earlier`` had them: absent where it had
     none, or where it is of another epoch (another database's entry, which this console
@@ -94,6 +101,8 @@ class Repository:
     # The state served, as received (or, after a partial apply, with the failing models'
     # entries from the state before): what the control plane digests, reports and persists.
     applied_state: dict | None = None
+    # Models the console routes that have nothing served here (their versions failed): a 503 each.
+    _unavailable: tuple[str, ...] = ()
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _retiring: set = field(default_factory=set)  # drain-then-close tasks of retired versions
 
@@ -124,7 +133,7 @@ class Repository:
             raw = state.get("generation") if isinstance(state, dict) else None
             return ApplyResult(raw if type(raw) is int else -1, False, error=str(exc))
         if desired == self._desired:
-            self._set_generation(generation)
+            self._set_generation(generation, unavailable=())
             self.applied_state = content_of(state)
             return ApplyResult(generation, True)
         loaded, failures, spares = await self._converge_versions(desired)
@@ -133,19 +142,22 @@ class Repository:
         await self._swap(generation, desired, content_of(state), loaded)
         return ApplyResult(generation, True)
 
-    async def _apply_in_part(self, state: dict, loaded: dict, failures: dict[str, dict[int, str]], spares: dict[str, dict]) -> ApplyResult:
+    async def _apply_in_part(self, state: dict, loaded: dict, failures: dict[str, dict[int, str]],
+                             spares: dict[str, tuple[dict, list]]) -> ApplyResult:
         """Serve ``state`` but for the failing models: each on what it served before, or, with
         nothing served before, on the versions of it that loaded (a fresh worker serves the
         stable while a canary fails), or on nothing (its requests get a 503 naming it). Not
         applied at all when nothing was served and nothing would be."""
-        served_state, in_part = self._keeping(state, failures), []
+        served_state, in_part, in_part_policies = self._keeping(state, failures), [], []
         for name, failed in failures.items():
             reduced = without_versions(state["models"][name], failed)
             if name not in served_state["models"] and any(route["weight"] > 0 for route in reduced["routes"]):
                 served_state["models"][name] = reduced
                 # Only what loaded now: versions held from another epoch's entry route nothing.
-                loaded = {key: version for key, version in loaded.items() if key[0] != name} | spares[name]
+                versions, policies = spares[name]
+                loaded = {key: version for key, version in loaded.items() if key[0] != name} | versions
                 in_part.append(name)
+                in_part_policies.extend(policies)
         self._close_unrouted(spares, loaded)
         reasons = "; ".join(reason for failed in failures.values() for reason in failed.values())
         try:
@@ -155,31 +167,37 @@ class Repository:
             return ApplyResult(state["generation"], False, error=f"{reasons}; the rest could not be applied alone: {error}")
         if self._desired is None and not desired.model_names:
             return ApplyResult(generation, False, error=reasons)
+        _set_policies(in_part_policies)
         absent = sorted(name for name in failures if name not in served_state["models"])
         # A failing model with no entry kept (another epoch's) routes nothing: its versions go.
         loaded = {key: version for key, version in loaded.items() if key[0] not in absent}
         if desired != self._desired:
             await self._swap(generation, desired, served_state, loaded, absent)
-        # else only failing models changed: what is served, and its generation, stay as they
-        # are, so the console still sees the state it issued before, proved by its digest.
+        elif tuple(absent) != self._unavailable:
+            # Only failing models changed: what is served, and its generation, stay as they are
+            # (the console still sees the state it issued before, proved by its digest), but a
+            # model added with nothing loaded answers its 503, not "unknown model".
+            self._unavailable = tuple(absent)
+            self.router.swap(self._table(self.generation, self._desired))
         words = [f"{name} ({SERVED_AS['absent' if name in absent else 'in part' if name in in_part else 'before']})" for name in sorted(failures)]
         return ApplyResult(generation, False, error=f"{PARTLY_APPLIED}{', '.join(words)}: {reasons}", kept=tuple(sorted(failures)))
 
-    def _close_unrouted(self, spares: dict[str, dict], loaded: dict) -> None:
+    def _close_unrouted(self, spares: dict[str, tuple[dict, list]], loaded: dict) -> None:
         """Close the versions of failing models that loaded but are not served (their model
         keeps what it served before)."""
         kept = {id(version) for version in (*loaded.values(), *self._loaded.values())}
-        for versions in spares.values():
+        for versions, _ in spares.values():
             for version in versions.values():
                 if id(version) not in kept:
                     version.close()
 
-    async def _swap(self, generation: int, desired: ServingPlan, served_state: dict, loaded: dict, absent: list[str] = ()) -> None:
+    async def _swap(self, generation: int, desired: ServingPlan, served_state: dict, loaded: dict, absent=()) -> None:
         """Route ``desired`` from ``loaded`` (one reference assignment), then retire and evict
         what nothing routes or keeps warm any more."""
         retired = [version for key, version in self._loaded.items() if loaded.get(key) is not version]
         self._loaded, self._desired, self.generation, self.applied_state = loaded, desired, generation, served_state
-        self.router.swap(self._table(generation, desired, absent))
+        self._unavailable = tuple(absent)
+        self.router.swap(self._table(generation, desired))
         self.is_ready = True
         metrics.LOADED_VERSIONS.set(len(loaded))
         self._retire_after_the_ack(retired)
@@ -204,15 +222,17 @@ class Repository:
         to clients."""
         self.not_ready_reason = f"no state applied: {', and '.join(failures)}; the worker's log says why"
 
-    def _set_generation(self, generation: int) -> None:
-        if generation != self.generation:
-            self.generation = generation
+    def _set_generation(self, generation: int, unavailable: tuple[str, ...]) -> None:
+        """The same routes under a new generation (or with other models answering 503)."""
+        if generation != self.generation or unavailable != self._unavailable:
+            self.generation, self._unavailable = generation, unavailable
             self.router.swap(self._table(generation, self._desired))
 
-    async def _converge_versions(self, desired: ServingPlan) -> tuple[dict, dict[str, dict[int, str]], dict[str, dict]]:
+    async def _converge_versions(self, desired: ServingPlan) -> tuple[dict, dict[str, dict[int, str]], dict[str, tuple[dict, list]]]:
         """Every desired version loaded and warm, model by model: what to route, why each
         version of a failing model failed (by model, then version), and the versions of
-        the failing models that did load (``_apply_in_part`` decides whether they serve).
+        the failing models that did load with their new batching (``_apply_in_part``
+        decides whether they serve).
         A failing model's versions in what to route are those loaded before, its batching
         as it was. Anything else that ends the call (an unforeseen error, a cancelled
         apply) unloads what it loaded and changes no batching."""
@@ -221,18 +241,16 @@ class Repository:
             for model_name in desired.model_names:
                 model_loaded, model_policies, failed = await self._converge_model(desired, model_name)
                 if failed:
-                    failures[model_name], spares[model_name] = failed, model_loaded
+                    failures[model_name], spares[model_name] = failed, (model_loaded, model_policies)
                     loaded.update({key: version for key, version in self._loaded.items() if key[0] == model_name})
                 else:
                     loaded.update(model_loaded)
                     policies.extend(model_policies)
         except BaseException:
-            self._unload_unused({**loaded, **{key: version for versions in spares.values() for key, version in versions.items()}})
+            self._unload_unused({**loaded, **{key: version for versions, _ in spares.values() for key, version in versions.items()}})
             raise
         # Only once every model is through: an apply that ends early leaves the served batching as it was.
-        for version, policy in policies:
-            if version.is_batchable and policy != version.policy:
-                version.set_policy(policy)
+        _set_policies(policies)
         return loaded, failures, spares
 
     async def _converge_model(self, desired: ServingPlan, model_name: str) -> tuple[dict, list, dict[int, str]]:
@@ -281,13 +299,13 @@ class Repository:
             raise LoadError(f"{version.model_name} v{version.version}: batches of up to {policy.max_batch_size} rows "
                             f"failed to run: {type(error).__name__}: {str(error)[:200]}") from None
 
-    def _table(self, generation: int, desired: ServingPlan, absent: list[str] = ()) -> RoutingTable:
+    def _table(self, generation: int, desired: ServingPlan) -> RoutingTable:
         models = {}
         shadows = dict(desired.shadows)
         for model_name, weights in desired.weights:
             targets = {version: loaded for (name, version), loaded in self._loaded.items() if name == model_name}
             models[model_name] = build_routes(dict(weights), targets, shadows.get(model_name, ()))
-        for model_name in absent:  # the console routes it, its versions failed here: a 503, not "unknown model"
+        for model_name in self._unavailable:  # the console routes it, its versions failed here: a 503, not "unknown model"
             models[model_name] = unavailable_routes(f"model '{model_name}' could not be loaded on this worker; its log says why")
         return RoutingTable(generation, MappingProxyType(models), self.config.allow_pinning_unrouted)
 

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from serving_testkit import route, state
 
 from serving import repository as repository_module
-from serving.errors import NotReady
+from serving.errors import NotFound, NotReady
 from serving.protocol import Decoded
 from serving.repository import Repository
 
@@ -432,3 +432,26 @@ async def test_a_model_served_in_part_holds_no_version_of_another_epoch_s_entry(
 
     assert result["error"].startswith("applied but for digits (serves only its versions that loaded): digits v3:")
     assert [version.version for version in repository.versions_of("digits")] == [1]
+
+
+async def test_a_model_added_to_a_running_worker_whose_only_version_fails_answers_503s_naming_it(repository, mlp_v1):
+    await repository.apply(state(1, {"other": {"routes": [route(1, 100, *mlp_v1)]}}))
+
+    result = await repository.apply(state(2, {"other": {"routes": [route(1, 100, *mlp_v1)]},
+                                              "digits": {"routes": [route(1, 100, mlp_v1[0], "0" * 64)]}}))
+
+    assert result["kept"] == ["digits"] and repository.generation == 1
+    with pytest.raises(NotReady, match="model 'digits' could not be loaded on this worker"):
+        repository.router.table.resolve("digits", None)
+
+
+async def test_a_failing_model_the_console_stops_routing_is_unknown_again_not_a_503(repository, mlp_v1):
+    await repository.apply(state(1, {"other": {"routes": [route(1, 100, *mlp_v1)]}}))
+    await repository.apply(state(2, {"other": {"routes": [route(1, 100, *mlp_v1)]},
+                                     "digits": {"routes": [route(1, 100, mlp_v1[0], "0" * 64)]}}))
+
+    result = await repository.apply(state(3, {"other": {"routes": [route(1, 100, *mlp_v1)]}}))
+
+    assert result["ok"] is True and repository.generation == 3
+    with pytest.raises(NotFound):
+        repository.router.table.resolve("digits", None)
