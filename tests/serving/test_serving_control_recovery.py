@@ -304,6 +304,20 @@ async def test_a_replayed_push_asks_the_console_at_most_once_a_second_however_of
     assert plane.applied.digest == console.state["digest"]
 
 
+async def worker_started_on(state: dict, tmp_path) -> Worker:
+    """A worker whose start-up fetch gets ``state`` from a console answering over HTTP,
+    which goes down once the worker has started."""
+    from test_api_keys_persisted import Console as HttpConsole
+
+    answering = HttpConsole(state, [])
+    try:
+        worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=answering.url))
+        await worker.load_initial_state()
+    finally:
+        answering.go_down()
+    return worker
+
+
 @pytest.fixture
 def torn_console(mlp_v1, mlp_v2):
     """A real HTTP console whose state names version 2's routes under version 1's digest."""
@@ -328,18 +342,11 @@ async def test_a_worker_does_not_serve_a_start_up_state_whose_digest_does_not_ma
 
 async def test_a_worker_whose_console_answers_a_state_it_cannot_apply_at_start_serves_the_persisted_one(start_plane, console, mlp_v1,
                                                                                                         mlp_v2, tmp_path):
-    from test_api_keys_persisted import Console as HttpConsole
-
     first = await start_plane()
     console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
     await first.reconcile()
     broken = state(4, {"digits": {"routes": [route(2, 100, mlp_v2[0], "0" * 64)]}}, epoch="epoch-x")  # its artifact fails its check
-    answering = HttpConsole({**broken, "digest": state_digest(broken)}, [])
-    try:
-        worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=answering.url))
-        await worker.load_initial_state()
-    finally:
-        answering.go_down()
+    worker = await worker_started_on({**broken, "digest": state_digest(broken)}, tmp_path)
 
     assert worker.repository.is_ready
     assert worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 100}]
@@ -512,18 +519,11 @@ async def test_the_console_s_state_is_tried_again_and_acked_once_it_applies(star
 
 async def test_a_worker_started_on_a_state_with_a_failing_model_takes_that_model_from_its_persisted_state(
         start_plane, console, mlp_v1, mlp_v2, tmp_path):
-    from test_api_keys_persisted import Console as HttpConsole
-
     first = await start_plane()
     console.state = signed(1, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
     await first.reconcile()
     newer = signed(2, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)], [route(1, 100, *mlp_v1)])
-    answering = HttpConsole(newer, [])
-    try:
-        worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=answering.url))
-        await worker.load_initial_state()
-    finally:
-        answering.go_down()
+    worker = await worker_started_on(newer, tmp_path)
 
     routes = worker.repository.health()["models"]
     assert routes["other"]["routes"] == [{"version": 1, "weight": 100}]  # the console's rollback, not the persisted v2
@@ -545,18 +545,11 @@ async def test_each_retry_of_a_partly_applied_state_says_what_serves(start_plane
 async def test_a_worker_started_on_a_state_with_a_failing_model_persists_what_it_serves(start_plane, console, mlp_v1, mlp_v2, tmp_path):
     """Started with the console up, it served the rollback but never wrote it down: killed
     and restarted during an outage, it served the state before the rollback."""
-    from test_api_keys_persisted import Console as HttpConsole
-
     first = await start_plane()
     console.state = signed(1, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
     await first.reconcile()
     console.state = signed(2, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)], [route(1, 100, *mlp_v1)])
-    answering = HttpConsole(console.state, [])
-    try:
-        worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=answering.url))
-        await worker.load_initial_state()
-    finally:
-        answering.go_down()
+    worker = await worker_started_on(console.state, tmp_path)
     plane = ControlPlane(worker, redis_url="", public_url="http://127.0.0.1:1", transport=console.transport)
     await plane.start(run_loops=False)
     await plane.reconcile()
@@ -571,19 +564,12 @@ async def test_a_worker_started_on_a_state_with_a_failing_model_persists_what_it
 
 async def test_a_worker_started_on_another_epoch_s_state_takes_no_model_from_its_persisted_state(start_plane, console, mlp_v1, mlp_v2, tmp_path):
     """The persisted entry is another database's: served, it was reported as this one's."""
-    from test_api_keys_persisted import Console as HttpConsole
-
     first = await start_plane()
     console.state = signed(1, [route(2, 100, *mlp_v2)], [route(1, 100, *mlp_v1)])
     await first.reconcile()
     content = state(1, {"digits": {"routes": [route(1, 100, mlp_v1[0], BROKEN)]}, "other": {"routes": [route(1, 100, *mlp_v1)]}},
                     epoch="epoch-restored")
-    answering = HttpConsole({**content, "digest": state_digest(content)}, [])
-    try:
-        worker = Worker(make_config(tmp_path, worker_token=TOKEN, console_url=answering.url))
-        await worker.load_initial_state()
-    finally:
-        answering.go_down()
+    worker = await worker_started_on({**content, "digest": state_digest(content)}, tmp_path)
 
     assert "digits" not in worker.repository.applied_state["models"]
     assert worker.repository.health()["models"]["digits"]["routes"] == []
