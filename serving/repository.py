@@ -5,11 +5,12 @@ Converging: fetch and verify each new version's artifact, load and warm it
 then ack, while versions neither routed nor kept warm drain and unload in the background.
 Models converge one by one: a model whose version fails to load (or to warm in time)
 keeps its previous routes and versions, and the other models' changes are swapped in
-anyway, so one broken canary never holds another model's rollback. The result is then
-not ok, names what failed and which models kept their routes (``kept``), and
-``applied_state`` is the state actually served: the console's, with those models'
-entries taken from the state applied before (absent when there was none). When nothing
-but failing models changed, nothing is swapped.
+anyway, so one broken canary never holds another model's rollback. A failing model that
+was served nothing before serves its versions that loaded, or, with none routed, answers
+503 naming it. The result is then not ok, names what failed and which models failed
+(``kept``), and ``applied_state`` is the state actually served: the console's, with those
+models' entries taken from the state applied before (or reduced to what loaded). When
+nothing but failing models changed, the routes and the state served stay as they were.
 Once the loaded versions changed, the cache drops artifacts nothing needs any more
 (serving/artifact_cache.py says what it always keeps).
 """
