@@ -172,7 +172,8 @@ class Repository:
         absent = sorted(name for name in failures if name not in served_state["models"])
         # A failing model with no entry kept (another epoch's) routes nothing: its versions go.
         loaded = {key: version for key, version in loaded.items() if key[0] not in absent}
-        if desired != self._desired:
+        if desired != self._desired or served_state.get("epoch") != (self.applied_state or {}).get("epoch"):
+            # Another epoch's state served the same routes: served now as this console's.
             await self._swap(generation, desired, served_state, loaded, absent)
         elif tuple(absent) != self._unavailable:
             # Only failing models changed: what is served, and its generation, stay as they are

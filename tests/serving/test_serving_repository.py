@@ -455,3 +455,18 @@ async def test_a_failing_model_the_console_stops_routing_is_unknown_again_not_a_
     assert result["ok"] is True and repository.generation == 3
     with pytest.raises(NotFound):
         repository.router.table.resolve("digits", None)
+
+
+async def test_a_new_epoch_whose_only_change_fails_is_served_as_the_new_epoch_s(repository, mlp_v1):
+    """Only the failing model differed, so nothing was swapped, and the worker went on
+    reporting and persisting the old database's state as what it served."""
+    await repository.apply(state(1, {"other": {"routes": [route(1, 100, *mlp_v1)]}}, epoch="epoch-old"))
+
+    result = await repository.apply(state(1, {"other": {"routes": [route(1, 100, *mlp_v1)]},
+                                              "digits": {"routes": [route(1, 100, mlp_v1[0], "0" * 64)]}}, epoch="epoch-new"))
+
+    assert result["kept"] == ["digits"]
+    assert repository.applied_state["epoch"] == "epoch-new"
+    assert set(repository.loaded) == {("other", 1)}
+    with pytest.raises(NotReady):
+        repository.router.table.resolve("digits", None)
