@@ -52,6 +52,15 @@ def without_versions(entry: dict, versions) -> dict:
     return {**entry, "routes": [route for route in entry["routes"] if route["version"] not in versions], "warm": warm}
 
 
+def _close_all_but(versions, kept) -> None:
+    """Close each of ``versions`` that is not one of ``kept`` (by identity: a version
+    loaded again is another object)."""
+    keep = {id(version) for version in kept}
+    for version in versions:
+        if id(version) not in keep:
+            version.close()
+
+
 def _set_policies(policies: list) -> None:
     """Each kept version's new batching ((version, policy) pairs)."""
     for version, policy in policies:
@@ -187,11 +196,7 @@ class Repository:
     def _close_unrouted(self, spares: dict[str, tuple[dict, list]], loaded: dict) -> None:
         """Close the versions of failing models that loaded but are not served (their model
         keeps what it served before)."""
-        kept = {id(version) for version in (*loaded.values(), *self._loaded.values())}
-        for versions, _ in spares.values():
-            for version in versions.values():
-                if id(version) not in kept:
-                    version.close()
+        _close_all_but([version for versions, _ in spares.values() for version in versions.values()], [*loaded.values(), *self._loaded.values()])
 
     async def _swap(self, generation: int, desired: ServingPlan, served_state: dict, loaded: dict, absent=()) -> None:
         """Route ``desired`` from ``loaded`` (one reference assignment), then retire and evict
@@ -208,10 +213,7 @@ class Repository:
 
     def _unload_unused(self, loaded: dict) -> None:
         """Close what a call loaded and is not swapped in (nothing serves it yet)."""
-        current = {id(version) for version in self._loaded.values()}
-        for version in loaded.values():
-            if id(version) not in current:
-                version.close()
+        _close_all_but(loaded.values(), self._loaded.values())
 
     def _keeping(self, state: dict, failures: dict) -> dict:
         """What this worker serves when the other models' changes apply: ``state`` with each

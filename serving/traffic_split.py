@@ -45,7 +45,7 @@ class ModelRoutes(Generic[V]):
 
     def choose(self, routing_key: str | None) -> int:
         if not self.versions:
-            raise NotReady("no version of this model is routed")
+            raise NotReady(self.unavailable or "no version of this model is routed")
         bucket = bucket_of(routing_key) if routing_key else random.randrange(BUCKETS)
         return self.versions[bisect.bisect_right(self.bounds, bucket)]
 
@@ -96,13 +96,11 @@ class RoutingTable(Generic[V]):
     def resolve(self, model_name: str, version: int | None, routing_key: str | None = None) -> V:
         """The target for a request: pinned `version` if given, else by weights/key."""
         routes = self.model(model_name)
-        if routes.unavailable:
-            raise NotReady(routes.unavailable)
         if version is None:
             version = routes.choose(routing_key)
         target = routes.targets.get(version)
-        if target is None:
-            raise VersionNotFound(model_name, version)
+        if target is None:  # an unavailable model has no target: said here, off the path of a served request
+            raise NotReady(routes.unavailable) if routes.unavailable else VersionNotFound(model_name, version)
         if version not in routes.versions and not self.allow_pinning_unrouted:
             raise VersionNotRouted(model_name, version)
         return target
