@@ -574,3 +574,20 @@ async def test_a_worker_started_on_another_epoch_s_state_takes_no_model_from_its
     assert "digits" not in worker.repository.applied_state["models"]
     assert worker.repository.health()["models"]["digits"]["routes"] == []
     await worker.close()
+
+
+async def test_a_signed_push_of_a_partly_applied_state_asks_the_console_and_changes_nothing_it_cannot_apply(start_plane, console, mlp_v1,
+                                                                                                           mlp_v2):
+    """A push of the generation the worker applied in part carries content it does not
+    serve: never taken as applied, it makes the worker ask the console, which retries."""
+    from serving.state_signing import sign_state, signing_key
+
+    plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+    served, reads_before = plane.applied.digest, console.state_reads
+
+    await plane.receive_push(sign_state(console.state, signing_key(TOKEN)))
+
+    assert console.state_reads == reads_before + 1
+    assert plane.applied.digest == served != console.state["digest"]
+    assert console.acks[-1]["ok"] is False
+    assert plane.worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 100}]

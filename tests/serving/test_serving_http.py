@@ -115,6 +115,21 @@ def test_model_with_nothing_routed_is_not_ready(start_worker, client, mlp_v1):
     assert client.get(worker.url + "/v2/models/digits/ready").status_code == 503
 
 
+def test_a_routed_model_that_could_not_load_here_is_a_503_naming_it_at_every_endpoint(start_worker, client, mlp_v1):
+    worker = start_worker(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}))
+    worker.apply(state(2, {"digits": {"routes": [route(1, 100, *mlp_v1)]}, "other": {"routes": [route(1, 100, mlp_v1[0], "0" * 64)]}}))
+    why = "model 'other' could not be loaded on this worker; its log says why"
+
+    answers = [client.post(worker.url + "/v2/models/other/infer", json=v2_body(np.zeros((1, 64), np.float32))),
+               client.post(worker.url + "/v2/models/other/versions/1/infer", json=v2_body(np.zeros((1, 64), np.float32))),
+               client.post(worker.url + "/predict", json={"model_name": "other", "inputs": [[0.0] * 64]}),
+               client.get(worker.url + "/v2/models/other")]
+
+    assert [(answer.status_code, answer.json()["error"]) for answer in answers] == [(503, why)] * 4
+    assert client.get(worker.url + "/v2/models/other/ready").status_code == 503
+    assert client.post(worker.url + INFER, json=v2_body(np.zeros((1, 64), np.float32))).status_code == 200
+
+
 def test_model_failure_is_a_500_with_the_request_id_and_no_details(digits_worker, client):
     version = digits_worker.worker.repository.loaded[("digits", 1)]
 
