@@ -19,7 +19,7 @@ from console.socket_outage import CHANNEL_LAYER_DOWN, bounded
 from registry.db_unavailable import is_database_unavailable
 from registry.fleet.live import LIVE_GROUP
 from serving.contract import SERVING_GROUP, ContractError, DesiredState
-from serving.state_signing import SignatureRefused, signing_key, verify_state
+from serving.state_signing import SignatureRefused, model_digests, signing_key, verify_state
 
 logger = logging.getLogger(__name__)
 
@@ -188,10 +188,13 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
 
 def state_change(state: DesiredState) -> dict:
-    """Routes, generations and the state's digest (a drill's progress counts the workers
-    reporting it): browsers need no artifact URLs or signatures."""
+    """Routes, generations and the digests of the state and of each model (a drill's
+    progress counts the workers reporting either): browsers need no artifact URLs or
+    signatures."""
+    digests = model_digests(state)
     models = {
-        name: {"generation": model.generation, "routes": [{"version": route.version, "weight": route.weight} for route in model.routes]}
+        name: {"generation": model.generation, "digest": digests[name],
+               "routes": [{"version": route.version, "weight": route.weight} for route in model.routes]}
         for name, model in state.models.items()
     }
     return {"kind": "state", "generation": state.generation, "digest": state.digest, "models": models}

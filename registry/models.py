@@ -191,7 +191,9 @@ class Drill(models.Model):
     confirmed_s = models.FloatField(null=True, blank=True)
     failed_requests = models.PositiveIntegerField(null=True, blank=True)
     target_s = models.FloatField()
-    # [{"worker", "ack_s", "ok", "confirmed_s", "generation", "digest", "error", "failed_requests"}]
+    # [{"worker", "ack_s", "ok", "error", "note", "confirmed_s", "silent_before_s", "generation", "digest", "model_digest",
+    #   "failed_requests"}]: "model_digest" is the confirming report's digest of the drilled model; "note" what else
+    #   failed on a worker that followed
     workers = models.JSONField(default=list)
     error = models.TextField(blank=True)
 

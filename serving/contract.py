@@ -54,6 +54,7 @@ MAX_BUCKETS = 32  # entries of a histogram (latency, batch size)
 MAX_CLASSES = 256  # counts of a classes summary
 MAX_SAMPLE = 256  # values in a values summary's sample
 MAX_NAME_CHARS = 200  # a model or output name
+MAX_MODEL_DIGESTS = 1024  # model digests in a report
 MAX_COUNT = 2**63 - 1  # any count: what the console's 64-bit columns hold
 BUCKET_BOUND = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 # A histogram bound's size: seconds of latency or rows of a batch, both far below it. A
@@ -171,6 +172,14 @@ def _optional(message: Mapping, key: str, path: str, read: Callable[[object, str
     """An absent or null field is ``default``."""
     value = message.get(key)
     return default if value is None else read(value, _at(path, key))
+
+
+def _model_digests(value: object, path: str) -> dict[str, str]:
+    """model name → the digest of its entry as served (``serving.state_signing.model_digests``)."""
+    digests = _object(value, path)
+    if len(digests) > MAX_MODEL_DIGESTS:
+        raise ContractError(path, f"at most {MAX_MODEL_DIGESTS} models")
+    return {_short_name(name, path): _hex64(digest, _at(path, str(name)[:SHOWN_CHARS])) for name, digest in digests.items()}
 
 
 def _without_none(fields: dict) -> dict:
@@ -626,12 +635,16 @@ class WorkerReport:
 
     Every count is an integer 0..MAX_COUNT. The top-level ``shadow`` list (per shadow
     version: compared, agreed, errors, dropped since the worker started) is kept as
-    sent. ``state`` is one of WORKER_STATES; absent (a worker before it), "serving"."""
+    sent. ``state`` is one of WORKER_STATES; absent (a worker before it), "serving".
+    ``models`` (at most MAX_MODEL_DIGESTS): each model's digest as served
+    (``serving.state_signing.model_digests``), so a state served but for some models
+    proves the others; absent or null (a worker before it): nothing proved by model."""
 
     worker: WorkerIdentity
     generation: int | None = None
     digest: str | None = None
     epoch: str | None = None
+    models: Mapping[str, str] | None = None
     loaded: tuple[LoadedEntry, ...] = ()
     interval_s: float | None = None
     versions: tuple[dict, ...] = ()
@@ -643,7 +656,8 @@ class WorkerReport:
 
     def to_dict(self) -> dict:
         return {"worker": self.worker.to_dict(), "generation": self.generation, "digest": self.digest, "epoch": self.epoch,
-                "loaded": [entry.to_dict() for entry in self.loaded], "interval_s": self.interval_s, "versions": list(self.versions),
+                "models": None if self.models is None else dict(self.models), "loaded": [entry.to_dict() for entry in self.loaded],
+                "interval_s": self.interval_s, "versions": list(self.versions),
                 "requests_failed_total": self.requests_failed_total, "shadow": list(self.shadow),
                 "device_memory_bytes": self.device_memory_bytes, "state": self.state, "contract": self.contract}
 
@@ -656,6 +670,7 @@ class WorkerReport:
             generation=_optional(report, "generation", "", lambda v, p: _int(v, p, minimum=0)),
             digest=_optional(report, "digest", "", _hex64),
             epoch=_optional(report, "epoch", "", _str),
+            models=_optional(report, "models", "", _model_digests),
             loaded=tuple(LoadedEntry.parse(item, f"loaded[{index}]") for index, item in enumerate(_optional(report, "loaded", "", _list, []))),
             interval_s=_optional(report, "interval_s", "", _number),
             versions=_optional(report, "versions", "", _version_entries, ()),

@@ -49,7 +49,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -60,7 +60,7 @@ from serving.contract import APPLY_MESSAGE, SERVING_GROUP, WORKER_KEY_HEADER, Ac
 from serving.env import SettingError, check_http_url, env_str
 from serving.logs import event
 from serving.reports import ReportBuilder
-from serving.state_signing import SignatureRefused, checked_digest, signing_key, state_digest, verify_state
+from serving.state_signing import SignatureRefused, checked_digest, model_digests, signing_key, state_digest, verify_state
 from serving.state_store import PersistedStateRefused
 from serving.worker_key import worker_key
 
@@ -106,6 +106,13 @@ class Applied:
     generation: int | None = None
     epoch: str | None = None
     digest: str | None = None
+    # model → digest of its entry as served (state_signing.model_digests): derived from the
+    # content the digest names, so not compared.
+    models: dict | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, state: dict, digest: str) -> Applied:
+        return cls(state["generation"], state.get("epoch"), digest, model_digests(state))
 
 
 class Backoff:
@@ -192,7 +199,7 @@ class ControlPlane:
             # Applied without its digest: the first reconcile confirms and acks it.
             return Applied(generation=self.worker.repository.generation)
         state, result = persisted
-        applied = Applied(state["generation"], state.get("epoch"), state["digest"])
+        applied = Applied.of(state, state["digest"])
         self._unacked = self._ack_of(result, applied.digest, applied.epoch)
         return applied
 
@@ -301,7 +308,7 @@ class ControlPlane:
         result = await self.worker.apply(state)
         ack = self._ack_of(result, digest, state.get("epoch"))
         if result.get("ok"):
-            self.applied = Applied(state["generation"], state.get("epoch"), digest)
+            self.applied = Applied.of(state, digest)
             self._unacked = None  # superseded: the console hears of the state now served
             await self._persist(state)
         elif result.get("kept"):
@@ -313,7 +320,7 @@ class ControlPlane:
             served = self.worker.repository.applied_state
             served_digest = state_digest(served)
             if served_digest != self.applied.digest:
-                self.applied = Applied(served["generation"], served.get("epoch"), served_digest)
+                self.applied = Applied.of(served, served_digest)
                 self._unacked = None
                 await self._persist(served)
         if not await self._ack(ack) and result.get("ok"):
@@ -461,7 +468,8 @@ class ControlPlane:
                 await self._send_report(state)
 
     async def _send_report(self, state: str | None) -> None:
-        applied = {"generation": self.applied.generation, "digest": self.applied.digest, "epoch": self.applied.epoch}
+        applied = {"generation": self.applied.generation, "digest": self.applied.digest, "epoch": self.applied.epoch,
+                   "models": self.applied.models}
         report = self.reports.build(self.identity, self.worker.repository, applied, state or self.worker.drain.phase)
         try:
             response = await self._http.post("/api/serving/reports", json=report.to_dict())

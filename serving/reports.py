@@ -136,6 +136,7 @@ class ReportBuilder:
             generation=applied.get("generation") or repository.generation or 0,
             digest=applied.get("digest"),
             epoch=applied.get("epoch"),
+            models=applied.get("models"),
             loaded=loaded_versions(repository),
             interval_s=round(interval_s, 3),
             versions=versions,

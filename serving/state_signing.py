@@ -11,6 +11,11 @@ version too (``serving.contract``). Workers ack the digest they applied and the 
 judges convergence by it, like Kubernetes' pod-template-hash. The console digests and
 signs the ``DesiredState`` it built; a worker digests and verifies the state exactly as
 it received it, before parsing any of it. No Django here: the worker imports this too.
+
+A *model digest* names one model's part of a state (its entry, with the state's contract
+and epoch): a worker that applied a state but for one model serves the others' issued
+entries, and acks and reports say so by these, so the console proves a rollback of one
+model while another fails there (``model_digests``).
 """
 
 from __future__ import annotations
@@ -54,6 +59,16 @@ def state_digest(state: DesiredState | Mapping) -> str:
         return hashlib.sha256(canonical_json(content_of(state))).hexdigest()
     except orjson.JSONEncodeError as error:  # non-string keys, integers past 64 bits
         raise ValueError(f"the state is not canonical JSON: {error}") from None
+
+
+def model_digests(state: DesiredState | Mapping | None) -> dict[str, str]:
+    """Each model's digest: sha256 of the canonical {contract, epoch, model, entry}. The
+    entry's own generation is that of its model's release, so a model no later state
+    changed keeps its digest from one generation to the next."""
+    content = content_of(state) if state is not None else {}
+    scope = {"contract": content.get("contract"), "epoch": content.get("epoch")}
+    return {name: hashlib.sha256(canonical_json({**scope, "model": name, "entry": entry})).hexdigest()
+            for name, entry in content.get("models", {}).items()}
 
 
 def checked_digest(state: Mapping) -> str:

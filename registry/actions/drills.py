@@ -37,7 +37,7 @@ from registry.fleet.workers import (
     failed_to_apply,
     gone_workers,
     lifecycle,
-    serves_issued_state,
+    serves_issued_model,
 )
 from registry.models import (
     Drill,
@@ -96,6 +96,7 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
                                f"{RECENTLY_SILENT_S:g} s and {_duration(GONE_NOTED_FOR)} before it): {', '.join(gone)}")
         _note_uncounted_requests(drill)
         _note_silent_workers(drill)
+        _note_other_models(drill)
         _note_console_stall(drill)
     except Exception as error:
         drill.workers, drill.status = [], DrillStatus.FAILED
@@ -287,32 +288,38 @@ def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: 
         "ack_s": _since(drill, ack.received_at) if ack else None,
         "ok": ack.ok if ack else None,
         "error": error,
+        # Followed, but the worker's own words on the rest of the state it failed to apply.
+        "note": failed_to_apply(ack.error) if confirmed_s is not None and ack and not ack.ok else "",
         "confirmed_s": confirmed_s,
         # Seconds since its last report when the drill started; null for a live worker.
         "silent_before_s": None if silent_s is None else round(silent_s, 1),
-        # What the confirming report said it serves: the issued content, by digest.
+        # What the confirming report said it serves: the issued content, by digest (of the
+        # whole state, or of the model's entry where another model fails on the worker).
         "generation": report.get("generation") if report else None,
         "digest": report.get("digest") if report else None,
+        "model_digest": _model_digest(report, drill.model.name),
         "failed_requests": None if before is None or after is None else max(after - before, 0),
     }
 
 
 def watch_workers(drill: Drill, worker_ids: list[str], window: RollbackWindow, deadline: float) -> tuple[dict, dict]:
-    """Each worker's ack (``latest_acks``) and, once it acked ok, when a report first showed
-    it serving a state this console issued in which the rollback is in force (seconds
-    since the click, and that report), watched together until every worker has both or
-    the deadline: a worker that never answers does not delay the others' figures."""
+    """Each worker's ack (``latest_acks``) and, once it acked, when a report first showed it
+    serving the model as this console issued it in a state in which the rollback is in
+    force (seconds since the click, and that report), watched together until every worker
+    has both or the deadline: a worker that never answers does not delay the others'
+    figures. A worker that applied the state but for another model (its ack not ok) is
+    confirmed by the model's own digest: one model's broken canary holds no other's drill."""
     acks: dict[str, WorkerAck] = {}
     found: dict[str, tuple[float, dict]] = {}
-    digests = IssuedDigests()
+    digests, model = IssuedDigests(), window.release.model.name
     while True:
         end = window.end()
         latest_acks(acks, worker_ids, window, end)
-        waiting = [worker_id for worker_id, ack in acks.items() if ack.ok and worker_id not in found]
+        waiting = [worker_id for worker_id in acks if worker_id not in found]
         for worker in Worker.objects.filter(worker_id__in=waiting):
             report = worker.last_report
             served = report.get("generation") if isinstance(report, dict) else None
-            if type(served) is int and window.holds(served, end) and serves_issued_state(report, served, digests):
+            if type(served) is int and window.holds(served, end) and serves_issued_model(report, served, model, digests):
                 found[worker.worker_id] = (_since(drill, timezone.now()), report)
         if len(found) == len(worker_ids) or time.monotonic() >= deadline:
             return acks, found
@@ -328,23 +335,35 @@ def latest_acks(acks: dict[str, WorkerAck], worker_ids: list[str], window: Rollb
 
 
 def wait_for_acks(worker_ids: list[str], window: RollbackWindow, deadline: float) -> dict[str, WorkerAck]:
-    """``latest_acks`` until every worker acked ok or the deadline."""
+    """``latest_acks`` until every worker acked the window's model applied or the deadline."""
     acks: dict[str, WorkerAck] = {}
+    model = window.release.model.name
     while True:
         latest_acks(acks, worker_ids, window, window.end())
-        if sum(ack.ok for ack in acks.values()) == len(worker_ids) or time.monotonic() >= deadline:
+        if sum(applied(ack, model) for ack in acks.values()) == len(worker_ids) or time.monotonic() >= deadline:
             return acks
         time.sleep(POLL_S)
+
+
+def applied(ack: WorkerAck, model: str) -> bool:
+    """The ack says ``model``'s part of the state applied: all of it did, or all but other
+    models (a worker with another model's canary broken follows a roll forward too)."""
+    if ack.ok:
+        return True
+    others = models_not_applied(ack.error)
+    return bool(others) and model not in others
 
 
 def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int, model_name: str) -> str:
     if ack is None:
         return "no ack before the timeout"
+    if confirmed_s is not None:
+        return ""  # its report served the model as issued, whatever else failed there (_note_other_models)
     others = models_not_applied(ack.error) if not ack.ok else None
     if others and model_name not in others:
         # "failed to apply" read as "the rollback never reached the workers", where it served at once.
-        return (f"applied generation {generation} but for {', '.join(others)}, which fail{'s' * (len(others) == 1)} on it; "
-                f"the console proves a worker's whole state, so {model_name} cannot be confirmed there until they apply "
+        return (f"applied generation {generation} but for {', '.join(others)}, which fail{'s' * (len(others) == 1)} on it, "
+                f"and no report proved {model_name} served as issued (by its digest) before the timeout "
                 f"({ack.error[ack.error.index('): ') + 3:][:SHOWN_ERROR_CHARS]})")
     if not ack.ok:
         return failed_to_apply(ack.error)
@@ -407,6 +426,21 @@ def _note_uncounted_requests(drill: Drill) -> None:
     if uncounted and not any(row["failed_requests"] for row in drill.workers):
         _add_reason(drill, f"failed requests not counted for {len(uncounted)} worker(s), whose reports carry no failure counter: "
                            f"{', '.join(uncounted)}")
+
+
+def _model_digest(report: dict | None, model: str) -> str | None:
+    models = report.get("models") if report else None
+    return models.get(model) if isinstance(models, dict) else None
+
+
+def _note_other_models(drill: Drill) -> None:
+    """A worker that followed the rollback while another model fails there: the drill
+    passes, for its model served as issued, and the summary says what else failed."""
+    followed = [row for row in drill.workers if row.get("note")]
+    if followed:
+        who = ", ".join(f"{row['worker']} ({row['note']})" for row in followed)
+        _add_reason(drill, f"{len(followed)} worker(s) serve the rollback of {drill.model.name}, proved by its digest, "
+                           f"but not the whole state: {who}")
 
 
 def _note_silent_workers(drill: Drill) -> None:
@@ -481,8 +515,8 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         acks = {}
     # "Rolled forward" says a release was made; whether the workers that followed the
     # rollback took it too is said here (those that did not are named already).
-    followed = [row["worker"] for row in drill.workers if row.get("ok") and row.get("worker") in worker_ids]
-    unconfirmed = [worker_id for worker_id in followed if not (worker_id in acks and acks[worker_id].ok)]
+    followed = [row["worker"] for row in drill.workers if (row.get("ok") or row.get("note")) and row.get("worker") in worker_ids]
+    unconfirmed = [worker_id for worker_id in followed if not (worker_id in acks and applied(acks[worker_id], drill.model.name))]
     if unconfirmed:
         _record_reason(drill, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of {len(followed)} workers "
                               f"did not ack it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {', '.join(unconfirmed)}")

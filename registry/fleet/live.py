@@ -78,7 +78,7 @@ def _capped(total: int, delta: int) -> int:
 
 def relay(worker: Worker, report: dict) -> None:
     message = {"type": "live.report", "worker": worker.worker_id, "generation": report.get("generation"), "digest": report.get("digest"),
-               "versions": report.get("versions") or [],
+               "models": report.get("models"), "versions": report.get("versions") or [],
                "state": report.get("state", "serving"), "at": timezone.now().isoformat()}
     try:
         send_to_group(LIVE_GROUP, message)

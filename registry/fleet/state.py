@@ -60,10 +60,16 @@ def build_state(generation: int, epoch: str, *, current: int | None = None) -> D
 
 def issued_digest(generation: int) -> str | None:
     """The digest of the state issued as ``generation`` in this epoch; None if never issued."""
+    state = issued_state(generation)
+    return state.digest if state else None
+
+
+def issued_state(generation: int) -> DesiredState | None:
+    """The state issued as ``generation`` in this epoch, with its digest; None if never issued."""
     current, epoch = serving_counter()
     if generation > current:
         return None
-    return build_state(generation, epoch, current=current).digest
+    return build_state(generation, epoch, current=current)
 
 
 def model_state(model: RegisteredModel, release: Release, *, past: bool = False) -> ModelState:

@@ -19,9 +19,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from registry.fleet import report_rate, worker_keys
-from registry.fleet.state import issued_digest, serving_counter, warm_versions
+from registry.fleet.state import issued_digest, issued_state, serving_counter, warm_versions
 from registry.models import Release, ServingGeneration, Worker, WorkerAck, new_epoch
 from serving.contract import WORKER_STATES, Ack, ContractError, WorkerReport, check_version, models_not_applied
+from serving.state_signing import model_digests
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +283,8 @@ def record_ack(message: dict, key: str | None = None) -> WorkerAck:
 
 
 def convergence(release: Release | None) -> dict:
-    """Which live workers serve the content of ``release`` (or later), proved by digest,
+    """Which live workers serve the content of ``release`` (or later), proved by digest (of
+    the whole state, or of the release's model where another model fails on a worker),
     and whether its rollback target is warm everywhere."""
     workers = list(live_workers())
     generation = release.generation if release else 0
@@ -302,7 +304,7 @@ def _worker_convergence(worker: Worker, release: Release | None, generation: int
     return {
         "worker_id": worker.worker_id,
         "generation": worker.generation,
-        **worker_status(worker, generation, digests),
+        **worker_status(worker, generation, digests, model=model_name),
         "ok": worker.ok,
         "error": worker.error,
         "rollback_warm": warm_needed <= loaded_warm,
@@ -319,6 +321,15 @@ class IssuedDigests(dict):
 
     _epoch: str | None = None
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._models: dict[int, dict[str, str]] = {}
+
+    def model_digest(self, generation: int, model: str) -> str | None:
+        """The digest of ``model``'s entry in the state issued as ``generation``; None when
+        that state was never issued or left the model out."""
+        return self._models.get(generation, {}).get(model) if self[generation] is not None else None
+
     @property
     def epoch(self) -> str:
         if self._epoch is None:
@@ -326,10 +337,11 @@ class IssuedDigests(dict):
         return self._epoch
 
     def __missing__(self, generation: int) -> str | None:
-        digest = issued_digest(generation)
-        if digest is not None:
-            self[generation] = digest
-        return digest
+        state = issued_state(generation)
+        if state is None:
+            return None
+        self[generation], self._models[generation] = state.digest, model_digests(state)
+        return state.digest
 
 
 def serves_issued_state(report: object, generation: int, digests: IssuedDigests) -> bool:
@@ -339,6 +351,20 @@ def serves_issued_state(report: object, generation: int, digests: IssuedDigests)
     if type(served) is not int or served < generation:
         return False
     return digests[served] is not None and report.get("digest") == digests[served]
+
+
+def serves_issued_model(report: object, generation: int, model: str, digests: IssuedDigests) -> bool:
+    """The report names a generation at or after ``generation`` and serves ``model`` as this
+    console issued it there: the whole state's digest proves it, or the model's own digest
+    where the worker serves that state but for another model (its version fails there)."""
+    if serves_issued_state(report, generation, digests):
+        return True
+    served = report.get("generation") if isinstance(report, dict) else None
+    models = report.get("models") if isinstance(report, dict) else None
+    if type(served) is not int or served < generation or not isinstance(models, dict):
+        return False
+    issued = digests.model_digest(served, model)
+    return issued is not None and models.get(model) == issued
 
 
 def proven_generation(worker: Worker, digests: IssuedDigests) -> int | None:
@@ -369,16 +395,21 @@ def served_digest(worker: Worker, digests: IssuedDigests) -> str | None:
     return None  # a report of another database's states: it serves none of this console's
 
 
-def worker_status(worker: Worker, generation: int, digests: IssuedDigests, now=None) -> dict:
-    """``converged`` (serving the issued content of ``generation`` or later) and the
-    worker's state in words. A stopped or gone worker serves nothing it can be counted
-    for: it said "behind: serving generation 18" after it had exited."""
+def worker_status(worker: Worker, generation: int, digests: IssuedDigests, now=None, model: str | None = None) -> dict:
+    """``converged`` (serving the issued content of ``generation`` or later; with ``model``,
+    that model's part of it at least) and the worker's state in words. A stopped or gone
+    worker serves nothing it can be counted for: it said "behind: serving generation 18"
+    after it had exited."""
     proven = proven_generation(worker, digests)
     phase = lifecycle(worker, now)
     if phase in ("stopped", "gone"):
         served = f": it last served generation {proven}" if proven is not None else ""
         return {"converged": False, "state": f"{phase}{served}"}
     converged = worker.ok and proven is not None and proven >= generation
+    if not converged and model is not None and serves_issued_model(worker.last_report, generation, model, digests):
+        # Said with what else failed there: the worker is not converged for every model.
+        words = f"serving {model[:SHOWN_ID_CHARS]} as issued for generation {worker.last_report['generation']}"
+        return {"converged": True, "state": words if worker.ok else f"{words}; {failed_to_apply(worker.error)}"}
     return {"converged": converged, "state": _state_words(worker, proven, generation, converged)}
 
 

@@ -282,13 +282,14 @@
   // drill_silent_s when it started (a worker frozen a few seconds before is one, and fails
   // the drill unless it follows), never one whose last report said it stopped. One that
   // falls silent stays counted, as not following. Only workers this page heard from are
-  // known here. A worker follows once it reports the rollback's state by its digest (or a
-  // later generation).
+  // known here. A worker follows once it reports the rollback's state by its digest, or
+  // this model's part of it by the model's digest (another model may fail there), or a
+  // later generation.
   const drill = (function () {
     const box = document.getElementById("drill-status");
     let started = 0;
     let timer = null;
-    let target = null;  // {generation, digest} of the state the rollback made
+    let target = null;  // {generation, digest, modelDigest} of the state the rollback made
     let waitedFor = [];  // worker ids
 
     function start() {
@@ -304,12 +305,14 @@
 
     function sawState(mine, state) {
       if (timer && mine && target === null && mine.generation === state.generation) {
-        target = { generation: state.generation, digest: state.digest };
+        target = { generation: state.generation, digest: state.digest, modelDigest: mine.digest };
       }
     }
 
     function follows(report) {
-      return report.generation > target.generation || (report.generation === target.generation && report.digest === target.digest);
+      if (report.generation > target.generation) return true;
+      const model = report.models && report.models[config.model];
+      return report.generation === target.generation && (report.digest === target.digest || (model !== undefined && model === target.modelDigest));
     }
 
     function render() {

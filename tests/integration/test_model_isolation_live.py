@@ -79,3 +79,28 @@ def test_a_worker_started_while_a_canary_cannot_load_serves_the_stable(stack, ap
     assert wait_until(lambda: "applied but for tiny (" in (worker_row(api)["error"] or ""), 10), worker_row(api)
     assert worker_row(api)["converged"] is False
     assert "tiny v2: sha256 mismatch" in worker_row(api)["error"]
+
+
+def test_a_drill_of_one_model_passes_while_another_model_s_canary_cannot_load(stack, api):
+    """The console proved a worker's whole state, so this drill failed on a worker that served
+    the rollback at once: a broken canary of another model made every drill there fail."""
+    assert api.post("/api/models/other/release/", json={"routes": [{"version": 2, "weight": 100}]}).status_code == 201
+    worker = stack.start_worker()
+    assert served(worker, "other") == {2: 20}
+    canary = storage.path_for(ModelVersion.objects.get(model__name="tiny", number=2).sha256)
+    os.chmod(canary, 0o600)
+    canary.write_bytes(b"not the artifact the console registered")
+    assert api.post("/api/models/tiny/release/", json={"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}).status_code == 201
+    assert wait_until(lambda: "applied but for tiny (" in (worker_row(api)["error"] or ""), 10), worker_row(api)
+
+    drill = api.post("/api/models/other/drills/", json={"roll_forward": True}).json()
+
+    assert drill["status"] == "passed", drill
+    row = drill["workers"][0]
+    assert row["confirmed_s"] is not None and row["ok"] is False
+    assert row["note"].startswith("applied but for tiny (keeps the routes it served before): tiny v2:")
+    assert "1 worker(s) serve the rollback of other, proved by its digest, but not the whole state" in drill["error"]
+    assert drill["forward_generation"] is not None
+    assert wait_until(lambda: served(worker, "other") == {2: 20}, 10)  # rolled forward
+    assert wait_until(lambda: api.get("/api/models/other/release/").json()["converged"], 10)
+    assert api.get("/api/models/tiny/release/").json()["converged"] is False

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from registry.fleet.state import issued_digest
+from registry.fleet.state import issued_digest, issued_state
 from registry.models import ServingGeneration
 from serving.contract import CONTRACT_VERSION
+from serving.state_signing import model_digests
 
 pytestmark = pytest.mark.django_db
 
@@ -64,3 +65,41 @@ def test_an_ack_of_the_issued_digest_converges_a_worker_before_its_next_report(w
 
     assert response.status_code == 204
     assert worker_row(operator_client) == {"converged": True, "generation": 2, "state": "serving generation 2"}
+
+
+PARTLY = "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
+
+
+def served_but_for_other(worker_client, generation: int, digits_digest: str) -> None:
+    """A worker that applied ``generation`` but for model ``other``: its ack says so, and its
+    report names the state it serves (a digest never issued) and digits' own digest."""
+    worker_client.post("/api/serving/reports", {**report(generation, "e" * 64), "models": {"digits": digits_digest, "other": "f" * 64}},
+                       format="json")
+    response = worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": generation, "digest": issued_digest(generation),
+                                                        "ok": False, "error": PARTLY, "contract": CONTRACT_VERSION}, format="json")
+    assert response.status_code == 204
+
+
+def test_a_worker_serving_the_model_as_issued_is_converged_for_it_while_another_model_fails_there(worker_client, operator_client,
+                                                                                              viewer_client, canary):
+    served_but_for_other(worker_client, 2, model_digests(issued_state(2))["digits"])
+
+    assert worker_row(operator_client) == {
+        "converged": True, "generation": 2,
+        "state": f"serving digits as issued for generation 2; {PARTLY}",
+    }
+    assert viewer_client.get("/api/workers/").json()[0]["converged"] is False  # the whole state is not served
+
+
+def test_a_worker_serving_the_models_entry_of_an_earlier_generation_is_not_converged_for_it(worker_client, operator_client, canary):
+    served_but_for_other(worker_client, 2, model_digests(issued_state(1))["digits"])
+
+    assert worker_row(operator_client)["converged"] is False
+
+
+def test_a_model_digest_from_another_epoch_converges_nothing(worker_client, operator_client, canary):
+    other_epoch = {**issued_state(2).content(), "epoch": "another database"}
+
+    served_but_for_other(worker_client, 2, model_digests(other_epoch)["digits"])
+
+    assert worker_row(operator_client)["converged"] is False

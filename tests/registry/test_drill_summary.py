@@ -13,9 +13,10 @@ import time
 import pytest
 from django.db import connection
 
-from registry.fleet.state import issued_digest
+from registry.fleet.state import issued_digest, issued_state
 from registry.models import Release, ServingGeneration
 from serving.contract import CONTRACT_VERSION
+from serving.state_signing import model_digests
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -211,6 +212,66 @@ def test_a_worker_that_applied_the_rollback_but_fails_another_model_is_named_so_
 
     assert drill["status"] == "failed"
     assert drill["workers"][0]["error"] == (
-        "applied generation 3 but for other, which fails on it; the console proves a worker's whole state, so digits cannot be "
-        "confirmed there until they apply (other v2: sha256 mismatch)")
+        "applied generation 3 but for other, which fails on it, and no report proved digits served as issued (by its digest) "
+        "before the timeout (other v2: sha256 mismatch)")
     assert "failed to apply" not in drill["error"]
+
+
+def partly_applied(worker_client, worker_id: str, *, digits_digest) -> threading.Thread:
+    """A worker that applies generation 3 but for model ``other`` (its canary broken there):
+    it acks so, reports serving the state it could (a digest the console never issued) with
+    ``digits`` at ``digits_digest(3)``, then does the same for the roll forward (4)."""
+    partly = "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
+
+    def follow(generation: int) -> None:
+        deadline = time.monotonic() + 10
+        while not Release.objects.filter(generation=generation).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        worker_client.post("/api/serving/acks", {"worker": worker_id, "generation": generation, "digest": issued_digest(generation),
+                                                 "ok": False, "error": partly, "contract": CONTRACT_VERSION}, format="json")
+        served = {**report(worker_id, generation, 0), "digest": "e" * 64, "models": {"digits": digits_digest(generation), "other": "f" * 64}}
+        worker_client.post("/api/serving/reports", served, format="json")
+
+    def run():
+        try:
+            follow(3)
+            follow(4)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def digits_as_issued(generation: int) -> str:
+    return model_digests(issued_state(generation))["digits"]
+
+
+def test_a_worker_whose_report_proves_the_drilled_model_by_its_digest_passes_the_drill_while_another_model_fails_there(
+        worker_client, operator_client, canary, settings):
+    settings.DRILL_ACK_TIMEOUT_S = 3
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+
+    drill = run_drill(operator_client, [partly_applied(worker_client, "w-1", digits_digest=digits_as_issued)])
+
+    assert drill["status"] == "passed", drill["error"]
+    row = drill["workers"][0]
+    assert (row["error"], row["generation"], row["model_digest"]) == ("", 3, digits_as_issued(3))
+    assert row["confirmed_s"] is not None
+    assert drill["error"] == ("1 worker(s) serve the rollback of digits, proved by its digest, but not the whole state: w-1 (applied "
+                              "but for other (keeps the routes it served before): other v2: sha256 mismatch)")
+    assert drill["forward_generation"] == 4
+
+
+def test_a_report_with_the_drilled_models_digest_of_another_generation_does_not_confirm_it(worker_client, operator_client, canary,
+                                                                                           settings):
+    """The canary split's entry (generation 2) reported under generation 3 is not the rollback."""
+    settings.DRILL_ACK_TIMEOUT_S = 1
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+
+    drill = run_drill(operator_client, [partly_applied(worker_client, "w-1", digits_digest=lambda generation: digits_as_issued(2))])
+
+    assert drill["status"] == "failed"
+    assert drill["workers"][0]["confirmed_s"] is None
+    assert "no report proved digits served as issued (by its digest)" in drill["workers"][0]["error"]

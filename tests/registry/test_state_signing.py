@@ -16,6 +16,7 @@ from registry.models import ServingGeneration
 from serving.state_signing import (
     SignatureRefused,
     canonical_json,
+    model_digests,
     sign_state,
     signing_key,
     state_digest,
@@ -40,6 +41,29 @@ def test_digest_covers_the_content_without_digest_and_signature():
 
     assert signed["digest"] == hashlib.sha256(canonical_json(state)).hexdigest() == state_digest(signed)
     assert signed["signature"] == hmac.new(signing_key("t"), canonical_json(state), hashlib.sha256).hexdigest()
+
+
+def test_a_models_digest_is_of_its_entry_with_the_states_contract_and_epoch():
+    entry = {"generation": 2, "routes": [], "batching": {"max_queue_delay_s": 0.002}}
+    state = {"contract": 2, "generation": 5, "epoch": "e", "models": {"m": entry}}
+
+    assert model_digests(state) == {"m": hashlib.sha256(canonical_json({"contract": 2, "epoch": "e", "model": "m", "entry": entry})).hexdigest()}
+
+
+def test_a_models_digest_stays_when_another_model_or_the_generation_changes():
+    entry = {"generation": 2, "routes": [], "batching": {"max_queue_delay_s": 0.002}}
+    before = {"contract": 2, "generation": 5, "epoch": "e", "models": {"m": entry, "other": {"generation": 4, "routes": []}}}
+    after = {**before, "generation": 6, "models": {"m": entry, "other": {"generation": 6, "routes": []}}}
+
+    assert model_digests(after)["m"] == model_digests(before)["m"]
+    assert model_digests(after)["other"] != model_digests(before)["other"]
+
+
+@pytest.mark.parametrize("change", [{"epoch": "another database"}, {"contract": 3}, {"models": {"n": {"routes": []}}}])
+def test_the_same_entry_in_another_epoch_contract_or_name_has_another_digest(change):
+    state = {"contract": 2, "generation": 5, "epoch": "e", "models": {"m": {"routes": []}}}
+
+    assert set(model_digests({**state, **change}).values()).isdisjoint(model_digests(state).values())
 
 
 def test_a_signed_state_verifies_after_json_and_msgpack_round_trips():

@@ -146,6 +146,13 @@ def test_batching_left_out_takes_the_workers_own_settings(tmp_path):
         (WorkerReport.parse, {"worker": {"id": "w"}, "loaded": [{"model": "iris", "version": 0}], "contract": V},
          "loaded[0].version: must be an integer >= 1"),
         (WorkerReport.parse, {"worker": {"id": ""}, "contract": V}, "worker.id: must not be empty"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "models": [SHA], "contract": V}, "models: must be an object"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "models": {"iris": "AB" * 32}, "contract": V},
+         "models.iris: must be 64 lowercase hex characters"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "models": {"": SHA}, "contract": V}, "models: must not be empty"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "models": {"m" * 201: SHA}, "contract": V}, "models: must be at most 200 characters"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "models": {f"m{index}": SHA for index in range(1025)}, "contract": V},
+         "models: at most 1024 models"),
     ],
 )
 def test_acks_and_reports_breaking_the_contract_are_refused_naming_the_field(parse, message, expected):
@@ -167,7 +174,7 @@ def test_what_a_worker_sends_parses_back_whole():
     ack = Ack(worker="w-1", generation=3, digest=SHA, ok=False, epoch="e", error="sha256 mismatch", load_ms=1.5)
     report = WorkerReport(worker=WorkerIdentity("w-1", "box", 7, "http://w:8001", "cpu"), generation=3, digest=SHA, epoch="e",
                           loaded=(LoadedEntry("iris", 1, routed=True),), interval_s=1.0, versions=(FIGURES,),
-                          requests_failed_total=0, device_memory_bytes=1024)
+                          requests_failed_total=0, device_memory_bytes=1024, models={"iris": SHA})
 
     assert Ack.parse(json.loads(json.dumps(ack.to_dict()))) == ack
     assert WorkerReport.parse(json.loads(json.dumps(report.to_dict()))) == report

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from serving.control import Applied, Backoff, ControlPlane
-from serving.state_signing import state_digest
+from serving.state_signing import model_digests, state_digest
 from serving.worker import Worker
 from serving.contract import CONTRACT_VERSION
 from serving_testkit import free_port, make_config, route, state
@@ -137,13 +137,17 @@ async def test_a_state_that_failed_to_apply_is_not_persisted(start_plane, consol
     assert plane.worker.state_store.load()["generation"] == 3
 
 
-async def test_a_worker_whose_console_is_down_at_start_serves_the_persisted_state_and_reports_it(start_plane, console, mlp_v1, mlp_v2):
+async def restarted_on_persisted_state(start_plane, console, mlp_v1, mlp_v2):
+    """A worker that applied generation 3, started again while the console is down."""
     first = await start_plane()
     console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
     await first.reconcile()
     console.is_down = True
+    return await start_plane()
 
-    plane = await start_plane()
+
+async def test_a_worker_whose_console_is_down_at_start_serves_the_persisted_state_and_reports_it(start_plane, console, mlp_v1, mlp_v2):
+    plane = await restarted_on_persisted_state(start_plane, console, mlp_v1, mlp_v2)
     report = plane.reports.build(plane.identity, plane.worker.repository,
                                  {"generation": plane.applied.generation, "digest": plane.applied.digest, "epoch": plane.applied.epoch})
 
@@ -218,11 +222,7 @@ async def test_an_ack_the_console_refused_is_not_sent_again(start_plane, console
 
 
 async def test_a_worker_on_its_persisted_state_adopts_the_consoles_different_state_when_it_answers(start_plane, console, mlp_v1, mlp_v2):
-    first = await start_plane()
-    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
-    await first.reconcile()
-    console.is_down = True
-    plane = await start_plane()
+    plane = await restarted_on_persisted_state(start_plane, console, mlp_v1, mlp_v2)
 
     console.is_down = False
     console.state = desired(4, [(1, 50), (2, 50)], mlp_v1, mlp_v2)
@@ -486,6 +486,26 @@ async def test_reports_after_a_partial_apply_name_the_served_content_not_the_con
     assert report.digest == state_digest(served) != console.state["digest"]
     assert served["models"]["digits"]["routes"] == [route(1, 100, *mlp_v1)]
     assert served["models"]["other"] == console.state["models"]["other"]
+
+
+async def test_reports_after_a_partial_apply_prove_each_model_served_as_issued_by_its_own_digest(start_plane, console, mlp_v1, mlp_v2):
+    plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+    before = signed(1, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
+
+    await plane.send_report()
+
+    models = console.reports[-1]["models"]
+    assert models["other"] == model_digests(console.state)["other"]  # the rollback, as issued at generation 2
+    assert models["digits"] == model_digests(before)["digits"] != model_digests(console.state)["digits"]
+
+
+async def test_a_worker_serving_its_persisted_state_reports_each_models_digest(start_plane, console, mlp_v1, mlp_v2):
+    plane = await restarted_on_persisted_state(start_plane, console, mlp_v1, mlp_v2)
+
+    console.is_down = False
+    await plane.send_report()
+
+    assert console.reports[-1]["models"] == model_digests(console.state)
 
 
 async def test_what_a_partial_apply_serves_is_persisted(start_plane, console, mlp_v1, mlp_v2):
