@@ -183,7 +183,9 @@ def _fleet_problem(release: Release, convergence: dict) -> tuple[str, str] | Non
     rows = convergence["workers"]
     if not rows:
         return "warn", "No live workers"
-    failed = [row for row in rows if not row["ok"]]
+    # A worker serving this model as issued, while another model fails there, is that
+    # model's problem (its page says so): every model read "bad" for one broken canary.
+    failed = [row for row in rows if not row["ok"] and not row["converged"]]
     if failed:
         return "bad", f"{len(failed)} of {len(rows)} workers failed to apply: {failed[0]['error'] or 'unknown error'}"
     behind = [row for row in rows if not row["converged"]]

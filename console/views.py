@@ -824,8 +824,10 @@ def workers_context() -> dict:
     for worker in Worker.objects.filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR):
         lifecycle = fleet.lifecycle(worker, now)
         is_live = lifecycle in ("serving", "draining")
-        rows.append({"worker": worker, "lifecycle": lifecycle, "is_live": is_live,
-                     "is_behind": is_live and not fleet.worker_status(worker, generation, digests, now)["converged"],
+        # A worker whose last apply failed is "failing", as /metrics counts it, not "behind"
+        # (it may serve the current generation but for one model).
+        rows.append({"worker": worker, "lifecycle": lifecycle, "is_live": is_live, "is_failing": is_live and not worker.ok,
+                     "is_behind": is_live and worker.ok and not fleet.worker_status(worker, generation, digests, now)["converged"],
                      **report_totals(worker.last_report)})
     rows.sort(key=lambda row: (not row["is_live"], row["worker"].worker_id))
     return {"rows": rows, "generation": generation, "gone_after_s": settings.WORKER_GONE_AFTER_S}

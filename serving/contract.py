@@ -55,6 +55,7 @@ MAX_CLASSES = 256  # counts of a classes summary
 MAX_SAMPLE = 256  # values in a values summary's sample
 MAX_NAME_CHARS = 200  # a model or output name
 MAX_MODEL_DIGESTS = 1024  # model digests in a report
+MODEL_NAME = re.compile(r"[-a-zA-Z0-9_]{1,100}")
 MAX_COUNT = 2**63 - 1  # any count: what the console's 64-bit columns hold
 BUCKET_BOUND = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 # A histogram bound's size: seconds of latency or rows of a batch, both far below it. A
@@ -135,7 +136,19 @@ def _is_finite(value: float) -> bool:
 def _str(value: object, path: str) -> str:
     if not isinstance(value, str):
         raise ContractError(path, "must be a string")
+    if not value.isascii() and not _encodable(value):
+        # JSON may escape a lone surrogate; PostgreSQL refused the row (a 500) and SQLite
+        # stored one that failed every later answer naming it.
+        raise ContractError(path, "must be text (no lone surrogates)")
     return value
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _worker_state(value: object, path: str) -> str:
@@ -174,12 +187,21 @@ def _optional(message: Mapping, key: str, path: str, read: Callable[[object, str
     return default if value is None else read(value, _at(path, key))
 
 
+def is_model_name(value: object) -> bool:
+    """A name the console can register (a slug, as ``registry.models.RegisteredModel.name``)."""
+    return isinstance(value, str) and MODEL_NAME.fullmatch(value) is not None
+
+
 def _model_digests(value: object, path: str) -> dict[str, str]:
     """model name → the digest of its entry as served (``serving.state_signing.model_digests``)."""
     digests = _object(value, path)
     if len(digests) > MAX_MODEL_DIGESTS:
         raise ContractError(path, f"at most {MAX_MODEL_DIGESTS} models")
-    return {_short_name(name, path): _hex64(digest, _at(path, str(name)[:SHOWN_CHARS])) for name, digest in digests.items()}
+    for name, digest in digests.items():
+        if not is_model_name(name):
+            raise ContractError(f"{path}[{_shown(name)}]", "must be a model name (letters, digits, - or _; at most 100)")
+        _hex64(digest, _at(path, name))
+    return dict(digests)
 
 
 def _without_none(fields: dict) -> dict:

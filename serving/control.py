@@ -56,7 +56,7 @@ import httpx
 from redis.connection import parse_url
 
 from serving.console_client import async_console_only, console_timeout
-from serving.contract import APPLY_MESSAGE, SERVING_GROUP, WORKER_KEY_HEADER, Ack, WorkerIdentity
+from serving.contract import APPLY_MESSAGE, MAX_MODEL_DIGESTS, SERVING_GROUP, WORKER_KEY_HEADER, Ack, WorkerIdentity, is_model_name
 from serving.env import SettingError, check_http_url, env_str
 from serving.logs import event
 from serving.reports import ReportBuilder
@@ -112,7 +112,11 @@ class Applied:
 
     @classmethod
     def of(cls, state: dict, digest: str) -> Applied:
-        return cls(state["generation"], state.get("epoch"), digest, model_digests(state))
+        """Model digests only of names the console can register, and none past the
+        contract's bound: the console would refuse every report, where without them it
+        proves the whole state only (a hand-written state may name models anything)."""
+        models = {name: value for name, value in model_digests(state).items() if is_model_name(name)}
+        return cls(state["generation"], state.get("epoch"), digest, models if len(models) <= MAX_MODEL_DIGESTS else None)
 
 
 class Backoff:
@@ -168,6 +172,7 @@ class ControlPlane:
         self.group_expiry_s = GROUP_EXPIRY_S
         self._apply_lock = asyncio.Lock()
         self._push_reconciled_at = -PUSH_RECONCILE_EVERY_S  # loop time of the last reconcile a push asked for
+        self._tried: tuple[str | None, int | None] = (None, None)  # epoch and generation of the newest state tried
         self._deferred_reconcile: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
         self._http: httpx.AsyncClient | None = None
@@ -236,12 +241,23 @@ class ControlPlane:
             generation = state.get("generation")
             if type(generation) is not int or digest == self.applied.digest:
                 return None
-            applied = self.applied.generation
-            if applied is None or generation > applied:
+            newest = self._newest_tried()
+            if newest is None or generation > newest:
                 return await self._converge(state, digest)
-            if generation < applied:
+            if generation < newest:
                 return None
         return await self._reconcile_for_push()
+
+    def _newest_tried(self) -> int | None:
+        """The newest generation of the applied epoch this worker applied or tried: a push
+        older than it is stale. A state applied but for a failing model may leave the
+        generation served older than the one tried, and a queued push between the two
+        served a rolled-back canary again after the console had moved on."""
+        tried_epoch, tried = self._tried
+        applied = self.applied.generation
+        if tried_epoch != self.applied.epoch or tried is None:
+            return applied
+        return tried if applied is None else max(tried, applied)
 
     async def _reconcile_for_push(self) -> dict | None:
         """reconcile() now, or once PUSH_RECONCILE_EVERY_S after the last one a push asked
@@ -306,6 +322,8 @@ class ControlPlane:
 
     async def _converge(self, state: dict, digest: str) -> dict:
         result = await self.worker.apply(state)
+        if type(state.get("generation")) is int:  # the console's word, lower too (a restored database)
+            self._tried = (state.get("epoch"), state["generation"])
         ack = self._ack_of(result, digest, state.get("epoch"))
         if result.get("ok"):
             self.applied = Applied.of(state, digest)

@@ -10,7 +10,9 @@ was served nothing before serves its versions that loaded, or, with none routed,
 503 naming it. The result is then not ok, names what failed and which models failed
 (``kept``), and ``applied_state`` is the state actually served: the console's, with those
 models' entries taken from the state applied before (or reduced to what loaded). When
-nothing but failing models changed, the routes and the state served stay as they were.
+nothing but failing models changed, the routes and the state served stay as they were;
+when the others' entries changed but not their routes, the state served and its
+generation change, the routes do not.
 Once the loaded versions changed, the cache drops artifacts nothing needs any more
 (serving/artifact_cache.py says what it always keeps).
 """
@@ -181,9 +183,16 @@ class Repository:
         absent = sorted(name for name in failures if name not in served_state["models"])
         # A failing model with no entry kept (another epoch's) routes nothing: its versions go.
         loaded = {key: version for key, version in loaded.items() if key[0] not in absent}
-        if desired != self._desired or served_state.get("epoch") != (self.applied_state or {}).get("epoch"):
+        before = self.applied_state or {}
+        if desired != self._desired or served_state.get("epoch") != before.get("epoch"):
             # Another epoch's state served the same routes: served now as this console's.
             await self._swap(generation, desired, served_state, loaded, absent)
+        elif served_state["models"] != before.get("models"):
+            # The same routes, but other entries (a drill's roll forward is a new release with
+            # the routes before): served as the new generation, so each model is proved by
+            # its digest; kept as the old one, the console never counted it converged.
+            self._set_generation(generation, tuple(absent))
+            self.applied_state = served_state
         elif tuple(absent) != self._unavailable:
             # Only failing models changed: what is served, and its generation, stay as they are
             # (the console still sees the state it issued before, proved by its digest), but a

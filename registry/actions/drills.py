@@ -438,7 +438,10 @@ def _note_other_models(drill: Drill) -> None:
     passes, for its model served as issued, and the summary says what else failed."""
     followed = [row for row in drill.workers if row.get("note")]
     if followed:
-        who = ", ".join(f"{row['worker']} ({row['note']})" for row in followed)
+        by_note: dict[str, list[str]] = {}
+        for row in followed:  # each reason once: 20 workers repeated one sha256 error 20 times
+            by_note.setdefault(row["note"], []).append(row["worker"])
+        who = "; ".join(f"{', '.join(workers)} ({note})" for note, workers in by_note.items())
         _add_reason(drill, f"{len(followed)} worker(s) serve the rollback of {drill.model.name}, proved by its digest, "
                            f"but not the whole state: {who}")
 

@@ -364,7 +364,9 @@ class DrillRequestSerializer(RefusesUnknownKeys, serializers.Serializer):
 class WorkerConvergenceSerializer(serializers.Serializer):
     worker_id = serializers.CharField()
     generation = serializers.IntegerField()
-    converged = serializers.BooleanField(help_text="Serving the content the console issued for this release's generation or later, proved by its digest.")
+    converged = serializers.BooleanField(help_text="Serving the content the console issued for this release's generation or later, proved by its "
+                                                    "digest, or serving this model's part of it, proved by the model's digest, while "
+                                                    "another model fails on the worker.")
     state = serializers.CharField(help_text="The worker's state in words, e.g. 'no state applied yet'.")
     ok = serializers.BooleanField()
     error = serializers.CharField(allow_blank=True)

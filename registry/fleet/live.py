@@ -13,7 +13,7 @@ from django.utils import timezone
 from registry.broadcast import send_to_group
 from registry.fleet import samples
 from registry.models import ModelVersion, VersionMetricMinute, Worker
-from serving.contract import MAX_BUCKETS, MAX_COUNT
+from serving.contract import MAX_BUCKETS, MAX_COUNT, MAX_REPORTED_VERSIONS
 
 logger = logging.getLogger(__name__)
 LIVE_GROUP = "live"
@@ -76,9 +76,18 @@ def _capped(total: int, delta: int) -> int:
     return min(total + delta, MAX_COUNT)
 
 
+# A page reads one model's digest from each report (a drill's progress): more than a
+# report's version entries would be sent to every open page once a second per worker.
+MAX_RELAYED_MODELS = MAX_REPORTED_VERSIONS
+
+
+def _relayed_models(models: object) -> dict | None:
+    return models if isinstance(models, dict) and len(models) <= MAX_RELAYED_MODELS else None
+
+
 def relay(worker: Worker, report: dict) -> None:
     message = {"type": "live.report", "worker": worker.worker_id, "generation": report.get("generation"), "digest": report.get("digest"),
-               "models": report.get("models"), "versions": report.get("versions") or [],
+               "models": _relayed_models(report.get("models")), "versions": report.get("versions") or [],
                "state": report.get("state", "serving"), "at": timezone.now().isoformat()}
     try:
         send_to_group(LIVE_GROUP, message)

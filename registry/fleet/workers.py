@@ -293,6 +293,8 @@ def convergence(release: Release | None) -> dict:
     return {
         "workers": rows,
         "converged": bool(rows) and all(row["converged"] for row in rows),
+        # Converged for this model while another model fails there: said beside "converged".
+        "failing_elsewhere": sum(row["converged"] and not row["ok"] for row in rows),
         "rollback_ready": bool(rows) and release is not None and release.rollback_target is not None and not release.is_archive and all(row["rollback_warm"] for row in rows),
     }
 
@@ -359,10 +361,10 @@ def serves_issued_model(report: object, generation: int, model: str, digests: Is
     where the worker serves that state but for another model (its version fails there)."""
     if serves_issued_state(report, generation, digests):
         return True
-    served = report.get("generation") if isinstance(report, dict) else None
-    models = report.get("models") if isinstance(report, dict) else None
-    if type(served) is not int or served < generation or not isinstance(models, dict):
-        return False
+    report = report if isinstance(report, dict) else {}
+    served, models = report.get("generation"), report.get("models")
+    if type(served) is not int or served < generation or not isinstance(models, dict) or report.get("epoch") not in (None, digests.epoch):
+        return False  # another database's generation numbers name other states
     issued = digests.model_digest(served, model)
     return issued is not None and models.get(model) == issued
 

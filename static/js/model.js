@@ -282,9 +282,10 @@
   // drill_silent_s when it started (a worker frozen a few seconds before is one, and fails
   // the drill unless it follows), never one whose last report said it stopped. One that
   // falls silent stays counted, as not following. Only workers this page heard from are
-  // known here. A worker follows once it reports the rollback's state by its digest, or
-  // this model's part of it by the model's digest (another model may fail there), or a
-  // later generation.
+  // known here. A worker follows once it reports this model's part of the rollback's state
+  // by the model's digest (at the rollback's generation or later: another model may fail
+  // there, or change after), or, from a worker whose reports carry no model digests, the
+  // rollback's state by its digest or a later generation.
   const drill = (function () {
     const box = document.getElementById("drill-status");
     let started = 0;
@@ -310,9 +311,13 @@
     }
 
     function follows(report) {
-      if (report.generation > target.generation) return true;
-      const model = report.models && report.models[config.model];
-      return report.generation === target.generation && (report.digest === target.digest || (model !== undefined && model === target.modelDigest));
+      const models = report.models;
+      if (models && target.modelDigest !== undefined) {
+        // A later generation counts only with this model's entry as the rollback made it:
+        // one that kept the canary here, or a later release of the model, does not.
+        return report.generation >= target.generation && models[config.model] === target.modelDigest;
+      }
+      return report.generation > target.generation || (report.generation === target.generation && report.digest === target.digest);
     }
 
     function render() {

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from registry.fleet.state import issued_state
+from serving.state_signing import model_digests
 from tests.console.conftest import (
     figures,
     judge_window,
@@ -46,6 +48,30 @@ def test_a_model_answering_within_the_thresholds_is_healthy(viewer_page, canary_
 
     assert health_pill(viewer_page) == "Healthy"
     assert pill_class(viewer_page) == "pill-ok"
+
+
+def test_a_model_served_as_issued_is_healthy_while_another_model_fails_on_the_worker(viewer_page, canary_digits):
+    """Every model read "bad: 1 of 1 workers failed to apply" for one model's broken canary."""
+    worker = live_worker(canary_digits)
+    generation = canary_digits.current_release().generation
+    digits = model_digests(issued_state(generation))["digits"]
+    worker.last_report = {**worker.last_report, "digest": "e" * 64, "models": {"digits": digits, "other": "f" * 64}}
+    worker.ok, worker.error = False, "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
+    worker.save()
+    served(canary_digits, 1, 900)
+    served(canary_digits, 2, 100)
+
+    assert health_pill(viewer_page) == "Healthy"
+
+
+def test_a_model_failing_on_the_worker_itself_is_bad(viewer_page, canary_digits):
+    worker = live_worker(canary_digits)
+    worker.last_report = {**worker.last_report, "digest": "e" * 64, "models": {"digits": "f" * 64}}
+    worker.ok, worker.error = False, "applied but for digits (keeps the routes it served before): digits v2: sha256 mismatch"
+    worker.save()
+    served(canary_digits, 1, 900)
+
+    assert health_pill(viewer_page).startswith("1 of 1 workers failed to apply: applied but for digits")
 
 
 def test_a_canary_answering_400_to_everything_is_named_by_its_client_errors(viewer_page, canary_digits):

@@ -23,11 +23,12 @@ from console import consumers, redis_options
 from console.consumers import state_change
 from registry.fleet.live import LIVE_GROUP
 from serving.contract import DesiredState, ModelState, Route
+from serving.state_signing import model_digests
 
 SLACK_S = 3.0  # the test's own overhead on a loaded 2-core machine
 
 
-def test_state_change_keeps_routes_generations_and_the_digest_only():
+def test_state_change_keeps_routes_generations_and_the_digests_only():
     state = DesiredState(generation=7, models={"digits": ModelState(generation=7, routes=(
         Route(version=1, weight=90, sha256="ab" * 32, artifact_url="/api/x"),
         Route(version=2, weight=10, sha256="cd" * 32, artifact_url="/api/y"),
@@ -35,7 +36,7 @@ def test_state_change_keeps_routes_generations_and_the_digest_only():
 
     routes = [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
     assert state_change(state) == {"kind": "state", "generation": 7, "digest": "ef" * 32,
-                                   "models": {"digits": {"generation": 7, "routes": routes}}}
+                                   "models": {"digits": {"generation": 7, "digest": model_digests(state)["digits"], "routes": routes}}}
 
 
 # ---------------------------------------------------------------- a frozen Redis

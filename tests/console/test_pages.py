@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from registry.fleet.state import issued_state
 from registry.models import Drill
+from serving.state_signing import model_digests
 from tests.console.conftest import add_version, report_from, served
 
 PAGES = ["/", "/models/digits/", "/models/digits/versions/1/", "/workers/", "/drills/"]
@@ -234,3 +236,27 @@ def test_the_page_of_a_version_not_ready_offers_no_download(viewer_page, digits)
     assert "Download .onnx" not in validating and "being validated" in validating
     assert "Download .onnx" not in rejected and "its artifact was not kept" in rejected
     assert "the ONNX checker refused the model" in rejected
+
+
+def test_workers_page_calls_a_worker_whose_apply_failed_failing_not_behind(viewer_page, canary_digits):
+    """One serving the current generation but for another model read "2 · behind"."""
+    worker = report_from("partly", generation=2, versions=[])
+    worker.ok, worker.error = False, "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
+    worker.save()
+
+    html = viewer_page.get("/workers/").content.decode()
+
+    assert "2 · failing" in html and "· behind" not in html
+
+
+def test_the_model_page_says_its_workers_serve_it_and_how_many_fail_another_model(viewer_page, canary_digits):
+    generation = canary_digits.current_release().generation
+    worker = report_from("partly", generation=generation, versions=[])
+    worker.last_report = {**worker.last_report, "digest": "e" * 64, "models": {"digits": model_digests(issued_state(generation))["digits"]}}
+    worker.ok, worker.error = False, "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
+    worker.save()
+
+    html = viewer_page.get("/models/digits/").content.decode()
+
+    assert f"✓ All 1 live worker serve generation {generation} of digits.</span>" in html
+    assert "1 of them fails to apply another model" in html

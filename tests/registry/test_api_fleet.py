@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -9,7 +10,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from registry.api.permissions import WorkerTokenAuthentication
-from registry.fleet.state import issued_digest
+from registry.fleet.state import issued_digest, issued_state
 from registry.models import (
     AuditEvent,
     Drill,
@@ -20,6 +21,7 @@ from registry.models import (
     WorkerAck,
 )
 from serving.contract import CONTRACT_VERSION, MAX_COUNT
+from serving.state_signing import model_digests
 
 pytestmark = pytest.mark.django_db
 
@@ -73,10 +75,14 @@ def test_report_without_identity_is_refused(worker_client):
 @pytest.mark.parametrize(
     ("change", "field"),
     [({"loaded": "everything"}, "loaded"), ({"loaded": [{"model": "digits"}]}, "version"), ({"versions": [3]}, "versions"),
-     ({"generation": "new"}, "generation")],
+     ({"generation": "new"}, "generation"),
+     # Lone surrogates: PostgreSQL refused the row (a 500); SQLite stored it and /api/workers/ answered 500 after.
+     ({"models": {"\ud800x": "a" * 64}}, "models"), ({"versions": [{"model": "\ud800", "version": 1, "requests": 0}]}, "versions[0].model"),
+     ({"models": {"digits": "a" * 64, "not a model": "b" * 64}}, "models['not a model']: must be a model name")],
 )
 def test_malformed_report_is_refused_and_nothing_recorded(worker_client, viewer_client, change, field):
-    response = worker_client.post("/api/serving/reports", report(**change), format="json")
+    # json.dumps escapes what the test client's renderer cannot encode (a lone surrogate).
+    response = worker_client.post("/api/serving/reports", json.dumps(report(**change)), content_type="application/json")
 
     assert response.status_code == 400
     assert field in response.content.decode()
@@ -415,3 +421,10 @@ def test_a_report_of_another_epoch_is_not_counted_as_converged_even_with_a_match
     worker = operator_client.get("/api/workers/").json()[0]
 
     assert worker["converged"] is False
+
+
+def test_a_report_of_another_epoch_is_not_counted_converged_for_a_model_even_with_its_digest(worker_client, operator_client, three_versions):
+    digits = model_digests(issued_state(1))["digits"]
+    worker_client.post("/api/serving/reports", report(generation=1, digest=None, epoch="another-epoch", models={"digits": digits}), format="json")
+
+    assert operator_client.get("/api/models/digits/release/").json()["workers"][0]["converged"] is False

@@ -217,25 +217,28 @@ def test_a_worker_that_applied_the_rollback_but_fails_another_model_is_named_so_
     assert "failed to apply" not in drill["error"]
 
 
-def partly_applied(worker_client, worker_id: str, *, digits_digest) -> threading.Thread:
+PARTLY = "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
+
+
+def partly_applied(worker_client, worker_id: str, *, digits_digest, forward_error: str = PARTLY) -> threading.Thread:
     """A worker that applies generation 3 but for model ``other`` (its canary broken there):
     it acks so, reports serving the state it could (a digest the console never issued) with
-    ``digits`` at ``digits_digest(3)``, then does the same for the roll forward (4)."""
-    partly = "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
+    ``digits`` at ``digits_digest(3)``, then does the same for the roll forward (4), whose
+    ack says ``forward_error``."""
 
-    def follow(generation: int) -> None:
+    def follow(generation: int, error: str) -> None:
         deadline = time.monotonic() + 10
         while not Release.objects.filter(generation=generation).exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         worker_client.post("/api/serving/acks", {"worker": worker_id, "generation": generation, "digest": issued_digest(generation),
-                                                 "ok": False, "error": partly, "contract": CONTRACT_VERSION}, format="json")
+                                                 "ok": False, "error": error, "contract": CONTRACT_VERSION}, format="json")
         served = {**report(worker_id, generation, 0), "digest": "e" * 64, "models": {"digits": digits_digest(generation), "other": "f" * 64}}
         worker_client.post("/api/serving/reports", served, format="json")
 
     def run():
         try:
-            follow(3)
-            follow(4)
+            follow(3, PARTLY)
+            follow(4, forward_error)
         finally:
             connection.close()
 
@@ -267,7 +270,7 @@ def test_a_worker_whose_report_proves_the_drilled_model_by_its_digest_passes_the
 def test_a_report_with_the_drilled_models_digest_of_another_generation_does_not_confirm_it(worker_client, operator_client, canary,
                                                                                            settings):
     """The canary split's entry (generation 2) reported under generation 3 is not the rollback."""
-    settings.DRILL_ACK_TIMEOUT_S = 1
+    settings.DRILL_ACK_TIMEOUT_S = 3
     worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
 
     drill = run_drill(operator_client, [partly_applied(worker_client, "w-1", digits_digest=lambda generation: digits_as_issued(2))])
@@ -275,3 +278,41 @@ def test_a_report_with_the_drilled_models_digest_of_another_generation_does_not_
     assert drill["status"] == "failed"
     assert drill["workers"][0]["confirmed_s"] is None
     assert "no report proved digits served as issued (by its digest)" in drill["workers"][0]["error"]
+
+
+def test_a_roll_forward_ack_saying_the_drilled_model_failed_is_not_counted_as_following_it(worker_client, operator_client, canary,
+                                                                                          settings):
+    settings.DRILL_ACK_TIMEOUT_S = 3
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+    failed = "applied but for digits (keeps the routes it served before): digits v2: sha256 mismatch"
+
+    drill = run_drill(operator_client, [partly_applied(worker_client, "w-1", digits_digest=digits_as_issued, forward_error=failed)])
+
+    assert drill["status"] == "passed"
+    assert drill["error"].endswith("rolled forward to generation 4, but 1 of 1 workers did not ack it within 3 s: w-1")
+
+
+def test_a_report_of_an_earlier_generation_with_its_own_model_digest_does_not_confirm_the_rollback(worker_client, operator_client,
+                                                                                                   canary, settings):
+    """digits as issued at generation 2 (the canary split), named under generation 2."""
+    settings.DRILL_ACK_TIMEOUT_S = 3
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+
+    def run():
+        try:
+            deadline = time.monotonic() + 10
+            while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 3, "digest": issued_digest(3), "ok": False,
+                                                     "error": PARTLY, "contract": CONTRACT_VERSION}, format="json")
+            stale = {**report("w-1", 2, 0), "digest": "e" * 64, "models": {"digits": digits_as_issued(2)}}
+            worker_client.post("/api/serving/reports", stale, format="json")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    drill = run_drill(operator_client, [thread])
+
+    assert drill["status"] == "failed"
+    assert drill["workers"][0]["confirmed_s"] is None

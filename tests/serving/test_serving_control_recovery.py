@@ -611,3 +611,44 @@ async def test_a_signed_push_of_a_partly_applied_state_asks_the_console_and_chan
     assert plane.applied.digest == served != console.state["digest"]
     assert console.acks[-1]["ok"] is False
     assert plane.worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 100}]
+
+
+def released(signed_state: dict, model: str, release_generation: int) -> dict:
+    """``signed_state`` with ``model``'s entry from the release of ``release_generation``."""
+    content = {key: value for key, value in signed_state.items() if key != "digest"}
+    content["models"] = {**content["models"], model: {**content["models"][model], "generation": release_generation}}
+    return {**content, "digest": state_digest(content)}
+
+
+async def test_a_model_released_again_with_the_same_routes_is_served_as_the_new_generation_while_another_fails(start_plane, console,
+                                                                                                               mlp_v1, mlp_v2):
+    """A drill's roll forward is a new release with the routes before: the worker kept
+    serving (and reporting) the generation before, and was never counted converged for it."""
+    plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+    console.state = released(signed(3, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)], [route(1, 100, *mlp_v1)]), "other", 3)
+
+    await plane.reconcile()
+    await plane.send_report()
+
+    report = console.reports[-1]
+    assert report["generation"] == 3
+    assert report["models"]["other"] == model_digests(console.state)["other"]
+    assert plane.worker.state_store.load()["generation"] == 3
+
+
+async def test_a_push_older_than_the_state_last_tried_is_not_applied_though_an_older_generation_serves(start_plane, console, mlp_v1,
+                                                                                                       mlp_v2):
+    """Applied but for digits, generation 4 changed nothing else, so generation 2 still
+    serves; a push of generation 3 (queued while the worker was frozen) served its routes
+    for other after the console had moved on to 4."""
+    from serving.state_signing import sign_state, signing_key
+
+    plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+    broken_canary = [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)]
+    console.state = signed(4, broken_canary, [route(1, 100, *mlp_v1)])
+    await plane.reconcile()
+    assert plane.applied.generation == 2
+
+    await plane.receive_push(sign_state(signed(3, broken_canary, [route(2, 100, *mlp_v2)]), signing_key(TOKEN)))
+
+    assert plane.worker.repository.health()["models"]["other"]["routes"] == [{"version": 1, "weight": 100}]
