@@ -188,21 +188,28 @@ def test_a_failed_drill_s_audit_entry_counts_failed_requests_as_at_least_when_so
     assert drill_audit_message(operator_client).endswith("Last ack none, at least 2 failed requests (unknown for 1 of 2 workers)")
 
 
+PARTLY = "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
+
+
+def ack_partly_when_released(worker_client, worker_id: str, generation: int, error: str) -> None:
+    """Once ``generation`` exists, the worker acks it ``ok: false`` with ``error``."""
+    deadline = time.monotonic() + 10
+    while not Release.objects.filter(generation=generation).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    worker_client.post("/api/serving/acks", {"worker": worker_id, "generation": generation, "digest": issued_digest(generation),
+                                             "ok": False, "error": error, "contract": CONTRACT_VERSION}, format="json")
+
+
 def test_a_worker_that_applied_the_rollback_but_fails_another_model_is_named_so_not_as_failing_to_apply(worker_client, operator_client,
                                                                                                         canary, settings):
     """'failed to apply: applied but for other …' read as 'the rollback never reached the
     workers', where it served at once (an operator's drill, one model broken elsewhere)."""
     settings.DRILL_ACK_TIMEOUT_S = 1
     worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
-    partly = "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
 
     def run():
         try:
-            deadline = time.monotonic() + 10
-            while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 3, "digest": issued_digest(3), "ok": False,
-                                                     "error": partly, "contract": CONTRACT_VERSION}, format="json")
+            ack_partly_when_released(worker_client, "w-1", 3, PARTLY)
         finally:
             connection.close()
 
@@ -217,9 +224,6 @@ def test_a_worker_that_applied_the_rollback_but_fails_another_model_is_named_so_
     assert "failed to apply" not in drill["error"]
 
 
-PARTLY = "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
-
-
 def partly_applied(worker_client, worker_id: str, *, digits_digest, forward_error: str = PARTLY) -> threading.Thread:
     """A worker that applies generation 3 but for model ``other`` (its canary broken there):
     it acks so, reports serving the state it could (a digest the console never issued) with
@@ -227,11 +231,7 @@ def partly_applied(worker_client, worker_id: str, *, digits_digest, forward_erro
     ack says ``forward_error``."""
 
     def follow(generation: int, error: str) -> None:
-        deadline = time.monotonic() + 10
-        while not Release.objects.filter(generation=generation).exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        worker_client.post("/api/serving/acks", {"worker": worker_id, "generation": generation, "digest": issued_digest(generation),
-                                                 "ok": False, "error": error, "contract": CONTRACT_VERSION}, format="json")
+        ack_partly_when_released(worker_client, worker_id, generation, error)
         served = {**report(worker_id, generation, 0), "digest": "e" * 64, "models": {"digits": digits_digest(generation), "other": "f" * 64}}
         worker_client.post("/api/serving/reports", served, format="json")
 
@@ -300,11 +300,7 @@ def test_a_report_of_an_earlier_generation_with_its_own_model_digest_does_not_co
 
     def run():
         try:
-            deadline = time.monotonic() + 10
-            while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 3, "digest": issued_digest(3), "ok": False,
-                                                     "error": PARTLY, "contract": CONTRACT_VERSION}, format="json")
+            ack_partly_when_released(worker_client, "w-1", 3, PARTLY)
             stale = {**report("w-1", 2, 0), "digest": "e" * 64, "models": {"digits": digits_as_issued(2)}}
             worker_client.post("/api/serving/reports", stale, format="json")
         finally:
