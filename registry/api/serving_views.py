@@ -118,6 +118,11 @@ class ReportSerializer(drf_serializers.Serializer):
     generation = serializers.StrictIntegerField(min_value=0, max_value=serializers.GENERATION_MAX, required=False, allow_null=True, default=None)
     digest = serializers.StrictRegexField(HEX64, trim_whitespace=False, required=False, allow_null=True, default=None)
     epoch = serializers.StrictCharField(max_length=32, required=False, allow_null=True, allow_blank=True, default=None)
+    # null: a worker before model digests, or past serving.contract.MAX_MODEL_DIGESTS models.
+    models = drf_serializers.DictField(
+        child=serializers.StrictRegexField(HEX64, trim_whitespace=False), required=False, allow_null=True, default=None,
+        help_text="model name → sha256 of that model's entry as served (serving.state_signing.model_digests): proves each model "
+                  "on a worker that serves a state but for another model; names are model names, at most 1,024")
     loaded = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list)
     versions = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list)
     contract = serializers.StrictIntegerField(help_text="serving.contract's CONTRACT_VERSION; any other is refused")
