@@ -229,23 +229,25 @@ class ControlPlane:
     # ---- desired state ------------------------------------------------------------
 
     async def receive_push(self, state: object) -> dict | None:
-        """A state from the channel: used only if signed, and newer in the same epoch. A
-        signed push of the generation already applied but with other content means what
-        was applied is not what the console issued: the console is asked (reconcile)."""
+        """A state from the channel: used only if signed, and newer, in the same epoch, than
+        the newest state tried. One older than the state served is dropped; between the two,
+        or of the generation applied but with other content (what was applied is not what
+        the console issued), or of another epoch, the console is asked (reconcile)."""
         digest = self._verified(state)
         if digest is None:
             return None
-        if state.get("epoch") != self.applied.epoch:
-            return await self._reconcile_for_push()
-        async with self._apply_lock:
-            generation = state.get("generation")
-            if type(generation) is not int or digest == self.applied.digest:
-                return None
-            newest = self._newest_tried()
-            if newest is None or generation > newest:
-                return await self._converge(state, digest)
-            if generation < newest:
-                return None
+        async with self._apply_lock:  # read under it: a reconcile may change the epoch or generation meanwhile
+            if state.get("epoch") == self.applied.epoch:
+                generation = state.get("generation")
+                if type(generation) is not int or digest == self.applied.digest:
+                    return None
+                newest, applied = self._newest_tried(), self.applied.generation
+                if newest is None or generation > newest:
+                    return await self._converge(state, digest)
+                if applied is not None and generation < applied:
+                    return None
+        # Another epoch, or a generation between the one served and the newest tried: a
+        # stale push, or a restored console's new one. The console says which.
         return await self._reconcile_for_push()
 
     def _newest_tried(self) -> int | None:

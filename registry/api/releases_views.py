@@ -43,7 +43,8 @@ def committed_release_body(model: RegisteredModel, release: Release) -> dict:
     warning = ("the database became unavailable right after this change was committed: workers' convergence and the "
                "rollback preview could not be read; GET this model's release once it answers")
     return {"model": model.name, "archived": model.is_archived, "release": serializers.ReleaseSerializer(release).data,
-            "rollback_returns_to": None, "workers": [], "converged": False, "rollback_ready": False, "warning": warning}
+            "rollback_returns_to": None, "workers": [], "converged": False, "failing_elsewhere": 0, "rollback_ready": False,
+            "warning": warning}
 
 
 def release_at(model: RegisteredModel, raw: str) -> Response:

@@ -383,6 +383,8 @@ class ReleaseStateSerializer(serializers.Serializer):
     rollback_returns_to = serializers.CharField(allow_null=True, help_text="What a rollback from this release returns to, in words; null when nothing.")
     workers = WorkerConvergenceSerializer(many=True)
     converged = serializers.BooleanField()
+    failing_elsewhere = serializers.IntegerField(help_text="Of the workers converged for this model, how many fail to apply "
+                                                           "another model (their state in words says which).")
     rollback_ready = serializers.BooleanField()
     warning = serializers.CharField(
         required=False, help_text="Only when the database failed right after the change was committed: what this answer could not read.")

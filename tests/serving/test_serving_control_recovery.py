@@ -652,3 +652,21 @@ async def test_a_push_older_than_the_state_last_tried_is_not_applied_though_an_o
     await plane.receive_push(sign_state(signed(3, broken_canary, [route(2, 100, *mlp_v2)]), signing_key(TOKEN)))
 
     assert plane.worker.repository.health()["models"]["other"]["routes"] == [{"version": 1, "weight": 100}]
+
+
+async def test_a_push_between_the_generation_served_and_the_newest_tried_asks_the_console(start_plane, console, mlp_v1, mlp_v2):
+    """A restored console database issues generation 3 again, with other content: dropped as
+    stale, its rollback of other waited for the next periodic reconcile."""
+    from serving.state_signing import sign_state, signing_key
+
+    plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
+    broken_canary = [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)]
+    console.state = signed(4, broken_canary, [route(1, 100, *mlp_v1)])
+    await plane.reconcile()
+    restored = signed(3, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
+    console.state, reads_before = restored, console.state_reads
+
+    await plane.receive_push(sign_state(restored, signing_key(TOKEN)))
+
+    assert console.state_reads == reads_before + 1
+    assert plane.worker.repository.health()["models"]["other"]["routes"] == [{"version": 2, "weight": 100}]
