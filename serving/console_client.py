@@ -29,6 +29,7 @@ logger = logging.getLogger("serving.console_client")
 CHUNK_BYTES = 1024 * 1024
 DEFAULT_PORTS = {"http": 80, "https": 443}
 SHOWN_URL_CHARS = 80
+MAX_ERROR_BYTES = 2048  # of a refused download's body: the console's error, never a file
 
 
 class ArtifactError(Exception):
@@ -212,7 +213,8 @@ class ConsoleClient:
         digest = hashlib.sha256()
         try:
             with self._http.stream("GET", absolute) as response:
-                response.raise_for_status()
+                if response.is_error:
+                    raise ArtifactError(f"cannot download {absolute}: {response.status_code} {_console_error(response)}")
                 for chunk in response.iter_bytes(CHUNK_BYTES):
                     digest.update(chunk)
                     out.write(chunk)
@@ -224,6 +226,21 @@ class ConsoleClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+def _console_error(response: httpx.Response) -> str:
+    """The console's own words for a refused download ({"error": ...}; its 503 for a store
+    whose copy changed says so), read from at most MAX_ERROR_BYTES of the body."""
+    body = b""
+    for chunk in response.iter_bytes(MAX_ERROR_BYTES):
+        body += chunk
+        if len(body) >= MAX_ERROR_BYTES:
+            break
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        error = None
+    return str(error)[:MAX_ERROR_BYTES] if error else response.reason_phrase
 
 
 def _verified(path: Path, sha256: str) -> Path:

@@ -521,8 +521,10 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
     followed = [row["worker"] for row in drill.workers if (row.get("ok") or row.get("note")) and row.get("worker") in worker_ids]
     unconfirmed = [worker_id for worker_id in followed if not (worker_id in acks and applied(acks[worker_id], drill.model.name))]
     if unconfirmed:
+        # Each with why: "did not ack it" was said of workers that acked it failing.
+        who = ", ".join(f"{worker_id} ({failed_to_apply(acks[worker_id].error) if worker_id in acks else 'no ack'})" for worker_id in unconfirmed)
         _record_reason(drill, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of {len(followed)} workers "
-                              f"did not ack it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {', '.join(unconfirmed)}")
+                              f"did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {who}")
 
 
 def _note_paused_rollout(drill: Drill, rollout: Rollout) -> None:

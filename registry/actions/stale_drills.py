@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from registry.actions import events, releases
 from registry.domain.choices import DrillStatus, ReleaseAction, RolloutStatus
+from registry.fleet.workers import failed_to_apply
 from registry.models import Drill, RegisteredModel, Release, ServingGeneration, WorkerAck
 
 logger = logging.getLogger(__name__)
@@ -126,8 +127,15 @@ def _acks_received(drill: Drill) -> list[dict]:
         return []
     acks = WorkerAck.objects.filter(generation=drill.to_generation, received_at__gte=drill.started_at).order_by("received_at")
     return [{"worker": ack.worker_id, "ack_s": round((ack.received_at - drill.started_at).total_seconds(), 3), "ok": ack.ok,
-             "error": ack.error or "acked while no drill process watched: no report was looked at", "confirmed_s": None,
-             "silent_before_s": None, "generation": None, "digest": None, "failed_requests": None} for ack in acks]
+             "error": _unwatched(ack), "note": "", "confirmed_s": None, "silent_before_s": None, "generation": None, "digest": None,
+             "model_digest": None, "failed_requests": None} for ack in acks]
+
+
+def _unwatched(ack: WorkerAck) -> str:
+    """A row's reason: no report was looked at, so nothing is confirmed, whatever the ack said
+    (one applied but for another model read as a plain failure)."""
+    unwatched = "acked while no drill process watched: no report was looked at"
+    return f"{failed_to_apply(ack.error)}; {unwatched}" if not ack.ok else unwatched
 
 
 def _how_to_return(drill: Drill) -> str:

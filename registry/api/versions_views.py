@@ -26,7 +26,7 @@ from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
 from registry.api.permissions import WorkerTokenAuthentication
 from registry.api.streams import file_response
-from registry.artifacts import storage
+from registry.artifacts import served_bytes, storage
 from registry.artifacts.upload_handler import (
     StagedUploadedFile,
     csrf_failure_from_headers,
@@ -163,7 +163,9 @@ class VersionArtifact(APIView):
     @extend_schema(
         responses={(200, "application/octet-stream"): OpenApiResponse(bytes), **error_responses(404, 409, 410)},
         description=("Only a ready version's bytes: 409 while it is validated, 410 once rejected or archived (no artifact kept), "
-                     "503 with Retry-After while a ready version's file is missing from the store (the error names where it looked)."),
+                     "503 with Retry-After while a ready version's file is missing from the store (the error names where it looked), "
+                     "or once a whole download of it did not match its sha256 (the file changed after its upload), until "
+                     "the file changes again."),
         parameters=[ARTIFACT_SHA256_HEADER],
     )
     def get(self, request, name: str, number: int):
@@ -180,8 +182,12 @@ class VersionArtifact(APIView):
         if not path.is_file():
             return missing_from_store(version, path)
         _reported_missing.discard(str(path))
+        if served_bytes.known_mismatch(path):
+            return changed_in_store(version, path)
+        key = served_bytes.stat_key(path)
         response = file_response(request, path, as_attachment=True, filename=f"{name}-v{number}.onnx",
-                                 content_type="application/octet-stream")
+                                 content_type="application/octet-stream",
+                                 check=lambda chunks: served_bytes.checked_as_streamed(chunks, path, version.sha256, key))
         response["X-Artifact-SHA256"] = version.sha256
         return response
 
@@ -189,6 +195,16 @@ class VersionArtifact(APIView):
 # Files reported missing by this process: a worker retries every few seconds, and the
 # first ERROR says all there is to say until the file is served again.
 _reported_missing: set[str] = set()
+
+
+def changed_in_store(version: ModelVersion, path) -> Response:
+    """503: the stored file no longer has the bytes uploaded (``served_bytes``)."""
+    message = (f"the stored artifact of {version} does not match its sha256 {version.sha256[:12]}…: the file at {path} changed "
+               f"after its upload; restore it, or route {version.model.name} away from v{version.number}; retry in "
+               f"{MISSING_FILE_RETRY_AFTER_S} s")
+    response = error_response(message, status.HTTP_503_SERVICE_UNAVAILABLE)
+    response["Retry-After"] = str(MISSING_FILE_RETRY_AFTER_S)
+    return response
 
 
 def missing_from_store(version: ModelVersion, path) -> Response:

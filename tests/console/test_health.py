@@ -71,7 +71,7 @@ def test_a_model_failing_on_the_worker_itself_is_bad(viewer_page, canary_digits)
     worker.save()
     served(canary_digits, 1, 900)
 
-    assert health_pill(viewer_page).startswith("1 of 1 workers failed to apply: applied but for digits")
+    assert health_pill(viewer_page).startswith("1 of 1 workers applied but for digits (keeps the routes it served before): digits v2:")
 
 
 def test_a_canary_answering_400_to_everything_is_named_by_its_client_errors(viewer_page, canary_digits):

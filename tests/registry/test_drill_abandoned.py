@@ -75,6 +75,19 @@ def test_an_abandoned_drill_lists_the_acks_of_its_rollback_the_console_received_
 
 
 @pytest.mark.django_db
+def test_an_abandoned_drill_s_row_of_an_ack_applied_but_for_another_model_says_so(operator_client, canary, operator):
+    """It read as a plain failure: the raw "applied but for other …" and nothing else."""
+    drill = drill_cut_off(canary, operator, started_ago_s=600)
+    partly = "applied but for other (keeps the routes it served before): other v2: sha256 mismatch"
+    WorkerAck.objects.create(worker_id="w-1", generation=drill.to_generation, ok=False, error=partly)
+
+    tasks.abandon_stale_drills.apply()
+
+    [row] = listed(operator_client, drill)["workers"]
+    assert row["error"] == f"{partly}; acked while no drill process watched: no report was looked at"
+
+
+@pytest.mark.django_db
 def test_an_abandoned_drill_ends_at_the_latest_it_could_have_finished_not_when_it_was_found(operator_client, canary, operator):
     drill = drill_cut_off(canary, operator, started_ago_s=600)
 

@@ -173,4 +173,4 @@ def test_a_roll_forward_a_worker_never_acked_is_said_in_the_drill_not_only_made(
     worker.join(15)
 
     assert (drill["status"], drill["forward_generation"]) == ("passed", 4)
-    assert drill["error"] == f"rolled forward to generation 4, but 1 of 1 workers did not ack it within {settings.DRILL_ACK_TIMEOUT_S:g} s: w-1"
+    assert drill["error"] == f"rolled forward to generation 4, but 1 of 1 workers did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: w-1 (no ack)"

@@ -289,7 +289,7 @@ def test_a_roll_forward_ack_saying_the_drilled_model_failed_is_not_counted_as_fo
     drill = run_drill(operator_client, [partly_applied(worker_client, "w-1", digits_digest=digits_as_issued, forward_error=failed)])
 
     assert drill["status"] == "passed"
-    assert drill["error"].endswith("rolled forward to generation 4, but 1 of 1 workers did not ack it within 3 s: w-1")
+    assert drill["error"].endswith(f"rolled forward to generation 4, but 1 of 1 workers did not follow it within 3 s: w-1 ({failed})")
 
 
 def test_a_report_of_an_earlier_generation_with_its_own_model_digest_does_not_confirm_the_rollback(worker_client, operator_client,

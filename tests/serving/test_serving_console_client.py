@@ -60,6 +60,24 @@ def test_artifact_with_the_wrong_sha256_is_refused_and_not_cached(tmp_path):
 
 
 
+def test_a_refused_download_says_the_console_s_own_words(tmp_path):
+    """"Server error '503 Service Unavailable'" left out why: the console's store changed."""
+    answer = {"error": "the stored artifact of digits v1 does not match its sha256 0123456789ab…"}
+
+    with pytest.raises(ArtifactError) as refused:
+        console(lambda request: httpx.Response(503, json=answer)).fetch_artifact("/a", SHA256, tmp_path / "x")
+
+    assert str(refused.value) == f"cannot download http://console.test/a: 503 {answer['error']}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_download_with_no_json_error_says_the_status(tmp_path):
+    with pytest.raises(ArtifactError) as refused:
+        console(lambda request: httpx.Response(502, content=b"<html>" * 10_000)).fetch_artifact("/a", SHA256, tmp_path / "x")
+
+    assert str(refused.value) == "cannot download http://console.test/a: 502 Bad Gateway"
+
+
 def test_a_cached_artifact_swapped_on_disk_is_named_when_it_cannot_be_downloaded_again(tmp_path):
     dest = tmp_path / f"{SHA256}.onnx"
     dest.write_bytes(b"someone else's bytes")
