@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -29,7 +30,8 @@ logger = logging.getLogger("serving.console_client")
 CHUNK_BYTES = 1024 * 1024
 DEFAULT_PORTS = {"http": 80, "https": 443}
 SHOWN_URL_CHARS = 80
-MAX_ERROR_BYTES = 2048  # of a refused download's body: the console's error, never a file
+MAX_ERROR_BYTES = 4096  # of a refused download's body: the console's error, never a file
+ERROR_READ_S = 5.0  # reading it, however slowly it comes
 
 
 class ArtifactError(Exception):
@@ -212,8 +214,9 @@ class ConsoleClient:
     def _stream_into(self, out, absolute: str, sha256: str) -> None:
         digest = hashlib.sha256()
         try:
-            with self._http.stream("GET", absolute) as response:
-                if response.is_error:
+            # identity: a compressed body inflates past any bound on what is read of it.
+            with self._http.stream("GET", absolute, headers={"Accept-Encoding": "identity"}) as response:
+                if not response.is_success:  # a redirect's body was hashed as the artifact: "sha256 mismatch"
                     raise ArtifactError(f"cannot download {absolute}: {response.status_code} {_console_error(response)}")
                 for chunk in response.iter_bytes(CHUNK_BYTES):
                     digest.update(chunk)
@@ -230,11 +233,15 @@ class ConsoleClient:
 
 def _console_error(response: httpx.Response) -> str:
     """The console's own words for a refused download ({"error": ...}; its 503 for a store
-    whose copy changed says so), read from at most MAX_ERROR_BYTES of the body."""
-    body = b""
+    whose copy changed says so), read from a JSON body of at most MAX_ERROR_BYTES, for at
+    most ERROR_READ_S (a body sent a byte at a time held the worker's apply)."""
+    length = response.headers.get("Content-Length", "")
+    if not response.headers.get("Content-Type", "").startswith("application/json") or not length.isdigit() or int(length) > MAX_ERROR_BYTES:
+        return response.reason_phrase
+    body, deadline = b"", time.monotonic() + ERROR_READ_S
     for chunk in response.iter_bytes(MAX_ERROR_BYTES):
         body += chunk
-        if len(body) >= MAX_ERROR_BYTES:
+        if len(body) >= MAX_ERROR_BYTES or time.monotonic() > deadline:
             break
     try:
         error = orjson.loads(body).get("error")

@@ -15,6 +15,7 @@ Django already streams a synchronous iterator, and the response is left as it is
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -27,13 +28,16 @@ FILE_PARTS_PER_HOP = 4  # a file download holds at most about 1 MiB of it at a t
 LINES_PER_HOP = 256  # CSV lines are short: a trip to the thread costs more than a line
 
 
-def file_response(request, path: Path, check: Callable[[Iterator[bytes]], Iterator[bytes]] | None = None, **kwargs) -> FileResponse:
+def file_response(request, path: Path, check: Callable[[Iterator[bytes], os.stat_result], Iterator[bytes]] | None = None,
+                  **kwargs) -> FileResponse:
     """FileResponse of `path` (its length, name and type as FileResponse sets them), in
-    parts; ``check`` sees every part as it is sent (``registry.artifacts.served_bytes``)."""
-    response = FileResponse(open(path, "rb"), **kwargs)  # closed with the response
+    parts; ``check`` sees every part as it is sent, with the opened file's status
+    (``registry.artifacts.served_bytes``)."""
+    opened = open(path, "rb")
+    response = FileResponse(opened, **kwargs)  # closed with the response
     response.block_size = FILE_PART_BYTES
     if check is not None:
-        response.streaming_content = check(iter(response.streaming_content))
+        response.streaming_content = check(iter(response.streaming_content), os.fstat(opened.fileno()))
     # File reads need no database connection: any thread will do.
     return in_parts(request, response, FILE_PARTS_PER_HOP, thread_sensitive=False)
 

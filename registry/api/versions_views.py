@@ -184,10 +184,10 @@ class VersionArtifact(APIView):
         _reported_missing.discard(str(path))
         if served_bytes.known_mismatch(path):
             return changed_in_store(version, path)
-        key = served_bytes.stat_key(path)
         response = file_response(request, path, as_attachment=True, filename=f"{name}-v{number}.onnx",
                                  content_type="application/octet-stream",
-                                 check=lambda chunks: served_bytes.checked_as_streamed(chunks, path, version.sha256, key))
+                                 check=lambda chunks, status: served_bytes.checked_as_streamed(chunks, path, version.sha256,
+                                                                                               served_bytes.stat_key(status)))
         response["X-Artifact-SHA256"] = version.sha256
         return response
 
@@ -200,8 +200,8 @@ _reported_missing: set[str] = set()
 def changed_in_store(version: ModelVersion, path) -> Response:
     """503: the stored file no longer has the bytes uploaded (``served_bytes``)."""
     message = (f"the stored artifact of {version} does not match its sha256 {version.sha256[:12]}…: the file at {path} changed "
-               f"after its upload; restore it, or route {version.model.name} away from v{version.number}; retry in "
-               f"{MISSING_FILE_RETRY_AFTER_S} s")
+               f"after its upload; restore its bytes there (uploading them again does not replace it), or route "
+               f"{version.model.name} away from v{version.number}")
     response = error_response(message, status.HTTP_503_SERVICE_UNAVAILABLE)
     response["Retry-After"] = str(MISSING_FILE_RETRY_AFTER_S)
     return response

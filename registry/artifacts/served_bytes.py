@@ -6,47 +6,51 @@ at each reconcile (every 3 s): each worker downloaded a broken file whole, again
 again, and its ack said only "sha256 mismatch", leaving the operator to guess whether the
 network, the worker or the store was at fault. The console now hashes what it streams,
 at no extra read; once a whole stream did not match, later requests for that file get a
-503 saying the store's copy changed, until the file changes again (its inode, size or
-modification time). Nothing is hashed before a first stream: a 2 GiB artifact would hold
-a request for seconds.
+503 saying the store's copy changed, until the file changes again (its inode, size,
+modification or status-change time: a write, or a copy that sets the times back, moves the
+last). Nothing is hashed before a first stream: a 2 GiB artifact would hold a request for
+seconds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+Key = tuple[int, int, int, int]
 # path → the stat key of the file whose whole stream did not match its sha256
-_mismatched: dict[str, tuple[int, int, int]] = {}
+_mismatched: dict[str, Key] = {}
 
 
-def stat_key(path: Path) -> tuple[int, int, int]:
-    status = path.stat()
-    return status.st_ino, status.st_size, status.st_mtime_ns
+def stat_key(status: os.stat_result) -> Key:
+    return status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
 
 
 def known_mismatch(path: Path) -> bool:
     """The file at ``path``, unchanged since, did not match its sha256 when last streamed whole."""
     key = _mismatched.get(str(path))
     try:
-        return key is not None and key == stat_key(path)
+        return key is not None and key == stat_key(path.stat())
     except OSError:
         return False
 
 
-def checked_as_streamed(chunks: Iterable[bytes], path: Path, sha256: str, key: tuple[int, int, int]) -> Iterator[bytes]:
-    """``chunks`` as they are, remembering whether all of them matched ``sha256`` (a stream
-    its client left early proves nothing)."""
+def checked_as_streamed(chunks: Iterable[bytes], path: Path, sha256: str, key: Key) -> Iterator[bytes]:
+    """``chunks`` (of the file opened at ``path`` whose stat key is ``key``) as they are,
+    remembering whether all of them matched ``sha256`` (a stream its client left early
+    proves nothing)."""
     digest = hashlib.sha256()
     for chunk in chunks:
         digest.update(chunk)
         yield chunk
     if digest.hexdigest() == sha256:
-        _mismatched.pop(str(path), None)
+        if _mismatched.get(str(path)) == key:  # not a mark another file at the path earned meanwhile
+            del _mismatched[str(path)]
     elif _mismatched.get(str(path)) != key:
         _mismatched[str(path)] = key
         logger.error("the stored artifact %s does not match its sha256 %s… (it is %s…): the file changed after its upload; "

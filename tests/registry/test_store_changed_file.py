@@ -48,7 +48,8 @@ def test_a_file_whose_whole_download_did_not_match_its_sha256_is_a_503_saying_th
     assert response.status_code == 503
     assert response["Retry-After"] == "30"
     assert response.json()["error"] == (f"the stored artifact of digits v1 does not match its sha256 {version.sha256[:12]}…: the file at "
-                                        f"{path} changed after its upload; restore it, or route digits away from v1; retry in 30 s")
+                                        f"{path} changed after its upload; restore its bytes there (uploading them again does not "
+                                        "replace it), or route digits away from v1")
 
 
 def test_the_file_is_served_again_once_it_is_restored(stored, worker_client):
@@ -56,6 +57,20 @@ def test_the_file_is_served_again_once_it_is_restored(stored, worker_client):
     path.write_bytes(b"not the bytes uploaded")
     downloaded(worker_client)
     path.write_bytes(uploaded)
+
+    assert downloaded(worker_client) == (200, uploaded)
+
+
+def test_the_file_restored_with_its_old_times_is_served_again(stored, worker_client):
+    """cp -p (or a bit flipped in place) keeps the inode, size and modification time: the
+    good file answered 503 until the console restarted."""
+    path, uploaded = stored
+    before = path.stat()
+    path.write_bytes(bytes([uploaded[0] ^ 1]) + uploaded[1:])
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    downloaded(worker_client)
+    path.write_bytes(uploaded)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
     assert downloaded(worker_client) == (200, uploaded)
 

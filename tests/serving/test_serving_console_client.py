@@ -71,6 +71,23 @@ def test_a_refused_download_says_the_console_s_own_words(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_redirect_is_a_refused_download_not_a_sha256_mismatch(tmp_path):
+    with pytest.raises(ArtifactError) as refused:
+        console(lambda request: httpx.Response(302, headers={"Location": "/elsewhere"}, content=b"moved")).fetch_artifact("/a", SHA256,
+                                                                                                                       tmp_path / "x")
+
+    assert str(refused.value) == "cannot download http://console.test/a: 302 Found"
+
+
+def test_an_artifact_is_asked_for_uncompressed(tmp_path):
+    """A 97 KB gzip body took a worker to 291 MB: none is asked for."""
+    asked = []
+    console(lambda request: asked.append(request.headers["Accept-Encoding"]) or httpx.Response(200, content=PAYLOAD)).fetch_artifact(
+        "/a", SHA256, tmp_path / f"{SHA256}.onnx")
+
+    assert asked == ["identity"]
+
+
 def test_a_refused_download_with_no_json_error_says_the_status(tmp_path):
     with pytest.raises(ArtifactError) as refused:
         console(lambda request: httpx.Response(502, content=b"<html>" * 10_000)).fetch_artifact("/a", SHA256, tmp_path / "x")
