@@ -13,9 +13,8 @@ from registry.domain.canary_analysis import DEFAULTS, FAIL
 from registry.domain.choices import RolloutStatus
 from registry.domain.traffic import Route, percent
 from registry.fleet.state import warm_versions
-from registry.fleet.workers import GONE_LISTED_FOR, gone_workers
+from registry.fleet.workers import GONE_LISTED_FOR, failed_to_apply, gone_workers
 from registry.models import Release, Rollout, RolloutVerdict, VersionMetricMinute
-from serving.contract import models_not_applied
 
 # Health judges the per-minute roll-ups from the minute that held this moment ago: one
 # report's second of traffic is too little to call a model idle or failing.
@@ -188,10 +187,7 @@ def _fleet_problem(release: Release, convergence: dict) -> tuple[str, str] | Non
     # model's problem (its page says so): every model read "bad" for one broken canary.
     failed = [row for row in rows if not row["ok"] and not row["converged"]]
     if failed:
-        error = failed[0]["error"] or "unknown error"
-        # "failed to apply: applied but for digits …" contradicted itself.
-        words = error if models_not_applied(error) else f"failed to apply: {error}"
-        return "bad", f"{len(failed)} of {len(rows)} workers {words}"
+        return "bad", f"{len(failed)} of {len(rows)} workers {failed_to_apply(failed[0]['error'])}"
     behind = [row for row in rows if not row["converged"]]
     if behind:
         first = behind[0]

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import threading
 
 import pytest
+from django.db import connection
 from rest_framework.test import APIClient
 
 from registry.actions import uploads
@@ -52,3 +54,18 @@ def worker_client(settings) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
     return client
+
+
+def in_thread(steps) -> threading.Thread:
+    """``steps`` started on a thread of their own (a worker speaking the worker API while a
+    drill waits), its database connection closed after."""
+
+    def run():
+        try:
+            steps()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread

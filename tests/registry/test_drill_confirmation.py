@@ -5,16 +5,15 @@ drill then does not roll forward over it. Workers here are threads speaking the 
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from django.db import connection
 
 from registry.fleet.state import issued_digest
 from registry.models import Drill, Release, ServingGeneration, WorkerAck
 from serving.contract import CONTRACT_VERSION
 from tests.fixtures.personas import _client_for
+from tests.registry.conftest import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,18 +46,6 @@ def report(client, generation: int) -> int:
         "worker": {"id": "w-1", "host": "box"}, "generation": generation, "digest": issued_digest(generation),
         "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": 0, "contract": CONTRACT_VERSION,
     }, format="json").status_code
-
-
-def in_thread(steps) -> threading.Thread:
-    def run():
-        try:
-            steps()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 def test_a_worker_whose_retry_applied_the_rollback_confirms_the_drill(worker_client, operator_client, canary):

@@ -17,6 +17,7 @@ from registry.fleet.state import issued_digest, issued_state
 from registry.models import Release, ServingGeneration
 from serving.contract import CONTRACT_VERSION
 from serving.state_signing import model_digests
+from tests.registry.conftest import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -207,15 +208,7 @@ def test_a_worker_that_applied_the_rollback_but_fails_another_model_is_named_so_
     settings.DRILL_ACK_TIMEOUT_S = 1
     worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
 
-    def run():
-        try:
-            ack_partly_when_released(worker_client, "w-1", 3, PARTLY)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    drill = run_drill(operator_client, [thread])
+    drill = run_drill(operator_client, [in_thread(lambda: ack_partly_when_released(worker_client, "w-1", 3, PARTLY))])
 
     assert drill["status"] == "failed"
     assert drill["workers"][0]["error"] == (
@@ -235,16 +228,7 @@ def partly_applied(worker_client, worker_id: str, *, digits_digest, forward_erro
         served = {**report(worker_id, generation, 0), "digest": "e" * 64, "models": {"digits": digits_digest(generation), "other": "f" * 64}}
         worker_client.post("/api/serving/reports", served, format="json")
 
-    def run():
-        try:
-            follow(3, PARTLY)
-            follow(4, forward_error)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
+    return in_thread(lambda: (follow(3, PARTLY), follow(4, forward_error)))
 
 
 def digits_as_issued(generation: int) -> str:
@@ -298,17 +282,12 @@ def test_a_report_of_an_earlier_generation_with_its_own_model_digest_does_not_co
     settings.DRILL_ACK_TIMEOUT_S = 3
     worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
 
-    def run():
-        try:
-            ack_partly_when_released(worker_client, "w-1", 3, PARTLY)
-            stale = {**report("w-1", 2, 0), "digest": "e" * 64, "models": {"digits": digits_as_issued(2)}}
-            worker_client.post("/api/serving/reports", stale, format="json")
-        finally:
-            connection.close()
+    def follow():
+        ack_partly_when_released(worker_client, "w-1", 3, PARTLY)
+        stale = {**report("w-1", 2, 0), "digest": "e" * 64, "models": {"digits": digits_as_issued(2)}}
+        worker_client.post("/api/serving/reports", stale, format="json")
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    drill = run_drill(operator_client, [thread])
+    drill = run_drill(operator_client, [in_thread(follow)])
 
     assert drill["status"] == "failed"
     assert drill["workers"][0]["confirmed_s"] is None
