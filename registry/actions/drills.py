@@ -3,10 +3,11 @@ participating worker acking and serving the restored state, with the failed requ
 counted. The participants are the live workers and those that went silent shortly before
 the drill (``drill_workers``): a frozen worker still holds its port, so it must follow too.
 
-The drill waits DRILL_ACK_TIMEOUT_S from the click and no longer (its HTTP request is
-bounded by it), so the target it judges and reports is DRILL_TARGET_S or that wait,
-whichever is shorter (``drill_target_s``): a worker that follows after the wait is never
-seen, whatever DRILL_TARGET_S says.
+The drill measures for DRILL_ACK_TIMEOUT_S from the click and no longer, so the target it
+judges and reports is DRILL_TARGET_S or that wait, whichever is shorter (``drill_target_s``):
+a worker that follows after the wait is never seen, whatever DRILL_TARGET_S says. Its roll
+forward then waits up to as long again for acks, so its HTTP request takes at most twice
+DRILL_ACK_TIMEOUT_S (and what an outage adds, ``through_outage``).
 
 The drill sends no HTTP request: a worker's URL is whatever it reported, and following
 it would let anyone holding the worker token point the console at internal hosts. What

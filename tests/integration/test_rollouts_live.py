@@ -29,8 +29,11 @@ SIZES = [64, 32, 10]
 RATE_PER_S = 120  # requests a second over both workers; 8 rows each
 ROWS = 8
 FAST = {"interval_s": 1, "min_requests": 20, "failure_limit": 2,
-        # Both sides share two busy cores here: scheduling noise, not the canary, moves a p99 of ~1 ms.
-        "latency_p99_floor_ms": 50.0}
+        # Both sides share two busy cores with the rest of the suite: scheduling noise, not the
+        # canary, moves a p99 of ~1 ms past 100 ms at times (a 50 ms floor failed a window in a
+        # full run). No test here plants a latency regression; a limit of 1 s keeps the signal
+        # judged without letting the box's noise decide a rollout.
+        "latency_p99_floor_ms": 500.0}
 FINISHED = {"promoted", "rolled_back", "aborted"}
 ROLLOUT_TIMEOUT_S = 30
 HOLD_S = 600  # a step_duration_s no test outlives: the rollout stays on its first step

@@ -357,9 +357,10 @@ def test_garbage_acks_are_refused_and_the_drill_still_finishes(worker_client, op
     assert Drill.objects.get().finished_at is not None
 
 
-def test_a_drill_whose_measurement_breaks_is_finished_as_failed_with_the_reason(worker_client, operator_client, canary, monkeypatch):
+def test_a_drill_whose_measurement_breaks_is_finished_as_failed_with_the_reason(worker_client, operator_client, canary, monkeypatch, settings):
     from registry.actions import drills
 
+    settings.DRILL_ACK_TIMEOUT_S = 0.3  # its roll forward waits this long for an ack no one sends
     worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
 
     def broken(*args, **kwargs):
@@ -391,6 +392,9 @@ def test_a_drill_passes_on_acks_and_reports_of_the_rolled_back_state_alone(worke
                 time.sleep(0.02)
             worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
             worker_client.post("/api/serving/reports", reported_at(reported_host.url, 3), format="json")
+            while not Release.objects.filter(generation=4).exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            worker_client.post("/api/serving/acks", ack(4, load_ms=1.0), format="json")  # the roll forward, followed
         finally:
             connection.close()  # this thread's own connection, or the test database cannot be dropped
 
@@ -402,6 +406,7 @@ def test_a_drill_passes_on_acks_and_reports_of_the_rolled_back_state_alone(worke
     assert drill["status"] == "passed", drill
     assert [(row["worker"], row["ok"], row["error"], row["failed_requests"]) for row in drill["workers"]] == [("w-1", True, "", 0)]
     assert drill["confirmed_s"] >= drill["last_ack_s"] > 0
+    assert drill["error"] == "", drill  # the roll forward was followed too: nothing to say
     assert reported_host.received == []
 
 

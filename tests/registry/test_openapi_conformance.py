@@ -125,9 +125,10 @@ def wsgi_keeps_the_test_connection():
 
 
 @pytest.fixture
-def api_world(db, operator, wsgi_keeps_the_test_connection):
+def api_world(db, operator, wsgi_keeps_the_test_connection, settings):
     """What the generated requests meet: ``digits`` v1..v3 with v2 as a 10% canary, one
     live worker, one finished drill and a minute of metrics."""
+    settings.DRILL_ACK_TIMEOUT_S = 0.2  # the worker never acks: a generated drill waits this, twice (rollback, roll forward)
     model = RegisteredModel.objects.create(name=MODEL_NAME, created_by=operator)
     versions = [stored_version(model, number, operator) for number in VERSION_NUMBERS]
     releases.route_first_version(versions[0], operator)
