@@ -14,11 +14,18 @@ from registry.actions import catalog
 
 
 @require_http_methods(["GET", "POST"])
-@operator_required
 def create_model(request):
-    """The Models page's form posts here; GET shows it alone (a link without JS)."""
-    form = forms.ModelCreateForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
+    """The Models page's form posts here. A GET is someone who typed /models/ for the list
+    of models (it showed them an empty form): they are sent to it, where the form is too."""
+    if request.method == "GET":
+        return redirect("models")
+    return _create_model(request)
+
+
+@operator_required
+def _create_model(request):
+    form = forms.ModelCreateForm(request.POST)
+    if form.is_valid():
         data = form.cleaned_data
         try:
             model = catalog.create_model(data["name"], created_by=request.user, description=data["description"], tags=data["tags"], owner=data["owner"])
@@ -27,8 +34,7 @@ def create_model(request):
         else:
             messages.success(request, f"Model {model.name} registered. Upload its first version below.")
             return redirect("model", name=model.name)
-    status = 400 if request.method == "POST" else 200
-    return render(request, "console/model_new.html", {"nav": "models", "create_form": form}, status=status)
+    return render(request, "console/model_new.html", {"nav": "models", "create_form": form}, status=400)
 
 
 @require_POST

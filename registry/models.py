@@ -8,6 +8,7 @@ import secrets
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models.functions import Lower
 
 from registry.domain.choices import (
     ACTIVE_ROLLOUT_STATUSES,
@@ -61,6 +62,11 @@ class RegisteredModel(models.Model):
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            # "MyModel" and "mymodel" were two models: a client that got the case wrong was
+            # answered by the other one (a shape error at best).
+            models.UniqueConstraint(Lower("name"), name="registry_model_name_unique_ignoring_case"),
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -40,6 +40,7 @@ class CatalogConflict(CatalogError):
 def create_model(name: str, *, created_by, description: str = "", tags: list[str] | None = None, owner=UNSET, **batching) -> RegisteredModel:
     """A new model, owned by its creator unless ``owner`` says otherwise (None: nobody)."""
     creator = created_by if created_by is not None and created_by.is_authenticated else None
+    _refuse_a_name_differing_only_by_case(name)
     try:
         with transaction.atomic():
             model = RegisteredModel.objects.create(
@@ -48,8 +49,15 @@ def create_model(name: str, *, created_by, description: str = "", tags: list[str
             )
             events.model_created(model, created_by)
     except IntegrityError:
+        _refuse_a_name_differing_only_by_case(name)  # created meanwhile
         raise CatalogError(f"a model named {name!r} already exists") from None
     return model
+
+
+def _refuse_a_name_differing_only_by_case(name: str) -> None:
+    other = RegisteredModel.objects.filter(name__iexact=name).exclude(name=name).values_list("name", flat=True).first()
+    if other is not None:
+        raise CatalogConflict(f"a model named {other!r} exists: model names must differ by more than case")
 
 
 def change_model(model: RegisteredModel, actor, *, description=UNSET, tags=UNSET, owner=UNSET, analysis=UNSET) -> RegisteredModel:

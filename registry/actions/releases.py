@@ -38,7 +38,7 @@ from registry.domain.choices import (
     RolloutStatus,
 )
 from registry.domain.compatibility import input_differences
-from registry.domain.traffic import InvalidRoutes, Route, check_routes, routes_to_json, versions_receiving
+from registry.domain.traffic import InvalidRoutes, Route, VersionNotReady, check_routes, not_ready_words, routes_to_json, versions_receiving
 from registry.models import (
     ModelVersion,
     RegisteredModel,
@@ -109,6 +109,8 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
         check_not_archived(model)
         try:
             parsed = check_routes(routes, _ready_numbers(model))
+        except VersionNotReady as error:
+            raise ReleaseError(version_not_ready(model, error.version)) from None
         except InvalidRoutes as error:
             raise ReleaseError(str(error)) from None
         if rollout is None and current is not None and _same_routes(parsed, current):
@@ -496,6 +498,12 @@ def check_not_archived(model: RegisteredModel) -> None:
 
 def _ready_numbers(model: RegisteredModel) -> set[int]:
     return set(model.versions.ready().values_list("number", flat=True))
+
+
+def version_not_ready(model: RegisteredModel, number: int) -> str:
+    """Why version ``number`` of ``model`` takes no traffic: "does not exist or is not
+    ready" sent a newcomer looking for a version that was still being validated."""
+    return not_ready_words(number, model.versions.filter(number=number).values_list("status", flat=True).first())
 
 
 def _not_ready(model: RegisteredModel, numbers) -> str | None:

@@ -89,8 +89,8 @@ def check_steps(steps: object) -> list[int]:
         raise RolloutError(f"steps has {len(steps)} entries, at most {MAX_STEPS} are allowed")
     for index, step in enumerate(steps):
         if isinstance(step, bool) or not isinstance(step, int) or not (0 if index == 0 else 1) <= step <= 100:
-            shadow = " (only the first step may be 0, a shadow step)" if index and step == 0 else ""
-            raise RolloutError(f"steps[{index}] must be an integer percentage from 1 to 100{shadow}")
+            words = "from 0 (a shadow step) to 100" if index == 0 else "from 1 to 100 (only the first step may be 0, a shadow step)"
+            raise RolloutError(f"steps[{index}] must be an integer percentage {words}")
     if any(later <= earlier for earlier, later in pairwise(steps)):
         raise RolloutError(f"steps must increase strictly, got {steps}")
     if steps[-1] != 100:
@@ -154,7 +154,7 @@ def _check_canary(model: RegisteredModel, current, canary_version: int, force: b
     """Ready, and with the stable's inputs unless forced: checked at the start, since a
     shadow step routes no traffic and the refusal would otherwise come at the next step."""
     if not model.versions.ready().filter(number=canary_version).exists():
-        raise RolloutError(f"version {canary_version} of {model.name} does not exist or is not ready")
+        raise RolloutError(f"{releases.version_not_ready(model, canary_version)} ({model.name})")
     releases.check_compatible(model, current, [Route(version=canary_version, weight=1)], force, reason)
 
 

@@ -42,7 +42,7 @@ def exception_handler(exc, context):
     if isinstance(exc, exceptions.ValidationError):
         response.data = {"error": _first_message(exc.detail), "fields": exc.detail}
     elif isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
-        response.data = {"error": str(exc.detail)}
+        response.data = {"error": _unaccepted_scheme(context.get("request")) or str(exc.detail)}
         response.status_code = status.HTTP_401_UNAUTHORIZED
     else:
         response.data = {"error": str(exc.detail) if hasattr(exc, "detail") else str(exc)}
@@ -51,6 +51,23 @@ def exception_handler(exc, context):
     elif response.status_code == 404:
         response.data["error"] = _named_not_found(response.data["error"], context.get("kwargs") or {})
     return response
+
+
+def _unaccepted_scheme(request) -> str | None:
+    """Why credentials sent in a scheme this endpoint does not take were ignored: "not
+    provided" read as if the header had been lost (the README's curl lines use Bearer for
+    workers and /metrics, Token for the API). The token itself is never repeated."""
+    header = request.META.get("HTTP_AUTHORIZATION", "") if request is not None else ""
+    accepted = [authenticator.keyword for authenticator in getattr(request, "authenticators", ()) if hasattr(authenticator, "keyword")]
+    if not header.strip() or not accepted:
+        return None
+    words = header.split()
+    if words[0].lower() in (keyword.lower() for keyword in accepted):
+        return None  # an accepted scheme: DRF's own words say what is wrong with it
+    schemes = " or ".join(f"'Authorization: {keyword} <token>'" for keyword in accepted)
+    if len(words) == 1:
+        return f"the Authorization header has no scheme before its token: send {schemes}"
+    return f"the Authorization header's scheme {words[0][:20]!r} is not accepted here: send {schemes}"
 
 
 # get_object_or_404's "No ModelVersion matches the given query." names a table, not what

@@ -13,6 +13,7 @@ from collections import OrderedDict
 
 from django.utils import translation
 from drf_spectacular.views import SpectacularAPIView
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 KEPT_SCHEMAS = 8
@@ -23,6 +24,13 @@ class SchemaView(SpectacularAPIView):
 
     def _get_version_parameter(self, request):
         return None
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        if isinstance(response, Response) and response.status_code >= 400:
+            # An error is {"error": ...} here as everywhere: the schema's own renderers
+            # wrote a 401 as "Error: Authentication credentials ..." in YAML.
+            request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)
 
     def _get_schema_response(self, request):
         version = self.api_version or request.version

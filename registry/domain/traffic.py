@@ -47,6 +47,29 @@ class InvalidRoutes(ValueError):
     pass
 
 
+class VersionNotReady(InvalidRoutes):
+    """A route names a version that cannot take traffic; the caller, which can look its
+    status up, says why (``not_ready_words``)."""
+
+    def __init__(self, version: int):
+        super().__init__(f"version {version} does not exist or is not ready")
+        self.version = version
+
+
+NOT_READY_WORDS = {
+    "validating": "is still being validated: it can take traffic once it is ready",
+    "rejected": "was rejected by its validation (its page says why): it cannot take traffic",
+    "archived": "is archived: it cannot take traffic",
+}
+
+
+def not_ready_words(version: int, status: str | None) -> str:
+    """Why ``version`` (of ``status``; None: there is none) takes no traffic, in words."""
+    if status is None:
+        return f"version {version} does not exist"
+    return f"version {version} {NOT_READY_WORDS.get(status, 'is not ready')}"
+
+
 def routes_to_json(routes: list[Route]) -> list[dict]:
     return [route.to_json() for route in routes]
 
@@ -118,7 +141,7 @@ def _check_unique(routes: list[Route]) -> None:
 def _check_ready(routes: list[Route], ready_versions: set[int]) -> None:
     for route in routes:
         if route.version not in ready_versions:
-            raise InvalidRoutes(f"version {route.version} does not exist or is not ready")
+            raise VersionNotReady(route.version)
 
 
 def _is_int(value: object) -> bool:

@@ -253,6 +253,24 @@ def test_runstack_refuses_a_host_that_is_not_an_address_here_without_blaming_ano
     assert not (tmp_path / "data" / "redis").exists()
 
 
+@pytest.mark.parametrize("variable", ["CONSOLE_PORT", "SERVING_PORT"])
+def test_runstack_takes_its_ports_from_the_environment(tmp_path, variable):
+    # make run had no way to choose a port: only `manage.py runstack --port` did.
+    other = "SERVING_PORT" if variable == "CONSOLE_PORT" else "CONSOLE_PORT"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        finished = manage(tmp_path, "runstack", "--no-demo", **{variable: str(port), other: str(free_port())})
+
+    refused(finished, f"127.0.0.1:{port} is not free")
+
+
+def test_runstack_refuses_a_console_port_that_is_not_a_port_naming_it(tmp_path):
+    finished = manage(tmp_path, "runstack", "--no-demo", CONSOLE_PORT="80800")
+
+    assert finished.returncode == 2, finished.stderr
+    assert "expected a port number from 1 to 65535, got '80800'" in finished.stderr
+
+
 def test_runstack_refuses_an_embedded_redis_port_already_taken_before_anything_starts(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as taken:  # listens, never answers: a PING there waited out its timeout
         redis_port = taken.getsockname()[1]

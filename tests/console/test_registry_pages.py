@@ -47,6 +47,23 @@ def test_a_duplicate_name_is_shown_on_the_form_and_creates_nothing(operator_page
     assert RegisteredModel.objects.count() == 1
 
 
+def test_a_name_differing_from_a_model_s_only_by_case_is_shown_on_the_form_and_creates_nothing(operator_page, digits):
+    response = operator_page.post("/models/", {"name": "Digits", "owner": "olivia"})
+
+    assert response.status_code == 400
+    assert "a model named &#x27;digits&#x27; exists: model names must differ by more than case" in response.content.decode()
+    assert RegisteredModel.objects.count() == 1
+
+
+@pytest.mark.parametrize("page", ["operator_page", "viewer_page"])
+def test_typing_models_in_the_address_bar_leads_to_the_list_of_models(page, request, digits):
+    # It showed an empty "New model" form, and a viewer a 403.
+    response = request.getfixturevalue(page).get("/models/", follow=True)
+
+    assert response.redirect_chain == [("/", 302)]
+    assert 'href="/models/digits/"' in response.content.decode()
+
+
 @pytest.mark.parametrize(("fields", "words"), [
     ({"name": "no spaces!"}, "Enter a valid “slug”"),
     ({"name": "ok", "tags": "has/slash"}, "use lowercase letters"),

@@ -31,6 +31,39 @@ def test_bad_token_gets_401(stranger_client):
     assert response.json()["error"] == "Invalid token."
 
 
+@pytest.mark.parametrize(("header", "words"), [
+    ("Bearer some-token", "the Authorization header's scheme 'Bearer' is not accepted here: send 'Authorization: Token <token>'"),
+    ("some-token", "the Authorization header has no scheme before its token: send 'Authorization: Token <token>'"),
+])
+def test_credentials_in_a_scheme_the_api_does_not_take_are_a_401_saying_which_it_takes(stranger_client, header, words):
+    # "Authentication credentials were not provided." read as if the header had been lost.
+    stranger_client.credentials(HTTP_AUTHORIZATION=header)
+
+    response = stranger_client.get("/api/models/")
+
+    assert response.status_code == 401
+    assert response.json()["error"] == words
+    assert "some-token" not in response.content.decode()
+
+
+def test_a_worker_endpoint_names_both_schemes_it_takes(stranger_client):
+    stranger_client.credentials(HTTP_AUTHORIZATION="Basic dXNlcjpwYXNz")
+
+    response = stranger_client.get("/api/serving/state")
+
+    assert response.status_code == 401
+    assert response.json()["error"] == ("the Authorization header's scheme 'Basic' is not accepted here: "
+                                        "send 'Authorization: Bearer <token>' or 'Authorization: Token <token>'")
+
+
+def test_an_anonymous_request_for_the_schema_is_a_json_401(stranger_client):
+    response = stranger_client.get("/api/schema/")
+
+    assert response.status_code == 401
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {"error": "Authentication credentials were not provided."}
+
+
 def test_session_authentication_works(client, operator):
     client.force_login(operator)
 

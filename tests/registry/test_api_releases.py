@@ -53,6 +53,29 @@ def test_invalid_split_is_refused_and_nothing_changes(operator_client, three_ver
     assert Release.objects.count() == 1
 
 
+@pytest.mark.parametrize(("status", "words"), [
+    ("validating", "version 2 is still being validated: it can take traffic once it is ready"),
+    ("rejected", "version 2 was rejected by its validation (its page says why): it cannot take traffic"),
+])
+def test_a_split_to_a_version_that_is_not_ready_says_why(operator_client, three_versions, status, words):
+    # "does not exist or is not ready" sent a newcomer looking for a version still being validated.
+    three_versions.versions.filter(number=2).update(status=status)
+
+    response = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+
+    assert (response.status_code, response.json()["error"]) == (400, words)
+    assert Release.objects.count() == 1
+
+
+def test_a_rollout_of_a_version_still_being_validated_says_so(operator_client, three_versions):
+    three_versions.versions.filter(number=2).update(status="validating")
+
+    response = operator_client.post("/api/models/digits/rollouts/", {"canary_version": 2, "steps": [10, 100]}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "version 2 is still being validated: it can take traffic once it is ready (digits)"
+
+
 def test_promote_makes_the_canary_stable_at_full_weight(operator_client, three_versions):
     split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from registry.actions import releases
+from registry.domain.choices import AuditKind
 from registry.models import AuditEvent, ModelVersion, RegisteredModel
 
 pytestmark = pytest.mark.django_db
@@ -39,6 +40,28 @@ def test_a_created_model_is_owned_by_its_creator_and_keeps_its_tags(operator_cli
 def test_a_model_may_be_created_for_another_owner_or_none(operator_client, viewer):
     assert create(operator_client, name="a", owner="victor").json()["owner"] == "victor"
     assert create(operator_client, name="b", owner=None).json()["owner"] is None
+
+
+def test_a_name_differing_from_a_model_s_only_by_case_is_a_409_naming_that_model(operator_client):
+    # "MyModel" and "mymodel" were two models: a client that got the case wrong was answered
+    # by the other one, with a shape error.
+    assert create(operator_client, name="MyModel").status_code == 201
+
+    response = create(operator_client, name="mymodel")
+
+    assert response.status_code == 409, response.content
+    assert response.json()["error"] == "a model named 'MyModel' exists: model names must differ by more than case"
+    assert list(RegisteredModel.objects.values_list("name", flat=True)) == ["MyModel"]
+    assert AuditEvent.objects.filter(kind=AuditKind.MODEL_CREATED).count() == 1
+
+
+def test_the_database_refuses_two_names_differing_only_by_case_whoever_writes_them(db):
+    from django.db import IntegrityError, transaction
+
+    RegisteredModel.objects.create(name="fraud")
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        RegisteredModel.objects.create(name="Fraud")
 
 
 def test_an_unknown_owner_is_a_400(operator_client):

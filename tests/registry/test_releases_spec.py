@@ -237,7 +237,7 @@ def test_a_split_on_a_model_without_a_release_needs_a_single_full_route(db):
     with pytest.raises(releases.ReleaseError) as refused:
         releases.set_routes(model, [{"version": 1, "weight": 100}], None)
 
-    assert refused.value.message == "version 1 does not exist or is not ready"
+    assert refused.value.message == "version 1 does not exist"
     with pytest.raises(releases.ReleaseConflict) as no_release:
         releases.promote(model, None)
     assert no_release.value.message == "model empty has no release yet: upload a version first"

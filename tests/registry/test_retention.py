@@ -118,7 +118,7 @@ def test_archived_version_cannot_be_routed(three_versions, operator_client):
     response = operator_client.post("/api/models/digits/release/", {"routes": [{"version": 2, "weight": 100}]}, format="json")
 
     assert response.status_code == 400
-    assert "version 2 does not exist or is not ready" in response.json()["error"]
+    assert response.json()["error"] == "version 2 is archived: it cannot take traffic"
 
 
 def test_management_command_reports_what_it_archived(three_versions, capsys):

@@ -45,8 +45,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=port_number, default=8000, help="console port")
-        parser.add_argument("--serving-port", type=port_number, default=8001)
+        # String defaults go through `type` too: a bad CONSOLE_PORT is argparse's clear error.
+        parser.add_argument("--port", type=port_number, default=os.environ.get("CONSOLE_PORT") or "8000",
+                            help="console port (default: CONSOLE_PORT, else 8000)")
+        parser.add_argument("--serving-port", type=port_number, default=os.environ.get("SERVING_PORT") or "8001",
+                            help="the worker's port (default: SERVING_PORT, else 8001)")
         parser.add_argument("--no-demo", action="store_true", help="skip registering the demo models")
 
     def handle(self, *args, host, port, serving_port, no_demo, **options):
