@@ -69,12 +69,17 @@ def snapshot() -> dict[Key, dict]:
 
 def failed_total() -> int:
     """Requests answered with a server-side failure (5xx) since the worker started, routed,
-    pinned or unrouted (what a drill counts). A 504 under a deadline the client set shorter
-    than the worker's is none: it is counted in neither series read here."""
+    pinned or unrouted, and new connections answered 503 before a request was read (the
+    listen queue's keeper while the loop could not take them, or past the connection cap):
+    what a drill counts. A drill passed "0 failed requests" while a frozen worker's keeper
+    answered 184 clients 503. A 504 under a deadline the client set shorter than the
+    worker's is none: it is counted in none of the series read here."""
     metrics.flush_pending()
-    return int(sum(sample.value for metric, name in ((metrics.REQUESTS, "modelops_requests_total"),
+    answered = sum(sample.value for metric, name in ((metrics.REQUESTS, "modelops_requests_total"),
                                                      (metrics.PINNED_REQUESTS, "modelops_pinned_requests_total"))
-                   for sample in _samples(metric, name) if int(sample.labels["code"]) >= 500))
+                   for sample in _samples(metric, name) if int(sample.labels["code"]) >= 500)
+    refused = sum(sample.value for sample in _samples(metrics.CONNECTIONS_REFUSED, "modelops_connections_refused_total"))
+    return int(answered + refused)
 
 
 def device_memory_bytes(device: str) -> int | None:

@@ -743,6 +743,7 @@ def test_a_stuck_worker_s_new_clients_get_503s_in_milliseconds_and_the_kept_ones
         after = httpx.post(f"{worker.url}/v2/models/digits/infer", content=BODY, timeout=5)
         counted = f'modelops_connections_refused_total{{by="keeper"}} {50 - KEEP_AT_LEAST}.0'
         scraped = wait_until(lambda: counted in httpx.get(f"{worker.url}/metrics", timeout=5).text, 3)
+        failed = httpx.get(f"{worker.url}/health", timeout=5).json()["requests_failed_total"]
     finally:
         os.kill(worker.process.pid, signal.SIGCONT)
         worker.stop()
@@ -753,6 +754,8 @@ def test_a_stuck_worker_s_new_clients_get_503s_in_milliseconds_and_the_kept_ones
     assert kept == [b"HTTP/1.1 200 OK"] * KEEP_AT_LEAST
     assert after.status_code == 200
     assert scraped, "the worker's /metrics counts the keeper's refusals"
+    # What reports carry and a drill counts: it passed "0 failed requests" over such 503s.
+    assert failed == 50 - KEEP_AT_LEAST
 
 
 def test_the_worker_refuses_every_request_only_while_every_routed_queue_is_full(start_worker, mlp_v1):

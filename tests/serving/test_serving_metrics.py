@@ -40,6 +40,14 @@ def test_recorded_requests_reach_the_counters_when_a_reader_flushes():
     version.remove()
 
 
+def test_a_connection_refused_with_a_503_before_its_request_was_read_is_a_failed_request():
+    before = failed_total()
+
+    metrics.count_connection_refused_at_cap()
+
+    assert failed_total() == before + 1
+
+
 def test_a_full_pending_list_flushes_itself():
     version = metrics.VersionMetrics("test-limit", 1)
 
