@@ -151,12 +151,23 @@ class UploadForm(forms.Form):
     allow_duplicate = forms.BooleanField(required=False, label="Upload as a copy even if identical to an existing version")
 
 
+# The "try it" form is for rows a person pastes. Any signed-in role may use it, and JSON
+# of empty lists grows about 20 times as Python objects: a viewer's 2.6 MB bodies, 16 at a
+# time, took the console to 1 GB and held operators' changes 12 s. Larger inputs go to the
+# worker's own API, which bounds each version's body.
+TRY_INPUT_MAX_CHARS = 256 * 1024
+
+
 class TryForm(forms.Form):
     inputs = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}), label="Inputs (JSON)")
 
     def clean_inputs(self):
+        text = self.cleaned_data["inputs"]
+        if len(text) > TRY_INPUT_MAX_CHARS:  # before any parsing
+            raise forms.ValidationError(f"{len(text):,} characters is more than this form takes ({TRY_INPUT_MAX_CHARS:,}): "
+                                        "send larger inputs to the worker's /predict or /v2 API")
         try:
-            inputs = json.loads(self.cleaned_data["inputs"], parse_constant=_no_constant, parse_float=_finite_float)
+            inputs = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
         except json.JSONDecodeError as error:
             raise forms.ValidationError(f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
         except RecursionError:  # the decoder recurses per level: a page of brackets is not a 500

@@ -272,16 +272,32 @@ def _measure(drill: Drill, workers: list[Worker], release: Release, failed_befor
     # see acks up to the rollback's own duration past the target it reports.
     deadline = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S - max(_since(drill, timezone.now()), 0.0)
     acks, confirmed = watch_workers(drill, [worker.worker_id for worker in workers], window, deadline)
+    stopped = _stopped_reporting(drill, [worker.worker_id for worker in workers if worker.worker_id not in acks])
     return [_worker_row(drill, worker, acks.get(worker.worker_id), confirmed.get(worker.worker_id), failed_before,
-                        silent_s.get(worker.worker_id)) for worker in workers]
+                        silent_s.get(worker.worker_id), stopped.get(worker.worker_id)) for worker in workers]
+
+
+def _stopped_reporting(drill: Drill, worker_ids: list[str]) -> dict[str, float]:
+    """Of workers that never acked, those whose reports stopped (none for WORKER_GONE_AFTER_S
+    by now): seconds from the click to their last report. "No ack before the timeout" of a
+    worker killed just after the click read as a slow worker."""
+    if not worker_ids:
+        return {}
+    now = timezone.now()
+    gone_before = now - timedelta(seconds=settings.WORKER_GONE_AFTER_S)
+    seen = Worker.objects.filter(worker_id__in=worker_ids, last_seen_at__lt=gone_before).values_list("worker_id", "last_seen_at")
+    return {worker_id: _since(drill, last_seen_at) for worker_id, last_seen_at in seen}
 
 
 def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: tuple | None, failed_before: dict,
-                silent_s: float | None = None) -> dict:
+                silent_s: float | None = None, stopped_s: float | None = None) -> dict:
     confirmed_s, report = confirmed or (None, None)
     after = failed_total(report)
     before = failed_before.get(worker.worker_id)
     error = _row_error(ack, confirmed_s, drill.to_generation, drill.model.name)
+    if ack is None and stopped_s is not None and silent_s is None:  # a silent one's silence is said below
+        when = f"{stopped_s:.1f} s after the click" if stopped_s >= 0 else f"{-stopped_s:.1f} s before the click"
+        error = f"{error}: it stopped reporting (its last report came {when})"
     if error and silent_s is not None:  # the likely cause, said where the failure is
         error = f"silent {silent_s:.1f} s before the drill; {error}"
     return {
@@ -511,15 +527,16 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         return
     drill.forward_generation, drill.forward_pending = release.generation, False
     drill.save(update_fields=["forward_generation", "forward_pending"])
-    worker_ids = [worker.worker_id for worker in workers]
+    worker_ids = {worker.worker_id for worker in workers}
+    # "Rolled forward" says a release was made; whether the workers that followed the
+    # rollback took it too is said here (those that did not are named already). Only
+    # theirs are waited for: a worker killed during the drill held its answer 10 s more.
+    followed = [row["worker"] for row in drill.workers if (row.get("ok") or row.get("note")) and row.get("worker") in worker_ids]
     try:
-        acks = wait_for_acks(worker_ids, RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S)
+        acks = wait_for_acks(followed, RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S) if followed else {}
     except Exception:
         logger.exception("drill #%s: waiting for the roll forward's acks failed", drill.pk)
         acks = {}
-    # "Rolled forward" says a release was made; whether the workers that followed the
-    # rollback took it too is said here (those that did not are named already).
-    followed = [row["worker"] for row in drill.workers if (row.get("ok") or row.get("note")) and row.get("worker") in worker_ids]
     unconfirmed = [worker_id for worker_id in followed if not (worker_id in acks and applied(acks[worker_id], drill.model.name))]
     if unconfirmed:
         # Each with why: "did not ack it" was said of workers that acked it failing.

@@ -4,6 +4,7 @@ its per-minute metrics."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from django.conf import settings
 from django.shortcuts import get_object_or_404
@@ -197,9 +198,18 @@ class VersionArtifact(APIView):
 _reported_missing: set[str] = set()
 
 
+def in_store(path) -> str:
+    """``path`` as answers name it: under ARTIFACT_ROOT, whose place on the console's disk
+    they leave to its log (a viewer's download named the host's directory layout)."""
+    try:
+        return f"{Path(path).relative_to(Path(settings.ARTIFACT_ROOT))} under ARTIFACT_ROOT"
+    except ValueError:
+        return "its place under ARTIFACT_ROOT"
+
+
 def changed_in_store(version: ModelVersion, path) -> Response:
     """503: the stored file no longer has the bytes uploaded (``served_bytes``)."""
-    message = (f"the stored artifact of {version} does not match its sha256 {version.sha256[:12]}…: the file at {path} changed "
+    message = (f"the stored artifact of {version} does not match its sha256 {version.sha256[:12]}…: the file at {in_store(path)} changed "
                f"after its upload; restore its bytes there (uploading them again does not replace it), or route "
                f"{version.model.name} away from v{version.number}")
     response = error_response(message, status.HTTP_503_SERVICE_UNAVAILABLE)
@@ -209,8 +219,8 @@ def changed_in_store(version: ModelVersion, path) -> Response:
 
 def missing_from_store(version: ModelVersion, path) -> Response:
     """503: the version is ready, so its file should be there; retention never deletes it."""
-    message = (f"the artifact of {version} is missing from the artifact store: no file at {path} (ARTIFACT_ROOT {settings.ARTIFACT_ROOT}); "
-               f"is the store's volume mounted? retry in {MISSING_FILE_RETRY_AFTER_S} s")
+    message = (f"the artifact of {version} is missing from the artifact store: no file at {in_store(path)} (the console's log "
+               f"names the whole path); is the store's volume mounted? retry in {MISSING_FILE_RETRY_AFTER_S} s")
     if str(path) not in _reported_missing:
         _reported_missing.add(str(path))
         logger.error("%s is ready but its file is missing: no file at %s (ARTIFACT_ROOT %s)", version, path, settings.ARTIFACT_ROOT)

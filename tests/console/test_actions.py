@@ -328,6 +328,17 @@ def test_try_it_refuses_bad_json_before_sending(viewer_page, digits):
     assert response.json()["error"].startswith("Inputs (JSON): not valid JSON")
 
 
+def test_try_it_refuses_inputs_longer_than_the_form_takes(viewer_page, digits):
+    # 2.6 MB of "[]" grew to ~50 MB of Python lists per request, any viewer's to send.
+    inputs = "[" + ",".join(["[]"] * (262_144 // 3 + 1)) + "]"
+
+    response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": inputs}, HTTP_ACCEPT="application/json")
+
+    assert response.json()["ok"] is False
+    assert response.json()["error"] == (f"Inputs (JSON): {len(inputs):,} characters is more than this form takes (262,144): "
+                                        "send larger inputs to the worker's /predict or /v2 API")
+
+
 def test_try_it_refuses_json_nested_past_the_decoder_s_depth(viewer_page, digits):
     response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": "[" * 5000 + "]" * 5000}, HTTP_ACCEPT="application/json")
 

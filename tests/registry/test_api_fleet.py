@@ -342,6 +342,25 @@ def test_a_drill_sends_nothing_to_worker_reported_urls_and_fails_without_acks(wo
     assert reported_host.received == []
 
 
+def test_a_worker_that_stops_reporting_during_a_drill_is_named_so_and_its_roll_forward_is_not_waited_for(worker_client, operator_client,
+                                                                                                         canary, settings):
+    # Killed just after the click, it read "no ack before the timeout", like a slow worker,
+    # and the drill's answer waited a second DRILL_ACK_TIMEOUT_S for its roll forward's ack.
+    import time
+
+    settings.DRILL_ACK_TIMEOUT_S, settings.WORKER_GONE_AFTER_S = 2, 1
+    worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
+    started = time.monotonic()
+
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+
+    assert time.monotonic() - started < 2 * settings.DRILL_ACK_TIMEOUT_S - 0.5  # the measure, not the roll forward too
+    assert drill["status"] == "failed"
+    assert re.fullmatch(r"no ack before the timeout: it stopped reporting \(its last report came 0\.\d s before the click\)",
+                        drill["workers"][0]["error"]), drill["workers"][0]["error"]
+    assert drill["forward_generation"] == 4
+
+
 def test_garbage_acks_are_refused_and_the_drill_still_finishes(worker_client, operator_client, canary, settings):
     settings.DRILL_ACK_TIMEOUT_S = 0.3
     worker_client.post("/api/serving/reports", reported_at("", 2), format="json")

@@ -37,7 +37,7 @@ def test_an_unchanged_file_is_served_every_time(stored, worker_client):
     assert downloaded(worker_client) == downloaded(worker_client) == (200, uploaded)
 
 
-def test_a_file_whose_whole_download_did_not_match_its_sha256_is_a_503_saying_the_store_changed(stored, worker_client):
+def test_a_file_whose_whole_download_did_not_match_its_sha256_is_a_503_saying_the_store_changed(stored, worker_client, settings):
     path, uploaded = stored
     path.write_bytes(b"not the bytes uploaded")
     assert downloaded(worker_client) == (200, b"not the bytes uploaded")  # nothing is hashed before a first stream
@@ -48,8 +48,9 @@ def test_a_file_whose_whole_download_did_not_match_its_sha256_is_a_503_saying_th
     assert response.status_code == 503
     assert response["Retry-After"] == "30"
     assert response.json()["error"] == (f"the stored artifact of digits v1 does not match its sha256 {version.sha256[:12]}…: the file at "
-                                        f"{path} changed after its upload; restore its bytes there (uploading them again does not "
-                                        "replace it), or route digits away from v1")
+                                        f"sha256/{version.sha256[:2]}/{version.sha256} under ARTIFACT_ROOT changed after its upload; "
+                                        "restore its bytes there (uploading them again does not replace it), or route digits away from v1")
+    assert str(settings.ARTIFACT_ROOT) not in response.content.decode()  # the host's layout is for the console's log
 
 
 def test_the_file_is_served_again_once_it_is_restored(stored, worker_client):
