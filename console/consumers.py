@@ -61,6 +61,40 @@ WATCHDOG_TASK = "live-feed-watchdog"
 CLIENT_FRAME = "websocket.receive"
 
 
+class FeedSlots:
+    """Open live feeds of this process, by user: a handshake past LIVE_FEEDS_PER_USER for
+    its user, or LIVE_FEEDS_MAX in all, is refused (1013; the page polls and tries again
+    later). Every open feed is sent every worker report and state change: one viewer's
+    2,000 feeds took a core of the console, grew it by 200 MB, and left the watchdog
+    closing every other user's feed."""
+
+    def __init__(self) -> None:
+        self.by_user: dict[int, int] = {}
+
+    @property
+    def open(self) -> int:
+        return sum(self.by_user.values())
+
+    def take(self, user_id: int) -> str | None:
+        """None when taken, else why not."""
+        if self.by_user.get(user_id, 0) >= settings.LIVE_FEEDS_PER_USER:
+            return f"this user has {settings.LIVE_FEEDS_PER_USER} live feeds open already (LIVE_FEEDS_PER_USER)"
+        if self.open >= settings.LIVE_FEEDS_MAX:
+            return f"{settings.LIVE_FEEDS_MAX} live feeds are open already (LIVE_FEEDS_MAX)"
+        self.by_user[user_id] = self.by_user.get(user_id, 0) + 1
+        return None
+
+    def give_back(self, user_id: int) -> None:
+        left = self.by_user.get(user_id, 0) - 1
+        if left > 0:
+            self.by_user[user_id] = left
+        else:
+            self.by_user.pop(user_id, None)
+
+
+FEEDS = FeedSlots()  # the process's: its event loop is the one these feeds cost
+
+
 def _say_if_it_died(task: asyncio.Task) -> None:
     """A watchdog ended by an error it does not expect leaves its feed unwatched: say so."""
     if not task.cancelled() and task.exception() is not None:
@@ -70,18 +104,28 @@ def _say_if_it_died(task: asyncio.Task) -> None:
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     _watchdog: asyncio.Task | None = None
     _closed = False  # set by close(): what arrives before the client's disconnect is dropped
+    _slot_of: int | None = None  # the user whose feed slot this feed holds
 
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
         finally:
             self._stop_watchdog()  # however the feed ended: disconnect, a handler's error, the server cancelling it
+            if self._slot_of is not None:
+                FEEDS.give_back(self._slot_of)
+                self._slot_of = None
 
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_SIGNED_OUT)
             return
+        refused = FEEDS.take(user.pk)
+        if refused is not None:
+            logger.warning("live feed refused, try again later: %s", refused)
+            await self.close(code=CLOSE_TRY_AGAIN)
+            return
+        self._slot_of = user.pk
         self._checked_at = time.monotonic()
         # Redis down, or silent past the bound: the handshake is refused (1013) by socket_outage's guard.
         await bounded(self.channel_layer.group_add(LIVE_GROUP, self.channel_name))

@@ -294,3 +294,57 @@ def test_a_live_feed_drops_a_clients_frames_unread_and_stays_open(operator, sett
     assert quiet is True  # nothing answered, and the feed was not closed
     assert relayed == {"kind": "job", "job": {"id": 7}}
     assert [record.getMessage() for record in caplog.records if record.levelname in {"ERROR", "CRITICAL"}] == []
+
+
+# ---------------------------------------------------------------- how many feeds are open
+
+
+def open_feeds(communicators: list[WebsocketCommunicator], then):
+    """Connect each in turn (their answers), run ``then()``, and end every one."""
+    async def run():
+        answers = []
+        try:
+            for communicator in communicators:
+                answers.append(await communicator.connect(timeout=5))
+            return answers, await then()
+        finally:
+            for communicator in communicators:
+                await end(communicator)
+
+    return asyncio.run(run())
+
+
+async def nothing():
+    return None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_user_s_feeds_past_the_per_user_limit_are_refused_try_again_later_and_another_user_s_are_not(operator, viewer, settings):
+    # One viewer's 2,000 feeds took a core and had the watchdog close every other user's.
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    settings.LIVE_FEEDS_PER_USER = 2
+
+    answers, _ = open_feeds([feed(viewer), feed(viewer), feed(viewer), feed(operator)], nothing)
+
+    assert answers == [(True, None), (True, None), (False, 1013), (True, None)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_closed_feed_gives_its_place_back(viewer, settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    settings.LIVE_FEEDS_PER_USER = 1
+
+    first, _ = open_feeds([feed(viewer)], nothing)
+    again, _ = open_feeds([feed(viewer)], nothing)
+
+    assert (first, again, consumers.FEEDS.open) == ([(True, None)], [(True, None)], 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_feeds_past_the_process_limit_are_refused_whoever_opens_them(operator, viewer, settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    settings.LIVE_FEEDS_MAX = 2
+
+    answers, _ = open_feeds([feed(viewer), feed(operator), feed(operator)], nothing)
+
+    assert answers == [(True, None), (True, None), (False, 1013)]
