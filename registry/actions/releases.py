@@ -39,6 +39,7 @@ from registry.domain.choices import (
 )
 from registry.domain.compatibility import input_differences
 from registry.domain.traffic import InvalidRoutes, Route, VersionNotReady, check_routes, not_ready_words, routes_to_json, versions_receiving
+from registry.fleet.workers import load_failure
 from registry.models import (
     ModelVersion,
     RegisteredModel,
@@ -131,10 +132,13 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
     return release
 
 
-def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None, rollout: Rollout | None = None) -> Release:
+def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None, rollout: Rollout | None = None,
+            force: bool = False) -> Release:
     """The canary becomes the stable at 100 %. Rolling back from here returns to the last
     release that sent everything to the old stable, not to the split before the promote
-    (which would leave part of the traffic on the version being rolled away from)."""
+    (which would leave part of the traffic on the version being rolled away from). A
+    canary the live workers say they cannot load is promoted only with ``force`` and a
+    reason (a rollout's promotion follows its analysis, which fails such a canary first)."""
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         check_expected_generation(model, model.current_release(), expected_generation)
@@ -142,6 +146,8 @@ def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generat
         current = require_current(model)
         canary = _only_canary(current)
         _check_still_ready(model, [canary])
+        if rollout is None:
+            check_loadable(model, canary, force, reason)
         routes = [Route(version=canary, weight=100)]
         target = last_all_stable(model, current.stable_version) or current
         release = _append(counter, model, routes, canary, ReleaseAction.PROMOTE, target, actor, reason, rollout=rollout)
@@ -460,6 +466,20 @@ def _pause_rollouts(model: RegisteredModel, release: Release) -> None:
                                  f"{release.get_action_display().lower()}); resume to set step {rollout.step_index + 1} again")
         rollout.save(update_fields=["status", "status_reason"])
         events.rollout_event(rollout, release.actor, f"Rollout #{rollout.pk} {rollout.status_reason}", {"event": "paused", "generation": release.generation})
+
+
+def check_loadable(model: RegisteredModel, version: int, force: bool, reason: str) -> None:
+    """Refused unless ``force`` with a reason: promoting a version the live workers failed
+    to load. An operator's run promoted one (201, no word of warning): the page read "v3
+    100 %" while every worker went on answering with v1 and v2."""
+    why = load_failure(model.name, version)
+    if why is None:
+        return
+    if not force:
+        raise ReleaseConflict(f"v{version} not promoted: {why}; the workers would go on serving what they serve now. "
+                              "Mend or replace the version, or send force: true with a reason to promote it anyway")
+    if not reason.strip():
+        raise ReleaseError(f"force needs a reason: say why v{version}, which no live worker could load, is promoted")
 
 
 def check_compatible(model: RegisteredModel, current: Release | None, routes: list[Route], force: bool, reason: str) -> list[str]:

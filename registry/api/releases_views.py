@@ -120,8 +120,15 @@ class CurrentRelease(ReleaseAction):
 
 
 class Promote(ReleaseAction):
+    request_serializer = serializers.PromoteSerializer
+
+    @extend_schema(request=serializers.PromoteSerializer, responses=TRAFFIC_RESPONSES)
+    def post(self, request, name: str):
+        return super().post(request, name)
+
     def act(self, model, data):
-        return releases.promote(model, self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
+        return releases.promote(model, self.request.user, data["reason"], expected_generation=data.get("expected_generation"),
+                                force=data["force"])
 
 
 class Rollback(ReleaseAction):

@@ -352,6 +352,12 @@ class SetRoutesSerializer(ReasonSerializer):
     force = StrictBooleanField(required=False, default=False, help_text=FORCE_HELP)
 
 
+class PromoteSerializer(ReasonSerializer):
+    force = StrictBooleanField(required=False, default=False, help_text=(
+        "Promote a canary the live workers say they failed to load (refused otherwise: they would go on serving what they "
+        "serve now). Needs a reason; recorded in the audit timeline."))
+
+
 class RestoreSerializer(ReasonSerializer):
     generation = StrictIntegerField(min_value=1, max_value=GENERATION_MAX)
 

@@ -76,6 +76,35 @@ def test_a_rollout_of_a_version_still_being_validated_says_so(operator_client, t
     assert response.json()["error"] == "version 2 is still being validated: it can take traffic once it is ready (digits)"
 
 
+def failing_to_load_v2() -> None:
+    from django.utils import timezone
+
+    from registry.models import Worker
+
+    Worker.objects.create(worker_id="w-1", last_seen_at=timezone.now(), ok=False, error="digits v2: artifact sha256 mismatch",
+                          loaded=[{"model": "digits", "version": 1, "routed": True, "ready": True}])
+
+
+def test_a_canary_the_live_workers_failed_to_load_is_not_promoted_unless_forced_with_a_reason(operator_client, three_versions):
+    # Promoted with a 201 and no word: the page read "v2 100 %" while every worker went on
+    # serving v1 (an operator's fault run).
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    failing_to_load_v2()
+
+    refused = operator_client.post(RELEASE + "promote/", {}, format="json")
+    unexplained = operator_client.post(RELEASE + "promote/", {"force": True}, format="json")
+    forced = operator_client.post(RELEASE + "promote/", {"force": True, "reason": "its file is being restored"}, format="json")
+
+    assert refused.status_code == 409
+    assert refused.json()["error"] == ("v2 not promoted: no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact "
+                                       "sha256 mismatch); the workers would go on serving what they serve now. Mend or replace the "
+                                       "version, or send force: true with a reason to promote it anyway")
+    assert (unexplained.status_code, unexplained.json()["error"]) == (400, "force needs a reason: say why v2, which no live worker "
+                                                                           "could load, is promoted")
+    assert forced.status_code == 201, forced.content
+    assert forced.json()["release"]["routes"] == [{"version": 2, "weight": 100}]
+
+
 def test_promote_makes_the_canary_stable_at_full_weight(operator_client, three_versions):
     split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
 
