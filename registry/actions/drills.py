@@ -114,7 +114,15 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
         made(made_so_far(drill, recorded=True))
     if running_rollout is not None:
         through_outage(lambda: _note_paused_rollout(drill, running_rollout), f"drill #{drill.pk}: reading its model's rollout")
+    _log_result(drill)
     return drill
+
+
+def _log_result(drill: Drill) -> None:
+    """The console's log said nothing of a drill's result: only its page and API did."""
+    passed = drill.status == DrillStatus.PASSED
+    logger.log(logging.INFO if passed else logging.WARNING, "drill #%s of %s %s (generation %s to %s)%s", drill.pk, drill.model.name,
+               drill.status, drill.from_generation, drill.to_generation, f": {drill.error}" if drill.error else "")
 
 
 def drill_workers(now=None) -> tuple[list[Worker], dict[str, float], list[str]]:

@@ -178,6 +178,17 @@ def test_a_failed_drill_s_audit_entry_says_why_it_failed(worker_client, operator
     assert drill["status"] == "failed"
 
 
+def test_a_drill_s_result_is_in_the_console_s_log(worker_client, operator_client, canary, settings, caplog):
+    settings.DRILL_ACK_TIMEOUT_S = 0.3
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+
+    with caplog.at_level("INFO", logger="registry.actions.drills"):
+        drill = run_drill(operator_client, [])  # w-1 never acks
+
+    results = [(record.levelname, record.getMessage()) for record in caplog.records if record.getMessage().startswith("drill #")]
+    assert results == [("WARNING", f"drill #{drill['id']} of digits failed (generation 2 to 3): {drill['error']}")]
+
+
 def test_a_failed_drill_s_audit_entry_counts_failed_requests_as_at_least_when_some_are_unknown(worker_client, operator_client, canary,
                                                                                               settings):
     settings.DRILL_ACK_TIMEOUT_S = 1.5
