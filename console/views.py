@@ -347,7 +347,9 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "promote_returns_to": _promote_returns_to(model, release) if canary else "",
         "active_rollout": model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first(),
         "convergence": (convergence := fleet.convergence(release)),
-        "lagging_workers": [row for row in convergence["workers"] if not row["converged"]],
+        "lagging_workers": (lagging := [row for row in convergence["workers"] if not row["converged"]]),
+        # "Converging" of a worker whose apply failed read as if it would get there by itself.
+        "lagging_failed": any(row["error"] and not row["ok"] for row in lagging),
         "split_form": _split_form(release, choices, canary),
         "split_candidates": (candidates := canary_candidates(versions, choices)),
         "split_any_incompatible": any(candidate["incompatible"] for candidate in candidates),

@@ -65,6 +65,19 @@ def test_the_model_page_names_each_worker_still_converging_and_no_other(viewer_p
     assert f"Converging: w1 on gen {behind}.</span>" in html
 
 
+def test_the_model_page_says_a_worker_that_failed_to_apply_the_release_is_not_converging(viewer_page, canary_digits):
+    # "Converging: w1 on gen 15 (applied but for digits …)" read as if it would get there
+    # by itself; its canary's file was broken and it never would.
+    worker = report_from("w1", generation=canary_digits.current_release().generation - 1, versions=[])
+    worker.ok, worker.error = False, "applied but for digits (keeps the routes it served before): digits v2: artifact sha256 mismatch"
+    worker.save()
+
+    html = viewer_page.get("/models/digits/").content.decode()
+
+    assert ("Not converged: w1 failed to apply it (applied but for digits (keeps the routes it served before): digits v2: artifact "
+            "sha256 mismatch).</span>") in html
+
+
 def test_models_page_says_what_is_wrong(viewer_page, canary_digits):
     report_from("w1", generation=1, versions=[])
 
