@@ -2,6 +2,7 @@
 client that got the case wrong was answered by the other one. A database that already
 holds such a pair is named here rather than left to the constraint's bare error."""
 
+from django.core.management.base import CommandError
 from django.db import migrations, models
 from django.db.models.functions import Lower
 
@@ -15,8 +16,9 @@ def refuse_names_differing_only_by_case(apps, schema_editor):
             clashes.append(f"{seen[name.lower()]!r} and {name!r}")
         seen.setdefault(name.lower(), name)
     if clashes:
-        raise RuntimeError("model names must differ by more than case; rename one of each pair before migrating "
-                           f"(it is served under its name): {', '.join(clashes)}")
+        # CommandError: migrate prints it as one line, not a traceback.
+        raise CommandError("model names must now differ by more than case; rename one of each pair in the database "
+                           f"(registry_registeredmodel.name; workers serve it under its new name) and migrate again: {', '.join(clashes)}")
 
 
 class Migration(migrations.Migration):
