@@ -72,6 +72,11 @@ class ReasonForm(SeenGenerationForm):
     reason = forms.CharField(required=False, max_length=500)
 
 
+class PromoteForm(ReasonForm):
+    # Shown when the live workers failed to load the canary; the registry asks a reason.
+    force = forms.BooleanField(required=False, label="Promote it although the workers failed to load it")
+
+
 class DrillForm(SeenGenerationForm):
     # Checked on the page: a drill rolls forward unless the operator unticks it.
     roll_forward = forms.BooleanField(required=False, label="Restore the current split after the drill")

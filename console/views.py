@@ -347,6 +347,8 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "promote_returns_to": _promote_returns_to(model, release) if canary else "",
         "active_rollout": model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first(),
         "convergence": (convergence := fleet.convergence(release)),
+        # The promote dialog shows it, with a Force control: promoted, no worker would serve it.
+        "canary_load_failure": fleet.load_failure(model.name, canary["version"]) if canary else None,
         "lagging_workers": (lagging := [row for row in convergence["workers"] if not row["converged"]]),
         # "Converging" of a worker whose apply failed read as if it would get there by itself.
         "lagging_failed": any(row["error"] and not row["ok"] for row in lagging),
@@ -494,11 +496,11 @@ def promote(request, name: str):
     model = _model(name)
     if request.method == "GET":
         return _confirm(request, model, "console/fragments/confirm_promote.html")
-    form = forms.ReasonForm(request.POST)
+    form = forms.PromoteForm(request.POST)
     if not form.is_valid():
         return _answer(request, name, "error", _first_error(form), status=400)
-    reason, seen = form.cleaned_data["reason"], form.cleaned_data["expected_generation"]
-    return _release(request, model, lambda: releases.promote(model, request.user, reason, expected_generation=seen))
+    reason, seen, force = form.cleaned_data["reason"], form.cleaned_data["expected_generation"], form.cleaned_data["force"]
+    return _release(request, model, lambda: releases.promote(model, request.user, reason, expected_generation=seen, force=force))
 
 
 @require_http_methods(["GET", "POST"])
@@ -519,6 +521,8 @@ def release_error_words(error: releases.ReleaseError) -> str:
     Force control, not the API's ``force: true``."""
     if isinstance(error, releases.IncompatibleInputs):
         return f"{error.refusal}: tick Force and say why in the reason to route traffic to it anyway"
+    if isinstance(error, releases.CanaryNotLoaded):
+        return f"{error.refusal}. Mend or replace the version, or tick Force and say why in the reason to promote it anyway"
     return error.message
 
 

@@ -670,7 +670,9 @@ class WorkerReport:
     loaded: tuple[LoadedEntry, ...] = ()
     interval_s: float | None = None
     versions: tuple[dict, ...] = ()
-    requests_failed_total: int | None = None  # 5xx answers since the worker started (drills count them)
+    # 5xx answers since the worker started, and connections refused with a 503 before a
+    # request was read (drills count them; older workers counted the answers alone).
+    requests_failed_total: int | None = None
     shadow: tuple[dict, ...] = ()
     device_memory_bytes: int | None = None
     state: str = "serving"

@@ -146,13 +146,15 @@ def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generat
         current = require_current(model)
         canary = _only_canary(current)
         _check_still_ready(model, [canary])
-        if rollout is None:
-            check_loadable(model, canary, force, reason)
+        unloadable = check_loadable(model, canary, force, reason) if rollout is None else None
         routes = [Route(version=canary, weight=100)]
         target = last_all_stable(model, current.stable_version) or current
         release = _append(counter, model, routes, canary, ReleaseAction.PROMOTE, target, actor, reason, rollout=rollout)
-        events.release_made(release, f"Version {canary} promoted to stable at 100% (generation {release.generation}); "
-                                     f"a rollback returns to {describe_routes(target)} (generation {target.generation})")
+        message = (f"Version {canary} promoted to stable at 100% (generation {release.generation}); "
+                   f"a rollback returns to {describe_routes(target)} (generation {target.generation})")
+        if unloadable:
+            message += f"; forced although {unloadable}: {reason}"
+        events.release_made(release, message, forced=[unloadable] if unloadable else None)
     return release
 
 
@@ -468,18 +470,29 @@ def _pause_rollouts(model: RegisteredModel, release: Release) -> None:
         events.rollout_event(rollout, release.actor, f"Rollout #{rollout.pk} {rollout.status_reason}", {"event": "paused", "generation": release.generation})
 
 
-def check_loadable(model: RegisteredModel, version: int, force: bool, reason: str) -> None:
+class CanaryNotLoaded(ReleaseConflict):
+    """A promote of a version the live workers failed to load, not forced. ``refusal`` is
+    what is wrong; the message adds how an API client forces it (the console names its own
+    Force control instead)."""
+
+    def __init__(self, version: int, why: str):
+        self.refusal = f"v{version} not promoted: {why}; the workers would go on serving what they serve now"
+        super().__init__(f"{self.refusal}. Mend or replace the version, or send force: true with a reason to promote it anyway")
+
+
+def check_loadable(model: RegisteredModel, version: int, force: bool, reason: str) -> str | None:
     """Refused unless ``force`` with a reason: promoting a version the live workers failed
     to load. An operator's run promoted one (201, no word of warning): the page read "v3
-    100 %" while every worker went on answering with v1 and v2."""
+    100 %" while every worker went on answering with v1 and v2. Returns why it is forced
+    (None: nothing to force), for the audit."""
     why = load_failure(model.name, version)
     if why is None:
-        return
+        return None
     if not force:
-        raise ReleaseConflict(f"v{version} not promoted: {why}; the workers would go on serving what they serve now. "
-                              "Mend or replace the version, or send force: true with a reason to promote it anyway")
+        raise CanaryNotLoaded(version, why)
     if not reason.strip():
         raise ReleaseError(f"force needs a reason: say why v{version}, which no live worker could load, is promoted")
+    return why
 
 
 def check_compatible(model: RegisteredModel, current: Release | None, routes: list[Route], force: bool, reason: str) -> list[str]:

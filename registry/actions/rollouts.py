@@ -154,7 +154,7 @@ def _check_canary(model: RegisteredModel, current, canary_version: int, force: b
     """Ready, and with the stable's inputs unless forced: checked at the start, since a
     shadow step routes no traffic and the refusal would otherwise come at the next step."""
     if not model.versions.ready().filter(number=canary_version).exists():
-        raise RolloutError(f"{releases.version_not_ready(model, canary_version)} ({model.name})")
+        raise RolloutError(releases.version_not_ready(model, canary_version))
     releases.check_compatible(model, current, [Route(version=canary_version, weight=1)], force, reason)
 
 

@@ -53,6 +53,10 @@ def exception_handler(exc, context):
     return response
 
 
+# Schemes an answer may name back: any other first word could be a token sent first.
+KNOWN_SCHEMES = {"basic", "bearer", "token", "digest", "negotiate", "apikey", "api-key", "jwt", "oauth", "hoba", "mutual", "aws4-hmac-sha256"}
+
+
 def _unaccepted_scheme(request) -> str | None:
     """Why credentials sent in a scheme this endpoint does not take were ignored: "not
     provided" read as if the header had been lost (the README's curl lines use Bearer for
@@ -67,7 +71,9 @@ def _unaccepted_scheme(request) -> str | None:
     schemes = " or ".join(f"'Authorization: {keyword} <token>'" for keyword in accepted)
     if len(words) == 1:
         return f"the Authorization header has no scheme before its token: send {schemes}"
-    return f"the Authorization header's scheme {words[0][:20]!r} is not accepted here: send {schemes}"
+    if words[0].lower() not in KNOWN_SCHEMES:  # its first word may be the token itself: never said back
+        return f"the Authorization header's first word is not a scheme accepted here: send {schemes}"
+    return f"the Authorization header's scheme {words[0]!r} is not accepted here: send {schemes}"
 
 
 # get_object_or_404's "No ModelVersion matches the given query." names a table, not what

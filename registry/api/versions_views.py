@@ -164,7 +164,7 @@ class VersionArtifact(APIView):
     @extend_schema(
         responses={(200, "application/octet-stream"): OpenApiResponse(bytes), **error_responses(404, 409, 410)},
         description=("Only a ready version's bytes: 409 while it is validated, 410 once rejected or archived (no artifact kept), "
-                     "503 with Retry-After while a ready version's file is missing from the store (the error names where it looked), "
+                     "503 with Retry-After while a ready version's file is missing from the store (the error names it under ARTIFACT_ROOT), "
                      "or once a whole download of it did not match its sha256 (the file changed after its upload), until "
                      "the file changes again."),
         parameters=[ARTIFACT_SHA256_HEADER],

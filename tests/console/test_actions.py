@@ -177,6 +177,39 @@ def test_promote_makes_the_canary_stable(operator_page, canary_digits):
     assert (release.action, release.stable_version, release.routes) == ("promote", 2, [{"version": 2, "weight": 100}])
 
 
+def worker_failing_to_load_v2():
+    from django.utils import timezone
+
+    from registry.models import Worker
+
+    Worker.objects.create(worker_id="w-1", last_seen_at=timezone.now(), ok=False, error="digits v2: artifact sha256 mismatch",
+                          loaded=[{"model": "digits", "version": 1, "routed": True, "ready": True}])
+
+
+def test_the_promote_dialog_of_a_canary_no_worker_loaded_says_so_and_offers_force(operator_page, canary_digits):
+    worker_failing_to_load_v2()
+
+    html = operator_page.get("/models/digits/promote/").content.decode()
+
+    assert "no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact sha256 mismatch): promoted, the workers" in html
+    assert 'name="force"' in html
+
+
+def test_a_promote_of_a_canary_no_worker_loaded_is_refused_naming_the_page_s_force_then_made_when_forced(operator_page, canary_digits):
+    worker_failing_to_load_v2()
+
+    refused = operator_page.post("/models/digits/promote/", {"expected_generation": "2"}, HTTP_ACCEPT="application/json")
+    forced = operator_page.post("/models/digits/promote/", {"expected_generation": "2", "force": "on", "reason": "file restored"},
+                                HTTP_ACCEPT="application/json")
+
+    assert refused.status_code == 409
+    assert refused.json()["message"] == ("v2 not promoted: no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact "
+                                         "sha256 mismatch); the workers would go on serving what they serve now. Mend or replace the "
+                                         "version, or tick Force and say why in the reason to promote it anyway")
+    assert forced.status_code == 200, forced.content
+    assert canary_digits.current_release().routes == [{"version": 2, "weight": 100}]
+
+
 def test_drill_runs_and_reports_its_result(operator_page, canary_digits):
     response = operator_page.post("/models/digits/drill/", {"expected_generation": "2"}, HTTP_ACCEPT="application/json")
 

@@ -153,6 +153,18 @@ def test_make_demo_models_refuses_fewer_than_one_version(versions):
 
 
 @pytest.mark.django_db
+def test_make_demo_models_beside_a_model_named_like_the_demo_but_for_case_names_it(tmp_path):
+    RegisteredModel.objects.create(name="Digits")
+
+    with pytest.raises(CommandError) as refusal:
+        call_command("make_demo_models", stdout=io.StringIO())
+
+    assert str(refusal.value) == ("the demo model 'digits' cannot be registered: a model named 'Digits' exists and model names must "
+                                  "differ by more than case; rename that model, or start the stack with `manage.py runstack --no-demo`")
+    assert list(RegisteredModel.objects.values_list("name", flat=True)) == ["Digits"]
+
+
+@pytest.mark.django_db
 def test_make_demo_models_refuses_an_export_dir_that_is_a_file_before_registering(tmp_path):
     (tmp_path / "a-file").write_text("")
 

@@ -91,6 +91,7 @@ def test_while_redis_never_answers_the_live_feed_is_refused_try_again_later_with
 
     assert answer == (False, 1013)
     assert time.monotonic() - started < django_settings.CHANNEL_SEND_TIMEOUT_S + SLACK_S
+    assert consumers.FEEDS.by_user.get(operator.pk) is None  # the refused handshake gave its place back
 
 
 @pytest.mark.django_db(transaction=True)
@@ -337,7 +338,7 @@ def test_a_closed_feed_gives_its_place_back(viewer, settings):
     first, _ = open_feeds([feed(viewer)], nothing)
     again, _ = open_feeds([feed(viewer)], nothing)
 
-    assert (first, again, consumers.FEEDS.open) == ([(True, None)], [(True, None)], 0)
+    assert (first, again, consumers.FEEDS.by_user.get(viewer.pk)) == ([(True, None)], [(True, None)], None)
 
 
 @pytest.mark.django_db(transaction=True)

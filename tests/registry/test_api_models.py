@@ -34,6 +34,7 @@ def test_bad_token_gets_401(stranger_client):
 @pytest.mark.parametrize(("header", "words"), [
     ("Bearer some-token", "the Authorization header's scheme 'Bearer' is not accepted here: send 'Authorization: Token <token>'"),
     ("some-token", "the Authorization header has no scheme before its token: send 'Authorization: Token <token>'"),
+    ("some-token extra", "the Authorization header's first word is not a scheme accepted here: send 'Authorization: Token <token>'"),
 ])
 def test_credentials_in_a_scheme_the_api_does_not_take_are_a_401_saying_which_it_takes(stranger_client, header, words):
     # "Authentication credentials were not provided." read as if the header had been lost.

@@ -73,7 +73,7 @@ def test_a_rollout_of_a_version_still_being_validated_says_so(operator_client, t
     response = operator_client.post("/api/models/digits/rollouts/", {"canary_version": 2, "steps": [10, 100]}, format="json")
 
     assert response.status_code == 400
-    assert response.json()["error"] == "version 2 is still being validated: it can take traffic once it is ready (digits)"
+    assert response.json()["error"] == "version 2 is still being validated: it can take traffic once it is ready"
 
 
 def failing_to_load_v2() -> None:
@@ -103,6 +103,11 @@ def test_a_canary_the_live_workers_failed_to_load_is_not_promoted_unless_forced_
                                                                            "could load, is promoted")
     assert forced.status_code == 201, forced.content
     assert forced.json()["release"]["routes"] == [{"version": 2, "weight": 100}]
+    assert Release.objects.count() == 3  # the first, the split, the forced promote: the refusals made none
+    audit = AuditEvent.objects.filter(kind="release").order_by("-pk").first()
+    assert audit.data["forced"] == ["no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact sha256 mismatch)"]
+    assert audit.message.endswith("; forced although no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact "
+                                  "sha256 mismatch): its file is being restored")
 
 
 def test_promote_makes_the_canary_stable_at_full_weight(operator_client, three_versions):

@@ -189,6 +189,17 @@ def test_a_drill_s_result_is_in_the_console_s_log(worker_client, operator_client
     assert results == [("WARNING", f"drill #{drill['id']} of digits failed (generation 2 to 3): {drill['error']}")]
 
 
+def test_a_passed_drill_s_result_is_an_info_line_in_the_console_s_log(worker_client, operator_client, canary, settings, caplog):
+    settings.DRILL_ACK_TIMEOUT_S = 5
+    worker_client.post("/api/serving/reports", report("w-1", 2, 0), format="json")
+
+    with caplog.at_level("INFO", logger="registry.actions.drills"):
+        drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
+
+    results = [(record.levelname, record.getMessage()) for record in caplog.records if record.getMessage().startswith("drill #")]
+    assert results == [("INFO", f"drill #{drill['id']} of digits passed (generation 2 to 3)")]
+
+
 def test_a_failed_drill_s_audit_entry_counts_failed_requests_as_at_least_when_some_are_unknown(worker_client, operator_client, canary,
                                                                                               settings):
     settings.DRILL_ACK_TIMEOUT_S = 1.5

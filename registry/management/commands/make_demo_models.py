@@ -33,6 +33,7 @@ class Command(BaseCommand):
         if versions is not None and versions < 1:  # 0 registered none, -1 all but the last
             raise CommandError(f"--versions must be at least 1 (leave it out to register every demo version), got {versions}")
         require_migrated_database()
+        self._refuse_a_case_twin()
         if export_dir is not None:
             _make_directory(export_dir)  # before the minutes of training and registering, not after
         with self._one_at_a_time():
@@ -62,6 +63,15 @@ class Command(BaseCommand):
                 self.stdout.write("another make_demo_models is running on this DATA_DIR: waiting for it to finish")
                 fcntl.flock(lock, fcntl.LOCK_EX)
             yield
+
+    def _refuse_a_case_twin(self) -> None:
+        """Names are unique ignoring case: get_or_create found no "digits" beside a
+        "Digits", and its create raised an IntegrityError (after the demo's training)."""
+        twin = RegisteredModel.objects.filter(name__iexact=demo.demo_model_name).exclude(name=demo.demo_model_name).first()
+        if twin is not None:
+            raise CommandError(f"the demo model {demo.demo_model_name!r} cannot be registered: a model named {twin.name!r} exists "
+                               "and model names must differ by more than case; rename that model, or start the stack with "
+                               "`manage.py runstack --no-demo`")
 
     def _model(self) -> RegisteredModel:
         model, created = RegisteredModel.objects.get_or_create(name=demo.demo_model_name, defaults={"description": demo.demo_model_description})
