@@ -50,7 +50,7 @@ def create_model(name: str, *, created_by, description: str = "", tags: list[str
             events.model_created(model, created_by)
     except IntegrityError:
         _refuse_a_name_differing_only_by_case(name)  # created meanwhile
-        raise CatalogError(f"a model named {name!r} already exists") from None
+        raise CatalogConflict(f"a model named {name!r} already exists") from None
     return model
 
 

@@ -50,7 +50,7 @@ def filtered_models(params) -> QuerySet[RegisteredModel]:
 @extend_schema_view(
     get=extend_schema(parameters=[*LIST_PARAMETERS, *pagination.PAGE_PARAMETERS],
                       responses={200: serializers.ModelSerializer(many=True), **error_responses(400)}),
-    post=extend_schema(request=serializers.ModelCreateSerializer, responses={201: serializers.ModelSerializer, **error_responses(400, 415)}),
+    post=extend_schema(request=serializers.ModelCreateSerializer, responses={201: serializers.ModelSerializer, **error_responses(400, 409, 415)}),
 )
 class ModelList(generics.ListCreateAPIView):
     parser_classes = [JSONParser]  # nullable numbers have no form spelling

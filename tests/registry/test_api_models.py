@@ -157,8 +157,8 @@ def test_duplicate_model_name_is_refused(operator_client):
 
     response = operator_client.post("/api/models/", {"name": "fraud"}, format="json")
 
-    assert response.status_code == 400
-    assert "already exists" in response.json()["error"]
+    assert response.status_code == 409  # as a name taken but for its case is
+    assert response.json()["error"] == "a model named 'fraud' already exists"
     assert RegisteredModel.objects.count() == 1
 
 
