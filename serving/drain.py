@@ -131,6 +131,7 @@ class DrainingServer(uvicorn.Server):
         self.drain.begin()  # stopped by other means than a signal (max requests): drain all the same
         answered_before, stopped_at = self.server_state.total_requests, time.monotonic()
         self.keepers.stop()  # a keeper holds the listener too: it would keep the port open after the close
+        metrics.count_refused_connections(self.keepers.refused)  # its refusals since the last tick, for the final report
         taken = self._take_backlog()
         for server in self.servers:
             server.close()
