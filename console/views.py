@@ -62,7 +62,7 @@ from console.summaries import (
 from registry.actions import drills, releases, rollouts, uploads
 from registry.api.errors import json_not_found, json_server_error
 from registry.api.versions_views import duplicate_details
-from registry.artifacts import storage
+from registry.artifacts import served_bytes, storage
 from registry.artifacts.upload_handler import (
     StagedUploadedFile,
     csrf_failure,
@@ -315,7 +315,7 @@ def model_context(model: RegisteredModel, chosen: audit_log.AuditFilter = audit_
         "health_level": level,
         "health": words,
         "versions": [{"version": version, "role": roles.get(version.number, ""), "served": served.get(version.number), "headline": headline(version.metrics),
-                      "measuring": running.get(version.number, [])} for version in versions],
+                      "measuring": running.get(version.number, []), "store_changed": _store_changed(version)} for version in versions],
         "evaluation": evaluation_context(model),
         "live_rows": _live_rows(model, roles, figures),
         "audit_entries": audit_entries(model, chosen),
@@ -324,6 +324,13 @@ def model_context(model: RegisteredModel, chosen: audit_log.AuditFilter = audit_
         "details_form": forms.ModelDetailsForm(initial={"description": model.description, "tags": model.tags, "owner": model.owner.get_username() if model.owner else ""}),
         "live_config": {"model": model.name, "gone_after_s": settings.WORKER_GONE_AFTER_S, "drill_silent_s": drills.RECENTLY_SILENT_S},
     }
+
+
+def _store_changed(version: ModelVersion) -> bool:
+    """Its stored file no longer has the bytes uploaded, as this console last streamed it
+    (``served_bytes``): the version read "Ready" while any worker that loaded it afresh
+    refused it, and workers that had it cached served it on (an operator's fault run)."""
+    return version.status == VersionStatus.READY and served_bytes.known_mismatch(storage.path_for(version.sha256))
 
 
 def _release_panel_context(model: RegisteredModel, release: Release | None, versions: list[ModelVersion]) -> dict:

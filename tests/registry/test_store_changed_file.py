@@ -83,3 +83,18 @@ def test_a_download_its_client_left_early_proves_nothing(stored, worker_client):
     next(iter(response.streaming_content))  # one part, then gone (never read to its end)
 
     assert worker_client.get(ARTIFACT).status_code == 200
+
+
+def test_the_model_page_says_which_ready_version_s_stored_file_changed(stored, worker_client, client, operator):
+    # It read "Ready" while any worker that loaded it afresh refused it.
+    path, uploaded = stored
+    client.force_login(operator)
+    before = client.get("/models/digits/").content.decode()
+    path.write_bytes(b"not the bytes uploaded")
+    downloaded(worker_client)
+
+    after = client.get("/models/digits/").content.decode()
+
+    words = "its stored file changed after upload: a worker that loads it now refuses it"
+    assert words not in before
+    assert after.count(words) == 1  # v1's row alone
