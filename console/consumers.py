@@ -123,7 +123,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         refused = FEEDS.take(user.pk)
         if refused is not None:
             logger.warning("live feed refused, try again later: %s", refused)
-            await self.close(code=CLOSE_TRY_AGAIN)
+            # Accepted first: a close before it is the handshake's HTTP 403, as a foreign
+            # Origin's, and the page could not tell "too many" from "forbidden".
+            await self.accept()
+            await self.close(code=CLOSE_TRY_AGAIN, reason="too many live feeds open: try again later")
             return
         self._slot_of = user.pk
         self._checked_at = time.monotonic()

@@ -360,8 +360,9 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         # "Converging" of a worker whose apply failed read as if it would get there by itself.
         "lagging_failed": any(row["error"] and not row["ok"] for row in lagging),
         "split_form": _split_form(release, choices, canary),
-        "split_candidates": (candidates := canary_candidates(versions, choices)),
+        "split_candidates": (candidates := canary_candidates(versions, choices, model.name)),
         "split_any_incompatible": any(candidate["incompatible"] for candidate in candidates),
+        "split_any_unloadable": any(candidate["load_failure"] for candidate in candidates),
         "presets": forms.PRESET_WEIGHTS,
         "full_weight": forms.FULL_WEIGHT,
         "last_drill": model.drills.select_related("actor").first(),
@@ -412,7 +413,7 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
     rollout = shown or (history[0] if history else None)
     verdict = rollout.verdicts.first() if rollout else None
     choices = canary_choices(release, versions)
-    candidates = canary_candidates(versions, choices)
+    candidates = canary_candidates(versions, choices, model.name)
     return {
         "rollout": rollout,
         "rollout_is_active": rollout is not None and rollout.status in ACTIVE_ROLLOUT_STATUSES,
@@ -437,16 +438,18 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
     }
 
 
-def canary_candidates(versions: list[ModelVersion], choices: list[int]) -> list[dict]:
-    """Each version a canary (a split's or a rollout's) may be, newest first, and how its
-    inputs differ from the stable's when its validation report says they do."""
+def canary_candidates(versions: list[ModelVersion], choices: list[int], model_name: str) -> list[dict]:
+    """Each version a canary (a split's or a rollout's) may be, newest first, how its
+    inputs differ from the stable's when its validation report says they do, and why no
+    live worker serves it when they say they failed to load it (a split is refused then,
+    unless forced)."""
     by_number = {version.number: version for version in versions}
-    candidates = []
+    candidates, workers = [], list(fleet.live_workers())
     for number in sorted(choices, reverse=True):
         compatibility = (by_number[number].validation_report or {}).get("compatibility") or {}
         incompatible = compatibility.get("compatible") is False
         candidates.append({"number": number, "incompatible": incompatible, "differences": compatibility.get("differences", []) if incompatible else [],
-                           "stable_version": compatibility.get("stable_version")})
+                           "stable_version": compatibility.get("stable_version"), "load_failure": fleet.load_failure(model_name, number, workers)})
     return candidates
 
 
@@ -529,7 +532,7 @@ def release_error_words(error: releases.ReleaseError) -> str:
     if isinstance(error, releases.IncompatibleInputs):
         return f"{error.refusal}: tick Force and say why in the reason to route traffic to it anyway"
     if isinstance(error, releases.CanaryNotLoaded):
-        return f"{error.refusal}. Mend or replace the version, or tick Force and say why in the reason to promote it anyway"
+        return f"{error.refusal}. Mend or replace the version, or tick Force and say why in the reason to do it anyway"
     return error.message
 
 

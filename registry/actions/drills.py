@@ -280,15 +280,16 @@ def _measure(drill: Drill, workers: list[Worker], release: Release, failed_befor
     # see acks up to the rollback's own duration past the target it reports.
     deadline = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S - max(_since(drill, timezone.now()), 0.0)
     acks, confirmed = watch_workers(drill, [worker.worker_id for worker in workers], window, deadline)
-    stopped = _stopped_reporting(drill, [worker.worker_id for worker in workers if worker.worker_id not in acks])
+    stopped = _stopped_reporting(drill, [worker.worker_id for worker in workers if worker.worker_id not in confirmed])
     return [_worker_row(drill, worker, acks.get(worker.worker_id), confirmed.get(worker.worker_id), failed_before,
                         silent_s.get(worker.worker_id), stopped.get(worker.worker_id)) for worker in workers]
 
 
 def _stopped_reporting(drill: Drill, worker_ids: list[str]) -> dict[str, float]:
-    """Of workers that never acked, those whose reports stopped (none for WORKER_GONE_AFTER_S
-    by now): seconds from the click to their last report. "No ack before the timeout" of a
-    worker killed just after the click read as a slow worker."""
+    """Of ``worker_ids``, those whose reports stopped (none for WORKER_GONE_AFTER_S by now):
+    seconds from the click to their last report. "No ack before the timeout" of a worker
+    killed just after the click read as a slow worker, and one killed just after its ack
+    was waited for again by the roll forward."""
     if not worker_ids:
         return {}
     now = timezone.now()
@@ -303,7 +304,7 @@ def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: 
     after = failed_total(report)
     before = failed_before.get(worker.worker_id)
     error = _row_error(ack, confirmed_s, drill.to_generation, drill.model.name)
-    if ack is None and stopped_s is not None and silent_s is None:  # a silent one's silence is said below
+    if error and stopped_s is not None and silent_s is None:  # a silent one's silence is said below
         when = f"{stopped_s:.1f} s after the click" if stopped_s >= 0 else f"{-stopped_s:.1f} s before the click"
         error = f"{error}: it stopped reporting (its last report came {when})"
     if error and silent_s is not None:  # the likely cause, said where the failure is
@@ -540,17 +541,25 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
     # rollback took it too is said here (those that did not are named already). Only
     # theirs are waited for: a worker killed during the drill held its answer 10 s more.
     followed = [row["worker"] for row in drill.workers if (row.get("ok") or row.get("note")) and row.get("worker") in worker_ids]
+    gone = _stopped_reporting(drill, followed)  # killed after its ack: no ack will come
+    waited = [worker_id for worker_id in followed if worker_id not in gone]
     try:
-        acks = wait_for_acks(followed, RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S) if followed else {}
+        acks = wait_for_acks(waited, RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S) if waited else {}
     except Exception:
         logger.exception("drill #%s: waiting for the roll forward's acks failed", drill.pk)
         acks = {}
     unconfirmed = [worker_id for worker_id in followed if not (worker_id in acks and applied(acks[worker_id], drill.model.name))]
     if unconfirmed:
         # Each with why: "did not ack it" was said of workers that acked it failing.
-        who = ", ".join(f"{worker_id} ({failed_to_apply(acks[worker_id].error) if worker_id in acks else 'no ack'})" for worker_id in unconfirmed)
+        who = ", ".join(f"{worker_id} ({_forward_words(acks.get(worker_id), worker_id in gone)})" for worker_id in unconfirmed)
         _record_reason(drill, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of {len(followed)} workers "
                               f"did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {who}")
+
+
+def _forward_words(ack: WorkerAck | None, gone: bool) -> str:
+    if ack is not None:
+        return failed_to_apply(ack.error)
+    return "it had stopped reporting: not waited for" if gone else "no ack"
 
 
 def _note_paused_rollout(drill: Drill, rollout: Rollout) -> None:

@@ -120,6 +120,10 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
             raise ReleaseConflict(f"{model.name} already serves {describe_routes(current)} (generation {current.generation}): nothing to change")
         stable = _stable_for(parsed, current)
         forced = check_compatible(model, current, parsed, force, reason)
+        # A split to 100 % is a promote by another door (an operator's second run took it).
+        unloadable = [] if rollout is not None or current is None else [
+            why for route in parsed if route.weight > 0 and route.version != current.stable_version
+            if (why := check_loadable(model, route.version, force, reason, verb="routed"))]
         # A rollback from a rollout's step returns to its stable at 100 %, as its abort does:
         # returning to the release before walked back through the rollout's own steps (a
         # drill's rollback raised the canary to a 30 % split the rollout had replaced).
@@ -128,7 +132,9 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
         message = f"Traffic set to {_describe(parsed)} (generation {release.generation})"
         if forced:
             message += f"; forced onto incompatible inputs ({'; '.join(forced)}): {reason}"
-        events.release_made(release, message, forced=forced)
+        if unloadable:
+            message += f"; forced although {'; '.join(unloadable)}: {reason}"
+        events.release_made(release, message, forced=forced + unloadable)
     return release
 
 
@@ -475,12 +481,12 @@ class CanaryNotLoaded(ReleaseConflict):
     what is wrong; the message adds how an API client forces it (the console names its own
     Force control instead)."""
 
-    def __init__(self, version: int, why: str):
-        self.refusal = f"v{version} not promoted: {why}; the workers would go on serving what they serve now"
-        super().__init__(f"{self.refusal}. Mend or replace the version, or send force: true with a reason to promote it anyway")
+    def __init__(self, version: int, why: str, verb: str):
+        self.refusal = f"v{version} not {verb}: {why}; the workers would go on serving what they serve now"
+        super().__init__(f"{self.refusal}. Mend or replace the version, or send force: true with a reason to do it anyway")
 
 
-def check_loadable(model: RegisteredModel, version: int, force: bool, reason: str) -> str | None:
+def check_loadable(model: RegisteredModel, version: int, force: bool, reason: str, *, verb: str = "promoted") -> str | None:
     """Refused unless ``force`` with a reason: promoting a version the live workers failed
     to load. An operator's run promoted one (201, no word of warning): the page read "v3
     100 %" while every worker went on answering with v1 and v2. Returns why it is forced
@@ -489,9 +495,9 @@ def check_loadable(model: RegisteredModel, version: int, force: bool, reason: st
     if why is None:
         return None
     if not force:
-        raise CanaryNotLoaded(version, why)
+        raise CanaryNotLoaded(version, why, verb)
     if not reason.strip():
-        raise ReleaseError(f"force needs a reason: say why v{version}, which no live worker could load, is promoted")
+        raise ReleaseError(f"force needs a reason: say why v{version}, which no live worker could load, is {verb}")
     return why
 
 

@@ -91,7 +91,8 @@ def _named_not_found(message: str, kwargs: dict) -> str:
 
     name = kwargs.get("name")
     if name is not None and (match[1] == "RegisteredModel" or not RegisteredModel.objects.filter(name=name).exists()):
-        return f"no model named {name!r}"
+        other = RegisteredModel.objects.filter(name__iexact=name).values_list("name", flat=True).first()
+        return f"no model named {name!r}" + (f" (names keep their case: did you mean {other!r}?)" if other else "")
     noun, key = NOT_FOUND_WORDS.get(match[1], (None, None))
     if noun is None or key not in kwargs:
         return f"no such {match[1]}"

@@ -333,7 +333,7 @@ class ArchiveSerializer(RefusesUnknownKeys, serializers.Serializer):
 
 
 FORCE_HELP = ("Route traffic to a version whose inputs differ from the stable version's (names, datatypes, non-batch "
-              "dimensions). Needs a reason; recorded in the audit timeline.")
+              "dimensions), or that the live workers failed to load. Needs a reason; recorded in the audit timeline.")
 
 
 class ReasonSerializer(RefusesUnknownKeys, serializers.Serializer):

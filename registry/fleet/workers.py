@@ -66,11 +66,17 @@ def live_workers():
     return Worker.objects.filter(last_seen_at__gte=cutoff).exclude(SAID_STOPPED)
 
 
-def load_failure(model_name: str, version: int) -> str | None:
+# A load error quoting the console's 503 ends with what to do ("restore its bytes there …,
+# or route m away from v3"): cut at SHOWN_ERROR_CHARS, promote refusals lost it mid-sentence.
+LOAD_ERROR_CHARS = 2 * SHOWN_ERROR_CHARS
+
+
+def load_failure(model_name: str, version: int, workers: list[Worker] | None = None) -> str | None:
     """Why no live worker serves ``model_name`` v``version``, when none has it loaded and
     some say they failed to load it (a worker's load error names "<model> v<version>:");
-    None while any serves it, or none has said it failed (they may still be loading it)."""
-    workers = list(live_workers())
+    None while any serves it, or none has said it failed (they may still be loading it).
+    ``workers``: the live workers, when the caller asks of several versions at once."""
+    workers = list(live_workers()) if workers is None else workers
     if not workers or any(_has_loaded(worker, model_name, version) for worker in workers):
         return None
     # Where a load error begins: not inside another model's name ("ab v2:" is not "b v2:").
@@ -80,7 +86,7 @@ def load_failure(model_name: str, version: int) -> str | None:
         return None
     worker, match = failed[0]
     return (f"no worker serves v{version}: {len(failed)} of {len(workers)} live worker{'s' * (len(workers) != 1)} failed to load it "
-            f"({worker.error[match.start():][:SHOWN_ERROR_CHARS]})")
+            f"({worker.error[match.start():][:LOAD_ERROR_CHARS]})")
 
 
 def _has_loaded(worker: Worker, model_name: str, version: int) -> bool:

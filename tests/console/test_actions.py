@@ -205,9 +205,19 @@ def test_a_promote_of_a_canary_no_worker_loaded_is_refused_naming_the_page_s_for
     assert refused.status_code == 409
     assert refused.json()["message"] == ("v2 not promoted: no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact "
                                          "sha256 mismatch); the workers would go on serving what they serve now. Mend or replace the "
-                                         "version, or tick Force and say why in the reason to promote it anyway")
+                                         "version, or tick Force and say why in the reason to do it anyway")
     assert forced.status_code == 200, forced.content
     assert canary_digits.current_release().routes == [{"version": 2, "weight": 100}]
+
+
+def test_the_split_form_names_a_canary_no_worker_loaded_and_offers_force(operator_page, canary_digits):
+    worker_failing_to_load_v2()
+
+    html = operator_page.get("/models/digits/").content.decode()
+
+    assert ('<p data-force-for="2">no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact sha256 mismatch): '
+            "routed, the workers would go on serving what they serve now.</p>") in html
+    assert 'id="id_split_force"' in html
 
 
 def test_drill_runs_and_reports_its_result(operator_page, canary_digits):
@@ -370,6 +380,14 @@ def test_try_it_refuses_inputs_longer_than_the_form_takes(viewer_page, digits):
     assert response.json()["ok"] is False
     assert response.json()["error"] == (f"Inputs (JSON): {len(inputs):,} characters is more than this form takes (262,144): "
                                         "send larger inputs to the worker's /predict or /v2 API")
+
+
+def test_try_it_counts_the_whitespace_around_the_inputs_too(viewer_page, digits):
+    inputs = "[[0.5, 0.5, 0.5, 0.5]]" + " " * 262_144
+
+    response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": inputs}, HTTP_ACCEPT="application/json")
+
+    assert response.json()["error"].startswith(f"Inputs (JSON): {len(inputs):,} characters is more than this form takes")
 
 
 def test_try_it_refuses_json_nested_past_the_decoder_s_depth(viewer_page, digits):

@@ -361,6 +361,41 @@ def test_a_worker_that_stops_reporting_during_a_drill_is_named_so_and_its_roll_f
     assert drill["forward_generation"] == 4
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_just_after_its_ack_is_named_as_stopped_and_not_waited_for_by_the_roll_forward(worker_client, operator_client,
+                                                                                                        canary, settings):
+    # Acks come 30-50 ms after the click, so a kill "just after the click" lands here: the
+    # answer took 20 s and the row read like a slow worker's (an operator's second run).
+    import threading
+    import time
+
+    from django.db import connection
+
+    settings.DRILL_ACK_TIMEOUT_S, settings.WORKER_GONE_AFTER_S = 2, 1
+    worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
+
+    def ack_then_die():
+        try:
+            deadline = time.monotonic() + 5
+            while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")  # and never reports again
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=ack_then_die)
+    worker.start()
+    started = time.monotonic()
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(timeout=10)
+
+    assert time.monotonic() - started < 2 * settings.DRILL_ACK_TIMEOUT_S - 0.5  # the measure, not the roll forward too
+    assert re.fullmatch(r"acked, but no report showed it serving generation 3 \(or a later state that kept the rollback\) before the "
+                        r"timeout: it stopped reporting \(its last report came 0\.\d s (before|after) the click\)", drill["workers"][0]["error"])
+    assert drill["error"].endswith("rolled forward to generation 4, but 1 of 1 workers did not follow it within 2 s: "
+                                   "w-1 (it had stopped reporting: not waited for)"), drill["error"]
+
+
 def test_garbage_acks_are_refused_and_the_drill_still_finishes(worker_client, operator_client, canary, settings):
     settings.DRILL_ACK_TIMEOUT_S = 0.3
     worker_client.post("/api/serving/reports", reported_at("", 2), format="json")

@@ -98,7 +98,7 @@ def test_a_canary_the_live_workers_failed_to_load_is_not_promoted_unless_forced_
     assert refused.status_code == 409
     assert refused.json()["error"] == ("v2 not promoted: no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact "
                                        "sha256 mismatch); the workers would go on serving what they serve now. Mend or replace the "
-                                       "version, or send force: true with a reason to promote it anyway")
+                                       "version, or send force: true with a reason to do it anyway")
     assert (unexplained.status_code, unexplained.json()["error"]) == (400, "force needs a reason: say why v2, which no live worker "
                                                                            "could load, is promoted")
     assert forced.status_code == 201, forced.content
@@ -108,6 +108,28 @@ def test_a_canary_the_live_workers_failed_to_load_is_not_promoted_unless_forced_
     assert audit.data["forced"] == ["no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact sha256 mismatch)"]
     assert audit.message.endswith("; forced although no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact "
                                   "sha256 mismatch): its file is being restored")
+
+
+def test_a_split_sending_traffic_to_a_version_the_live_workers_failed_to_load_is_refused_unless_forced(operator_client, three_versions):
+    # 100 % to it was a promote by another door: 201, stable v2, nothing forced or said.
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    failing_to_load_v2()
+
+    refused = split(operator_client, [{"version": 2, "weight": 100}])
+    forced = operator_client.post(RELEASE, {"routes": [{"version": 2, "weight": 100}], "force": True, "reason": "restored"}, format="json")
+
+    assert refused.status_code == 409
+    assert refused.json()["error"].startswith("v2 not routed: no worker serves v2: 1 of 1 live worker failed to load it")
+    assert forced.status_code == 201, forced.content
+    audit = AuditEvent.objects.filter(kind="release").order_by("-pk").first()
+    assert audit.data["forced"] == ["no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact sha256 mismatch)"]
+
+
+def test_a_split_back_to_the_stable_alone_is_never_held_by_a_canary_that_failed_to_load(operator_client, three_versions):
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    failing_to_load_v2()
+
+    assert split(operator_client, [{"version": 1, "weight": 100}]).status_code == 201
 
 
 def test_promote_makes_the_canary_stable_at_full_weight(operator_client, three_versions):

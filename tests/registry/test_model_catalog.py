@@ -55,6 +55,15 @@ def test_a_name_differing_from_a_model_s_only_by_case_is_a_409_naming_that_model
     assert AuditEvent.objects.filter(kind=AuditKind.MODEL_CREATED).count() == 1
 
 
+def test_a_model_asked_for_in_another_case_is_a_404_naming_the_one_that_exists(operator_client):
+    create(operator_client, name="MyModel")
+
+    response = operator_client.get("/api/models/mymodel/")
+
+    assert response.status_code == 404
+    assert response.json()["error"] == "no model named 'mymodel' (names keep their case: did you mean 'MyModel'?)"
+
+
 def test_the_database_refuses_two_names_differing_only_by_case_whoever_writes_them(db):
     from django.db import IntegrityError, transaction
 
