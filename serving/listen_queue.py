@@ -93,7 +93,10 @@ LINGER_S = 1.0  # how long a refused connection waits for its client to close
 LINGER_TICK_S = 0.1
 MAX_LINGERING = 4096
 TCP_INFO_UNACKED = struct.Struct("8x6I")  # struct tcp_info: 8 u8, then rto, ato, snd_mss, rcv_mss, unacked, sacked
-REFUSAL_MESSAGE = "the worker is overloaded and cannot take this connection in time; retry later"
+# The keeper sees only that the worker's loop does not take connections in time: an
+# overload or a stall (a frozen process) look the same from here, and "overloaded" misled
+# an operator whose worker was stopped.
+REFUSAL_MESSAGE = "the worker cannot take this connection in time (overloaded or stalled); retry later"
 
 
 def refusal_bytes() -> bytes:
