@@ -4,6 +4,7 @@ leaves nothing half-done. Commands that start servers run as subprocesses, bound
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -265,11 +266,22 @@ def test_runstack_refuses_a_host_that_is_not_an_address_here_without_blaming_ano
     assert not (tmp_path / "data" / "redis").exists()
 
 
+@contextlib.contextmanager
+def default_ports_held():
+    """8000 and 8001 taken (by us, or already by something else): a runstack that ignored
+    the port variables refuses at once instead of starting a stack a timeout would orphan."""
+    with contextlib.ExitStack() as held:
+        for port in (8000, 8001):
+            with contextlib.suppress(OSError):
+                held.enter_context(socket.create_server(("127.0.0.1", port)))
+        yield
+
+
 @pytest.mark.parametrize("variable", ["CONSOLE_PORT", "SERVING_PORT"])
 def test_runstack_takes_its_ports_from_the_environment(tmp_path, variable):
     # make run had no way to choose a port: only `manage.py runstack --port` did.
     other = "SERVING_PORT" if variable == "CONSOLE_PORT" else "CONSOLE_PORT"
-    with socket.create_server(("127.0.0.1", 0)) as taken:
+    with socket.create_server(("127.0.0.1", 0)) as taken, default_ports_held():
         port = taken.getsockname()[1]
         finished = manage(tmp_path, "runstack", "--no-demo", **{variable: str(port), other: str(free_port())})
 

@@ -246,7 +246,7 @@ def _http_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _check_free(host: str, port: int, other_ports: str = "choose other ports with --port and --serving-port") -> None:
+def _check_free(host: str, port: int, other_ports: str = "choose other ports with CONSOLE_PORT and SERVING_PORT (or --port and --serving-port)") -> None:
     """CommandError when something already listens on ``port`` (as uvicorn binds: with
     SO_REUSEADDR, so connections of a stack stopped a moment ago do not count), or when
     ``host`` is no address of this machine (that is not another stack's doing)."""
