@@ -24,15 +24,14 @@ def beat_send_error(*filters: logging.Filter) -> logging.LogRecord:
             raise celery.beat.SchedulingError(f"Couldn't apply scheduled task {entry.name}: {OperationalError('Error 111 connecting')}")
 
     logger, handler = logging.getLogger("celery.beat"), Capture()
+    # Exactly these filters: a Celery app set up earlier in this process added its own.
+    kept, logger.filters = logger.filters, list(filters)
     logger.addHandler(handler)
-    for each in filters:
-        logger.addFilter(each)
     try:
         Unsendable.__new__(Unsendable).apply_entry(celery.beat.ScheduleEntry(name="rollout-tick", task="registry.tasks.tick", app=app))
     finally:
         logger.removeHandler(handler)
-        for each in filters:
-            logger.removeFilter(each)
+        logger.filters = kept
     return next(record for record in records if record.levelno == logging.ERROR)
 
 

@@ -26,13 +26,13 @@ def test_a_traffic_change_with_a_misspelt_expected_generation_is_refused_not_mad
     assert Release.objects.count() == 1
 
 
-@pytest.mark.parametrize("action", ["promote", "rollback"])
-def test_a_release_action_with_a_key_it_does_not_take_changes_nothing(operator_client, three_versions, action):
+@pytest.mark.parametrize(("action", "takes"), [("promote", "reason, expected_generation, force"), ("rollback", "reason, expected_generation")])
+def test_a_release_action_with_a_key_it_does_not_take_changes_nothing(operator_client, three_versions, action, takes):
     operator_client.post("/api/models/digits/release/", {"routes": SPLIT}, format="json")
 
     response = operator_client.post(f"/api/models/digits/release/{action}/", {"expected_generaton": 1}, format="json")
 
-    assert error(response) == "expected_generaton: this request does not take this field (it takes: reason, expected_generation)"
+    assert error(response) == f"expected_generaton: this request does not take this field (it takes: {takes})"
     assert Release.objects.count() == 2
 
 
