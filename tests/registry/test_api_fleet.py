@@ -22,6 +22,7 @@ from registry.models import (
 )
 from serving.contract import CONTRACT_VERSION, MAX_COUNT
 from serving.state_signing import model_digests
+from tests.registry.conftest import in_thread
 
 pytestmark = pytest.mark.django_db
 
@@ -366,25 +367,18 @@ def test_a_worker_killed_just_after_its_ack_is_named_as_stopped_and_not_waited_f
                                                                                                         canary, settings):
     # Acks come 30-50 ms after the click, so a kill "just after the click" lands here: the
     # answer took 20 s and the row read like a slow worker's (an operator's second run).
-    import threading
     import time
-
-    from django.db import connection
 
     settings.DRILL_ACK_TIMEOUT_S, settings.WORKER_GONE_AFTER_S = 2, 1
     worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
 
     def ack_then_die():
-        try:
-            deadline = time.monotonic() + 5
-            while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")  # and never reports again
-        finally:
-            connection.close()
+        deadline = time.monotonic() + 5
+        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")  # and never reports again
 
-    worker = threading.Thread(target=ack_then_die)
-    worker.start()
+    worker = in_thread(ack_then_die)
     started = time.monotonic()
     drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
     worker.join(timeout=10)
@@ -430,7 +424,6 @@ def test_a_drill_whose_measurement_breaks_is_finished_as_failed_with_the_reason(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_drill_passes_on_acks_and_reports_of_the_rolled_back_state_alone(worker_client, operator_client, canary, reported_host, settings):
-    import threading
     import time
 
     settings.DRILL_ACK_TIMEOUT_S = 10
@@ -438,22 +431,16 @@ def test_a_drill_passes_on_acks_and_reports_of_the_rolled_back_state_alone(worke
 
     def follow_the_rollback():
         """What a worker does: ack the state it applied, then report serving it."""
-        from django.db import connection
+        deadline = time.monotonic() + 10
+        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
+        worker_client.post("/api/serving/reports", reported_at(reported_host.url, 3), format="json")
+        while not Release.objects.filter(generation=4).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker_client.post("/api/serving/acks", ack(4, load_ms=1.0), format="json")  # the roll forward, followed
 
-        try:
-            deadline = time.monotonic() + 10
-            while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
-            worker_client.post("/api/serving/reports", reported_at(reported_host.url, 3), format="json")
-            while not Release.objects.filter(generation=4).exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            worker_client.post("/api/serving/acks", ack(4, load_ms=1.0), format="json")  # the roll forward, followed
-        finally:
-            connection.close()  # this thread's own connection, or the test database cannot be dropped
-
-    worker = threading.Thread(target=follow_the_rollback)
-    worker.start()
+    worker = in_thread(follow_the_rollback)
     drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
     worker.join(timeout=15)
 

@@ -6,8 +6,6 @@ overwrote the first's claim, each answered 2xx."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from django.db import connection
 
@@ -16,6 +14,7 @@ from registry.fleet import worker_keys
 from registry.fleet.workers import record_report
 from registry.models import Worker
 from tests.fixtures.threads import run_in_threads
+from tests.registry.conftest import in_thread
 from tests.registry.test_api_fleet import report
 
 pytestmark = pytest.mark.django_db(transaction=True)  # each thread commits on its own connection
@@ -58,14 +57,7 @@ def test_the_same_key_first_reporting_a_new_id_several_times_at_once_is_accepted
 
 def in_another_thread(call) -> None:
     """``call()`` on its own database connection, committed before this returns."""
-    def run():
-        try:
-            call()
-        finally:
-            connection.close()
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
+    in_thread(call).join(30)
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's IMMEDIATE transactions hold writers back: no gap to race in")
