@@ -69,6 +69,33 @@ def test_a_database_that_cannot_be_reached_is_named_without_a_traceback(tmp_path
     refused(finished, "cannot reach the database")
 
 
+# ---------------------------------------------------------------- migrate
+
+
+def test_migrate_onto_a_database_holding_names_that_differ_only_by_case_names_each_pair_and_applies_once_renamed(tmp_path):
+    """Registry migration 0015 makes model names unique ignoring case: a database made
+    before it may hold "MyModel" and "mymodel", which the constraint alone would refuse
+    with a bare IntegrityError."""
+    assert manage(tmp_path, "migrate", "registry", "0014", timeout=120).returncode == 0
+    database = sqlite3.connect(tmp_path / "data" / "db.sqlite3")
+    with database:
+        for name in ("MyModel", "mymodel", "other"):
+            database.execute("INSERT INTO registry_registeredmodel (name, description, tags, analysis, created_at)"
+                             " VALUES (?, '', '[]', '{}', datetime('now'))", (name,))
+
+    refused(manage(tmp_path, "migrate", timeout=120),
+            "model names must now differ by more than case; rename one of each pair in the database "
+            "(registry_registeredmodel.name; workers serve it under its new name) and migrate again: 'MyModel' and 'mymodel'")
+    with database:
+        database.execute("UPDATE registry_registeredmodel SET name = 'mymodel-2' WHERE name = 'mymodel'")
+    database.close()
+
+    assert manage(tmp_path, "migrate", timeout=120).returncode == 0
+    with pytest.raises(sqlite3.IntegrityError):
+        with sqlite3.connect(tmp_path / "data" / "db.sqlite3") as database:
+            database.execute("UPDATE registry_registeredmodel SET name = 'MYMODEL' WHERE name = 'other'")
+
+
 # ---------------------------------------------------------------- ensure_login
 
 
