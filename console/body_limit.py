@@ -32,6 +32,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user
 from django.http import HttpRequest
+from django.template.loader import render_to_string
 from django.urls import Resolver404, resolve
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
@@ -145,16 +146,33 @@ def _declared_length(scope) -> int | None:
         return None
 
 
-async def _refuse(send, limit: int, refusal: tuple[int, str] | None = None) -> None:
+async def _refuse(send, scope, limit: int, refusal: tuple[int, str] | None = None) -> None:
     status, words = refusal or (413, f"the request body is larger than the limit of {limit} bytes")
-    await send_refusal(send, status, words)
+    await send_refusal(send, status, words, scope)
 
 
-async def send_refusal(send, status: int, words: str) -> None:
+REFUSAL_HEADINGS = {400: "The request was malformed", 401: "Sign in first", 403: "Your role may not do this",
+                    411: "The upload had no length", 413: "What you sent is too large", 503: "The database is unavailable",
+                    507: "The console's disk is full"}
+
+
+def _is_page_form(scope) -> bool:
+    """A browser's plain form post (not the API, not a page script's fetch, which reads JSON)."""
+    accept = header(scope.get("headers", []), b"accept") or ""
+    return not scope["path"].startswith("/api/") and "text/html" in accept and "application/json" not in accept
+
+
+async def send_refusal(send, status: int, words: str, scope=None) -> None:
     """A JSON ``{"error": words}`` answer sent before Django (or instead of it), closing the
-    connection: the body was not read, or not all of it."""
-    body = json.dumps({"error": words}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    connection: the body was not read, or not all of it. A browser's form post to a page
+    gets the words in the console's error page instead (its user saw raw JSON), rendered
+    without the database like every error page."""
+    if scope is not None and _is_page_form(scope):
+        context = {"status": status, "heading": REFUSAL_HEADINGS.get(status, "The request was refused"), "words": words}
+        body, content_type = render_to_string("refused.html", context).encode(), b"text/html; charset=utf-8"
+    else:
+        body, content_type = json.dumps({"error": words}).encode(), b"application/json"
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
     if status == 401:
         headers.append((b"www-authenticate", b"Token"))
     elif status == 503:
@@ -171,7 +189,7 @@ class BodySizeLimit:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and _has_conflicting_framing(scope):
-            return await send_refusal(send, 400, FRAMING_REFUSAL)
+            return await send_refusal(send, 400, FRAMING_REFUSAL, scope)
         limit = body_limit_for(scope["path"]) if scope["type"] == "http" else None
         if limit is None:
             return await self.app(scope, receive, send)
@@ -184,13 +202,13 @@ class BodySizeLimit:
             except Exception as error:
                 if not is_database_unavailable(error):
                     raise
-                return await _refuse(send, limit, (503, outage.MESSAGE))
+                return await _refuse(send, scope, limit, (503, outage.MESSAGE))
             if refusal is not None:
                 limit = default  # not an uploader: no more than any other request
         if declared is not None and declared > limit:
-            return await _refuse(send, limit, refusal)
+            return await _refuse(send, scope, limit, refusal)
         if refusal is None and declared is None and _is_chunked_upload(scope):
-            return await _refuse(send, limit, (411, CHUNKED_UPLOAD_REFUSAL))
+            return await _refuse(send, scope, limit, (411, CHUNKED_UPLOAD_REFUSAL))
         received = 0
         refused = False
 
@@ -202,7 +220,7 @@ class BodySizeLimit:
                 if received > limit:
                     if not refused:
                         refused = True
-                        await _refuse(send, limit, refusal)
+                        await _refuse(send, scope, limit, refusal)
                     return {"type": "http.disconnect"}  # Django stops reading and answers nothing
             return message
 

@@ -81,7 +81,7 @@ class ConsoleASGIHandler(ASGIHandler):
         try:
             return await super().handle(scope, receive, send)
         except BodySpoolFull as full:  # raised before the request was built: nothing was sent yet
-            await send_refusal(send, 507, spool_full_message(full.errno))
+            await send_refusal(send, 507, spool_full_message(full.errno), scope)
 
 
 async def _close_request_connections() -> bool:

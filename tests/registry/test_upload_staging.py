@@ -4,6 +4,7 @@ nothing staged outlives the request; bodies over the limit are refused unread.""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
@@ -285,6 +286,38 @@ def test_asgi_limits_other_paths_to_the_form_size(settings):
 
     assert sent[0]["status"] == 413
     assert received == []
+
+
+BROWSER_FORM_ACCEPT = (b"accept", b"text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
+
+
+def test_a_browser_form_post_over_the_form_size_gets_the_consoles_error_page_naming_the_limit(settings):
+    # A try-it form of 2.6 MB showed its user raw JSON.
+    from console.asgi import application
+
+    size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES
+    scope = _http_scope("/models/digits/versions/1/try/", [(b"content-length", str(size + 1).encode()), BROWSER_FORM_ACCEPT])
+
+    sent, received = asyncio.run(_call(application, scope, []))
+
+    assert sent[0]["status"] == 413
+    assert (b"content-type", b"text/html; charset=utf-8") in sent[0]["headers"]
+    assert "<h1 id=\"error-title\">What you sent is too large</h1>" in sent[1]["body"].decode()
+    assert f"the request body is larger than the limit of {size} bytes. Nothing was changed." in sent[1]["body"].decode()
+    assert received == []
+
+
+@pytest.mark.parametrize("path, accept", [("/models/digits/versions/1/try/", b"application/json"),
+                                          ("/api/models/", BROWSER_FORM_ACCEPT[1])])
+def test_a_page_scripts_fetch_or_an_api_call_over_the_form_size_gets_json(settings, path, accept):
+    from console.asgi import application
+
+    size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES
+    scope = _http_scope(path, [(b"content-length", str(size + 1).encode()), (b"accept", accept)])
+
+    sent, _ = asyncio.run(_call(application, scope, []))
+
+    assert (sent[0]["status"], json.loads(sent[1]["body"])) == (413, {"error": f"the request body is larger than the limit of {size} bytes"})
 
 
 # ---------------------------------------------------------------- only an uploader's body is read past the form size
