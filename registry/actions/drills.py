@@ -280,9 +280,9 @@ def _measure(drill: Drill, workers: list[Worker], release: Release, failed_befor
     # see acks up to the rollback's own duration past the target it reports.
     deadline = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S - max(_since(drill, timezone.now()), 0.0)
     acks, confirmed = watch_workers(drill, [worker.worker_id for worker in workers], window, deadline)
-    stopped = _stopped_reporting(drill, [worker.worker_id for worker in workers if worker.worker_id not in confirmed])
+    quiet = _quiet_since(drill, [worker.worker_id for worker in workers if worker.worker_id not in confirmed], settings.WORKER_GONE_AFTER_S / 2)
     return [_worker_row(drill, worker, acks.get(worker.worker_id), confirmed.get(worker.worker_id), failed_before,
-                        silent_s.get(worker.worker_id), stopped.get(worker.worker_id)) for worker in workers]
+                        silent_s.get(worker.worker_id), quiet.get(worker.worker_id)) for worker in workers]
 
 
 def _stopped_reporting(drill: Drill, worker_ids: list[str]) -> dict[str, float]:
@@ -290,23 +290,37 @@ def _stopped_reporting(drill: Drill, worker_ids: list[str]) -> dict[str, float]:
     seconds from the click to their last report. "No ack before the timeout" of a worker
     killed just after the click read as a slow worker, and one killed just after its ack
     was waited for again by the roll forward."""
+    return {worker_id: last_s for worker_id, (last_s, _) in _quiet_since(drill, worker_ids, settings.WORKER_GONE_AFTER_S).items()}
+
+
+def _quiet_since(drill: Drill, worker_ids: list[str], quiet_s: float) -> dict[str, tuple[float, float]]:
+    """Of ``worker_ids``, those with no report for ``quiet_s`` by now: (seconds from the
+    click to their last report, seconds since it)."""
     if not worker_ids:
         return {}
     now = timezone.now()
-    gone_before = now - timedelta(seconds=settings.WORKER_GONE_AFTER_S)
-    seen = Worker.objects.filter(worker_id__in=worker_ids, last_seen_at__lt=gone_before).values_list("worker_id", "last_seen_at")
-    return {worker_id: _since(drill, last_seen_at) for worker_id, last_seen_at in seen}
+    seen = Worker.objects.filter(worker_id__in=worker_ids, last_seen_at__lt=now - timedelta(seconds=quiet_s))
+    return {worker_id: (_since(drill, last_seen_at), (now - last_seen_at).total_seconds())
+            for worker_id, last_seen_at in seen.values_list("worker_id", "last_seen_at")}
+
+
+def _quiet_words(last_s: float, age_s: float) -> str:
+    """Killed within WORKER_GONE_AFTER_S of the timeout, a worker is not yet gone when the
+    measure ends, and its row read like a slow worker's: it says how long it has been quiet."""
+    when = f"{last_s:.1f} s after the click" if last_s >= 0 else f"{-last_s:.1f} s before the click"
+    if age_s >= settings.WORKER_GONE_AFTER_S:
+        return f"it stopped reporting (its last report came {when})"
+    return f"it has not reported for {age_s:.1f} s (its last report came {when})"
 
 
 def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: tuple | None, failed_before: dict,
-                silent_s: float | None = None, stopped_s: float | None = None) -> dict:
+                silent_s: float | None = None, quiet: tuple[float, float] | None = None) -> dict:
     confirmed_s, report = confirmed or (None, None)
     after = failed_total(report)
     before = failed_before.get(worker.worker_id)
     error = _row_error(ack, confirmed_s, drill.to_generation, drill.model.name)
-    if error and stopped_s is not None and silent_s is None:  # a silent one's silence is said below
-        when = f"{stopped_s:.1f} s after the click" if stopped_s >= 0 else f"{-stopped_s:.1f} s before the click"
-        error = f"{error}: it stopped reporting (its last report came {when})"
+    if error and quiet is not None and silent_s is None:  # a silent one's silence is said below
+        error = f"{error}: {_quiet_words(*quiet)}"
     if error and silent_s is not None:  # the likely cause, said where the failure is
         error = f"silent {silent_s:.1f} s before the drill; {error}"
     return {
@@ -551,15 +565,19 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
     unconfirmed = [worker_id for worker_id in followed if not (worker_id in acks and applied(acks[worker_id], drill.model.name))]
     if unconfirmed:
         # Each with why: "did not ack it" was said of workers that acked it failing.
-        who = ", ".join(f"{worker_id} ({_forward_words(acks.get(worker_id), worker_id in gone)})" for worker_id in unconfirmed)
+        # One that died while waited for is named so at the end, as the measure's rows do.
+        died = _stopped_reporting(drill, [worker_id for worker_id in unconfirmed if worker_id not in gone and worker_id not in acks])
+        who = ", ".join(f"{worker_id} ({_forward_words(acks.get(worker_id), worker_id in gone, worker_id in died)})" for worker_id in unconfirmed)
         _record_reason(drill, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of {len(followed)} workers "
                               f"did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {who}")
 
 
-def _forward_words(ack: WorkerAck | None, gone: bool) -> str:
+def _forward_words(ack: WorkerAck | None, gone: bool, died: bool = False) -> str:
     if ack is not None:
         return failed_to_apply(ack.error)
-    return "it had stopped reporting: not waited for" if gone else "no ack"
+    if gone:
+        return "it had stopped reporting: not waited for"
+    return "no ack: it stopped reporting meanwhile" if died else "no ack"
 
 
 def _note_paused_rollout(drill: Drill, rollout: Rollout) -> None:

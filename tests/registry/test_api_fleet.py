@@ -390,6 +390,65 @@ def test_a_worker_killed_just_after_its_ack_is_named_as_stopped_and_not_waited_f
                                    "w-1 (it had stopped reporting: not waited for)"), drill["error"]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_too_late_in_the_measure_to_be_gone_is_named_as_quiet_not_slow(worker_client, operator_client, canary, settings):
+    # Killed later than DRILL_ACK_TIMEOUT_S - WORKER_GONE_AFTER_S after the click, it was
+    # not yet gone when the measure ended and its row read "no ack before the timeout" alone.
+    import time
+
+    settings.DRILL_ACK_TIMEOUT_S, settings.WORKER_GONE_AFTER_S = 2.5, 2
+    worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
+
+    def report_then_die():
+        deadline = time.monotonic() + 5
+        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for _ in range(4):  # reports the old state for 0.6 s after the click, never acking
+            worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
+            time.sleep(0.2)
+
+    worker = in_thread(report_then_die)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(timeout=10)
+
+    assert re.fullmatch(r"no ack before the timeout: it has not reported for 1\.\d s \(its last report came 0\.\d s after the click\)",
+                        drill["workers"][0]["error"]), drill["workers"][0]["error"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_dies_while_the_roll_forward_waits_for_it_is_named_so(worker_client, operator_client, canary, settings):
+    import time
+
+    settings.DRILL_ACK_TIMEOUT_S, settings.WORKER_GONE_AFTER_S = 2.5, 2
+    worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
+
+    def follow_the_rollback_then_die():
+        deadline = time.monotonic() + 8
+        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
+        while not Release.objects.filter(generation=4).exists() and time.monotonic() < deadline:
+            worker_client.post("/api/serving/reports", reported_at("", 3), format="json")
+            time.sleep(0.1)
+
+    worker = in_thread(follow_the_rollback_then_die)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(timeout=10)
+
+    assert drill["workers"][0]["error"] == ""
+    assert drill["error"].endswith("rolled forward to generation 4, but 1 of 1 workers did not follow it within 2.5 s: "
+                                   "w-1 (no ack: it stopped reporting meanwhile)"), drill["error"]
+
+
+def test_a_worker_that_keeps_reporting_without_acking_is_not_called_quiet(worker_client, operator_client, canary, settings):
+    settings.DRILL_ACK_TIMEOUT_S, settings.WORKER_GONE_AFTER_S = 0.4, 2
+
+    worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+
+    assert drill["workers"][0]["error"] == "no ack before the timeout"
+
+
 def test_garbage_acks_are_refused_and_the_drill_still_finishes(worker_client, operator_client, canary, settings):
     settings.DRILL_ACK_TIMEOUT_S = 0.3
     worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
