@@ -121,7 +121,7 @@ MIDDLEWARE = [
     "console.outage.DatabaseOutageMiddleware",  # outside the session and auth middleware: 503, not 500
     "registry.api.query_parameters.refuse_repeated_query_parameters",  # before anything reads the query
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
+    "console.trailing_slash.AppendSlashMiddleware",  # Django's CommonMiddleware, answering a change 308 (keeps its body)
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
