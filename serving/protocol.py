@@ -569,14 +569,27 @@ def _set_word(values: list, position: tuple) -> None:
 # ---- /predict -------------------------------------------------------------------------
 
 
+PREDICT_KEYS = frozenset({"model_name", "version", "inputs"})
+
+
 def predict_target(document: dict) -> tuple[str, int | None]:
-    """(model_name, version or None) of a /predict body."""
+    """(model_name, version or None) of a /predict body. A key it does not take is refused:
+    a misspelt "verison" was ignored, and the split answered a request meant as pinned."""
+    if not PREDICT_KEYS.issuperset(document):
+        unknown = sorted(key for key in document if key not in PREDICT_KEYS)
+        raise BadRequest(f"'{clip(unknown[0])}' is not a /predict key: it takes 'model_name', 'inputs' and, to pin a version, 'version'")
     model_name, version = document.get("model_name"), document.get("version")
     if not isinstance(model_name, str) or not model_name:
         raise BadRequest("'model_name' must be a non-empty string")
     if version is not None and (type(version) is not int or version < 1):
-        raise BadRequest("'version' must be a positive integer")
+        raise BadRequest(f"'version' must be a positive integer (a version number), not {_shown(version)}")
     return model_name, version
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, list | dict):
+        return "a list" if isinstance(value, list) else "an object"
+    return clip(orjson.dumps(value).decode())  # a scalar: 1e+23 for a number too large to be an integer here
 
 
 def decode_predict(document: dict, io: ModelIO) -> Decoded:

@@ -69,6 +69,11 @@ def test_request_id_is_echoed(digits_worker, client):
         ("POST", INFER, b"{}", {"Content-Encoding": "gzip"}, 400, "Content-Encoding"),
         ("POST", "/predict", b'{"model_name": 5}', {}, 400, "'model_name' must be a non-empty string"),
         ("POST", "/predict", b'{"model_name": "digits", "inputs": "x"}', {}, 400, "'inputs' must be"),
+        # A misspelt pin was ignored: the split answered, from any version.
+        ("POST", "/predict", b'{"model_name": "digits", "inputs": [[0]], "verison": 1}', {}, 400,
+         "'verison' is not a /predict key: it takes 'model_name', 'inputs' and, to pin a version, 'version'"),
+        ("POST", "/predict", b'{"model_name": "digits", "inputs": [[0]], "version": 99999999999999999999999}', {}, 400,
+         "'version' must be a positive integer (a version number), not 1e+23"),
         ("POST", "/v2/models/nope/infer", b"{}", {}, 404, "unknown model 'nope'"),
         ("POST", "/v2/models/digits/versions/9/infer", b"{}", {}, 404, "no loaded version '9'"),
         ("POST", "/v2/models/digits/versions/x/infer", b"{}", {}, 404, "no loaded version 'x'"),
