@@ -39,9 +39,11 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from console import outage
 from console.asgi_headers import header
+from registry.actions import uploads
 from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
 from registry.db_unavailable import is_database_unavailable
 from registry.domain.roles import can_operate
+from registry.models import RegisteredModel
 
 # The endpoints that take files, and the setting that limits each one's file.
 UPLOAD_LIMITS = {
@@ -147,8 +149,34 @@ def _declared_length(scope) -> int | None:
 
 
 async def _refuse(send, scope, limit: int, refusal: tuple[int, str] | None = None) -> None:
-    status, words = refusal or (413, f"the request body is larger than the limit of {limit} bytes")
+    status, words = refusal or (413, too_large_words(scope["path"], limit))
     await send_refusal(send, status, words, scope)
+
+
+def too_large_words(path: str, limit: int) -> str:
+    """The 413's words, naming the setting to raise: the bare byte count (the setting plus
+    the framing) matched no setting an operator could find."""
+    setting = _upload_limit_setting(path)
+    if setting is not None and limit == getattr(settings, setting) + MULTIPART_OVERHEAD_BYTES:
+        return (f"the request body is larger than the limit of {limit} bytes: {setting} ({getattr(settings, setting)}) "
+                f"plus {MULTIPART_OVERHEAD_BYTES} bytes of multipart framing")
+    return f"the request body is larger than the limit of {limit} bytes for any request but an operator's upload"
+
+
+VERSION_UPLOADS = frozenset({"api-versions", "model-upload"})
+
+
+def record_upload_too_large(path: str, headers: list[tuple[bytes, bytes]]) -> None:
+    """An API token's version upload refused for its declared length is recorded, as the
+    view records its own 413s. A session's is not: its CSRF token lies in the unread body,
+    and another site's forged form must not write an operator's name into the audit."""
+    match = resolve(path)
+    user = _token_user(headers) if match.url_name in VERSION_UPLOADS else None
+    if user is None or not can_operate(user):
+        return
+    model = RegisteredModel.objects.filter(name=match.kwargs.get("name")).first()
+    if model is not None:
+        uploads.refuse_too_large(model, user)
 
 
 REFUSAL_HEADINGS = {400: "The request was malformed", 401: "Sign in first", 403: "Your role may not do this",
@@ -206,6 +234,13 @@ class BodySizeLimit:
             if refusal is not None:
                 limit = default  # not an uploader: no more than any other request
         if declared is not None and declared > limit:
+            if refusal is None and _upload_limit_setting(scope["path"]) is not None:  # an upload, over its file's limit
+                try:
+                    await database_sync_to_async(record_upload_too_large)(scope["path"], scope.get("headers", []))
+                except Exception as error:
+                    if not is_database_unavailable(error):
+                        raise
+                    return await _refuse(send, scope, limit, (503, outage.MESSAGE))
             return await _refuse(send, scope, limit, refusal)
         if refusal is None and declared is None and _is_chunked_upload(scope):
             return await _refuse(send, scope, limit, (411, CHUNKED_UPLOAD_REFUSAL))

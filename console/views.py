@@ -681,11 +681,15 @@ def upload_version(request, name: str):
     checked before the body is read; a plain form's token can only be read by parsing,
     which for a signed-in operator stages the file for the length of this request."""
     model = _model(name)
-    if declared_too_large(request):
-        return _answer(request, name, "error", str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), status=413)
     token_in_header = settings.CSRF_HEADER_NAME in request.META
     if token_in_header:
         _refuse_forgery(csrf_failure_from_headers(request))
+    if declared_too_large(request):
+        # Recorded only once the request is known to come from the page (its CSRF header):
+        # a plain form's token lies in the body, unread here, and another site's forged
+        # form must not write the operator's name into the audit.
+        refusal = uploads.refuse_too_large(model, request.user) if token_in_header else storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)
+        return _answer(request, name, "error", str(refusal), status=413)
     staging = start_staging(request)
     try:
         if not token_in_header:
@@ -711,8 +715,8 @@ UPLOAD_COPY_LABEL = "Upload as a copy"  # the upload form's checkbox (templates/
 
 def _upload(request, model: RegisteredModel):
     name = model.name
-    if getattr(request, "upload_too_large", False):
-        return _answer(request, name, "error", str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), status=413)
+    if getattr(request, "upload_too_large", False):  # the CSRF check has passed: recorded
+        return _answer(request, name, "error", str(uploads.refuse_too_large(model, request.user)), status=413)
     form = forms.UploadForm(request.POST, request.FILES)
     if not form.is_valid() or not isinstance(form.cleaned_data["artifact"], StagedUploadedFile):
         return _answer(request, name, "error", "choose an .onnx file to upload" if form.is_valid() else _first_error(form), status=400)

@@ -95,7 +95,7 @@ class VersionList(generics.ListAPIView):
     def post(self, request, name: str):
         model = get_model(name)
         if declared_too_large(request._request):
-            return error_response(str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+            return _refused(uploads.refuse_too_large(model, request.user))
         staging = start_staging(request._request)
         try:
             return self._upload(request, model)
@@ -105,7 +105,7 @@ class VersionList(generics.ListAPIView):
     def _upload(self, request, model: RegisteredModel) -> Response:
         form = serializers.VersionUploadSerializer(data=request.data)
         if getattr(request._request, "upload_too_large", False):
-            return error_response(str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES)), status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+            return _refused(uploads.refuse_too_large(model, request.user))
         form.is_valid(raise_exception=True)
         artifact = form.validated_data["artifact"]
         if not isinstance(artifact, StagedUploadedFile):
@@ -116,7 +116,7 @@ class VersionList(generics.ListAPIView):
         except uploads.DuplicateUpload as refusal:
             return error_response(refusal.reason, refusal.status, **duplicate_details(refusal.existing))
         except uploads.UploadRefused as refusal:
-            return error_response(refusal.reason, refusal.status)
+            return _refused(refusal)
         mark_committed(request, f"{model.name}: version {version.number} uploaded, job {job.pk} queued")
         # One read of the job for both places it appears: a Celery worker may have started
         # it meanwhile, and the answer said "running" in one and "queued" in the other.
@@ -124,6 +124,10 @@ class VersionList(generics.ListAPIView):
         if job.kind == JobKind.VALIDATION:
             version.validation_jobs = [job]
         return Response({**serializers.VersionSerializer(version).data, "job": records.payload(job)}, status=status.HTTP_202_ACCEPTED)
+
+
+def _refused(refusal: uploads.UploadRefused) -> Response:
+    return error_response(refusal.reason, refusal.status)
 
 
 def duplicate_details(existing: ModelVersion) -> dict:

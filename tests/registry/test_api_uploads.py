@@ -144,6 +144,19 @@ def test_upload_over_the_size_limit_is_refused_with_413(settings, operator_clien
     assert stored_files(artifact_root) == []
 
 
+def refused_uploads() -> list[tuple[str, str]]:
+    return list(AuditEvent.objects.filter(kind="upload_refused").values_list("actor__username", "message"))
+
+
+def test_an_upload_over_the_size_limit_is_recorded_as_refused_like_the_other_cheap_refusals(settings, operator_client, model, good_onnx):
+    settings.MAX_UPLOAD_BYTES = good_onnx.stat().st_size - 1
+
+    upload(operator_client, good_onnx)
+
+    assert refused_uploads() == [("olivia", f"Upload refused: the artifact is larger than the limit of {settings.MAX_UPLOAD_BYTES} bytes "
+                                            "(MAX_UPLOAD_BYTES)")]
+
+
 def test_upload_without_a_file_names_the_missing_field(operator_client, model):
     response = operator_client.post("/api/models/digits/versions/", {"description": "x"}, format="multipart")
 

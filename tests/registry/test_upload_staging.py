@@ -17,7 +17,7 @@ from rest_framework.authtoken.models import Token
 from registry import tasks
 from registry.artifacts import storage
 from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
-from registry.models import ModelVersion, RegisteredModel
+from registry.models import AuditEvent, ModelVersion, RegisteredModel
 from tests.fixtures.jobs import run_queued_jobs
 from tests.fixtures.store import stored_files
 
@@ -197,6 +197,24 @@ def test_a_declared_length_over_the_limit_is_413_before_the_body_is_read(setting
     body = response.json()
     assert "larger than the limit of 1000 bytes" in (body.get("error") or body["message"])
     assert staging_writers == []
+    # The API's session passed DRF's CSRF check; the page's plain form has its token in the unread body.
+    assert AuditEvent.objects.filter(kind="upload_refused").count() == (1 if path.startswith("/api/") else 0)
+
+
+def test_a_page_upload_declared_over_the_limit_is_recorded_once_its_csrf_header_proves_it_came_from_the_page(settings, operator, model):
+    settings.MAX_UPLOAD_BYTES = 1000
+    client = Client(enforce_csrf_checks=True, HTTP_ACCEPT="application/json")
+    client.force_login(operator)
+    client.get("/models/digits/")
+    declared = str(1000 + MULTIPART_OVERHEAD_BYTES + 1)
+
+    forged = client.generic("POST", "/models/digits/upload/", CONTENT_TYPE=MULTIPART_CONTENT, CONTENT_LENGTH=declared,
+                            HTTP_X_CSRFTOKEN=_get_new_csrf_string(), **{"wsgi.input": UnreadableBody()})
+    response = client.generic("POST", "/models/digits/upload/", CONTENT_TYPE=MULTIPART_CONTENT, CONTENT_LENGTH=declared,
+                              HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value, **{"wsgi.input": UnreadableBody()})
+
+    assert (forged.status_code, response.status_code) == (403, 413)
+    assert list(AuditEvent.objects.values_list("kind", "actor__username")) == [("upload_refused", "olivia")]
 
 
 def test_a_file_part_past_the_limit_stops_staging_at_the_limit(settings, operator_client, model, good_onnx, artifact_root):
@@ -303,7 +321,8 @@ def test_a_browser_form_post_over_the_form_size_gets_the_consoles_error_page_nam
     assert sent[0]["status"] == 413
     assert (b"content-type", b"text/html; charset=utf-8") in sent[0]["headers"]
     assert "<h1 id=\"error-title\">What you sent is too large</h1>" in sent[1]["body"].decode()
-    assert f"the request body is larger than the limit of {size} bytes. Nothing was changed." in sent[1]["body"].decode()
+    assert f"the request body is larger than the limit of {size} bytes for any request but an operator&#x27;s upload. Nothing was changed." \
+        in sent[1]["body"].decode()
     assert received == []
 
 
@@ -317,7 +336,8 @@ def test_a_page_scripts_fetch_or_an_api_call_over_the_form_size_gets_json(settin
 
     sent, _ = asyncio.run(_call(application, scope, []))
 
-    assert (sent[0]["status"], json.loads(sent[1]["body"])) == (413, {"error": f"the request body is larger than the limit of {size} bytes"})
+    assert (sent[0]["status"], json.loads(sent[1]["body"])) == (
+        413, {"error": f"the request body is larger than the limit of {size} bytes for any request but an operator's upload"})
 
 
 # ---------------------------------------------------------------- only an uploader's body is read past the form size
@@ -400,6 +420,37 @@ def test_a_viewer_upload_sized_body_is_403_before_a_byte_is_read(viewer):
         assert sent[0]["status"] == 403, credential
         assert b"operators and admins upload" in sent[1]["body"]
         assert received == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operators_token_upload_declared_over_the_limit_is_413_naming_the_setting_and_recorded(settings, operator, model):
+    from console.asgi import application
+
+    settings.MAX_UPLOAD_BYTES = 1000
+    token = Token.objects.create(user=operator).key
+    headers = [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode()), (b"authorization", f"Token {token}".encode())]
+
+    sent, received = asyncio.run(_call(application, _http_scope("/api/models/digits/versions/", headers), []))
+
+    assert (sent[0]["status"], json.loads(sent[1]["body"])) == (413, {"error": "the request body is larger than the limit of 66536 bytes: "
+                                                                               "MAX_UPLOAD_BYTES (1000) plus 65536 bytes of multipart framing"})
+    assert received == []
+    assert list(AuditEvent.objects.values_list("kind", "actor__username", "message")) == [
+        ("upload_refused", "olivia", "Upload refused: the artifact is larger than the limit of 1000 bytes (MAX_UPLOAD_BYTES)")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_upload_declared_over_the_limit_is_refused_unrecorded(settings, operator, model):
+    # Its CSRF token lies in the unread body: another site's form could have sent it.
+    from console.asgi import application
+
+    settings.MAX_UPLOAD_BYTES = 1000
+    headers = [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode()), _session_cookie(operator)]
+
+    sent, _ = asyncio.run(_call(application, _http_scope("/models/digits/upload/", headers), []))
+
+    assert sent[0]["status"] == 413
+    assert not AuditEvent.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)
