@@ -374,13 +374,16 @@ def latest_acks(acks: dict[str, WorkerAck], worker_ids: list[str], window: Rollb
             acks[ack.worker_id] = ack
 
 
-def wait_for_acks(worker_ids: list[str], window: RollbackWindow, deadline: float) -> dict[str, WorkerAck]:
-    """``latest_acks`` until every worker acked the window's model applied or the deadline."""
+def wait_for_acks(worker_ids: list[str], window: RollbackWindow, deadline: float,
+                  gone: Callable[[list[str]], object] = lambda worker_ids: ()) -> dict[str, WorkerAck]:
+    """``latest_acks`` until every worker acked the window's model applied, or is among
+    ``gone`` (its reports stopped: no ack will come), or the deadline."""
     acks: dict[str, WorkerAck] = {}
     model = window.release.model.name
     while True:
         latest_acks(acks, worker_ids, window, window.end())
-        if sum(applied(ack, model) for ack in acks.values()) == len(worker_ids) or time.monotonic() >= deadline:
+        waiting = [worker_id for worker_id in worker_ids if not (worker_id in acks and applied(acks[worker_id], model))]
+        if not waiting or time.monotonic() >= deadline or set(waiting) <= set(gone(waiting)):
             return acks
         time.sleep(POLL_S)
 
@@ -558,7 +561,9 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
     gone = _stopped_reporting(drill, followed)  # killed after its ack: no ack will come
     waited = [worker_id for worker_id in followed if worker_id not in gone]
     try:
-        acks = wait_for_acks(waited, RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S) if waited else {}
+        # A worker killed after it confirmed the rollback is not waited for past the moment it is gone.
+        acks = wait_for_acks(waited, RollbackWindow(release), time.monotonic() + settings.DRILL_ACK_TIMEOUT_S,
+                             gone=lambda waiting: _stopped_reporting(drill, waiting)) if waited else {}
     except Exception:
         logger.exception("drill #%s: waiting for the roll forward's acks failed", drill.pk)
         acks = {}
@@ -577,7 +582,7 @@ def _forward_words(ack: WorkerAck | None, gone: bool, died: bool = False) -> str
         return failed_to_apply(ack.error)
     if gone:
         return "it had stopped reporting: not waited for"
-    return "no ack: it stopped reporting meanwhile" if died else "no ack"
+    return "it stopped reporting during the roll forward: no longer waited for" if died else "no ack"
 
 
 def _note_paused_rollout(drill: Drill, rollout: Rollout) -> None:
