@@ -27,6 +27,7 @@ from collections import defaultdict
 
 from serving import metrics
 from serving.contract import (
+    MAX_LOADED,
     MAX_REPORTED_VERSIONS,
     LoadedEntry,
     WorkerIdentity,
@@ -218,12 +219,14 @@ class ReportBuilder:
 
 
 def loaded_versions(repository) -> tuple[LoadedEntry, ...]:
+    """What the routing table holds loaded, routed versions first, at most MAX_LOADED: the
+    console refuses a longer list (and with it the whole report)."""
     table = repository.router.table
-    return tuple(
-        LoadedEntry(model=name, version=version, routed=version in routes.versions, ready=True)
-        for name, routes in table.models.items()
-        for version in sorted(routes.targets)
-    )
+    entries = [LoadedEntry(model=name, version=version, routed=version in routes.versions, ready=True)
+               for name, routes in table.models.items() for version in sorted(routes.targets)]
+    if len(entries) > MAX_LOADED:
+        entries = sorted(entries, key=lambda entry: not entry.routed)[:MAX_LOADED]
+    return tuple(entries)
 
 
 def _went_back(figures: dict, before: dict) -> bool:

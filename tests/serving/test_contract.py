@@ -155,7 +155,12 @@ def test_batching_left_out_takes_the_workers_own_settings(tmp_path):
         (WorkerReport.parse, {"worker": {"id": "w"}, "models": {"\ud800x": SHA}, "contract": V}, "models['\\ud800x']: must be a model name"),
         (WorkerReport.parse, {"worker": {"id": "w", "host": "\udfff"}, "contract": V}, "worker.host: must be text (no lone surrogates)"),
         (WorkerReport.parse, {"worker": {"id": "w"}, "loaded": [{"model": "a\ud800", "version": 1}], "contract": V},
-         "loaded[0].model: must be text (no lone surrogates)"),
+         "loaded[0].model: must be a model name (1 to 100 letters, digits, - or _)"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "loaded": [{"model": "m" * 101, "version": 1}], "contract": V},
+         "loaded[0].model: must be a model name"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "loaded": [{"model": "m", "version": 1}] * 4097, "contract": V},
+         "loaded: must have at most 4096 items"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "shadow": [{}] * 65, "contract": V}, "shadow: must have at most 64 items"),
         (WorkerReport.parse, {"worker": {"id": "w"}, "models": {f"m{index}": SHA for index in range(1025)}, "contract": V},
          "models: at most 1024 models"),
     ],
@@ -195,11 +200,14 @@ def console_model(db, settings):
     from registry.actions import releases
     from registry.domain.choices import VersionStatus
     from registry.models import ModelVersion, RegisteredModel
+    from tests.fixtures.store import stand_in_file
 
     model = RegisteredModel.objects.create(name="iris", max_batch_size=8, max_queue_delay_s=0.003, latency_target_s=0.05)
     versions = [ModelVersion.objects.create(model=model, number=number, sha256=f"{number:064x}", size_bytes=1, status=VersionStatus.READY,
                                             signature={"inputs": [{"name": "x", "datatype": "FP32", "shape": [None, 4]}], "batchable": True})
                 for number in (1, 2, 3)]
+    for version in versions:
+        stand_in_file(version.sha256)
     releases.route_first_version(versions[0], None)
     releases.set_routes(model, [{"version": 2, "weight": 100}, {"version": 3, "weight": 0, "shadow": 0.25}], None)
     return model
