@@ -3,6 +3,7 @@
 import logging
 import os
 import signal
+import sys
 
 from celery import Celery, signals
 
@@ -35,6 +36,33 @@ class OneLineSendErrors(logging.Filter):
             record.msg, record.args = "a scheduled task could not be sent (is Redis, the broker, up?): %s", (record.args[0],)
             record.exc_info, record.exc_text, record.stack_info = None, None, None
         return True
+
+
+MEMORY_BROKER_REFUSAL = ("REDIS_URL is not set, so Celery's broker would be memory://, which no other process reaches: this "
+                         "process would never receive a task the console sends. Set REDIS_URL (and DATABASE_URL, or DATA_DIR) "
+                         "to those of the console it works for")
+
+
+def _on_a_broker_no_one_else_reaches() -> bool:
+    """The settings fall back to memory:// for one-process use (a shell, unit tests); a
+    Celery worker started by hand without REDIS_URL ran silently on it (an operator's
+    fault run) and did nothing."""
+    return str(app.conf.broker_url).startswith("memory://")
+
+
+@signals.worker_init.connect
+def _worker_refuses_the_memory_broker(**kwargs) -> None:
+    if _on_a_broker_no_one_else_reaches():
+        raise SystemExit(f"celery: {MEMORY_BROKER_REFUSAL}")
+
+
+@signals.beat_init.connect
+def _beat_refuses_the_memory_broker(**kwargs) -> None:
+    # Beat's service catches SystemExit and exits 0 after a sync: it has to go at once.
+    if _on_a_broker_no_one_else_reaches():
+        sys.stderr.write(f"celery: {MEMORY_BROKER_REFUSAL}\n")
+        sys.stderr.flush()
+        os._exit(1)
 
 
 @signals.beat_embedded_init.connect

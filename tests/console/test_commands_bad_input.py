@@ -96,6 +96,23 @@ def test_migrate_onto_a_database_holding_names_that_differ_only_by_case_names_ea
             database.execute("UPDATE registry_registeredmodel SET name = 'MYMODEL' WHERE name = 'other'")
 
 
+# ---------------------------------------------------------------- celery
+
+
+@pytest.mark.parametrize("program", [["worker", "--pool", "solo"], ["beat"]])
+def test_a_celery_process_started_without_redis_url_refuses_to_run_on_a_broker_no_one_else_reaches(tmp_path, program):
+    # It ran on memory:// and silently received nothing (an operator's fault run).
+    finished = subprocess.run([sys.executable, "-m", "celery", "--workdir", str(ROOT), "-A", "console", *program, "--loglevel", "warning",
+                               *(["--schedule", str(tmp_path / "beat-schedule")] if program == ["beat"] else [])],
+                              cwd=tmp_path, env={**environment(tmp_path), "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                              timeout=60, check=False)
+
+    assert finished.returncode == 1, finished.stderr
+    assert "Traceback" not in finished.stderr, finished.stderr
+    # Beat's redirected stderr prefixes its log format.
+    assert "celery: REDIS_URL is not set, so Celery's broker would be memory://" in finished.stderr.strip().splitlines()[-1]
+
+
 # ---------------------------------------------------------------- ensure_login
 
 
