@@ -77,6 +77,11 @@ class PromoteForm(ReasonForm):
     force = forms.BooleanField(required=False, label="Promote it although the workers failed to load it")
 
 
+class RestoreForm(ReasonForm):
+    # Shown when the restored split routes a version no worker could load; the registry asks a reason.
+    force = forms.BooleanField(required=False, label="Restore it although the workers could not load a version it routes")
+
+
 class DrillForm(SeenGenerationForm):
     # Checked on the page: a drill rolls forward unless the operator unticks it.
     roll_forward = forms.BooleanField(required=False, label="Restore the current split after the drill")

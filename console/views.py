@@ -618,6 +618,7 @@ def release_context(model: RegisteredModel, generation: int) -> dict:
         "api_url": reverse("api-release", kwargs={"name": model.name}) + "?" + urlencode({"at": shown.created_at.isoformat()}),
         "current": current, "current_summary": describe_routes(current.routes) if current else "nothing",
         "restore_refusal": releases.restore_refusal(model, shown),
+        "restore_unloadable": releases.restore_unloadable(model, shown),
     }
 
 
@@ -630,11 +631,11 @@ def restore(request, name: str, generation: int):
     if request.method == "GET":
         return render(request, "console/confirm.html", {**release_context(model, generation), "standalone": True,
                                                         "confirm_fragment": "console/fragments/confirm_restore.html"})
-    form = forms.ReasonForm(request.POST)
+    form = forms.RestoreForm(request.POST)
     if not form.is_valid():
         return _answer(request, name, "error", _first_error(form), status=400)
-    reason, seen = form.cleaned_data["reason"], form.cleaned_data["expected_generation"]
-    return _release(request, model, lambda: releases.restore(model, generation, request.user, reason, expected_generation=seen))
+    reason, seen, force = form.cleaned_data["reason"], form.cleaned_data["expected_generation"], form.cleaned_data["force"]
+    return _release(request, model, lambda: releases.restore(model, generation, request.user, reason, expected_generation=seen, force=force))
 
 
 @require_http_methods(["GET", "POST"])

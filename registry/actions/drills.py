@@ -542,7 +542,8 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         release = stale_drills.own_roll_forward(drill, actor)
         if release is None:
             # Only over the drill's own rollback: a change an operator made meanwhile stands.
-            release = releases.restore(model, drill.from_generation, actor, stale_drills.forward_reason(drill), expected_generation=drill.to_generation)
+            release = releases.restore(model, drill.from_generation, actor, stale_drills.forward_reason(drill), expected_generation=drill.to_generation,
+                                       checked=False)  # puts back what served before the drill
     except releases.GenerationConflict as conflict:
         changed_at = conflict.current.generation if conflict.current else "?"
         _record_reason(drill, f"not rolled forward: {model.name} changed during the drill (generation {changed_at}), and that change stands",

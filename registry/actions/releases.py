@@ -30,6 +30,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from registry.actions import events
+from registry.artifacts import served_bytes, storage
 from registry.committed_change import note_pending
 from registry.domain.choices import (
     ACTIVE_ROLLOUT_STATUSES,
@@ -121,9 +122,7 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
         stable = _stable_for(parsed, current)
         forced = check_compatible(model, current, parsed, force, reason)
         # A split to 100 % is a promote by another door (an operator's second run took it).
-        unloadable = [] if rollout is not None or current is None else [
-            why for route in parsed if route.weight > 0 and route.version != current.stable_version
-            if (why := check_loadable(model, route.version, force, reason, verb="routed"))]
+        unloadable = [] if rollout is not None else _unloadable(model, current, parsed, force, reason)
         # A rollback from a rollout's step returns to its stable at 100 %, as its abort does:
         # returning to the release before walked back through the rollout's own steps (a
         # drill's rollback raised the canary to a 30 % split the rollout had replaced).
@@ -296,7 +295,11 @@ def _same_routes(routes: list[Route], release: Release) -> bool:
     return sorted(routes, key=_by_version) == sorted((Route.from_json(route) for route in release.routes), key=_by_version)
 
 
-def restore(model: RegisteredModel, generation: int, actor, reason: str = "", *, expected_generation: int | None = None) -> Release:
+def restore(model: RegisteredModel, generation: int, actor, reason: str = "", *, expected_generation: int | None = None,
+            force: bool = False, checked: bool = True) -> Release:
+    """``force`` (with a reason) restores routes to a version no worker could load, as a
+    split does; ``checked=False`` skips that check for a drill's roll forward, which puts
+    back what served before the drill."""
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         check_expected_generation(model, model.current_release(), expected_generation)
@@ -314,9 +317,13 @@ def restore(model: RegisteredModel, generation: int, actor, reason: str = "", *,
             raise ReleaseConflict(f"generation {generation} routes what {model.name} serves now "
                                   f"({_describe(routes)}, generation {current.generation}): nothing to restore")
         _check_still_ready(model, [route.version for route in routes])
+        unloadable = _unloadable(model, current, routes, force, reason) if checked else []
         note = reason or f"restore of generation {generation}"
         release = _append(counter, model, routes, earlier.stable_version, ReleaseAction.RESTORE, current, actor, note)
-        events.release_made(release, f"Restored generation {generation}: traffic {_describe(routes)} (generation {release.generation})")
+        message = f"Restored generation {generation}: traffic {_describe(routes)} (generation {release.generation})"
+        if unloadable:
+            message += f"; forced although {'; '.join(unloadable)}: {reason}"
+        events.release_made(release, message, forced=unloadable)
     return release
 
 
@@ -491,7 +498,7 @@ def check_loadable(model: RegisteredModel, version: int, force: bool, reason: st
     to load. An operator's run promoted one (201, no word of warning): the page read "v3
     100 %" while every worker went on answering with v1 and v2. Returns why it is forced
     (None: nothing to force), for the audit."""
-    why = load_failure(model.name, version)
+    why = loadable_problem(model, version)
     if why is None:
         return None
     if not force:
@@ -499,6 +506,37 @@ def check_loadable(model: RegisteredModel, version: int, force: bool, reason: st
     if not reason.strip():
         raise ReleaseError(f"force needs a reason: say why v{version}, which no live worker could load, is {verb}")
     return why
+
+
+def loadable_problem(model: RegisteredModel, version: int) -> str | None:
+    """Why no worker would serve ``version`` if routed (what ``check_loadable`` refuses)."""
+    return load_failure(model.name, version) or _stored_file_problem(model, version)
+
+
+def restore_unloadable(model: RegisteredModel, earlier: Release) -> list[str]:
+    """What a restore of ``earlier`` would be refused for unless forced: the page's
+    confirmation shows it beside its Force control."""
+    current = model.current_release()
+    if current is None:
+        return []
+    return [f"v{route.version}: {why}" for route in map(Route.from_json, earlier.routes)
+            if route.weight > 0 and route.version != current.stable_version and (why := loadable_problem(model, route.version))]
+
+
+def _stored_file_problem(model: RegisteredModel, version: int) -> str | None:
+    """What the console itself knows is wrong with the version's stored file: the workers'
+    load errors are forgotten once they apply another state (an attacker's split to a
+    version whose file was changed then went through unforced)."""
+    sha256 = model.versions.filter(number=version).values_list("sha256", flat=True).first()
+    return served_bytes.stored_file_problem(storage.path_for(sha256)) if sha256 else None
+
+
+def _unloadable(model: RegisteredModel, current: Release | None, routes: list[Route], force: bool, reason: str) -> list[str]:
+    """``check_loadable`` of every version ``routes`` weight other than the current stable."""
+    if current is None:
+        return []
+    return [why for route in routes if route.weight > 0 and route.version != current.stable_version
+            if (why := check_loadable(model, route.version, force, reason, verb="routed"))]
 
 
 def check_compatible(model: RegisteredModel, current: Release | None, routes: list[Route], force: bool, reason: str) -> list[str]:

@@ -144,7 +144,8 @@ class Restore(ReleaseAction):
         return super().post(request, name)
 
     def act(self, model, data):
-        return releases.restore(model, data["generation"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"))
+        return releases.restore(model, data["generation"], self.request.user, data["reason"], expected_generation=data.get("expected_generation"),
+                                force=data["force"])
 
 
 @extend_schema_view(get=extend_schema(

@@ -361,6 +361,9 @@ class PromoteSerializer(ReasonSerializer):
 
 class RestoreSerializer(ReasonSerializer):
     generation = StrictIntegerField(min_value=1, max_value=GENERATION_MAX)
+    force = StrictBooleanField(required=False, default=False, help_text=(
+        "Restore routes that give traffic to a version the live workers failed to load, or whose stored file is missing or "
+        "changed (refused otherwise: they would go on serving what they serve now). Needs a reason; recorded in the audit timeline."))
 
 
 class DrillRequestSerializer(RefusesUnknownKeys, serializers.Serializer):

@@ -40,6 +40,16 @@ def known_mismatch(path: Path) -> bool:
         return False
 
 
+def stored_file_problem(path: Path) -> str | None:
+    """Why no worker can load the stored file at ``path`` whatever it tries: it is missing,
+    or this console saw it no longer match its sha256. None when nothing is known wrong."""
+    if not path.is_file():
+        return "its stored file is missing from the artifact store, so no worker can download it"
+    if known_mismatch(path):
+        return "its stored file changed after its upload (the console's last download of it did not match its sha256)"
+    return None
+
+
 def checked_as_streamed(chunks: Iterable[bytes], path: Path, sha256: str, key: Key) -> Iterator[bytes]:
     """``chunks`` (of the file opened at ``path`` whose stat key is ``key``) as they are,
     remembering whether all of them matched ``sha256`` (a stream its client left early

@@ -81,12 +81,21 @@ def load_failure(model_name: str, version: int, workers: list[Worker] | None = N
         return None
     # Where a load error begins: not inside another model's name ("ab v2:" is not "b v2:").
     named = re.compile(r"(?<![\w.-])" + re.escape(f"{model_name} v{version}:"))
-    failed = [(worker, match) for worker in workers if not worker.ok and (match := named.search(worker.error))]
+    failed = [(worker, words) for worker in workers if not worker.ok and (words := _failure_words(worker.error, named, model_name))]
     if not failed:
         return None
-    worker, match = failed[0]
-    return (f"no worker serves v{version}: {len(failed)} of {len(workers)} live worker{'s' * (len(workers) != 1)} failed to load it "
-            f"({worker.error[match.start():][:LOAD_ERROR_CHARS]})")
+    return f"no worker serves v{version}: {len(failed)} of {len(workers)} live worker{'s' * (len(workers) != 1)} {failed[0][1]}"
+
+
+def _failure_words(error: str, named: re.Pattern, model_name: str) -> str | None:
+    """How ``error`` says the model failed on a worker: its load error, or, where the error
+    was cut before it (MAX_ACK_ERROR_CHARS: five models' broken canaries), its name among
+    those the state applied without. None when it does not say so."""
+    if match := named.search(error):
+        return f"failed to load it ({error[match.start():][:LOAD_ERROR_CHARS]})"
+    if error.endswith("…") and model_name in (models_not_applied(error) or ()):
+        return f"failed to apply {model_name} (its error, cut to {len(error) - 1} characters, names it as failing but not why)"
+    return None
 
 
 def _has_loaded(worker: Worker, model_name: str, version: int) -> bool:

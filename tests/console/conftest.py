@@ -13,6 +13,7 @@ from registry.domain.choices import VersionStatus
 from registry.fleet import live, samples
 from registry.fleet.state import issued_digest
 from registry.models import ModelVersion, RegisteredModel, Rollout, Worker
+from tests.fixtures.store import stand_in_file
 
 SIGNATURE = {
     "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 4]}],
@@ -44,13 +45,17 @@ def admin_page(admin_user) -> Client:
 
 
 def add_version(model: RegisteredModel, number: int, **fields) -> ModelVersion:
-    """A ready version row; pages only read rows, so no artifact is needed."""
+    """A ready version row, with a stand-in stored file (pages only read rows; a split
+    refuses a version whose stored file is missing)."""
     defaults = {
         "sha256": f"{number:064x}", "size_bytes": 1000 * number, "status": VersionStatus.READY, "signature": SIGNATURE,
         "opset": 17, "producer": "tests", "metrics": {"accuracy": 0.9 + number / 100},
         "validation_report": {"checks": [{"name": "parse", "ok": True, "message": "parsed", "elapsed_ms": 0.3}], "provider": "CPUExecutionProvider"},
     }
-    return ModelVersion.objects.create(model=model, number=number, **{**defaults, **fields})
+    version = ModelVersion.objects.create(model=model, number=number, **{**defaults, **fields})
+    if version.status == VersionStatus.READY:
+        stand_in_file(version.sha256)
+    return version
 
 
 def incompatible_v3(model: RegisteredModel) -> ModelVersion:

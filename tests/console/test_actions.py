@@ -8,6 +8,7 @@ import httpx
 import pytest
 from django.contrib.messages import get_messages
 
+from registry.actions import releases
 from registry.building.onnx_build import random_mlp, to_bytes
 from registry.models import AuditEvent, Drill, Job, ModelVersion, Release
 from tests.fixtures.jobs import run_queued_jobs
@@ -220,6 +221,24 @@ def test_the_split_form_names_a_canary_no_worker_loaded_and_offers_force(operato
     assert 'id="id_split_force"' in html
 
 
+def test_the_restore_of_a_split_no_worker_could_load_offers_force_and_is_made_only_when_forced(operator_page, canary_digits, operator):
+    releases.rollback(canary_digits, operator)  # generation 3: v1 alone; generation 2 gave v2 10 %
+    worker_failing_to_load_v2()
+
+    html = operator_page.get("/models/digits/releases/2/restore/").content.decode()
+    refused = operator_page.post("/models/digits/releases/2/restore/", {"expected_generation": "3"}, HTTP_ACCEPT="application/json")
+    forced = operator_page.post("/models/digits/releases/2/restore/", {"expected_generation": "3", "force": "on", "reason": "file back"},
+                                HTTP_ACCEPT="application/json")
+
+    assert ("v2: no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact sha256 mismatch): restored, the workers "
+            "would go on serving what they serve now.") in html
+    assert 'id="id_restore_force"' in html
+    assert refused.status_code == 409
+    assert refused.json()["message"].endswith("or tick Force and say why in the reason to do it anyway")
+    assert forced.status_code == 200, forced.content
+    assert canary_digits.current_release().routes == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
+
+
 def test_drill_runs_and_reports_its_result(operator_page, canary_digits):
     response = operator_page.post("/models/digits/drill/", {"expected_generation": "2"}, HTTP_ACCEPT="application/json")
 
@@ -316,6 +335,7 @@ def test_a_script_upload_through_the_page_twin_is_answered_202_with_its_job(oper
 
 
 def test_refused_upload_says_why_and_leaves_nothing(operator_page, digits, artifact_root):
+    before = stored_files(artifact_root)  # the stand-ins of the two versions' files
     upload = io.BytesIO(b"this is not an onnx model")
     upload.name = "broken.onnx"
 
@@ -326,7 +346,7 @@ def test_refused_upload_says_why_and_leaves_nothing(operator_page, digits, artif
     assert AuditEvent.objects.filter(kind="upload_refused").count() == 1
     assert digits.versions.count() == 2
     assert Job.objects.count() == 0
-    assert stored_files(artifact_root) == []
+    assert stored_files(artifact_root) == before
 
 
 class FakeResponse:

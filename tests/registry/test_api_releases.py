@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from registry.artifacts import storage
 from registry.fleet.state import desired_state
 from registry.models import AuditEvent, Release
 from serving.contract import CONTRACT_VERSION
@@ -123,6 +124,70 @@ def test_a_split_sending_traffic_to_a_version_the_live_workers_failed_to_load_is
     assert forced.status_code == 201, forced.content
     audit = AuditEvent.objects.filter(kind="release").order_by("-pk").first()
     assert audit.data["forced"] == ["no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact sha256 mismatch)"]
+
+
+def test_a_restore_giving_traffic_to_a_version_the_live_workers_failed_to_load_is_refused_unless_forced(operator_client, three_versions):
+    # An attacker's 201: the split was refused, the restore of a release routing it was not.
+    split(operator_client, [{"version": 2, "weight": 100}], "v2 alone")  # generation 2
+    split(operator_client, [{"version": 1, "weight": 100}], "back")  # generation 3
+    failing_to_load_v2()
+
+    refused = operator_client.post(RELEASE + "restore/", {"generation": 2}, format="json")
+    forced = operator_client.post(RELEASE + "restore/", {"generation": 2, "force": True, "reason": "file restored"}, format="json")
+
+    assert (refused.status_code, refused.json()["error"]) == (409, (
+        "v2 not routed: no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact sha256 mismatch); the workers "
+        "would go on serving what they serve now. Mend or replace the version, or send force: true with a reason to do it anyway"))
+    assert forced.status_code == 201, forced.content
+    audit = AuditEvent.objects.filter(kind="release").order_by("-pk").first()
+    assert audit.data["forced"] == ["no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact sha256 mismatch)"]
+    assert audit.message.endswith(": file restored")
+
+
+def test_a_version_whose_stored_file_is_missing_is_not_routed_unless_forced_though_no_worker_said_so(operator_client, three_versions,
+                                                                                                     artifact_root):
+    # The workers' load errors are forgotten once they apply another state: what the
+    # console knows of its own store stays.
+    storage.path_for(three_versions.versions.get(number=2).sha256).unlink()
+
+    refused = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+
+    assert (refused.status_code, refused.json()["error"]) == (409, (
+        "v2 not routed: its stored file is missing from the artifact store, so no worker can download it; the workers would go on "
+        "serving what they serve now. Mend or replace the version, or send force: true with a reason to do it anyway"))
+
+
+def test_a_version_whose_stored_file_the_console_saw_changed_is_not_routed_unless_forced(operator_client, three_versions):
+    v2 = three_versions.versions.get(number=2)
+    path = storage.path_for(v2.sha256)
+    path.write_bytes(path.read_bytes()[:-1] + b"\0")
+    b"".join(operator_client.get("/api/models/digits/versions/2/artifact").streaming_content)  # a worker's download: the console hashes it
+
+    refused = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+
+    assert refused.status_code == 409
+    assert refused.json()["error"].startswith("v2 not routed: its stored file changed after its upload (the console's last download of it "
+                                              "did not match its sha256)")
+
+
+def test_a_version_named_only_before_the_cut_of_a_long_load_error_counts_as_failed_to_load(operator_client, worker_client, three_versions):
+    # Five models' canaries broken: the ack's error, kept to its first 2,000 characters,
+    # named the fifth model only in its "applied but for" list, and its promote went through.
+    from django.utils import timezone
+
+    from registry.models import Worker
+
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    error = ("applied but for a-model (served as before), digits (served as before): a-model v3: " + "x" * 1990)[:2000] + "…"
+    Worker.objects.create(worker_id="w-1", last_seen_at=timezone.now(), ok=False, error=error,
+                          loaded=[{"model": "digits", "version": 1, "routed": True, "ready": True}])
+
+    refused = operator_client.post(RELEASE + "promote/", {}, format="json")
+
+    assert (refused.status_code, refused.json()["error"]) == (409, (
+        "v2 not promoted: no worker serves v2: 1 of 1 live worker failed to apply digits (its error, cut to 2000 characters, names it "
+        "as failing but not why); the workers would go on serving what they serve now. Mend or replace the version, or send force: "
+        "true with a reason to do it anyway"))
 
 
 def test_a_split_back_to_the_stable_alone_is_never_held_by_a_canary_that_failed_to_load(operator_client, three_versions):
