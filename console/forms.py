@@ -12,6 +12,7 @@ from django import forms
 from django.contrib.auth import get_user_model
 
 from registry.domain.choices import DatasetTask
+from registry.domain.reasons import has_visible_text, refuse_control_characters
 from registry.domain.tags import InvalidTags, check_tags, parse_typed_tags
 from registry.domain.traffic import canary_split
 from registry.models import RegisteredModel
@@ -42,7 +43,7 @@ class SplitForm(SeenGenerationForm):
     weight = forms.IntegerField(required=False, min_value=0, max_value=100, label="Canary share (%)")
     # Sent only by the confirmation's button: 100% replaces the stable, like a promote.
     confirmed_weight = forms.TypedChoiceField(coerce=int, required=False, choices=[(FULL_WEIGHT, f"{FULL_WEIGHT}%")])
-    reason = forms.CharField(required=False, max_length=500)
+    reason = forms.CharField(required=False, max_length=500, validators=[refuse_control_characters])
     force = forms.BooleanField(required=False, label="Route it despite incompatible inputs")
 
     def __init__(self, *args, canary_choices: list[int], stable_version: int | None, **kwargs):
@@ -60,7 +61,7 @@ class SplitForm(SeenGenerationForm):
             raise forms.ValidationError("choose a preset or type the canary's share (0-100%)")
         data["canary_weight"] = chosen
         data["needs_confirmation"] = chosen == FULL_WEIGHT and not confirmed
-        if data.get("force") and not data.get("reason", "").strip():
+        if data.get("force") and not has_visible_text(data.get("reason", "")):
             raise forms.ValidationError(FORCE_NEEDS_REASON)
         return data
 
@@ -69,7 +70,7 @@ class SplitForm(SeenGenerationForm):
 
 
 class ReasonForm(SeenGenerationForm):
-    reason = forms.CharField(required=False, max_length=500)
+    reason = forms.CharField(required=False, max_length=500, validators=[refuse_control_characters])
 
 
 class PromoteForm(ReasonForm):
@@ -116,7 +117,7 @@ class RolloutForm(SeenGenerationForm):
                              initial="standard", label="Plan")
     steps = forms.CharField(required=False, max_length=200, label="Custom steps (%)")
     step_minutes = forms.FloatField(required=False, min_value=0, max_value=7 * 24 * 60, label="Custom minutes per step")
-    reason = forms.CharField(required=False, max_length=500)
+    reason = forms.CharField(required=False, max_length=500, validators=[refuse_control_characters])
     force = forms.BooleanField(required=False, label="Route it despite incompatible inputs")
 
     def __init__(self, *args, canary_choices: list[int], **kwargs):
@@ -143,7 +144,7 @@ class RolloutForm(SeenGenerationForm):
             data["plan_steps"], data["step_duration_s"] = list(plan.steps), plan.step_duration_s
         # The registry asks a reason of a forced split; the rollout's own step note must
         # not stand in for the operator's.
-        if data.get("force") and not data.get("reason", "").strip():
+        if data.get("force") and not has_visible_text(data.get("reason", "")):
             raise forms.ValidationError(FORCE_NEEDS_REASON)
         return data
 
@@ -151,7 +152,7 @@ class RolloutForm(SeenGenerationForm):
 class RolloutActionForm(forms.Form):
     """Pause, resume and abort: an optional reason, recorded in the audit timeline."""
 
-    reason = forms.CharField(required=False, max_length=500)
+    reason = forms.CharField(required=False, max_length=500, validators=[refuse_control_characters])
 
 
 class UploadForm(forms.Form):
@@ -290,4 +291,4 @@ class ModelListForm(forms.Form):
 
 
 class ArchiveForm(forms.Form):
-    reason = forms.CharField(required=False, max_length=500, label="Reason (optional)")
+    reason = forms.CharField(required=False, max_length=500, validators=[refuse_control_characters], label="Reason (optional)")

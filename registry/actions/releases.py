@@ -39,6 +39,7 @@ from registry.domain.choices import (
     RolloutStatus,
 )
 from registry.domain.compatibility import input_differences
+from registry.domain.reasons import has_visible_text
 from registry.domain.traffic import InvalidRoutes, Route, VersionNotReady, check_routes, not_ready_words, routes_to_json, versions_receiving
 from registry.fleet.workers import load_failure
 from registry.models import (
@@ -503,7 +504,7 @@ def check_loadable(model: RegisteredModel, version: int, force: bool, reason: st
         return None
     if not force:
         raise CanaryNotLoaded(version, why, verb)
-    if not reason.strip():
+    if not has_visible_text(reason):
         raise ReleaseError(f"force needs a reason: say why v{version}, which no live worker could load, is {verb}")
     return why
 
@@ -555,7 +556,7 @@ def check_compatible(model: RegisteredModel, current: Release | None, routes: li
         return []
     if not force:
         raise IncompatibleInputs(current.stable_version, differences)
-    if not reason.strip():
+    if not has_visible_text(reason):
         raise ReleaseError("force needs a reason: say why traffic goes to a version with incompatible inputs")
     return differences
 

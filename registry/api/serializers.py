@@ -19,6 +19,7 @@ from registry.domain.canary_analysis import (
     json_schema,
 )
 from registry.domain.choices import ACTIVE_ROLLOUT_STATUSES, JobKind, JobStatus, VersionStatus
+from registry.domain.reasons import refuse_control_characters
 from registry.domain.tags import (
     MAX_TAG_LENGTH,
     MAX_TAGS,
@@ -329,7 +330,8 @@ class DuplicateUploadSerializer(ErrorSerializer):
 
 
 class ArchiveSerializer(RefusesUnknownKeys, serializers.Serializer):
-    reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500, help_text="Why; recorded in the audit timeline.")
+    reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500, validators=[refuse_control_characters],
+                             help_text="Why; recorded in the audit timeline.")
 
 
 FORCE_HELP = ("Route traffic to a version whose inputs differ from the stable version's (names, datatypes, non-batch "
@@ -337,7 +339,8 @@ FORCE_HELP = ("Route traffic to a version whose inputs differ from the stable ve
 
 
 class ReasonSerializer(RefusesUnknownKeys, serializers.Serializer):
-    reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500)  # as the console's form field
+    reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500,  # as the console's form field
+                             validators=[refuse_control_characters])
     expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
 
 

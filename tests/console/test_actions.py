@@ -239,6 +239,14 @@ def test_the_restore_of_a_split_no_worker_could_load_offers_force_and_is_made_on
     assert canary_digits.current_release().routes == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
 
 
+def test_a_page_reason_holding_control_characters_is_refused_and_nothing_changes(operator_page, canary_digits):
+    response = operator_page.post("/models/digits/rollback/", {"expected_generation": "2", "reason": "\x1b[2J"}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 400
+    assert "must be one line of text without control characters (found U+001B)" in response.json()["message"]
+    assert canary_digits.current_release().generation == 2
+
+
 def test_drill_runs_and_reports_its_result(operator_page, canary_digits):
     response = operator_page.post("/models/digits/drill/", {"expected_generation": "2"}, HTTP_ACCEPT="application/json")
 

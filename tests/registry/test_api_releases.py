@@ -190,6 +190,26 @@ def test_a_version_named_only_before_the_cut_of_a_long_load_error_counts_as_fail
         "true with a reason to do it anyway"))
 
 
+@pytest.mark.parametrize("reason", ["\x1b[2J cleared", "line\nbreak", "\u202egnp.exe"])
+def test_a_reason_holding_control_characters_is_refused_and_nothing_changes(operator_client, three_versions, reason):
+    response = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], reason)
+
+    assert response.status_code == 400
+    assert "reason: must be one line of text without control characters (found U+" in response.json()["error"]
+    assert Release.objects.count() == 1
+
+
+@pytest.mark.parametrize("reason", ["\u200b", " \u00ad "])
+def test_a_forced_change_whose_reason_shows_nothing_is_refused(operator_client, three_versions, reason):
+    split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    failing_to_load_v2()
+
+    response = operator_client.post(RELEASE + "promote/", {"force": True, "reason": reason}, format="json")
+
+    assert (response.status_code, response.json()["error"]) == (400, "force needs a reason: say why v2, which no live worker could load, "
+                                                                     "is promoted")
+
+
 def test_a_split_back_to_the_stable_alone_is_never_held_by_a_canary_that_failed_to_load(operator_client, three_versions):
     split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
     failing_to_load_v2()
