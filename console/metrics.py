@@ -23,23 +23,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from registry.domain.choices import JobKind, JobStatus, VersionStatus
 from registry.fleet.state import current_generation
-from registry.fleet.workers import IssuedDigests, lifecycle, worker_status
+from registry.fleet.workers import CONVERGENCE_STATES, IssuedDigests, convergence_state
 from registry.models import Job, ModelVersion, RegisteredModel, Worker
-
-WORKER_STATES = ("converged", "behind", "failing", "gone", "stopped")
-
-
-def worker_state(worker: Worker, generation: int, digests: IssuedDigests, now) -> str:
-    """converged (proved by digest to serve the content issued as ``generation`` or later:
-    the number a worker reports proves nothing alone) / behind (anything else it serves) /
-    failing (its last apply failed) / gone (silent for WORKER_GONE_AFTER_S; forgotten
-    after WORKER_FORGET_AFTER_S) / stopped (its last report said it exited cleanly)."""
-    phase = lifecycle(worker, now)
-    if phase in ("gone", "stopped"):
-        return phase
-    if not worker.ok:
-        return "failing"
-    return "converged" if worker_status(worker, generation, digests)["converged"] else "behind"
 
 
 class ConsoleCollector:
@@ -55,9 +40,9 @@ class ConsoleCollector:
 
     def _workers(self, generation: int) -> GaugeMetricFamily:
         now, digests = timezone.now(), IssuedDigests()
-        counts = dict.fromkeys(WORKER_STATES, 0)
+        counts = dict.fromkeys(CONVERGENCE_STATES, 0)
         for worker in Worker.objects.only("last_seen_at", "ok", "generation", "last_report", "error"):
-            counts[worker_state(worker, generation, digests, now)] += 1
+            counts[convergence_state(worker, generation, digests, now)] += 1
         return _gauge("modelops_console_workers", "Serving workers known to the console, by state.", ["state"],
                       [((state,), count) for state, count in counts.items()])
 

@@ -371,7 +371,7 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
 
 def _promote_returns_to(model: RegisteredModel, release: Release) -> str:
     """What a rollback after promoting now would return to (``releases.promote``' rule)."""
-    target = releases.last_all_stable(model, release.stable_version) or release
+    target = releases.promote_returns_to(model, release)
     return f"{describe_routes(target.routes)} (generation {target.generation})"
 
 
@@ -843,13 +843,9 @@ def workers_context() -> dict:
     digests = fleet.IssuedDigests()
     rows = []
     for worker in Worker.objects.filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR):
-        lifecycle = fleet.lifecycle(worker, now)
-        is_live = lifecycle in ("serving", "draining")
-        # A worker whose last apply failed is "failing", as /metrics counts it, not "behind"
-        # (it may serve the current generation but for one model).
-        rows.append({"worker": worker, "lifecycle": lifecycle, "is_live": is_live, "is_failing": is_live and not worker.ok,
-                     "is_behind": is_live and worker.ok and not fleet.worker_status(worker, generation, digests, now)["converged"],
-                     **report_totals(worker.last_report)})
+        state = fleet.convergence_state(worker, generation, digests, now)  # as /metrics counts it
+        rows.append({"worker": worker, "lifecycle": fleet.lifecycle(worker, now), "is_live": state not in ("gone", "stopped"),
+                     "is_failing": state == "failing", "is_behind": state == "behind", **report_totals(worker.last_report)})
     rows.sort(key=lambda row: (not row["is_live"], row["worker"].worker_id))
     return {"rows": rows, "generation": generation, "gone_after_s": settings.WORKER_GONE_AFTER_S}
 

@@ -138,6 +138,13 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
     return release
 
 
+def promote_returns_to(model: RegisteredModel, current: Release) -> Release:
+    """What a rollback after promoting ``current``'s canary returns to: the last release
+    that sent everything to the old stable, else ``current`` (the console's promote dialog
+    says it)."""
+    return last_all_stable(model, current.stable_version) or current
+
+
 def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None, rollout: Rollout | None = None,
             force: bool = False) -> Release:
     """The canary becomes the stable at 100 %. Rolling back from here returns to the last
@@ -154,7 +161,7 @@ def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generat
         _check_still_ready(model, [canary])
         unloadable = check_loadable(model, canary, force, reason) if rollout is None else None
         routes = [Route(version=canary, weight=100)]
-        target = last_all_stable(model, current.stable_version) or current
+        target = promote_returns_to(model, current)
         release = _append(counter, model, routes, canary, ReleaseAction.PROMOTE, target, actor, reason, rollout=rollout)
         message = (f"Version {canary} promoted to stable at 100% (generation {release.generation}); "
                    f"a rollback returns to {describe_routes(target)} (generation {target.generation})")

@@ -4,9 +4,6 @@ applied states and their reports (everything under ``/api/serving/`` but the API
 
 from __future__ import annotations
 
-import logging
-
-from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers as drf_serializers
@@ -14,7 +11,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry.actions import rollouts
+from registry.actions import worker_reports
 from registry.api import serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.parsers import JSONParser
@@ -23,13 +20,11 @@ from registry.api.permissions import (
     IsWorkerOrStaff,
     WorkerTokenAuthentication,
 )
-from registry.committed_change import committing, note_pending
-from registry.fleet import live, report_rate, worker_keys
+from registry.committed_change import committing
+from registry.fleet import report_rate, worker_keys
 from registry.fleet import workers as fleet
 from registry.fleet.state import desired_state
 from serving.contract import MAX_LOADED, WORKER_KEY_HEADER
-
-logger = logging.getLogger(__name__)
 
 
 class ServingState(APIView):
@@ -132,16 +127,6 @@ class ReportSerializer(drf_serializers.Serializer):
         return attrs
 
 
-def judge_overdue_rollouts() -> None:
-    """The console's fallback tick (rollouts.judge_overdue), after the report is kept: its
-    failure is logged and never the report's answer, which the worker would send again."""
-    try:
-        rollouts.judge_overdue()
-    except Exception as error:
-        logger.warning("could not judge the overdue rollout windows (%s: %s); the next report tries again",
-                       type(error).__name__, " ".join(str(error).split())[:200])
-
-
 def contains_nul(value: object) -> bool:
     """Any NUL in the strings (keys included) of a parsed JSON value; iterative, since
     the nesting depth is the sender's."""
@@ -174,13 +159,10 @@ class WorkerReports(APIView):
             form = ReportSerializer(data=request.data)
             form.is_valid(raise_exception=True)
             report = {**request.data, **form.validated_data}
-            # All or nothing, so a 503 (the database gone midway) kept nothing and the worker sends
-            # the figures again; a COMMIT that lost its connection may have kept them, and its
-            # 503 says "in_doubt" (console/outage.py), which the worker takes as kept.
-            with committing(request), transaction.atomic():
-                worker = fleet.record_report(report, request.headers.get(WORKER_KEY_HEADER))
-                live.store_figures(worker, worker.last_report)  # the figures as the contract parsed them
-                note_pending(f"the report of worker {worker.worker_id[:40]!r}")
+            # A COMMIT that lost its connection may have kept the report, and its 503 says
+            # "in_doubt" (console/outage.py), which the worker takes as kept.
+            with committing(request):
+                worker = worker_reports.take(report, request.headers.get(WORKER_KEY_HEADER))
         except worker_keys.KeyRefused as refusal:
             return error_response(str(refusal), status.HTTP_403_FORBIDDEN)
         except report_rate.TooSoon as refusal:
@@ -189,6 +171,5 @@ class WorkerReports(APIView):
             return response
         except fleet.Refused as refusal:
             return error_response(str(refusal), status.HTTP_400_BAD_REQUEST)
-        live.relay(worker, worker.last_report)
-        judge_overdue_rollouts()
+        worker_reports.after(worker)
         return Response(status=status.HTTP_204_NO_CONTENT)

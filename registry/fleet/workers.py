@@ -103,6 +103,24 @@ def _has_loaded(worker: Worker, model_name: str, version: int) -> bool:
                for entry in worker.loaded if isinstance(entry, dict))
 
 
+CONVERGENCE_STATES = ("converged", "behind", "failing", "gone", "stopped")
+
+
+def convergence_state(worker: Worker, generation: int, digests: IssuedDigests, now) -> str:
+    """converged (proved by digest to serve the content issued as ``generation`` or later:
+    the number a worker reports proves nothing alone) / behind (anything else it serves) /
+    failing (its last apply failed: it may serve the current generation but for one model)
+    / gone (silent for WORKER_GONE_AFTER_S; forgotten after WORKER_FORGET_AFTER_S) /
+    stopped (its last report said it exited cleanly). The Workers page and /metrics both
+    say it so."""
+    phase = lifecycle(worker, now)
+    if phase in ("gone", "stopped"):
+        return phase
+    if not worker.ok:
+        return "failing"
+    return "converged" if worker_status(worker, generation, digests, now)["converged"] else "behind"
+
+
 def gone_workers():
     """Workers silent past WORKER_GONE_AFTER_S that never said they stopped (a crash, a
     frozen process, a lost host), until retention forgets them."""
