@@ -64,3 +64,14 @@ def is_connection_lost(error: BaseException | None) -> bool:
 
 def is_database_unavailable(error: BaseException | None) -> bool:
     return isinstance(error, UNREACHABLE_ERRORS) or is_read_only(error)
+
+
+def missing_schema(error: BaseException | None) -> str | None:
+    """SQLite's "no such table" or "no such column" (an OperationalError: "unavailable" to
+    the rules above): a database never migrated, or not the console's. Its first line, to
+    say so instead of "the database is unavailable" (a Celery started by hand on a fresh
+    DATA_DIR said that every few seconds)."""
+    if not isinstance(error, OperationalError) or not isinstance(error.__cause__, sqlite3.OperationalError):
+        return None
+    words = (str(error).strip().splitlines() or [""])[0]
+    return words if words.startswith(("no such table", "no such column")) else None

@@ -19,7 +19,7 @@ from celery.exceptions import Reject
 from django.conf import settings
 from django.db import DatabaseError
 
-from registry.db_unavailable import is_database_unavailable
+from registry.db_unavailable import is_database_unavailable, missing_schema
 
 logger = logging.getLogger(__name__)
 # A job's task is sent again after JOB_SWEEP_INTERVAL_S, doubling up to this, at most
@@ -36,7 +36,11 @@ def skipped_during_outage(task):
         except DatabaseError as error:
             if not is_database_unavailable(error):
                 raise
-            logger.warning("%s skipped: the database is unavailable (%s); its next run tries again", task.__name__, type(error).__name__)
+            if schema := missing_schema(error):
+                logger.error("%s skipped: the database lacks what it needs (%s): it was not migrated, or is not the console's "
+                             "(check DATABASE_URL or DATA_DIR; `manage.py migrate`)", task.__name__, schema)
+            else:
+                logger.warning("%s skipped: the database is unavailable (%s); its next run tries again", task.__name__, type(error).__name__)
             return None
     return run
 
