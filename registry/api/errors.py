@@ -41,6 +41,8 @@ def exception_handler(exc, context):
         return None  # Django's handler500 answers, as JSON, below.
     if isinstance(exc, exceptions.ValidationError):
         response.data = {"error": _first_message(exc.detail), "fields": exc.detail}
+    elif isinstance(exc, exceptions.UnsupportedMediaType):
+        response.data = {"error": _unsupported_media_type(exc, context.get("request"))}
     elif isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         response.data = {"error": _unaccepted_scheme(context.get("request")) or str(exc.detail)}
         response.status_code = status.HTTP_401_UNAUTHORIZED
@@ -51,6 +53,15 @@ def exception_handler(exc, context):
     elif response.status_code == 404:
         response.data["error"] = _named_not_found(response.data["error"], context.get("kwargs") or {})
     return response
+
+
+def _unsupported_media_type(exc, request) -> str:
+    """DRF's words name only what was sent ("Unsupported media type "application/octet-stream"
+    in request."): a newcomer uploading raw bytes was not told to send a form."""
+    takes = [parser.media_type for parser in getattr(request, "parsers", ())]
+    if "multipart/form-data" in takes:
+        return f"{exc.detail} This endpoint takes multipart/form-data (the file in a form field, as curl -F sends it)."
+    return f"{exc.detail} This endpoint takes {' or '.join(takes)}." if takes else str(exc.detail)
 
 
 # Schemes an answer may name back: any other first word could be a token sent first.

@@ -495,7 +495,7 @@ def test_traffic_actions_read_json_only(operator_client, three_versions, path):
     response = operator_client.post(RELEASE + path, "routes=1", content_type="application/x-www-form-urlencoded")
 
     assert response.status_code == 415
-    assert response.json()["error"] == 'Unsupported media type "application/x-www-form-urlencoded" in request.'
+    assert response.json()["error"] == 'Unsupported media type "application/x-www-form-urlencoded" in request. This endpoint takes application/json.'
     assert Release.objects.count() == 1
 
 

@@ -157,6 +157,17 @@ def test_an_upload_over_the_size_limit_is_recorded_as_refused_like_the_other_che
                                             "(MAX_UPLOAD_BYTES)")]
 
 
+@pytest.mark.parametrize("content_type", ["application/octet-stream", "application/json"])
+def test_an_upload_that_is_not_a_form_says_to_send_one(operator_client, model, good_onnx, content_type):
+    # A newcomer sending the raw bytes was told only what they had sent.
+    response = operator_client.post("/api/models/digits/versions/", good_onnx.read_bytes(), content_type=content_type)
+
+    assert response.status_code == 415
+    assert response.json()["error"] == (f'Unsupported media type "{content_type}" in request. This endpoint takes multipart/form-data '
+                                        "(the file in a form field, as curl -F sends it).")
+    assert ModelVersion.objects.count() == 0
+
+
 def test_upload_without_a_file_names_the_missing_field(operator_client, model):
     response = operator_client.post("/api/models/digits/versions/", {"description": "x"}, format="multipart")
 
