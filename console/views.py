@@ -845,7 +845,8 @@ def workers_context() -> dict:
     for worker in Worker.objects.filter(last_seen_at__gte=now - WORKERS_SHOWN_FOR):
         state = fleet.convergence_state(worker, generation, digests, now)  # as /metrics counts it
         rows.append({"worker": worker, "lifecycle": fleet.lifecycle(worker, now), "is_live": state not in ("gone", "stopped"),
-                     "is_failing": state == "failing", "is_behind": state == "behind", **report_totals(worker.last_report)})
+                     "is_failing": state == "failing", "is_behind": state == "behind", "digest": fleet.served_digest(worker, digests),
+                     **report_totals(worker.last_report)})
     rows.sort(key=lambda row: (not row["is_live"], row["worker"].worker_id))
     return {"rows": rows, "generation": generation, "gone_after_s": settings.WORKER_GONE_AFTER_S}
 

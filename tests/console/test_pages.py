@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from registry.fleet.state import issued_state
+from registry.fleet.state import issued_digest, issued_state
 from registry.models import Drill
 from serving.state_signing import model_digests
 from tests.console.conftest import add_version, report_from, served
@@ -170,6 +170,9 @@ def test_workers_page_highlights_a_worker_behind_and_fades_a_gone_one(viewer_pag
     html = viewer_page.get("/workers/").content.decode()
 
     assert 'data-worker="current" data-generation="2" class="">' in html
+    # A converged worker said so only by a green pill: the word and the digest it proves it by.
+    assert (f'title="serving the content this console issued for generation 2 (digest {issued_digest(2)[:12]}…): converged">2 · converged'
+            in html)
     assert 'data-worker="lagging" data-generation="1" class=" behind">' in html
     assert 'data-worker="departed" data-generation="2" class="gone">' in html
     assert "1 · behind" in html
