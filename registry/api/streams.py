@@ -32,8 +32,10 @@ def file_response(request, path: Path, check: Callable[[Iterator[bytes], os.stat
                   **kwargs) -> FileResponse:
     """FileResponse of `path` (its length, name and type as FileResponse sets them), in
     parts; ``check`` sees every part as it is sent, with the opened file's status
-    (``registry.artifacts.served_bytes``)."""
-    opened = open(path, "rb")
+    (``registry.artifacts.served_bytes``). A symbolic link is not followed (OSError):
+    a link put in the store in place of an artifact streamed its target (/etc/passwd in
+    an attack) to any reader."""
+    opened = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
     response = FileResponse(opened, **kwargs)  # closed with the response
     response.block_size = FILE_PART_BYTES
     if check is not None:

@@ -184,6 +184,8 @@ class VersionArtifact(APIView):
         if version.status == VersionStatus.ARCHIVED:
             return error_response(f"the artifact of {version} was deleted by retention", status.HTTP_410_GONE)
         path = storage.path_for(version.sha256)
+        if path.is_symlink():  # never followed (file_response opens with O_NOFOLLOW)
+            return changed_in_store(version, path)
         if not path.is_file():
             return missing_from_store(version, path)
         _reported_missing.discard(str(path))

@@ -45,7 +45,7 @@ def stored_file_problem(path: Path) -> str | None:
     or this console saw it no longer match its sha256. None when nothing is known wrong."""
     if not path.is_file():
         return "its stored file is missing from the artifact store, so no worker can download it"
-    if known_mismatch(path):
+    if known_mismatch(path) or path.is_symlink():  # a link is never served (registry/api/streams.py)
         return "its stored file changed after its upload (the console's last download of it did not match its sha256)"
     return None
 

@@ -53,6 +53,21 @@ def test_a_file_whose_whole_download_did_not_match_its_sha256_is_a_503_saying_th
     assert str(settings.ARTIFACT_ROOT) not in response.content.decode()  # the host's layout is for the console's log
 
 
+def test_a_symbolic_link_in_place_of_a_stored_file_is_never_followed(stored, viewer_client, tmp_path):
+    # Its target (/etc/passwd in an attack) was streamed with 200 to any reader.
+    path, _ = stored
+    secret = tmp_path / "secret"
+    secret.write_text("root:x:0:0")
+    path.unlink()
+    path.symlink_to(secret)
+
+    response = viewer_client.get(ARTIFACT)
+
+    assert response.status_code == 503
+    assert "changed after its upload" in response.json()["error"]
+    assert b"root:x" not in response.content
+
+
 def test_the_file_is_served_again_once_it_is_restored(stored, worker_client):
     path, uploaded = stored
     path.write_bytes(b"not the bytes uploaded")
