@@ -102,9 +102,13 @@ def shadow_counts() -> dict[Key, dict]:
             for key, counts in totals.items()}
 
 
-def shadow_totals() -> list[dict]:
-    """``shadow_counts`` as the report's top-level list, by model and version."""
-    return [{"model": model, "version": int(version), **counts} for (model, version), counts in sorted(shadow_counts().items())]
+def shadow_totals(table) -> list[dict]:
+    """``shadow_counts`` of the versions ``table`` mirrors to now, as the report's top-level
+    list, by model and version, at most MAX_REPORTED_VERSIONS. Every version ever shadowed
+    keeps its counters, and the 65th would have had every report refused."""
+    mirrored = shadow_versions(table)
+    counts = sorted((key, figures) for key, figures in shadow_counts().items() if key in mirrored)
+    return [{"model": model, "version": int(version), **figures} for (model, version), figures in counts[:MAX_REPORTED_VERSIONS]]
 
 
 def output_summaries(table) -> dict[Key, list[dict]]:
@@ -147,7 +151,7 @@ class ReportBuilder:
             interval_s=round(interval_s, 3),
             versions=versions,
             requests_failed_total=failed_total(),
-            shadow=tuple(shadow_totals()),
+            shadow=tuple(shadow_totals(repository.router.table)),
             device_memory_bytes=device_memory_bytes(repository.device),
             state=state,
         )

@@ -168,3 +168,27 @@ def test_a_report_the_console_did_not_store_is_counted_again_in_the_next(start_w
 
     assert (entry(refused, "report-again", 1)["requests"], after["requests"], after["ok"]) == (4, 7, 7)
     assert entry(report(worker, builder), "report-again", 1)["requests"] == 0  # and only once
+
+
+def test_a_reports_shadow_list_names_only_the_versions_mirrored_now(start_worker, client, mlp_v1, mlp_v2, rows):
+    # Every version ever shadowed kept its counters there: the 65th would have had every
+    # report refused by the console (the contract takes 64).
+    shadow = {**route(2, 0, *mlp_v2), "shadow": 1.0}
+    worker = start_worker(state(1, {"report-mirrored": {"routes": [route(1, 100, *mlp_v1), shadow]}}))
+    infer(client, worker, "report-mirrored", rows[0])
+    mirrors_finished(worker)
+    mirrored = report(worker, ReportBuilder()).shadow
+
+    worker.apply(state(2, {"report-mirrored": {"routes": [route(1, 0, *mlp_v1), route(2, 100, *mlp_v2)]}}))
+
+    assert [(row["model"], row["version"]) for row in mirrored] == [("report-mirrored", 2)]
+    assert report(worker, ReportBuilder()).shadow == ()
+
+
+def test_a_worker_holding_more_versions_than_a_report_takes_reports_its_routed_ones_first(start_worker, mlp_v1, mlp_v2, monkeypatch):
+    from serving import reports
+
+    worker = start_worker(state(1, {"report-many": {"routes": [route(1, 0, *mlp_v1), route(2, 100, *mlp_v2)]}}))
+    monkeypatch.setattr(reports, "MAX_LOADED", 1)
+
+    assert [(entry.version, entry.routed) for entry in report(worker, ReportBuilder()).loaded] == [(2, True)]
