@@ -81,19 +81,28 @@ def load_failure(model_name: str, version: int, workers: list[Worker] | None = N
         return None
     # Where a load error begins: not inside another model's name ("ab v2:" is not "b v2:").
     named = re.compile(r"(?<![\w.-])" + re.escape(f"{model_name} v{version}:"))
-    failed = [(worker, words) for worker in workers if not worker.ok and (words := _failure_words(worker.error, named, model_name))]
+    routed = _routed_now(model_name, version)
+    failed = [(worker, words) for worker in workers if not worker.ok and (words := _failure_words(worker.error, named, model_name, routed))]
     if not failed:
         return None
     return f"no worker serves v{version}: {len(failed)} of {len(workers)} live worker{'s' * (len(workers) != 1)} {failed[0][1]}"
 
 
-def _failure_words(error: str, named: re.Pattern, model_name: str) -> str | None:
+def _routed_now(model_name: str, version: int) -> bool:
+    """Whether the model's release in force routes ``version`` (weighted, warm or shadow)."""
+    release = Release.objects.filter(model__name=model_name).order_by("-generation").only("routes").first()
+    return release is not None and any(route.get("version") == version for route in release.routes)
+
+
+def _failure_words(error: str, named: re.Pattern, model_name: str, routed: bool) -> str | None:
     """How ``error`` says the model failed on a worker: its load error, or, where the error
     was cut before it (MAX_ACK_ERROR_CHARS: five models' broken canaries), its name among
-    those the state applied without. None when it does not say so."""
+    those the state applied without, if the version is one the state in force routes (a
+    version no state routed did not fail: another of the model's did). None when it does
+    not say so."""
     if match := named.search(error):
         return f"failed to load it ({error[match.start():][:LOAD_ERROR_CHARS]})"
-    if error.endswith("…") and model_name in (models_not_applied(error) or ()):
+    if routed and error.endswith("…") and model_name in (models_not_applied(error) or ()):
         return f"failed to apply {model_name} (its error, cut to {len(error) - 1} characters, names it as failing but not why)"
     return None
 

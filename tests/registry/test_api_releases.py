@@ -190,6 +190,23 @@ def test_a_version_named_only_before_the_cut_of_a_long_load_error_counts_as_fail
         "true with a reason to do it anyway"))
 
 
+def test_a_version_no_state_routed_is_not_blamed_for_a_cut_error_naming_its_model(operator_client, three_versions):
+    # v3 broke and the error was cut before its words: the operator's split to v2, the
+    # mend, was refused as if v2 had failed to load.
+    from django.utils import timezone
+
+    from registry.models import Worker
+
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 3, "weight": 10}])
+    error = ("applied but for digits (served as before): digits v3: " + "x" * 2000)[:2000] + "…"
+    Worker.objects.create(worker_id="w-1", last_seen_at=timezone.now(), ok=False, error=error,
+                          loaded=[{"model": "digits", "version": 1, "routed": True, "ready": True}])
+
+    response = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+
+    assert response.status_code == 201, response.content
+
+
 @pytest.mark.parametrize("reason", ["\x1b[2J cleared", "line\nbreak", "\u202egnp.exe"])
 def test_a_reason_holding_control_characters_is_refused_and_nothing_changes(operator_client, three_versions, reason):
     response = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], reason)
