@@ -24,6 +24,7 @@ byte of it is read.
 
 from __future__ import annotations
 
+import io
 import json
 from http.cookies import CookieError, SimpleCookie
 from importlib import import_module
@@ -31,6 +32,7 @@ from importlib import import_module
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user
+from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest
 from django.template.loader import render_to_string
 from django.urls import Resolver404, resolve
@@ -40,10 +42,9 @@ from rest_framework.exceptions import AuthenticationFailed
 from console import outage
 from console.asgi_headers import header
 from registry.actions import uploads
-from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
+from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES, csrf_failure_from_headers
 from registry.db_unavailable import is_database_unavailable
 from registry.domain.roles import can_operate
-from registry.models import RegisteredModel
 
 # The endpoints that take files, and the setting that limits each one's file.
 UPLOAD_LIMITS = {
@@ -166,17 +167,27 @@ def too_large_words(path: str, limit: int) -> str:
 VERSION_UPLOADS = frozenset({"api-versions", "model-upload"})
 
 
-def record_upload_too_large(path: str, headers: list[tuple[bytes, bytes]]) -> None:
-    """An API token's version upload refused for its declared length is recorded, as the
-    view records its own 413s. A session's is not: its CSRF token lies in the unread body,
-    and another site's forged form must not write an operator's name into the audit."""
-    match = resolve(path)
-    user = _token_user(headers) if match.url_name in VERSION_UPLOADS else None
-    if user is None or not can_operate(user):
+def record_upload_too_large(scope) -> None:
+    """A version upload refused for its declared length is recorded, as the view records
+    its own 413s, when it is known to be an operator's: by an API token, or by a session
+    whose X-CSRFToken header passes Django's check (the page's script sends one). A plain
+    form's token lies in the unread body, and another site's forged form must not write an
+    operator's name into the audit."""
+    match = resolve(scope["path"])
+    if match.url_name not in VERSION_UPLOADS:
         return
-    model = RegisteredModel.objects.filter(name=match.kwargs.get("name")).first()
-    if model is not None:
-        uploads.refuse_too_large(model, user)
+    headers = scope.get("headers", [])
+    user = _token_user(headers) or _session_user_past_csrf(scope)
+    if user is not None and can_operate(user):
+        uploads.record_too_large(match.kwargs.get("name", ""), user)
+
+
+def _session_user_past_csrf(scope):
+    user = _session_user(scope.get("headers", []))
+    if user is None or header(scope.get("headers", []), b"x-csrftoken") is None:
+        return None
+    request = ASGIRequest(scope, io.BytesIO())  # headers and cookies only: the body stays unread
+    return user if csrf_failure_from_headers(request) is None else None
 
 
 REFUSAL_HEADINGS = {400: "The request was malformed", 401: "Sign in first", 403: "Your role may not do this",
@@ -236,7 +247,7 @@ class BodySizeLimit:
         if declared is not None and declared > limit:
             if refusal is None and _upload_limit_setting(scope["path"]) is not None:  # an upload, over its file's limit
                 try:
-                    await database_sync_to_async(record_upload_too_large)(scope["path"], scope.get("headers", []))
+                    await database_sync_to_async(record_upload_too_large)(scope)
                 except Exception as error:
                     if not is_database_unavailable(error):
                         raise

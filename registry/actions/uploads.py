@@ -218,6 +218,14 @@ def refuse_too_large(model: RegisteredModel, uploaded_by) -> UploadRefused:
     return UploadRefused(reason, 413)
 
 
+def record_too_large(model_name: str, uploaded_by) -> None:
+    """``refuse_too_large``'s record, for a refusal made before the request reached a view
+    (console/body_limit.py); a model that does not exist records nothing."""
+    model = RegisteredModel.objects.filter(name=model_name).first()
+    if model is not None:
+        refuse_too_large(model, uploaded_by)
+
+
 def _refuse(model, uploaded_by, reason: str, status: int, sha256: str):
     events.upload_refused(model, uploaded_by, reason, sha256)
     raise UploadRefused(reason, status)

@@ -440,17 +440,28 @@ def test_an_operators_token_upload_declared_over_the_limit_is_413_naming_the_set
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_session_upload_declared_over_the_limit_is_refused_unrecorded(settings, operator, model):
-    # Its CSRF token lies in the unread body: another site's form could have sent it.
+@pytest.mark.parametrize("path", UPLOAD_PATHS)
+def test_a_session_upload_declared_over_the_limit_is_recorded_only_with_the_pages_csrf_header(settings, operator, model, path):
+    # The page's script uploads with its session and X-CSRFToken: its 413s were never
+    # recorded. A plain form's token lies in the unread body: another site could have sent it.
     from console.asgi import application
 
     settings.MAX_UPLOAD_BYTES = 1000
-    headers = [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode()), _session_cookie(operator)]
+    client = Client()
+    client.force_login(operator)
+    client.get("/models/digits/")
+    csrf = client.cookies["csrftoken"].value
+    cookies = f"sessionid={client.cookies['sessionid'].value}; csrftoken={csrf}".encode()
+    declared = (b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode())
 
-    sent, _ = asyncio.run(_call(application, _http_scope("/models/digits/upload/", headers), []))
-
-    assert sent[0]["status"] == 413
+    forged, _ = asyncio.run(_call(application, _http_scope(path, [declared, (b"cookie", cookies)]), []))
+    wrong, _ = asyncio.run(_call(application, _http_scope(path, [declared, (b"cookie", cookies),
+                                                                  (b"x-csrftoken", _get_new_csrf_string().encode())]), []))
     assert not AuditEvent.objects.exists()
+    page, _ = asyncio.run(_call(application, _http_scope(path, [declared, (b"cookie", cookies), (b"x-csrftoken", csrf.encode())]), []))
+
+    assert [forged[0]["status"], wrong[0]["status"], page[0]["status"]] == [413, 413, 413]
+    assert list(AuditEvent.objects.values_list("kind", "actor__username")) == [("upload_refused", "olivia")]
 
 
 @pytest.mark.django_db(transaction=True)
