@@ -16,9 +16,11 @@ BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u206
 
 
 def refuse_control_characters(text: str) -> None:
-    """A validator (Django forms and DRF both run it): no control character, no directional override."""
+    """A validator (Django forms and DRF both run it): no control character (a tab, which a
+    paste into the page's field keeps, is one the logs and the CSV take), no line or
+    paragraph separator, no directional override."""
     for char in text:
-        if unicodedata.category(char) == "Cc" or char in BIDI_CONTROLS:
+        if (unicodedata.category(char) in ("Cc", "Zl", "Zp") and char != "\t") or char in BIDI_CONTROLS:
             raise ValidationError(f"must be one line of text without control characters (found U+{ord(char):04X})")
 
 

@@ -207,13 +207,19 @@ def test_a_version_no_state_routed_is_not_blamed_for_a_cut_error_naming_its_mode
     assert response.status_code == 201, response.content
 
 
-@pytest.mark.parametrize("reason", ["\x1b[2J cleared", "line\nbreak", "\u202egnp.exe"])
+@pytest.mark.parametrize("reason", ["\x1b[2J cleared", "line\nbreak", "\u202egnp.exe", "line\u2028separator"])
 def test_a_reason_holding_control_characters_is_refused_and_nothing_changes(operator_client, three_versions, reason):
     response = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], reason)
 
     assert response.status_code == 400
     assert "reason: must be one line of text without control characters (found U+" in response.json()["error"]
     assert Release.objects.count() == 1
+
+
+def test_a_reason_pasted_with_a_tab_is_kept(operator_client, three_versions):
+    response = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], "ticket\t4711")
+
+    assert (response.status_code, response.json()["release"]["reason"]) == (201, "ticket\t4711")
 
 
 @pytest.mark.parametrize("reason", ["\u200b", " \u00ad "])
