@@ -210,7 +210,10 @@ async def send_refusal(send, status: int, words: str, scope=None) -> None:
         context = {"status": status, "heading": REFUSAL_HEADINGS.get(status, "The request was refused"), "words": words}
         body, content_type = render_to_string("refused.html", context).encode(), b"text/html; charset=utf-8"
     else:
-        body, content_type = json.dumps({"error": words}).encode(), b"application/json"
+        # A page's script reads a page's answers as {"level", "message"}: the try-it form's
+        # 413 showed "No answer." (a tired operator's 3 MB paste). The API's shape stays.
+        page_shape = {} if scope is None or scope["path"].startswith("/api/") else {"level": "error", "message": words}
+        body, content_type = json.dumps({"error": words, **page_shape}).encode(), b"application/json"
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
     if status == 401:
         headers.append((b"www-authenticate", b"Token"))

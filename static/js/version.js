@@ -15,7 +15,15 @@
     result.innerHTML = '<p class="hint">Sending…</p>';
     const answer = await M.post(form.action, new FormData(form));
     button.disabled = false;
-    result.innerHTML = answer.data.html || `<p class="error-text">${answer.data.message || "No answer."}</p>`;
+    if (answer.data.html) {
+      result.innerHTML = answer.data.html;  // rendered and escaped by the console's template
+    } else {
+      // The words may echo what was typed (a worker's 400 names an input): text, never markup.
+      const words = document.createElement("p");
+      words.className = "error-text";
+      words.textContent = answer.data.message || answer.data.error || "No answer.";
+      result.replaceChildren(words);
+    }
   });
 
   // ---- the version's traffic over the chosen range (GET /api/models/{name}/series/),

@@ -104,3 +104,15 @@ def test_duplicate_upload_links_the_existing_version_and_can_be_sent_as_a_copy(p
     assert sorted(version["number"] for version in versions) == [1, 2]
     assert versions[0]["sha256"] == versions[1]["sha256"]
     stack.screenshot(page, "registry-duplicate-copied")
+
+
+def test_a_try_it_input_past_the_consoles_body_limit_says_so_on_the_page(page, stack):
+    # A tired operator's 3 MB paste showed "No answer.": the console's 413 came as
+    # {"error"}, which the page's script did not read.
+    sign_in(page, "olivia")
+    page.goto("/models/digits/versions/1/")
+    page.locator("#id_inputs").evaluate("(box) => { box.value = '1'.repeat(3 * 1024 * 1024); }")
+
+    page.get_by_role("button", name="Send to v1").click()
+
+    expect(page.locator("#try-result")).to_contain_text("the request body is larger than the limit of")
