@@ -147,7 +147,11 @@ def test_csv_cell_writes_terminal_controls_as_their_code_points(value, cell):
 
 def test_csv_export_keeps_commas_quotes_and_newlines_in_one_cell(operator_client, three_versions):
     typed = 'ship it, "carefully"\nsecond line'
-    split(operator_client, 10, typed)
+    split(operator_client, 10, 'ship it, "carefully"')
+    # Typed before reasons were held to one line, an event may hold a newline.
+    event = AuditEvent.objects.filter(kind="release").latest("pk")
+    event.data = {**event.data, "reason": typed}
+    event.save()
 
     rows = csv_rows(operator_client.get(AUDIT, {"format": "csv", "kind": "release"}))
 
