@@ -535,8 +535,8 @@ def _stored_file_problem(model: RegisteredModel, version: int) -> str | None:
     """What the console itself knows is wrong with the version's stored file: the workers'
     load errors are forgotten once they apply another state (an attacker's split to a
     version whose file was changed then went through unforced)."""
-    sha256 = model.versions.filter(number=version).values_list("sha256", flat=True).first()
-    return served_bytes.stored_file_problem(storage.path_for(sha256)) if sha256 else None
+    stored = model.versions.filter(number=version).values_list("sha256", "size_bytes").first()
+    return served_bytes.stored_file_problem(storage.path_for(stored[0]), stored[1]) if stored else None
 
 
 def _unloadable(model: RegisteredModel, current: Release | None, routes: list[Route], force: bool, reason: str) -> list[str]:

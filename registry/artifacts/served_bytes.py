@@ -40,11 +40,16 @@ def known_mismatch(path: Path) -> bool:
         return False
 
 
-def stored_file_problem(path: Path) -> str | None:
+def stored_file_problem(path: Path, size_bytes: int | None = None) -> str | None:
     """Why no worker can load the stored file at ``path`` whatever it tries: it is missing,
-    or this console saw it no longer match its sha256. None when nothing is known wrong."""
+    its size is not the ``size_bytes`` uploaded (one stat: a file cut short or replaced,
+    where a changed byte shows only once a download is hashed), or this console saw it no
+    longer match its sha256. None when nothing is known wrong."""
     if not path.is_file():
         return "its stored file is missing from the artifact store, so no worker can download it"
+    size = path.stat().st_size
+    if size_bytes is not None and size != size_bytes:
+        return f"its stored file changed after its upload ({size} bytes, not the {size_bytes} uploaded)"
     if known_mismatch(path) or path.is_symlink():  # a link is never served (registry/api/streams.py)
         return "its stored file changed after its upload (the console's last download of it did not match its sha256)"
     return None

@@ -54,7 +54,7 @@ def add_version(model: RegisteredModel, number: int, **fields) -> ModelVersion:
     }
     version = ModelVersion.objects.create(model=model, number=number, **{**defaults, **fields})
     if version.status == VersionStatus.READY:
-        stand_in_file(version.sha256)
+        stand_in_file(version.sha256, version.size_bytes)
     return version
 
 

@@ -170,6 +170,20 @@ def test_a_version_whose_stored_file_the_console_saw_changed_is_not_routed_unles
                                               "did not match its sha256)")
 
 
+def test_a_version_whose_stored_file_was_cut_short_is_not_routed_unforced_before_any_download(operator_client, three_versions):
+    # A tired operator's split to a version whose file had changed was made and said
+    # "Workers are converging" while every worker went on serving what it served.
+    path = storage.path_for(three_versions.versions.get(number=2).sha256)
+    uploaded = path.read_bytes()
+    path.write_bytes(uploaded[:-10])
+
+    refused = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+
+    assert refused.status_code == 409
+    assert refused.json()["error"].startswith(f"v2 not routed: its stored file changed after its upload ({len(uploaded) - 10} bytes, not "
+                                              f"the {len(uploaded)} uploaded)")
+
+
 def test_a_version_named_only_before_the_cut_of_a_long_load_error_counts_as_failed_to_load(operator_client, worker_client, three_versions):
     # Five models' canaries broken: the ack's error, kept to its first 2,000 characters,
     # named the fifth model only in its "applied but for" list, and its promote went through.

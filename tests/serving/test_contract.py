@@ -207,7 +207,7 @@ def console_model(db, settings):
                                             signature={"inputs": [{"name": "x", "datatype": "FP32", "shape": [None, 4]}], "batchable": True})
                 for number in (1, 2, 3)]
     for version in versions:
-        stand_in_file(version.sha256)
+        stand_in_file(version.sha256, version.size_bytes)
     releases.route_first_version(versions[0], None)
     releases.set_routes(model, [{"version": 2, "weight": 100}, {"version": 3, "weight": 0, "shadow": 0.25}], None)
     return model
