@@ -437,3 +437,12 @@ def test_try_it_refuses_inputs_the_worker_s_json_cannot_carry(viewer_page, digit
 
     assert response.status_code == 200 and response.json()["ok"] is False
     assert named in response.json()["error"]
+
+
+def test_a_change_address_opened_in_the_browser_answers_the_error_page_not_an_empty_405(operator_page, canary_digits):
+    # Chromium showed its own error page for the empty 405 of a typed /models/digits/split/.
+    response = operator_page.get("/models/digits/split/")
+
+    assert (response.status_code, response["Allow"]) == (405, "POST")
+    assert "This address is not a page" in response.content.decode()
+    assert "It takes a form's submission (POST), not a visit: nothing was changed." in response.content.decode()
