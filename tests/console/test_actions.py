@@ -446,3 +446,15 @@ def test_a_change_address_opened_in_the_browser_answers_the_error_page_not_an_em
     assert (response.status_code, response["Allow"]) == (405, "POST")
     assert "This address is not a page" in response.content.decode()
     assert "It takes a form's submission (POST), not a visit: nothing was changed." in response.content.decode()
+
+
+def test_a_change_sent_after_signing_out_elsewhere_is_not_made_and_the_sign_in_page_says_so(operator_page, canary_digits):
+    # The next submit landed on a bare sign-in page, with nothing to say the change was lost.
+    operator_page.logout()
+
+    response = operator_page.post("/models/digits/rollback/", {"expected_generation": "2"}, follow=True)
+
+    assert response.redirect_chain[-1][0].startswith("/login/?next=/models/digits/rollback/")
+    assert ("If you were signed out (here or in another tab) or your session ended, what you last sent was not carried out"
+            in response.content.decode())
+    assert canary_digits.current_release().generation == 2
