@@ -360,7 +360,7 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         # "Converging" of a worker whose apply failed read as if it would get there by itself.
         "lagging_failed": any(row["error"] and not row["ok"] for row in lagging),
         "split_form": _split_form(release, choices, canary),
-        "split_candidates": (candidates := canary_candidates(versions, choices, model.name)),
+        "split_candidates": (candidates := canary_candidates(versions, choices, model)),
         "split_any_incompatible": any(candidate["incompatible"] for candidate in candidates),
         "split_any_unloadable": any(candidate["load_failure"] for candidate in candidates),
         "presets": forms.PRESET_WEIGHTS,
@@ -413,7 +413,7 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
     rollout = shown or (history[0] if history else None)
     verdict = rollout.verdicts.first() if rollout else None
     choices = canary_choices(release, versions)
-    candidates = canary_candidates(versions, choices, model.name)
+    candidates = canary_candidates(versions, choices, model)
     return {
         "rollout": rollout,
         "rollout_is_active": rollout is not None and rollout.status in ACTIVE_ROLLOUT_STATUSES,
@@ -433,12 +433,12 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
         "any_rollout_active": any(item.status in ACTIVE_ROLLOUT_STATUSES for item in history),
         "rollout_form": forms.RolloutForm(initial={"canary_version": max(choices) if choices else None, "plan": "standard"}, canary_choices=choices),
         "rollout_candidates": candidates,
-        "rollout_any_incompatible": any(candidate["incompatible"] for candidate in candidates),
+        "rollout_any_incompatible": any(candidate["incompatible"] or candidate["load_failure"] for candidate in candidates),
         "rollout_analysis": _analysis_or_none(model),
     }
 
 
-def canary_candidates(versions: list[ModelVersion], choices: list[int], model_name: str) -> list[dict]:
+def canary_candidates(versions: list[ModelVersion], choices: list[int], model: RegisteredModel) -> list[dict]:
     """Each version a canary (a split's or a rollout's) may be, newest first, how its
     inputs differ from the stable's when its validation report says they do, and why no
     live worker serves it when they say they failed to load it (a split is refused then,
@@ -449,7 +449,8 @@ def canary_candidates(versions: list[ModelVersion], choices: list[int], model_na
         compatibility = (by_number[number].validation_report or {}).get("compatibility") or {}
         incompatible = compatibility.get("compatible") is False
         candidates.append({"number": number, "incompatible": incompatible, "differences": compatibility.get("differences", []) if incompatible else [],
-                           "stable_version": compatibility.get("stable_version"), "load_failure": fleet.load_failure(model_name, number, workers)})
+                           "stable_version": compatibility.get("stable_version"),
+                           "load_failure": releases.loadable_problem(model, number, workers)})
     return candidates
 
 

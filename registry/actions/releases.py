@@ -516,9 +516,10 @@ def check_loadable(model: RegisteredModel, version: int, force: bool, reason: st
     return why
 
 
-def loadable_problem(model: RegisteredModel, version: int) -> str | None:
-    """Why no worker would serve ``version`` if routed (what ``check_loadable`` refuses)."""
-    return load_failure(model.name, version) or _stored_file_problem(model, version)
+def loadable_problem(model: RegisteredModel, version: int, workers=None) -> str | None:
+    """Why no worker would serve ``version`` if routed (what ``check_loadable`` refuses);
+    ``workers``: the live workers, read once by a caller asking of several versions."""
+    return load_failure(model.name, version, workers) or _stored_file_problem(model, version)
 
 
 def restore_unloadable(model: RegisteredModel, earlier: Release) -> list[str]:

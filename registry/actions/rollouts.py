@@ -135,7 +135,7 @@ def start(model: RegisteredModel, canary_version: int, steps: object, step_durat
         releases.check_not_archived(model)
         if canary_version == current.stable_version:
             raise RolloutError(f"version {canary_version} is already the stable version of {model.name}")
-        _check_canary(model, current, canary_version, force, reason)
+        unloadable = _check_canary(model, current, canary_version, force, reason)
         _refuse_third_version(model, current, canary_version)
         now = timezone.now()
         rollout = Rollout.objects.create(
@@ -144,18 +144,24 @@ def start(model: RegisteredModel, canary_version: int, steps: object, step_durat
             next_window_at=now + timedelta(seconds=settings.interval_s), forced=force,
             actor=actor if actor is not None and actor.is_authenticated else None, reason=reason,
         )
+        forced_words = f"; forced although {unloadable}" if unloadable else ""
         events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} started: v{canary_version} over steps {plan} "
-                             f"({duration_s:g} s each, windows of {settings.interval_s:g} s){_because(reason)}", {"event": "started", "reason": reason})
+                             f"({duration_s:g} s each, windows of {settings.interval_s:g} s){forced_words}{_because(reason)}",
+                             {"event": "started", "reason": reason, **({"forced": [unloadable]} if unloadable else {})})
         _apply_step(rollout, actor, reason, force=force)
     return rollout
 
 
-def _check_canary(model: RegisteredModel, current, canary_version: int, force: bool, reason: str) -> None:
-    """Ready, and with the stable's inputs unless forced: checked at the start, since a
-    shadow step routes no traffic and the refusal would otherwise come at the next step."""
+def _check_canary(model: RegisteredModel, current, canary_version: int, force: bool, reason: str) -> str | None:
+    """Ready, with the stable's inputs, and loadable (``releases.check_loadable``: a rollout
+    routed 99 % to a version whose stored file had changed, where a split was refused)
+    unless forced: checked at the start, since a shadow step routes no traffic and the
+    refusal would otherwise come at the next step. The steps after follow the analysis,
+    which fails a canary no worker serves."""
     if not model.versions.ready().filter(number=canary_version).exists():
         raise RolloutError(releases.version_not_ready(model, canary_version))
     releases.check_compatible(model, current, [Route(version=canary_version, weight=1)], force, reason)
+    return releases.check_loadable(model, canary_version, force, reason, verb="rolled out")  # why it is forced, for the audit
 
 
 def _refuse_third_version(model: RegisteredModel, current, canary_version: int) -> None:

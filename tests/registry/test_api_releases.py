@@ -221,7 +221,8 @@ def test_a_version_no_state_routed_is_not_blamed_for_a_cut_error_naming_its_mode
     assert response.status_code == 201, response.content
 
 
-@pytest.mark.parametrize("reason", ["\x1b[2J cleared", "line\nbreak", "\u202egnp.exe", "line\u2028separator"])
+@pytest.mark.parametrize("reason", ["\x1b[2J cleared", "line\nbreak", "\u202egnp.exe", "line\u2028separator", "ok\u200fmark",
+                                    "hidden\U000e0069tag", "bom\ufeff"])
 def test_a_reason_holding_control_characters_is_refused_and_nothing_changes(operator_client, three_versions, reason):
     response = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], reason)
 
@@ -236,7 +237,7 @@ def test_a_reason_pasted_with_a_tab_is_kept(operator_client, three_versions):
     assert (response.status_code, response.json()["release"]["reason"]) == (201, "ticket\t4711")
 
 
-@pytest.mark.parametrize("reason", ["\u200b", " \u00ad "])
+@pytest.mark.parametrize("reason", ["\u200d", "\u3164", "\u2800", "\u0301", "\ufe0f", "\u115f\uffa0"])
 def test_a_forced_change_whose_reason_shows_nothing_is_refused(operator_client, three_versions, reason):
     split(operator_client, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
     failing_to_load_v2()

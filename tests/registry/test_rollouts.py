@@ -18,6 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from registry.actions import releases, rollouts, uploads
+from registry.artifacts import storage
 from registry.building.onnx_build import random_mlp, to_bytes
 from registry.domain.choices import AuditKind, RolloutStatus
 from registry.fleet import samples
@@ -494,6 +495,21 @@ def test_a_canary_with_incompatible_inputs_needs_force_with_a_reason_even_for_a_
 
     assert rollout.forced
     assert "forced onto incompatible inputs" in AuditEvent.objects.filter(kind=AuditKind.RELEASE).latest("pk").message
+
+
+def test_a_canary_whose_stored_file_changed_is_not_rolled_out_unless_forced_with_a_reason(three_versions, operator):
+    # An attacker's 201: a split to it was refused, a rollout of 99 % was not.
+    path = storage.path_for(three_versions.versions.get(number=2).sha256)
+    path.write_bytes(path.read_bytes() + b"\0")
+
+    with pytest.raises(releases.CanaryNotLoaded, match=r"^v2 not rolled out: its stored file changed after its upload"):
+        start(three_versions, operator, steps=[99, 100])
+    rollout = start(three_versions, operator, steps=[99, 100], force=True, reason="the file is being restored")
+
+    assert rollout.forced
+    started = AuditEvent.objects.filter(kind=AuditKind.ROLLOUT).earliest("pk")
+    assert "; forced although its stored file changed after its upload" in started.message
+    assert started.data["forced"][0].startswith("its stored file changed after its upload")
 
 
 # ---- the samples the windows read ----------------------------------------------------------
