@@ -281,8 +281,11 @@ def _measure(drill: Drill, workers: list[Worker], release: Release, failed_befor
     deadline = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S - max(_since(drill, timezone.now()), 0.0)
     acks, confirmed = watch_workers(drill, [worker.worker_id for worker in workers], window, deadline)
     quiet = _quiet_since(drill, [worker.worker_id for worker in workers if worker.worker_id not in confirmed], settings.WORKER_GONE_AFTER_S / 2)
+    # Failures counted to the end of the measure: a worker's row read 0 from the report
+    # that confirmed it while its later report counted 29 503s (an operator's fault run).
+    latest = dict(Worker.objects.filter(worker_id__in=[worker.worker_id for worker in workers]).values_list("worker_id", "last_report"))
     return [_worker_row(drill, worker, acks.get(worker.worker_id), confirmed.get(worker.worker_id), failed_before,
-                        silent_s.get(worker.worker_id), quiet.get(worker.worker_id)) for worker in workers]
+                        silent_s.get(worker.worker_id), quiet.get(worker.worker_id), latest.get(worker.worker_id)) for worker in workers]
 
 
 def _stopped_reporting(drill: Drill, worker_ids: list[str]) -> dict[str, float]:
@@ -314,9 +317,11 @@ def _quiet_words(last_s: float, age_s: float) -> str:
 
 
 def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: tuple | None, failed_before: dict,
-                silent_s: float | None = None, quiet: tuple[float, float] | None = None) -> dict:
+                silent_s: float | None = None, quiet: tuple[float, float] | None = None, latest_report: dict | None = None) -> dict:
     confirmed_s, report = confirmed or (None, None)
-    after = failed_total(report)
+    after = failed_total(report)  # unconfirmed: None, its count unknown
+    if report is not None and failed_total(latest_report) is not None:
+        after = failed_total(latest_report)
     before = failed_before.get(worker.worker_id)
     error = _row_error(ack, confirmed_s, drill.to_generation, drill.model.name)
     if error and quiet is not None and silent_s is None:  # a silent one's silence is said below
@@ -573,17 +578,26 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         # Each with why: "did not ack it" was said of workers that acked it failing.
         # One that died while waited for is named so at the end, as the measure's rows do.
         died = _stopped_reporting(drill, [worker_id for worker_id in unconfirmed if worker_id not in gone and worker_id not in acks])
-        who = ", ".join(f"{worker_id} ({_forward_words(acks.get(worker_id), worker_id in gone, worker_id in died)})" for worker_id in unconfirmed)
+        forward_s = _since(drill, release.created_at)
+        who = ", ".join(f"{worker_id} ({_forward_words(acks.get(worker_id), worker_id in gone, died.get(worker_id), forward_s)})"
+                        for worker_id in unconfirmed)
         _record_reason(drill, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of {len(followed)} workers "
                               f"did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {who}")
 
 
-def _forward_words(ack: WorkerAck | None, gone: bool, died: bool = False) -> str:
+def _forward_words(ack: WorkerAck | None, gone: bool, died_s: float | None = None, forward_s: float = 0.0) -> str:
+    """``died_s``: seconds from the click to the last report of a worker that stopped
+    reporting while the roll forward waited; one that stopped before it was made (killed
+    after it confirmed the rollback) was said to have died during it."""
     if ack is not None:
         return failed_to_apply(ack.error)
     if gone:
         return "it had stopped reporting: not waited for"
-    return "it stopped reporting during the roll forward: no longer waited for" if died else "no ack"
+    if died_s is None:
+        return "no ack"
+    if died_s < forward_s:
+        return f"its reports stopped {died_s:.1f} s after the click, before the roll forward: no longer waited for"
+    return "it stopped reporting during the roll forward: no longer waited for"
 
 
 def _note_paused_rollout(drill: Drill, rollout: Rollout) -> None:

@@ -441,8 +441,40 @@ def test_a_worker_that_dies_while_the_roll_forward_waits_for_it_is_named_so_and_
 
     assert time.monotonic() - started < settings.DRILL_ACK_TIMEOUT_S - 0.5
     assert drill["workers"][0]["error"] == ""
-    assert drill["error"].endswith("rolled forward to generation 4, but 1 of 1 workers did not follow it within 4 s: "
-                                   "w-1 (it stopped reporting during the roll forward: no longer waited for)"), drill["error"]
+    # Its last report came just before the roll forward was made: said so, not "during" it.
+    assert re.search(r"rolled forward to generation 4, but 1 of 1 workers did not follow it within 4 s: w-1 \(its reports stopped "
+                     r"\d\.\d s after the click, before the roll forward: no longer waited for\)$", drill["error"]), drill["error"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_failed_requests_are_counted_to_the_end_of_the_measure_not_to_its_confirmation(worker_client, operator_client,
+                                                                                                  canary, settings):
+    # Its row read 0 from the report that confirmed it, while its next report, inside the
+    # measure, counted 29 refused clients (an operator's fault run, a frozen worker).
+    import time
+
+    settings.DRILL_ACK_TIMEOUT_S = 1.5
+    worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
+    slow = reported_at("", 2)
+    worker_client.post("/api/serving/reports", {**slow, "worker": {**slow["worker"], "id": "w-slow"}}, format="json")
+
+    def confirm_then_fail():
+        deadline = time.monotonic() + 5
+        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
+        worker_client.post("/api/serving/reports", reported_at("", 3), format="json")
+        time.sleep(0.5)
+        failing = worker_client.post("/api/serving/reports", {**reported_at("", 3), "requests_failed_total": 29}, format="json")
+        assert failing.status_code == 204, failing.content
+
+    worker = in_thread(confirm_then_fail)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(timeout=10)
+
+    rows = {row["worker"]: row for row in drill["workers"]}
+    assert rows["w-1"]["confirmed_s"] is not None
+    assert rows["w-1"]["failed_requests"] == 29
 
 
 def test_a_worker_that_keeps_reporting_without_acking_is_not_called_quiet(worker_client, operator_client, canary, settings):
