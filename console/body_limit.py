@@ -41,6 +41,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from console import outage
 from console.asgi_headers import header
+from console.trailing_slash import SAFE_METHODS, slash_words
 from registry.actions import uploads
 from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES, csrf_failure_from_headers
 from registry.db_unavailable import is_database_unavailable
@@ -223,6 +224,25 @@ async def send_refusal(send, status: int, words: str, scope=None) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _upload_without_its_slash(scope) -> str | None:
+    """The upload URL ``scope``'s path names but for its trailing slash: an operator's 3 MB
+    upload there was refused 413 as "not an upload", where a small one got its 308."""
+    path = scope["path"]
+    if path.endswith("/") or _upload_limit_setting(path) is not None or _upload_limit_setting(path + "/") is None:
+        return None
+    return path + "/" + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
+
+
+async def _send_to_the_slash(send, scope, location: str) -> None:
+    """The 308 (a POST's method and body are kept when followed) sent before the body is read."""
+    body = json.dumps({"error": slash_words(scope.get("method", "POST"), scope["path"], location)}).encode()
+    status = 301 if scope.get("method") in SAFE_METHODS else 308
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"location", location.encode("latin-1")), (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class BodySizeLimit:
     """ASGI middleware: the limit from ``body_limit_for``, before and while reading."""
 
@@ -232,6 +252,8 @@ class BodySizeLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and _has_conflicting_framing(scope):
             return await send_refusal(send, 400, FRAMING_REFUSAL, scope)
+        if scope["type"] == "http" and (location := _upload_without_its_slash(scope)):
+            return await _send_to_the_slash(send, scope, location)
         limit = body_limit_for(scope["path"]) if scope["type"] == "http" else None
         if limit is None:
             return await self.app(scope, receive, send)

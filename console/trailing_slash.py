@@ -40,9 +40,12 @@ def slash_redirect(request, location: str):
     redirect = PermanentRedirectKeepingMethod if keeps_method else HttpResponsePermanentRedirect
     if not request.path.startswith("/api/"):
         return redirect(location)
-    if keeps_method:
-        words = (f"{request.method} {request.path}: this endpoint's URL ends with a slash ({location}); nothing was done here. "
-                 "Send the request there (a client that follows redirects, such as curl -L, sends it again with the same method and body)")
-    else:
-        words = f"{request.path} is at {location} (the URL ends with a slash)"
-    return redirect(location, content=json.dumps({"error": words}), content_type="application/json")
+    return redirect(location, content=json.dumps({"error": slash_words(request.method, request.path, location)}),
+                    content_type="application/json")
+
+
+def slash_words(method: str, path: str, location: str) -> str:
+    if method not in SAFE_METHODS:
+        return (f"{method} {path}: this endpoint's URL ends with a slash ({location}); nothing was done here. "
+                "Send the request there (a client that follows redirects, such as curl -L, sends it again with the same method and body)")
+    return f"{path} is at {location} (the URL ends with a slash)"

@@ -444,7 +444,7 @@ def canary_candidates(versions: list[ModelVersion], choices: list[int], model: R
     live worker serves it when they say they failed to load it (a split is refused then,
     unless forced)."""
     by_number = {version.number: version for version in versions}
-    candidates, workers = [], list(fleet.live_workers())
+    candidates, workers = [], fleet.live_workers_brief()
     for number in sorted(choices, reverse=True):
         compatibility = (by_number[number].validation_report or {}).get("compatibility") or {}
         incompatible = compatibility.get("compatible") is False

@@ -583,6 +583,15 @@ def _output_summaries(value: object, path: str) -> list[dict]:
     return outputs
 
 
+def _shadow_totals(value: object, path: str) -> tuple[dict, ...]:
+    """A report's top-level shadow list: per mirrored version its cumulative counts, and
+    nothing else (kept as sent, 64 entries of 38 kB each made one worker's row 2.4 MB)."""
+    return tuple({"model": _required(entry, "model", f"{path}[{index}]", _model_name),
+                  "version": _required(entry, "version", f"{path}[{index}]", lambda v, p: _int(v, p, minimum=1)),
+                  **_shadow_delta(entry, f"{path}[{index}]")}
+                 for index, entry in enumerate(_bounded(value, path, MAX_REPORTED_VERSIONS)))
+
+
 def _shadow_delta(value: object, path: str) -> dict:
     shadow = _object(value, path)
     figures = {key: _required(shadow, key, path, _count) for key in ("compared", "agreed", "errors", "dropped")}
@@ -709,7 +718,7 @@ class WorkerReport:
             interval_s=_optional(report, "interval_s", "", _number),
             versions=_optional(report, "versions", "", _version_entries, ()),
             requests_failed_total=_optional(report, "requests_failed_total", "", lambda v, p: _int(v, p, minimum=0)),
-            shadow=_optional(report, "shadow", "", lambda v, p: _objects(_bounded(v, p, MAX_REPORTED_VERSIONS), p), ()),
+            shadow=_optional(report, "shadow", "", _shadow_totals, ()),
             device_memory_bytes=_optional(report, "device_memory_bytes", "", lambda v, p: _int(v, p, minimum=0)),
             state=_optional(report, "state", "", _worker_state, "serving"),
             contract=report["contract"],

@@ -41,7 +41,7 @@ from registry.domain.choices import (
 from registry.domain.compatibility import input_differences
 from registry.domain.reasons import has_visible_text
 from registry.domain.traffic import InvalidRoutes, Route, VersionNotReady, check_routes, not_ready_words, routes_to_json, versions_receiving
-from registry.fleet.workers import load_failure
+from registry.fleet.workers import live_workers_brief, load_failure
 from registry.models import (
     ModelVersion,
     RegisteredModel,
@@ -501,12 +501,12 @@ class CanaryNotLoaded(ReleaseConflict):
         super().__init__(f"{self.refusal}. Mend or replace the version, or send force: true with a reason to do it anyway")
 
 
-def check_loadable(model: RegisteredModel, version: int, force: bool, reason: str, *, verb: str = "promoted") -> str | None:
+def check_loadable(model: RegisteredModel, version: int, force: bool, reason: str, *, verb: str = "promoted", workers=None) -> str | None:
     """Refused unless ``force`` with a reason: promoting a version the live workers failed
     to load. An operator's run promoted one (201, no word of warning): the page read "v3
     100 %" while every worker went on answering with v1 and v2. Returns why it is forced
     (None: nothing to force), for the audit."""
-    why = loadable_problem(model, version)
+    why = loadable_problem(model, version, workers)
     if why is None:
         return None
     if not force:
@@ -542,10 +542,11 @@ def _stored_file_problem(model: RegisteredModel, version: int) -> str | None:
 
 def _unloadable(model: RegisteredModel, current: Release | None, routes: list[Route], force: bool, reason: str) -> list[str]:
     """``check_loadable`` of every version ``routes`` weight other than the current stable."""
-    if current is None:
+    candidates = [] if current is None else [route.version for route in routes if route.weight > 0 and route.version != current.stable_version]
+    if not candidates:
         return []
-    return [why for route in routes if route.weight > 0 and route.version != current.stable_version
-            if (why := check_loadable(model, route.version, force, reason, verb="routed"))]
+    workers = live_workers_brief()  # read once for every route (forged workers' rows made each change slow)
+    return [why for version in candidates if (why := check_loadable(model, version, force, reason, verb="routed", workers=workers))]
 
 
 def check_compatible(model: RegisteredModel, current: Release | None, routes: list[Route], force: bool, reason: str) -> list[str]:

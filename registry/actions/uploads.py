@@ -23,12 +23,14 @@ inspections run at once across every process; beyond that an inline registration
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from functools import partial
 from typing import BinaryIO
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from registry.actions import events, releases
 from registry.artifacts import sniff, storage
@@ -38,10 +40,10 @@ from registry.artifacts.inspection import (
     inspect_artifact,
     inspection_slot,
 )
-from registry.domain.choices import JobKind, VersionStatus
+from registry.domain.choices import AuditKind, JobKind, VersionStatus
 from registry.domain.compatibility import compatibility_report
 from registry.jobs import records, scheduling
-from registry.models import Job, ModelVersion, RegisteredModel
+from registry.models import AuditEvent, Job, ModelVersion, RegisteredModel
 
 
 class UploadRefused(Exception):
@@ -214,8 +216,20 @@ def refuse_too_large(model: RegisteredModel, uploaded_by) -> UploadRefused:
     """The 413 of an operator's upload over MAX_UPLOAD_BYTES, recorded like the other cheap
     refusals (it was not: the audit showed only the 400s)."""
     reason = str(storage.UploadTooLarge(settings.MAX_UPLOAD_BYTES))
-    events.upload_refused(model, uploaded_by, reason)
+    if not _refused_lately(model, uploaded_by, reason):
+        events.upload_refused(model, uploaded_by, reason)
     return UploadRefused(reason, 413)
+
+
+TOO_LARGE_RECORDED_EVERY = timedelta(minutes=1)
+
+
+def _refused_lately(model: RegisteredModel, uploaded_by, reason: str) -> bool:
+    """The same refusal of the same person recorded in the last minute: a 413 costs a
+    client no body, and a loop of them wrote 175 audit rows a second (an attacker's token)."""
+    since = timezone.now() - TOO_LARGE_RECORDED_EVERY
+    return AuditEvent.objects.filter(model=model, kind=AuditKind.UPLOAD_REFUSED, actor=uploaded_by, message=f"Upload refused: {reason}",
+                                     created_at__gte=since).exists()
 
 
 def record_too_large(model_name: str, uploaded_by) -> None:

@@ -66,6 +66,12 @@ def live_workers():
     return Worker.objects.filter(last_seen_at__gte=cutoff).exclude(SAID_STOPPED)
 
 
+def live_workers_brief() -> list[Worker]:
+    """The live workers with what a load check reads (not their last reports, which may
+    be megabytes each)."""
+    return list(live_workers().only("worker_id", "ok", "error", "loaded", "last_seen_at"))
+
+
 # A load error quoting the console's 503 ends with what to do ("restore its bytes there …,
 # or route m away from v3"): cut at SHOWN_ERROR_CHARS, promote refusals lost it mid-sentence.
 LOAD_ERROR_CHARS = 2 * SHOWN_ERROR_CHARS
@@ -76,7 +82,7 @@ def load_failure(model_name: str, version: int, workers: list[Worker] | None = N
     some say they failed to load it (a worker's load error names "<model> v<version>:");
     None while any serves it, or none has said it failed (they may still be loading it).
     ``workers``: the live workers, when the caller asks of several versions at once."""
-    workers = list(live_workers()) if workers is None else workers
+    workers = live_workers_brief() if workers is None else workers
     if not workers or any(_has_loaded(worker, model_name, version) for worker in workers):
         return None
     # Where a load error begins: not inside another model's name ("ab v2:" is not "b v2:").

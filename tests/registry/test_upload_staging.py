@@ -451,6 +451,21 @@ def test_an_operators_token_upload_declared_over_the_limit_is_413_naming_the_set
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_loop_of_uploads_declared_too_large_is_recorded_once_a_minute(settings, operator, model):
+    # A 413 costs its client no body: a loop of them wrote 175 audit rows a second.
+    from console.asgi import application
+
+    settings.MAX_UPLOAD_BYTES = 1000
+    token = Token.objects.create(user=operator).key
+    headers = [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode()), (b"authorization", f"Token {token}".encode())]
+
+    statuses = [asyncio.run(_call(application, _http_scope("/api/models/digits/versions/", headers), []))[0][0]["status"] for _ in range(5)]
+
+    assert statuses == [413] * 5
+    assert AuditEvent.objects.filter(kind="upload_refused").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("path", UPLOAD_PATHS)
 def test_a_session_upload_declared_over_the_limit_is_recorded_only_with_the_pages_csrf_header(settings, operator, model, path):
     # The page's script uploads with its session and X-CSRFToken: its 413s were never

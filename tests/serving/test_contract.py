@@ -161,6 +161,8 @@ def test_batching_left_out_takes_the_workers_own_settings(tmp_path):
         (WorkerReport.parse, {"worker": {"id": "w"}, "loaded": [{"model": "m", "version": 1}] * 4097, "contract": V},
          "loaded: must have at most 4096 items"),
         (WorkerReport.parse, {"worker": {"id": "w"}, "shadow": [{}] * 65, "contract": V}, "shadow: must have at most 64 items"),
+        (WorkerReport.parse, {"worker": {"id": "w"}, "shadow": [{"model": "m", "version": 1, "compared": 1, "agreed": 2, "errors": 0,
+                                                                 "dropped": 0}], "contract": V}, "shadow[0].agreed: must not exceed compared"),
         (WorkerReport.parse, {"worker": {"id": "w"}, "models": {f"m{index}": SHA for index in range(1025)}, "contract": V},
          "models: at most 1024 models"),
     ],
@@ -324,3 +326,12 @@ def test_the_models_a_partly_applied_state_left_out_are_read_from_its_ack():
     assert models_not_applied(error) == ["big-digits", "x_1"]
     assert models_not_applied("digits v2: sha256 mismatch (got a (b))") is None
     assert models_not_applied("") is None
+
+
+def test_a_reports_shadow_entries_keep_their_counts_and_nothing_else():
+    # Kept as sent, 64 entries of 38 kB of junk each made one worker's row 2.4 MB.
+    entry = {"model": "m", "version": 2, "compared": 3, "agreed": 2, "errors": 0, "dropped": 1, "junk": "A" * 38_000}
+
+    parsed = WorkerReport.parse({"worker": {"id": "w"}, "shadow": [entry], "contract": V})
+
+    assert parsed.shadow == ({"model": "m", "version": 2, "compared": 3, "agreed": 2, "errors": 0, "dropped": 1},)
