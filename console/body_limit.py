@@ -57,6 +57,8 @@ UPLOAD_LIMITS = {
     "model-datasets-new": "DATASET_MAX_BYTES",
 }
 UPLOAD_URL_NAMES = frozenset(UPLOAD_LIMITS)
+# The last word of those endpoints' URLs that end with a slash (an upload sent without it is redirected).
+UPLOAD_URL_ENDINGS = frozenset({"versions", "upload", "jobs", "datasets"})
 
 
 def body_limit_for(path: str) -> int | None:
@@ -228,7 +230,8 @@ def _upload_without_its_slash(scope) -> str | None:
     """The upload URL ``scope``'s path names but for its trailing slash: an operator's 3 MB
     upload there was refused 413 as "not an upload", where a small one got its 308."""
     path = scope["path"]
-    if path.endswith("/") or _upload_limit_setting(path) is not None or _upload_limit_setting(path + "/") is None:
+    # Resolved only for a path ending as an upload URL does (a worker's report every second paid two resolves).
+    if path.endswith("/") or path.rsplit("/", 1)[-1] not in UPLOAD_URL_ENDINGS or _upload_limit_setting(path + "/") is None:
         return None
     return path + "/" + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
 

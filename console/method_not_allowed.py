@@ -15,4 +15,7 @@ class MethodNotAllowedPage(MiddlewareMixin):
         if response.status_code == 405 and not request.path.startswith("/api/") and not response.content:
             response.content = render_to_string("405.html", {"allowed": response.get("Allow", "")})
             response["Content-Type"] = "text/html; charset=utf-8"
+            # CommonMiddleware, inside this one, has set it for the empty body: a server
+            # refused to send more than it declared (an empty 405 and a traceback).
+            response["Content-Length"] = str(len(response.content))
         return response

@@ -450,7 +450,7 @@ def canary_candidates(versions: list[ModelVersion], choices: list[int], model: R
         incompatible = compatibility.get("compatible") is False
         candidates.append({"number": number, "incompatible": incompatible, "differences": compatibility.get("differences", []) if incompatible else [],
                            "stable_version": compatibility.get("stable_version"),
-                           "load_failure": releases.loadable_problem(model, number, workers)})
+                           "load_failure": releases.loadable_problem(model, number, workers, by_number[number])})
     return candidates
 
 

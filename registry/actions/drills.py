@@ -320,8 +320,9 @@ def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: 
                 silent_s: float | None = None, quiet: tuple[float, float] | None = None, latest_report: dict | None = None) -> dict:
     confirmed_s, report = confirmed or (None, None)
     after = failed_total(report)  # unconfirmed: None, its count unknown
-    if report is not None and failed_total(latest_report) is not None:
-        after = failed_total(latest_report)
+    if after is not None and failed_total(latest_report) is not None:
+        # The larger: a worker restarted after it confirmed counts from 0 again.
+        after = max(after, failed_total(latest_report))
     before = failed_before.get(worker.worker_id)
     error = _row_error(ack, confirmed_s, drill.to_generation, drill.model.name)
     if error and quiet is not None and silent_s is None:  # a silent one's silence is said below
@@ -585,6 +586,10 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
                               f"did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {who}")
 
 
+# A worker's last report comes up to one report interval (1 s by default) before it dies.
+REPORT_SLACK_S = 1.0
+
+
 def _forward_words(ack: WorkerAck | None, gone: bool, died_s: float | None = None, forward_s: float = 0.0) -> str:
     """``died_s``: seconds from the click to the last report of a worker that stopped
     reporting while the roll forward waited; one that stopped before it was made (killed
@@ -595,7 +600,7 @@ def _forward_words(ack: WorkerAck | None, gone: bool, died_s: float | None = Non
         return "it had stopped reporting: not waited for"
     if died_s is None:
         return "no ack"
-    if died_s < forward_s:
+    if died_s < forward_s - REPORT_SLACK_S:
         return f"its reports stopped {died_s:.1f} s after the click, before the roll forward: no longer waited for"
     return "it stopped reporting during the roll forward: no longer waited for"
 

@@ -516,10 +516,11 @@ def check_loadable(model: RegisteredModel, version: int, force: bool, reason: st
     return why
 
 
-def loadable_problem(model: RegisteredModel, version: int, workers=None) -> str | None:
+def loadable_problem(model: RegisteredModel, version: int, workers=None, row: ModelVersion | None = None) -> str | None:
     """Why no worker would serve ``version`` if routed (what ``check_loadable`` refuses);
-    ``workers``: the live workers, read once by a caller asking of several versions."""
-    return load_failure(model.name, version, workers) or _stored_file_problem(model, version)
+    ``workers``: the live workers, and ``row`` the version's, when the caller has read them
+    (a page asking of every version made a query each)."""
+    return load_failure(model.name, version, workers) or _stored_file_problem(model, version, row)
 
 
 def restore_unloadable(model: RegisteredModel, earlier: Release) -> list[str]:
@@ -532,11 +533,11 @@ def restore_unloadable(model: RegisteredModel, earlier: Release) -> list[str]:
             if route.weight > 0 and route.version != current.stable_version and (why := loadable_problem(model, route.version))]
 
 
-def _stored_file_problem(model: RegisteredModel, version: int) -> str | None:
+def _stored_file_problem(model: RegisteredModel, version: int, row: ModelVersion | None = None) -> str | None:
     """What the console itself knows is wrong with the version's stored file: the workers'
     load errors are forgotten once they apply another state (an attacker's split to a
     version whose file was changed then went through unforced)."""
-    stored = model.versions.filter(number=version).values_list("sha256", "size_bytes").first()
+    stored = (row.sha256, row.size_bytes) if row is not None else model.versions.filter(number=version).values_list("sha256", "size_bytes").first()
     return served_bytes.stored_file_problem(storage.path_for(stored[0]), stored[1]) if stored else None
 
 

@@ -335,7 +335,8 @@ class ArchiveSerializer(RefusesUnknownKeys, serializers.Serializer):
 
 
 FORCE_HELP = ("Route traffic to a version whose inputs differ from the stable version's (names, datatypes, non-batch "
-              "dimensions), or that the live workers failed to load. Needs a reason; recorded in the audit timeline.")
+              "dimensions), that the live workers failed to load, or whose stored file is missing, of another size than "
+              "uploaded, a symbolic link or seen changed. Needs a reason; recorded in the audit timeline.")
 
 
 class ReasonSerializer(RefusesUnknownKeys, serializers.Serializer):
@@ -358,8 +359,8 @@ class SetRoutesSerializer(ReasonSerializer):
 
 class PromoteSerializer(ReasonSerializer):
     force = StrictBooleanField(required=False, default=False, help_text=(
-        "Promote a canary the live workers say they failed to load (refused otherwise: they would go on serving what they "
-        "serve now). Needs a reason; recorded in the audit timeline."))
+        "Promote a canary the live workers say they failed to load, or whose stored file is missing or changed (refused "
+        "otherwise: they would go on serving what they serve now). Needs a reason; recorded in the audit timeline."))
 
 
 class RestoreSerializer(ReasonSerializer):

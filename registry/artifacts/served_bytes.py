@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -45,9 +46,13 @@ def stored_file_problem(path: Path, size_bytes: int | None = None) -> str | None
     its size is not the ``size_bytes`` uploaded (one stat: a file cut short or replaced,
     where a changed byte shows only once a download is hashed), or this console saw it no
     longer match its sha256. None when nothing is known wrong."""
-    if not path.is_file():
+    try:
+        status = path.stat()
+    except OSError:  # gone between the checks, or unreadable: as is_file() said
+        status = None
+    if status is None or not stat.S_ISREG(status.st_mode):
         return "its stored file is missing from the artifact store, so no worker can download it"
-    size = path.stat().st_size
+    size = status.st_size
     if size_bytes is not None and size != size_bytes:
         return f"its stored file changed after its upload ({size} bytes, not the {size_bytes} uploaded)"
     if known_mismatch(path) or path.is_symlink():  # a link is never served (registry/api/streams.py)

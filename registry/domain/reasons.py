@@ -7,28 +7,33 @@ only a zero-width space, which ``str.strip`` keeps."""
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from django.core.exceptions import ValidationError
 
-# Unicode's explicit directional embeddings, overrides and isolates (UAX #9).
+# Unicode's explicit directional embeddings, overrides and isolates (UAX #9): they reorder
+# what a reader sees. The marks (LRM, RLM, ALM) do not, and mixed-script text needs them.
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-# Format characters a reason may hold: the joiners some scripts need to be written at all.
-JOINERS = frozenset("\u200c\u200d")
-# Letters and symbols that draw nothing: Hangul fillers, the blank braille pattern, and
-# the Khmer inherent vowels Unicode advises against (they rendered a reason invisible).
-BLANK_LOOKALIKES = frozenset("\u115f\u1160\u3164\uffa0\u2800\u17b4\u17b5")
+# Tag characters carry text no one sees, but for an emoji flag's tag sequence (Scotland's).
+EMOJI_TAG_SEQUENCE = re.compile("\U0001F3F4[\U000E0020-\U000E007E]+\U000E007F")
+TAGS = re.compile("[\U000E0000-\U000E007F]")
+# Letters and symbols that draw nothing: Hangul fillers and the blank braille pattern
+# (a forced reason of one passed).
+BLANK_LOOKALIKES = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
 
 def refuse_control_characters(text: str) -> None:
     """A validator (Django forms and DRF both run it): no control character (a tab, which a
     paste into the page's field keeps, is one the logs and the CSV take), no line or
-    paragraph separator, and no format character but the joiners: directional marks and
-    overrides reorder what a reader sees, and tag characters carry text no one sees."""
+    paragraph separator, no directional override, and no tag character outside an emoji
+    flag (hidden text). Soft hyphens, joiners and directional marks stay: real text has them."""
     for char in text:
-        category = unicodedata.category(char)
-        if (category in ("Cc", "Zl", "Zp") and char != "\t") or (category == "Cf" and char not in JOINERS) or char in BIDI_CONTROLS:
-            raise ValidationError(f"must be one line of text without control characters (found U+{ord(char):04X})")
+        if (unicodedata.category(char) in ("Cc", "Zl", "Zp") and char != "\t") or char in BIDI_CONTROLS:
+            raise ValidationError(f"must be one line of text without control characters or directional overrides (found U+{ord(char):04X})")
+    hidden = TAGS.search(EMOJI_TAG_SEQUENCE.sub("", text))
+    if hidden:
+        raise ValidationError(f"must not hold tag characters outside an emoji flag: they carry text no one sees (found U+{ord(hidden.group()):04X})")
 
 
 def has_visible_text(text: str) -> bool:

@@ -243,7 +243,7 @@ def test_a_page_reason_holding_control_characters_is_refused_and_nothing_changes
     response = operator_page.post("/models/digits/rollback/", {"expected_generation": "2", "reason": "\x1b[2J"}, HTTP_ACCEPT="application/json")
 
     assert response.status_code == 400
-    assert "must be one line of text without control characters (found U+001B)" in response.json()["message"]
+    assert "must be one line of text without control characters or directional overrides (found U+001B)" in response.json()["message"]
     assert canary_digits.current_release().generation == 2
 
 
@@ -444,6 +444,7 @@ def test_a_change_address_opened_in_the_browser_answers_the_error_page_not_an_em
     response = operator_page.get("/models/digits/split/")
 
     assert (response.status_code, response["Allow"]) == (405, "POST")
+    assert response["Content-Length"] == str(len(response.content))  # a server sends no more than declared
     assert "This address is not a page" in response.content.decode()
     assert "It takes a form's submission (POST), not a visit: nothing was changed." in response.content.decode()
 
@@ -455,6 +456,6 @@ def test_a_change_sent_after_signing_out_elsewhere_is_not_made_and_the_sign_in_p
     response = operator_page.post("/models/digits/rollback/", {"expected_generation": "2"}, follow=True)
 
     assert response.redirect_chain[-1][0].startswith("/login/?next=/models/digits/rollback/")
-    assert ("If you were signed out (here or in another tab) or your session ended, what you last sent was not carried out"
-            in response.content.decode())
+    assert ("If this page came up when you sent a change (you were signed out here or in another tab, or your session ended), that "
+            "change was not carried out" in response.content.decode())
     assert canary_digits.current_release().generation == 2

@@ -276,3 +276,19 @@ def test_the_model_page_says_its_workers_serve_it_and_how_many_fail_another_mode
 
     assert f"✓ All 1 live worker serve generation {generation} of digits.</span>" in html
     assert "1 of them fails to apply another model" in html
+
+
+def test_the_model_page_reads_no_more_queries_for_more_versions(viewer_page, canary_digits):
+    # The split and rollout panels' load check read each version's row again: 33 queries
+    # with two versions, 133 with fifty more.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as few:
+        viewer_page.get("/models/digits/")
+    for number in range(3, 13):
+        add_version(canary_digits, number)
+    with CaptureQueriesContext(connection) as many:
+        viewer_page.get("/models/digits/")
+
+    assert len(many.captured_queries) == len(few.captured_queries)

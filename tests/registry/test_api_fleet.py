@@ -441,9 +441,8 @@ def test_a_worker_that_dies_while_the_roll_forward_waits_for_it_is_named_so_and_
 
     assert time.monotonic() - started < settings.DRILL_ACK_TIMEOUT_S - 0.5
     assert drill["workers"][0]["error"] == ""
-    # Its last report came just before the roll forward was made: said so, not "during" it.
-    assert re.search(r"rolled forward to generation 4, but 1 of 1 workers did not follow it within 4 s: w-1 \(its reports stopped "
-                     r"\d\.\d s after the click, before the roll forward: no longer waited for\)$", drill["error"]), drill["error"]
+    assert drill["error"].endswith("rolled forward to generation 4, but 1 of 1 workers did not follow it within 4 s: "
+                                   "w-1 (it stopped reporting during the roll forward: no longer waited for)"), drill["error"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -475,6 +474,33 @@ def test_a_workers_failed_requests_are_counted_to_the_end_of_the_measure_not_to_
     rows = {row["worker"]: row for row in drill["workers"]}
     assert rows["w-1"]["confirmed_s"] is not None
     assert rows["w-1"]["failed_requests"] == 29
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_died_after_confirming_and_before_the_roll_forward_is_said_to_have_died_before_it(worker_client, operator_client,
+                                                                                                         canary, settings):
+    # Killed 7 s in, 3 s before the roll forward, it was said to have stopped "during" it.
+    import time
+
+    settings.DRILL_ACK_TIMEOUT_S, settings.WORKER_GONE_AFTER_S = 2.5, 3
+    worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
+    silent = reported_at("", 2)
+    worker_client.post("/api/serving/reports", {**silent, "worker": {**silent["worker"], "id": "w-silent"}}, format="json")
+
+    def confirm_then_die():
+        deadline = time.monotonic() + 5
+        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
+        worker_client.post("/api/serving/reports", reported_at("", 3), format="json")  # and never again
+
+    worker = in_thread(confirm_then_die)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(timeout=10)
+
+    assert {row["worker"]: row["error"] for row in drill["workers"]}["w-1"] == ""
+    assert re.search(r"w-1 \(its reports stopped 0\.\d s after the click, before the roll forward: no longer waited for\)",
+                     drill["error"]), drill["error"]
 
 
 def test_a_worker_that_keeps_reporting_without_acking_is_not_called_quiet(worker_client, operator_client, canary, settings):

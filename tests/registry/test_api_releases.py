@@ -221,14 +221,33 @@ def test_a_version_no_state_routed_is_not_blamed_for_a_cut_error_naming_its_mode
     assert response.status_code == 201, response.content
 
 
-@pytest.mark.parametrize("reason", ["\x1b[2J cleared", "line\nbreak", "\u202egnp.exe", "line\u2028separator", "ok\u200fmark",
-                                    "hidden\U000e0069tag", "bom\ufeff"])
-def test_a_reason_holding_control_characters_is_refused_and_nothing_changes(operator_client, three_versions, reason):
+@pytest.mark.parametrize(("reason", "words"), [
+    ("\x1b[2J cleared", "must be one line of text without control characters or directional overrides (found U+001B)"),
+    ("line\nbreak", "(found U+000A)"),
+    ("\u202egnp.exe", "(found U+202E)"),
+    ("line\u2028separator", "(found U+2028)"),
+    ("hidden\U000e0069\U000e0067tag", "must not hold tag characters outside an emoji flag: they carry text no one sees (found U+E0069)"),
+])
+def test_a_reason_holding_control_characters_or_hidden_text_is_refused_and_nothing_changes(operator_client, three_versions, reason, words):
     response = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], reason)
 
     assert response.status_code == 400
-    assert "reason: must be one line of text without control characters (found U+" in response.json()["error"]
+    assert response.json()["error"].startswith("reason: ") and words in response.json()["error"], response.json()
     assert Release.objects.count() == 1
+
+
+@pytest.mark.parametrize("reason", [
+    "\u05e2\u05d1\u05e8\u05d9\u05ea v2 \u200f(canary)",  # Hebrew with a right-to-left mark
+    "\u0645\u062b\u0627\u0644\u061c 2",  # Arabic with its letter mark
+    "\u0645\u06cc\u200c\u062e\u0648\u0627\u0645",  # Persian with a zero-width non-joiner
+    "soft\u00adhyphen from a word processor",
+    "\ufeffpasted with a byte order mark",
+    "go \U0001F3F4\U000E0067\U000E0062\U000E0073\U000E0063\U000E0074\U000E007F",  # Scotland's flag
+])
+def test_a_reason_in_real_text_is_kept_as_typed(operator_client, three_versions, reason):
+    response = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], reason)
+
+    assert (response.status_code, response.json()["release"]["reason"]) == (201, reason)
 
 
 def test_a_reason_pasted_with_a_tab_is_kept(operator_client, three_versions):
