@@ -20,6 +20,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 ROW = [0.5] * 16
 
+# Forced: the console refuses to route a file whose size it sees changed; what these tests
+# are about is the worker's own refusal of it.
+BROKEN_CANARY = {"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}], "force": True, "reason": "the workers must refuse it"}
+
 
 @pytest.fixture
 def other(operator) -> RegisteredModel:
@@ -50,7 +54,7 @@ def test_a_rollback_serves_while_another_model_s_canary_cannot_load(stack, api):
     canary = storage.path_for(ModelVersion.objects.get(model__name="tiny", number=2).sha256)
     os.chmod(canary, 0o600)
     canary.write_bytes(b"not the artifact the console registered")  # the worker's sha256 check fails it
-    assert api.post("/api/models/tiny/release/", json={"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}).status_code == 201
+    assert api.post("/api/models/tiny/release/", json=BROKEN_CANARY).status_code == 201
 
     rollback = api.post("/api/models/other/release/rollback/")
 
@@ -70,7 +74,7 @@ def test_a_worker_started_while_a_canary_cannot_load_serves_the_stable(stack, ap
     canary = storage.path_for(ModelVersion.objects.get(model__name="tiny", number=2).sha256)
     os.chmod(canary, 0o600)
     canary.write_bytes(b"not the artifact the console registered")
-    assert api.post("/api/models/tiny/release/", json={"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}).status_code == 201
+    assert api.post("/api/models/tiny/release/", json=BROKEN_CANARY).status_code == 201
 
     worker = stack.start_worker()
 
@@ -92,7 +96,7 @@ def test_a_drill_of_one_model_passes_while_another_model_s_canary_cannot_load(st
     canary = storage.path_for(ModelVersion.objects.get(model__name="tiny", number=2).sha256)
     os.chmod(canary, 0o600)
     canary.write_bytes(b"not the artifact the console registered")
-    assert api.post("/api/models/tiny/release/", json={"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}).status_code == 201
+    assert api.post("/api/models/tiny/release/", json=BROKEN_CANARY).status_code == 201
     assert wait_until(lambda: "applied but for tiny (" in (worker_row(api)["error"] or ""), 10), worker_row(api)
 
     drill = api.post("/api/models/other/drills/", json={"roll_forward": True}).json()

@@ -149,7 +149,9 @@ def test_artifact_with_a_wrong_sha256_is_refused_and_reported(stack, api):
     version_two = ModelVersion.objects.get(model__name="tiny", number=2)
     storage.path_for(version_two.sha256).write_bytes(b"tampered bytes")
 
-    generation = api.post("/api/models/tiny/release/", json={"routes": [{"version": 2, "weight": 100}]}).json()["release"]["generation"]
+    # Forced: the console refuses a file whose size it sees changed; the worker's refusal is tested here.
+    generation = api.post("/api/models/tiny/release/", json={"routes": [{"version": 2, "weight": 100}], "force": True,
+                                                            "reason": "the worker must refuse it"}).json()["release"]["generation"]
     row = wait_until(lambda: next((row for row in api.get("/api/models/tiny/release/").json()["workers"] if not row["ok"]), None), 5)
 
     assert row is not None

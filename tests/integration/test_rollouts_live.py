@@ -316,7 +316,9 @@ def test_a_canary_no_worker_can_load_is_rolled_back_naming_the_load_error(api, s
     artifact.write_bytes(b"not the bytes the console registered")
 
     with load(stack, "unloadable"):
-        rollout = finished(api, "unloadable", start_rollout(api, "unloadable")["id"])
+        # Forced: the console refuses a rollout of a file whose size it sees changed; the
+        # workers' own refusal of it is what this test is about.
+        rollout = finished(api, "unloadable", start_rollout(api, "unloadable", force=True, reason="the workers must refuse it")["id"])
 
     assert rollout["status"] == "rolled_back", rollout["status_reason"]
     assert "no worker serves v2: 2 of 2 live workers failed to load it (unloadable v2:" in rollout["status_reason"]
