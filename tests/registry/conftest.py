@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import io
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -69,3 +70,11 @@ def in_thread(steps) -> threading.Thread:
     thread = threading.Thread(target=run)
     thread.start()
     return thread
+
+
+def wait_for_generation(generation: int, timeout_s: float = 10) -> None:
+    """Until the release of ``generation`` exists (a worker's thread waiting for a drill's click)."""
+    deadline = time.monotonic() + timeout_s
+    while not Release.objects.filter(generation=generation).exists():
+        assert time.monotonic() < deadline, f"generation {generation} never came"
+        time.sleep(0.01)

@@ -22,7 +22,7 @@ from registry.models import (
 )
 from serving.contract import CONTRACT_VERSION, MAX_COUNT
 from serving.state_signing import model_digests
-from tests.registry.conftest import in_thread
+from tests.registry.conftest import in_thread, wait_for_generation
 
 pytestmark = pytest.mark.django_db
 
@@ -373,9 +373,7 @@ def test_a_worker_killed_just_after_its_ack_is_named_as_stopped_and_not_waited_f
     worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
 
     def ack_then_die():
-        deadline = time.monotonic() + 5
-        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_generation(3)
         worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")  # and never reports again
 
     worker = in_thread(ack_then_die)
@@ -400,9 +398,7 @@ def test_a_worker_killed_too_late_in_the_measure_to_be_gone_is_named_as_quiet_no
     worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
 
     def report_then_die():
-        deadline = time.monotonic() + 5
-        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_generation(3)
         for _ in range(4):  # reports the old state for 0.6 s after the click, never acking
             worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
             time.sleep(0.2)
@@ -427,8 +423,7 @@ def test_a_worker_that_dies_while_the_roll_forward_waits_for_it_is_named_so_and_
 
     def follow_the_rollback_then_die():
         deadline = time.monotonic() + 8
-        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_generation(3)
         worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
         while not Release.objects.filter(generation=4).exists() and time.monotonic() < deadline:
             worker_client.post("/api/serving/reports", reported_at("", 3), format="json")
@@ -458,9 +453,7 @@ def test_a_workers_failed_requests_are_counted_to_the_end_of_the_measure_not_to_
     worker_client.post("/api/serving/reports", {**slow, "worker": {**slow["worker"], "id": "w-slow"}}, format="json")
 
     def confirm_then_fail():
-        deadline = time.monotonic() + 5
-        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_generation(3)
         worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
         worker_client.post("/api/serving/reports", reported_at("", 3), format="json")
         time.sleep(0.5)
@@ -480,7 +473,6 @@ def test_a_workers_failed_requests_are_counted_to_the_end_of_the_measure_not_to_
 def test_a_worker_that_died_after_confirming_and_before_the_roll_forward_is_said_to_have_died_before_it(worker_client, operator_client,
                                                                                                          canary, settings):
     # Killed 7 s in, 3 s before the roll forward, it was said to have stopped "during" it.
-    import time
 
     settings.DRILL_ACK_TIMEOUT_S, settings.WORKER_GONE_AFTER_S = 2.5, 3
     worker_client.post("/api/serving/reports", reported_at("", 2), format="json")
@@ -488,9 +480,7 @@ def test_a_worker_that_died_after_confirming_and_before_the_roll_forward_is_said
     worker_client.post("/api/serving/reports", {**silent, "worker": {**silent["worker"], "id": "w-silent"}}, format="json")
 
     def confirm_then_die():
-        deadline = time.monotonic() + 5
-        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_generation(3)
         worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
         worker_client.post("/api/serving/reports", reported_at("", 3), format="json")  # and never again
 
@@ -554,8 +544,7 @@ def test_a_drill_passes_on_acks_and_reports_of_the_rolled_back_state_alone(worke
     def follow_the_rollback():
         """What a worker does: ack the state it applied, then report serving it."""
         deadline = time.monotonic() + 10
-        while not Release.objects.filter(generation=3).exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_generation(3)
         worker_client.post("/api/serving/acks", ack(3, load_ms=1.0), format="json")
         worker_client.post("/api/serving/reports", reported_at(reported_host.url, 3), format="json")
         while not Release.objects.filter(generation=4).exists() and time.monotonic() < deadline:

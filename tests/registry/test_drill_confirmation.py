@@ -14,7 +14,7 @@ from registry.fleet.state import issued_digest
 from registry.models import Drill, Release, ServingGeneration, WorkerAck
 from serving.contract import CONTRACT_VERSION
 from tests.fixtures.personas import _client_for
-from tests.registry.conftest import in_thread
+from tests.registry.conftest import in_thread, wait_for_generation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,13 +26,6 @@ def canary(operator_client, three_versions, settings):
     split = {"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}
     operator_client.post("/api/models/digits/release/", split, format="json")
     return three_versions
-
-
-def wait_for_generation(generation: int) -> None:
-    deadline = time.monotonic() + 10
-    while not Release.objects.filter(generation=generation).exists():
-        assert time.monotonic() < deadline, f"generation {generation} never came"
-        time.sleep(0.01)
 
 
 def ack(client, generation: int, ok: bool = True, error: str = "") -> int:
