@@ -4,6 +4,8 @@ redirects saw nothing while nothing was done."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from django.test import Client
 
@@ -52,23 +54,12 @@ def test_a_page_form_posted_without_the_trailing_slash_is_redirected_keeping_its
 
 def test_an_upload_of_any_size_sent_without_the_trailing_slash_is_sent_on_before_its_body_is_read():
     # Over the form size it was refused 413 as "not an operator's upload"; a small one got its 308.
-    import asyncio
-
     from console.asgi import application
+    from tests.registry.test_upload_staging import _call, _http_scope
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/api/models/digits/versions", "raw_path": b"/api/models/digits/versions", "query_string": b"", "root_path": "",
-             "headers": [(b"content-length", str(3 * 1024 * 1024).encode())], "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
-    sent, received = [], []
+    scope = _http_scope("/api/models/digits/versions", [(b"content-length", str(3 * 1024 * 1024).encode())])
 
-    async def receive():
-        received.append(True)
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        sent.append(message)
-
-    asyncio.run(application(scope, receive, send))
+    sent, received = asyncio.run(_call(application, scope, [{"type": "http.request", "body": b"x", "more_body": True}]))
 
     assert sent[0]["status"] == 308
     assert (b"location", b"/api/models/digits/versions/") in sent[0]["headers"]
