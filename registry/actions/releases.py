@@ -381,17 +381,34 @@ def restore_from_archive(model: RegisteredModel, actor, reason: str) -> tuple[Re
     if missing:
         words = f"{_versions_words(missing)} it served before {_are(missing)} no longer ready"
         return None, f"{words}: it serves nothing until a version is routed"
+    unloadable = _unservable_while_archived(model, routes)
+    if unloadable and before.stable_version not in unloadable:
+        # Its canary's stored file changed while archived: the stable alone, as an abort would (an attacker's find).
+        routes, dropped = [Route(version=before.stable_version, weight=100)], unloadable
+    elif unloadable:
+        words = "; ".join(f"v{version}: {why}" for version, why in unloadable.items())
+        return None, f"the stable version it served before cannot be served now ({words}): it serves nothing until a version is routed"
+    else:
+        dropped = {}
     note = reason or f"restored from the archive, back to the routes of generation {before.generation}"
-    if aborted is not None:
+    if aborted is not None or dropped:
         note = reason or f"restored from the archive, back to the stable version of generation {before.generation}"
     # Rolling back from here is what rolling back before the archive would have been.
     release = _append(counter, model, routes, before.stable_version, ReleaseAction.RESTORE, before.rollback_target, actor, note)
     events.release_made(release, f"Restored from the archive: traffic {_describe(routes)} (generation {release.generation})")
     outcome = f"traffic is back to {_describe(routes)} (generation {release.generation})"
+    if dropped:
+        outcome += ", without " + "; ".join(f"v{version}'s share: {why}" for version, why in dropped.items())
     if aborted is not None:
         outcome += (f", without v{aborted.canary_version}'s share of generation {before.generation}: rollout #{aborted.pk}, "
                     "whose step it was, was aborted by the archive, and an aborted rollout's canary serves nothing")
     return release, outcome
+
+
+def _unservable_while_archived(model: RegisteredModel, routes: list[Route]) -> dict[int, str]:
+    """Version → why no worker could serve it (``loadable_problem``) of those ``routes`` weight."""
+    workers = live_workers_brief()
+    return {route.version: why for route in routes if route.weight > 0 and (why := loadable_problem(model, route.version, workers))}
 
 
 def _rollout_aborted_by(archive: Release, routes: list[Route]):

@@ -8,6 +8,7 @@ import pytest
 
 from registry.actions import catalog, releases, rollouts
 from registry.actions.retention import apply_retention
+from registry.artifacts import storage
 from registry.fleet.series import release_markers
 from registry.fleet.state import current_generation, serving_counter, state_at
 from registry.models import AuditEvent, RegisteredModel
@@ -64,6 +65,32 @@ def test_restore_brings_back_the_exact_pre_archive_routes_in_a_new_generation(op
     _, epoch = serving_counter()
     assert state_at(4, epoch)["models"]["digits"]["routes"] == state_at(2, epoch)["models"]["digits"]["routes"]
     assert "traffic is back to v1 80%, v2 20% (generation 4)" in AuditEvent.objects.get(kind="model_restored").message
+
+
+def test_a_canary_whose_stored_file_changed_while_archived_is_not_brought_back_by_the_restore(operator_client, split_model):
+    # Restored unforced to v1 80 / v2 20 while a split to v2 was refused (an attacker's find).
+    archive(operator_client)
+    path = storage.path_for(split_model.versions.get(number=2).sha256)
+    path.write_bytes(path.read_bytes() + b"\0")
+
+    response = unarchive(operator_client)
+
+    assert response.status_code == 200, response.content
+    assert response.json()["current_release"]["routes"] == [{"version": 1, "weight": 100}]
+    assert ("traffic is back to v1 100% (generation 4), without v2's share: its stored file changed after its upload"
+            in AuditEvent.objects.get(kind="model_restored").message)
+
+
+def test_a_stable_version_whose_stored_file_is_gone_is_not_brought_back_by_the_restore(operator_client, split_model):
+    archive(operator_client)
+    storage.path_for(split_model.versions.get(number=1).sha256).unlink()
+
+    response = unarchive(operator_client)
+
+    assert response.status_code == 200, response.content
+    assert response.json()["current_release"]["action"] == "archive"
+    assert ("the stable version it served before cannot be served now (v1: its stored file is missing from the artifact store"
+            in AuditEvent.objects.get(kind="model_restored").message)
 
 
 def test_a_rollback_after_restore_is_what_it_was_before_the_archive(operator_client, split_model):
