@@ -381,7 +381,7 @@ def restore_from_archive(model: RegisteredModel, actor, reason: str) -> tuple[Re
     if missing:
         words = f"{_versions_words(missing)} it served before {_are(missing)} no longer ready"
         return None, f"{words}: it serves nothing until a version is routed"
-    unloadable = _unservable_while_archived(model, routes)
+    unloadable = unservable(model, routes)
     if unloadable and before.stable_version not in unloadable:
         # Its canary's stored file changed while archived: the stable alone, as an abort would (an attacker's find).
         routes, dropped = [Route(version=before.stable_version, weight=100)], unloadable
@@ -405,10 +405,12 @@ def restore_from_archive(model: RegisteredModel, actor, reason: str) -> tuple[Re
     return release, outcome
 
 
-def _unservable_while_archived(model: RegisteredModel, routes: list[Route]) -> dict[int, str]:
-    """Version → why no worker could serve it (``loadable_problem``) of those ``routes`` weight."""
-    workers = live_workers_brief()
-    return {route.version: why for route in routes if route.weight > 0 and (why := loadable_problem(model, route.version, workers))}
+def unservable(model: RegisteredModel, routes, but: int | None = None) -> dict[int, str]:
+    """Version → why no worker could serve it (``loadable_problem``), of the versions
+    ``routes`` weight other than ``but``, the live workers read once."""
+    versions = [route.version for route in routes if route.weight > 0 and route.version != but]
+    workers = live_workers_brief() if versions else []
+    return {version: why for version in versions if (why := loadable_problem(model, version, workers))}
 
 
 def _rollout_aborted_by(archive: Release, routes: list[Route]):
@@ -546,8 +548,7 @@ def restore_unloadable(model: RegisteredModel, earlier: Release) -> list[str]:
     current = model.current_release()
     if current is None:
         return []
-    return [f"v{route.version}: {why}" for route in map(Route.from_json, earlier.routes)
-            if route.weight > 0 and route.version != current.stable_version and (why := loadable_problem(model, route.version))]
+    return [f"v{version}: {why}" for version, why in unservable(model, map(Route.from_json, earlier.routes), but=current.stable_version).items()]
 
 
 def _stored_file_problem(model: RegisteredModel, version: int, row: ModelVersion | None = None) -> str | None:

@@ -87,7 +87,8 @@ def load_failure(model_name: str, version: int, workers: list[Worker] | None = N
         return None
     # Where a load error begins: not inside another model's name ("ab v2:" is not "b v2:").
     named = re.compile(r"(?<![\w.-])" + re.escape(f"{model_name} v{version}:"))
-    routed = _routed_now(model_name, version)
+    # Read only for an error cut short, which only it can settle: not on every check.
+    routed = any(not worker.ok and worker.error.endswith("…") for worker in workers) and _routed_now(model_name, version)
     failed = [(worker, words) for worker in workers if not worker.ok and (words := _failure_words(worker.error, named, model_name, routed))]
     if not failed:
         return None
