@@ -34,7 +34,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def alive(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    return [pid for pid in pids if is_alive(pid)]
+
+
+def is_alive(pid: int) -> bool:
+    # A process can end between any two looks at it; one that has ended is simply not alive.
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def start_stack(tmp_path, port: int | None = None, serving_port: int | None = None, *, redis_port_given: bool = True,
