@@ -33,10 +33,10 @@ def env_str(name: str, default: str = "") -> str:
     return default if raw is None else raw
 
 
-def env_url(name: str, default: str = "") -> str:
+def env_url(name: str, default: str = "", example: str = "http://127.0.0.1:8000") -> str:
     """An http(s) URL with a host, without a trailing slash (``default`` when unset)."""
     raw = _raw(name)
-    return default if raw is None else check_http_url(name, raw)
+    return default if raw is None else check_http_url(name, raw, example)
 
 
 def check_http_url(name: str, value: str, example: str = "http://127.0.0.1:8000") -> str:
@@ -123,6 +123,17 @@ def _check_bounds(name: str, raw: str, value: float, minimum: float | None, maxi
         raise SettingError(f"{name}={raw!r}: must be {kind}>= {minimum}")
     if maximum is not None and value > maximum:
         raise SettingError(f"{name}={raw!r}: must be {kind}<= {maximum}")
+
+
+def env_port(name: str, default: int) -> int:
+    """A TCP port, 1-65535 (``default`` when unset)."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        return port_number(raw)
+    except argparse.ArgumentTypeError as error:
+        raise SettingError(f"{name}={raw!r}: {str(error).split(', got ')[0]}") from None
 
 
 def port_number(text: str) -> int:

@@ -335,8 +335,16 @@ def test_runstack_takes_its_ports_from_the_environment(tmp_path, variable):
 def test_runstack_refuses_a_console_port_that_is_not_a_port_naming_it(tmp_path):
     finished = manage(tmp_path, "runstack", "--no-demo", CONSOLE_PORT="80800")
 
-    assert finished.returncode == 2, finished.stderr
-    assert "expected a port number from 1 to 65535, got '80800'" in finished.stderr
+    assert finished.returncode == 1, finished.stderr
+    assert "CONSOLE_PORT='80800': expected a port number from 1 to 65535" in finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
+def test_runstack_refuses_a_serving_port_that_is_not_a_number_naming_it(tmp_path):
+    finished = manage(tmp_path, "runstack", "--no-demo", SERVING_PORT="abc")
+
+    assert finished.returncode == 1, finished.stderr
+    assert "SERVING_PORT='abc': expected a port number from 1 to 65535" in finished.stderr
 
 
 def test_runstack_refuses_an_embedded_redis_port_already_taken_before_anything_starts(tmp_path):

@@ -82,6 +82,15 @@ def test_manage_py_with_a_bad_value_says_which_in_one_line_without_a_traceback(t
     assert result.stderr == "manage.py: MAX_UPLOAD_BYTES='abc': expected an integer\n"
 
 
+def test_a_serving_public_url_that_is_not_a_url_is_refused_at_start(tmp_path):
+    # Read as any text, it was accepted until demo_traffic or the try-it page used it.
+    result = _manage(tmp_path, "check", SERVING_PUBLIC_URL="worker:8001")
+
+    assert result.returncode == 1
+    assert result.stderr == ("manage.py: SERVING_PUBLIC_URL='worker:8001': expected an http:// or https:// URL with a host, "
+                             "e.g. http://127.0.0.1:8001\n")
+
+
 @pytest.mark.parametrize("name", ["DATABASE_CONNECT_TIMEOUT_S", "DATABASE_CONN_MAX_AGE_S"])
 def test_a_bad_postgresql_setting_is_refused_on_sqlite_too(tmp_path, name):
     # Read on the PostgreSQL branch only, it was accepted until the day DATABASE_URL was set.

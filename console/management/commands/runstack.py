@@ -33,7 +33,7 @@ from console.processes import (
     worker_environment,
 )
 from registry.artifacts import storage
-from serving.env import env_int, port_number
+from serving.env import env_int, env_port, port_number
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 WORKER_ROLE = "serving worker"  # its role in the line that says a child died, and what stops first
@@ -45,10 +45,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
-        # String defaults go through `type` too: a bad CONSOLE_PORT is argparse's clear error.
-        parser.add_argument("--port", type=port_number, default=os.environ.get("CONSOLE_PORT") or "8000",
+        # Read here, through serving.env: a bad CONSOLE_PORT is refused naming the variable, not --port.
+        parser.add_argument("--port", type=port_number, default=env_port("CONSOLE_PORT", 8000),
                             help="console port (default: CONSOLE_PORT, else 8000)")
-        parser.add_argument("--serving-port", type=port_number, default=os.environ.get("SERVING_PORT") or "8001",
+        parser.add_argument("--serving-port", type=port_number, default=env_port("SERVING_PORT", 8001),
                             help="the worker's port (default: SERVING_PORT, else 8001)")
         parser.add_argument("--no-demo", action="store_true", help="skip registering the demo models")
 
