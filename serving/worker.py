@@ -38,6 +38,7 @@ from serving.endpoints import ServingApp
 from serving.engine import resolve_device
 from serving.env import SettingError, port_number
 from serving.http_protocol import HttpLimits, listen_backlog, protocol_class
+from serving.listen_check import TAKEN_HINT, listen_problem, listen_refusal
 from serving.listen_queue import Keepers
 from serving.logs import configure_logging, event
 from serving.model_safety import enter_private_working_directory
@@ -294,6 +295,11 @@ def main(argv: list[str] | None = None) -> None:
             configure_logging("info")
             logger.error(event("bad_state_file", reason=str(error)))
             raise SystemExit(2) from None
+    problem = listen_problem(args.host, args.port)  # before the models load
+    if problem is not None:
+        configure_logging("info")
+        logger.error(event("cannot_listen", reason=listen_refusal(args.host, args.port, problem, TAKEN_HINT)))
+        raise SystemExit(2)
     configure_process(config)
     config, state_file, private_directory = leave_the_code_tree(config, args.state_file)  # as `manage.py serve` does
     try:

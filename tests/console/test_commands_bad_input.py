@@ -276,6 +276,20 @@ def test_serve_refuses_a_public_url_that_is_not_http(tmp_path):
     assert "Traceback" not in finished.stderr
 
 
+def test_serve_refuses_a_taken_port_before_the_console_hears_of_it(tmp_path):
+    # It loaded its models and reported to the console, then died on the bind: the console
+    # listed a second, stopped worker at the URL of the one serving there.
+    with socket.create_server(("127.0.0.1", 0)) as taken, socket.create_server(("127.0.0.1", 0)) as console:
+        port = taken.getsockname()[1]
+        finished = manage(tmp_path, "serve", "--port", str(port), timeout=30, CONSOLE_URL=f"http://127.0.0.1:{console.getsockname()[1]}")
+        console.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            console.accept()  # nobody called
+
+    refused(finished, f"127.0.0.1:{port} is not free")
+    assert "each worker needs a port of its own" in finished.stderr
+
+
 @pytest.mark.parametrize("content", [None, b"not json", b"[1, 2]"], ids=["missing", "not json", "not an object"])
 def test_serve_refuses_a_state_file_it_cannot_read_before_loading_anything(tmp_path, content):
     state_file = tmp_path / "state.json"

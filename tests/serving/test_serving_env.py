@@ -139,6 +139,26 @@ def test_a_worker_given_a_port_out_of_range_exits_2_naming_it(tmp_path, port):
     assert b"Traceback" not in finished.stderr
 
 
+def test_a_worker_given_a_taken_port_exits_2_naming_it_before_loading_anything(tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from serving_testkit import REPO_ROOT
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        finished = subprocess.run([sys.executable, "-m", "serving.worker", "--port", str(port)], cwd=REPO_ROOT, capture_output=True,
+                                  timeout=60, check=False, env={"PATH": "/usr/bin:/bin", "SERVING_CACHE_DIR": str(tmp_path / "cache")})
+
+    assert finished.returncode == 2
+    lines = finished.stderr.decode().splitlines()
+    assert len(lines) == 1, finished.stderr.decode()
+    assert json.loads(lines[0])["event"] == "cannot_listen" and f"127.0.0.1:{port} is not free" in lines[0]
+    assert not (tmp_path / "cache").exists()
+
+
 def test_a_worker_given_a_state_file_it_cannot_read_exits_2_with_one_line_naming_it(tmp_path):
     import json
     import subprocess

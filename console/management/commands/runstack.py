@@ -8,11 +8,9 @@ killed with SIGKILL leaves its stack running, and the next one names what to sto
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +32,7 @@ from console.processes import (
 )
 from registry.artifacts import storage
 from serving.env import env_int, env_port, port_number
+from serving.listen_check import is_taken, listen_problem, listen_refusal
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 WORKER_ROLE = "serving worker"  # its role in the line that says a child died, and what stops first
@@ -247,20 +246,12 @@ def _http_url(host: str, port: int) -> str:
 
 
 def _check_free(host: str, port: int, other_ports: str = "choose other ports with CONSOLE_PORT and SERVING_PORT (or --port and --serving-port)") -> None:
-    """CommandError when something already listens on ``port`` (as uvicorn binds: with
-    SO_REUSEADDR, so connections of a stack stopped a moment ago do not count), or when
-    ``host`` is no address of this machine (that is not another stack's doing)."""
-    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    try:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind((host, port))
-    except OSError as error:
-        if error.errno == errno.EADDRINUSE:
-            # By PID when this DATA_DIR's last stack still runs (its runstack killed, say): never stopped by us.
-            running = stack_still_running(settings.DATA_DIR) or "another stack (`make run`) may be running; stop it"
-            raise CommandError(f"{host}:{port} is not free ({error.strerror}): {running}, or {other_ports}") from None
-        not_here = isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL
-        hint = ": --host must name an address of this machine, e.g. 127.0.0.1, or 0.0.0.0 for all of them" if not_here else ""
-        raise CommandError(f"cannot listen on {host}:{port} ({error.strerror}){hint}") from None
-    finally:
-        probe.close()
+    """CommandError when something already listens on ``port``, or when ``host`` is no
+    address of this machine (that is not another stack's doing)."""
+    error = listen_problem(host, port)
+    if error is None:
+        return
+    # By PID when this DATA_DIR's last stack still runs (its runstack killed, say): never stopped by us.
+    running = stack_still_running(settings.DATA_DIR) if is_taken(error) else None
+    taken_hint = f"{running or 'another stack (`make run`) may be running; stop it'}, or {other_ports}"
+    raise CommandError(listen_refusal(host, port, error, taken_hint))

@@ -24,6 +24,7 @@ from serving.config import ServingConfig
 from serving.console_client import StateError, read_state_file
 from serving.control import ControlPlane
 from serving.env import SettingError, check_http_url, env_float, env_str, port_number
+from serving.listen_check import TAKEN_HINT, listen_problem, listen_refusal
 from serving.worker import Worker, configure_process, leave_the_code_tree, private_directory_remover
 
 # The files `manage.py runstack` records the stack's addresses in, in DATA_DIR
@@ -48,6 +49,9 @@ class Command(BaseCommand):
                 read_state_file(state_file)
             except StateError as error:  # exit 2 like a file that reads but cannot be applied (Worker.serve)
                 raise CommandError(str(error), returncode=2) from None
+        problem = listen_problem(host, port)  # before the models load and the console hears of this worker
+        if problem is not None:
+            raise CommandError(listen_refusal(host, port, problem, TAKEN_HINT))
         config = ServingConfig.from_env()
         if not config.worker_token:
             config = dataclasses.replace(config, worker_token=settings.SERVING_WORKER_TOKEN)
