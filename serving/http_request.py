@@ -25,7 +25,14 @@ import zlib
 
 from serving.api_keys import ApiKeyRing
 from serving.errors import (
-    BadRequest, BodyBufferFull, ClientDisconnected, NotFound, PayloadTooLarge, UnsupportedMediaType, VersionNotFound, clip,
+    BadRequest,
+    BodyBufferFull,
+    ClientDisconnected,
+    NotFound,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    VersionNotFound,
+    clip,
 )
 from serving.protocol import BodyLimit
 
