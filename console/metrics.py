@@ -15,7 +15,7 @@ import hmac
 
 from django.conf import settings
 from django.db.models import Count
-from django.http import Http404, HttpResponse
+from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -88,11 +88,15 @@ def _authorized(request, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode())
 
 
+METRICS_OFF = ("the console's metrics are off: set CONSOLE_METRICS_TOKEN on the console and scrape /metrics with "
+               "'Authorization: Bearer <that token>' (README, Settings); each worker serves its own at its /metrics\n")
+
+
 @require_GET
 def metrics_view(request):
     token = settings.CONSOLE_METRICS_TOKEN
-    if not token:
-        raise Http404("no metrics here")
+    if not token:  # a 404 all the same (nothing is served here), but one that says how to turn it on
+        return HttpResponse(METRICS_OFF, status=404, content_type="text/plain")
     if not _authorized(request, token):
         response = HttpResponse("a bearer token is needed\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'

@@ -42,6 +42,16 @@ def test_without_a_configured_token_the_metrics_route_does_not_exist(settings):
     assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer ").status_code == 404
 
 
+def test_without_a_configured_token_the_404_says_which_setting_turns_the_metrics_on(settings):
+    # A newcomer curling /metrics got the HTML 404 page, with nothing naming the setting.
+    settings.CONSOLE_METRICS_TOKEN = ""
+
+    response = Client().get("/metrics")
+
+    assert response["Content-Type"].startswith("text/plain")
+    assert "set CONSOLE_METRICS_TOKEN" in response.content.decode()
+
+
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong-token", f"Basic {TOKEN}", TOKEN])
 def test_a_request_without_the_right_bearer_token_gets_401_and_no_figures(metrics_token, authorization):
     headers = {} if authorization is None else {"HTTP_AUTHORIZATION": authorization}
