@@ -229,6 +229,10 @@ AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_COOLOFF_S", 900, minimum=1))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+# An attempt while locked out is refused and not recorded: recorded, each appended its
+# query string and form to the record (a row grown to megabytes by an anonymous loop)
+# and restarted the pause, so the lockout never ended while the loop went on.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_TEMPLATE = "registration/login.html"
 AXES_VERBOSE = False  # its start-up banner is the one line a worker under manage.py serve could not log as JSON
 

@@ -57,6 +57,20 @@ def test_the_cool_off_ends_the_lockout(settings, operator):
     assert sign_in("olivia", "pw-olivia").status_code == 302
 
 
+def test_attempts_during_a_lockout_neither_grow_its_record_nor_extend_it(settings):
+    # Each locked-out attempt appended its query string and form (up to 1 KB each) to the
+    # one record and restarted the pause: an anonymous loop grew a row to megabytes, every
+    # write slower than the last, and kept the name locked out for good.
+    fail(settings.AXES_FAILURE_LIMIT, username="ghost")
+    before = AccessAttempt.objects.values("get_data", "post_data", "attempt_time", "failures_since_start").get()
+
+    for _ in range(3):
+        response = Client(REMOTE_ADDR="203.0.113.7").post(f"/login/?q={'B' * 1200}", {"username": "ghost", "password": "x", "f": "A" * 1000})
+        assert response.status_code == 429
+
+    assert AccessAttempt.objects.values("get_data", "post_data", "attempt_time", "failures_since_start").get() == before
+
+
 @pytest.mark.parametrize("path", ["/login/", "/admin/login/"])
 def test_a_user_name_longer_than_any_can_be_is_refused_by_the_form_and_never_tried(path):
     # Tried, django-axes recorded it in a 255-character column: a 500 on PostgreSQL.
