@@ -13,7 +13,7 @@ from tools.import_graph import ROOT, graph, imported_names, project_modules
 WORKER_LAYERS = ("serving.endpoints", "serving.dataplane", "serving.repository", "serving.loaded_version",
                  "serving.batcher", "serving.dispatch", "serving.engine")
 REGISTRY_MAY_USE_FROM_SERVING = {"serving.contract", "serving.state_signing", "serving.model_safety", "serving.jobs.formats", "serving.jobs.labels",
-                                 "serving.env"}
+                                 "serving.env", "serving.spreadsheet_cells"}
 
 
 def top(name: str) -> str:

@@ -25,12 +25,8 @@ from django.db.models import QuerySet
 
 from registry.domain.choices import AuditKind
 from registry.models import AuditEvent, RegisteredModel
+from serving.spreadsheet_cells import csv_cell
 
-FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
-# C0 and C1 controls (tab and newline kept: the CSV quotes them), DEL, and the bidirectional
-# overrides and isolates, each written as its code point (``\x1b`` → ``U+001B``).
-TERMINAL_CONTROLS = {code: f"U+{code:04X}" for code in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0),
-                                                          *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
 CSV_HEADER = ["time", "kind", "actor", "generation", "rollout", "reason", "message"]
 CSV_PAGE_ROWS = 500  # events read from the database at a time while streaming
 SHOWN_PREFIX = 40  # of a refused value, in the error
@@ -101,16 +97,6 @@ def generation_made(event: AuditEvent) -> int | None:
     """The generation a release event made, or a rollout event's release."""
     value = event.data.get("generation")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def csv_cell(value) -> str:
-    """Text a spreadsheet shows as text, never runs as a formula, and a terminal shows as
-    text, never obeys: a reason may hold ESC sequences (clear the screen, recolour) or
-    a right-to-left override, stored as typed and shown escaped on the pages."""
-    if value is None:
-        return ""
-    text = str(value).translate(TERMINAL_CONTROLS)
-    return "'" + text if isinstance(value, str) and text.startswith(FORMULA_PREFIXES) else text
 
 
 def csv_row(event: AuditEvent) -> list[str]:

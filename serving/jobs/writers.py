@@ -29,6 +29,7 @@ from numpy.lib import format as npy_format
 from serving.engine import TensorSpec
 from serving.jobs.formats import FormatError, short
 from serving.jobs.protocol import finite
+from serving.spreadsheet_cells import csv_cell
 
 COPY_CHUNK_BYTES = 1024 * 1024
 
@@ -217,7 +218,9 @@ class CsvWriter(_TextPart):
         # Without a batch axis the rows' shape is not the declared one (see serving/jobs/model.py).
         self._widths = [_declared_width(spec) if batchable else None for spec in outputs]
         self._waiting: list[tuple[int, str]] = []  # errors before the widths are known
-        self._csv = csv.writer(self._file)
+        # Text quoted, numbers bare (written as the floats and ints they are): an output name
+        # comes from the model file, an error may quote the client's field (serving/spreadsheet_cells.py).
+        self._csv = csv.writer(self._file, quoting=csv.QUOTE_NONNUMERIC)
         if None not in self._widths:
             self._write_header()
 
@@ -225,7 +228,7 @@ class CsvWriter(_TextPart):
         columns = ["row"]
         for spec, width in zip(self._specs, self._widths):
             columns += [spec.name] if width == 1 else [f"{spec.name}_{k}" for k in range(width)]
-        self._csv.writerow([*columns, "error"])
+        self._csv.writerow([csv_cell(column) for column in [*columns, "error"]])
 
     def write(self, start: int, outputs: Sequence[np.ndarray]) -> None:
         flat = [output.reshape(len(output), -1) for output in outputs]
@@ -243,7 +246,7 @@ class CsvWriter(_TextPart):
                     self.write_error(start + offset, f"output '{short(spec.name)}' has {len(row_values)} values "
                                                      f"for this row; the header has {width} columns for it")
                     break
-                cells += [str(value) for value in row_values]
+                cells.extend(row_values)  # numpy scalars: bare, written as str() writes them
             else:
                 self._csv.writerow([*cells, ""])
 
@@ -255,7 +258,7 @@ class CsvWriter(_TextPart):
             self._write_error_row(row, reason)
 
     def _write_error_row(self, row: int, reason: str) -> None:
-        self._csv.writerow([row, *[""] * sum(self._widths), reason])
+        self._csv.writerow([row, *[""] * sum(self._widths), csv_cell(reason)])
 
     def close(self) -> int:
         if None in self._widths:  # no row ran: one column per output

@@ -64,11 +64,11 @@ def relu_and_negated(width: int) -> onnx.ModelProto:
     return _model(nodes, [tensor("input")], [tensor("relu"), tensor("negated")])
 
 
-def relu_any_width() -> onnx.ModelProto:
+def relu_any_width(output: str = "output") -> onnx.ModelProto:
     """input [batch, width] -> Relu, with the width dynamic too."""
     def tensor(name):
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "width"])
-    return _model([helper.make_node("Relu", ["input"], ["output"])], [tensor("input")], [tensor("output")])
+    return _model([helper.make_node("Relu", ["input"], [output])], [tensor("input")], [tensor(output)])
 
 
 def fixed_single_row(width: int) -> onnx.ModelProto:

@@ -137,12 +137,25 @@ def test_csv_columns_of_a_dynamic_output_come_from_the_first_row_that_ran(tmp_pa
     (tmp_path / "x.csv").write_text("a,b,c\n1,x,3\n-1,2,-3\n4,-5,6\n")
     code, _ = run_in_process(capsys, model, tmp_path / "x.csv", "csv", tmp_path / "out.csv", 8)
     assert code == 0
-    assert (tmp_path / "out.csv").read_text().splitlines() == [
-        "row,output_0,output_1,output_2,error",
-        "0,,,,line 2: field 2 ('x') is not a number",
-        "1,0.0,2.0,0.0,",
-        "2,4.0,0.0,6.0,",
+    assert (tmp_path / "out.csv").read_text().splitlines() == [  # text quoted, numbers bare
+        '"row","output_0","output_1","output_2","error"',
+        '0,"","","","line 2: field 2 (\'x\') is not a number"',
+        '1,0.0,2.0,0.0,""',
+        '2,4.0,0.0,6.0,""',
     ]
+
+
+def test_csv_output_names_and_quoted_client_fields_are_written_as_text_a_spreadsheet_never_runs(tmp_path, capsys):
+    # An output name comes from the model file and an error quotes the client's field: in
+    # a spreadsheet "=HYPERLINK(...)" ran, and a bare "x;=2+5" split at ";" into a formula.
+    model = write_model(tmp_path / "relu.onnx", relu_any_width(output='=HYPERLINK("http://x")'))
+    (tmp_path / "x.csv").write_text("a,b,c\n1,x;=2+5,3\n-1,2,-3\n")
+    code, _ = run_in_process(capsys, model, tmp_path / "x.csv", "csv", tmp_path / "out.csv", 8)
+    assert code == 0
+    lines = (tmp_path / "out.csv").read_text().splitlines()
+    assert lines[0].startswith('"row","\'=HYPERLINK(""http://x"")_0"')
+    assert lines[1] == '0,"","","","line 2: field 2 (\'x;=2+5\') is not a number"'
+    assert lines[2] == '1,0.0,2.0,0.0,""'  # numbers stay bare
 
 
 def test_a_row_the_model_fails_on_is_its_own_error_in_jsonl(tmp_path, capsys):
