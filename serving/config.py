@@ -69,6 +69,7 @@ class ServingConfig:
     log_level: str = "info"
     coalesce_writes: bool = True
     allow_pinning_unrouted: bool = False
+    trust_routing_key: bool = False
 
     @classmethod
     def from_env(cls) -> ServingConfig:
@@ -119,4 +120,5 @@ class ServingConfig:
             log_level=env_choice("SERVING_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
             coalesce_writes=env_bool("SERVING_COALESCE_WRITES", True),
             allow_pinning_unrouted=env_bool("SERVING_ALLOW_PINNING_UNROUTED", False),
+            trust_routing_key=env_bool("SERVING_TRUST_ROUTING_KEY", False),
         )

@@ -35,14 +35,16 @@ DECODE_OFF_LOOP_BYTES = 1024 * 1024
 class RequestContext:
     """What the data plane needs of a request besides its body, parsed by the endpoints."""
 
-    __slots__ = ("is_pinned", "request_id", "routing_key", "started_s", "timeout_s")
+    __slots__ = ("client_chose", "request_id", "routing_key", "started_s", "timeout_s")
 
     def __init__(self, request_id: str, started_s: float, timeout_s: float | None, routing_key: str | None):
         self.request_id = request_id
         self.started_s = started_s  # monotonic clock, as the batcher's
         self.timeout_s = timeout_s  # the client's own, which may only shorten ours
         self.routing_key = routing_key
-        self.is_pinned = False  # the request named its version: counted apart from the split's traffic
+        # The client chose its version (named it, or chose it by an X-Routing-Key no gateway
+        # vouches for): counted apart from the split's traffic, which the analysis judges.
+        self.client_chose = False
 
 
 class Answer:
@@ -57,8 +59,12 @@ class Answer:
 
 
 class DataPlane:
-    def __init__(self, repository: Repository, request_timeout_s: float, decode_budget_bytes: int = 512 * 1024 * 1024):
+    def __init__(self, repository: Repository, request_timeout_s: float, decode_budget_bytes: int = 512 * 1024 * 1024, *,
+                 trust_routing_key: bool = False):
         self.repository = repository
+        # A client that tries keys until X-Model-Version names the canary sends it whatever
+        # it likes: an audit rolled a healthy canary back with 400s sent under one key.
+        self.trust_routing_key = trust_routing_key
         self.request_timeout_s = request_timeout_s
         self.decode_budget = DecodeBudget(decode_budget_bytes)  # large bodies' decodes, together (serving.decode_budget)
         self.shadow = ShadowMirror()
@@ -163,8 +169,8 @@ class DataPlane:
     def _resolve(self, name: str, version: int | None, context: RequestContext) -> LoadedVersion:
         if not self.repository.is_ready:
             raise NotReady(self.repository.not_ready_reason or "the worker is still loading its models")
-        if version is not None:
-            context.is_pinned = True
+        if version is not None or (context.routing_key is not None and not self.trust_routing_key):
+            context.client_chose = True
         return self.repository.router.table.resolve(name, version, context.routing_key)
 
     def _timeout_s(self, *overrides_s: float | None) -> float:
@@ -177,7 +183,7 @@ class DataPlane:
     async def _run(self, target: LoadedVersion, decoded, context: RequestContext):
         deadline_s = context.started_s + self._timeout_s(context.timeout_s, decoded.timeout_s)
         try:
-            outputs = await target.submit(decoded, deadline_s, context.request_id, summarised=not context.is_pinned)
+            outputs = await target.submit(decoded, deadline_s, context.request_id, summarised=not context.client_chose)
             if time.monotonic() > deadline_s:
                 raise DeadlineExceeded("deadline passed while the batch ran")
         except DeadlineExceeded as exc:

@@ -179,7 +179,7 @@ class ServingApp:
                  started_s: float) -> None:
         version = response.version
         if version is not None and is_inference:  # metadata of a named version is no inference
-            if context.is_pinned or response.is_clients_deadline:
+            if context.client_chose or response.is_clients_deadline:
                 _count_apart(version, response, time.monotonic() - started_s)
             else:  # the traffic the split sent: what the reports carry
                 version.metrics.record(response.status, time.monotonic() - started_s)

@@ -20,7 +20,8 @@ the batch observer, so the request path pays nothing more for them.
 split sent it: they are what the worker reports carry, hence what the console's charts and
 the canary analysis judge. Two kinds of request are counted apart, so that a client cannot
 make a version look worse than the traffic it was given: a request that named its version
-(pinned: `modelops_pinned_requests_total`), and a 504 under a deadline the client set
+or chose it by an X-Routing-Key no gateway vouches for (pinned:
+`modelops_pinned_requests_total`; `SERVING_TRUST_ROUTING_KEY`), and a 504 under a deadline the client set
 shorter than the worker's own (`modelops_client_deadline_refusals_total`, pinned or not;
 no failure of the worker's). Triton's statistics count every request a version answered.
 """
@@ -43,8 +44,9 @@ REQUEST_LATENCY = Histogram(
 )
 PINNED_REQUESTS = Counter(
     "modelops_pinned_requests",
-    "Inference requests that named their version (/v2/models/{m}/versions/{v}/infer, /predict with version), by status "
-    "code; not in modelops_requests_total, which holds what the traffic split sent each version.",
+    "Inference requests that named their version (/v2/models/{m}/versions/{v}/infer, /predict with version), or chose it "
+    "with an X-Routing-Key (unless SERVING_TRUST_ROUTING_KEY), by status code; not in modelops_requests_total, which holds "
+    "what the traffic split sent each version.",
     ["model", "version", "code"],
 )
 CLIENT_DEADLINE_REFUSALS = Counter(

@@ -62,7 +62,8 @@ class Worker:
         self.console = ConsoleClient(config.console_url, config.worker_token, config.console_timeout_s,
                                      allow_local=config.allow_local_artifacts)
         self.repository = Repository(config, self.device, self.console.fetch_artifact)
-        self.dataplane = DataPlane(self.repository, config.request_timeout_s, config.max_body_buffer_bytes)
+        self.dataplane = DataPlane(self.repository, config.request_timeout_s, config.max_body_buffer_bytes,
+                                   trust_routing_key=config.trust_routing_key)
         self.drain = Drain(config.drain_delay_s, config.drain_timeout_s)  # the graceful stop on SIGTERM
         # The listen queue's keepers, started by serve() once uvicorn listens.
         self.keepers = Keepers(config.accept_wait_s, config.log_level, self.dataplane.refuses_every_request, config.keeper_nice)

@@ -2,7 +2,8 @@
 
 A real worker serves the rollout's split (the canary is the stable version's model, so
 it is healthy); a client pins the canary with malformed bodies and with a deadline of a
-microsecond, which it answers 400 and 504. The worker's own report, posted as a worker
+microsecond, which it answers 400 and 504, or finds a routing key the split sends to the
+canary and sends malformed bodies under it. The worker's own report, posted as a worker
 posts it, is judged by the rollout's analysis: those answers are not the canary's figures
 (serving/metrics.py), so the window passes and the canary is promoted."""
 
@@ -29,13 +30,24 @@ ANALYSIS = {"interval_s": 10, "min_requests": 50, "failure_limit": 2}  # as the 
 IDENTITY = WorkerIdentity("w-canary", host="box", pid=1, url="http://127.0.0.1:9", device="cpu")
 
 
-@pytest.fixture
-def split_worker(tmp_path):
+def start_split_worker(tmp_path, **config) -> ThreadedWorker:
     """digits v1 and v2 at 50 % each, both the same model (the registry's own fixture files
     differ by seed: a canary that answers otherwise would fail on its outputs)."""
     model = write_model(tmp_path, "digits", random_mlp([8, 4], seed=0))
     desired = state(1, {"digits": {"routes": [route(1, 50, *model), route(2, 50, *model)]}})
-    worker = ThreadedWorker(make_config(tmp_path), write_state(tmp_path / "state.json", desired)).start()
+    return ThreadedWorker(make_config(tmp_path, **config), write_state(tmp_path / "state.json", desired)).start()
+
+
+@pytest.fixture
+def split_worker(tmp_path):
+    worker = start_split_worker(tmp_path)
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def worker_trusting_routing_keys(tmp_path):
+    worker = start_split_worker(tmp_path, trust_routing_key=True)  # a gateway in front sets X-Routing-Key
     yield worker
     worker.stop()
 
@@ -58,22 +70,81 @@ def test_pinned_malformed_and_tiny_deadline_requests_to_the_canary_do_not_roll_i
     canary = f"{split_worker.url}/v2/models/digits/versions/2/infer"
 
     with httpx.Client(timeout=10.0) as client:
-        for index, row in enumerate(rows):  # clients of the split, each always sent to the same side
-            answer = client.post(f"{split_worker.url}/v2/models/digits/infer", json=v2_body(row[None, :]),
-                                 headers={"X-Routing-Key": f"client-{index}"})
-            assert answer.status_code == 200
+        send_split_traffic(client, split_worker.url, rows)
         attack = [client.post(canary, json={}) for _ in range(100)]
         attack += [client.post(canary, json=v2_body(rows[:1]), headers={"X-Request-Timeout-S": "0.000001"}) for _ in range(100)]
     assert sorted({answer.status_code for answer in attack}) == [400, 504]
     assert worker_client.post("/api/serving/reports", report(split_worker, builder), format="json").status_code == 204
 
+    verdict = judge_now(rollout)
+
+    assert (verdict.result, verdict.reason) == ("pass", verdict.reason)  # the reason shows on failure
+    assert verdict.rollout.status == RolloutStatus.PROMOTED
+    assert verdict.canary["requests"] + verdict.stable["requests"] == 200  # the split's traffic, and only it
+
+
+def test_malformed_requests_sent_to_the_canary_under_a_routing_key_do_not_roll_it_back(three_versions, operator, worker_client,
+                                                                                      split_worker):
+    # An audit tried keys until X-Model-Version said the canary, then sent {} under that
+    # key: 463 400s landed on the canary and the rollout rolled a healthy canary back.
+    rollout = rollouts.start(three_versions, 2, [50, 100], 0, ANALYSIS, operator)
+    builder = ReportBuilder()
+    report(split_worker, builder)
+    rows = np.random.default_rng(3).standard_normal((200, 8)).astype(np.float32)
+
+    with httpx.Client(timeout=10.0) as client:
+        send_split_traffic(client, split_worker.url, rows)
+        key = canary_key(client, split_worker.url, rows[0])
+        attack = [client.post(f"{split_worker.url}/v2/models/digits/infer", json={}, headers={"X-Routing-Key": key}) for _ in range(100)]
+    assert {answer.status_code for answer in attack} == {400}
+    assert {answer.headers["x-model-version"] for answer in attack} == {"2"}
+    assert worker_client.post("/api/serving/reports", report(split_worker, builder), format="json").status_code == 204
+
+    verdict = judge_now(rollout)
+
+    assert (verdict.result, verdict.reason) == ("pass", verdict.reason)
+    assert verdict.canary["requests"] + verdict.stable["requests"] == 200
+
+
+def test_keyed_requests_count_in_the_figures_when_a_gateway_is_trusted_to_set_the_key(three_versions, operator, worker_client,
+                                                                                     worker_trusting_routing_keys):
+    rollout = rollouts.start(three_versions, 2, [50, 100], 0, ANALYSIS, operator)
+    builder = ReportBuilder()
+    report(worker_trusting_routing_keys, builder)
+    rows = np.random.default_rng(3).standard_normal((200, 8)).astype(np.float32)
+
+    with httpx.Client(timeout=10.0) as client:
+        send_split_traffic(client, worker_trusting_routing_keys.url, rows, keyed=True)
+    assert worker_client.post("/api/serving/reports", report(worker_trusting_routing_keys, builder), format="json").status_code == 204
+
+    verdict = judge_now(rollout)
+
+    assert verdict.canary["requests"] + verdict.stable["requests"] == 200
+
+
+def send_split_traffic(client: httpx.Client, url: str, rows: np.ndarray, *, keyed: bool = False) -> None:
+    """One good request per row to the model, the split choosing the version (by a key per
+    client, each always sent to the same side, when ``keyed``)."""
+    for index, row in enumerate(rows):
+        headers = {"X-Routing-Key": f"client-{index}"} if keyed else {}
+        answer = client.post(f"{url}/v2/models/digits/infer", json=v2_body(row[None, :]), headers=headers)
+        assert answer.status_code == 200
+
+
+def canary_key(client: httpx.Client, url: str, row: np.ndarray) -> str:
+    """A routing key the split sends to version 2, found as a client finds one."""
+    for index in range(100):
+        answer = client.post(f"{url}/v2/models/digits/infer", json=v2_body(row[None, :]), headers={"X-Routing-Key": f"probe-{index}"})
+        if answer.headers["x-model-version"] == "2":
+            return f"probe-{index}"
+    raise AssertionError("no key of 100 reached version 2 at 50 %")
+
+
+def judge_now(rollout: Rollout):
+    """The rollout's first window, judged now."""
     # Due now, not at its time ahead: a tick ahead of the clock finds the reports just sent
     # seconds old, and a window waits for reports that stop short of its end.
     Rollout.objects.filter(pk=rollout.pk).update(next_window_at=timezone.now())
     rollouts.tick(timezone.now())
-
     rollout.refresh_from_db()
-    verdict = rollout.verdicts.get()
-    assert (verdict.result, verdict.reason) == ("pass", verdict.reason)  # the reason shows on failure
-    assert rollout.status == RolloutStatus.PROMOTED
-    assert verdict.canary["requests"] + verdict.stable["requests"] == 200  # the split's traffic, and only it
+    return rollout.verdicts.get()
