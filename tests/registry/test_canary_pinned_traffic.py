@@ -63,10 +63,7 @@ def report(worker, builder: ReportBuilder) -> dict:
 
 def test_pinned_malformed_and_tiny_deadline_requests_to_the_canary_do_not_roll_it_back(three_versions, operator, worker_client,
                                                                                          split_worker):
-    rollout = rollouts.start(three_versions, 2, [50, 100], 0, ANALYSIS, operator)
-    builder = ReportBuilder()
-    report(split_worker, builder)  # the warm-up is behind this one
-    rows = np.random.default_rng(3).standard_normal((200, 8)).astype(np.float32)
+    rollout, builder, rows = start_rollout(three_versions, operator, split_worker)
     canary = f"{split_worker.url}/v2/models/digits/versions/2/infer"
 
     with httpx.Client(timeout=10.0) as client:
@@ -87,10 +84,7 @@ def test_malformed_requests_sent_to_the_canary_under_a_routing_key_do_not_roll_i
                                                                                       split_worker):
     # An audit tried keys until X-Model-Version said the canary, then sent {} under that
     # key: 463 400s landed on the canary and the rollout rolled a healthy canary back.
-    rollout = rollouts.start(three_versions, 2, [50, 100], 0, ANALYSIS, operator)
-    builder = ReportBuilder()
-    report(split_worker, builder)
-    rows = np.random.default_rng(3).standard_normal((200, 8)).astype(np.float32)
+    rollout, builder, rows = start_rollout(three_versions, operator, split_worker)
 
     with httpx.Client(timeout=10.0) as client:
         send_split_traffic(client, split_worker.url, rows)
@@ -108,10 +102,7 @@ def test_malformed_requests_sent_to_the_canary_under_a_routing_key_do_not_roll_i
 
 def test_keyed_requests_count_in_the_figures_when_a_gateway_is_trusted_to_set_the_key(three_versions, operator, worker_client,
                                                                                      worker_trusting_routing_keys):
-    rollout = rollouts.start(three_versions, 2, [50, 100], 0, ANALYSIS, operator)
-    builder = ReportBuilder()
-    report(worker_trusting_routing_keys, builder)
-    rows = np.random.default_rng(3).standard_normal((200, 8)).astype(np.float32)
+    rollout, builder, rows = start_rollout(three_versions, operator, worker_trusting_routing_keys)
 
     with httpx.Client(timeout=10.0) as client:
         send_split_traffic(client, worker_trusting_routing_keys.url, rows, keyed=True)
@@ -120,6 +111,15 @@ def test_keyed_requests_count_in_the_figures_when_a_gateway_is_trusted_to_set_th
     verdict = judge_now(rollout)
 
     assert verdict.canary["requests"] + verdict.stable["requests"] == 200
+
+
+def start_rollout(model, operator, worker) -> tuple[Rollout, ReportBuilder, np.ndarray]:
+    """The rollout of v2 at 50 %, the worker's report builder with its warm-up behind it,
+    and 200 rows to send."""
+    rollout = rollouts.start(model, 2, [50, 100], 0, ANALYSIS, operator)
+    builder = ReportBuilder()
+    report(worker, builder)
+    return rollout, builder, np.random.default_rng(3).standard_normal((200, 8)).astype(np.float32)
 
 
 def send_split_traffic(client: httpx.Client, url: str, rows: np.ndarray, *, keyed: bool = False) -> None:
