@@ -443,10 +443,10 @@ class ControlPlane:
         return moved
 
     async def _listen_once(self, on_joined=lambda: None) -> None:
-        from channels_redis.core import RedisChannelLayer
+        from serving.control_channel import WorkerChannelLayer  # channels_redis loads Django's settings module: not at import
 
         host = {"address": self.redis_url, "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S}
-        layer = RedisChannelLayer(hosts=[host], prefix=self.channel_prefix, group_expiry=int(self.group_expiry_s), expiry=30)
+        layer = WorkerChannelLayer(hosts=[host], prefix=self.channel_prefix, group_expiry=int(self.group_expiry_s), expiry=30)
         channel = await layer.new_channel(prefix="serving-worker.")
         await layer.group_add(SERVING_GROUP, channel)
         on_joined()

@@ -365,6 +365,45 @@ def test_a_local_path_in_a_pushed_state_is_refused_by_default(tmp_path):
 
 
 
+async def test_the_worker_channel_takes_only_messages_for_it_and_keeps_nothing_else(redis_server):
+    # channels_redis kept every message read from the worker's key for whichever local
+    # channel it named, or none, up to 100 per name and never read: 150 messages of 4 MB
+    # naming made-up channels held 1.4 GB; one that was not msgpack dropped the channel.
+    import time
+
+    import msgpack
+    import redis.asyncio as redis
+    from channels_redis.core import RedisChannelLayer
+
+    from serving.control_channel import MAX_MESSAGE_BYTES, WorkerChannelLayer
+
+    layer = WorkerChannelLayer(hosts=[redis_server.url], prefix="modelops")
+    intruder = RedisChannelLayer(hosts=[redis_server.url], prefix="modelops", capacity=1000)
+    own = await layer.new_channel(prefix="serving-worker.")
+    shared_part = own[: own.index("!") + 1]  # the worker's Redis key holds every channel named so
+    raw = redis.from_url(redis_server.url)
+    try:
+        for index in range(150):
+            await intruder.send(f"{shared_part}made-up-{index}", {"type": "serving.apply", "blob": "x" * 1000})
+        prefix = b"\0" * 12  # channels_redis's random prefix, which it strips
+        junk = [intruder.serialize({"type": "serving.apply"}), prefix + b"\xc1 not msgpack", prefix + msgpack.packb({1: 2}),
+                prefix + msgpack.packb([1, 2]), intruder.serialize({"type": "serving.apply", "__asgi_channel__": own,
+                                                                    "blob": b"x" * MAX_MESSAGE_BYTES})]
+        await raw.zadd(f"modelops{shared_part}", {message: time.time() + offset / 1000 for offset, message in enumerate(junk)})
+        await asyncio.sleep(0.01)
+        await intruder.send(own, {"type": "serving.apply", "state": {"from": "the console"}})
+
+        message = await asyncio.wait_for(layer.receive(own), timeout=10)
+
+        assert message == {"type": "serving.apply", "state": {"from": "the console"}}
+        assert layer.dropped == 155
+        assert not any(layer.receive_buffer.values())  # nothing kept for anyone
+    finally:
+        await raw.aclose()
+        await intruder.close_pools()
+        await layer.close_pools()
+
+
 async def test_a_worker_joined_for_longer_than_the_group_expiry_still_hears_pushes(tmp_path, console, redis_server):
     """channels_redis drops members older than the group expiry at the console's next send
     (a day by default; two seconds on both sides here): the worker joins again before."""

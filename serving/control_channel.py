@@ -1,0 +1,77 @@
+"""The worker's end of the channel layer: channels_redis, taking only what is addressed to
+the one channel the worker receives on, and of bounded size.
+
+channels_redis keeps a message read from a worker's Redis key for whichever local channel
+the message names (``__asgi_channel__``), in a buffer of up to 100 messages per name
+that nothing here ever reads: anything that could write to Redis filled a worker's
+memory with messages naming made-up channels, or none (1.4 GB in 150 messages of 4 MB,
+never freed), and one that was not msgpack made the worker drop its channel and join
+again. Here a message read from the worker's key is taken only when it is a msgpack map
+of at most ``MAX_MESSAGE_BYTES`` addressed to the worker's channel; anything else is
+dropped as soon as it is read, counted, and logged at most once a minute. What is taken
+is still only a push, which the worker applies only when the console signed it
+(serving/control.py)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from channels_redis.core import RedisChannelLayer
+
+from serving.logs import event
+
+logger = logging.getLogger("serving.control")
+
+# A push carries one desired state: about a kilobyte a model, so this is room for thousands.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+DROPPED_LOG_EVERY_S = 60.0
+
+
+class Unreadable(dict):
+    """What an unreadable message deserialises to: addressed to no channel."""
+
+
+class WorkerChannelLayer(RedisChannelLayer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.own_channel: str | None = None
+        self.dropped = 0
+        self._dropped_since_log = 0
+        self._logged_at = -DROPPED_LOG_EVERY_S
+
+    async def new_channel(self, prefix: str = "specific") -> str:
+        self.own_channel = await super().new_channel(prefix)
+        return self.own_channel
+
+    def deserialize(self, message: bytes) -> dict:
+        if len(message) > MAX_MESSAGE_BYTES:
+            return self._unreadable(f"{len(message)} bytes, over {MAX_MESSAGE_BYTES}")
+        try:
+            value = super().deserialize(message)
+        except Exception as error:  # msgpack's errors have no common base: any failure to read is the same refusal
+            return self._unreadable(f"not a msgpack map ({type(error).__name__})")
+        if not isinstance(value, dict):
+            return self._unreadable(f"a msgpack {type(value).__name__}, not a map")
+        return value
+
+    async def receive_single(self, channel: str):
+        while True:
+            addressed_to, message = await super().receive_single(channel)
+            if addressed_to == self.own_channel or (isinstance(addressed_to, list) and self.own_channel in addressed_to):
+                return self.own_channel, message
+            if not isinstance(message, Unreadable):  # counted when it was read
+                self._drop(f"addressed to another channel ({str(addressed_to)[:80]!r})")
+
+    def _unreadable(self, why: str) -> dict:
+        self._drop(why)
+        return Unreadable(__asgi_channel__=None)
+
+    def _drop(self, why: str) -> None:
+        self.dropped += 1
+        self._dropped_since_log += 1
+        now = time.monotonic()
+        if now - self._logged_at >= DROPPED_LOG_EVERY_S:
+            logger.warning(event("channel_message_dropped", reason=why, dropped=self._dropped_since_log,
+                                 note="read from this worker's Redis key, not a message for it; dropped"))
+            self._logged_at, self._dropped_since_log = now, 0
