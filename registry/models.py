@@ -140,6 +140,9 @@ class ServingGeneration(models.Model):
 
     generation = models.PositiveBigIntegerField(default=0)
     epoch = models.CharField(max_length=32, default=new_epoch)
+    # The counter when a renewal minted ``epoch`` (registry/fleet/workers.py, renew_epoch_past);
+    # None for an epoch a fresh database started with.
+    epoch_renewed_at = models.PositiveBigIntegerField(null=True, blank=True)
 
     objects = ServingGenerationManager()
 

@@ -193,23 +193,24 @@ def renew_epoch_past(report: WorkerReport, counter: tuple[int, str]) -> bool:
     worker adopts only after asking the console; the new state is published at once.
     ``counter``: (generation, epoch) as read for this report. True when the epoch was renewed."""
     generation, epoch = counter
-    if epoch in _MINTED:
-        _MINTED[epoch] = max(_MINTED[epoch], generation)
+    _note_seen(epoch, generation)
     if not report.epoch or report.epoch != epoch or (report.generation or 0) <= generation:
-        return False
-    if _MINTED.get(epoch) == generation:
-        # Minted here by a renewal, and its counter never seen higher: no state of it was
-        # issued past the counter, so this report is not a restore's. A worker-token holder
-        # reading each new epoch and reporting past it renewed it again and again, refusing
-        # real acks. (Seen higher, then back: restored to a backup taken since the renewal.)
         return False
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         if counter.epoch != report.epoch or report.generation <= counter.generation:
             return False  # renewed meanwhile, or the counter caught up
+        if counter.epoch_renewed_at == counter.generation and _SEEN.get(epoch, 0) <= counter.generation:
+            # Minted by a renewal, and its counter never moved since nor was seen higher
+            # by this process: no state of it was issued past the counter, so this report is
+            # not a restore's. A worker-token holder reading each new epoch and reporting
+            # past it renewed it again and again, refusing real acks; kept in this process
+            # only, two console processes taken in turn renewed it at every report. (Seen
+            # higher, then back: restored to a backup taken since the renewal.)
+            return False
         counter.epoch = new_epoch()
-        counter.save(update_fields=["epoch"])
-        _MINTED[counter.epoch] = counter.generation
+        counter.epoch_renewed_at = counter.generation
+        counter.save(update_fields=["epoch", "epoch_renewed_at"])
         transaction.on_commit(_publish)
     logger.warning("worker %r serves generation %s of epoch %s, past this database's counter (%s): the database went back "
                    "(restored?); a new epoch %s makes the states signed before it unusable as pushes",
@@ -217,9 +218,17 @@ def renew_epoch_past(report: WorkerReport, counter: tuple[int, str]) -> bool:
     return True
 
 
-# Epochs this process minted by a renewal -> the highest counter it has seen under each: one
-# renews again only once its counter went back from what was seen (a restore again).
-_MINTED: dict[str, int] = {}
+# Epoch -> the highest counter this process has read under it: a renewal's epoch is renewed
+# again only once its counter went back from what was seen (a restore again). A few only:
+# an epoch changes at a restore or a renewal.
+_SEEN: dict[str, int] = {}
+SEEN_EPOCHS = 8
+
+
+def _note_seen(epoch: str, generation: int) -> None:
+    if epoch not in _SEEN and len(_SEEN) >= SEEN_EPOCHS:
+        _SEEN.pop(next(iter(_SEEN)))
+    _SEEN[epoch] = max(_SEEN.get(epoch, generation), generation)
 
 
 def _publish() -> None:

@@ -239,6 +239,26 @@ def test_an_epoch_a_renewal_minted_is_not_renewed_again_by_reports_alone(worker_
     assert counter() == (generation, renewed)
 
 
+def test_an_epoch_a_renewal_minted_is_not_renewed_again_by_reports_to_another_console_process(worker_client, three_versions):
+    # What a renewal minted was kept in the minting process's memory: reports sent to two
+    # console processes in turn renewed the epoch at every one (80 epochs in 20 s).
+    from registry.fleet import workers
+
+    generation, _ = counter()
+
+    def report_past_the_counter_to_another_process() -> None:
+        workers._SEEN.clear()  # a process that has read nothing before
+        worker_client.post("/api/serving/reports", {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32,
+                                                    "epoch": counter()[1]}, format="json")
+
+    report_past_the_counter_to_another_process()
+    renewed = counter()[1]
+    report_past_the_counter_to_another_process()
+    report_past_the_counter_to_another_process()
+
+    assert counter() == (generation, renewed)
+
+
 def test_an_epoch_a_renewal_minted_is_renewed_again_when_its_counter_goes_back_from_what_was_seen(worker_client, operator_client,
                                                                                                   three_versions):
     # Restored to a backup taken after the renewal, before the changes since: their states stay valid pushes.
