@@ -46,9 +46,49 @@ window.ModelOps = (function () {
     try {
       const response = await fetch(url, { headers: { Accept: "text/html" }, credentials: "same-origin" });
       if (response.redirected) location.reload();  // signed out meanwhile: let the login page say so
+      if (response.status >= 500) unanswered();
+      else if (response.ok) answered();
       return response.ok && !response.redirected ? await response.text() : null;
     } catch (error) {
-      return null;  // the console is unreachable: the live-feed light already says so
+      unanswered();
+      return null;
+    }
+  }
+
+  // ---- whether the console answers this page. One that cannot reach it kept showing what it
+  // last heard, "✓ All 1 live worker serve generation 58" included, for as long as the stack
+  // was down (serving with it): said at once in red, its green marks struck through, and
+  // asked again every few seconds until the console answers.
+  const PROBE_EVERY_MS = 5000;
+  let unreachableSince = null, prober = null;
+
+  function unanswered() {
+    if (unreachableSince !== null) return;
+    unreachableSince = new Date();
+    document.body.dataset.unreachable = "true";
+    flash("error", `The console has not answered since ${unreachableSince.toLocaleTimeString()}: what this page shows `
+      + "(workers, convergence, figures) is from before then, and serving may be down too. Asking again every few seconds.", "reach");
+    prober = setInterval(probe, PROBE_EVERY_MS);
+  }
+
+  function answered() {
+    if (unreachableSince === null) return;
+    unreachableSince = null;
+    delete document.body.dataset.unreachable;
+    clearInterval(prober);
+    prober = null;
+    flash("success", "The console answers again: this page is up to date.", "reach");
+    document.querySelectorAll("[data-fragment]").forEach(refresh);
+  }
+
+  // /readyz: 200 only while the console reaches its database and Redis, as its pages need.
+  async function probe() {
+    try {
+      const response = await fetch("/readyz", { cache: "no-store", credentials: "same-origin" });
+      if (response.ok) answered();
+      else unanswered();
+    } catch (error) {
+      unanswered();
     }
   }
 
@@ -154,6 +194,7 @@ window.ModelOps = (function () {
       };
       socket.onclose = () => {
         if (handlers.close) handlers.close();
+        probe();  // a console that stopped closes the feed first: say so now, not at the next refresh
         setStatus("off", "Live feed off: refreshing every few seconds");
         startPolling();
         setTimeout(connect, backoffMs);
@@ -209,9 +250,18 @@ window.ModelOps = (function () {
   }
 
   // ---- dialogs: a link to a confirmation page opens the same content in place.
+  const DOUBLE_CLICK_MS = 600;
+  let dialogSubmittedAt = 0;
   document.addEventListener("click", (event) => {
     const opener = event.target.closest("[data-dialog]");
     if (opener) {
+      // The second click of a double-click on a dialog's submit button lands on the button that
+      // opened it, under the dialog just closed: the dialog opened again over a panel not yet
+      // refreshed ("Roll back to v1" after the rollback), and its click was refused as stale.
+      if (Date.now() - dialogSubmittedAt < DOUBLE_CLICK_MS) {
+        event.preventDefault();
+        return;
+      }
       const dialog = document.getElementById(opener.dataset.dialog);
       if (dialog && dialog.showModal) {
         event.preventDefault();
@@ -236,7 +286,10 @@ window.ModelOps = (function () {
     buttons.forEach((button) => { button.disabled = true; });
     // The dialog holding the form, or holding the button that submitted it (a confirmation inside the form).
     const dialog = form.closest("dialog") || (event.submitter && event.submitter.closest("dialog"));
-    if (dialog) dialog.close();
+    if (dialog) {
+      dialog.close();
+      dialogSubmittedAt = Date.now();
+    }
     // Announced on the document: a live refresh may replace the form while it is posted.
     document.dispatchEvent(new CustomEvent("modelops:submitting", { detail: { form } }));
     const answer = await post(form.action, body);

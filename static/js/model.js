@@ -263,9 +263,9 @@
   }, true);
 
   // Health words come from the server (recent roll-ups, the rollout's verdict): keep them fresh.
-  // A release panel that does not show every worker on its release too: it moves when a report
-  // names another generation, and a worker whose every such report was lost would stay behind.
-  setInterval(() => M.refreshAll("health", ...(document.querySelector("#convergence[data-unsettled]") ? ["release-panel"] : [])), 10000);
+  // The release panel too, settled or not: it moves when a report names another generation,
+  // and a worker killed while converged sends none, so "✓ All 2 live workers" stayed until a reload.
+  setInterval(() => M.refreshAll("health", "release-panel"), 10000);
 
   // ---- traffic actions answered in place (console.js posts them)
   document.addEventListener("modelops:submitting", (event) => {
@@ -433,7 +433,7 @@
       .catch(() => ({}))
       .then((version) => {
         if (version.status === "ready") {
-          verdict("ok", describeVersion(version), version);
+          verdict(inputsDiffer(version) ? "working" : "ok", describeVersion(version), version);
           refreshRelease();
         } else if (version.status === "rejected") {
           verdict("refused", [`v${number} was rejected: ${version.status_reason || "no reason given"}`], version);
@@ -450,10 +450,21 @@
   function describeVersion(version) {
     const spec = (items) => (items || []).map((item) => `${item.name} ${item.datatype} [${(item.shape || []).map((d) => (d == null ? "?" : d)).join(", ")}]`).join(", ");
     const checks = ((version.validation_report || {}).checks || []).filter((check) => check.ok).length;
-    return [
+    const lines = [
       `✓ v${version.number} is ready: validated and registered.`,
       `Inputs ${spec(version.signature && version.signature.inputs)} → outputs ${spec(version.signature && version.signature.outputs)}; opset ${version.opset}; ${checks} checks passed; sha256 ${String(version.sha256).slice(0, 12)}.`,
     ];
+    const differ = inputsDiffer(version);
+    if (differ) {  // said here: it was only in the audit and the canary list, under a green "ready"
+      lines.splice(1, 0, `⚠ Its inputs differ from stable v${differ.stable_version}'s (${(differ.differences || []).join("; ")}): `
+        + `clients of v${differ.stable_version} would be refused, so traffic to it needs Force with a reason.`);
+    }
+    return lines;
+  }
+
+  function inputsDiffer(version) {
+    const compatibility = (version.validation_report || {}).compatibility;
+    return compatibility && compatibility.compatible === false ? compatibility : null;
   }
 
   function verdict(kind, lines, version) {

@@ -39,6 +39,7 @@
       if (Date.now() - seen.getTime() > goneAfterS * 1000 && !row.classList.contains("gone") && !row.classList.contains("stopped")) {
         row.classList.add("gone");
         row.querySelectorAll("[data-field=requests_per_s], [data-field=error_rate], [data-field=client_error_rate]").forEach((cell) => { cell.textContent = "—"; });
+        M.refreshSoon("workers-table");  // the server's row says "gone", without the green "converged" of its last report
       }
     });
   }, 1000);
