@@ -343,7 +343,8 @@
       timer = null;
       const elapsed = ((performance.now() - started) / 1000).toFixed(2);
       box.classList.add("done");
-      box.textContent = `Drill finished after ${elapsed} s in this browser. ${answer.data.message || ""}`;
+      // A drill refused before it ran (stale page, another drill) did not "finish": its answer says why.
+      box.textContent = answer.ok ? `Drill finished after ${elapsed} s in this browser. ${answer.data.message || ""}` : (answer.data.message || "");
     }
 
     return { start, sawState, finish };
