@@ -40,7 +40,7 @@ def test_a_page_that_cannot_reach_the_console_says_since_when_and_strikes_its_gr
 def test_a_double_click_on_a_dialogs_button_sends_once_and_leaves_the_dialog_closed(page, stack):
     # The second click landed on "Roll back" under the dialog just closed: the dialog opened
     # again over the old panel, and its click was refused as stale.
-    panel = with_a_canary(page, stack)
+    with_a_canary(page, stack)
     page.locator("#rollback-button").click()
     dialog = page.locator("#rollback-dialog")
     expect(dialog).to_be_visible()
