@@ -181,6 +181,19 @@ def test_navigation_on_a_phone_wraps_into_touch_sized_links(phone):
     assert_no_sideways_pan(phone)
 
 
+def test_the_models_filters_and_the_rollout_plans_are_touch_sized_on_a_phone(phone, stack):
+    # The search box was 36 px tall, the "Show archived" box and the plan radios 20 px.
+    phone.goto("/")
+    heights = {name: phone.locator(selector).bounding_box()["height"] for name, selector in [("search", "#id_q"),
+                                                                                            ("archived", "label[for=id_archived]")]}
+    phone.goto("/models/digits/")
+    plans = phone.locator("#rollout-form label.check")
+    if plans.count():  # no form while a rollout runs
+        heights["plan"] = plans.first.bounding_box()["height"]
+
+    assert all(height >= TOUCH_PX for height in heights.values()), heights
+
+
 @pytest.mark.parametrize(("path", "table"), [
     ("/", "table.models"), ("/models/digits/", "#versions-table table"), ("/models/digits/jobs/", "#jobs-table table"),
     ("/workers/", "table.workers"), ("/drills/", "table.drills"),
