@@ -17,14 +17,20 @@ from __future__ import annotations
 import logging
 import time
 
+import msgpack
 from channels_redis.core import RedisChannelLayer
 
 from serving.logs import event
 
 logger = logging.getLogger("serving.control")
 
-# A push carries one desired state: about a kilobyte a model, so this is room for thousands.
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# A push carries one desired state, about a kilobyte a model: room for a thousand or more.
+# Decoding costs up to some 60 bytes of objects per byte (a map of a million empty arrays
+# is a million objects), on the serving loop: 8 MiB took it 3 s and 610 MB. A larger
+# state is not lost: the push is dropped (and logged) and the worker takes the state from
+# the console at its next reconcile, every few seconds.
+MAX_MESSAGE_BYTES = 2 * 1024 * 1024
+MAX_CONTAINER_ITEMS = 100_000  # of any one msgpack array or map
 DROPPED_LOG_EVERY_S = 60.0
 
 
@@ -48,12 +54,19 @@ class WorkerChannelLayer(RedisChannelLayer):
         if len(message) > MAX_MESSAGE_BYTES:
             return self._unreadable(f"{len(message)} bytes, over {MAX_MESSAGE_BYTES}")
         try:
-            value = super().deserialize(message)
+            value = self._unpack(message)
         except Exception as error:  # msgpack's errors have no common base: any failure to read is the same refusal
             return self._unreadable(f"not a msgpack map ({type(error).__name__})")
         if not isinstance(value, dict):
             return self._unreadable(f"a msgpack {type(value).__name__}, not a map")
         return value
+
+    def _unpack(self, message: bytes):
+        serializer = self._serializer
+        if serializer.crypter is not None:  # not how the worker configures it; channels_redis's own way then
+            return super().deserialize(message)
+        return msgpack.unpackb(message[serializer.random_prefix_length:], raw=False, max_array_len=MAX_CONTAINER_ITEMS,
+                               max_map_len=MAX_CONTAINER_ITEMS, max_str_len=MAX_MESSAGE_BYTES, max_bin_len=MAX_MESSAGE_BYTES)
 
     async def receive_single(self, channel: str):
         while True:
@@ -61,7 +74,7 @@ class WorkerChannelLayer(RedisChannelLayer):
             if addressed_to == self.own_channel or (isinstance(addressed_to, list) and self.own_channel in addressed_to):
                 return self.own_channel, message
             if not isinstance(message, Unreadable):  # counted when it was read
-                self._drop(f"addressed to another channel ({str(addressed_to)[:80]!r})")
+                self._drop(f"addressed to another channel ({_shown(addressed_to)})")
 
     def _unreadable(self, why: str) -> dict:
         self._drop(why)
@@ -75,3 +88,10 @@ class WorkerChannelLayer(RedisChannelLayer):
             logger.warning(event("channel_message_dropped", reason=why, dropped=self._dropped_since_log,
                                  note="read from this worker's Redis key, not a message for it; dropped"))
             self._logged_at, self._dropped_since_log = now, 0
+
+
+def _shown(addressed_to: object) -> str:
+    """The address a dropped message named, bounded: str() of a list of millions was built whole."""
+    if isinstance(addressed_to, str):
+        return repr(addressed_to[:80])
+    return type(addressed_to).__name__

@@ -11,6 +11,7 @@ import logging
 from django.conf import settings
 
 from registry.broadcast import send_to_group
+from registry.fleet.issued_mark import note_issued
 from registry.fleet.state import current_state
 from serving.contract import APPLY_MESSAGE, SERVING_GROUP
 from serving.state_signing import sign_state, signing_key
@@ -35,6 +36,7 @@ def publish_desired_state() -> None:
         logger.warning("could not read the desired state to publish it (%s: %s); workers will catch up on reconcile",
                        type(error).__name__, str(error).strip()[:200])
         return
+    note_issued(state["epoch"], state["generation"])  # before it can reach a worker
     try:
         send_to_group(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": state})
     except Exception as error:

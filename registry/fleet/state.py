@@ -15,6 +15,7 @@ from dataclasses import replace
 from django.conf import settings
 from django.urls import reverse
 
+from registry.fleet.issued_mark import note_issued
 from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration, VersionStatus
 from serving.contract import BatchPolicy, DesiredState, ModelState, Route, WarmVersion
 from serving.state_signing import state_digest
@@ -31,8 +32,11 @@ def serving_counter() -> tuple[int, str]:
 
 
 def desired_state() -> dict:
-    """The current state, as ``GET /api/serving/state`` answers it (``serving.contract``)."""
-    return current_state().to_dict()
+    """The current state, as ``GET /api/serving/state`` answers it (``serving.contract``),
+    noted as issued (``fleet.issued_mark``)."""
+    state = current_state()
+    note_issued(state.epoch, state.generation)
+    return state.to_dict()
 
 
 def current_state() -> DesiredState:

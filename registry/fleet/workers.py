@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from registry.fleet import report_rate, worker_keys
+from registry.fleet.issued_mark import highest_issued
 from registry.fleet.state import issued_digest, issued_state, serving_counter, warm_versions
 from registry.models import Release, ServingGeneration, Worker, WorkerAck, new_epoch
 from serving.contract import WORKER_STATES, Ack, ContractError, WorkerReport, check_version, models_not_applied
@@ -196,18 +197,17 @@ def renew_epoch_past(report: WorkerReport, counter: tuple[int, str]) -> bool:
     _note_seen(epoch, generation)
     if not report.epoch or report.epoch != epoch or (report.generation or 0) <= generation:
         return False
+    if _renewal_minted_and_never_issued_past(epoch, generation):
+        # No state of this epoch was issued past the counter, so this report is not a
+        # restore's. A worker-token holder reading each new epoch and reporting past it
+        # renewed it again and again, refusing real acks; with what a renewal minted kept
+        # in one process's memory, two console processes taken in turn renewed it at every
+        # report. Decided before the lock, which every traffic change waits on.
+        return False
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
         if counter.epoch != report.epoch or report.generation <= counter.generation:
             return False  # renewed meanwhile, or the counter caught up
-        if counter.epoch_renewed_at == counter.generation and _SEEN.get(epoch, 0) <= counter.generation:
-            # Minted by a renewal, and its counter never moved since nor was seen higher
-            # by this process: no state of it was issued past the counter, so this report is
-            # not a restore's. A worker-token holder reading each new epoch and reporting
-            # past it renewed it again and again, refusing real acks; kept in this process
-            # only, two console processes taken in turn renewed it at every report. (Seen
-            # higher, then back: restored to a backup taken since the renewal.)
-            return False
         counter.epoch = new_epoch()
         counter.epoch_renewed_at = counter.generation
         counter.save(update_fields=["epoch", "epoch_renewed_at"])
@@ -216,6 +216,18 @@ def renew_epoch_past(report: WorkerReport, counter: tuple[int, str]) -> bool:
                    "(restored?); a new epoch %s makes the states signed before it unusable as pushes",
                    report.worker.id[:SHOWN_ID_CHARS], report.generation, epoch, generation, counter.epoch)
     return True
+
+
+def _renewal_minted_and_never_issued_past(epoch: str, generation: int) -> bool:
+    """A renewal minted ``epoch`` at ``generation``, the counter has not moved since, and
+    no state of it above was issued: not by this process (what it has read), nor by any
+    (fleet.issued_mark, in Redis, which a restore of the database and a restart leave).
+    Unknown (no Redis) is "issued": a restore missed is worse than one renewal too many."""
+    renewed_at = ServingGeneration.objects.filter(pk=1, epoch=epoch).values_list("epoch_renewed_at", flat=True).first()
+    if renewed_at != generation or _SEEN.get(epoch, 0) > generation:
+        return False
+    issued = highest_issued(epoch)
+    return issued is not None and issued <= generation
 
 
 # Epoch -> the highest counter this process has read under it: a renewal's epoch is renewed

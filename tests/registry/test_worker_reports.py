@@ -259,6 +259,40 @@ def test_an_epoch_a_renewal_minted_is_not_renewed_again_by_reports_to_another_co
     assert counter() == (generation, renewed)
 
 
+def test_a_restore_to_the_counter_a_renewal_minted_its_epoch_at_is_seen_by_a_restarted_console(worker_client, operator_client,
+                                                                                                 three_versions):
+    # Kept in the database alone, a restore to a backup taken at the renewal (states issued
+    # above it since) looked like a token holder's report once the console had restarted.
+    from registry.fleet import workers
+
+    generation, _ = counter()
+    worker_client.post("/api/serving/reports", {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32,
+                                                "epoch": counter()[1]}, format="json")
+    renewed = counter()[1]
+    operator_client.post("/api/models/digits/release/", {"routes": [{"version": 2, "weight": 100}]}, format="json")
+    assert worker_client.get("/api/serving/state").json()["generation"] == generation + 1  # issued to the workers
+    ServingGeneration.objects.update(generation=generation)  # the restore
+    workers._SEEN.clear()  # and the console restarted
+
+    worker_client.post("/api/serving/reports", {**stateless_report(), "generation": generation + 1, "digest": "ab" * 32,
+                                                "epoch": renewed}, format="json")
+
+    assert counter()[1] not in ("", renewed)
+
+
+def test_without_redis_to_say_what_was_issued_a_report_past_the_counter_renews_again(worker_client, three_versions, settings):
+    # Unknown counts as issued: a restore missed is worse than one renewal too many.
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    generation, first = counter()
+    past = {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32}
+
+    worker_client.post("/api/serving/reports", {**past, "epoch": first}, format="json")
+    renewed = counter()[1]
+    worker_client.post("/api/serving/reports", {**past, "epoch": renewed}, format="json")
+
+    assert counter()[1] not in (first, renewed)
+
+
 def test_an_epoch_a_renewal_minted_is_renewed_again_when_its_counter_goes_back_from_what_was_seen(worker_client, operator_client,
                                                                                                   three_versions):
     # Restored to a backup taken after the renewal, before the changes since: their states stay valid pushes.

@@ -388,7 +388,8 @@ async def test_the_worker_channel_takes_only_messages_for_it_and_keeps_nothing_e
         prefix = b"\0" * 12  # channels_redis's random prefix, which it strips
         junk = [intruder.serialize({"type": "serving.apply"}), prefix + b"\xc1 not msgpack", prefix + msgpack.packb({1: 2}),
                 prefix + msgpack.packb([1, 2]), intruder.serialize({"type": "serving.apply", "__asgi_channel__": own,
-                                                                    "blob": b"x" * MAX_MESSAGE_BYTES})]
+                                                                    "blob": b"x" * MAX_MESSAGE_BYTES}),
+                prefix + msgpack.packb({"__asgi_channel__": [[]] * 200_000})]  # small, yet 200,000 objects to build
         await raw.zadd(f"modelops{shared_part}", {message: time.time() + offset / 1000 for offset, message in enumerate(junk)})
         await asyncio.sleep(0.01)
         await intruder.send(own, {"type": "serving.apply", "state": {"from": "the console"}})
@@ -396,7 +397,7 @@ async def test_the_worker_channel_takes_only_messages_for_it_and_keeps_nothing_e
         message = await asyncio.wait_for(layer.receive(own), timeout=10)
 
         assert message == {"type": "serving.apply", "state": {"from": "the console"}}
-        assert layer.dropped == 155
+        assert layer.dropped == 156
         assert not any(layer.receive_buffer.values())  # nothing kept for anyone
     finally:
         await raw.aclose()
