@@ -246,7 +246,10 @@ class CsvWriter(_TextPart):
                     self.write_error(start + offset, f"output '{short(spec.name)}' has {len(row_values)} values "
                                                      f"for this row; the header has {width} columns for it")
                     break
-                cells.extend(row_values)  # numpy scalars: bare, written as str() writes them
+                if values.dtype.kind in "OSU":  # text a model answers (labels): as text a spreadsheet never runs
+                    cells.extend(csv_cell(value) for value in row_values)
+                else:
+                    cells.extend(row_values)  # numbers: bare, written as str() writes them
             else:
                 self._csv.writerow([*cells, ""])
 

@@ -46,7 +46,9 @@ window.ModelOps = (function () {
     try {
       const response = await fetch(url, { headers: { Accept: "text/html" }, credentials: "same-origin" });
       if (response.redirected) location.reload();  // signed out meanwhile: let the login page say so
-      if (response.status >= 500) unanswered();
+      // 502/504: a proxy in front found no console. A 503 is the console answering (busy, or
+      // its database away: the page says so when reloaded); counted, it flapped with /healthz.
+      if (response.status === 502 || response.status === 504) unanswered();
       else if (response.ok) answered();
       return response.ok && !response.redirected ? await response.text() : null;
     } catch (error) {
@@ -58,7 +60,9 @@ window.ModelOps = (function () {
   // ---- whether the console answers this page. One that cannot reach it kept showing what it
   // last heard, "✓ All 1 live worker serve generation 58" included, for as long as the stack
   // was down (serving with it): said at once in red, its green marks struck through, and
-  // asked again every few seconds until the console answers.
+  // asked again every few seconds until the console answers. The fragments' own retries
+  // then bring the page up to date (refreshing them all at once here doubled the load on a
+  // console that had just come back).
   const PROBE_EVERY_MS = 5000;
   let unreachableSince = null, prober = null;
 
@@ -77,14 +81,14 @@ window.ModelOps = (function () {
     delete document.body.dataset.unreachable;
     clearInterval(prober);
     prober = null;
-    flash("success", "The console answers again: this page is up to date.", "reach");
-    document.querySelectorAll("[data-fragment]").forEach(refresh);
+    flash("success", "The console answers again: this page catches up with its next refreshes.", "reach");
   }
 
-  // /readyz: 200 only while the console reaches its database and Redis, as its pages need.
+  // /healthz: the console process answers (/readyz would also fail while only Redis is away,
+  // which pages survive, and the page flipped red and green at every live-feed reconnect).
   async function probe() {
     try {
-      const response = await fetch("/readyz", { cache: "no-store", credentials: "same-origin" });
+      const response = await fetch("/healthz", { cache: "no-store", credentials: "same-origin" });
       if (response.ok) answered();
       else unanswered();
     } catch (error) {

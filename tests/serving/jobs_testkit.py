@@ -71,6 +71,19 @@ def relu_any_width(output: str = "output") -> onnx.ModelProto:
     return _model([helper.make_node("Relu", ["input"], [output])], [tensor("input")], [tensor(output)])
 
 
+def labels_of_argmax(labels: list[str]) -> onnx.ModelProto:
+    """input [batch, len(labels)] -> the label of each row's largest value (a STRING output)."""
+    nodes = [helper.make_node("ArgMax", ["input"], ["index"], axis=1, keepdims=0),
+             helper.make_node("LabelEncoder", ["index"], ["label"], domain="ai.onnx.ml", keys_int64s=list(range(len(labels))),
+                              values_strings=labels)]
+    graph = helper.make_graph(nodes, "labels", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", len(labels)])],
+                              [helper.make_tensor_value_info("label", TensorProto.STRING, ["batch"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("ai.onnx.ml", 3)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 def fixed_single_row(width: int) -> onnx.ModelProto:
     """input [1, width] -> Relu: a model that is not batchable."""
     nodes = [helper.make_node("Relu", ["input"], ["output"])]

@@ -16,6 +16,7 @@ from jobs_testkit import (
     child_env,
     fixed_single_row,
     job_command,
+    labels_of_argmax,
     ort_outputs,
     read_jsonl,
     relu_and_negated,
@@ -156,6 +157,14 @@ def test_csv_output_names_and_quoted_client_fields_are_written_as_text_a_spreads
     assert lines[0].startswith('"row","\'=HYPERLINK(""http://x"")_0"')
     assert lines[1] == '0,"","","","line 2: field 2 (\'x;=2+5\') is not a number"'
     assert lines[2] == '1,0.0,2.0,0.0,""'  # numbers stay bare
+
+
+def test_csv_text_a_model_answers_is_written_as_text_a_spreadsheet_never_runs(tmp_path, capsys):
+    model = write_model(tmp_path / "labels.onnx", labels_of_argmax(['=HYPERLINK("http://x")', "ok"]))
+    (tmp_path / "x.csv").write_text("a,b\n1,0\n0,1\n")
+    code, _ = run_in_process(capsys, model, tmp_path / "x.csv", "csv", tmp_path / "out.csv", 8)
+    assert code == 0
+    assert (tmp_path / "out.csv").read_text().splitlines()[1:] == ['0,"\'=HYPERLINK(""http://x"")",""', '1,"ok",""']
 
 
 def test_a_row_the_model_fails_on_is_its_own_error_in_jsonl(tmp_path, capsys):
