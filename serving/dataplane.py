@@ -169,7 +169,7 @@ class DataPlane:
     def _resolve(self, name: str, version: int | None, context: RequestContext) -> LoadedVersion:
         if not self.repository.is_ready:
             raise NotReady(self.repository.not_ready_reason or "the worker is still loading its models")
-        if version is not None or (context.routing_key is not None and not self.trust_routing_key):
+        if version is not None or (context.routing_key and not self.trust_routing_key):  # an empty key is no key (traffic_split)
             context.client_chose = True
         return self.repository.router.table.resolve(name, version, context.routing_key)
 

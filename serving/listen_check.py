@@ -16,9 +16,12 @@ TAKEN_HINT = "another process listens there (each worker needs a port of its own
 
 def listen_problem(host: str, port: int) -> OSError | None:
     """The error binding ``host:port`` gives now; None when it is free."""
-    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family)
     try:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # as uvloop binds "::": beside an IPv4 listener on the same port, not over it
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         probe.bind((host, port))
     except OSError as error:
         return error

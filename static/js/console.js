@@ -33,10 +33,14 @@ window.ModelOps = (function () {
       return;
     }
     element.retryMs = 0;
+    // The same as last time: nothing to swap. The release panel refreshes every 10 s, and a
+    // swap moves keyboard focus and can swallow a click pressed across it.
+    if (html === element.lastFragment) return;
     if (isBusy(element)) {
       pending.add(element);  // they opened a dialog or started typing while we fetched
       return;
     }
+    element.lastFragment = html;
     swap(element, html);
   }
 

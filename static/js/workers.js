@@ -39,7 +39,9 @@
       if (Date.now() - seen.getTime() > goneAfterS * 1000 && !row.classList.contains("gone") && !row.classList.contains("stopped")) {
         row.classList.add("gone");
         row.querySelectorAll("[data-field=requests_per_s], [data-field=error_rate], [data-field=client_error_rate]").forEach((cell) => { cell.textContent = "—"; });
-        M.refreshSoon("workers-table");  // the server's row says "gone", without the green "converged" of its last report
+        // The server's row says "gone", without the green "converged" of its last report; asked a
+        // moment later, so a browser clock a little ahead does not ask before the server agrees.
+        M.refreshSoon("workers-table", 1500);
       }
     });
   }, 1000);

@@ -354,6 +354,13 @@ def test_runstack_refuses_a_console_port_that_is_not_a_port_naming_it(tmp_path):
     assert "Traceback" not in finished.stderr
 
 
+def test_runstack_help_answers_whatever_a_port_variable_holds(tmp_path):
+    # Read when the parser was built, a bad CONSOLE_PORT refused --help and --port 9000 alike.
+    finished = manage(tmp_path, "runstack", "--help", CONSOLE_PORT="abc")
+
+    assert finished.returncode == 0, finished.stderr
+
+
 def test_runstack_refuses_a_serving_port_that_is_not_a_number_naming_it(tmp_path):
     finished = manage(tmp_path, "runstack", "--no-demo", SERVING_PORT="abc")
 

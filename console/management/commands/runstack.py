@@ -43,15 +43,16 @@ class Command(BaseCommand):
     help = "Migrate, register the demo models, print a login, and run console + worker + Celery."
 
     def add_arguments(self, parser):
-        parser.add_argument("--host", default="127.0.0.1")
-        # Read here, through serving.env: a bad CONSOLE_PORT is refused naming the variable, not --port.
-        parser.add_argument("--port", type=port_number, default=env_port("CONSOLE_PORT", 8000),
-                            help="console port (default: CONSOLE_PORT, else 8000)")
-        parser.add_argument("--serving-port", type=port_number, default=env_port("SERVING_PORT", 8001),
-                            help="the worker's port (default: SERVING_PORT, else 8001)")
+        parser.add_argument("--host", default="127.0.0.1", help="the address the console and the worker listen on (default 127.0.0.1)")
+        # The variables are read in handle(), only when the flag is not given, through serving.env:
+        # a bad CONSOLE_PORT is refused naming the variable, not --port.
+        parser.add_argument("--port", type=port_number, help="console port (default: CONSOLE_PORT, else 8000)")
+        parser.add_argument("--serving-port", type=port_number, help="the worker's port (default: SERVING_PORT, else 8001)")
         parser.add_argument("--no-demo", action="store_true", help="skip registering the demo models")
 
     def handle(self, *args, host, port, serving_port, no_demo, **options):
+        port = port or env_port("CONSOLE_PORT", 8000)
+        serving_port = serving_port or env_port("SERVING_PORT", 8001)
         # Explicit handlers: a shell starting us in the background ignores SIGINT, and
         # SIGTERM (docker stop, CI) should stop the stack as cleanly as Ctrl-C.
         # The children run in their own sessions, so a terminal's hangup reaches only us.
