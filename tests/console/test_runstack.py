@@ -173,8 +173,9 @@ def test_the_embedded_redis_stops_after_everything_that_uses_it(running):
     running.stack.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 60
     while len(gone_at) < len(running.children) and time.monotonic() < deadline:
+        seen_at = time.monotonic()  # one stamp a pass: two found gone in the same pass are a tie, not an order
         for pid in set(running.children) - set(gone_at) - set(alive(running.children)):
-            gone_at[pid] = time.monotonic()
+            gone_at[pid] = seen_at
         time.sleep(0.005)
     running.stack.wait(timeout=30)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import orjson
 import uvicorn
 from onnx import TensorProto, helper, numpy_helper
 
+from console.embedded_redis import free_port  # outside the ephemeral range, which outgoing connections take meanwhile
 from registry.building.onnx_build import to_bytes
 from serving.config import ServingConfig
 from serving.contract import BatchPolicy, DesiredState, ModelState, Route, WarmVersion
@@ -75,10 +75,6 @@ def make_config(tmp_path: Path, **overrides) -> ServingConfig:
     )
     return replace(base, **overrides)
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 class ThreadedWorker:
     """A real worker (uvicorn + our ASGI app) in a background thread of this process."""

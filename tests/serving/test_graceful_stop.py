@@ -141,7 +141,7 @@ def slow_mlp(model_dir):
 def test_requests_queued_in_a_batcher_at_sigterm_are_answered(tmp_path, slow_mlp):
     desired = state(1, {"digits": {"routes": [route(1, 100, *slow_mlp)]}}, max_batch_size=256)
     worker = SubprocessWorker(write_state(tmp_path / "state.json", desired), tmp_path,
-                              SERVING_DRAIN_DELAY_S="0", SERVING_DRAIN_TIMEOUT_S="10").wait_ready()
+                              SERVING_DRAIN_DELAY_S="0", SERVING_DRAIN_TIMEOUT_S="10").wait_ready(90)  # a large model: 26 s to ready seen under load
     body = json.dumps(v2_body(np.ones((256, 64), np.float32))).encode()
     answers: list[int] = []
 
