@@ -51,7 +51,8 @@ def note_issued(epoch: str, generation: int) -> None:
 
 
 def highest_issued(epoch: str) -> int | None:
-    """The highest generation of ``epoch`` any console process noted; None when unknown."""
+    """The highest generation of ``epoch`` any console process noted; None when unknown
+    (no Redis, no answer, nothing noted under this epoch yet, or a value that is no number)."""
     if not settings.REDIS_URL:
         return None
     try:
@@ -60,7 +61,11 @@ def highest_issued(epoch: str) -> int | None:
     except redis.RedisError as error:
         logger.warning("could not read the highest issued generation from Redis (%s: %s)", type(error).__name__, str(error)[:200])
         return None
-    return int(value) if value is not None else -1
+    try:
+        return int(value) if value is not None else None
+    except ValueError:  # not what note_issued writes: someone else wrote it
+        logger.warning("the highest issued generation of epoch %s in Redis is not a number: %r", epoch, value[:40])
+        return None
 
 
 def _client() -> redis.Redis:

@@ -197,12 +197,12 @@ def renew_epoch_past(report: WorkerReport, counter: tuple[int, str]) -> bool:
     _note_seen(epoch, generation)
     if not report.epoch or report.epoch != epoch or (report.generation or 0) <= generation:
         return False
-    if _renewal_minted_and_never_issued_past(epoch, generation):
+    if _never_issued_past(epoch, generation):
         # No state of this epoch was issued past the counter, so this report is not a
         # restore's. A worker-token holder reading each new epoch and reporting past it
-        # renewed it again and again, refusing real acks; with what a renewal minted kept
-        # in one process's memory, two console processes taken in turn renewed it at every
-        # report. Decided before the lock, which every traffic change waits on.
+        # renewed it again and again, refusing real acks (and again after every traffic
+        # change, or at every report with two console processes taken in turn). Decided
+        # before the lock, which every traffic change waits on.
         return False
     with transaction.atomic():
         counter = ServingGeneration.objects.lock()
@@ -218,16 +218,17 @@ def renew_epoch_past(report: WorkerReport, counter: tuple[int, str]) -> bool:
     return True
 
 
-def _renewal_minted_and_never_issued_past(epoch: str, generation: int) -> bool:
-    """A renewal minted ``epoch`` at ``generation``, the counter has not moved since, and
-    no state of it above was issued: not by this process (what it has read), nor by any
-    (fleet.issued_mark, in Redis, which a restore of the database and a restart leave).
-    Unknown (no Redis) is "issued": a restore missed is worse than one renewal too many."""
-    renewed_at = ServingGeneration.objects.filter(pk=1, epoch=epoch).values_list("epoch_renewed_at", flat=True).first()
-    if renewed_at != generation or _SEEN.get(epoch, 0) > generation:
-        return False
+def _never_issued_past(epoch: str, generation: int) -> bool:
+    """No state of ``epoch`` above ``generation`` was ever issued, as far as can be known:
+    by any console process (fleet.issued_mark, in Redis, which a restore of the database
+    and a restart leave), or, when Redis cannot say, by this process, for an epoch a
+    renewal minted at ``generation`` (the counter's row says so). Otherwise a report past
+    the counter is a restore's: a restore missed is worse than a renewal too many."""
     issued = highest_issued(epoch)
-    return issued is not None and issued <= generation
+    if issued is not None:
+        return issued <= generation
+    renewed_at = ServingGeneration.objects.filter(pk=1, epoch=epoch).values_list("epoch_renewed_at", flat=True).first()
+    return renewed_at == generation and _SEEN.get(epoch, 0) <= generation
 
 
 # Epoch -> the highest counter this process has read under it: a renewal's epoch is renewed

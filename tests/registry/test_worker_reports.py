@@ -280,8 +280,7 @@ def test_a_restore_to_the_counter_a_renewal_minted_its_epoch_at_is_seen_by_a_res
     assert counter()[1] not in ("", renewed)
 
 
-def test_without_redis_to_say_what_was_issued_a_report_past_the_counter_renews_again(worker_client, three_versions, settings):
-    # Unknown counts as issued: a restore missed is worse than one renewal too many.
+def test_without_redis_to_say_what_was_issued_the_counters_row_still_stops_a_renewal_repeated(worker_client, three_versions, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     generation, first = counter()
     past = {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32}
@@ -290,7 +289,37 @@ def test_without_redis_to_say_what_was_issued_a_report_past_the_counter_renews_a
     renewed = counter()[1]
     worker_client.post("/api/serving/reports", {**past, "epoch": renewed}, format="json")
 
-    assert counter()[1] not in (first, renewed)
+    assert counter() == (generation, renewed)
+
+
+def test_a_highest_issued_mark_that_is_no_number_is_unknown_not_a_500(worker_client, three_versions, settings):
+    import redis
+
+    generation, epoch = counter()
+    with redis.Redis.from_url(settings.REDIS_URL) as client:
+        client.set(f"{settings.CHANNEL_LAYER_PREFIX}:issued:{epoch}", "notint")  # what anyone with Redis could write
+
+    response = worker_client.post("/api/serving/reports", {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32,
+                                                           "epoch": epoch}, format="json")
+
+    assert response.status_code == 204
+
+
+def test_a_report_past_the_counter_after_a_traffic_change_renews_nothing_when_no_state_past_it_was_issued(
+        worker_client, operator_client, three_versions):
+    # Checked only while the counter stood where the renewal left it, every traffic change
+    # let a token holder renew the epoch once more.
+    generation, _ = counter()
+    worker_client.post("/api/serving/reports", {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32,
+                                                "epoch": counter()[1]}, format="json")
+    for version in (2, 1):
+        made = operator_client.post("/api/models/digits/release/", {"routes": [{"version": version, "weight": 100}]}, format="json")
+        assert made.status_code == 201, made.content
+        state = worker_client.get("/api/serving/state").json()  # issued to the workers
+        worker_client.post("/api/serving/reports", {**stateless_report(), "generation": state["generation"] + 5, "digest": "ab" * 32,
+                                                    "epoch": state["epoch"]}, format="json")
+
+        assert counter() == (state["generation"], state["epoch"])
 
 
 def test_an_epoch_a_renewal_minted_is_renewed_again_when_its_counter_goes_back_from_what_was_seen(worker_client, operator_client,
