@@ -665,11 +665,15 @@ def _drill_words(result: Drill) -> str:
     """The drill's own summary: its reasons when it has any ("no ack from every worker"
     read as if none had acked, and hid which one did not, and why)."""
     outcome = f"Drill #{result.pk} {result.get_status_display().lower()}"
-    if result.error:
+    passed = result.status == DrillStatus.PASSED
+    if result.error and not passed:
         return f"{outcome}: {result.error}."
     last_ack = "no worker acked" if result.last_ack_s is None else f"last ack after {result.last_ack_s:.3f} s"
     failed = "failed requests not counted" if result.failed_requests is None else f"{result.failed_requests} failed requests"
-    return f"{outcome}: {last_ack}, {failed}."
+    # A passed drill's notes come after its figures: "passed: not measured: 1 worker gone"
+    # read as a contradiction to a tired operator.
+    noted = f" Noted: {result.error}." if result.error else ""
+    return f"{outcome}: {last_ack}, {failed}.{noted}"
 
 
 # ---------------------------------------------------------------- upload

@@ -315,6 +315,23 @@ window.ModelOps = (function () {
     document.dispatchEvent(new CustomEvent("modelops:changed", { detail: { form, answer } }));
   });
 
+  // ---- a force box (inputs that differ, a version that cannot load) speaks only of the
+  // version chosen, and hides with its tick cleared when that version needs no force: it
+  // warned of v3 in red while v2 was chosen.
+  function showForceFor(selectId, boxId, tickId) {
+    const select = document.getElementById(selectId);
+    const box = document.getElementById(boxId);
+    if (!select || !box) return;
+    let any = false;
+    box.querySelectorAll("[data-force-for]").forEach((line) => {
+      line.hidden = line.dataset.forceFor !== select.value;
+      any = any || !line.hidden;
+    });
+    box.hidden = !any;
+    const tick = document.getElementById(tickId);
+    if (!any && tick) tick.checked = false;
+  }
+
   // ---- "12 s ago", kept current without a reload.
   function ago(date) {
     const seconds = Math.max(0, (Date.now() - date.getTime()) / 1000);
@@ -418,5 +435,5 @@ window.ModelOps = (function () {
     });
   }
 
-  return { refresh, refreshAll, refreshSoon, live, flash, post, format, ago, csrfToken, reportBook, fillRow };
+  return { refresh, refreshAll, refreshSoon, live, flash, post, format, ago, csrfToken, reportBook, fillRow, showForceFor };
 })();

@@ -267,6 +267,12 @@
   // and a worker killed while converged sends none, so "✓ All 2 live workers" stayed until a reload.
   setInterval(() => M.refreshAll("health", "release-panel"), 10000);
 
+  // ---- the split form's force box: only the version chosen (console.js showForceFor)
+  const applySplitForce = () => M.showForceFor("id_canary_version", "split-force", "id_split_force");
+  document.addEventListener("change", (event) => { if (event.target.id === "id_canary_version") applySplitForce(); });
+  document.addEventListener("modelops:swapped", applySplitForce);
+  applySplitForce();
+
   // ---- traffic actions answered in place (console.js posts them)
   document.addEventListener("modelops:submitting", (event) => {
     if (event.detail.form.dataset.enhance === "drill") drill.start();

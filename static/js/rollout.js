@@ -141,17 +141,7 @@
 
   // ---- the start form: the force box speaks only of the version chosen
   function applyForceChoice() {
-    const select = document.getElementById("id_rollout_canary");
-    const box = document.getElementById("rollout-force");
-    if (!select || !box) return;
-    const chosen = select.value;
-    let any = false;
-    box.querySelectorAll("[data-force-for]").forEach((line) => {
-      line.hidden = line.dataset.forceFor !== chosen;
-      any = any || !line.hidden;
-    });
-    box.hidden = !any;
-    if (!any) document.getElementById("id_rollout_force").checked = false;
+    M.showForceFor("id_rollout_canary", "rollout-force", "id_rollout_force");
   }
   panel.addEventListener("change", (event) => {
     if (event.target.id === "id_rollout_canary") applyForceChoice();

@@ -12,7 +12,9 @@
     report(message) {
       const previous = book.add(message);
       const row = findRow(message.worker);
-      if (!row || row.classList.contains("gone") || row.dataset.lifecycle !== (message.state || "serving")
+      // A row drawn before the worker's first confirmation said "behind" for good: it is asked
+      // for again until the server's row says otherwise.
+      if (!row || row.classList.contains("gone") || row.classList.contains("behind") || row.dataset.lifecycle !== (message.state || "serving")
           || (previous && previous.generation !== message.generation)) {
         M.refreshSoon("workers-table");
         return;

@@ -82,3 +82,59 @@ def with_a_canary(page, stack):
         panel.get_by_role("button", name="10%", exact=True).click()
     expect(panel.locator(".seg-canary")).to_contain_text("v2")
     return panel
+
+
+def test_a_workers_row_drawn_behind_is_drawn_again_by_the_next_report(page, stack):
+    # A worker's row drawn before its first confirmation said "behind" in yellow for good,
+    # while the model page said every worker served the current generation.
+    sign_in(page, "olivia")
+    page.goto("/workers/")
+    expect(page.locator("#live-status")).to_have_text("Live")
+    row = page.locator("#workers-table tr[data-worker][data-lifecycle=serving]").first
+    row.evaluate("row => { row.classList.add('behind'); row.dataset.drawnBehind = 'true'; }")  # as the server drew it then
+
+    expect(page.locator("#workers-table tr[data-drawn-behind]")).to_have_count(0)  # the server's row replaced it
+
+
+# A model of this test's own: digits' v1 three times, v3's validation report saying
+# its inputs differ from v1's, v1 taking all traffic.
+FORCE_MODEL = """
+from django.contrib.auth import get_user_model
+from registry.actions import releases
+from registry.models import RegisteredModel
+source = RegisteredModel.objects.get(name="digits")
+model = RegisteredModel.objects.create(name={name!r}, description="force box check")
+for number in (1, 2, 3):
+    version = source.versions.get(number=1)
+    version.pk, version.model, version.number = None, model, number
+    if number == 3:
+        version.validation_report = {{**version.validation_report, "compatibility": {{
+            "compatible": False, "stable_version": 1, "differences": ["input 'input' dimension 1: 64 on v1, 32 here"]}}}}
+    version.save()
+releases.set_routes(model, [{{"version": 1, "weight": 100}}], get_user_model().objects.get(username="olivia"), "force box check")
+"""
+
+
+def test_the_split_forms_force_box_speaks_only_of_the_version_chosen(page, stack):
+    # It warned in red of v3's inputs, with a Force box, while v2 was chosen.
+    import secrets
+
+    from tests.browser.conftest import django_shell
+
+    name = f"force-{secrets.token_hex(3)}"
+    django_shell(stack, FORCE_MODEL.format(name=name))
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    panel = page.locator("#release-panel")
+    box = panel.locator("#split-force")
+
+    panel.get_by_label("Version").select_option("2")
+    expect(box).to_be_hidden()
+    panel.get_by_label("Version").select_option("3")
+    expect(box).to_be_visible()
+    expect(box).to_contain_text("v3's inputs differ from v1's")
+    box.get_by_label("Force: route it anyway").check()
+    panel.get_by_label("Version").select_option("2")
+
+    expect(box).to_be_hidden()
+    expect(panel.locator("#id_split_force")).not_to_be_checked()

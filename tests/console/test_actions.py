@@ -10,7 +10,7 @@ from django.contrib.messages import get_messages
 
 from registry.actions import releases
 from registry.building.onnx_build import random_mlp, to_bytes
-from registry.models import AuditEvent, Drill, Job, ModelVersion, Release
+from registry.models import AuditEvent, Drill, DrillStatus, Job, ModelVersion, Release
 from tests.fixtures.jobs import run_queued_jobs
 from tests.fixtures.store import stored_files
 
@@ -255,6 +255,17 @@ def test_drill_runs_and_reports_its_result(operator_page, canary_digits):
     assert response.json()["level"] == "error"  # no live worker followed it
     assert response.json()["message"] == f"Drill #{drill.pk} failed: no live workers to follow the rollback."
     assert canary_digits.current_release().routes == [{"version": 1, "weight": 100}]
+
+
+def test_a_passed_drills_notes_come_after_its_figures():
+    # "Drill #1 passed: not measured: 1 worker(s) gone before the drill" read as a contradiction.
+    from console.views import _drill_words
+
+    drill = Drill(pk=7, status=DrillStatus.PASSED, last_ack_s=0.03, failed_requests=0,
+                  error="not measured: 1 worker(s) gone before the drill (last report between 60 s and 1 h before it): w-old")
+
+    assert _drill_words(drill) == ("Drill #7 passed: last ack after 0.030 s, 0 failed requests. Noted: not measured: 1 worker(s) "
+                                   "gone before the drill (last report between 60 s and 1 h before it): w-old.")
 
 
 def test_double_clicked_rollback_rolls_back_once_and_says_why(operator_page, canary_digits):
