@@ -12,7 +12,9 @@ batch job runner imports it.
 
 from __future__ import annotations
 
-FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+# OWASP's list, a line feed (a cell of its own once a reader splits lines), and the
+# fullwidth forms some spreadsheets' East Asian input modes read as the ASCII ones.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 # C0 and C1 controls (tab and newline kept: the CSV quotes them), DEL, and the bidirectional
 # overrides and isolates, each written as its code point (``\x1b`` → ``U+001B``).
 TERMINAL_CONTROLS = {code: f"U+{code:04X}" for code in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0),
