@@ -37,9 +37,12 @@ PASSWORD_FILE = "redis_password"
 PICKED_FROM = range(20000, 32000)
 
 
-def free_port() -> int:
-    """A loopback port free now, outside the ephemeral range when one there is free."""
+def free_port(avoid: frozenset[int] = frozenset()) -> int:
+    """A loopback port free now, outside the ephemeral range when one there is free, and
+    none of ``avoid`` (ports chosen for something not listening yet)."""
     for port in random.sample(PICKED_FROM, 64):
+        if port in avoid:
+            continue
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))

@@ -368,6 +368,15 @@ def test_runstack_refuses_a_serving_port_that_is_not_a_number_naming_it(tmp_path
     assert "SERVING_PORT='abc': expected a port number from 1 to 65535" in finished.stderr
 
 
+def test_runstack_refuses_an_embedded_redis_port_that_is_the_consoles(tmp_path):
+    port = free_port()
+    finished = manage(tmp_path, "runstack", "--no-demo", "--port", str(port), "--serving-port", str(free_port()),
+                      EMBEDDED_REDIS_PORT=str(port))
+
+    refused(finished, f"EMBEDDED_REDIS_PORT={port} is the console's or the worker's port")
+    assert not (tmp_path / "data" / "redis").exists()
+
+
 def test_runstack_refuses_an_embedded_redis_port_already_taken_before_anything_starts(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as taken:  # listens, never answers: a PING there waited out its timeout
         redis_port = taken.getsockname()[1]

@@ -68,3 +68,11 @@ def test_celery_broker_connects_with_a_url_carrying_the_password(server):
     with Connection(server[2], connect_timeout=2) as connection:
         connection.ensure_connection(max_retries=1)
         assert connection.connected
+
+
+def test_a_free_port_is_none_of_those_chosen_for_something_not_listening_yet():
+    # The stack's own ports are free until its console and worker bind them: a Redis
+    # started on the console's port answered the console's health check.
+    avoided = frozenset(embedded_redis.PICKED_FROM)
+
+    assert embedded_redis.free_port(avoided) not in avoided

@@ -63,6 +63,8 @@ class Command(BaseCommand):
         for taken in (port, serving_port):
             _check_free(host, taken)
         redis_port = None if settings.REDIS_URL else env_int("EMBEDDED_REDIS_PORT", 0, maximum=65535) or None
+        if redis_port in (port, serving_port):
+            raise CommandError(f"EMBEDDED_REDIS_PORT={redis_port} is the console's or the worker's port: choose another")
         if redis_port is not None:  # taken, its PING went to whatever listens there and died in a traceback
             _check_free("127.0.0.1", redis_port, "choose another port with EMBEDDED_REDIS_PORT, or unset it for a free one")
         console_url, serving_url = _http_url(host, port), _http_url(host, serving_port)
@@ -72,7 +74,7 @@ class Command(BaseCommand):
         children: list[subprocess.Popen] = []
         env = dict(os.environ)
         try:
-            env["REDIS_URL"] = self._redis(children, redis_port)
+            env["REDIS_URL"] = self._redis(children, redis_port, avoid=frozenset({port, serving_port}))
             console_address.record(settings.DATA_DIR, env["REDIS_URL"], console_address.REDIS_FILE_NAME)
             env["CONSOLE_URL"] = console_url
             env.setdefault("SERVING_PUBLIC_URL", serving_url)  # the "try it" form's worker, on --serving-port
@@ -124,12 +126,18 @@ class Command(BaseCommand):
         super().__init__(*args, **kwargs)
         self.roles: dict[int, str] = {}  # child PID -> what it is, for the line that says it died
 
-    def _redis(self, children: list, port: int | None) -> str:
+    def _redis(self, children: list, port: int | None, avoid: frozenset[int]) -> str:
+        """``avoid``: the console's and the worker's ports, free but not bound yet: a Redis
+        started on the console's port answered its health check ("-ERR wrong number of
+        arguments for 'get'"), and the stack stopped with a traceback."""
         if settings.REDIS_URL:
             return settings.REDIS_URL
         password = embedded_redis.generated_password(settings.DATA_DIR / embedded_redis.PASSWORD_FILE)  # kept: the same each run
         # The port of last time, when free: a worker started by hand keeps the URL it read then.
-        port = port or embedded_redis.reusable_port(console_address.recorded(settings.DATA_DIR, console_address.REDIS_FILE_NAME), password)
+        if port is None:  # none given (EMBEDDED_REDIS_PORT): last time's if free, else any but the stack's own
+            port = embedded_redis.reusable_port(console_address.recorded(settings.DATA_DIR, console_address.REDIS_FILE_NAME), password)
+            if port is None or port in avoid:
+                port = embedded_redis.free_port(avoid)
         process, url = embedded_redis.start(settings.DATA_DIR / "redis", port=port, password=password)
         children.append(process)
         self.redis_process = process
