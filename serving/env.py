@@ -125,25 +125,33 @@ def _check_bounds(name: str, raw: str, value: float, minimum: float | None, maxi
         raise SettingError(f"{name}={raw!r}: must be {kind}<= {maximum}")
 
 
+PORT_EXPECTED = "expected a port number from 1 to 65535"
+
+
 def env_port(name: str, default: int) -> int:
     """A TCP port, 1-65535 (``default`` when unset)."""
     raw = _raw(name)
     if raw is None:
         return default
-    try:
-        return port_number(raw)
-    except argparse.ArgumentTypeError as error:
-        raise SettingError(f"{name}={raw!r}: {str(error).split(', got ')[0]}") from None
+    port = _port(raw)
+    if port is None:
+        raise SettingError(f"{name}={raw!r}: {PORT_EXPECTED}")
+    return port
 
 
 def port_number(text: str) -> int:
     """An argparse type: a TCP port, 1-65535. Unchecked, 0 listened on a random port and
     70000 on 4464 (the kernel keeps 16 bits), each reported to the console as given."""
+    port = _port(text)
+    if port is None:
+        raise argparse.ArgumentTypeError(f"{PORT_EXPECTED}, got {text!r}")
+    return port
+
+
+def _port(text: str) -> int | None:
     try:
         port = int(text)
     except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
-    return port
+        return None
+    return port if 1 <= port <= 65535 else None
 
