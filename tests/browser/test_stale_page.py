@@ -40,10 +40,7 @@ def test_a_page_that_cannot_reach_the_console_says_since_when_and_strikes_its_gr
 def test_a_double_click_on_a_dialogs_button_sends_once_and_leaves_the_dialog_closed(page, stack):
     # The second click landed on "Roll back" under the dialog just closed: the dialog opened
     # again over the old panel, and its click was refused as stale.
-    with_a_canary(page, stack)
-    page.locator("#rollback-button").click()
-    dialog = page.locator("#rollback-dialog")
-    expect(dialog).to_be_visible()
+    dialog = opened_dialog(page, stack, "rollback")
 
     # The two clicks of a double-click, the second where the button was: on the opener beneath.
     page.evaluate("""() => {
@@ -58,10 +55,7 @@ def test_a_double_click_on_a_dialogs_button_sends_once_and_leaves_the_dialog_clo
 
 def test_a_drill_refused_before_it_ran_says_why_without_saying_it_finished(page, stack):
     # "Drill finished after 0.05 s in this browser. Drill not run: …" contradicted itself.
-    with_a_canary(page, stack)
-    page.locator("#drill-button").click()
-    dialog = page.locator("#drill-dialog")
-    expect(dialog).to_be_visible()
+    dialog = opened_dialog(page, stack, "drill")
     dialog.locator("input[name=expected_generation]").evaluate("field => { field.value = '1'; }")  # a page long out of date
 
     dialog.locator("button[type=submit]").first.click()
@@ -69,6 +63,15 @@ def test_a_drill_refused_before_it_ran_says_why_without_saying_it_finished(page,
     status = page.locator("#drill-status")
     expect(status).to_contain_text("Drill not run")
     expect(status).not_to_contain_text("finished")
+
+
+def opened_dialog(page, stack, action: str):
+    """The model page with a canary, and ``action``'s dialog opened from its button."""
+    with_a_canary(page, stack)
+    page.locator(f"#{action}-button").click()
+    dialog = page.locator(f"#{action}-dialog")
+    expect(dialog).to_be_visible()
+    return dialog
 
 
 def with_a_canary(page, stack):
