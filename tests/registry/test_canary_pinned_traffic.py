@@ -122,11 +122,25 @@ def start_rollout(model, operator, worker) -> tuple[Rollout, ReportBuilder, np.n
     return rollout, builder, np.random.default_rng(3).standard_normal((200, 8)).astype(np.float32)
 
 
-def send_split_traffic(client: httpx.Client, url: str, rows: np.ndarray, *, keyed: bool = False) -> None:
+def test_requests_with_an_empty_routing_key_are_the_splits_traffic(three_versions, operator, worker_client, split_worker):
+    # An empty key chooses nothing (the split draws at random): counted apart, a proxy that
+    # always sends the header would have left the analysis without data.
+    rollout, builder, rows = start_rollout(three_versions, operator, split_worker)
+
+    with httpx.Client(timeout=10.0) as client:
+        send_split_traffic(client, split_worker.url, rows, headers={"X-Routing-Key": ""})
+    assert worker_client.post("/api/serving/reports", report(split_worker, builder), format="json").status_code == 204
+
+    verdict = judge_now(rollout)
+
+    assert verdict.canary["requests"] + verdict.stable["requests"] == 200
+
+
+def send_split_traffic(client: httpx.Client, url: str, rows: np.ndarray, *, keyed: bool = False, headers: dict | None = None) -> None:
     """One good request per row to the model, the split choosing the version (by a key per
     client, each always sent to the same side, when ``keyed``)."""
     for index, row in enumerate(rows):
-        headers = {"X-Routing-Key": f"client-{index}"} if keyed else {}
+        headers = {"X-Routing-Key": f"client-{index}"} if keyed else (headers or {})
         answer = client.post(f"{url}/v2/models/digits/infer", json=v2_body(row[None, :]), headers=headers)
         assert answer.status_code == 200
 
