@@ -133,6 +133,7 @@ def test_csv_export_defuses_a_reason_that_a_spreadsheet_would_run(operator_clien
 
 
 @pytest.mark.parametrize(("value", "cell"), [("\t=1", "'\t=1"), ("\r=1", "'\r=1"), ("\n=1", "'\n=1"), ("\uff1d1+1", "'\uff1d1+1"),
+                                             (" =1+1", "' =1+1"), ("\u00a0\u3000@SUM(A1)", "'\u00a0\u3000@SUM(A1)"), (" ok", " ok"),
                                              ("a=1", "a=1"), (-3, "-3"), (None, "")])
 def test_csv_cell_prefixes_text_that_starts_a_formula_and_nothing_else(value, cell):
     assert csv_cell(value) == cell
