@@ -78,7 +78,7 @@ def jobs_context(model: RegisteredModel, **extra) -> dict:
 
 
 def job_rows(model: RegisteredModel) -> list[dict]:
-    jobs = model.jobs.select_related("model", "version", "dataset", "created_by")[:JOBS_SHOWN]
+    jobs = model.jobs.select_related("model", "version", "dataset", "created_by", "cancelled_by")[:JOBS_SHOWN]
     return [job_row(job) for job in jobs]
 
 
@@ -195,7 +195,7 @@ def cancel_job(request, name: str, pk: int):
     job = get_object_or_404(model.jobs, pk=pk)
     if records.is_finished(job):
         return _refused(request, model, f"Job #{job.pk} has already finished ({job.get_status_display().lower()}): nothing to cancel.", 409)
-    job = records.cancel(job)
+    job = records.cancel(job, request.user)
     if job.status == JobStatus.CANCELLED:
         return _done(request, model, f"Job #{job.pk} cancelled before it started.", job=job.pk)
     if job.status == JobStatus.RUNNING:

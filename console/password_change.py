@@ -7,6 +7,7 @@ query of its own."""
 from __future__ import annotations
 
 from django.contrib import messages
+from django.contrib.auth import logout
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.signals import user_logged_in
 from django.dispatch import receiver
@@ -56,6 +57,14 @@ class ChangePasswordView(auth_views.PasswordChangeView):
     form_class = OwnPasswordForm
     template_name = "registration/password_change.html"
     success_url = reverse_lazy("models")
+
+    def get_form_kwargs(self):
+        return {**super().get_form_kwargs(), "request": self.request}
+
+    def form_invalid(self, form):
+        if getattr(self.request, "axes_locked_out", False):
+            logout(self.request)  # django-axes' middleware answers with its lockout page
+        return super().form_invalid(form)
 
     def form_valid(self, form):
         response = super().form_valid(form)  # keeps this session signed in (update_session_auth_hash)

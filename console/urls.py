@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from console.user_forms import AdminSignInForm
 from registry.api.schema_view import SchemaView
@@ -13,6 +14,9 @@ handler500 = "console.views.server_error"
 urlpatterns = [
     path("api/", include("registry.api.urls")),
     path("api/schema/", SchemaView.as_view(), name="api-schema"),
+    # The console's page counts wrong old passwords towards the sign-in lockout; the Django
+    # admin's own would not.
+    path("admin/password_change/", RedirectView.as_view(pattern_name="password-change")),
     path("admin/", admin.site.urls),
     path("", include("console.ui_urls")),
 ]

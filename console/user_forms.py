@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth import authenticate
 from django.contrib.auth.forms import AuthenticationForm, PasswordChangeForm
 from django.contrib.auth.models import User
 
@@ -33,7 +34,22 @@ class RoleForm(forms.Form):
 
 
 class OwnPasswordForm(PasswordChangeForm):
-    """Django's password change, refusing to keep the one-time password."""
+    """Django's password change, refusing to keep the one-time password.
+
+    The old password is checked through ``authenticate``, as a sign-in is: Django's own
+    ``check_password`` went past django-axes, so whoever held a session (a stolen cookie,
+    an unlocked screen) could guess the account's password there without limit. A wrong
+    one counts towards the sign-in lockout; at the lockout the view ends the session."""
+
+    def __init__(self, user, *args, request=None, **kwargs):
+        self.request = request
+        super().__init__(user, *args, **kwargs)
+
+    def clean_old_password(self):
+        old_password = self.cleaned_data["old_password"]
+        if authenticate(self.request, username=self.user.get_username(), password=old_password) is None:
+            raise forms.ValidationError(self.error_messages["password_incorrect"], code="password_incorrect")
+        return old_password
 
     def clean(self):
         data = super().clean()

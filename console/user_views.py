@@ -93,7 +93,8 @@ def _show_once(request, person: User, what: str, value: str, done: str):
 CHANGES = {
     # name: (title, explanation, button, danger)
     "role": ("Change {name}'s role?", "They keep their password and token; what they may do changes at their next request.", "Change role", False),
-    "deactivate": ("Deactivate {name}?", ("They can no longer sign in, their open sessions end at their next request, and their API token stops working. "
+    "deactivate": ("Deactivate {name}?", ("They can no longer sign in, their open sessions end (for good: reactivating them does not bring those back), "
+                   "and their API token stops working. "
                    "Nothing they did is removed; you can reactivate them."), "Deactivate", True),
     "reactivate": ("Reactivate {name}?", "They can sign in again with their password, and their API token works again.", "Reactivate", False),
     "reset-password": ("Reset {name}'s password?", ("Their password is replaced by a one-time password, shown to you once; their open sessions end. "

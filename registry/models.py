@@ -1,4 +1,9 @@
-"""The registry's truth: models, versions, releases, drills, workers and the audit trail."""
+"""The registry's truth: models, versions, releases, drills, workers and the audit trail.
+
+Who did something (``actor``, ``created_by``, ``uploaded_by``, ``cancelled_by``) is
+``PROTECT``: deleting a person would have blanked their name on every release and audit
+event, which then read as the system's. A person who leaves is deactivated instead; the
+Django admin refuses the delete and lists what they did."""
 
 from __future__ import annotations
 
@@ -49,7 +54,7 @@ class RegisteredModel(models.Model):
     # Set while archived: hidden from the Models page, nothing routed (registry/actions/catalog.py).
     archived_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # Batching policy sent to workers with the desired state; null means the default.
     max_batch_size = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1024)])
     max_queue_delay_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
@@ -103,7 +108,7 @@ class ModelVersion(models.Model):
     validation_report = models.JSONField(default=dict)
     description = models.TextField(blank=True)
     metrics = models.JSONField(default=dict, blank=True)
-    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     archived_at = models.DateTimeField(null=True, blank=True)
 
@@ -157,7 +162,7 @@ class Release(models.Model):
     action = models.CharField(max_length=16, choices=ReleaseAction.choices)
     # The release a rollback from this one returns to: walking this chain is "undo".
     rollback_target = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     reason = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -181,7 +186,7 @@ class Drill(models.Model):
     """A timed rollback: when the operator acted, when each worker followed, what failed."""
 
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="drills")
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     status = models.CharField(max_length=16, choices=DrillStatus.choices, default=DrillStatus.RUNNING)
     roll_forward = models.BooleanField(default=False)
     from_generation = models.PositiveBigIntegerField(null=True, blank=True)
@@ -306,7 +311,7 @@ class Rollout(models.Model):
     # rollout did not make is a manual change, which pauses it.
     release_generation = models.PositiveBigIntegerField(default=0)
     forced = models.BooleanField(default=False)
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     reason = models.TextField(blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -358,7 +363,7 @@ class EvaluationDataset(models.Model):
     size_bytes = models.BigIntegerField()
     rows = models.PositiveBigIntegerField()
     description = models.TextField(blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -393,7 +398,8 @@ class Job(models.Model):
     output_removed_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    cancelled_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -424,7 +430,7 @@ class Job(models.Model):
 class AuditEvent(models.Model):
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="audit_events")
     kind = models.CharField(max_length=32, choices=AuditKind.choices)
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     message = models.TextField()
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -455,7 +461,7 @@ class InferenceApiKey(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=12, help_text="The key's first characters, to recognise it.")
     key_sha256 = models.CharField(max_length=64, unique=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 

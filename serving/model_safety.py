@@ -37,6 +37,9 @@ TENSOR = "onnx.TensorProto"
 # embed_mode=0 names a compiled context file next to the model).
 FILE_NODE_TYPES = frozenset({"EPContext"})
 MAX_LOCATION_CHARS = 80
+# ONNX Runtime reads bytes carrying this flatbuffer identifier at offset 4 as its own ORT
+# format, whatever they also parse as: what was checked would not be what runs.
+ORT_FORMAT_ID = b"ORTM"
 
 
 class UnsafeModel(ValueError):
@@ -143,6 +146,9 @@ def parse_model(data: bytes):
 
 def check_model_bytes(data: bytes) -> None:
     """Raise UnsafeModel unless ``data`` is an ONNX model whose every tensor is inside it."""
+    if data[4:8] == ORT_FORMAT_ID:
+        raise UnsafeModel("ONNX Runtime would read this file as its ORT format (ORTM at byte 4), not as the ONNX model checked: "
+                          "upload the .onnx file")
     refuse_external_references(parse_model(data))
 
 

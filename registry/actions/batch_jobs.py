@@ -14,7 +14,7 @@ import os
 from django.conf import settings
 from django.db import transaction
 
-from registry.actions import received_files
+from registry.actions import events, received_files
 from registry.artifacts import storage
 from registry.domain.choices import JobKind, VersionStatus
 from registry.jobs import files, records
@@ -105,6 +105,7 @@ def _create(model, version, staged, file_format: str, rows: int | None, batch_si
             target = files.input_path(job)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staged.path, target)
+            events.batch_job_submitted(job, created_by)
             records.enqueue(job)
     except BaseException:
         if job is not None:

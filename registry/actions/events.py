@@ -7,6 +7,7 @@ from registry.models import (
     AuditEvent,
     Drill,
     EvaluationDataset,
+    Job,
     ModelVersion,
     RegisteredModel,
     Release,
@@ -84,10 +85,11 @@ def upload_refused(model: RegisteredModel, user, reason: str, sha256: str = "") 
     )
 
 
-def version_rejected(version: ModelVersion, reason: str) -> AuditEvent:
-    """The validation job refused a stored version (an upload refused after its answer)."""
+def version_rejected(version: ModelVersion, reason: str, *, actor=None) -> AuditEvent:
+    """The validation job refused a stored version (an upload refused after its answer),
+    or ``actor`` cancelled its validation."""
     return AuditEvent.objects.create(
-        model=version.model, kind=AuditKind.UPLOAD_REFUSED, actor=_actor(version.uploaded_by),
+        model=version.model, kind=AuditKind.UPLOAD_REFUSED, actor=_actor(actor or version.uploaded_by),
         message=f"Upload refused: version {version.number} rejected: {reason}", data={"version": version.number, "sha256": version.sha256},
     )
 
@@ -157,3 +159,19 @@ def dataset_added(dataset: EvaluationDataset, user) -> AuditEvent:
 
 def _seconds(value: float | None) -> str:
     return "none" if value is None else f"{value:.3f} s"
+
+
+def batch_job_submitted(job: Job, user) -> AuditEvent:
+    return AuditEvent.objects.create(
+        model=job.model, kind=AuditKind.JOB, actor=_actor(user),
+        message=f"Batch job #{job.pk} submitted on version {job.version.number}",
+        data={"job": job.pk, "job_kind": job.kind, "version": job.version.number},
+    )
+
+
+def job_cancelled(job: Job, user) -> AuditEvent:
+    version = f" of version {job.version.number}" if job.version_id else ""
+    return AuditEvent.objects.create(
+        model=job.model, kind=AuditKind.JOB, actor=_actor(user), message=f"{job.get_kind_display()} job #{job.pk}{version} cancelled",
+        data={"job": job.pk, "job_kind": job.kind, "version": job.version.number if job.version_id else None},
+    )

@@ -125,10 +125,11 @@ def mark_ready(version: ModelVersion, report: InspectionReport) -> bool:
     return True
 
 
-def mark_rejected(version: ModelVersion, reason: str, report: dict | None = None) -> bool:
+def mark_rejected(version: ModelVersion, reason: str, report: dict | None = None, *, actor=None) -> bool:
     """The version is refused: it keeps its number and the checks run so far, loses its
     artifact (unless another version needs the same bytes). Once; False if it was not
-    validating any more."""
+    validating any more. ``actor``: the person who refused it (a cancelled validation),
+    else the verdict is the uploader's."""
     since = time.time()
     with transaction.atomic():
         locked = _lock_validating(version)
@@ -138,7 +139,7 @@ def mark_rejected(version: ModelVersion, reason: str, report: dict | None = None
         locked.status_reason = reason
         locked.validation_report = {**(report or {}), "refused": reason}
         locked.save(update_fields=["status", "status_reason", "validation_report"])
-        events.version_rejected(locked, reason)
+        events.version_rejected(locked, reason, actor=actor)
     _forget_unreferenced(locked.sha256, since)  # after the row says rejected: no version needs the bytes now
     return True
 

@@ -29,8 +29,10 @@ from axes.models import AccessAttempt
 from axes.utils import reset as reset_login_attempts
 from django.conf import settings
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
+from django.contrib.auth import SESSION_KEY as SESSION_USER_KEY
 from django.contrib.auth.models import Group, User
 from django.contrib.contenttypes.models import ContentType
+from django.contrib.sessions.models import Session
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -115,14 +117,16 @@ def set_role(user: User, role: str, actor) -> bool:
 
 
 def deactivate(user: User, actor) -> bool:
-    """``user`` can no longer sign in or use their token; False when they could not already."""
+    """``user`` can no longer sign in or use their token, and their sessions end for good;
+    False when they could not already."""
     with transaction.atomic():
         _lock_admins()
         if not User.objects.get(pk=user.pk).is_active:
             return False
         _refuse_losing_admin(user, actor, "deactivate")
         _set_active(user, False)
-        _record(actor, user, CHANGE, "Deactivated", event="user_deactivated")
+        ended = _end_sessions(user)
+        _record(actor, user, CHANGE, "Deactivated", event="user_deactivated", sessions_ended=ended)
     return True
 
 
@@ -214,6 +218,15 @@ def _refuse_losing_admin(user: User, actor, verb: str) -> None:
     admins = active_admin_ids()
     if user.pk in admins and len(admins) == 1:
         raise UserAdminError(f"{user.username} is the last active admin: make someone else admin first")
+
+
+def _end_sessions(user: User) -> int:
+    """Delete ``user``'s sessions. Django only ignores an inactive user's session, so a
+    reactivation brought back every cookie, a stolen one included. No index maps a user to
+    their sessions: the live ones are read, fine at a console's scale."""
+    live = Session.objects.filter(expire_date__gt=timezone.now())
+    theirs = [session.pk for session in live.iterator() if session.get_decoded().get(SESSION_USER_KEY) == str(user.pk)]
+    return Session.objects.filter(pk__in=theirs).delete()[0]
 
 
 def _set_active(user: User, active: bool) -> None:

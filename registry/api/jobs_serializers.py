@@ -33,6 +33,8 @@ class JobSerializer(serializers.Serializer):
     output_available = serializers.BooleanField(help_text="The output file can be downloaded from …/jobs/{id}/output.")
     attempts = serializers.IntegerField()
     cancel_requested = serializers.BooleanField()
+    created_by = serializers.CharField(allow_null=True, help_text="Who submitted it (null: the system, e.g. a benchmark after validation).")
+    cancelled_by = serializers.CharField(allow_null=True, help_text="Who asked to cancel it, if anyone did.")
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)

@@ -33,7 +33,7 @@ FILTERS = [
 
 
 def get_job(name: str, job_id: int) -> Job:
-    return get_object_or_404(Job.objects.select_related("model", "version", "dataset"), pk=job_id, model__name=name)
+    return get_object_or_404(Job.objects.select_related("model", "version", "dataset", "created_by", "cancelled_by"), pk=job_id, model__name=name)
 
 
 class JobList(APIView):
@@ -45,7 +45,7 @@ class JobList(APIView):
     @extend_schema(parameters=[*FILTERS, *PAGE_PARAMETERS], responses={200: JobSerializer(many=True), **error_responses(400, 404)},
                    description="The model's jobs, newest first, a page at a time.")
     def get(self, request, name: str):
-        jobs = get_model(name).jobs.select_related("model", "version", "dataset")
+        jobs = get_model(name).jobs.select_related("model", "version", "dataset", "created_by", "cancelled_by")
         for field, choices in (("kind", JobKind.values), ("status", JobStatus.values)):
             value = request.query_params.get(field)
             if value is None:
@@ -119,7 +119,7 @@ class CancelJob(APIView):
     def post(self, request, name: str, job_id: int):
         job = get_job(name, job_id)
         if not records.is_finished(job):
-            job = records.cancel(job)
+            job = records.cancel(job, request.user)
             if job.status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLED):
                 return Response(records.payload(job), status=status.HTTP_202_ACCEPTED)
         # Finished before the request, or while it was being cancelled.

@@ -18,6 +18,7 @@ from drf_spectacular.utils import (
 from rest_framework import exceptions, generics, status
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -163,7 +164,9 @@ class VersionArtifact(APIView):
     """The stored ONNX bytes, with their sha256 in ``X-Artifact-SHA256``."""
 
     authentication_classes = [WorkerTokenAuthentication, *APIView.authentication_classes]
-    permission_classes = []
+    # Any signed-in caller or a worker (not only the roles): with none at all, an anonymous
+    # OPTIONS was answered (the API's metadata) before the 401 below.
+    permission_classes = [IsAuthenticated]
 
     @extend_schema(
         responses={(200, "application/octet-stream"): OpenApiResponse(bytes), **error_responses(404, 409, 410)},

@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from registry.actions import events
 from registry.broadcast import send_to_group
 from registry.domain.choices import TERMINAL_JOB_STATUSES, JobStatus
 from registry.fleet.live import LIVE_GROUP
@@ -181,16 +182,20 @@ def _ended_without_success(job: Job) -> None:
         import_string(hook)(job)
 
 
-def cancel(job: Job) -> Job:
+def cancel(job: Job, actor=None) -> Job:
     """Cancel a job: a queued one at once, a running one within a second (its runner
-    polls ``cancel_requested``). A finished job is left as it is."""
+    polls ``cancel_requested``). A finished job is left as it is. The first person to ask
+    is kept on the job and in the model's audit trail."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         queued = job.status == JobStatus.QUEUED
+        who = {} if job.cancel_requested else {"cancelled_by": actor if actor is not None and actor.is_authenticated else None}
         if queued:
-            _set(job, status=JobStatus.CANCELLED, cancel_requested=True, finished_at=timezone.now(), error="cancelled before it started")
+            _set(job, status=JobStatus.CANCELLED, cancel_requested=True, finished_at=timezone.now(), error="cancelled before it started", **who)
         elif job.status == JobStatus.RUNNING:
-            _set(job, cancel_requested=True)
+            _set(job, cancel_requested=True, **who)
+        if who and job.cancel_requested:
+            events.job_cancelled(job, actor)
     relay(job)
     if queued:
         _ended_without_success(job)
@@ -269,6 +274,8 @@ def payload(job: Job) -> dict:
         "output_available": output_available(job),
         "attempts": job.attempts,
         "cancel_requested": job.cancel_requested,
+        "created_by": job.created_by.get_username() if job.created_by_id else None,
+        "cancelled_by": job.cancelled_by.get_username() if job.cancelled_by_id else None,
         "created_at": _iso(job.created_at),
         "started_at": _iso(job.started_at),
         "finished_at": _iso(job.finished_at),

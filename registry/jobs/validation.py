@@ -68,7 +68,7 @@ def ended_without_success(job: Job) -> None:
     if version is None:
         return
     what = "validation was cancelled" if job.status == JobStatus.CANCELLED else f"validation could not run: {job.error or 'no reason given'}"
-    uploads.mark_rejected(version, what, version.validation_report)
+    uploads.mark_rejected(version, what, version.validation_report, actor=job.cancelled_by if job.status == JobStatus.CANCELLED else None)
 
 
 def _verdict(version: ModelVersion) -> dict:

@@ -79,3 +79,40 @@ def test_a_user_name_longer_than_any_can_be_is_refused_by_the_form_and_never_tri
     assert response.status_code == 200
     assert "a user name has at most 150 characters" in response.content.decode()
     assert AccessAttempt.objects.count() == 0
+
+
+def change_password(client, old_password: str):
+    return client.post("/account/password/", {"old_password": old_password, "new_password1": "a-new-long-pass-9", "new_password2": "a-new-long-pass-9"})
+
+
+def test_wrong_old_passwords_on_the_password_page_count_towards_the_lockout_and_end_the_session(settings, operator):
+    held = Client(REMOTE_ADDR="203.0.113.7")
+    held.force_login(operator)
+    for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert "incorrect" in change_password(held, "a-guess").content.decode()
+
+    locked = change_password(held, "another-guess")
+
+    assert locked.status_code == 429
+    assert "_auth_user_id" not in held.session
+    assert change_password(held, "pw-olivia").status_code == 302  # to the sign-in page: the guesser is out
+    assert sign_in("olivia", "pw-olivia").status_code == 429  # and the name is paused from that address
+    operator.refresh_from_db()
+    assert operator.check_password("pw-olivia")
+
+
+def test_the_right_old_password_changes_it(operator):
+    held = Client(REMOTE_ADDR="203.0.113.7")
+    held.force_login(operator)
+
+    assert change_password(held, "pw-olivia").status_code == 302
+
+    operator.refresh_from_db()
+    assert operator.check_password("a-new-long-pass-9")
+
+
+def test_the_django_admins_password_page_is_the_consoles(admin_user):
+    held = Client()
+    held.force_login(admin_user)
+
+    assert held.get("/admin/password_change/")["Location"] == "/account/password/"

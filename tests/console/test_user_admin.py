@@ -259,6 +259,19 @@ def test_a_deactivated_user_can_no_longer_sign_in_or_use_their_token(admin_page,
     assert api_status(key) == 401
 
 
+def test_a_reactivation_does_not_bring_back_the_sessions_open_before_the_deactivation(admin_page, viewer, operator):
+    before = sign_in("victor", "pw-victor")
+    someone_else = sign_in("olivia", "pw-olivia")
+    admin_page.post(f"/users/{viewer.pk}/deactivate/")
+
+    admin_page.post(f"/users/{viewer.pk}/reactivate/")
+
+    assert before.get("/").status_code == 302  # to the sign-in page: a cookie taken before stays dead
+    assert before.get("/api/models/").status_code in (401, 403)
+    assert someone_else.get("/").status_code == 200
+    assert is_signed_in(sign_in("victor", "pw-victor"))
+
+
 def test_a_reactivated_user_signs_in_again(admin_page, viewer):
     admin_page.post(f"/users/{viewer.pk}/deactivate/")
 
@@ -336,3 +349,22 @@ def test_every_change_is_recorded_in_the_users_history_with_who_made_it(admin_pa
 def test_an_unknown_user_is_404(admin_page):
     assert admin_page.get("/users/999999/").status_code == 404
     assert admin_page.post("/users/999999/deactivate/").status_code == 404
+
+
+# ---------------------------------------------------------------- what they did stays theirs
+
+
+def test_the_django_admin_refuses_to_delete_a_person_with_a_history_and_their_name_stays_on_it(admin_page, operator, operator_client):
+    assert operator_client.post("/api/models/", {"name": "fraud"}, format="json").status_code == 201
+
+    response = admin_page.post(f"/admin/auth/user/{operator.pk}/delete/", {"post": "yes"})
+
+    assert "Cannot delete user" in response.content.decode()
+    assert User.objects.filter(pk=operator.pk).exists()
+    assert [event["actor"] for event in operator_client.get("/api/models/fraud/audit/").json()] == ["olivia"]
+
+
+def test_the_django_admin_deletes_a_person_who_never_acted(admin_page, viewer):
+    admin_page.post(f"/admin/auth/user/{viewer.pk}/delete/", {"post": "yes"})
+
+    assert not User.objects.filter(pk=viewer.pk).exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 
 import pytest
@@ -276,3 +277,17 @@ def test_a_model_created_with_a_field_it_does_not_take_is_refused_and_not_create
     assert response.status_code == 400
     assert response.json()["error"].startswith("max_batch_sise: this request does not take this field (it takes: name, description,")
     assert not RegisteredModel.objects.filter(name="fraud").exists()
+
+
+def _example_paths() -> list[str]:
+    from registry.api.urls import urlpatterns
+
+    values = {"slug:name": "digits", "int:number": "1", "int:pk": "1", "int:job_id": "1", "slug:dataset": "holdout"}
+    return ["/api/" + re.sub(r"<([^>]+)>", lambda found: values[found.group(1)], str(pattern.pattern)) for pattern in urlpatterns]
+
+
+@pytest.mark.parametrize("path", _example_paths())
+def test_an_anonymous_options_request_is_refused_on_every_api_route(stranger_client, path):
+    """The artifact route took anyone (it checks the caller itself), so DRF answered an
+    anonymous OPTIONS with the API's metadata before that check ran."""
+    assert stranger_client.options(path).status_code == 401

@@ -10,6 +10,7 @@ import io
 import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from rest_framework.test import APIClient
 
 from registry.domain.choices import JobKind, JobStatus, VersionStatus
 from registry.jobs import batch, files, records, runner
@@ -420,3 +421,27 @@ def test_a_stray_npz_member_that_is_not_even_npy_data_is_refused_by_its_name_uno
         "the input file does not fit version 1: the .npz array 'arr_0' is not an input of the model (its inputs: 'input') "
         f"(version 1 takes 'input' rows [{INPUT_WIDTH}] float32)")
     assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+def test_a_job_says_who_submitted_and_who_cancelled_it_and_the_audit_trail_keeps_both(jobs_model, operator_client):
+    job_id = submit(operator_client, npy_upload(rows(2))).json()["id"]
+
+    job = operator_client.post(f"{JOBS}{job_id}/cancel/").json()
+
+    assert (job["created_by"], job["cancelled_by"]) == ("olivia", "olivia")
+    trail = operator_client.get("/api/models/digits/audit/", {"kind": "job"}).json()
+    assert [(event["actor"], event["message"]) for event in trail] == [
+        ("olivia", f"Batch inference job #{job_id} of version 1 cancelled"), ("olivia", f"Batch job #{job_id} submitted on version 1")]
+
+
+def test_a_second_cancel_of_a_running_job_keeps_the_first_person_who_asked(jobs_model, operator_client, admin_user):
+    job_id = submit(operator_client, npy_upload(rows(2))).json()["id"]
+    records.claim(job_id)
+    operator_client.post(f"{JOBS}{job_id}/cancel/")
+    admin_client = APIClient()
+    admin_client.force_authenticate(admin_user)
+
+    job = admin_client.post(f"{JOBS}{job_id}/cancel/").json()
+
+    assert job["cancelled_by"] == "olivia"
+    assert Job.objects.get(pk=job_id).cancelled_by.username == "olivia"

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from registry.actions import retention, uploads
 from registry.artifacts import storage
@@ -326,3 +327,16 @@ def test_a_version_made_ready_by_its_job_or_inline_asks_for_its_follow_up_jobs(m
     uploads.register_stream(model, io.BytesIO(good_onnx_v2.read_bytes()), uploaded_by=None)
 
     assert asked == [1, 2]
+
+
+def test_a_cancelled_validation_is_put_on_whoever_cancelled_it_not_on_the_uploader(operator_client, model, good_onnx, admin_user):
+    upload(operator_client, good_onnx)
+
+    admin_client = APIClient()
+    admin_client.force_authenticate(admin_user)
+    admin_client.post(f"/api/models/digits/jobs/{Job.objects.get().pk}/cancel/")
+
+    refused = AuditEvent.objects.get(kind="upload_refused")
+    cancelled = AuditEvent.objects.get(kind="job")
+    assert (refused.actor.username, refused.message) == ("ada", "Upload refused: version 1 rejected: validation was cancelled")
+    assert (cancelled.actor.username, cancelled.message) == ("ada", f"Validation job #{Job.objects.get().pk} of version 1 cancelled")

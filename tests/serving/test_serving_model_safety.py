@@ -128,6 +128,18 @@ def test_node_that_names_a_file_of_its_own_is_refused():
     assert "(EPContext) refers to a file outside the model" in caught.value.reason
 
 
+def test_a_model_that_onnx_runtime_would_read_as_its_ort_format_is_refused():
+    model = build_multi_input()
+    model.producer_name = "ORTM-shaped"  # serialised right after ir_version: bytes 4 to 8
+    data = to_bytes(model)
+    assert data[4:8] == b"ORTM"
+
+    with pytest.raises(UnsafeModel) as caught:
+        check_model_bytes(data)
+
+    assert "read this file as its ORT format" in caught.value.reason
+
+
 def test_clean_model_passes_the_check():
     check_model_bytes(to_bytes(build_multi_input()))
 
