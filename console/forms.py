@@ -150,9 +150,12 @@ class RolloutForm(SeenGenerationForm):
 
 
 class RolloutActionForm(forms.Form):
-    """Pause, resume and abort: an optional reason, recorded in the audit timeline."""
+    """Pause, resume and abort: an optional reason, recorded in the audit timeline, and the
+    generation the page showed (resume and abort send it: each may change the traffic, so
+    a change made since refuses them; a pause changes none and sends none)."""
 
     reason = forms.CharField(required=False, max_length=500, validators=[refuse_control_characters])
+    expected_generation = forms.IntegerField(required=False, min_value=0, widget=forms.HiddenInput)
 
 
 class UploadForm(forms.Form):

@@ -62,7 +62,7 @@ def _rollout_action(action, done):
         if not form.is_valid():
             return _answer(request, name, "error", _first_error(form), status=400)
         try:
-            rollout = action(rollout, request.user, form.cleaned_data["reason"])
+            rollout = action(rollout, request.user, form.cleaned_data["reason"], expected_generation=form.cleaned_data["expected_generation"])
         except releases.ReleaseError as error:
             return _answer(request, name, "error", error.message, status=error.status, **error.details())
         return _answer(request, name, "success", done(rollout), rollout=rollout.pk)
@@ -91,11 +91,12 @@ def abort_rollout(request, name: str, pk: int):
     model = _model(name)
     rollout = _rollout(model, pk)
     if request.method == "GET":
-        return _confirm(request, model, "console/fragments/confirm_abort_rollout.html", rollout=rollout)
+        return _confirm(request, model, "console/fragments/confirm_abort_rollout.html", rollout=rollout,
+                        rollout_abort_target=rollouts.abort_target(rollout, model.current_release()))
     form = forms.RolloutActionForm(request.POST)
     if not form.is_valid():
         return _answer(request, name, "error", _first_error(form), status=400)
-    return abort_rollout_answer(request, model, rollout, form.cleaned_data["reason"])
+    return abort_rollout_answer(request, model, rollout, form.cleaned_data["reason"], form.cleaned_data["expected_generation"])
 
 
 @login_required

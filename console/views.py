@@ -417,6 +417,8 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
     return {
         "rollout": rollout,
         "rollout_is_active": rollout is not None and rollout.status in ACTIVE_ROLLOUT_STATUSES,
+        "rollout_abort_target": rollouts.abort_target(rollout, release) if rollout is not None else None,
+        "current_summary": describe_routes(release.routes) if release else "",  # the abort dialog's "Now:", on the rollout page too
         "rollout_is_analysed": rollout is not None and rollout.status in ANALYSED_ROLLOUT_STATUSES,
         "rollout_overdue_s": rollouts.analysis_overdue_s(rollout) if rollout else None,
         "rollout_waits_for_reports": rollouts.waits_for_reports(rollout) if rollout else False,
@@ -587,17 +589,25 @@ def to_stable(request, name: str):
     return _aborted_answer(request, model, aborted) if aborted is not None else _release_made(request, model, release)
 
 
-def abort_rollout_answer(request, model: RegisteredModel, rollout: Rollout, reason: str):
+def abort_rollout_answer(request, model: RegisteredModel, rollout: Rollout, reason: str, seen: int | None):
     try:
-        rollout = rollouts.abort(rollout, request.user, reason)
+        rollout = rollouts.abort(rollout, request.user, reason, expected_generation=seen)
     except releases.ReleaseError as error:
         return _answer(request, model.name, "error", error.message, status=error.status, **error.details())
     return _aborted_answer(request, model, rollout)
 
 
 def _aborted_answer(request, model: RegisteredModel, rollout: Rollout):
-    text = f"Rollout #{rollout.pk} aborted: v{rollout.stable_version} is back to 100% (generation {rollout.release_generation}). Workers are converging."
-    return _answer(request, model.name, "success", text, rollout=rollout.pk, generation=rollout.release_generation)
+    """What the abort did: the release it made, or the traffic it left as it was (a change
+    made since the rollout's last step, which the abort keeps)."""
+    current = model.current_release()
+    if current is None or current.generation != rollout.release_generation:
+        text = (f"Rollout #{rollout.pk} aborted; the traffic stays as generation {current.generation} made it "
+                f"({describe_routes(current.routes)}), a change made since the rollout's last step." if current else
+                f"Rollout #{rollout.pk} aborted.")
+        return _answer(request, model.name, "success", text, rollout=rollout.pk, generation=current.generation if current else None)
+    text = f"Rollout #{rollout.pk} aborted: v{current.stable_version} is back to 100% (generation {current.generation}). Workers are converging."
+    return _answer(request, model.name, "success", text, rollout=rollout.pk, generation=current.generation)
 
 
 @login_required

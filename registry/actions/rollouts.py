@@ -198,21 +198,24 @@ def _apply_step(rollout: Rollout, actor, reason: str = "", *, force: bool = Fals
 # ---- operator actions ------------------------------------------------------------------
 
 
-def pause(rollout: Rollout, actor, reason: str = "") -> Rollout:
+def pause(rollout: Rollout, actor, reason: str = "", *, expected_generation: int | None = None) -> Rollout:
     with transaction.atomic():
+        ServingGeneration.objects.lock()
         rollout = _locked(rollout)
+        releases.check_expected_generation(rollout.model, rollout.model.current_release(), expected_generation)
         if rollout.status not in ANALYSED_ROLLOUT_STATUSES:
             raise RolloutConflict(f"rollout #{rollout.pk} is {rollout.get_status_display().lower()}: only a running rollout can be paused")
         _pause(rollout, actor, f"paused by {_who(actor)}{_because(reason)}")
     return rollout
 
 
-def resume(rollout: Rollout, actor, reason: str = "") -> Rollout:
+def resume(rollout: Rollout, actor, reason: str = "", *, expected_generation: int | None = None) -> Rollout:
     """Back to running from the step it was on: the step's split is set again (a manual
     change may have replaced it) and the step's hold starts over."""
     with transaction.atomic():
         ServingGeneration.objects.lock()
         rollout = _locked(rollout)
+        releases.check_expected_generation(rollout.model, rollout.model.current_release(), expected_generation)
         if rollout.status != RolloutStatus.PAUSED:
             raise RolloutConflict(f"rollout #{rollout.pk} is {rollout.get_status_display().lower()}: only a paused rollout can be resumed")
         _restart_step(rollout, timezone.now())
@@ -222,25 +225,39 @@ def resume(rollout: Rollout, actor, reason: str = "") -> Rollout:
     return rollout
 
 
-def abort(rollout: Rollout, actor, reason: str = "") -> Rollout:
-    """Stable back to 100 % at once."""
+def abort_target(rollout: Rollout, current: Release | None) -> int | None:
+    """The version an abort sends all traffic to while ``current`` is in force, or None
+    when it leaves the traffic as it is: what the abort button, its dialog and its answer
+    say, and what ``abort`` does."""
+    if current is None or current.generation == rollout.release_generation:
+        return rollout.stable_version
+    if versions_receiving(current.routes) == [current.stable_version]:
+        # Someone changed the traffic since the rollout's last step (the pause says who),
+        # onto one version: it stands. Back to the rollout's stable undid an operator's
+        # promote of the canary, with no rollback to return to it.
+        return None
+    return current.stable_version  # a split made since: its own stable at 100 %, as "Abort to stable" does
+
+
+def abort(rollout: Rollout, actor, reason: str = "", *, expected_generation: int | None = None) -> Rollout:
+    """Stable back to 100 % at once (``abort_target`` says which, or that the traffic
+    stays). With ``expected_generation``, refused when the traffic changed since: the
+    operator's dialog promised a release that no longer describes what would happen."""
     with transaction.atomic():
         ServingGeneration.objects.lock()
         rollout = _locked(rollout)
         if rollout.status not in ACTIVE_ROLLOUT_STATUSES:
             raise RolloutConflict(f"rollout #{rollout.pk} is already {rollout.get_status_display().lower()}")
-        note = f"aborted by {_who(actor)}{_because(reason)}"
         current = rollout.model.current_release()
-        if current is None or current.generation == rollout.release_generation:
-            _finish_to_stable(rollout, actor, RolloutStatus.ABORTED, note)
-        elif versions_receiving(current.routes) == [current.stable_version]:
-            # Someone changed the traffic since the rollout's last step (the pause says who),
-            # onto one version: it stands. Back to the rollout's stable undid an operator's
-            # promote of the canary, with no rollback to return to it.
+        releases.check_expected_generation(rollout.model, current, expected_generation)
+        note = f"aborted by {_who(actor)}{_because(reason)}"
+        target = abort_target(rollout, current)
+        if target is None:
             _finish(rollout, actor, RolloutStatus.ABORTED,
-                    f"{note}; traffic left as generation {current.generation} ({releases.describe_routes(current)}), made since the rollout's last step")
-        else:  # a split made since: its own stable at 100 %, as "Abort to stable" does
-            _finish_to_stable(rollout, actor, RolloutStatus.ABORTED, note, stable_version=current.stable_version)
+                    f"{note}; traffic left as generation {current.generation} ({releases.describe_routes(current)}), made since the rollout's last step",
+                    generation=None)  # the abort made no release
+        else:
+            _finish_to_stable(rollout, actor, RolloutStatus.ABORTED, note, stable_version=target)
     return rollout
 
 
@@ -250,8 +267,8 @@ def back_to_stable(model: RegisteredModel, actor, reason: str = "", *, expected_
     100 %. The release made, and the rollout aborted (or None)."""
     active = model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first()
     if active is not None:
-        aborted = abort(active, actor, reason)
-        return model.releases.get(generation=aborted.release_generation), aborted
+        aborted = abort(active, actor, reason, expected_generation=expected_generation)
+        return model.current_release(), aborted
     release = releases.to_stable(model, None, actor, reason or "back to stable", expected_generation=expected_generation)
     return release, None
 
@@ -496,10 +513,10 @@ def _finish_to_stable(rollout: Rollout, actor, status: str, note: str, stable_ve
     _finish(rollout, actor, status, f"{note} (generation {release.generation}: v{stable_version} at 100%)")
 
 
-def _finish(rollout: Rollout, actor, status: str, note: str) -> None:
+def _finish(rollout: Rollout, actor, status: str, note: str, **data) -> None:
     rollout.status, rollout.status_reason, rollout.finished_at = status, note, timezone.now()
     rollout.save()
-    events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} {rollout.get_status_display().lower()}: {note}", {"event": status})
+    events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} {rollout.get_status_display().lower()}: {note}", {"event": status, **data})
 
 
 def _restart_step(rollout: Rollout, now: datetime) -> None:

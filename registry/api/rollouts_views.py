@@ -77,7 +77,8 @@ class RolloutAction(APIView):
         form = serializers.ReasonSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         try:
-            rollout = type(self).rollout_action(rollout, request.user, form.validated_data["reason"])
+            rollout = type(self).rollout_action(rollout, request.user, form.validated_data["reason"],
+                                                expected_generation=form.validated_data.get("expected_generation"))
         except releases.ReleaseError as error:
             return error_response(error.message, error.status, **error.details())
         return Response(serializers.RolloutDetailSerializer(rollout).data)

@@ -304,6 +304,73 @@ def test_abort_returns_everything_to_stable_and_the_panel_shows_the_outcome(oper
     assert 'action="/models/digits/rollouts/"' in html  # a new one may start
 
 
+def test_after_a_promote_made_since_the_abort_button_and_dialog_say_the_traffic_stays_and_so_does_the_answer(operator_page, digits, operator):
+    """They said "v1 back to 100%" and "v1 is back to 100% (generation 2)" while v2 kept
+    all the traffic: the abort leaves a promote made since its last step standing."""
+    rollout = start_rollout(digits, operator)
+    promoted = releases.promote(digits, operator, "taking v2 now")
+
+    html = panel(operator_page)
+    response = operator_page.post(f"/models/digits/rollouts/{rollout.pk}/abort/", {"expected_generation": promoted.generation})
+
+    assert "■ Abort: traffic stays as it is" in html and "back to 100%" not in html
+    assert "the traffic stays as it is</strong>: generation 3 (v2 100%) was made since the rollout's last step" in html
+    assert messages_of(response) == [f"Rollout #{rollout.pk} aborted; the traffic stays as generation 3 made it (v2 100%), "
+                                     "a change made since the rollout's last step."]
+    assert digits.current_release().generation == promoted.generation
+
+
+def test_an_abort_from_a_page_older_than_the_traffic_is_refused_and_changes_nothing(operator_page, digits, operator):
+    rollout = start_rollout(digits, operator)
+    seen = digits.current_release().generation
+    releases.promote(digits, operator, "taking v2 now")
+    before = snapshot()
+
+    response = operator_page.post(f"/models/digits/rollouts/{rollout.pk}/abort/", {"expected_generation": seen}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 409
+    assert "replaced generation 2 you saw: nothing changed" in response.json()["message"]
+    assert snapshot() == before
+
+
+def test_abort_to_stable_from_a_page_older_than_the_traffic_is_refused_while_a_rollout_is_active(operator_page, digits, operator):
+    """The release panel's "Abort to v1 100%" took the active rollout's abort, which took
+    no generation: a promote made after the page was drawn was answered "v1 is back"."""
+    start_rollout(digits, operator)
+    seen = digits.current_release().generation
+    releases.promote(digits, operator, "taking v2 now")
+    before = snapshot()
+
+    response = operator_page.post("/models/digits/to-stable/", {"expected_generation": seen}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 409
+    assert snapshot() == before
+
+
+def test_a_resume_from_a_page_older_than_the_traffic_is_refused(operator_page, digits, operator):
+    rollout = start_rollout(digits, operator)
+    rollouts.pause(rollout, operator)
+    seen = digits.current_release().generation
+    releases.set_routes(digits, [{"version": 1, "weight": 70}, {"version": 2, "weight": 30}], operator)
+    before = snapshot()
+
+    response = operator_page.post(f"/models/digits/rollouts/{rollout.pk}/resume/", {"expected_generation": seen}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 409
+    assert snapshot() == before
+
+
+def test_an_abort_that_made_no_release_links_no_generation_as_made_in_the_audit(operator_client, digits, operator):
+    rollout = start_rollout(digits, operator)
+    releases.promote(digits, operator, "taking v2 now")
+
+    rollouts.abort(Rollout.objects.get(pk=rollout.pk), operator)
+
+    aborted = operator_client.get("/api/models/digits/audit/", {"kind": "rollout"}).json()[0]
+    assert "aborted" in aborted["message"]
+    assert aborted["generation"] is None
+
+
 def test_a_promoted_rollout_shows_every_step_done_and_its_outcome(operator_page, digits, operator):
     rollout = start_rollout(digits, operator, steps=(50, 100), step_duration_s=0)
     rollout = judge_window(judge_window(rollout))

@@ -125,6 +125,22 @@ def test_pause_resume_and_abort_answer_the_new_state(three_versions, operator_cl
     assert operator_client.post(url + "resume/", {}, format="json").status_code == 409
 
 
+@pytest.mark.parametrize("action", ["pause", "resume", "abort"])
+def test_a_rollout_action_sent_with_a_generation_older_than_the_traffic_is_refused_and_changes_nothing(three_versions, operator_client, action):
+    """The API took expected_generation for these and ignored it."""
+    url = f"{ROLLOUTS}{operator_client.post(ROLLOUTS, PLAN, format='json').json()['id']}/"
+    if action == "resume":
+        operator_client.post(url + "pause/", {}, format="json")
+    seen = three_versions.current_release().generation
+    operator_client.post("/api/models/digits/release/", {"routes": [{"version": 1, "weight": 80}, {"version": 2, "weight": 20}]}, format="json")
+    before = (three_versions.current_release().generation, operator_client.get(url).json()["status"])
+
+    answer = operator_client.post(url + f"{action}/", {"expected_generation": seen}, format="json")
+
+    assert answer.status_code == 409 and f"replaced generation {seen} you saw" in answer.json()["error"]
+    assert (three_versions.current_release().generation, operator_client.get(url).json()["status"]) == before
+
+
 def test_a_finished_rollout_answers_no_weight_and_no_next_window(three_versions, operator_client):
     # Rolled back, it answered "current_weight": 10 while the canary served nothing, and a window after its end.
     url = f"{ROLLOUTS}{operator_client.post(ROLLOUTS, PLAN, format='json').json()['id']}/"
