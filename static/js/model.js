@@ -252,7 +252,8 @@
     const submitter = event.submitter;
     if (submitter && submitter.name === "confirmed_weight") return;
     const typed = form.elements.weight ? form.elements.weight.value.trim() : "";
-    const weight = submitter && submitter.name === "preset" ? Number(submitter.value) : typed === "" ? null : Number(typed);
+    // Whole numbers only, as the server's field: Number() read "1e2" as 100 and asked to confirm 100%.
+    const weight = submitter && submitter.name === "preset" ? Number(submitter.value) : /^\d+$/.test(typed) ? Number(typed) : null;
     const dialog = document.getElementById("full-share-dialog");
     if (weight !== 100 || !dialog || !dialog.showModal) return;  // without dialogs the server asks instead
     event.preventDefault();

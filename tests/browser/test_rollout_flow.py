@@ -85,6 +85,13 @@ def full_share_asks_first(page, stack) -> None:
     dialog.get_by_role("link", name="Cancel").click()
     expect(dialog).to_be_hidden()
     assert panel.locator("[data-generation]").get_attribute("data-generation") == generation  # nothing was sent
+    # "1e2" is no whole number to the server: the page sends it to be refused, not asked as 100%.
+    panel.locator("#id_weight").fill("1e2")
+    panel.get_by_role("button", name="Set", exact=True).click()
+    expect(page.locator("#messages")).to_contain_text("Enter a whole number")
+    expect(dialog).to_be_hidden()
+    assert panel.locator("[data-generation]").get_attribute("data-generation") == generation
+    panel.locator("#id_weight").fill("")
 
 
 def start_a_rollout(page, stack) -> None:
