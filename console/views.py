@@ -358,7 +358,7 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "canary_load_failure": fleet.load_failure(model.name, canary["version"]) if canary else None,
         "lagging_workers": (lagging := [row for row in convergence["workers"] if not row["converged"]]),
         # "Converging" of a worker whose apply failed read as if it would get there by itself.
-        "lagging_failed": any(row["error"] and not row["ok"] for row in lagging),
+        "lagging_failed": any(row["error"] and not row["ok"] for row in lagging) or bool(convergence["unconfirmed_silent"]),
         "split_form": _split_form(release, choices, canary),
         "split_candidates": (candidates := canary_candidates(versions, choices, model)),
         "split_any_incompatible": any(candidate["incompatible"] for candidate in candidates),

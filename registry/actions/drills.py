@@ -32,6 +32,7 @@ from registry.domain.choices import ANALYSED_ROLLOUT_STATUSES, DrillStatus, Roll
 from registry.fleet.state import issued_digest
 from registry.fleet.workers import (
     GONE_LISTED_FOR,
+    RECENTLY_SILENT_S,
     SAID_STOPPED,
     SHOWN_ERROR_CHARS,
     IssuedDigests,
@@ -53,17 +54,11 @@ from serving.contract import models_not_applied
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05
-# A worker whose last report came less than this before the drill is one of its
-# participants even when it is "gone" (silent past WORKER_GONE_AFTER_S): a frozen process
-# (SIGSTOP, a long GC or swap pause, a partitioned host) still holds its port and may serve
-# the old state, and an operator found a drill passing because a worker froze 5.1 s before
-# it (4.9 s: failed). A fixed minute rather than a multiple of a setting: DRILL_TARGET_S
-# and DRILL_ACK_TIMEOUT_S may be set to a fraction of a second, and the question here is
-# how long a silent worker may still be serving, which the drill's timing does not bound.
-# It covers the worker Deployment's liveness probe (deploy/k8s/base/worker.yaml: 3 failures
-# 10 s apart, about 33 s to a restart); a worker silent longer is taken for dead, since
-# every restart reports under a new id and the old one's row stays until retention.
-RECENTLY_SILENT_S = 60.0
+# A worker whose last report came less than RECENTLY_SILENT_S (registry.fleet.workers)
+# before the drill is one of its participants even when it is "gone": an operator found a
+# drill passing because a worker froze 5.1 s before it (4.9 s: failed). A fixed minute,
+# not a multiple of DRILL_TARGET_S or DRILL_ACK_TIMEOUT_S, which may be set to a fraction
+# of a second: the question is how long a silent worker may still be serving.
 # A drill's wait overrunning DRILL_ACK_TIMEOUT_S by more than this was the console's own
 # stall, not a slow poll (POLL_S) or a slow query.
 CONSOLE_STALL_SLACK_S = 2.0

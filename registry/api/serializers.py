@@ -388,6 +388,13 @@ class WorkerConvergenceSerializer(serializers.Serializer):
     last_seen_at = serializers.DateTimeField()
 
 
+class SilentWorkerSerializer(serializers.Serializer):
+    worker_id = serializers.CharField()
+    silent_s = serializers.FloatField()
+    state = serializers.CharField()
+    last_seen_at = serializers.DateTimeField()
+
+
 class ReleaseStateSerializer(serializers.Serializer):
     """A model's current release and how far the live workers are in serving it."""
 
@@ -396,7 +403,10 @@ class ReleaseStateSerializer(serializers.Serializer):
     release = ReleaseSerializer(allow_null=True)
     rollback_returns_to = serializers.CharField(allow_null=True, help_text="What a rollback from this release returns to, in words; null when nothing.")
     workers = WorkerConvergenceSerializer(many=True)
-    converged = serializers.BooleanField()
+    unconfirmed_silent = SilentWorkerSerializer(many=True, help_text=(
+        "Workers silent past WORKER_GONE_AFTER_S for less than a minute that have not proved this release: frozen or cut off from the "
+        "console, they may still serve what it replaced. Each keeps `converged` false."))
+    converged = serializers.BooleanField(help_text="Every live worker serves this release, proved by digest, and no recently silent worker is unconfirmed.")
     failing_elsewhere = serializers.IntegerField(help_text="Of the workers converged for this model, how many fail to apply "
                                                            "another model (their state in words says which).")
     rollback_ready = serializers.BooleanField()

@@ -61,6 +61,18 @@ def check_contract(message: object) -> None:
 SAID_STOPPED = Q(last_report__has_key="state") & Q(last_report__state="stopped")
 
 
+# A worker silent for less than this (past WORKER_GONE_AFTER_S, without saying it stopped)
+# may still serve: a frozen process (SIGSTOP, a long GC or swap pause) or a host cut off
+# from the console and Redis but not from its clients still holds its port. Drills wait
+# for such workers, and a release is not "converged" while one has not proved it serves
+# it: a partitioned worker answered 1,464 requests with the rolled-away version over 18 s
+# while the release read "converged" from the two workers the console could hear. A fixed
+# minute rather than a multiple of a setting: it covers the worker Deployment's liveness
+# probe (deploy/k8s/base/worker.yaml: 3 failures 10 s apart, about 33 s to a restart);
+# a worker silent longer is taken for dead, since every restart reports under a new id.
+RECENTLY_SILENT_S = 60.0
+
+
 def live_workers():
     """Workers that reported within WORKER_GONE_AFTER_S and did not say they stopped."""
     cutoff = timezone.now() - timedelta(seconds=settings.WORKER_GONE_AFTER_S)
@@ -356,18 +368,46 @@ def record_ack(message: dict, key: str | None = None) -> WorkerAck:
 def convergence(release: Release | None) -> dict:
     """Which live workers serve the content of ``release`` (or later), proved by digest (of
     the whole state, or of the release's model where another model fails on a worker),
-    and whether its rollback target is warm everywhere."""
+    which recently silent workers have not proved it (``unconfirmed_silent``: each keeps
+    the release from "converged"), and whether its rollback target is warm everywhere."""
+    now = timezone.now()
     workers = list(live_workers())
     generation = release.generation if release else 0
     digests = IssuedDigests()
     rows = [_worker_convergence(worker, release, generation, digests) for worker in workers]
+    silent = _unconfirmed_silent(release, generation, digests, now)
     return {
         "workers": rows,
-        "converged": bool(rows) and all(row["converged"] for row in rows),
+        "unconfirmed_silent": silent,
+        "converged": bool(rows) and all(row["converged"] for row in rows) and not silent,
         # Converged for this model while another model fails there: said beside "converged".
         "failing_elsewhere": sum(row["converged"] and not row["ok"] for row in rows),
         "rollback_ready": bool(rows) and release is not None and release.rollback_target is not None and not release.is_archive and all(row["rollback_warm"] for row in rows),
     }
+
+
+def recently_silent_workers(now=None):
+    """Workers gone (silent past WORKER_GONE_AFTER_S, no word of stopping) for less than
+    RECENTLY_SILENT_S: they may still serve."""
+    now = now or timezone.now()
+    gone_before = now - timedelta(seconds=settings.WORKER_GONE_AFTER_S)
+    return Worker.objects.filter(last_seen_at__lt=gone_before, last_seen_at__gte=now - timedelta(seconds=RECENTLY_SILENT_S)).exclude(SAID_STOPPED)
+
+
+def _unconfirmed_silent(release: Release | None, generation: int, digests: IssuedDigests, now) -> list[dict]:
+    """The recently silent workers whose last proof is older than ``release``: what they
+    serve now is unknown, and may be what it replaced."""
+    model_name = release.model.name if release else None
+    rows = []
+    for worker in recently_silent_workers(now):
+        proven = proven_generation(worker, digests)
+        if (proven is not None and proven >= generation) or (model_name and serves_issued_model(worker.last_report, generation, model_name, digests)):
+            continue
+        silent_s = (now - worker.last_seen_at).total_seconds()
+        last = f"it last proved generation {proven}" if proven is not None else "it never proved a state"
+        rows.append({"worker_id": worker.worker_id, "silent_s": round(silent_s, 1), "last_seen_at": worker.last_seen_at,
+                     "state": f"silent {silent_s:.0f} s, {last}: frozen or cut off, it may still serve what generation {generation} replaced"})
+    return rows
 
 
 def _worker_convergence(worker: Worker, release: Release | None, generation: int, digests: IssuedDigests) -> dict:

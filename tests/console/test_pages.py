@@ -65,6 +65,18 @@ def test_the_model_page_names_each_worker_still_converging_and_no_other(viewer_p
     assert f"Converging: w1 on gen {behind}.</span>" in html
 
 
+def test_the_model_page_says_a_recently_silent_worker_has_not_confirmed_the_release(viewer_page, canary_digits):
+    current = canary_digits.current_release().generation
+    report_from("w1", generation=current, versions=[])
+    report_from("w2", generation=current - 1, versions=[], seconds_ago=12)
+
+    html = viewer_page.get("/models/digits/").content.decode()
+
+    assert "✓ All" not in html
+    assert (f'Not converged: <span data-silent-worker="w2">w2 silent 12 s, it last proved generation {current - 1}: frozen or cut off, '
+            f"it may still serve what generation {current} replaced</span>.</span>") in html
+
+
 def test_the_model_page_says_a_worker_that_failed_to_apply_the_release_is_not_converging(viewer_page, canary_digits):
     # "Converging: w1 on gen 15 (applied but for digits …)" read as if it would get there
     # by itself; its canary's file was broken and it never would.

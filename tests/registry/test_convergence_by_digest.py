@@ -3,10 +3,13 @@ the digest it reports or acks; the generation number alone proves nothing."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from registry.fleet.state import issued_digest, issued_state
-from registry.models import ServingGeneration
+from registry.models import ServingGeneration, Worker
 from serving.contract import CONTRACT_VERSION
 from serving.state_signing import model_digests
 
@@ -103,3 +106,49 @@ def test_a_model_digest_from_another_epoch_converges_nothing(worker_client, oper
     served_but_for_other(worker_client, 2, model_digests(other_epoch)["digits"])
 
     assert worker_row(operator_client)["converged"] is False
+
+
+# ---------------------------------------------------------------- workers the console cannot hear
+
+
+def silence(worker_id: str, seconds: float) -> None:
+    Worker.objects.filter(worker_id=worker_id).update(last_seen_at=timezone.now() - timedelta(seconds=seconds))
+
+
+def two_workers_then_a_rollback(worker_client, operator_client, silent_for: float) -> dict:
+    """w-1 and w-2 serve generation 2; w-2 falls silent; digits rolls back (generation 3),
+    which w-1 acks."""
+    for worker_id in ("w-1", "w-2"):
+        worker_client.post("/api/serving/reports", {**report(2, issued_digest(2)), "worker": {"id": worker_id, "host": "box"}}, format="json")
+    silence("w-2", silent_for)
+    assert operator_client.post("/api/models/digits/release/rollback/", {}, format="json").json()["release"]["generation"] == 3
+    worker_client.post("/api/serving/acks", {"worker": "w-1", "generation": 3, "digest": issued_digest(3), "ok": True, "contract": CONTRACT_VERSION},
+                       format="json")
+    return operator_client.get("/api/models/digits/release/").json()
+
+
+def test_a_release_is_not_converged_while_a_recently_silent_worker_has_not_proved_it(worker_client, operator_client, canary):
+    """Partitioned from the console but not from its clients, a worker answered 1,464
+    requests with the rolled-away version while the release read converged."""
+    body = two_workers_then_a_rollback(worker_client, operator_client, silent_for=12)
+
+    assert [row["worker_id"] for row in body["workers"]] == ["w-1"]
+    assert body["converged"] is False
+    assert [(row["worker_id"], row["state"]) for row in body["unconfirmed_silent"]] == [
+        ("w-2", "silent 12 s, it last proved generation 2: frozen or cut off, it may still serve what generation 3 replaced")]
+
+
+def test_a_worker_silent_past_a_minute_is_taken_for_dead_and_no_longer_holds_convergence(worker_client, operator_client, canary):
+    body = two_workers_then_a_rollback(worker_client, operator_client, silent_for=61)
+
+    assert (body["converged"], body["unconfirmed_silent"]) == (True, [])
+
+
+def test_a_silent_worker_that_proved_the_release_before_falling_silent_does_not_hold_convergence(worker_client, operator_client, canary):
+    worker_client.post("/api/serving/reports", {**report(2, issued_digest(2)), "worker": {"id": "w-2", "host": "box"}}, format="json")
+    worker_client.post("/api/serving/reports", report(2, issued_digest(2)), format="json")
+    silence("w-2", 12)
+
+    body = operator_client.get("/api/models/digits/release/").json()
+
+    assert (body["converged"], body["unconfirmed_silent"]) == (True, [])
