@@ -194,7 +194,9 @@ def _fleet_problem(release: Release, convergence: dict) -> tuple[str, str] | Non
         return "warn", f"{len(behind)} of {len(rows)} workers converging to generation {release.generation} ({first['worker_id']}: {first['state']})"
     silent = convergence.get("unconfirmed_silent") or []
     if silent:
-        return "warn", f"{len(silent)} silent worker{'s' if len(silent) > 1 else ''} not confirmed on generation {release.generation} ({silent[0]['worker_id']}: {silent[0]['state']})"
+        first = silent[0]
+        return "warn", (f"{len(silent)} silent worker{'s' if len(silent) > 1 else ''} not confirmed on generation {release.generation} "
+                        f"({first['worker_id']}: {first['state']})")
     # Last: a convergence in progress passes, a gone worker stays named for the hour.
     return _gone_problem()
 

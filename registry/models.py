@@ -206,8 +206,8 @@ class Drill(models.Model):
     failed_requests = models.PositiveIntegerField(null=True, blank=True)
     target_s = models.FloatField()
     # [{"worker", "ack_s", "ok", "error", "note", "confirmed_s", "silent_before_s", "generation", "digest", "model_digest",
-    #   "failed_requests"}]: "model_digest" is the confirming report's digest of the drilled model; "note" what else
-    #   failed on a worker that followed
+    #   "failed_requests", "restarted"}]: "model_digest" is the confirming report's digest of the drilled model; "note"
+    #   what else failed on a worker that followed; "restarted" "pid A → B" when a new process took its id meanwhile
     workers = models.JSONField(default=list)
     error = models.TextField(blank=True)
 

@@ -156,3 +156,33 @@ def test_a_roll_forward_a_worker_never_acked_is_said_in_the_drill_not_only_made(
 
     assert (drill["status"], drill["forward_generation"]) == ("passed", 4)
     assert drill["error"] == f"rolled forward to generation 4, but 1 of 1 workers did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: w-1 (no ack)"
+
+
+def report_from_process(client, generation: int, pid: int, failed: int) -> int:
+    return client.post("/api/serving/reports", {
+        "worker": {"id": "w-1", "host": "box", "pid": pid}, "generation": generation, "digest": issued_digest(generation),
+        "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": failed, "contract": CONTRACT_VERSION,
+    }, format="json").status_code
+
+
+def test_a_worker_restarted_under_its_id_during_the_drill_fails_it_and_its_failures_are_not_taken_as_zero(worker_client, operator_client, canary):
+    """Killed after its ack and started again under the same id, the worker confirmed from
+    its new process, whose count began at 0: the drill passed with 0 failed requests while
+    its clients had met a closed port (595 refused connections in a fault run)."""
+    assert report_from_process(worker_client, 2, pid=100, failed=40) == 204
+
+    def ack_then_restart():
+        wait_for_generation(3)
+        assert ack(worker_client, 3) == 204  # the old process
+        time.sleep(0.3)
+        assert report_from_process(worker_client, 3, pid=200, failed=0) == 204  # the new one
+        wait_for_generation(4)
+        ack(worker_client, 4)
+
+    worker = in_thread(ack_then_restart)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(15)
+
+    assert drill["status"] == "failed"
+    assert "1 of 1 workers restarted during the drill: w-1 (pid 100 → 200); requests sent to them meanwhile failed uncounted" in drill["error"]
+    assert (drill["workers"][0]["restarted"], drill["workers"][0]["failed_requests"], drill["failed_requests"]) == ("pid 100 → 200", None, None)

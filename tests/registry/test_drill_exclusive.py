@@ -3,14 +3,16 @@ under the lock."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from registry.actions import drills, releases
 from registry.domain.choices import DrillStatus
-from registry.models import Drill, Release
+from registry.models import Drill, Release, ServingGeneration
 from tests.fixtures.threads import run_in_threads
 
 
@@ -82,3 +84,28 @@ def test_two_drills_started_together_make_one_rollback(canary, operator, setting
     assert (len(made), len(refused)) == (1, 1), results
     assert list(Release.objects.filter(action="rollback").values_list("generation", flat=True)) == [3]
     assert Drill.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drill_is_timed_from_the_operators_click_not_from_the_end_of_a_wait_for_the_lock(canary, operator, settings):
+    """Started after the wait, a drill whose rollback waited 5.6 s on a locked table
+    reported 1.0 s and passed."""
+    settings.DRILL_ACK_TIMEOUT_S = 0.2
+    clicked = {}
+
+    def hold_the_lock_or_drill(index: int):
+        if index == 0:
+            with transaction.atomic():
+                ServingGeneration.objects.lock()
+                time.sleep(1.0)
+            return None
+        time.sleep(0.2)  # the holder has the lock by now
+        clicked["at"] = timezone.now()
+        return drills.run_drill(canary, operator, expected_generation=2)
+
+    drill = run_in_threads(2, hold_the_lock_or_drill)[1]
+
+    assert isinstance(drill, Drill), drill
+    assert abs((drill.started_at - clicked["at"]).total_seconds()) < 0.1
+    rollback = Release.objects.get(generation=drill.to_generation)
+    assert (rollback.created_at - drill.started_at).total_seconds() >= 0.7
