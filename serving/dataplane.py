@@ -223,10 +223,14 @@ class DataPlane:
         return document, None
 
     def model_config(self, name: str, version: int | None) -> dict:
-        """Triton's model configuration of the named version, else of the one the metadata shows."""
-        routes = self.repository.router.table.model(name)
-        target = _default_version(routes, name) if version is None else _loaded(routes, name, version)
-        return triton.model_config(target, list(routes.targets), self.repository.device,
+        """Triton's model configuration of the named version, else of the one the metadata shows.
+        It answers as the metadata does (`resolve`): a warm or shadow version is the 404 its
+        inference gets, and only versions a request may name are listed."""
+        table = self.repository.router.table
+        routes = table.model(name)
+        target = _default_version(routes, name) if version is None else table.resolve(name, version)
+        requestable = [v for v in routes.targets if _is_requestable(table, name, v)]
+        return triton.model_config(target, requestable, self.repository.device,
                                    self.repository.config.max_batches_in_flight, self.request_timeout_s)
 
     def model_statistics(self, name: str | None, version: int | None) -> dict:

@@ -46,11 +46,17 @@ def test_at_an_even_split_the_model_metadata_describes_the_older_version(start_w
     assert document["parameters"]["default_version"] == 1
 
 
-@pytest.mark.parametrize("asked", ["ready", "metadata"])
+def test_model_config_lists_only_versions_a_request_may_name(canary_worker, client):
+    document = client.get(canary_worker.url + "/v2/models/digits/config").json()
+
+    assert document["version_policy"] == {"specific": {"versions": [1]}}
+
+
+@pytest.mark.parametrize("asked", ["ready", "metadata", "config"])
 @pytest.mark.parametrize("version", [2, 3])
 def test_a_version_taking_no_traffic_is_the_404_its_inference_gets(canary_worker, client, version, asked):
     path = f"{canary_worker.url}/v2/models/digits/versions/{version}"
-    answer = client.get(path + "/ready" if asked == "ready" else path)
+    answer = client.get(path if asked == "metadata" else f"{path}/{asked}")
     infer = client.post(path + "/infer", json=v2_body(ONE_ROW))
 
     assert infer.status_code == 404
