@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
@@ -64,6 +64,9 @@ class TensorSpec:
     name: str
     datatype: str  # KServe V2 name
     shape: tuple[int | None, ...]  # None: dynamic (symbolic or unnamed)
+    # A dynamic dimension's symbolic name (ONNX dim_param), else None: inputs that name the
+    # same dimension must agree on it (`protocol.check_shared_dims`).
+    dim_names: tuple[str | None, ...] = field(default=(), compare=False)
 
     @property
     def dtype(self) -> np.dtype | None:
@@ -76,7 +79,8 @@ class TensorSpec:
 
 def tensor_spec(node: ort.NodeArg) -> TensorSpec:
     shape = tuple(dim if isinstance(dim, int) and dim >= 0 else None for dim in node.shape)
-    return TensorSpec(node.name, ONNX_TO_V2.get(node.type, node.type), shape)
+    dim_names = tuple(dim if isinstance(dim, str) and dim else None for dim in node.shape)
+    return TensorSpec(node.name, ONNX_TO_V2.get(node.type, node.type), shape, dim_names)
 
 
 @cache

@@ -47,14 +47,27 @@ class ModelIO:
     default_outputs: tuple = field(init=False, repr=False, compare=False)
     json_outputs: tuple = field(init=False, repr=False, compare=False)
     output_index: dict = field(init=False, repr=False, compare=False)
+    shared_dims: tuple = field(init=False, repr=False, compare=False)  # see _shared_dims
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "specs", {spec.name: spec for spec in self.inputs})
+        object.__setattr__(self, "shared_dims", _shared_dims(self.inputs))
         object.__setattr__(self, "output_index", {spec.name: index for index, spec in enumerate(self.outputs)})
         object.__setattr__(self, "json_outputs", tuple((index, False) for index in range(len(self.outputs))))
         object.__setattr__(self, "default_outputs", {
             False: self.json_outputs, True: tuple((index, True) for index in range(len(self.outputs))),
         })
+
+
+def _shared_dims(inputs: Sequence[TensorSpec]) -> tuple[tuple[str, tuple[tuple[int, int], ...]], ...]:
+    """(name, ((input index, axis), ...)) for each symbolic dimension named more than once,
+    found once per version: a model with none costs a request one empty-tuple test."""
+    places: dict[str, list[tuple[int, int]]] = {}
+    for index, spec in enumerate(inputs):
+        for axis, (dim, name) in enumerate(zip(spec.shape, spec.dim_names)):
+            if dim is None and name is not None:
+                places.setdefault(name, []).append((index, axis))
+    return tuple((name, tuple(where)) for name, where in places.items() if len(where) > 1)
 
 
 # A V2 body carries no more than its elements take, plus names, ids and parameters. 64
@@ -172,6 +185,20 @@ def check_shape(spec: TensorSpec, shape: Sequence[int], io: ModelIO) -> int:
     if count > io.max_elements:
         raise BadRequest(f"input '{spec.name}': {count} elements exceed the limit of {io.max_elements}")
     return count
+
+
+def check_shared_dims(tensors: Sequence[np.ndarray], io: ModelIO) -> None:
+    """Inputs that name the same dimension (input_ids and attention_mask: [N, S]) must agree
+    on its size. ONNX Runtime checks no such thing before the run: a Mul or MatMul of the
+    two then fails as the model's failure (500), which any client could put on a canary."""
+    for name, places in io.shared_dims:
+        first_index, first_axis = places[0]
+        size = tensors[first_index].shape[first_axis]
+        for index, axis in places[1:]:
+            if tensors[index].shape[axis] != size:
+                raise BadRequest(f"inputs '{io.inputs[first_index].name}' and '{io.inputs[index].name}' must agree on "
+                                 f"dimension '{clip(name)}': {size} in '{io.inputs[first_index].name}' (axis {first_axis}), "
+                                 f"{tensors[index].shape[axis]} in '{io.inputs[index].name}' (axis {axis})")
 
 
 def spec_dtype(spec: TensorSpec) -> np.dtype:
@@ -298,11 +325,14 @@ def decode_v2(body: bytes, header_length: int | None, io: ModelIO) -> Decoded:
         tensors = (_required(by_name, io.inputs[0]),)
     else:
         tensors = tuple(_required(by_name, spec) for spec in io.inputs)
+    rows = rows_of(tensors, io)
+    if io.shared_dims:
+        check_shared_dims(tensors, io)
     parameters = document.get("parameters")
     request_id = document.get("id")
     return Decoded(
         tensors,
-        rows_of(tensors, io),
+        rows,
         _requested_outputs(document, io, parameters),
         None if request_id is None else _request_id(request_id),
         None if parameters is None else _timeout_s(parameters),
@@ -607,7 +637,10 @@ def decode_predict(document: dict, io: ModelIO) -> Decoded:
     if len(single) != 1:
         raise BadRequest("inputs mix a single row with lists of rows")
     tensors = tuple(array for array, _ in arrays)
-    return Decoded(tensors, rows_of(tensors, io), io.json_outputs, is_single_row=single.pop())
+    rows = rows_of(tensors, io)
+    if io.shared_dims:
+        check_shared_dims(tensors, io)
+    return Decoded(tensors, rows, io.json_outputs, is_single_row=single.pop())
 
 
 def _predict_array(spec: TensorSpec, data: object, io: ModelIO) -> tuple[np.ndarray, bool]:

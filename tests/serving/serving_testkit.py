@@ -47,6 +47,17 @@ def relu_any_width() -> onnx.ModelProto:
     model.ir_version = 8
     return model
 
+def tokens_times_mask() -> onnx.ModelProto:
+    """Mul(input_ids [N, S], attention_mask [N, S]): two inputs sharing the symbolic
+    dimensions of a BERT-style model; ONNX Runtime fails the run when their S differ."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["input_ids", "attention_mask"], ["masked"])], "masked_tokens",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N", "S"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["N", "S"])],
+        [helper.make_tensor_value_info("masked", TensorProto.INT64, ["N", "S"])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
 def route(version: int, weight: int, path: Path, sha256: str, *, batchable: bool = True) -> dict:
     """A route as the console sends it. The test models are batchable (rows independent),
     which the console's inspection would have proven; a worker takes a missing flag as "no"."""
