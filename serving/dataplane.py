@@ -35,12 +35,14 @@ DECODE_OFF_LOOP_BYTES = 1024 * 1024
 class RequestContext:
     """What the data plane needs of a request besides its body, parsed by the endpoints."""
 
-    __slots__ = ("client_chose", "request_id", "routing_key", "started_s", "timeout_s")
+    __slots__ = ("body_read_s", "client_chose", "request_id", "routing_key", "started_s", "timeout_s")
 
     def __init__(self, request_id: str, started_s: float, timeout_s: float | None, routing_key: str | None):
         self.request_id = request_id
-        self.started_s = started_s  # monotonic clock, as the batcher's
-        self.timeout_s = timeout_s  # the client's own, which may only shorten ours
+        self.started_s = started_s  # the headers' arrival; monotonic clock, as the batcher's
+        # When the body was whole: the worker's own deadline starts there (DataPlane.server_deadline_s).
+        self.body_read_s: float | None = None
+        self.timeout_s = timeout_s  # the client's own, from started_s, which may only shorten ours
         self.routing_key = routing_key
         # The client chose its version (named it, or chose it by an X-Routing-Key no gateway
         # vouches for): counted apart from the split's traffic, which the analysis judges.
@@ -98,10 +100,11 @@ class DataPlane:
         target = self._resolve(name, version, context)
         target.hold()  # from here to the answer: a swap that retires this version waits for it
         try:
-            refusal = target.refusal(context.started_s + self._timeout_s(context.timeout_s))
+            refusal = target.refusal(self._deadline_s(context, context.timeout_s))
             if refusal is not None:
                 raise refusal
             body = await read_body(target.body_limit)  # 413 past what this version can take
+            context.body_read_s = time.monotonic()
             if len(body) > DECODE_OFF_LOOP_BYTES:
                 async with self._decoding(decode_cost(len(body), header_length), context, len(body)):
                     decoded = await asyncio.to_thread(protocol.decode_v2, body, header_length, target.io)
@@ -119,7 +122,8 @@ class DataPlane:
         return Answer(target, payload, json_length)
 
     async def predict(self, body: bytes, context: RequestContext) -> Answer:
-        """A `/predict` request: `{model_name, version?, inputs}`."""
+        """A `/predict` request: `{model_name, version?, inputs}`, its body read whole."""
+        context.body_read_s = time.monotonic()
         is_large = len(body) > DECODE_OFF_LOOP_BYTES
         async with self._decoding(decode_cost(len(body)), context, len(body)) if is_large else nullcontext():
             document = await asyncio.to_thread(protocol.load_object, body) if is_large else protocol.load_object(body)
@@ -153,7 +157,7 @@ class DataPlane:
     @asynccontextmanager
     async def _decoding(self, cost: int, context: RequestContext, body_bytes: int):
         """Room in the decode budget for a large body, within the request's deadline."""
-        deadline_s = context.started_s + self._timeout_s(context.timeout_s)
+        deadline_s = self._deadline_s(context, context.timeout_s)
         try:
             async with self.decode_budget.hold(cost, deadline_s, body_bytes):
                 yield
@@ -173,15 +177,25 @@ class DataPlane:
             context.client_chose = True
         return self.repository.router.table.resolve(name, version, context.routing_key)
 
-    def _timeout_s(self, *overrides_s: float | None) -> float:
-        timeout_s = self.request_timeout_s
-        for override_s in overrides_s:
-            if override_s is not None and override_s < timeout_s:  # clients may only shorten it
-                timeout_s = override_s
-        return timeout_s
+    def server_deadline_s(self, context: RequestContext) -> float:
+        """The worker's own deadline: SERVING_REQUEST_TIMEOUT_S from when the body was whole
+        (before that, from the headers). The time a client takes to send its body is not the
+        worker's, and SERVING_BODY_TIMEOUT_S bounds it (408): counted from the headers, a
+        body sent slowly was a 504 counted as the version's failure, which let any client
+        fail a canary or a drill."""
+        return (context.started_s if context.body_read_s is None else context.body_read_s) + self.request_timeout_s
+
+    def _deadline_s(self, context: RequestContext, *client_timeouts_s: float | None) -> float:
+        """The worker's deadline, or an earlier one the client set itself (X-Request-Timeout-S,
+        parameters.timeout; counted from the headers' arrival): clients may only shorten it."""
+        deadline_s = self.server_deadline_s(context)
+        for timeout_s in client_timeouts_s:
+            if timeout_s is not None:
+                deadline_s = min(deadline_s, context.started_s + timeout_s)
+        return deadline_s
 
     async def _run(self, target: LoadedVersion, decoded, context: RequestContext):
-        deadline_s = context.started_s + self._timeout_s(context.timeout_s, decoded.timeout_s)
+        deadline_s = self._deadline_s(context, context.timeout_s, decoded.timeout_s)
         try:
             outputs = await target.submit(decoded, deadline_s, context.request_id, summarised=not context.client_chose)
             if time.monotonic() > deadline_s:

@@ -130,11 +130,11 @@ class ServingApp:
                 context = _context(headers, request_id, started_s)
             response = await self._route(scope, receive, headers, context)
         except ServingError as exc:
-            response = self._error(exc, request_id, started_s)
+            response = self._error(exc, request_id, context)
         except Exception:
             request_id = request_id or self._ids.pick(None)
             logger.exception("unhandled error (request id %s)", request_id.decode())
-            response = self._error(InternalError(request_id.decode()), request_id, started_s)
+            response = self._error(InternalError(request_id.decode()), request_id, context)
         finally:
             if is_inference:
                 self.in_flight -= 1
@@ -153,12 +153,14 @@ class ServingApp:
         await send(SHED_BODY_MESSAGE)
         metrics.count_unrouted(503)
 
-    def _error(self, exc: ServingError, request_id: bytes | None, started_s: float) -> Response:
+    def _error(self, exc: ServingError, request_id: bytes | None, context: RequestContext | None) -> Response:
+        """``context``: an inference request's (None elsewhere, where no deadline is judged)."""
         version = exc.version
         if exc.status == 500 and not isinstance(exc, InternalError):
             logger.error("request %s failed: %s", request_id.decode() if request_id else "-", exc.message)
             exc = InternalError(request_id.decode() if request_id else "-")  # no details to the client
-        if isinstance(exc, DeadlineExceeded) and exc.missed_clients_deadline(started_s + self.dataplane.request_timeout_s):
+        if (isinstance(exc, DeadlineExceeded) and context is not None
+                and exc.missed_clients_deadline(self.dataplane.server_deadline_s(context))):
             return ClientDeadlineRefusal(exc.status, exc.body(), exc.headers, version)
         return Response(exc.status, exc.body(), exc.headers, version)
 

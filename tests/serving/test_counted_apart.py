@@ -11,10 +11,12 @@ under the worker's own deadline (SERVING_REQUEST_TIMEOUT_S) stays a failure."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from serving_testkit import HeldRun, route, state, v2_body
@@ -152,3 +154,72 @@ def test_a_504_under_the_workers_own_deadline_is_still_a_failure_of_the_version(
     assert version_figures(worker, builder, model, 1) == (1, 0, 1, 0)
     assert failed_total(client, worker) == failed_before + 1
     assert series(client, worker, "modelops_client_deadline_refusals_total", model=model, version="1") == 0
+
+
+# ---- a body sent slowly: the client's time, not the worker's -------------------------------
+
+
+def send_slowly(worker, path: str, body: bytes, pause_s: float, headers: str = "") -> bytes:
+    """Headers and the body's first 10 bytes, a pause, then the rest; the raw answer."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: close\r\n{headers}\r\n").encode()
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=10) as connection:
+        connection.sendall(head + body[:10])
+        time.sleep(pause_s)
+        try:
+            connection.sendall(body[10:])
+        except OSError:  # refused meanwhile: read what it answered
+            pass
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    return answer
+
+
+SLOW_BODIES = {
+    "v2": lambda model: (f"/v2/models/{model}/infer", orjson.dumps(v2_body(ONE_ROW))),
+    "predict": lambda model: ("/predict", orjson.dumps({"model_name": model, "inputs": ONE_ROW[0].tolist()})),
+}
+
+
+@pytest.mark.parametrize("endpoint", SLOW_BODIES)
+def test_a_body_sent_slower_than_the_request_timeout_is_served_and_is_no_failure(start_worker, client, mlp_v1, endpoint):
+    """SERVING_REQUEST_TIMEOUT_S starts when the body is whole: counted from the headers, a
+    body sent slowly was a 504 counted against the version, which failed canaries and drills."""
+    model = f"slow-body-{endpoint}"
+    worker = start_worker(state(1, {model: {"routes": [route(1, 100, *mlp_v1)]}}), request_timeout_s=0.5, body_timeout_s=10.0)
+    failed_before = failed_total(client, worker)
+    path, body = SLOW_BODIES[endpoint](model)
+
+    answer = send_slowly(worker, path, body, pause_s=1.5)
+
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert failed_total(client, worker) == failed_before
+    assert series(client, worker, "modelops_requests_total", model=model, version="1", code="200") == 1
+    assert series(client, worker, "modelops_requests_total", model=model, version="1", code="504") == 0
+
+
+def test_a_body_slower_than_the_body_timeout_is_still_refused_408(start_worker, client, mlp_v1):
+    model = "slow-body-408"
+    worker = start_worker(state(1, {model: {"routes": [route(1, 100, *mlp_v1)]}}), request_timeout_s=0.3, body_timeout_s=0.8)
+    path, body = SLOW_BODIES["v2"](model)
+
+    answer = send_slowly(worker, path, body, pause_s=2.0)
+
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"request body did not arrive within 0.8 s" in answer
+
+
+def test_a_clients_own_deadline_still_counts_from_its_headers(start_worker, client, mlp_v1):
+    """X-Request-Timeout-S keeps its meaning: the time since the request began to arrive.
+    Missed, it is the client's 504, counted apart."""
+    model = "slow-body-client-deadline"
+    worker = start_worker(state(1, {model: {"routes": [route(1, 100, *mlp_v1)]}}), request_timeout_s=5.0, body_timeout_s=10.0)
+    failed_before = failed_total(client, worker)
+    path, body = SLOW_BODIES["v2"](model)
+
+    answer = send_slowly(worker, path, body, pause_s=1.0, headers="X-Request-Timeout-S: 0.5\r\n")
+
+    assert answer.startswith(b"HTTP/1.1 504 ")
+    assert failed_total(client, worker) == failed_before
+    assert series(client, worker, "modelops_client_deadline_refusals_total", model=model, version="1") == 1
