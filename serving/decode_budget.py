@@ -32,6 +32,16 @@ def decode_cost(body_bytes: int, json_bytes: int | None = None) -> int:
     return json_part * JSON_EXPANSION + (body_bytes - json_part)
 
 
+# An answer's encode holds about this many copies of its bytes: the slices' JSON, their
+# join, and the document around it (serving.protocol._sliced_json).
+ENCODE_COPIES = 3
+
+
+def encode_cost(answer_bytes: int) -> int:
+    """The memory a large answer's encode is taken to need."""
+    return answer_bytes * ENCODE_COPIES
+
+
 class DecodeTimedOut(Exception):
     """The deadline passed while a decode waited for room."""
 

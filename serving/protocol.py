@@ -532,6 +532,24 @@ def _timeout_s(parameters: object) -> float | None:
 
 # ---- KServe V2 response ---------------------------------------------------------------
 
+# What an output element takes in a JSON answer, at most for the usual numbers: a float32
+# ("-0.12345679") about 12 bytes with its comma, a float64 up to 25. Used only to decide,
+# before encoding, whether an answer is large enough to encode off the event loop.
+ENCODED_BYTES_PER_ELEMENT = 24
+
+
+def v2_answer_bytes(decoded: Decoded, outputs: Sequence[np.ndarray], io: ModelIO) -> int:
+    """The estimated size of a V2 answer, from its outputs' element counts (binary ones
+    at their bytes), without encoding it."""
+    return sum(outputs[index].nbytes if is_binary else outputs[index].size * ENCODED_BYTES_PER_ELEMENT
+               for index, is_binary in decoded.outputs)
+
+
+def predict_answer_bytes(outputs: Sequence[np.ndarray]) -> int:
+    """The estimated size of a /predict answer (every output as JSON)."""
+    return sum(array.size for array in outputs) * ENCODED_BYTES_PER_ELEMENT
+
+
 
 def encode_v2(model_name: str, version: int, decoded: Decoded, outputs: Sequence[np.ndarray], io: ModelIO) -> tuple[bytes, int | None]:
     """(body, JSON header length if any tensor went binary, else None)."""
@@ -572,13 +590,34 @@ def bytes_tensor(array: np.ndarray) -> memoryview:
 _NON_FINITE_WORDS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
-def json_data(array: np.ndarray) -> np.ndarray | list:
+def json_data(array: np.ndarray) -> np.ndarray | list | orjson.Fragment:
     """Flat output data for JSON; a non-finite float becomes "NaN", "Infinity" or "-Infinity"
     (JSON has no such numbers: orjson would write null and lose the value)."""
     flat = array.reshape(-1)
-    if flat.dtype.kind != "f" or np.isfinite(flat).all():
-        return flat
-    return _with_non_finite_words(flat)
+    if flat.size > SLICE_ITEMS:
+        return orjson.Fragment(_sliced_json(flat))
+    return _finite_or_words(flat)
+
+
+def _finite_or_words(array: np.ndarray) -> np.ndarray | list:
+    if array.dtype.kind != "f" or np.isfinite(array).all():
+        return array
+    return _with_non_finite_words(array)
+
+
+def _sliced_json(array: np.ndarray) -> bytes:
+    """A large array's JSON, written SLICE_ITEMS elements (or whole rows) per orjson call.
+    One call holds the GIL throughout (a 159 MB answer: 1.3 s), so an answer encoded in a
+    thread (serving/dataplane.py) still stalled the event loop; between slices it runs."""
+    if array.ndim == 0 or array.size <= SLICE_ITEMS:
+        return dumps(_finite_or_words(array))
+    row_size = array.size // len(array)
+    if array.ndim > 1 and row_size > SLICE_ITEMS:  # rows larger than a slice: sliced within each row
+        parts = [_sliced_json(row) for row in array]
+    else:
+        step = max(1, SLICE_ITEMS // row_size)
+        parts = [dumps(_finite_or_words(array[start:start + step]))[1:-1] for start in range(0, len(array), step)]
+    return b"[" + b",".join(parts) + b"]"
 
 
 def _with_non_finite_words(array: np.ndarray) -> list:
@@ -658,7 +697,7 @@ def encode_predict(request_id: str, model_name: str, version: int, decoded: Deco
     by_name = {}
     for spec, array in zip(io.outputs, outputs):
         array = np.ascontiguousarray(array[0] if decoded.is_single_row else array)
-        by_name[spec.name] = array if array.dtype.kind != "f" or np.isfinite(array).all() else _with_non_finite_words(array)
+        by_name[spec.name] = orjson.Fragment(_sliced_json(array)) if array.size > SLICE_ITEMS else _finite_or_words(array)
     return dumps({
         "request_id": request_id, "model_name": model_name, "model_version": version,
         "outputs": by_name, "latency_ms": round(latency_ms, 3),

@@ -9,7 +9,7 @@ the version a string. Pure functions: the data plane hands them the loaded versi
 worker's settings and the clock.
 
 What is not measured is shown as zero, never guessed: `compute_input` and
-`compute_output` (decoding and encoding run per request on the event loop, untimed), and
+`compute_output` (decoding and encoding run per request, on the event loop or, when large, in a thread; untimed), and
 the response cache (there is none) are `{"count": 0, "ns": 0}`.
 """
 

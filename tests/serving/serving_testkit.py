@@ -58,6 +58,19 @@ def tokens_times_mask() -> onnx.ModelProto:
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
+def counts_up_to() -> onnx.ModelProto:
+    """count INT64 [1] -> values FP32 [count] (0, 1, …) and their logs FP32 [count] (the
+    first -inf): a small request with as large an answer as it asks for."""
+    constants = [numpy_helper.from_array(np.array(value, np.float32), name) for value, name in [(0.0, "zero"), (1.0, "one")]]
+    nodes = [helper.make_node("Squeeze", ["count"], ["count_scalar"]),
+             helper.make_node("Cast", ["count_scalar"], ["limit"], to=TensorProto.FLOAT),
+             helper.make_node("Range", ["zero", "limit", "one"], ["values"]),
+             helper.make_node("Log", ["values"], ["logs"])]
+    graph = helper.make_graph(nodes, "counts", [helper.make_tensor_value_info("count", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["count"]),
+                               helper.make_tensor_value_info("logs", TensorProto.FLOAT, ["count"])], constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
 def route(version: int, weight: int, path: Path, sha256: str, *, batchable: bool = True) -> dict:
     """A route as the console sends it. The test models are batchable (rows independent),
     which the console's inspection would have proven; a worker takes a missing flag as "no"."""

@@ -1,0 +1,93 @@
+"""Large JSON answers are encoded off the event loop, as large bodies are decoded: a 159 MB
+answer encoded on the loop stalled every other request for 1.3 s. Whether an answer is
+large is estimated from its outputs' element counts before encoding, so small answers
+take no thread hop; a large one is written a slice at a time, the loop running between."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from serving_testkit import counts_up_to, route, state, write_model
+
+from serving import protocol
+from serving.dataplane import DECODE_OFF_LOOP_BYTES, encodes_off_loop
+from serving.engine import TensorSpec
+from serving.protocol import Decoded, ModelIO
+
+LARGE = 300_000  # elements per output: past protocol.SLICE_ITEMS, so written in slices too
+CLASSES = ModelIO((TensorSpec("input", "FP32", (None, 64)),), (TensorSpec("probabilities", "FP32", (None, 10)),), True, 10**8)
+
+
+@pytest.fixture(scope="module")
+def counts_model(model_dir):
+    return write_model(model_dir, "counts_up_to", counts_up_to())
+
+
+@pytest.fixture
+def counts_worker(start_worker, counts_model):
+    """Not batchable: each request's count decides its own answer's length."""
+    return start_worker(state(1, {"counts": {"routes": [route(1, 100, *counts_model, batchable=False)]}}))
+
+
+def test_a_small_answer_is_encoded_on_the_loop():
+    outputs = (np.zeros((16, 10), np.float32),)
+
+    assert not encodes_off_loop(protocol.v2_answer_bytes(Decoded((), 16, CLASSES.json_outputs), outputs, CLASSES))
+    assert not encodes_off_loop(protocol.predict_answer_bytes(outputs))
+
+
+def test_an_answer_estimated_past_the_decode_threshold_is_encoded_off_the_loop():
+    outputs = (np.zeros((DECODE_OFF_LOOP_BYTES // 10, 10), np.float32),)
+
+    assert encodes_off_loop(protocol.v2_answer_bytes(Decoded((), len(outputs[0]), CLASSES.json_outputs), outputs, CLASSES))
+    assert encodes_off_loop(protocol.predict_answer_bytes(outputs))
+
+
+def test_a_binary_output_is_estimated_at_its_bytes():
+    outputs = (np.zeros((1000, 10), np.float32),)
+    as_binary = Decoded((), 1000, CLASSES.default_outputs[True])
+
+    assert protocol.v2_answer_bytes(as_binary, outputs, CLASSES) == outputs[0].nbytes
+
+
+@pytest.mark.parametrize("count", [10, LARGE], ids=["small", "large"])
+def test_only_a_large_answer_is_encoded_outside_the_event_loops_thread(counts_worker, client, monkeypatch, count):
+    threads = []
+    encode_v2 = protocol.encode_v2
+
+    def recorded(*args):
+        threads.append(threading.current_thread())
+        return encode_v2(*args)
+
+    monkeypatch.setattr(protocol, "encode_v2", recorded)
+
+    answer = client.post(counts_worker.url + "/v2/models/counts/infer", json=counts_request(count))
+
+    assert answer.status_code == 200
+    assert (threads[0] is counts_worker.thread) == (count == 10)
+
+
+def counts_request(count: int) -> dict:
+    return {"inputs": [{"name": "count", "shape": [1], "datatype": "INT64", "data": [count]}]}
+
+
+def test_a_large_v2_answer_is_whole_and_exact(counts_worker, client):
+    answer = client.post(counts_worker.url + "/v2/models/counts/infer", json=counts_request(LARGE))
+
+    values, logs = answer.json()["outputs"]
+    assert (answer.status_code, values["shape"], logs["shape"]) == (200, [LARGE], [LARGE])
+    assert np.array_equal(np.array(values["data"], np.float32), np.arange(LARGE, dtype=np.float32))
+    assert logs["data"][0] == "-Infinity"  # JSON has no infinity: the word, in a sliced answer too
+    np.testing.assert_allclose(np.array(logs["data"][1:], np.float32), np.log(np.arange(1, LARGE, dtype=np.float32)), rtol=1e-6)
+
+
+def test_a_large_predict_answer_is_whole_and_exact(counts_worker, client):
+    answer = client.post(counts_worker.url + "/predict", json={"model_name": "counts", "inputs": {"count": [LARGE]}})
+
+    outputs = answer.json()["outputs"]
+    assert answer.status_code == 200
+    assert np.array_equal(np.array(outputs["values"], np.float32), np.arange(LARGE, dtype=np.float32))
+    assert outputs["logs"][0] == "-Infinity"
+    np.testing.assert_allclose(np.array(outputs["logs"][1:], np.float32), np.log(np.arange(1, LARGE, dtype=np.float32)), rtol=1e-6)
