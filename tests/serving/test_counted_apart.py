@@ -197,6 +197,7 @@ def test_a_body_sent_slower_than_the_request_timeout_is_served_and_is_no_failure
     assert failed_total(client, worker) == failed_before
     assert series(client, worker, "modelops_requests_total", model=model, version="1", code="200") == 1
     assert series(client, worker, "modelops_requests_total", model=model, version="1", code="504") == 0
+    assert series(client, worker, "modelops_request_duration_seconds_sum", model=model, version="1") < 1.0  # the 1.5 s pause is the client's
 
 
 def test_a_body_slower_than_the_body_timeout_is_still_refused_408(start_worker, client, mlp_v1):
