@@ -118,6 +118,9 @@ def run_target(target: Target, workdir: Path, max_children: int) -> Score:
     _fresh_copy(workdir)
     _write_config(workdir, target)
     mutmut = str(Path(sys.executable).with_name("mutmut"))
+    if not Path(mutmut).is_file():  # run with another Python than the project's: a FileNotFoundError traceback
+        raise SystemExit(f"mutmut is not installed beside {sys.executable}: run `make mutation`, or .venv/bin/python tools/mutation.py "
+                         "after `make test` installed the test tools")
     environment = _environment(workdir)
     run = subprocess.run([mutmut, "run", "--max-children", str(max_children)], cwd=workdir, env=environment, check=False)
     if run.returncode != 0:

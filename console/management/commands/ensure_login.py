@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import sys
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -38,5 +39,6 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"Created login  user: {username}  password: {password}  (shown once)"))
 
     def _exists(self, username: str) -> None:
+        # sys.executable: the image's /opt/venv as well as a checkout's .venv.
         self.stdout.write(f"Sign in as '{username}' (its password was printed when it was created; reset it with: "
-                          f"DATA_DIR={settings.DATA_DIR} .venv/bin/python manage.py changepassword {username}).")
+                          f"DATA_DIR={settings.DATA_DIR} {sys.executable} manage.py changepassword {username}).")
