@@ -75,7 +75,13 @@ class RequestHeaders:
                 self.api_key = value
 
 
+# Optional whitespace around a field value (RFC 9110 §5.5): httptools leaves the trailing
+# part, and frames the body by a padded Content-Length all the same.
+OWS = b" \t"
+
+
 def _header_int(value: bytes, name: str) -> int:
+    value = value.strip(OWS)  # only OWS: bytes.strip() would take a form feed or a vertical tab too
     if not value.isdigit() or len(value) > MAX_HEADER_INT_DIGITS:
         raise BadRequest(f"header {name} must be a non-negative integer of at most {MAX_HEADER_INT_DIGITS} digits")
     return int(value)

@@ -1261,3 +1261,43 @@ def test_a_refusal_given_after_pipelined_answers_lingers_without_the_keep_alive_
         [protocol] = digits_worker.server.server_state.connections
 
         assert protocol.timeout_keep_alive_task is None
+
+# ---- framing headers: what RFC 9110 and 9112 allow is read, what the worker cannot read is refused ----
+
+BINARY_HEADER = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
+                                          "parameters": {"binary_data_size": 256}}]})
+
+
+def test_a_content_length_padded_with_spaces_and_tabs_is_read_as_its_number(digits_worker):
+    """RFC 9110 allows optional whitespace around a field value; httptools frames the body by it."""
+    request = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: \t {len(BODY)} \t\r\n\r\n".encode() + BODY
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        connection.sendall(request)
+        answer = read_answer(connection)
+
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b'"model_name":"digits"' in answer
+
+
+def test_an_inference_header_content_length_padded_with_spaces_and_tabs_is_read_as_its_number(digits_worker):
+    content = BINARY_HEADER + np.zeros((1, 64), np.float32).tobytes()
+    request = (f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+               f"Content-Length: {len(content)}\r\nInference-Header-Content-Length: \t {len(BINARY_HEADER)} \t\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        connection.sendall(request + content)
+        answer = read_answer(connection)
+
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b'"model_name":"digits"' in answer
+
+
+def test_a_number_with_whitespace_inside_it_is_still_a_400(digits_worker):
+    request = (f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(BODY)}\r\n"
+               f"Inference-Header-Content-Length: 1 2\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        connection.sendall(request + BODY)
+        answer = read_answer(connection)
+
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"Inference-Header-Content-Length must be a non-negative integer" in answer
+
