@@ -7,8 +7,10 @@ headers or a body may take to arrive nor their size, so a client that declares a
 length and never sends it held its connection and its in-flight slot forever. Here a
 connection past its deadline gets 408, and the ASGI app's `receive()` returns
 `http.disconnect`, so the request is dropped and its slot freed; headers past the cap
-get 431, a request the parser rejects 400, a connection beyond the cap 503; each of these
-refusals ends with a lingering close (below). The deadline timer is armed only when a
+get 431, a request the parser rejects 400, a transfer coding other than chunked 501
+(httptools framed ``gzip, chunked`` as plain chunked and handed on a body still gzipped;
+RFC 9112 §6.1), a connection beyond the cap 503; each of these refusals ends with a
+lingering close (below). The deadline timer is armed only when a
 chunk leaves headers or body incomplete, so a request that arrives in one read costs no
 timer.
 
@@ -65,6 +67,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from serving import metrics
 from serving.drain import Drain
+from serving.errors import clip
 from serving.listen_queue import Keepers
 
 logger = logging.getLogger("serving.http")
@@ -108,6 +111,10 @@ class PipelineTooDeep(Exception):
     """Raised from a parser callback when a connection queues past MAX_PIPELINED."""
 
 
+class UnknownTransferCoding(Exception):
+    """Raised from a parser callback for a transfer coding other than chunked."""
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits = HttpLimits()
     drain: Drain = Drain()  # the worker's own, set by protocol_class
@@ -115,6 +122,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     refusals_lingering = [0]  # the worker's refused connections lingering, every kind (one list per protocol_class)
     _stopping = False  # set by shutdown(): a class default, so that a connection costs no attribute for it
     _upgraded = False  # an upgrade request was read: nothing after it is parsed (_after_upgrade)
+    _unknown_coding: str | None = None  # a transfer coding the worker cannot undo, refused with 501
     _skipped_body_left = 0  # of its body, which httptools skipped: bytes still to come
     _refusal_owed: tuple[int, str] | None = None  # given once the requests read before it are answered
     _counting_framing = False  # this read continues a body: what is not data in it is framing
@@ -218,6 +226,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._abandon_pipeline()
             elif self._headers_too_large:
                 self._refuse_lingering(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
+            elif self._unknown_coding is not None:
+                self._refuse_lingering_after_answers(501, f"Transfer-Encoding '{clip(self._unknown_coding)}' is not supported: "
+                                                          "send the body chunked alone, or compressed with Content-Encoding")
             else:
                 self.logger.warning("Invalid HTTP request received.")
                 self._refuse_lingering_after_answers(400, "invalid HTTP request")
@@ -272,6 +283,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._awaiting_headers = False
         self._raw_header_bytes = self._parsed_header_bytes = 0
         self._cancel()
+        self._unknown_coding = _unknown_transfer_coding(self.headers)
+        if self._unknown_coding is not None:  # before a cycle exists: nothing of this request reaches the app
+            raise UnknownTransferCoding
         super().on_headers_complete()
         if self.drain.is_draining and self.cycle is not None:  # the client reconnects, to where the balancer now points
             self._close_after(self.cycle)
@@ -610,6 +624,19 @@ def _bytes_waiting(transport: asyncio.Transport) -> bool:
         return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0] > 0
     except OSError:
         return False
+
+
+def _unknown_transfer_coding(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The first transfer coding other than chunked that the request names, or None.
+    httptools frames ``gzip, chunked`` as plain chunked and hands on the body still
+    gzipped; RFC 9112 §6.1 answers a coding the server does not understand with 501."""
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            for coding in value.split(b","):
+                coding = coding.split(b";", 1)[0].strip(b" \t").lower()
+                if coding and coding != b"chunked":  # an empty list element is allowed, and names nothing
+                    return coding.decode("latin-1")
+    return None
 
 
 def _declared_body(cycle) -> tuple[int, bool]:

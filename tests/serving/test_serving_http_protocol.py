@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import re
 import socket
 import subprocess
@@ -1300,4 +1301,30 @@ def test_a_number_with_whitespace_inside_it_is_still_a_400(digits_worker):
 
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert b"Inference-Header-Content-Length must be a non-negative integer" in answer
+
+def test_a_transfer_coding_other_than_chunked_is_a_501_naming_it_and_the_connection_ends(guarded_worker):
+    """RFC 9112 §6.1: a transfer coding the server does not understand is a 501. Read as
+    plain chunked, a gzipped body was a 400 "not valid UTF-8" and a plain one was served.
+    What follows it cannot be framed, so the request pipelined behind it is not answered."""
+    worker = guarded_worker()
+    opening = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(opening + in_chunks(gzip.compress(BODY), 1000) + LIVE)
+        answer = read_until_closed(connection)
+
+    assert answer.startswith(b"HTTP/1.1 501 ")
+    assert b"Transfer-Encoding 'gzip' is not supported" in answer
+    assert b"connection: close" in answer.lower()
+    assert answer.count(b"HTTP/1.1 ") == 1
+    assert worker.runs == []
+
+
+def test_requests_pipelined_ahead_of_an_unknown_transfer_coding_are_answered_before_its_501(digits_worker):
+    opening = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: br, chunked\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", digits_worker.port), timeout=5) as connection:
+        connection.sendall(LIVE * 2 + opening + in_chunks(BODY, 1000))
+        answer = read_until_closed(connection)
+
+    assert answer.count(b'{"live":true}') == 2
+    assert answer.rsplit(b"HTTP/1.1 ", 1)[1].startswith(b"501 ")
 
