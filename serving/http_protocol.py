@@ -2,9 +2,13 @@
 response leaving in one socket write.
 
 Guards (`HttpLimits`, from SERVING_HEADER_TIMEOUT_S, SERVING_BODY_TIMEOUT_S,
-SERVING_MAX_HEADER_BYTES, SERVING_MAX_CONNECTIONS): uvicorn bounds neither how long
-headers or a body may take to arrive nor their size, so a client that declares a
-length and never sends it held its connection and its in-flight slot forever. Here a
+SERVING_MAX_HEADER_BYTES, SERVING_MAX_CONNECTIONS, SERVING_SEND_TIMEOUT_S): uvicorn bounds
+neither how long headers or a body may take to arrive nor their size, so a client that
+declares a length and never sends it held its connection and its in-flight slot forever.
+Nor how long an answer may wait for its client to read it: a client that pipelined and
+never read held its connection for good (64 of them held every slot of the cap). Here a
+connection whose writes stay paused, the client taking nothing, past the send deadline is
+cut (an abort: there is no answer to give a client that does not read). Here a
 connection past its deadline gets 408, and the ASGI app's `receive()` returns
 `http.disconnect`, so the request is dropped and its slot freed; headers past the cap
 get 431, a request the parser rejects 400, a transfer coding other than chunked 501
@@ -69,6 +73,7 @@ from serving import metrics
 from serving.drain import Drain
 from serving.errors import clip
 from serving.listen_queue import Keepers
+from serving.logs import event
 
 logger = logging.getLogger("serving.http")
 # On a graceful stop, how long a connection accepted just before the listener closed may
@@ -101,6 +106,7 @@ class HttpLimits:
     body_timeout_s: float = 30.0
     max_header_bytes: int = 16 * 1024
     max_connections: int = 0  # 0: no cap
+    send_timeout_s: float = 30.0
 
 
 class HeadersTooLarge(Exception):
@@ -124,6 +130,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _upgraded = False  # an upgrade request was read: nothing after it is parsed (_after_upgrade)
     _unknown_coding: str | None = None  # a transfer coding the worker cannot undo, refused with 501
     _skipped_body_left = 0  # of its body, which httptools skipped: bytes still to come
+    _send_timer: asyncio.TimerHandle | None = None  # armed while the transport is over its high-water mark
+    _unsent_bytes = 0  # what was unsent then: less at the deadline, and the client is reading, only slowly
     _refusal_owed: tuple[int, str] | None = None  # given once the requests read before it are answered
     _counting_framing = False  # this read continues a body: what is not data in it is framing
     _framing = 0  # framing bytes of the request being read, over the reads that continue its body
@@ -183,6 +191,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         self.transport.close()
 
+    def pause_writing(self) -> None:
+        """The transport holds more of the answers than its high-water mark: the client
+        reads them slower than they are written, or not at all. It has SERVING_SEND_TIMEOUT_S
+        to take some before the connection is cut."""
+        super().pause_writing()
+        if self._send_timer is None:
+            self._arm_send_deadline()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel_send_deadline()
+
     def _should_upgrade(self) -> bool:
         return False  # HTTP only, whatever uvicorn's ws setting: see the HttpParserUpgrade branch of data_received
 
@@ -192,6 +212,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         else:
             self.keepers.closed()
         self._cancel()
+        self._cancel_send_deadline()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -505,6 +526,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         else:
             self._refuse_lingering(408, f"request headers did not arrive within {self.limits.header_timeout_s:g} s")
 
+    def _arm_send_deadline(self) -> None:
+        self._unsent_bytes = _bytes_unsent(self.transport)
+        self._send_timer = self.loop.call_later(self.limits.send_timeout_s, self._on_send_deadline)
+
+    def _cancel_send_deadline(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _on_send_deadline(self) -> None:
+        """Cut a connection whose client took nothing of its answers for SERVING_SEND_TIMEOUT_S.
+        Waiting for it (uvicorn's send awaits the transport for good, and neither a deadline
+        nor the keep-alive timer runs meanwhile) let clients that pipeline and never read
+        hold every slot of the connection cap, and a graceful stop its full bound. An abort,
+        not a close: a close waits for the unread answers to leave first."""
+        self._send_timer = None
+        unsent_bytes = _bytes_unsent(self.transport)
+        if unsent_bytes < self._unsent_bytes:  # it took some (a large answer to a slow reader): a new deadline,
+            self._arm_send_deadline()  # as nginx's send_timeout runs between two writes, not over the whole answer
+            return
+        logger.warning(event("send_timeout", timeout_s=self.limits.send_timeout_s, unsent_bytes=unsent_bytes,
+                             client=_address(self.client)))
+        self._disconnect_all()  # the answer being written, and the requests queued behind it, go nowhere
+        self.transport.abort()
+
     def _on_body_deadline(self) -> None:
         self._timer = None
         self._refuse_body(408, f"request body did not arrive within {self.limits.body_timeout_s:g} s")
@@ -613,6 +659,24 @@ def _disconnect(cycle) -> None:
     cycle.disconnected = True
     cycle.waiting_for_100_continue = False
     cycle.message_event.set()
+
+
+def _address(client: tuple[str, int] | None) -> str | None:
+    return None if client is None else f"{client[0]}:{client[1]}"
+
+
+def _bytes_unsent(transport: asyncio.Transport) -> int:
+    """What the client has not taken yet: the transport's buffer and the kernel's send
+    queue (SIOCOUTQ). The kernel's holds megabytes: a client reading slowly drains it long
+    before the transport's buffer moves."""
+    unsent = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return unsent
+    try:
+        return unsent + struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return unsent
 
 
 def _bytes_waiting(transport: asyncio.Transport) -> bool:

@@ -26,6 +26,14 @@ def test_values_are_read_from_the_environment(monkeypatch):
     assert (config.max_queue_delay_s, config.memory_pattern, config.console_url) == (0.005, False, "http://console:8000")
 
 
+def test_the_send_timeout_is_30_s_unless_set(monkeypatch):
+    monkeypatch.delenv("SERVING_SEND_TIMEOUT_S", raising=False)
+    assert ServingConfig.from_env().send_timeout_s == 30.0
+
+    monkeypatch.setenv("SERVING_SEND_TIMEOUT_S", "2.5")
+    assert ServingConfig.from_env().send_timeout_s == 2.5
+
+
 def test_worker_token_can_come_from_a_file(monkeypatch, tmp_path):
     (tmp_path / "token").write_text("abc\n")
     monkeypatch.setenv("SERVING_WORKER_TOKEN_FILE", str(tmp_path / "token"))
@@ -41,6 +49,8 @@ def test_worker_token_can_come_from_a_file(monkeypatch, tmp_path):
         ("SERVING_DEVICE", "tpu", "expected one of auto, cpu, cuda"),
         ("SERVING_MAX_QUEUE_DELAY_S", "-1", "must be a finite number >= 0"),
         ("SERVING_MEMORY_PATTERN", "maybe", "expected true or false"),
+        ("SERVING_SEND_TIMEOUT_S", "0", "must be a finite number >= 0.01"),
+        ("SERVING_SEND_TIMEOUT_S", "soon", "expected a number"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(monkeypatch, name, value, message):

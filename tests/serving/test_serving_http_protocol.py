@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import logging
 import re
 import socket
 import subprocess
@@ -1263,6 +1264,7 @@ def test_a_refusal_given_after_pipelined_answers_lingers_without_the_keep_alive_
 
         assert protocol.timeout_keep_alive_task is None
 
+
 # ---- framing headers: what RFC 9110 and 9112 allow is read, what the worker cannot read is refused ----
 
 BINARY_HEADER = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
@@ -1302,6 +1304,7 @@ def test_a_number_with_whitespace_inside_it_is_still_a_400(digits_worker):
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert b"Inference-Header-Content-Length must be a non-negative integer" in answer
 
+
 def test_a_transfer_coding_other_than_chunked_is_a_501_naming_it_and_the_connection_ends(guarded_worker):
     """RFC 9112 §6.1: a transfer coding the server does not understand is a 501. Read as
     plain chunked, a gzipped body was a 400 "not valid UTF-8" and a plain one was served.
@@ -1328,3 +1331,72 @@ def test_requests_pipelined_ahead_of_an_unknown_transfer_coding_are_answered_bef
     assert answer.count(b'{"live":true}') == 2
     assert answer.rsplit(b"HTTP/1.1 ", 1)[1].startswith(b"501 ")
 
+
+# ---- the send deadline: a client that never reads its answers ------------------------
+
+# Answers as wide as their requests (relu): 16 of them outgrow what loopback's kernel buffers hold (4 MB).
+WIDE_BODY = orjson.dumps(v2_body(np.zeros((1, 90_000), np.float32)))
+
+
+@contextlib.contextmanager
+def never_reading_client(worker, receive_buffer_bytes: int = 1024):
+    """A client with a tiny receive buffer that pipelines wide requests and never reads an
+    answer: the kernel's buffers fill, then the worker's, and its writes pause. Yields once
+    the worker stops taking its requests (1 s at most)."""
+    connection = socket.socket()
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
+    connection.connect(("127.0.0.1", worker.port))
+    try:
+        assert wait_until(lambda: len(worker.server.server_state.connections) == 1)
+        connection.setblocking(False)
+        requests, sent, deadline = (head(LARGE_BODY_PATH, length=len(WIDE_BODY)) + WIDE_BODY) * 16, 0, time.monotonic() + 1
+        while time.monotonic() < deadline and sent < len(requests):
+            try:
+                sent += connection.send(memoryview(requests)[sent:])
+            except BlockingIOError:  # the worker reads no more while its answers wait on this client
+                time.sleep(0.01)
+        yield connection
+    finally:
+        connection.close()
+
+
+def test_a_client_that_never_reads_its_answers_is_closed_at_the_send_deadline_and_frees_its_slot(guarded_worker, client):
+    """Before, an answer waited for its client to read for good: such clients held every
+    slot of the connection cap, and every other client got 503 for as long as they liked."""
+    worker = guarded_worker(send_timeout_s=1.0, max_connections=1)
+
+    with never_reading_client(worker):
+        assert wait_until(lambda: not worker.server.server_state.connections, timeout_s=6)
+        answer = client.get(worker.url + "/v2/health/live")
+
+    assert answer.status_code == 200
+
+
+def test_a_connection_closed_at_the_send_deadline_is_logged(guarded_worker, caplog):
+    caplog.set_level(logging.WARNING, logger="serving.http")
+    worker = guarded_worker(send_timeout_s=1.0)
+
+    with never_reading_client(worker):
+        assert wait_until(lambda: not worker.server.server_state.connections, timeout_s=6)
+
+    [line] = [orjson.loads(record.getMessage()) for record in caplog.records if "send_timeout" in record.getMessage()]
+    assert line["event"] == "send_timeout" and line["timeout_s"] == 1.0
+
+
+def test_a_client_that_reads_its_answers_slowly_is_served_past_the_send_deadline(guarded_worker):
+    """The deadline runs while the client takes nothing, not over the answers: read at
+    1 MB/s, what the kernel holds for it (megabytes) takes seconds to leave, and nothing is cut."""
+    worker = guarded_worker(send_timeout_s=1.0)
+    answers = b""
+
+    with never_reading_client(worker, receive_buffer_bytes=64 * 1024) as connection:
+        connection.setblocking(True)
+        connection.settimeout(5)
+        started = time.monotonic()
+        while answers.count(b"HTTP/1.1 200 OK") < 16 or not answers.endswith(b"}"):
+            chunk = connection.recv(65536)
+            assert chunk, f"closed after {answers.count(b'HTTP/1.1 200 OK')} answers"
+            answers += chunk
+            time.sleep(len(chunk) / 1e6)
+
+    assert time.monotonic() - started > 2 * worker.worker.config.send_timeout_s
