@@ -206,8 +206,9 @@ class Drill(models.Model):
     failed_requests = models.PositiveIntegerField(null=True, blank=True)
     target_s = models.FloatField()
     # [{"worker", "ack_s", "ok", "error", "note", "confirmed_s", "silent_before_s", "generation", "digest", "model_digest",
-    #   "failed_requests", "restarted"}]: "model_digest" is the confirming report's digest of the drilled model; "note"
-    #   what else failed on a worker that followed; "restarted" "pid A → B" when a new process took its id meanwhile
+    #   "failed_requests", "restarted", "quiet_after_confirming"}]: "model_digest" is the confirming report's digest of the
+    #   drilled model; "note" what else failed on a worker that followed; "restarted" "pid A → B" when a new process took
+    #   its id meanwhile; "quiet_after_confirming" why its count after confirming is unknown
     workers = models.JSONField(default=list)
     error = models.TextField(blank=True)
 

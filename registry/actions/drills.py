@@ -278,7 +278,9 @@ def _measure(drill: Drill, workers: list[Worker], release: Release, failed_befor
     # see acks up to the rollback's own duration past the target it reports.
     deadline = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S - max(_since(drill, timezone.now()), 0.0)
     acks, confirmed = watch_workers(drill, [worker.worker_id for worker in workers], window, deadline)
-    quiet = _quiet_since(drill, [worker.worker_id for worker in workers if worker.worker_id not in confirmed], settings.WORKER_GONE_AFTER_S / 2)
+    # Of every worker, confirmed or not: one killed after it confirmed left its last count
+    # standing, and a drill passed with "0 failed" while its clients were refused (381 times).
+    quiet = _quiet_since(drill, [worker.worker_id for worker in workers], settings.WORKER_GONE_AFTER_S / 2)
     # Failures counted to the end of the measure: a worker's row read 0 from the report
     # that confirmed it while its later report counted 29 503s (an operator's fault run).
     latest = dict(Worker.objects.filter(worker_id__in=[worker.worker_id for worker in workers]).values_list("worker_id", "last_report"))
@@ -334,7 +336,8 @@ def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: 
         after = max(after, failed_total(latest_report))
     before = failed_before.get(worker.worker_id)
     restarted = _restart_words(worker.pid, report, latest_report)
-    if restarted:  # its count began again at 0: a difference with the old process's proves nothing
+    went_quiet = _quiet_words(*quiet) if confirmed_s is not None and quiet is not None else ""
+    if restarted or went_quiet:  # a new count from 0, or none since: what failed meanwhile is unknown
         before = None
     error = _row_error(ack, confirmed_s, drill.to_generation, drill.model.name)
     if error and quiet is not None and silent_s is None:  # a silent one's silence is said below
@@ -359,6 +362,8 @@ def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: 
         "failed_requests": None if before is None or after is None else max(after - before, 0),
         # A new process under the same id since the drill began: "pid 31186 → 31983".
         "restarted": restarted,
+        # Confirmed, then silent to the measure's end: "it stopped reporting (…)".
+        "quiet_after_confirming": went_quiet,
     }
 
 
@@ -473,6 +478,11 @@ def failure_reasons(drill: Drill, rows: list[dict], replaced_at: int | None = No
         who = ", ".join(f"{row['worker']} ({row['restarted']})" for row in restarted)
         reasons.append(f"{len(restarted)} of {len(rows)} workers restarted during the drill: {who}; "
                        "requests sent to them meanwhile failed uncounted")
+    went_quiet = [row for row in rows if row.get("quiet_after_confirming")]
+    if went_quiet:
+        who = ", ".join(f"{row['worker']} ({row['quiet_after_confirming']})" for row in went_quiet)
+        reasons.append(f"{len(went_quiet)} of {len(rows)} workers fell silent after confirming the rollback: {who}; "
+                       "requests sent to them since may have failed uncounted")
     slow = [row for row in rows if row["ack_s"] is not None and row["ack_s"] > drill.target_s]
     if slow:
         who = ", ".join(f"{row['worker']} {row['ack_s']:.2f} s" for row in slow)

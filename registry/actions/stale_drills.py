@@ -128,7 +128,7 @@ def _acks_received(drill: Drill) -> list[dict]:
     acks = WorkerAck.objects.filter(generation=drill.to_generation, received_at__gte=drill.started_at).order_by("received_at")
     return [{"worker": ack.worker_id, "ack_s": round((ack.received_at - drill.started_at).total_seconds(), 3), "ok": ack.ok,
              "error": _unwatched(ack), "note": "", "confirmed_s": None, "silent_before_s": None, "generation": None, "digest": None,
-             "model_digest": None, "failed_requests": None, "restarted": ""} for ack in acks]
+             "model_digest": None, "failed_requests": None, "restarted": "", "quiet_after_confirming": ""} for ack in acks]
 
 
 def _unwatched(ack: WorkerAck) -> str:

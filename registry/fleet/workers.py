@@ -406,7 +406,8 @@ def _unconfirmed_silent(release: Release | None, generation: int, digests: Issue
         silent_s = (now - worker.last_seen_at).total_seconds()
         last = f"it last proved generation {proven}" if proven is not None else "it never proved a state"
         rows.append({"worker_id": worker.worker_id, "silent_s": round(silent_s, 1), "last_seen_at": worker.last_seen_at,
-                     "state": f"silent {silent_s:.0f} s, {last}: frozen or cut off, it may still serve what generation {generation} replaced"})
+                     "state": (f"silent {silent_s:.0f} s, {last}: frozen, cut off or dead; if it serves, it may serve what generation "
+                               f"{generation} replaced (taken for dead {RECENTLY_SILENT_S:g} s after its last report)")})
     return rows
 
 

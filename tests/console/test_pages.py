@@ -73,8 +73,8 @@ def test_the_model_page_says_a_recently_silent_worker_has_not_confirmed_the_rele
     html = viewer_page.get("/models/digits/").content.decode()
 
     assert "✓ All" not in html
-    assert (f'Not converged: <span data-silent-worker="w2">w2 silent 12 s, it last proved generation {current - 1}: frozen or cut off, '
-            f"it may still serve what generation {current} replaced</span>.</span>") in html
+    assert (f'Not converged: <span data-silent-worker="w2">w2 silent 12 s, it last proved generation {current - 1}: frozen, cut off or dead; '
+            f"if it serves, it may serve what generation {current} replaced (taken for dead 60 s after its last report)</span>.</span>") in html
 
 
 def test_the_model_page_says_a_worker_that_failed_to_apply_the_release_is_not_converging(viewer_page, canary_digits):

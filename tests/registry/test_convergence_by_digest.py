@@ -135,7 +135,8 @@ def test_a_release_is_not_converged_while_a_recently_silent_worker_has_not_prove
     assert [row["worker_id"] for row in body["workers"]] == ["w-1"]
     assert body["converged"] is False
     assert [(row["worker_id"], row["state"]) for row in body["unconfirmed_silent"]] == [
-        ("w-2", "silent 12 s, it last proved generation 2: frozen or cut off, it may still serve what generation 3 replaced")]
+        ("w-2", "silent 12 s, it last proved generation 2: frozen, cut off or dead; if it serves, it may serve what generation 3 replaced "
+                "(taken for dead 60 s after its last report)")]
 
 
 def test_a_worker_silent_past_a_minute_is_taken_for_dead_and_no_longer_holds_convergence(worker_client, operator_client, canary):

@@ -186,3 +186,48 @@ def test_a_worker_restarted_under_its_id_during_the_drill_fails_it_and_its_failu
     assert drill["status"] == "failed"
     assert "1 of 1 workers restarted during the drill: w-1 (pid 100 → 200); requests sent to them meanwhile failed uncounted" in drill["error"]
     assert (drill["workers"][0]["restarted"], drill["workers"][0]["failed_requests"], drill["failed_requests"]) == ("pid 100 → 200", None, None)
+
+
+def report_as(client, worker_id: str, generation: int, failed: int = 0) -> int:
+    return client.post("/api/serving/reports", {
+        "worker": {"id": worker_id, "host": "box", "pid": 7}, "generation": generation, "digest": issued_digest(generation),
+        "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": failed, "contract": CONTRACT_VERSION,
+    }, format="json").status_code
+
+
+def ack_as(client, worker_id: str, generation: int) -> int:
+    body = {"worker": worker_id, "generation": generation, "digest": issued_digest(generation), "ok": True, "contract": CONTRACT_VERSION}
+    return client.post("/api/serving/acks", body, format="json").status_code
+
+
+def test_a_worker_silent_after_confirming_fails_the_drill_and_its_failures_are_unknown(worker_client, operator_client, canary, settings):
+    """Killed just after it confirmed, a worker's last count stood: the drill passed with
+    "0 failed" while its clients were refused 381 times (a fault helper's run)."""
+    settings.WORKER_GONE_AFTER_S = 1.0  # quiet past half of it by the measure's end
+    for worker_id in ("w-1", "w-2"):
+        assert report_as(worker_client, worker_id, 2) == 204
+
+    def confirm_then_die():
+        wait_for_generation(3)
+        assert ack_as(worker_client, "w-1", 3) == 204 and report_as(worker_client, "w-1", 3) == 204  # and then nothing
+
+    def keep_reporting_then_confirm_late():
+        wait_for_generation(3)
+        for _ in range(5):
+            time.sleep(0.3)
+            report_as(worker_client, "w-2", 2)
+        assert ack_as(worker_client, "w-2", 3) == 204 and report_as(worker_client, "w-2", 3) == 204
+        wait_for_generation(4)
+        ack_as(worker_client, "w-2", 4)
+
+    threads = [in_thread(confirm_then_die), in_thread(keep_reporting_then_confirm_late)]
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    for thread in threads:
+        thread.join(15)
+
+    assert drill["status"] == "failed"
+    rows = {row["worker"]: row for row in drill["workers"]}
+    assert rows["w-1"]["confirmed_s"] is not None and rows["w-1"]["failed_requests"] is None
+    assert rows["w-1"]["quiet_after_confirming"].startswith("it ")
+    assert "1 of 2 workers fell silent after confirming the rollback: w-1 (it " in drill["error"]
+    assert rows["w-2"]["quiet_after_confirming"] == ""

@@ -169,8 +169,8 @@ def test_a_rejected_version_s_file_stays_when_an_upload_stores_the_same_bytes_me
     age(version.sha256, DAY_OLD_S)
     rejected = events.version_rejected
 
-    def and_the_same_bytes_uploaded_meanwhile(*args):
-        rejected(*args)
+    def and_the_same_bytes_uploaded_meanwhile(*args, **kwargs):
+        rejected(*args, **kwargs)
         storage.commit(storage.stage_stream(io.BytesIO(model_bytes)))  # its row is not committed yet
 
     monkeypatch.setattr(events, "version_rejected", and_the_same_bytes_uploaded_meanwhile)
