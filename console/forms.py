@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from django import forms
 from django.contrib.auth import get_user_model
 
+from registry.actions.rollouts import NOT_PROMISED
 from registry.domain.choices import DatasetTask
 from registry.domain.reasons import has_visible_text, refuse_control_characters
 from registry.domain.tags import InvalidTags, check_tags, parse_typed_tags
@@ -71,6 +72,12 @@ class SplitForm(SeenGenerationForm):
 
 class ReasonForm(SeenGenerationForm):
     reason = forms.CharField(required=False, max_length=500, validators=[refuse_control_characters])
+
+
+class ToStableForm(ReasonForm):
+    # The stable version the dialog promised all the traffic to: while a rollout runs, its
+    # abort is refused only when it would now do something else (its steps make generations).
+    promised_version = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
 
 
 class PromoteForm(ReasonForm):
@@ -156,6 +163,17 @@ class RolloutActionForm(forms.Form):
 
     reason = forms.CharField(required=False, max_length=500, validators=[refuse_control_characters])
     expected_generation = forms.IntegerField(required=False, min_value=0, widget=forms.HiddenInput)
+    # What the abort dialog promised: "v3" (all the traffic to v3) or "stays". Checked instead
+    # of the generation: the rollout's own steps make generations while the dialog is open.
+    abort_to = forms.RegexField(required=False, regex=r"^(stays|v[1-9][0-9]{0,8})$", widget=forms.HiddenInput,
+                                error_messages={"invalid": "abort_to must be 'stays' or a version like 'v3': reload the page"})
+
+    def promised_target(self):
+        """The abort's promise as ``rollouts.abort`` takes it, or NOT_PROMISED."""
+        shown = self.cleaned_data.get("abort_to")
+        if not shown:
+            return NOT_PROMISED
+        return None if shown == "stays" else int(shown[1:])
 
 
 class UploadForm(forms.Form):

@@ -96,7 +96,7 @@ def abort_rollout(request, name: str, pk: int):
     form = forms.RolloutActionForm(request.POST)
     if not form.is_valid():
         return _answer(request, name, "error", _first_error(form), status=400)
-    return abort_rollout_answer(request, model, rollout, form.cleaned_data["reason"], form.cleaned_data["expected_generation"])
+    return abort_rollout_answer(request, model, rollout, form.cleaned_data["reason"], form.promised_target())
 
 
 @login_required

@@ -243,14 +243,15 @@ def _model_rows(params) -> dict:
     form = model_list.list_form(params)
     options = {key: form.cleaned_data.get(key) for key in ("q", "tag", "owner", "sort", "archived")}
     page = model_list.page_of(model_list.sorted_models(model_list.matching_models(options), options["sort"] or "name", figures), form.cleaned_data.get("page"))
-    return {"rows": [_model_row(model, figures, recent) for model in page], "page": page, "list_form": form, "list_options": options,
+    view = fleet.FleetView()  # the workers and issued digests, read once for every row
+    return {"rows": [_model_row(model, figures, recent, view) for model in page], "page": page, "list_form": form, "list_options": options,
             "filtered": any(options[key] for key in ("q", "tag", "owner")), "any_models": RegisteredModel.objects.exists(),
             "create_form": forms.ModelCreateForm()}
 
 
-def _model_row(model: RegisteredModel, figures: dict, recent: dict) -> dict:
+def _model_row(model: RegisteredModel, figures: dict, recent: dict, view: fleet.FleetView) -> dict:
     release = model.current_release()
-    convergence = fleet.convergence(release)
+    convergence = fleet.convergence(release, view)
     level, words = model_health(model, release, convergence, recent)
     return {
         "model": model, "release": release, "segments": split_segments(release), "canary": canary_route(release),
@@ -578,36 +579,36 @@ def to_stable(request, name: str):
     model = _model(name)
     if request.method == "GET":
         return _confirm(request, model, "console/fragments/confirm_to_stable.html")
-    form = forms.ReasonForm(request.POST)
+    form = forms.ToStableForm(request.POST)
     if not form.is_valid():
         return _answer(request, name, "error", _first_error(form), status=400)
     reason, seen = form.cleaned_data["reason"], form.cleaned_data["expected_generation"]
     try:
-        release, aborted = rollouts.back_to_stable(model, request.user, reason, expected_generation=seen)
+        release, aborted = rollouts.back_to_stable(model, request.user, reason, expected_generation=seen,
+                                                   promised_version=form.cleaned_data["promised_version"])
     except releases.ReleaseError as error:
         return _answer(request, model.name, "error", error.message, status=error.status, **error.details())
-    return _aborted_answer(request, model, aborted) if aborted is not None else _release_made(request, model, release)
+    return _aborted_answer(request, model, aborted, release) if aborted is not None else _release_made(request, model, release)
 
 
-def abort_rollout_answer(request, model: RegisteredModel, rollout: Rollout, reason: str, seen: int | None):
+def abort_rollout_answer(request, model: RegisteredModel, rollout: Rollout, reason: str, promised):
+    before = rollout.release_generation
     try:
-        rollout = rollouts.abort(rollout, request.user, reason, expected_generation=seen)
+        rollout = rollouts.abort(rollout, request.user, reason, promised_target=promised)
     except releases.ReleaseError as error:
         return _answer(request, model.name, "error", error.message, status=error.status, **error.details())
-    return _aborted_answer(request, model, rollout)
+    return _aborted_answer(request, model, rollout, rollouts.abort_release(before, rollout))
 
 
-def _aborted_answer(request, model: RegisteredModel, rollout: Rollout):
+def _aborted_answer(request, model: RegisteredModel, rollout: Rollout, made: Release | None):
     """What the abort did: the release it made, or the traffic it left as it was (a change
     made since the rollout's last step, which the abort keeps)."""
-    current = model.current_release()
-    if current is None or current.generation != rollout.release_generation:
-        text = (f"Rollout #{rollout.pk} aborted; the traffic stays as generation {current.generation} made it "
-                f"({describe_routes(current.routes)}), a change made since the rollout's last step." if current else
-                f"Rollout #{rollout.pk} aborted.")
+    if made is None:
+        current = model.current_release()
+        text = f"Rollout #{rollout.pk} aborted; the traffic stays as it was ({describe_routes(current.routes) if current else 'nothing routed'})."
         return _answer(request, model.name, "success", text, rollout=rollout.pk, generation=current.generation if current else None)
-    text = f"Rollout #{rollout.pk} aborted: v{current.stable_version} is back to 100% (generation {current.generation}). Workers are converging."
-    return _answer(request, model.name, "success", text, rollout=rollout.pk, generation=current.generation)
+    text = f"Rollout #{rollout.pk} aborted: v{made.stable_version} is back to 100% (generation {made.generation}). Workers are converging."
+    return _answer(request, model.name, "success", text, rollout=rollout.pk, generation=made.generation)
 
 
 @login_required

@@ -239,19 +239,32 @@ def abort_target(rollout: Rollout, current: Release | None) -> int | None:
     return current.stable_version  # a split made since: its own stable at 100 %, as "Abort to stable" does
 
 
-def abort(rollout: Rollout, actor, reason: str = "", *, expected_generation: int | None = None) -> Rollout:
+NOT_PROMISED = object()
+
+
+def abort(rollout: Rollout, actor, reason: str = "", *, expected_generation: int | None = None,
+          promised_target: int | None | object = NOT_PROMISED) -> Rollout:
     """Stable back to 100 % at once (``abort_target`` says which, or that the traffic
-    stays). With ``expected_generation``, refused when the traffic changed since: the
-    operator's dialog promised a release that no longer describes what would happen."""
+    stays). Refused when what it would do is not what the operator was shown:
+    ``promised_target`` (a version, or None for "the traffic stays", as the console's
+    dialog promised it) must still be ``abort_target``; else, with ``expected_generation``
+    (the API's), nothing may have changed. The console checks the promise, not the number:
+    a running rollout makes a generation at each step, and an abort dialog open across a
+    step was refused though the abort would do just what it said."""
     with transaction.atomic():
         ServingGeneration.objects.lock()
         rollout = _locked(rollout)
         if rollout.status not in ACTIVE_ROLLOUT_STATUSES:
             raise RolloutConflict(f"rollout #{rollout.pk} is already {rollout.get_status_display().lower()}")
         current = rollout.model.current_release()
-        releases.check_expected_generation(rollout.model, current, expected_generation)
-        note = f"aborted by {_who(actor)}{_because(reason)}"
         target = abort_target(rollout, current)
+        if promised_target is NOT_PROMISED:
+            releases.check_expected_generation(rollout.model, current, expected_generation)
+        elif promised_target != target:
+            raise RolloutConflict(f"the traffic changed since your page: generation {current.generation} "
+                                  f"({releases.describe_routes(current)}) is in force, and an abort now {_abort_words(target)}, "
+                                  f"not {_abort_words(promised_target)} as shown: nothing changed; reload and decide again")
+        note = f"aborted by {_who(actor)}{_because(reason)}"
         if target is None:
             _finish(rollout, actor, RolloutStatus.ABORTED,
                     f"{note}; traffic left as generation {current.generation} ({releases.describe_routes(current)}), made since the rollout's last step",
@@ -261,14 +274,30 @@ def abort(rollout: Rollout, actor, reason: str = "", *, expected_generation: int
     return rollout
 
 
-def back_to_stable(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None) -> tuple[Release, Rollout | None]:
+def abort_release(generation_before: int, aborted: Rollout) -> Release | None:
+    """The release an abort made, or None when it left the traffic as it was (a paused
+    rollout makes no step meanwhile, so a newer generation of its own is the abort's)."""
+    if aborted.release_generation == generation_before:
+        return None
+    return Release.objects.get(generation=aborted.release_generation)
+
+
+def _abort_words(target: int | None) -> str:
+    return "leaves the traffic as it is" if target is None else f"sends all of it to v{target}"
+
+
+def back_to_stable(model: RegisteredModel, actor, reason: str = "", *, expected_generation: int | None = None,
+                   promised_version: int | None = None) -> tuple[Release, Rollout | None]:
     """The console's "Abort to stable": the active rollout's abort when one owns the
-    model's traffic (the rollout then says it was aborted), else the current stable at
-    100 %. The release made, and the rollout aborted (or None)."""
+    model's traffic (the rollout then says it was aborted; refused unless it still sends
+    everything to ``promised_version``, the stable the page showed), else the current
+    stable at 100 %. The release made, and the rollout aborted (or None)."""
     active = model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).first()
     if active is not None:
-        aborted = abort(active, actor, reason, expected_generation=expected_generation)
-        return model.current_release(), aborted
+        promise = NOT_PROMISED if promised_version is None else promised_version
+        aborted = abort(active, actor, reason, expected_generation=expected_generation if promised_version is None else None,
+                        promised_target=promise)
+        return abort_release(active.release_generation, aborted), aborted
     release = releases.to_stable(model, None, actor, reason or "back to stable", expected_generation=expected_generation)
     return release, None
 

@@ -407,6 +407,7 @@ class ReleaseStateSerializer(serializers.Serializer):
         "Workers silent past WORKER_GONE_AFTER_S for less than a minute that have not proved this release: frozen or cut off from the "
         "console, they may still serve what it replaced. Each keeps `converged` false."))
     converged = serializers.BooleanField(help_text="Every live worker serves this release, proved by digest, and no recently silent worker is unconfirmed.")
+    live_converged = serializers.BooleanField(help_text="Every live worker serves this release, proved by digest (whatever the silent ones do).")
     failing_elsewhere = serializers.IntegerField(help_text="Of the workers converged for this model, how many fail to apply "
                                                            "another model (their state in words says which).")
     rollback_ready = serializers.BooleanField()

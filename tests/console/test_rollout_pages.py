@@ -311,26 +311,40 @@ def test_after_a_promote_made_since_the_abort_button_and_dialog_say_the_traffic_
     promoted = releases.promote(digits, operator, "taking v2 now")
 
     html = panel(operator_page)
-    response = operator_page.post(f"/models/digits/rollouts/{rollout.pk}/abort/", {"expected_generation": promoted.generation})
+    response = operator_page.post(f"/models/digits/rollouts/{rollout.pk}/abort/", {"abort_to": "stays"})
 
     assert "■ Abort: traffic stays as it is" in html and "back to 100%" not in html
     assert "the traffic stays as it is</strong>: generation 3 (v2 100%) was made since the rollout's last step" in html
-    assert messages_of(response) == [f"Rollout #{rollout.pk} aborted; the traffic stays as generation 3 made it (v2 100%), "
-                                     "a change made since the rollout's last step."]
+    assert '<input type="hidden" name="abort_to" value="stays">' in html
+    assert messages_of(response) == [f"Rollout #{rollout.pk} aborted; the traffic stays as it was (v2 100%)."]
     assert digits.current_release().generation == promoted.generation
 
 
-def test_an_abort_from_a_page_older_than_the_traffic_is_refused_and_changes_nothing(operator_page, digits, operator):
+def test_an_abort_whose_dialog_promised_what_it_no_longer_does_is_refused_and_changes_nothing(operator_page, digits, operator):
     rollout = start_rollout(digits, operator)
-    seen = digits.current_release().generation
+    assert '<input type="hidden" name="abort_to" value="v1">' in panel(operator_page)
     releases.promote(digits, operator, "taking v2 now")
     before = snapshot()
 
-    response = operator_page.post(f"/models/digits/rollouts/{rollout.pk}/abort/", {"expected_generation": seen}, HTTP_ACCEPT="application/json")
+    response = operator_page.post(f"/models/digits/rollouts/{rollout.pk}/abort/", {"abort_to": "v1"}, HTTP_ACCEPT="application/json")
 
     assert response.status_code == 409
-    assert "replaced generation 2 you saw: nothing changed" in response.json()["message"]
+    assert response.json()["message"] == ("the traffic changed since your page: generation 3 (v2 100%) is in force, and an abort now leaves "
+                                          "the traffic as it is, not sends all of it to v1 as shown: nothing changed; reload and decide again")
     assert snapshot() == before
+
+
+def test_an_abort_dialog_open_across_the_rollouts_own_step_still_aborts(operator_page, digits, operator):
+    """Checked by generation, the abort was refused once the rollout had moved a step while
+    its dialog was open, though it would do just what the dialog said."""
+    rollout = start_rollout(digits, operator, step_duration_s=0)
+    judge_window(rollout)  # the next step: a generation the page never showed
+    assert Rollout.objects.get(pk=rollout.pk).release_generation > 2
+
+    response = operator_page.post(f"/models/digits/rollouts/{rollout.pk}/abort/", {"abort_to": "v1"})
+
+    assert messages_of(response)[0].startswith(f"Rollout #{rollout.pk} aborted: v1 is back to 100%")
+    assert digits.current_release().routes == [{"version": 1, "weight": 100}]
 
 
 def test_abort_to_stable_from_a_page_older_than_the_traffic_is_refused_while_a_rollout_is_active(operator_page, digits, operator):
@@ -341,7 +355,7 @@ def test_abort_to_stable_from_a_page_older_than_the_traffic_is_refused_while_a_r
     releases.promote(digits, operator, "taking v2 now")
     before = snapshot()
 
-    response = operator_page.post("/models/digits/to-stable/", {"expected_generation": seen}, HTTP_ACCEPT="application/json")
+    response = operator_page.post("/models/digits/to-stable/", {"expected_generation": seen, "promised_version": 1}, HTTP_ACCEPT="application/json")
 
     assert response.status_code == 409
     assert snapshot() == before

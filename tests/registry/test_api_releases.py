@@ -559,7 +559,7 @@ def test_traffic_actions_read_json_only(operator_client, three_versions, path):
 def test_release_answer_matches_its_documented_shape(operator_client, three_versions):
     body = operator_client.get(RELEASE).json()
 
-    assert sorted(body) == ["archived", "converged", "failing_elsewhere", "model", "release", "rollback_ready", "rollback_returns_to", "unconfirmed_silent", "workers"]
+    assert sorted(body) == ["archived", "converged", "failing_elsewhere", "live_converged", "model", "release", "rollback_ready", "rollback_returns_to", "unconfirmed_silent", "workers"]
     assert body["release"]["actor"] is None or isinstance(body["release"]["actor"], str)
 
 

@@ -36,10 +36,11 @@ def write_model(directory: Path, name: str, model: onnx.ModelProto) -> tuple[Pat
     path.write_bytes(data)
     return path, hashlib.sha256(data).hexdigest()
 
-def relu_any_width() -> onnx.ModelProto:
-    """input [batch, width] -> Relu: batchable, with a free non-batch dimension."""
+def relu_any_width(op: str = "Relu") -> onnx.ModelProto:
+    """input [batch, width] -> Relu (or another elementwise ``op``): batchable, with a free
+    non-batch dimension."""
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["input"], ["output"])], "relu",
+        [helper.make_node(op, ["input"], ["output"])], op.lower(),
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", "width"])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", "width"])],
     )

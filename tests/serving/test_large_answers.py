@@ -8,8 +8,9 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import orjson
 import pytest
-from serving_testkit import counts_up_to, route, state, write_model
+from serving_testkit import counts_up_to, relu_any_width, route, state, write_model
 
 from serving import protocol
 from serving.dataplane import DECODE_OFF_LOOP_BYTES, encodes_off_loop
@@ -91,3 +92,28 @@ def test_a_large_predict_answer_is_whole_and_exact(counts_worker, client):
     assert np.array_equal(np.array(outputs["values"], np.float32), np.arange(LARGE, dtype=np.float32))
     assert outputs["logs"][0] == "-Infinity"
     np.testing.assert_allclose(np.array(outputs["logs"][1:], np.float32), np.log(np.arange(1, LARGE, dtype=np.float32)), rtol=1e-6)
+
+
+@pytest.fixture
+def log_worker(start_worker, model_dir):
+    """Log of any width: -1 in, NaN out."""
+    return start_worker(state(1, {"log": {"routes": [route(1, 100, *write_model(model_dir, "log_any_width", relu_any_width("Log")), batchable=False)]}}),
+                        max_body_bytes=16 * 1024 * 1024, max_elements=1_000_000)
+
+
+@pytest.mark.parametrize("shape", [(300, 1000), (2, 140_000)], ids=["rows-smaller-than-a-slice", "rows-larger-than-a-slice"])
+def test_a_large_two_dimensional_predict_answer_keeps_every_row_and_a_nan_in_a_later_slice(log_worker, client, shape):
+    rows = np.arange(1, np.prod(shape) + 1, dtype=np.float32).reshape(shape)
+    rows[-1, -1] = -1  # its log is NaN, in the last slice, not the first
+
+    answer = client.post(log_worker.url + "/predict", content=orjson.dumps({"model_name": "log", "inputs": rows.tolist()}),
+                         headers={"content-type": "application/json"})
+
+    assert answer.status_code == 200, answer.text[:300]
+    output = answer.json()["outputs"]["output"]
+    assert (len(output), {len(row) for row in output}) == (shape[0], {shape[1]})
+    assert output[-1][-1] == "NaN"
+    output[-1][-1] = float("nan")
+    with np.errstate(invalid="ignore"):
+        expected = np.log(rows)
+    np.testing.assert_allclose(np.array(output, np.float32), expected, rtol=1e-6)
