@@ -1,15 +1,29 @@
 """Role upkeep: admin-group membership and ``is_staff`` move together, whichever side
 of the many-to-many changes (``user.groups`` or ``group.user_set``), by add, remove,
 clear or deleting the group; the groups and their permissions exist after every
-migrate. The rules are ``registry.domain.roles``'; this module only listens."""
+migrate; a user's sessions end when their active flag changes. The rules are
+``registry.domain.roles``' and ``registry.actions.users``'; this module only listens."""
 
 from __future__ import annotations
 
 from django.contrib.auth.models import Group, User
-from django.db.models.signals import m2m_changed, post_delete, post_migrate, pre_delete
+from django.db.models.signals import m2m_changed, post_delete, post_migrate, pre_delete, pre_save
 from django.dispatch import receiver
 
+from registry.actions import users
 from registry.domain import roles
+
+
+@receiver(pre_save, sender=User)
+def active_flag_change_ends_sessions(sender, instance, update_fields=None, **kwargs):
+    """Whichever way the flag changes (the console's Users & roles, the Django admin's
+    Active box, a shell): the Django admin's left a deactivated user's sessions to come
+    back at their reactivation."""
+    if instance.pk is None or (update_fields is not None and "is_active" not in update_fields):
+        return  # a sign-in saves last_login alone
+    stored = User.objects.filter(pk=instance.pk).values_list("is_active", flat=True).first()
+    if stored is not None and stored != instance.is_active:
+        users.end_sessions(instance)
 
 
 @receiver(post_migrate)

@@ -41,8 +41,8 @@ class OwnPasswordForm(PasswordChangeForm):
     an unlocked screen) could guess the account's password there without limit. A wrong
     one counts towards the sign-in lockout; at the lockout the view ends the session."""
 
-    def __init__(self, user, *args, request=None, **kwargs):
-        self.request = request
+    def __init__(self, user, *args, request, **kwargs):
+        self.request = request  # required: django-axes cannot count an attempt without it
         super().__init__(user, *args, **kwargs)
 
     def clean_old_password(self):

@@ -5,6 +5,10 @@ answer, and only its sha256 is stored (shown in a message, it was kept in clear 
 session table until the next page read it, for two weeks if none did). Keys are revoked (an action), never deleted, and
 a saved key's fields cannot be edited: to rotate, create a new key and revoke the old one.
 
+People are deactivated, never deleted, here as in the console: a delete took the user's
+Django admin history (who deactivated whom, who reset which password) with it, and cleared
+their name on what they did (those links are PROTECT now).
+
 DRF's own admin for users' API tokens is taken off the site: it listed every user's token
 key in clear to every admin-group member, a superuser's included, where the console's user
 pages show a key once, to whoever issued it, and keep it only in DRF's table.
@@ -13,6 +17,8 @@ pages show a key once, to whoever issued it, and keep it only in DRF's table.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.models import User
 from django.template.response import TemplateResponse
 from django.utils.cache import add_never_cache_headers
 from rest_framework.authtoken.models import TokenProxy
@@ -22,6 +28,16 @@ from registry.models import InferenceApiKey
 
 if admin.site.is_registered(TokenProxy):  # registered by rest_framework.authtoken, earlier in INSTALLED_APPS
     admin.site.unregister(TokenProxy)
+
+
+class KeptUserAdmin(UserAdmin):
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # deactivate instead (the console's Users & roles, or Active here)
+
+
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+admin.site.register(User, KeptUserAdmin)
 
 
 @admin.register(InferenceApiKey)

@@ -182,8 +182,9 @@ class ServingApp:
         version = response.version
         if version is not None and is_inference:  # metadata of a named version is no inference
             # From the body's end: a client sending its body slowly inflated the version's
-            # latency, which a canary's latency check reads.
-            took_s = time.monotonic() - (started_s if context.body_read_s is None else context.body_read_s)
+            # latency, which a canary's latency check reads; a body that never ended (408,
+            # 499) took the worker no time at all (five 20 s ones put 100 s in the +Inf bucket).
+            took_s = 0.0 if context.body_read_s is None else time.monotonic() - context.body_read_s
             if context.client_chose or response.is_clients_deadline:
                 _count_apart(version, response, took_s)
             else:  # the traffic the split sent: what the reports carry

@@ -124,9 +124,8 @@ def deactivate(user: User, actor) -> bool:
         if not User.objects.get(pk=user.pk).is_active:
             return False
         _refuse_losing_admin(user, actor, "deactivate")
-        _set_active(user, False)
-        ended = _end_sessions(user)
-        _record(actor, user, CHANGE, "Deactivated", event="user_deactivated", sessions_ended=ended)
+        _set_active(user, False)  # its sessions end (console/signals.py: whichever way it changes)
+        _record(actor, user, CHANGE, "Deactivated", event="user_deactivated")
     return True
 
 
@@ -220,10 +219,11 @@ def _refuse_losing_admin(user: User, actor, verb: str) -> None:
         raise UserAdminError(f"{user.username} is the last active admin: make someone else admin first")
 
 
-def _end_sessions(user: User) -> int:
-    """Delete ``user``'s sessions. Django only ignores an inactive user's session, so a
-    reactivation brought back every cookie, a stolen one included. No index maps a user to
-    their sessions: the live ones are read, fine at a console's scale."""
+def end_sessions(user: User) -> int:
+    """Delete ``user``'s sessions, as their active flag changes either way. Django only
+    ignores an inactive user's session, so a reactivation brought back every cookie, a
+    stolen one included (and one a sign-in racing the deactivation made). No index maps a
+    user to their sessions: the live ones are read, fine at a console's scale."""
     live = Session.objects.filter(expire_date__gt=timezone.now())
     theirs = [session.pk for session in live.iterator() if session.get_decoded().get(SESSION_USER_KEY) == str(user.pk)]
     return Session.objects.filter(pk__in=theirs).delete()[0]

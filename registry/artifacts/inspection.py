@@ -50,7 +50,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
 from serving.contract import DEFAULT_MAX_BATCH_SIZE, SERVABLE_INPUT_DATATYPES
-from serving.model_safety import UnsafeModel, refuse_external_references, walk_messages
+from serving.model_safety import ORT_FORMAT_ID, UnsafeModel, refuse_external_references, walk_messages
 
 logger = logging.getLogger(__name__)
 
@@ -533,6 +533,8 @@ class _ChildInspection:
 def _parse_model(data: bytes) -> ModelProto:
     if not data:
         raise _Refusal("the file is empty, not an ONNX model", status=400)
+    if data[4:8] == ORT_FORMAT_ID:  # as the worker refuses it: what would run is not what is checked here
+        raise _Refusal("the file is not an ONNX model: ONNX Runtime would read it as its ORT format (ORTM at byte 4)", status=400)
     try:
         # Always binary protobuf: onnx.load would guess a text format from the file name.
         model = onnx.load_model_from_string(data, format="protobuf")

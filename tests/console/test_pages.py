@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from registry.fleet.state import issued_digest, issued_state
 from registry.actions import releases
+from registry.fleet.state import issued_digest, issued_state
 from registry.models import Drill, RegisteredModel
 from serving.state_signing import model_digests
 from tests.console.conftest import add_version, report_from, served

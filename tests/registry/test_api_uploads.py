@@ -116,6 +116,7 @@ def test_an_upload_cheap_to_refuse_is_refused_at_once_naming_the_problem_and_lea
         ("external_data_onnx", "external data"),
         ("unknown_domain_onnx", "com.example.evil"),
         ("checker_failing_onnx", "checker"),
+        ("ort_format_onnx", "would read it as its ORT format"),
     ],
 )
 def test_an_upload_failing_inspection_is_rejected_with_its_report_and_keeps_no_artifact(request, operator_client, model, artifact_root, fixture_name, words):
