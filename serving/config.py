@@ -50,6 +50,7 @@ class ServingConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     send_timeout_s: float = 30.0  # how long an answer may wait for its client to read (serving/http_protocol.py)
+    max_unsent_bytes: int = 256 * 1024 * 1024  # answers held for clients not reading, together (0: no bound)
     max_header_bytes: int = 16 * 1024
     max_connections: int = 4096
     # Longest a new connection waits in the listen queue: half the request timeout by default,
@@ -104,6 +105,7 @@ class ServingConfig:
             header_timeout_s=env_float("SERVING_HEADER_TIMEOUT_S", 10.0, minimum=0.01),
             body_timeout_s=env_float("SERVING_BODY_TIMEOUT_S", 30.0, minimum=0.01),
             send_timeout_s=env_float("SERVING_SEND_TIMEOUT_S", 30.0, minimum=0.01),
+            max_unsent_bytes=env_int("SERVING_MAX_UNSENT_BYTES", 256 * 1024 * 1024, minimum=0),
             max_header_bytes=env_int("SERVING_MAX_HEADER_BYTES", 16 * 1024, minimum=1024),
             max_connections=env_int("SERVING_MAX_CONNECTIONS", 4096, maximum=MAX_CONNECTIONS_LIMIT),
             accept_wait_s=env_float("SERVING_ACCEPT_WAIT_S", request_timeout_s / 2),

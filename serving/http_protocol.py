@@ -63,6 +63,7 @@ import fcntl
 import logging
 import struct
 import termios
+import time
 from dataclasses import dataclass, replace
 
 import httptools
@@ -107,6 +108,7 @@ class HttpLimits:
     max_header_bytes: int = 16 * 1024
     max_connections: int = 0  # 0: no cap
     send_timeout_s: float = 30.0
+    max_unsent_bytes: int = 0  # answers held for clients not reading, together; 0: no bound
 
 
 class HeadersTooLarge(Exception):
@@ -123,6 +125,7 @@ class UnknownTransferCoding(Exception):
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits = HttpLimits()
+    paused_writers: dict = {}  # connection -> when its writes paused; one dict a worker (protocol_class)
     drain: Drain = Drain()  # the worker's own, set by protocol_class
     keepers: Keepers = Keepers()  # the listen queue's keepers count what the loop accepts (serving/listen_queue.py)
     refusals_lingering = [0]  # the worker's refused connections lingering, every kind (one list per protocol_class)
@@ -198,10 +201,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().pause_writing()
         if self._send_timer is None:
             self._arm_send_deadline()
+        self.paused_writers.setdefault(self, time.monotonic())
+        self._keep_unsent_within_budget()
 
     def resume_writing(self) -> None:
         super().resume_writing()
         self._cancel_send_deadline()
+        self.paused_writers.pop(self, None)
+
+    def _keep_unsent_within_budget(self) -> None:
+        """The send deadline runs between reads: clients reading a little every few seconds
+        kept their answers in the worker's memory for good (64 such grew it to 1 GB). Past
+        SERVING_MAX_UNSENT_BYTES held for paused connections together, the longest paused
+        are cut, as at their send deadline."""
+        budget = self.limits.max_unsent_bytes
+        if not budget:
+            return
+        held = sum(writer.transport.get_write_buffer_size() for writer in self.paused_writers)
+        while held > budget and self.paused_writers:
+            oldest = min(self.paused_writers, key=self.paused_writers.__getitem__)
+            held -= oldest.transport.get_write_buffer_size()
+            oldest._cut_not_reading("unsent_over_budget", max_unsent_bytes=budget)
 
     def _should_upgrade(self) -> bool:
         return False  # HTTP only, whatever uvicorn's ws setting: see the HttpParserUpgrade branch of data_received
@@ -213,6 +233,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.keepers.closed()
         self._cancel()
         self._cancel_send_deadline()
+        self.paused_writers.pop(self, None)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -546,8 +567,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if unsent_bytes < self._unsent_bytes:  # it took some (a large answer to a slow reader): a new deadline,
             self._arm_send_deadline()  # as nginx's send_timeout runs between two writes, not over the whole answer
             return
-        logger.warning(event("send_timeout", timeout_s=self.limits.send_timeout_s, unsent_bytes=unsent_bytes,
-                             client=_address(self.client)))
+        self._cut_not_reading("send_timeout", timeout_s=self.limits.send_timeout_s, unsent_bytes=unsent_bytes)
+
+    def _cut_not_reading(self, reason: str, **facts) -> None:
+        logger.warning(event(reason, **facts, client=_address(self.client)))
+        self.paused_writers.pop(self, None)
+        self._cancel_send_deadline()
         self._disconnect_all()  # the answer being written, and the requests queued behind it, go nowhere
         self.transport.abort()
 
@@ -797,7 +822,7 @@ def protocol_class(limits: HttpLimits, coalesce_writes: bool, drain: Drain | Non
     base = CoalescingHttpToolsProtocol if coalesce_writes else GuardedHttpToolsProtocol
     limits = replace(limits, max_connections=fit_open_file_limit(limits.max_connections))
     return type(base.__name__, (base,), {"limits": limits, "drain": drain or Drain(), "keepers": keepers or Keepers(),
-                                         "refusals_lingering": [0]})
+                                         "refusals_lingering": [0], "paused_writers": {}})
 
 
 FILES_BESIDES_CONNECTIONS = 256  # models, cache, logs, the console and Redis clients

@@ -102,7 +102,7 @@ class Worker:
         """The uvicorn protocol class, with this worker's connection limits."""
         config = self.config
         limits = HttpLimits(config.header_timeout_s, config.body_timeout_s, config.max_header_bytes, config.max_connections,
-                            config.send_timeout_s)
+                            config.send_timeout_s, config.max_unsent_bytes)
         protocol = protocol_class(limits, config.coalesce_writes, self.drain, self.keepers)
         self.keepers.max_connections = protocol.limits.max_connections  # the cap as fitted to the open-file limit
         return protocol

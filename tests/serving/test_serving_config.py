@@ -34,6 +34,14 @@ def test_the_send_timeout_is_30_s_unless_set(monkeypatch):
     assert ServingConfig.from_env().send_timeout_s == 2.5
 
 
+def test_the_unsent_answers_are_bounded_at_256_mib_unless_set(monkeypatch):
+    monkeypatch.delenv("SERVING_MAX_UNSENT_BYTES", raising=False)
+    assert ServingConfig.from_env().max_unsent_bytes == 256 * 1024 * 1024
+
+    monkeypatch.setenv("SERVING_MAX_UNSENT_BYTES", "0")
+    assert ServingConfig.from_env().max_unsent_bytes == 0
+
+
 def test_worker_token_can_come_from_a_file(monkeypatch, tmp_path):
     (tmp_path / "token").write_text("abc\n")
     monkeypatch.setenv("SERVING_WORKER_TOKEN_FILE", str(tmp_path / "token"))
@@ -51,6 +59,8 @@ def test_worker_token_can_come_from_a_file(monkeypatch, tmp_path):
         ("SERVING_MEMORY_PATTERN", "maybe", "expected true or false"),
         ("SERVING_SEND_TIMEOUT_S", "0", "must be a finite number >= 0.01"),
         ("SERVING_SEND_TIMEOUT_S", "soon", "expected a number"),
+        ("SERVING_MAX_UNSENT_BYTES", "-1", "must be >= 0"),
+        ("SERVING_MAX_UNSENT_BYTES", "lots", "expected an integer"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(monkeypatch, name, value, message):

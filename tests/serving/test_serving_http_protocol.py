@@ -1339,7 +1339,7 @@ WIDE_BODY = orjson.dumps(v2_body(np.zeros((1, 90_000), np.float32)))
 
 
 @contextlib.contextmanager
-def never_reading_client(worker, receive_buffer_bytes: int = 1024):
+def never_reading_client(worker, receive_buffer_bytes: int = 1024, connections_before: int = 0):
     """A client with a tiny receive buffer that pipelines wide requests and never reads an
     answer: the kernel's buffers fill, then the worker's, and its writes pause. Yields once
     the worker stops taking its requests (1 s at most)."""
@@ -1347,7 +1347,7 @@ def never_reading_client(worker, receive_buffer_bytes: int = 1024):
     connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
     connection.connect(("127.0.0.1", worker.port))
     try:
-        assert wait_until(lambda: len(worker.server.server_state.connections) == 1)
+        assert wait_until(lambda: len(worker.server.server_state.connections) == connections_before + 1)
         connection.setblocking(False)
         requests, sent, deadline = (head(LARGE_BODY_PATH, length=len(WIDE_BODY)) + WIDE_BODY) * 16, 0, time.monotonic() + 1
         while time.monotonic() < deadline and sent < len(requests):
@@ -1400,3 +1400,32 @@ def test_a_client_that_reads_its_answers_slowly_is_served_past_the_send_deadline
             time.sleep(len(chunk) / 1e6)
 
     assert time.monotonic() - started > 2 * worker.worker.config.send_timeout_s
+
+
+def test_past_the_unsent_budget_a_client_not_reading_is_cut_long_before_its_send_deadline(guarded_worker, client, caplog):
+    """The send deadline runs between reads: clients reading a little every few seconds
+    kept their answers in the worker's memory for good (64 such: 1 GB)."""
+    caplog.set_level(logging.WARNING, logger="serving.http")
+    worker = guarded_worker(max_unsent_bytes=1, send_timeout_s=60.0)  # any paused connection is over it
+
+    with never_reading_client(worker) as stalled:
+        assert wait_until(lambda: not worker.server.server_state.connections, timeout_s=5)
+        assert connection_ended(stalled)
+        answer = client.post(worker.url + INFER, content=BODY, headers={"content-type": "application/json"})
+
+    assert answer.status_code == 200  # a client reading its answers is never paused, nor cut
+    cuts = [orjson.loads(record.getMessage()) for record in caplog.records if "unsent_over_budget" in record.getMessage()]
+    assert [line["max_unsent_bytes"] for line in cuts] == [1]
+
+
+def connection_ended(connection: socket.socket) -> bool:
+    """Reset or closed by the worker (what it had sent is read first)."""
+    connection.setblocking(False)
+    try:
+        while connection.recv(65536):
+            pass
+        return True
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
