@@ -483,3 +483,15 @@ def test_the_panel_says_nothing_late_while_the_analysis_is_on_time(viewer_page, 
     start_rollout(digits, operator)
 
     assert 'id="analysis-overdue"' not in panel(viewer_page)
+
+
+@pytest.mark.parametrize("shown", ["v0", "stays; v1", "v1\u0000", "V1", "v" + "9" * 12])
+def test_an_abort_with_a_promise_no_dialog_renders_is_a_400_and_changes_nothing(operator_page, digits, operator, shown):
+    rollout = start_rollout(digits, operator)
+    before = snapshot()
+
+    response = operator_page.post(f"/models/digits/rollouts/{rollout.pk}/abort/", {"abort_to": shown}, HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 400
+    assert "abort_to" in response.json()["message"]  # named, with what it takes or what it holds that it may not
+    assert snapshot() == before

@@ -28,17 +28,18 @@ def canary(operator_client, three_versions, settings):
     return three_versions
 
 
-def ack(client, generation: int, ok: bool = True, error: str = "") -> int:
-    body = {"worker": "w-1", "generation": generation, "digest": issued_digest(generation), "ok": ok, "contract": CONTRACT_VERSION}
+def ack(client, generation: int, ok: bool = True, error: str = "", worker_id: str = "w-1") -> int:
+    body = {"worker": worker_id, "generation": generation, "digest": issued_digest(generation), "ok": ok, "contract": CONTRACT_VERSION}
     if error:
         body["error"] = error
     return client.post("/api/serving/acks", body, format="json").status_code
 
 
-def report(client, generation: int) -> int:
+def report(client, generation: int, worker_id: str = "w-1", pid: int | None = None, failed: int = 0) -> int:
+    identity = {"id": worker_id, "host": "box", **({"pid": pid} if pid is not None else {})}
     return client.post("/api/serving/reports", {
-        "worker": {"id": "w-1", "host": "box"}, "generation": generation, "digest": issued_digest(generation),
-        "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": 0, "contract": CONTRACT_VERSION,
+        "worker": identity, "generation": generation, "digest": issued_digest(generation),
+        "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": failed, "contract": CONTRACT_VERSION,
     }, format="json").status_code
 
 
@@ -158,24 +159,17 @@ def test_a_roll_forward_a_worker_never_acked_is_said_in_the_drill_not_only_made(
     assert drill["error"] == f"rolled forward to generation 4, but 1 of 1 workers did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: w-1 (no ack)"
 
 
-def report_from_process(client, generation: int, pid: int, failed: int) -> int:
-    return client.post("/api/serving/reports", {
-        "worker": {"id": "w-1", "host": "box", "pid": pid}, "generation": generation, "digest": issued_digest(generation),
-        "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": failed, "contract": CONTRACT_VERSION,
-    }, format="json").status_code
-
-
 def test_a_worker_restarted_under_its_id_during_the_drill_fails_it_and_its_failures_are_not_taken_as_zero(worker_client, operator_client, canary):
     """Killed after its ack and started again under the same id, the worker confirmed from
     its new process, whose count began at 0: the drill passed with 0 failed requests while
     its clients had met a closed port (595 refused connections in a fault run)."""
-    assert report_from_process(worker_client, 2, pid=100, failed=40) == 204
+    assert report(worker_client, 2, pid=100, failed=40) == 204
 
     def ack_then_restart():
         wait_for_generation(3)
         assert ack(worker_client, 3) == 204  # the old process
         time.sleep(0.3)
-        assert report_from_process(worker_client, 3, pid=200, failed=0) == 204  # the new one
+        assert report(worker_client, 3, pid=200) == 204  # the new one
         wait_for_generation(4)
         ack(worker_client, 4)
 
@@ -188,37 +182,25 @@ def test_a_worker_restarted_under_its_id_during_the_drill_fails_it_and_its_failu
     assert (drill["workers"][0]["restarted"], drill["workers"][0]["failed_requests"], drill["failed_requests"]) == ("pid 100 → 200", None, None)
 
 
-def report_as(client, worker_id: str, generation: int, failed: int = 0) -> int:
-    return client.post("/api/serving/reports", {
-        "worker": {"id": worker_id, "host": "box", "pid": 7}, "generation": generation, "digest": issued_digest(generation),
-        "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": failed, "contract": CONTRACT_VERSION,
-    }, format="json").status_code
-
-
-def ack_as(client, worker_id: str, generation: int) -> int:
-    body = {"worker": worker_id, "generation": generation, "digest": issued_digest(generation), "ok": True, "contract": CONTRACT_VERSION}
-    return client.post("/api/serving/acks", body, format="json").status_code
-
-
 def test_a_worker_silent_after_confirming_fails_the_drill_and_its_failures_are_unknown(worker_client, operator_client, canary, settings):
     """Killed just after it confirmed, a worker's last count stood: the drill passed with
     "0 failed" while its clients were refused 381 times (a fault helper's run)."""
     settings.WORKER_GONE_AFTER_S = 1.0  # quiet past half of it by the measure's end
     for worker_id in ("w-1", "w-2"):
-        assert report_as(worker_client, worker_id, 2) == 204
+        assert report(worker_client, 2, worker_id, pid=7) == 204
 
     def confirm_then_die():
         wait_for_generation(3)
-        assert ack_as(worker_client, "w-1", 3) == 204 and report_as(worker_client, "w-1", 3) == 204  # and then nothing
+        assert ack(worker_client, 3) == 204 and report(worker_client, 3, pid=7) == 204  # and then nothing
 
     def keep_reporting_then_confirm_late():
         wait_for_generation(3)
         for _ in range(5):
             time.sleep(0.3)
-            report_as(worker_client, "w-2", 2)
-        assert ack_as(worker_client, "w-2", 3) == 204 and report_as(worker_client, "w-2", 3) == 204
+            report(worker_client, 2, "w-2", pid=7)
+        assert ack(worker_client, 3, worker_id="w-2") == 204 and report(worker_client, 3, "w-2", pid=7) == 204
         wait_for_generation(4)
-        ack_as(worker_client, "w-2", 4)
+        ack(worker_client, 4, worker_id="w-2")
 
     threads = [in_thread(confirm_then_die), in_thread(keep_reporting_then_confirm_late)]
     drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
