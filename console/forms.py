@@ -15,6 +15,7 @@ from registry.actions.rollouts import NOT_PROMISED
 from registry.domain.choices import DatasetTask
 from registry.domain.reasons import has_visible_text, refuse_control_characters
 from registry.domain.tags import InvalidTags, check_tags, parse_typed_tags
+from registry.domain.text import refuse_hidden_characters, refuse_reserved_model_name
 from registry.domain.traffic import canary_split
 from registry.models import RegisteredModel
 
@@ -178,7 +179,7 @@ class RolloutActionForm(forms.Form):
 
 class UploadForm(forms.Form):
     artifact = forms.FileField(label="ONNX file", allow_empty_file=True)
-    description = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
+    description = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}), validators=[refuse_hidden_characters])
     # Bytes identical to an existing version's are refused unless this says a copy is meant.
     allow_duplicate = forms.BooleanField(required=False, label="Upload as a copy even if identical to an existing version")
 
@@ -243,7 +244,7 @@ class DatasetForm(forms.Form):
     file = forms.FileField(label="Data set file")
     name = forms.SlugField(max_length=100, label="Name")
     task = forms.ChoiceField(choices=DatasetTask.choices, label="Task")
-    description = forms.CharField(required=False, max_length=2000, label="Description")
+    description = forms.CharField(required=False, max_length=2000, label="Description", validators=[refuse_hidden_characters])
 
 
 # ---------------------------------------------------------------- the model catalogue
@@ -273,7 +274,8 @@ def _owner_field() -> forms.ModelChoiceField:
 class ModelDetailsForm(forms.Form):
     """Description, tags and owner: what a model page's operator may change."""
 
-    description = forms.CharField(required=False, max_length=2000, label="Description", widget=forms.Textarea(attrs={"rows": 2}))
+    description = forms.CharField(required=False, max_length=2000, label="Description", widget=forms.Textarea(attrs={"rows": 2}),
+                                  validators=[refuse_hidden_characters])
     tags = TagsFormField(required=False, max_length=400, label="Tags", help_text="Lowercase words separated by commas, e.g. fraud, cards")
 
     def __init__(self, *args, **kwargs):
@@ -282,7 +284,8 @@ class ModelDetailsForm(forms.Form):
 
 
 class ModelCreateForm(ModelDetailsForm):
-    name = forms.SlugField(max_length=100, label="Name", help_text="Letters, digits, '-' and '_'; it names the model in URLs and requests.")
+    name = forms.SlugField(max_length=100, label="Name", help_text="Letters, digits, '-' and '_'; it names the model in URLs and requests.",
+                           validators=[refuse_reserved_model_name])
     field_order = ("name", "description", "tags", "owner")
 
     def clean_name(self):

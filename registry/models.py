@@ -26,6 +26,7 @@ from registry.domain.choices import (
     RolloutStatus,
     VersionStatus,
 )
+from registry.domain.text import refuse_hidden_characters, refuse_reserved_model_name
 from registry.row_lock import locked
 
 
@@ -45,8 +46,8 @@ class RegisteredModelQuerySet(models.QuerySet):
 
 
 class RegisteredModel(models.Model):
-    name = models.SlugField(max_length=100, unique=True)
-    description = models.TextField(blank=True)
+    name = models.SlugField(max_length=100, unique=True, validators=[refuse_reserved_model_name])
+    description = models.TextField(blank=True, validators=[refuse_hidden_characters])
     # Short labels (registry/domain/tags.py says which), for finding models on the Models page.
     tags = models.JSONField(default=list, blank=True)
     # Who answers for the model; the creator unless someone else is named.
@@ -106,7 +107,7 @@ class ModelVersion(models.Model):
     opset = models.PositiveIntegerField(null=True, blank=True)
     producer = models.CharField(max_length=200, blank=True)
     validation_report = models.JSONField(default=dict)
-    description = models.TextField(blank=True)
+    description = models.TextField(blank=True, validators=[refuse_hidden_characters])
     metrics = models.JSONField(default=dict, blank=True)
     uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -363,7 +364,7 @@ class EvaluationDataset(models.Model):
     sha256 = models.CharField(max_length=64)
     size_bytes = models.BigIntegerField()
     rows = models.PositiveBigIntegerField()
-    description = models.TextField(blank=True)
+    description = models.TextField(blank=True, validators=[refuse_hidden_characters])
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 

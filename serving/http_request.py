@@ -95,7 +95,7 @@ def _header_timeout_s(value: bytes) -> float:
     except ValueError:
         raise BadRequest("header X-Request-Timeout-S must be a number of seconds") from None
     if not 0 < timeout_s < math.inf:
-        raise BadRequest("header X-Request-Timeout-S must be positive")
+        raise BadRequest("header X-Request-Timeout-S must be a positive, finite number of seconds")
     return timeout_s
 
 

@@ -444,6 +444,7 @@ def _binary_size(spec: TensorSpec, parameters: object) -> int | None:
         return None
     if not isinstance(parameters, dict):
         raise BadRequest(f"input '{spec.name}': parameters must be an object")
+    _refuse_shared_memory(parameters, f"input '{spec.name}'")
     size = parameters.get("binary_data_size")
     if size is not None and (type(size) is not int or size < 0):
         raise BadRequest(f"input '{spec.name}': binary_data_size must be a non-negative integer")
@@ -501,7 +502,16 @@ def _output_choice(item: object, io: ModelIO, default_binary: bool) -> tuple[int
         # client asked for the top classes. Other unknown parameters change nothing: ignored.
         raise BadRequest(f"output '{name}': parameter \"classification\" is not supported (this server does not "
                          "implement Triton's classification extension)")
+    _refuse_shared_memory(parameters, f"output '{name}'")
     return index, _flag(parameters, "binary_data", default_binary, f"output '{name}'")
+
+
+def _refuse_shared_memory(parameters: dict, where: str) -> None:
+    # An input naming a region has no data (it was refused as "data must be a list"), and
+    # an output naming one was answered in the body as if no region had been asked for.
+    if "shared_memory_region" in parameters:
+        raise BadRequest(f"{where}: parameter \"shared_memory_region\" is not supported (this server does not "
+                         "implement the shared-memory extension: send the tensor in the body)")
 
 
 def _flag(parameters: dict, key: str, default: bool, where: str) -> bool:
@@ -685,6 +695,8 @@ def decode_predict(document: dict, io: ModelIO) -> Decoded:
 def _predict_array(spec: TensorSpec, data: object, io: ModelIO) -> tuple[np.ndarray, bool]:
     if data is None:
         raise BadRequest(f"input '{spec.name}': missing")
+    if data == []:  # read as one row of no values, it was refused for the row's width
+        raise BadRequest(f"input '{spec.name}': no rows (an empty list)")
     array = array_from_list(spec, data)
     is_single_row = io.is_batchable and array.ndim == len(spec.shape) - 1
     if is_single_row:

@@ -8,6 +8,7 @@ from rest_framework import serializers
 from registry.api.request_keys import RefusesUnknownKeys
 from registry.api.serializers import DESCRIPTION_MAX_CHARS, UserNameField
 from registry.domain.choices import DatasetTask, JobKind, JobStatus
+from registry.domain.text import refuse_hidden_characters
 from registry.jobs.batch import MAX_BATCH_SIZE
 from registry.models import EvaluationDataset
 
@@ -59,4 +60,5 @@ class DatasetRequestSerializer(RefusesUnknownKeys, serializers.Serializer):
     file = serializers.FileField(help_text=".npz (the model's input arrays and 'labels') or .jsonl (one object per row, inputs and 'label').")
     name = serializers.SlugField(max_length=100)
     task = serializers.ChoiceField(DatasetTask.choices)
-    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=DESCRIPTION_MAX_CHARS)
+    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=DESCRIPTION_MAX_CHARS,
+                                        validators=[refuse_hidden_characters])

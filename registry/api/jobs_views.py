@@ -18,6 +18,7 @@ from registry.api.errors import error_response, error_responses
 from registry.api.jobs_serializers import BatchJobRequestSerializer, JobSerializer
 from registry.api.lookups import get_model
 from registry.api.pagination import PAGE_PARAMETERS, page_of
+from registry.api.permissions import IsOperator
 from registry.api.streams import file_response
 from registry.api.versions_views import HeaderCsrfSessionAuthentication
 from registry.committed_change import mark_committed
@@ -87,8 +88,15 @@ class JobDetail(APIView):
         return Response(records.payload(get_job(name, job_id)))
 
 
+class OperatorsDownloadOutputs(IsOperator):
+    message = "a job's output holds the model's answers on an operator's data: operators and admins download it"
+
+
 class JobOutput(APIView):
-    """The output file of a batch job that succeeded."""
+    """The output file of a batch job that succeeded. Viewers read jobs, not the data
+    behind them (data sets have no download either)."""
+
+    permission_classes = [OperatorsDownloadOutputs]
 
     @extend_schema(
         responses={

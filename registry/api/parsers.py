@@ -9,6 +9,9 @@ An object naming a key twice (``{"weight": 1, "weight": 100}``) took the last va
 silence, where a proxy or a client library in front may read the first: what was checked
 there and what is done here would differ. RFC 8259 leaves such an object's meaning open;
 here it is refused, naming the key.
+
+A charset other than UTF-8 is a 415: under ``utf-7`` or ``unicode_escape`` the API read
+other text than a proxy in front that reads the bytes as JSON's UTF-8 (RFC 8259 §8.1).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import codecs
 
 from rest_framework import parsers
-from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.utils import json
 
 TOO_DEEP = "JSON parse error - nested too deeply"
@@ -26,6 +29,8 @@ SHOWN_KEY_CHARS = 40
 class JSONParser(parsers.JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
         encoding = parsers.get_encoding(parser_context or {})
+        if codecs.lookup(encoding).name != "utf-8":
+            raise UnsupportedMediaType(media_type, f"JSON is read as UTF-8 only (RFC 8259), not charset={encoding}.")
         try:
             return json.load(codecs.getreader(encoding)(stream), parse_constant=json.strict_constant,
                              object_pairs_hook=one_value_per_key)

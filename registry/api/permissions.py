@@ -29,6 +29,13 @@ class IsOperatorOrReadOnly(permissions.BasePermission):
         return can_operate(request.user)
 
 
+class IsOperator(IsOperatorOrReadOnly):
+    """Operators and admins only, reading too: for what holds an operator's own data."""
+
+    def has_permission(self, request, view) -> bool:
+        return super().has_permission(request, view) and can_operate(request.user)
+
+
 class WorkerUser:
     """The identity of a serving worker that presented the shared worker token."""
 

@@ -27,6 +27,7 @@ from registry.domain.tags import (
     InvalidTags,
     check_tags,
 )
+from registry.domain.text import refuse_hidden_characters, refuse_reserved_model_name
 from registry.fleet import workers as fleet
 from registry.models import (
     AuditEvent,
@@ -229,8 +230,8 @@ class ModelCreateSerializer(StrictModelSerializer):
     class Meta:
         model = RegisteredModel
         fields = ["name", "description", "tags", "owner", "max_batch_size", "max_queue_delay_s", "latency_target_s"]
-        # A name taken is the catalogue's 409 (as one taken but for its case is), not a 400.
-        extra_kwargs = {"description": {"max_length": DESCRIPTION_MAX_CHARS}, "name": {"validators": []}}
+        # A name taken is the catalogue's 409 (as one taken but for its case is), not a 400; a reserved one is a 400.
+        extra_kwargs = {"description": {"max_length": DESCRIPTION_MAX_CHARS}, "name": {"validators": [refuse_reserved_model_name]}}
 
 
 @extend_schema_field(json_schema())
@@ -315,7 +316,8 @@ class VersionUploadAnswerSerializer(VersionSerializer):
 
 class VersionUploadSerializer(RefusesUnknownKeys, serializers.Serializer):
     artifact = serializers.FileField(allow_empty_file=True, help_text="The ONNX file (multipart form field).")
-    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=DESCRIPTION_MAX_CHARS)
+    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=DESCRIPTION_MAX_CHARS,
+                                        validators=[refuse_hidden_characters])
     allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=(
         "Register the file as a new version even when its sha256 equals an existing version's of this model "
         "(otherwise that upload is refused with 409, naming the version)."))

@@ -118,13 +118,23 @@ def test_jobs_tab_shows_timings_of_a_finished_job(viewer_page, digits):
     assert "waited 2.0 s · ran 1 min 33 s" in html
 
 
-def test_a_succeeded_batch_job_links_its_output_download(viewer_page, digits):
+def test_a_succeeded_batch_job_links_its_output_download(operator_page, digits):
+    job = make_job(digits, status=JobStatus.SUCCEEDED, output_format="npy", output_bytes=2048, result={"rows": 5, "errors": 0})
+
+    html = operator_page.get(JOBS).content.decode()
+
+    assert f'<a class="button small" href="/api/models/digits/jobs/{job.pk}/output" download>Download .npy</a>' in html
+    assert "2 KiB" in html
+
+
+def test_a_viewer_is_told_the_output_is_there_but_offered_no_download(viewer_page, digits):
+    # The download is a 403 for a viewer (an operator's data): a link to it would only fail.
     job = make_job(digits, status=JobStatus.SUCCEEDED, output_format="npy", output_bytes=2048, result={"rows": 5, "errors": 0})
 
     html = viewer_page.get(JOBS).content.decode()
 
-    assert f'<a class="button small" href="/api/models/digits/jobs/{job.pk}/output" download>Download .npy</a>' in html
-    assert "2 KiB" in html
+    assert f"/jobs/{job.pk}/output" not in html
+    assert "output .npy, 2 KiB (operators download it)" in html
 
 
 def test_an_output_removed_by_retention_is_not_offered(viewer_page, digits):

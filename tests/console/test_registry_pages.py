@@ -68,6 +68,8 @@ def test_typing_models_in_the_address_bar_leads_to_the_list_of_models(page, requ
     ({"name": "no spaces!"}, "Enter a valid “slug”"),
     ({"name": "ok", "tags": "has/slash"}, "use lowercase letters"),
     ({"name": "ok", "tags": ", ".join(f"t{index}" for index in range(11))}, "at most 10 tags"),
+    ({"name": "stats"}, "&#x27;stats&#x27; is reserved"),
+    ({"name": "ok", "description": "\u202etxt.exe"}, "must not hold control characters or directional overrides (found U+202E)"),
 ])
 def test_a_bad_name_or_bad_tags_are_shown_on_the_form(operator_page, fields, words):
     response = operator_page.post("/models/", fields)
@@ -177,6 +179,15 @@ def test_bad_tags_on_the_model_page_are_shown_and_change_nothing(operator_page, 
     assert "use lowercase letters" in response.content.decode()
     digits.refresh_from_db()
     assert (digits.description, digits.tags) == ("test digits", [])
+
+
+def test_a_description_with_a_directional_override_on_the_model_page_is_shown_and_changes_nothing(operator_page, digits):
+    response = operator_page.post("/models/digits/details/", {"description": "\u202etxt.exe", "tags": ""})
+
+    assert response.status_code == 400
+    assert "directional overrides (found U+202E)" in response.content.decode()
+    digits.refresh_from_db()
+    assert digits.description == "test digits"
 
 
 def test_viewer_cannot_change_details_or_archive(viewer_page, digits):

@@ -291,3 +291,56 @@ def test_an_anonymous_options_request_is_refused_on_every_api_route(stranger_cli
     """The artifact route took anyone (it checks the caller itself), so DRF answered an
     anonymous OPTIONS with the API's metadata before that check ran."""
     assert stranger_client.options(path).status_code == 401
+
+
+@pytest.mark.parametrize("description", ["\u202egnp.exe", "\x1b[31m red", "a\u2066b", "hidden\U000E0041text"])
+def test_a_description_with_control_characters_or_directional_overrides_is_refused_and_nothing_changes(operator_client, three_versions,
+                                                                                                      description):
+    # Pages and the audit timeline showed them raw: an override shows other text than is stored.
+    created = operator_client.post("/api/models/", {"name": "fraud", "description": description}, format="json")
+    changed = operator_client.patch("/api/models/digits/", {"description": description}, format="json")
+
+    for response in (created, changed):
+        assert response.status_code == 400
+        assert response.json()["error"].startswith("description: must not hold ")
+    assert not RegisteredModel.objects.filter(name="fraud").exists()
+    assert RegisteredModel.objects.get(name="digits").description == three_versions.description
+
+
+def test_a_description_keeps_its_lines_tabs_and_marks(operator_client):
+    description = "Cards fraud.\r\n\tSecond line: \u200fעברית\u200f, a soft\u00adhyphen"
+
+    response = operator_client.post("/api/models/", {"name": "fraud", "description": description}, format="json")
+
+    assert response.status_code == 201
+    assert RegisteredModel.objects.get(name="fraud").description == description
+
+
+def test_a_model_named_as_a_worker_route_is_refused(operator_client):
+    # The worker's /v2/models/stats answers every model's statistics: a model named so lost its metadata.
+    response = operator_client.post("/api/models/", {"name": "stats"}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == ("name: 'stats' is reserved: a worker's /v2/models/stats answers every model's statistics, "
+                                        "so a model of that name could not be described")
+    assert not RegisteredModel.objects.exists()
+
+
+@pytest.mark.parametrize("charset", ["utf-7", "utf-16", "unicode_escape", "latin-1"])
+def test_a_json_body_in_a_charset_other_than_utf_8_is_a_415_and_changes_nothing(operator_client, three_versions, charset):
+    # A proxy in front reads the bytes as UTF-8 (RFC 8259); the API read "\\u0041" as "A" under unicode_escape.
+    body = '{"description": "+AEE-"}'.encode("ascii")
+
+    response = operator_client.patch("/api/models/digits/", body, content_type=f"application/json; charset={charset}")
+
+    assert response.status_code == 415
+    assert response.json()["error"] == f"JSON is read as UTF-8 only (RFC 8259), not charset={charset}. This endpoint takes application/json."
+    assert RegisteredModel.objects.get(name="digits").description == three_versions.description
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "UTF-8", "utf8"])
+def test_a_json_body_declared_utf_8_is_read(operator_client, three_versions, charset):
+    response = operator_client.patch("/api/models/digits/", '{"description": "café"}'.encode(), content_type=f"application/json; charset={charset}")
+
+    assert response.status_code == 200
+    assert RegisteredModel.objects.get(name="digits").description == "café"

@@ -341,3 +341,12 @@ def test_the_version_page_shows_a_compatible_version(operator, operator_client, 
     assert "Compatible with stable v1" in html
     assert "Incompatible" not in html
     assert "Compatible with stable" not in page.get("/models/digits/versions/1/").content.decode()
+
+
+def test_a_description_with_a_directional_override_is_refused_and_stores_nothing(operator_client, model, good_onnx, artifact_root):
+    response = upload(operator_client, good_onnx, description="\x1b[2J\u202ePWNED")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == ("description: must not hold control characters or directional overrides (found U+001B)")
+    assert ModelVersion.objects.count() == 0
+    assert stored_files(artifact_root) == []

@@ -333,3 +333,12 @@ def test_without_a_ready_version_an_npz_data_set_of_thousands_of_members_is_refu
     assert (response.status_code, response.json()["error"]) == (
         400, "the data set cannot be used: the .npz file holds 5002 members; it can hold at most 1024 arrays")
     assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
+def test_a_data_set_description_with_a_directional_override_is_refused_and_stores_nothing(jobs_model, operator_client, artifact_root):
+    response = add(operator_client, labelled(6), description="\u202eslebal")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "description: must not hold control characters or directional overrides (found U+202E)"
+    assert not EvaluationDataset.objects.exists()
+    assert dataset_files(artifact_root) == []

@@ -89,3 +89,15 @@ def test_the_beat_retention_deletes_old_outputs_but_never_a_data_set(jobs_model,
 
     assert not files.output_path(job).exists()
     assert files.dataset_path(dataset).is_file()
+
+
+def test_a_viewer_may_not_download_a_job_s_output(jobs_model, viewer_client, operator_client):
+    """An output holds the model's answers on an operator's own rows; viewers read jobs,
+    not the data behind them (data sets have no download either)."""
+    job = finished_batch_job(jobs_model, age_s=60)
+
+    refused = viewer_client.get(f"/api/models/digits/jobs/{job.pk}/output")
+
+    assert refused.status_code == 403
+    assert refused.json()["error"] == "a job's output holds the model's answers on an operator's data: operators and admins download it"
+    assert operator_client.get(f"/api/models/digits/jobs/{job.pk}/output").status_code == 200

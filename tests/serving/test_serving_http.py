@@ -65,6 +65,11 @@ def test_request_id_is_echoed(digits_worker, client):
         ("POST", INFER, orjson.dumps(v2_body(np.zeros((1, 63), np.float32))), {}, 400, "input 'input': dimension 1 must be 64"),
         ("POST", INFER, b'{"inputs": [{"name": "input"}]}', {}, 400, "input 'input': datatype must be FP32"),
         ("POST", INFER, orjson.dumps(v2_body(np.zeros((1, 64), np.float32))), {"X-Request-Timeout-S": "soon"}, 400, "X-Request-Timeout-S"),
+        # "must be positive" for infinity read as a contradiction
+        ("POST", INFER, orjson.dumps(v2_body(np.zeros((1, 64), np.float32))), {"X-Request-Timeout-S": "inf"}, 400,
+         "header X-Request-Timeout-S must be a positive, finite number of seconds"),
+        ("POST", INFER, orjson.dumps(v2_body(np.zeros((1, 64), np.float32))), {"X-Request-Timeout-S": "nan"}, 400,
+         "header X-Request-Timeout-S must be a positive, finite number of seconds"),
         ("POST", INFER, b"{}", {"Inference-Header-Content-Length": "-1"}, 400, "Inference-Header-Content-Length"),
         ("POST", INFER, b"{}", {"Content-Encoding": "gzip"}, 400, "Content-Encoding"),
         ("POST", "/predict", b'{"model_name": 5}', {}, 400, "'model_name' must be a non-empty string"),

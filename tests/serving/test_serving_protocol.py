@@ -333,3 +333,29 @@ def test_data_longer_than_its_shape_is_refused_before_it_is_converted(data, many
         decode_v2(v2_of("FP32", data), None, io_of("FP32"))
 
     assert refused.value.message == f"input 'input': data has {many} elements, shape [1, 2] needs 2"
+
+
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_a_shared_memory_region_is_refused_as_unsupported_not_misread(where):
+    """Triton's shared-memory extension: an input naming a region has no data, and was
+    refused as "data must be a list"; an output naming one was answered in the body as if
+    it had not been asked for."""
+    region = {"shared_memory_region": "input_data", "shared_memory_byte_size": 32}
+    tensor = {"name": "input", "shape": [2, 4], "datatype": "FP32", "parameters": region}
+    document = {"inputs": [tensor]} if where == "input" else {
+        "inputs": [{**tensor, "parameters": {}, "data": list(range(8))}], "outputs": [{"name": "logits", "parameters": region}]}
+
+    with pytest.raises(BadRequest) as refused:
+        decode_v2(orjson.dumps(document), None, IO)
+
+    shown = "input 'input'" if where == "input" else "output 'logits'"
+    assert refused.value.message == (f"{shown}: parameter \"shared_memory_region\" is not supported (this server does not "
+                                     "implement the shared-memory extension: send the tensor in the body)")
+
+
+@pytest.mark.parametrize("inputs", [[], {"input": []}])
+def test_predict_with_no_rows_is_refused_saying_so(inputs):
+    with pytest.raises(BadRequest) as refused:
+        decode_predict({"inputs": inputs}, IO)
+
+    assert refused.value.message == "input 'input': no rows (an empty list)"
