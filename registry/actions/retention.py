@@ -7,7 +7,9 @@ NEVER delete the artifact of a version that
   current release (one rollback always, whatever the setting); for an archived model
   that counts from the release served before the archive, which a restore brings back,
 - or is still being validated (its validation job reads the stored bytes),
-- or is the version of a queued or running batch job.
+- or is the version of a queued or running batch job,
+- or is routed by the release a running drill rolls forward to (or one whose roll forward
+  is still owed), or is either side of an active rollout (running or paused).
 Rows are never deleted: an archived version keeps its metadata, report and metrics.
 A file shared by several versions (same bytes) is deleted only when none of them
 still needs it. Models are handled one at a time, each in its own transaction, and a
@@ -40,7 +42,7 @@ from django.utils import timezone
 
 from registry.actions import events, job_retention, uploads
 from registry.artifacts import storage
-from registry.domain.choices import TERMINAL_JOB_STATUSES, DrillStatus, JobKind, VersionStatus
+from registry.domain.choices import ACTIVE_ROLLOUT_STATUSES, TERMINAL_JOB_STATUSES, DrillStatus, JobKind, VersionStatus
 from registry.fleet.state import current_generation
 from registry.models import (
     Drill,
@@ -66,7 +68,21 @@ def protected_versions(model: RegisteredModel, keep: int) -> set[int]:
     current = model.current_release()
     if current is not None and current.is_archive:
         current = current.rollback_target  # routes nothing itself: what a restore serves again is what counts
-    return set(newest) | rollback_reachable(current, depth) | versions_jobs_await(model)
+    return set(newest) | rollback_reachable(current, depth) | versions_jobs_await(model) | versions_owed(model)
+
+
+def versions_owed(model: RegisteredModel) -> set[int]:
+    """Versions something in progress will route again: the release a running drill (or
+    one whose roll forward is still owed) restores, and both sides of an active rollout
+    (a paused one is resumed to its step). Archived meanwhile (an hourly run while a drill
+    waited on a stopped worker), the roll forward failed for good and the resume was a 400."""
+    owed: set[int] = set()
+    drills = model.drills.filter(Q(status=DrillStatus.RUNNING) | Q(forward_pending=True), roll_forward=True, from_generation__isnull=False)
+    for release in Release.objects.filter(model=model, generation__in=drills.values("from_generation")):
+        owed.update(release.routed_versions())
+    for canary, stable in model.rollouts.filter(status__in=ACTIVE_ROLLOUT_STATUSES).values_list("canary_version", "stable_version"):
+        owed.update((canary, stable))
+    return owed
 
 
 def versions_jobs_await(model: RegisteredModel) -> set[int]:

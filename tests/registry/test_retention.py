@@ -10,13 +10,13 @@ from django.contrib.auth.models import AnonymousUser
 from django.core.management import call_command
 from django.utils import timezone
 
-from registry.actions import releases, uploads
+from registry.actions import releases, rollouts, uploads
 from registry.actions.retention import apply_retention
 from registry.artifacts import storage
 from registry.building.onnx_build import random_mlp, to_bytes
 from registry.domain.choices import JobKind, JobStatus
 from registry.fleet.state import issued_digest
-from registry.models import Job, ModelVersion
+from registry.models import Drill, Job, ModelVersion
 
 pytestmark = pytest.mark.django_db
 
@@ -198,3 +198,43 @@ def test_the_state_workers_fetch_never_lists_an_archived_version_whatever_the_cl
     state = worker_client.get("/api/serving/state").json()
 
     assert state["models"]["digits"]["warm"] == []
+
+
+def split_then_rolled_back(model, canary: int):
+    """``model`` split v1 90% / ``canary`` 10%, then rolled back: the release a drill rolls
+    forward to, and the rollback in force."""
+    split = releases.set_routes(model, [{"version": 1, "weight": 90}, {"version": canary, "weight": 10}], AnonymousUser())
+    releases.set_routes(model, [{"version": 1, "weight": 95}, {"version": 3, "weight": 5}], AnonymousUser())  # a change between
+    return split, releases.set_routes(model, [{"version": 1, "weight": 100}], AnonymousUser())
+
+
+@pytest.mark.parametrize("owed", ["running", "roll forward pending"])
+def test_the_version_a_drill_will_roll_forward_to_keeps_its_artifact(three_versions, settings, owed):
+    """A drill rolls back, then restores the split it rolled back from: retention archived
+    the canary in between (an hourly run, a drill waiting on a stopped worker), and the
+    roll forward failed for good with the model left on its stable version."""
+    settings.RETENTION_ROLLBACK_DEPTH = 1
+    add_versions(three_versions, [10, 11, 12])  # v4-v6: v2 is past the newest three
+    split, _ = split_then_rolled_back(three_versions, canary=2)
+    Drill.objects.create(model=three_versions, started_at=timezone.now(), target_s=5.0, roll_forward=True, forward_pending=True,
+                         from_generation=split.generation, status="running" if owed == "running" else "failed")
+
+    apply_retention(keep=3)
+
+    assert statuses(three_versions)[2] == "ready"
+    assert storage.exists(ModelVersion.objects.get(model=three_versions, number=2).sha256)
+
+
+def test_the_canary_of_a_paused_rollout_keeps_its_artifact(three_versions, settings, operator):
+    """A rollout paused by a rollback is resumed to its step again: its canary archived
+    meanwhile made the resume a 400 ("version 6 is archived")."""
+    settings.RETENTION_ROLLBACK_DEPTH = 1
+    add_versions(three_versions, [10, 11, 12])
+    rollout = rollouts.start(three_versions, 2, [10, 50, 100], 0, {}, operator)
+    releases.rollback(three_versions, operator)
+    rollout.refresh_from_db()
+    assert rollout.status == "paused"
+
+    apply_retention(keep=3)
+
+    assert statuses(three_versions)[2] == "ready"
