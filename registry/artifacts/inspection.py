@@ -36,6 +36,7 @@ import os
 import re
 import resource
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -236,8 +237,11 @@ def inspection_slot(directory: str | os.PathLike, count: int) -> Iterator[int]:
 
 
 def _child_command(path: Path, limits: ChildLimits) -> list[str]:
+    # Killed with the process that started it, as a job's child is (registry/jobs/child.py):
+    # a Celery worker killed with -9 left it computing, reparented to PID 1, beside the retry.
+    dies_with_parent = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
     # -P: the empty working directory is not put on sys.path; PYTHONPATH names the code.
-    return [sys.executable, "-P", "-m", "registry.artifacts.inspection", str(path), *limits.arguments()]
+    return [*dies_with_parent, sys.executable, "-P", "-m", "registry.artifacts.inspection", str(path), *limits.arguments()]
 
 
 def _child_environment(private_directory: str) -> dict[str, str]:

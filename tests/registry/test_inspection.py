@@ -296,6 +296,48 @@ def test_endless_model_times_out_and_child_is_killed(tmp_path):
     assert time.monotonic() - started < 10
 
 
+def test_the_inspection_child_dies_with_the_process_that_started_it(tmp_path):
+    """A Celery worker killed with -9 left its inspection child running at 85 % of a core,
+    reparented to PID 1, beside the retried inspection (a fault test, 7 Dec)."""
+    path = write_model(tmp_path, "endless.onnx", build_endless_loop())
+    code = f"from registry.artifacts.inspection import inspect_artifact; inspect_artifact({str(path)!r}, timeout_s=120, cpu_limit_s=120)"
+    parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings"})
+    child = None
+    try:
+        child = _first_child(parent.pid, deadline_s=30)
+        parent.kill()
+        parent.wait(timeout=10)
+        assert _gone(child, deadline_s=10), f"inspection child {child} outlived its parent"
+    finally:
+        parent.kill()
+        if child is not None and not _gone(child, deadline_s=0.1):
+            os.kill(child, 9)  # by its PID: the orphan this test made
+
+
+def _first_child(pid: int, deadline_s: float) -> int:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children = (task / "children").read_text().split()
+            if children:
+                return int(children[0])
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} started no child in {deadline_s} s")
+
+
+def _gone(pid: int, deadline_s: float) -> bool:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":  # dead, waiting for init to reap it
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_model_allocating_gigabytes_hits_memory_limit(tmp_path):
     path = write_model(tmp_path, "hog.onnx", build_memory_hog())  # asks for 4 GiB
     assert path.stat().st_size < 1024
