@@ -205,8 +205,8 @@ def cancel(job: Job, actor=None) -> Job:
 def sweep_stale() -> int:
     """Jobs whose runner went silent (its Celery worker was killed) are queued again, or
     failed once they have used ``JOB_MAX_ATTEMPTS``; queued jobs whose send failed are
-    sent again, and so are jobs whose message was lost (``_lost``). Returns how many jobs
-    it touched."""
+    sent again, and so are jobs whose message was lost (``_lost``). A silent job someone
+    cancelled ends cancelled. Returns how many jobs it touched."""
     now = timezone.now()
     stale_before = now - timedelta(seconds=settings.JOB_STALE_AFTER_S)
     touched = 0
@@ -233,7 +233,9 @@ def _recover(job: Job, now, stale_before) -> int:
     silent_s = settings.JOB_STALE_AFTER_S
     # Still silent when written: a runner that claimed it since the listing is alive.
     stale = held(job).filter(heartbeat_at__lt=stale_before)
-    if job.attempts >= settings.JOB_MAX_ATTEMPTS:
+    if job.cancel_requested:  # someone cancelled it: neither run again nor the worker's failure
+        changed = stale.update(status=JobStatus.CANCELLED, finished_at=now, error="cancelled (its runner had stopped, so it ended here)")
+    elif job.attempts >= settings.JOB_MAX_ATTEMPTS:
         reason = (f"its Celery worker stopped while it ran (no heartbeat for {silent_s:g} s), "
                   f"after {job.attempts} attempt{'s' if job.attempts != 1 else ''}")
         changed = stale.update(status=JobStatus.FAILED, finished_at=now, error=reason)

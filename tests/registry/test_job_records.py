@@ -142,6 +142,22 @@ def test_a_silent_job_on_its_last_attempt_fails_saying_its_worker_stopped(model,
     assert job.status == JobStatus.FAILED and "Celery worker stopped" in job.error
 
 
+@pytest.mark.parametrize("attempts_left", [True, False])
+def test_a_silent_job_someone_cancelled_ends_cancelled_not_queued_again_or_failed(model, settings, attempts_left):
+    """Its runner was killed, then an operator cancelled it: the sweep queued it again (to
+    run after all) or failed it as the worker's fault (a fault test, 7 Dec)."""
+    settings.JOB_STALE_AFTER_S, settings.JOB_MAX_ATTEMPTS = 30, 2 if attempts_left else 1
+    job = records.claim(records.create(JobKind.BATCH, model).pk)
+    records.cancel(job)
+    _silence(job, 31)
+
+    assert records.sweep_stale() >= 1
+
+    job.refresh_from_db()
+    assert (job.status, job.error) == (JobStatus.CANCELLED, "cancelled (its runner had stopped, so it ended here)")
+    assert job.finished_at is not None
+
+
 def test_a_job_with_a_fresh_heartbeat_is_left_running(model, settings):
     settings.JOB_STALE_AFTER_S = 30
     job = records.claim(records.create(JobKind.BATCH, model).pk)
