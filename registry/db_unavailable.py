@@ -6,7 +6,8 @@ Unreachable: OperationalError (cannot connect, connection lost, server shutting 
 timeouts) and InterfaceError (the connection object is already closed: a request after a
 loss). Read-only: the database answers but refuses writes, which every sign-in, report and
 change makes: PostgreSQL's SQLSTATE 25006 (a hot standby after a failover, writes switched
-off) or SQLite's SQLITE_READONLY (a read-only file, ``PRAGMA query_only``).
+off) or SQLite's SQLITE_READONLY (a read-only file, ``PRAGMA query_only``). Full: the
+disk under the database has no room for a write (``is_disk_full``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,19 @@ def is_connection_lost(error: BaseException | None) -> bool:
         return False  # a file database cannot go away: "database is locked", a full disk
     sqlstate = getattr(cause, "sqlstate", None)
     return sqlstate is None or sqlstate.startswith("08") or sqlstate in CONNECTION_LOST_SQLSTATES
+
+
+DISK_FULL_SQLSTATE = "53100"  # disk_full
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """A write refused for want of room on the database's disk: PostgreSQL's 53100,
+    SQLite's SQLITE_FULL. Unavailable too (drills and jobs wait through it), but no wait
+    alone mends it: the console says so (console/outage.py)."""
+    if not isinstance(error, DatabaseError):
+        return False
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) == DISK_FULL_SQLSTATE or getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
 
 
 def is_database_unavailable(error: BaseException | None) -> bool:

@@ -311,3 +311,62 @@ def test_a_model_upload_to_a_real_read_only_store_is_503_and_leaves_nothing(tmp_
     answer = json.loads(finished.stdout.strip().splitlines()[-1])
     assert (answer["status"], answer["body"]["error"]) == (503, REFUSED + "read-only file system" + MENDED)
     assert (answer["left"], answer["versions"], answer["later"]) == ([], 0, 200)
+
+
+# A console on a fresh SQLite database in DATA_DIR, a tmpfs then filled to the last byte.
+CONSOLE_WITH_ITS_DATABASE_ON_A_FULL_DISK = """
+import errno, json, os
+import django
+django.setup()
+from django.contrib.auth.models import Group, User
+from django.core.management import call_command
+from rest_framework.test import APIClient
+from registry.models import RegisteredModel
+call_command("migrate", verbosity=0)
+operator = User.objects.create_user("olivia")
+operator.groups.add(Group.objects.get_or_create(name="operator")[0])
+RegisteredModel.objects.create(name="digits", created_by=operator)
+client = APIClient()
+client.force_authenticate(operator)
+from django.test import Client
+page = Client()
+page.force_login(operator)
+filler_path = os.path.join(os.environ["DATA_DIR"], "filler")
+with open(filler_path, "wb", buffering=0) as filler:
+    try:
+        while True:
+            filler.write(bytes(4096))
+    except OSError as error:
+        assert error.errno == errno.ENOSPC, error
+write = client.post("/api/models/", {"name": "fraud", "description": "x" * 2000}, format="json")
+read = client.get("/api/models/")
+form = page.post("/models/", {"name": "cards", "description": "y" * 2000})
+os.remove(filler_path)
+after = client.post("/api/models/", {"name": "fraud"}, format="json")
+print(json.dumps({"status": write.status_code, "body": write.json(), "retry_after": write.headers.get("Retry-After"),
+                  "read": read.status_code, "models": [model["name"] for model in read.json()], "after": after.status_code,
+                  "page": [form.status_code, "The database's disk is full" in form.content.decode()]}))
+"""
+
+
+def test_a_change_while_the_database_s_disk_is_full_is_a_507_saying_so_and_the_console_goes_on_once_there_is_room(tmp_path):
+    """It was a 503 "the database is unavailable; retry in 5 s", which no retry mends
+    (a fault test filled DATA_DIR, 7 Dec)."""
+    prefix = in_a_mount_namespace()
+    data = tmp_path / "data"
+    data.mkdir()
+    environment = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "REDIS_URL"}}
+    environment.update(DATA_DIR=str(data), DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(REPOSITORY))
+    shell = 'mount -t tmpfs -o size=8m tmpfs "$0" && exec "$1" -c "$2"'
+
+    finished = subprocess.run([*prefix, "sh", "-c", shell, str(data), sys.executable, CONSOLE_WITH_ITS_DATABASE_ON_A_FULL_DISK],
+                              cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=180)
+
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    answer = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert answer["status"] == 507
+    assert answer["body"]["error"] == ("the disk holding the console's database is full: nothing was changed; "
+                                       "free space on it and the console goes on by itself")
+    assert answer["retry_after"] is None  # waiting alone mends nothing
+    assert (answer["read"], answer["models"], answer["after"]) == (200, ["digits"], 201)
+    assert answer["page"] == [507, True]  # the console's form says it too
