@@ -35,8 +35,8 @@ import math
 import os
 import re
 import resource
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
