@@ -37,12 +37,23 @@ class SeenGenerationForm(forms.Form):
 FORCE_NEEDS_REASON = "force needs a reason: say why traffic goes to a version with incompatible inputs"
 
 
+class PercentField(forms.IntegerField):
+    """A whole percentage typed as text, with or without its sign ("10", "10 %"). A number
+    field dropped what it could not read: "0,5" (meant 0.5 %) became 05 and 5 % was applied."""
+
+    def to_python(self, value):
+        text = str(value or "").strip().removesuffix("%").strip()
+        if text and not (text.isascii() and text.isdigit()):
+            raise forms.ValidationError(f"Enter a whole number from 0 to 100, e.g. 10 (got {str(value).strip()[:20]!r}).", code="invalid")
+        return super().to_python(text)
+
+
 class SplitForm(SeenGenerationForm):
     """A canary version and its share of traffic; the stable version gets the rest."""
 
     canary_version = forms.TypedChoiceField(coerce=int, label="Canary version")
     preset = forms.TypedChoiceField(coerce=int, required=False, choices=[(w, f"{w}%") for w in PRESET_WEIGHTS])
-    weight = forms.IntegerField(required=False, min_value=0, max_value=100, label="Canary share (%)")
+    weight = PercentField(required=False, min_value=0, max_value=100, label="Canary share (%)")
     # Sent only by the confirmation's button: 100% replaces the stable, like a promote.
     confirmed_weight = forms.TypedChoiceField(coerce=int, required=False, choices=[(FULL_WEIGHT, f"{FULL_WEIGHT}%")])
     reason = forms.CharField(required=False, max_length=500, validators=[refuse_control_characters])
@@ -136,7 +147,7 @@ class RolloutForm(SeenGenerationForm):
         text = self.cleaned_data["steps"].strip()
         if not text:
             return None
-        items = [item for item in re.split(r"(?:\s|,|;|→|->)+", text) if item]
+        items = [item for item in re.split(r"(?:\s|,|;|→|->|%)+", text) if item]  # "10%, 50%, 100%" was refused
         if not all(item.isascii() and item.isdigit() and len(item) <= 9 for item in items):  # "²" is a digit to isdigit
             raise forms.ValidationError("write whole percentages separated by commas, e.g. 1, 10, 50, 100")
         return [int(item) for item in items]

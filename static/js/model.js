@@ -251,7 +251,7 @@
     if (!form.matches(".split-form")) return;
     const submitter = event.submitter;
     if (submitter && submitter.name === "confirmed_weight") return;
-    const typed = form.elements.weight ? form.elements.weight.value.trim() : "";
+    const typed = form.elements.weight ? form.elements.weight.value.trim().replace(/\s*%$/, "") : "";
     // Whole numbers only, as the server's field: Number() read "1e2" as 100 and asked to confirm 100%.
     const weight = submitter && submitter.name === "preset" ? Number(submitter.value) : /^\d+$/.test(typed) ? Number(typed) : null;
     const dialog = document.getElementById("full-share-dialog");

@@ -79,6 +79,7 @@ def test_starting_the_standard_plan_sends_the_canary_its_first_step(operator_pag
     ({"plan": "quick"}, [10, 50, 100], 60),
     ({"plan": "custom", "steps": "5, 25, 100", "step_minutes": "2"}, [5, 25, 100], 120),
     ({"plan": "custom", "steps": "5 → 25 → 100", "step_minutes": "0.5"}, [5, 25, 100], 30),
+    ({"plan": "custom", "steps": "10%, 50 %, 100%", "step_minutes": "1"}, [10, 50, 100], 60),  # was refused as no percentages
 ])
 def test_a_rollout_follows_the_plan_chosen(operator_page, digits, plan, steps, step_duration_s):
     operator_page.post(START, {**STANDARD, **plan})
@@ -95,6 +96,8 @@ def test_a_rollout_follows_the_plan_chosen(operator_page, digits, plan, steps, s
     ({"plan": "custom", "steps": "50, ²", "step_minutes": "1"},  # a digit to str.isdigit, not to int()
      "Rollout not started: Custom steps (%): write whole percentages separated by commas, e.g. 1, 10, 50, 100"),
     ({"plan": "custom", "steps": "5, 100"}, "Rollout not started: a custom plan needs its steps (e.g. 5, 25, 100) and minutes per step"),
+    # "30s" meant seconds: the number field dropped the "s" and the rollout ran 30 minutes a step.
+    ({"plan": "custom", "steps": "5, 100", "step_minutes": "30s"}, "Rollout not started: Custom minutes per step: Enter a number."),
 ])
 def test_a_bad_plan_is_refused_with_the_reason_and_starts_nothing(operator_page, digits, plan, message):
     before = snapshot()

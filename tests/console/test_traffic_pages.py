@@ -148,6 +148,34 @@ def test_an_unconfirmed_100_percent_from_the_script_is_refused(operator_page, ca
     assert releases_made() == before
 
 
+@pytest.mark.parametrize("typed", ["0,5", "0.5", "5 5", "1e1", "ten"])
+def test_a_typed_share_that_is_no_whole_percentage_is_refused_naming_it_and_changes_nothing(operator_page, canary_digits, typed):
+    """The number field dropped what it could not read: "0,5" (meant 0.5 %) became 05 and
+    5 % was applied (a tired operator, 7 Dec). The field is text now; the server says no."""
+    before = releases_made()
+
+    response = operator_page.post(SPLIT, {"canary_version": "2", "weight": typed, "apply": "exact", "expected_generation": "2"},
+                                  HTTP_ACCEPT="application/json")
+
+    assert response.status_code == 400
+    assert response.json()["message"] == f"Canary share (%): Enter a whole number from 0 to 100, e.g. 10 (got {typed!r})."
+    assert releases_made() == before
+
+
+@pytest.mark.parametrize("typed", ["20%", " 20 % ", "20"])
+def test_a_typed_share_may_carry_its_percent_sign(operator_page, canary_digits, typed):
+    operator_page.post(SPLIT, {"canary_version": "2", "weight": typed, "apply": "exact", "expected_generation": "2"})
+
+    assert canary_digits.current_release().routes == [{"version": 1, "weight": 80}, {"version": 2, "weight": 20}]
+
+
+def test_the_share_field_is_empty_showing_the_current_share_so_typing_replaces_it(operator_page, canary_digits):
+    # Pre-filled with the canary's 1, a click and "5" made 15 and applied it.
+    html = release_panel(operator_page)
+
+    assert '<input type="text" name="weight" id="id_weight" inputmode="numeric" autocomplete="off" value="" placeholder="now 10">' in html
+
+
 def test_a_confirmed_100_percent_makes_the_canary_the_only_route(operator_page, canary_digits):
     operator_page.post(SPLIT, {"canary_version": "2", "confirmed_weight": "100", "expected_generation": "2"})
 
