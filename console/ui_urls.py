@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from console import (
+    drill_views,
     job_views,
     metrics,
     password_change,
@@ -45,6 +46,7 @@ urlpatterns = [
     path("models/<slug:name>/versions/<int:number>/try/", views.try_version, name="version-try"),
     path("workers/", views.workers_page, name="workers"),
     path("drills/", views.drills_page, name="drills"),
+    path("drills/<int:pk>/", drill_views.drill_page, name="drill"),
     path("account/password/", password_change.ChangePasswordView.as_view(), name="password-change"),
     path("users/", user_views.users_page, name="users"),
     path("users/new/", user_views.new_user, name="users-new"),
