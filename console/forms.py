@@ -17,6 +17,7 @@ from registry.domain.reasons import has_visible_text, refuse_control_characters
 from registry.domain.tags import InvalidTags, check_tags, parse_typed_tags
 from registry.domain.text import refuse_hidden_characters, refuse_reserved_model_name
 from registry.domain.traffic import canary_split
+from registry.jobs.batch import MAX_BATCH_SIZE
 from registry.models import RegisteredModel
 
 PRESET_WEIGHTS = (1, 10, 50, 100)
@@ -246,7 +247,7 @@ class BatchJobForm(forms.Form):
 
     input = forms.FileField(label="Input file")
     version = forms.IntegerField(required=False, min_value=1, label="Version")
-    batch_size = forms.IntegerField(required=False, min_value=1, max_value=1_000_000, label="Batch size")
+    batch_size = forms.IntegerField(required=False, min_value=1, max_value=MAX_BATCH_SIZE, label="Batch size")
 
 
 class DatasetForm(forms.Form):

@@ -264,6 +264,13 @@ def test_batch_form_without_a_file_is_refused_400_with_the_reason(operator_page,
     assert not Job.objects.exists()
 
 
+def test_the_batch_size_field_allows_no_more_than_the_server_takes(operator_page, digits):
+    # It allowed up to 1,000,000 and the server refused past 4,096 only after the upload.
+    html = operator_page.get(JOBS).content.decode()
+
+    assert 'name="batch_size" id="id_batch_size" min="1" max="4096"' in html
+
+
 def test_batch_form_with_a_bad_batch_size_is_refused_400(operator_page, digits):
     response = operator_page.post("/models/digits/jobs/new", {"input": npy_file(), "batch_size": "0"}, **JSON)
 

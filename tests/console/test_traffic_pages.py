@@ -372,3 +372,17 @@ def test_a_forced_split_with_a_reason_routes_the_incompatible_canary(operator_pa
 
     release = digits.current_release()
     assert (release.routes, release.reason) == ([{"version": 1, "weight": 90}, {"version": 3, "weight": 10}], "clients move to 8 features")
+
+
+def test_while_a_drill_runs_the_panel_links_to_it_instead_of_offering_another(operator_page, canary_digits, operator):
+    # It offered "Run rollback drill", which the console then refused (409) (a tired operator, 7 Dec).
+    from django.utils import timezone
+
+    from registry.models import Drill
+
+    drill = Drill.objects.create(model=canary_digits, actor=operator, started_at=timezone.now(), target_s=60.0, from_generation=2)
+
+    html = release_panel(operator_page)
+
+    assert 'id="drill-dialog"' not in html
+    assert f'<a class="button" href="/drills/{drill.pk}/" id="drill-button">Drill #{drill.pk} running…</a>' in html
