@@ -68,10 +68,6 @@ logger = logging.getLogger("serving.control")
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 UNREACHABLE_RETRY_S = 1.0  # how soon to ask again when the console did not answer
-# A state that failed to apply is tried again after a reconcile interval, then twice as long
-# each time up to this: a model too large for the cache was downloaded again every 3 s
-# (about 380 MB a minute from the console, per worker). A new state is tried at once.
-FAILED_APPLY_RETRY_MAX_S = 60.0
 FINAL_REPORT_TIMEOUT_S = 2.0  # a stopping worker waits no longer for the console
 # Answers after which the console has kept nothing of a report (too soon; its database
 # unavailable: the report's row and figures are written in one transaction), and errors
@@ -177,8 +173,6 @@ class ControlPlane:
         self._apply_lock = asyncio.Lock()
         self._push_reconciled_at = -PUSH_RECONCILE_EVERY_S  # loop time of the last reconcile a push asked for
         self._tried: tuple[str | None, int | None] = (None, None)  # epoch and generation of the newest state tried
-        self.failed_apply_backoff = Backoff(reconcile_interval_s, FAILED_APPLY_RETRY_MAX_S)
-        self._failed: tuple[str | None, float] = (None, 0.0)  # digest of the state that last failed, loop time to try it again
         self._deferred_reconcile: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
         self._http: httpx.AsyncClient | None = None
@@ -306,20 +300,7 @@ class ControlPlane:
             if digest == self.applied.digest:
                 await self._ack_persisted()
                 return None
-            failed_digest, retry_at = self._failed
-            if digest == failed_digest and asyncio.get_running_loop().time() < retry_at:
-                return None  # failed: tried again once its back-off has passed
-            result = await self._converge(state, digest)
-            self._note_failure(digest, result)
-            return result
-
-    def _note_failure(self, digest: str, result: dict) -> None:
-        if result.get("ok"):
-            self._failed = (None, 0.0)
-            return
-        if digest != self._failed[0]:
-            self.failed_apply_backoff.reset()
-        self._failed = (digest, asyncio.get_running_loop().time() + self.failed_apply_backoff.next_delay())
+            return await self._converge(state, digest)
 
     async def _fetch_state(self) -> dict | None:
         answered_before = self._console_answered
@@ -336,7 +317,6 @@ class ControlPlane:
         self._console_answered = True
         if answered_before is False:
             logger.info(event("console_answers_again"))
-            self._failed = (None, 0.0)  # what failed may have been the outage's doing: no back-off to wait out
         if not isinstance(state, dict):
             logger.warning(event("reconcile_failed", reason="the desired state is not a JSON object"))
             return None

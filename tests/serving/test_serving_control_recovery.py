@@ -452,9 +452,8 @@ def report_of(plane):
 
 async def partly_applied(start_plane, console, mlp_v1, mlp_v2):
     """A plane serving digits v1 and other v2, then told to canary a broken digits v2 and
-    roll other back to v1. Each reconcile tries the failed state again (no back-off)."""
+    roll other back to v1."""
     plane = await start_plane()
-    plane.failed_apply_backoff = Backoff(0.0, 0.0)
     console.state = signed(1, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
     await plane.reconcile()
     console.state = signed(2, [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)], [route(1, 100, *mlp_v1)])
@@ -671,64 +670,3 @@ async def test_a_push_between_the_generation_served_and_the_newest_tried_asks_th
 
     assert console.state_reads == reads_before + 1
     assert plane.worker.repository.health()["models"]["other"]["routes"] == [{"version": 2, "weight": 100}]
-
-
-# ---- a state that fails to apply is tried again with back-off ---------------------------
-
-
-def failing(generation: int, mlp_v1) -> dict:
-    """A state whose only artifact never verifies (a download that cannot be kept: a cache
-    too small, bytes that do not match): every apply of it fails."""
-    path, _ = mlp_v1
-    content = state(generation, {"digits": {"routes": [route(1, 100, path, "0" * 64)]}}, epoch="epoch-x")
-    return {**content, "digest": state_digest(content)}
-
-
-async def test_a_state_that_failed_to_apply_is_not_tried_again_at_every_reconcile(start_plane, console, mlp_v1):
-    """A model too large for the cache was downloaded again at every reconcile, 19 times a
-    minute (about 380 MB a minute from the console, per worker; a fault test, 7 Dec)."""
-    plane = await start_plane()
-    console.state = failing(3, mlp_v1)
-
-    results = [await plane.reconcile() for _ in range(4)]
-
-    assert [result["ok"] if result else None for result in results] == [False, None, None, None]
-    assert [ack["ok"] for ack in console.acks] == [False]
-
-
-async def test_a_failed_state_is_tried_again_once_its_back_off_has_passed(start_plane, console, mlp_v1):
-    plane = await start_plane()
-    plane.failed_apply_backoff = Backoff(0.05, 0.2)
-    console.state = failing(3, mlp_v1)
-    await plane.reconcile()
-
-    await asyncio.sleep(0.1)
-    again = await plane.reconcile()
-
-    assert again["ok"] is False and len(console.acks) == 2
-
-
-async def test_a_new_state_after_a_failed_one_is_applied_at_once(start_plane, console, mlp_v1, mlp_v2):
-    # An operator's next change (a rollback) never waits out the failed state's back-off.
-    plane = await start_plane()
-    console.state = failing(3, mlp_v1)
-    await plane.reconcile()
-
-    console.state = desired(4, [(1, 100)], mlp_v1, mlp_v2)
-    result = await plane.reconcile()
-
-    assert result["ok"] is True and [ack["generation"] for ack in console.acks] == [3, 4]
-
-
-async def test_a_failed_state_is_tried_again_at_once_when_the_console_answers_after_an_outage(start_plane, console, mlp_v1):
-    # What failed may have been the outage's doing: recovery does not wait out a back-off.
-    plane = await start_plane()
-    console.state = failing(3, mlp_v1)
-    await plane.reconcile()
-    console.is_down = True
-    await plane.reconcile()
-
-    console.is_down = False
-    again = await plane.reconcile()
-
-    assert again is not None and again["ok"] is False
