@@ -32,10 +32,16 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 SHOWN_URL_CHARS = 80
 MAX_ERROR_BYTES = 4096  # of a refused download's body: the console's error, never a file
 ERROR_READ_S = 5.0  # reading it, however slowly it comes
+DOWNLOAD_RETRY_FIRST_S = 3.0  # after a download that could not be kept; doubling to the next
+DOWNLOAD_RETRY_MAX_S = 60.0
 
 
 class ArtifactError(Exception):
     """The artifact could not be fetched, or its bytes are not the ones promised."""
+
+
+class ArtifactNotKept(ArtifactError):
+    """Bytes were downloaded that could not be kept: not the promised ones, or no room for them."""
 
 
 class ArtifactRefused(ArtifactError):
@@ -147,6 +153,9 @@ class ConsoleClient:
                  allow_local: bool = False):
         self.base_url = base_url.rstrip("/")
         self.allow_local = allow_local
+        self.clock = time.monotonic
+        self.download_retry_first_s = DOWNLOAD_RETRY_FIRST_S
+        self._not_kept: dict[str, tuple[float, float, str]] = {}  # sha256 -> (clock to download again at, wait, why)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(headers=headers, timeout=console_timeout(timeout_s), transport=transport, follow_redirects=False,
                                   event_hooks={"request": [console_only(self.base_url)]})
@@ -188,15 +197,34 @@ class ConsoleClient:
             # A disk or a hand that changed the cache is the operator's to know of, even when the download repairs it.
             logger.warning(event("cached_artifact_corrupt", path=str(dest), reason="its sha256 does not match its name",
                                  expected_sha256=sha256, actual_sha256=actual, action="downloading it again"))
+        self._refuse_while_waiting(sha256)
         try:
-            return self._download(location, sha256, dest)
+            path = self._download(location, sha256, dest)
+            self._not_kept.pop(sha256, None)
+            return path
         except ArtifactError as error:
+            if isinstance(error, ArtifactNotKept):
+                self._wait_after(sha256, str(error))
             if self.allow_local and url.startswith("/"):  # a bare path with no file there went to the console
                 raise ArtifactError(f"no local file at {url[:SHOWN_URL_CHARS]}, and as a console path: {error}") from None
             if not cached:
                 raise
             # Say so: "cannot download" alone sent an operator after the network.
             raise ArtifactError(f"the cached copy {dest} does not match sha256 {sha256[:12]}…, and {error}") from None
+
+    def _refuse_while_waiting(self, sha256: str) -> None:
+        retry_at, wait_s, why = self._not_kept.get(sha256, (0.0, 0.0, ""))
+        if self.clock() < retry_at:
+            raise ArtifactError(f"not downloaded again for {wait_s:g} s: its last download could not be kept ({why})")
+
+    def _wait_after(self, sha256: str, why: str) -> None:
+        """A download that could not be kept (a cache too small for the model, bytes that do
+        not match) is not made again for a while, doubling up to DOWNLOAD_RETRY_MAX_S: every
+        reconcile (3 s) downloaded it again, about 380 MB a minute from the console per
+        worker for a 20 MB model. A download the console refused fetched nothing: not waited."""
+        _, last_wait_s, _ = self._not_kept.get(sha256, (0.0, 0.0, ""))
+        wait_s = min(last_wait_s * 2, DOWNLOAD_RETRY_MAX_S) if last_wait_s else self.download_retry_first_s
+        self._not_kept[sha256] = (self.clock() + wait_s, wait_s, why[:MAX_ERROR_BYTES])
 
     def _download(self, absolute: str, sha256: str, dest: Path) -> Path:
         # Created exclusively under an unpredictable name: never written through a file or link left in the cache;
@@ -222,10 +250,12 @@ class ConsoleClient:
                     digest.update(chunk)
                     out.write(chunk)
             out.flush()  # before the rename, while the lock is held
-        except (httpx.HTTPError, OSError) as exc:
+        except httpx.HTTPError as exc:
             raise ArtifactError(f"cannot download {absolute}: {exc}") from None
+        except OSError as exc:  # the bytes came, the disk took no more
+            raise ArtifactNotKept(f"cannot download {absolute}: {exc}") from None
         if digest.hexdigest() != sha256:
-            raise ArtifactError(f"sha256 mismatch for {absolute}: got {digest.hexdigest()}, expected {sha256}")
+            raise ArtifactNotKept(f"sha256 mismatch for {absolute}: got {digest.hexdigest()}, expected {sha256}")
 
     def close(self) -> None:
         self._http.close()

@@ -175,3 +175,76 @@ def test_state_file_must_hold_an_object(tmp_path):
 
     with pytest.raises(StateError, match="does not hold a JSON object"):
         read_state_file(path)
+
+
+# ---- a download that could not be kept is not made again at once ---------------------------
+
+
+def counting(handler):
+    calls = []
+
+    def counted(request):
+        calls.append(request.url.path)
+        return handler(request)
+    return counted, calls
+
+
+def test_an_artifact_whose_download_could_not_be_kept_is_not_downloaded_again_at_once(tmp_path):
+    """A model too large for the cache was downloaded again at every reconcile, 19 times a
+    minute: about 380 MB a minute of the console's egress per worker (a fault test, 7 Dec)."""
+    handler, calls = counting(lambda request: httpx.Response(200, content=PAYLOAD))
+    client = console(handler)
+    dest = tmp_path / f"{'0' * 64}.onnx"
+
+    with pytest.raises(ArtifactError, match="sha256 mismatch"):
+        client.fetch_artifact("/a", "0" * 64, dest)
+    with pytest.raises(ArtifactError) as again:
+        client.fetch_artifact("/a", "0" * 64, dest)
+
+    assert calls == ["/a"]
+    assert str(again.value).startswith("not downloaded again for 3 s: its last download could not be kept (sha256 mismatch for ")
+    assert client.fetch_artifact("/b", SHA256, tmp_path / f"{SHA256}.onnx").read_bytes() == PAYLOAD  # another artifact: unaffected
+
+
+def test_the_wait_doubles_while_downloads_of_an_artifact_cannot_be_kept_and_starts_over_once_one_is(tmp_path):
+    served = {"bytes": b"cut short"}
+    handler, calls = counting(lambda request: httpx.Response(200, content=served["bytes"]))
+    client, now = console(handler), [100.0]
+    client.clock = lambda: now[0]
+    dest = tmp_path / f"{SHA256}.onnx"
+
+    def waits() -> str:
+        with pytest.raises(ArtifactError) as refused:
+            client.fetch_artifact("/a", SHA256, dest)
+        return str(refused.value).split(":")[0]
+
+    with pytest.raises(ArtifactError, match="sha256 mismatch"):
+        client.fetch_artifact("/a", SHA256, dest)
+    first = waits()
+    now[0] += 3.1
+    with pytest.raises(ArtifactError, match="sha256 mismatch"):
+        client.fetch_artifact("/a", SHA256, dest)
+    second = waits()
+    now[0] += 6.1
+    served["bytes"] = PAYLOAD
+    assert client.fetch_artifact("/a", SHA256, dest) == dest
+    dest.unlink()
+    served["bytes"] = b"cut short again"
+    with pytest.raises(ArtifactError, match="sha256 mismatch"):
+        client.fetch_artifact("/a", SHA256, dest)
+
+    assert (first, second, waits()) == ("not downloaded again for 3 s", "not downloaded again for 6 s", "not downloaded again for 3 s")
+    assert len(calls) == 4
+
+
+@pytest.mark.parametrize("answer", [httpx.Response(503, json={"error": "the store is being repaired"}), httpx.Response(404)])
+def test_a_download_the_console_refused_is_tried_again_at_the_next_reconcile(tmp_path, answer):
+    # Nothing was fetched: a console that answers again is not waited out.
+    handler, calls = counting(lambda request: answer)
+    client = console(handler)
+
+    for _ in range(2):
+        with pytest.raises(ArtifactError, match="cannot download"):
+            client.fetch_artifact("/a", SHA256, tmp_path / "x")
+
+    assert calls == ["/a", "/a"]
