@@ -57,7 +57,8 @@ def worker_row(entry: object, drill: Drill, hosts: dict[str, str]) -> dict:
     ack_s, confirmed_s = _seconds(entry, "ack_s", unexpected), _seconds(entry, "confirmed_s", unexpected)
     worker_id = entry.get("worker")
     worker_id = worker_id if isinstance(worker_id, str) and worker_id else "?"
-    digest, generation = _text(entry.get("digest")), _whole(entry.get("generation"))
+    digest, generation = _typed(entry, "digest", str, unexpected), _typed(entry, "generation", int, unexpected)
+    failed_requests = _typed(entry, "failed_requests", int, unexpected)
     return {
         "worker": worker_id,
         "host": hosts.get(worker_id, ""),
@@ -66,11 +67,11 @@ def worker_row(entry: object, drill: Drill, hosts: dict[str, str]) -> dict:
         "ack_slow": ack_s is not None and ack_s > drill.target_s,
         "confirmed_s": confirmed_s,
         "generation": generation,
-        "digest": digest,
-        "digest_short": digest[:DIGEST_SHOWN_CHARS],
+        "digest": digest or "",
+        "digest_short": (digest or "")[:DIGEST_SHOWN_CHARS],
         "match_explained": False,
-        **digest_match(digest, generation, confirmed_s, _text(entry.get("model_digest")), drill),
-        "failed_requests": _whole(entry.get("failed_requests")),
+        **digest_match(digest or "", generation, confirmed_s, _text(entry.get("model_digest")), drill),
+        "failed_requests": failed_requests,
         "notes": _notes(entry, ack_s, confirmed_s) + [("unexpected", f"{key}: {_as_written(value)}") for key, value in unexpected.items()],
     }
 
@@ -128,6 +129,16 @@ def _seconds(entry: dict, key: str, unexpected: dict) -> float | None:
         return float(value)
     if value is not None:
         unexpected[key] = value
+    return None
+
+
+def _typed(entry: dict, key: str, kind: type, unexpected: dict):
+    """The row's ``key`` when it is a ``kind`` (never a bool), else None; one of another
+    type is shown as written among the notes."""
+    value = entry.get(key)
+    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    unexpected[key] = value
     return None
 
 

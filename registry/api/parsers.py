@@ -29,7 +29,7 @@ SHOWN_KEY_CHARS = 40
 class JSONParser(parsers.JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
         encoding = parsers.get_encoding(parser_context or {})
-        if codecs.lookup(encoding).name != "utf-8":
+        if codecs.lookup(encoding).name not in ("utf-8", "ascii"):  # ASCII is UTF-8's subset: read alike
             raise UnsupportedMediaType(media_type, f"JSON is read as UTF-8 only (RFC 8259), not charset={encoding}.")
         try:
             return json.load(codecs.getreader(encoding)(stream), parse_constant=json.strict_constant,

@@ -31,6 +31,6 @@ def refuse_hidden_characters(text: str) -> None:
 
 
 def refuse_reserved_model_name(name: str) -> None:
-    why = RESERVED_MODEL_NAMES.get(name)
+    why = RESERVED_MODEL_NAMES.get(name.lower())  # names differing only by case are one name to the catalogue
     if why is not None:
         raise ValidationError(f"{name!r} is reserved: {why}")

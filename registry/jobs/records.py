@@ -230,18 +230,14 @@ def _lost(sent_before) -> list[int]:
 
 
 def _recover(job: Job, now, stale_before) -> int:
-    silent_s = settings.JOB_STALE_AFTER_S
     # Still silent when written: a runner that claimed it since the listing is alive.
     stale = held(job).filter(heartbeat_at__lt=stale_before)
-    if job.cancel_requested:  # someone cancelled it: neither run again nor the worker's failure
-        changed = stale.update(status=JobStatus.CANCELLED, finished_at=now, error="cancelled (its runner had stopped, so it ended here)")
-    elif job.attempts >= settings.JOB_MAX_ATTEMPTS:
-        reason = (f"its Celery worker stopped while it ran (no heartbeat for {silent_s:g} s), "
-                  f"after {job.attempts} attempt{'s' if job.attempts != 1 else ''}")
-        changed = stale.update(status=JobStatus.FAILED, finished_at=now, error=reason)
-    else:
-        changed = stale.update(status=JobStatus.QUEUED, heartbeat_at=None,
-                               error=f"attempt {job.attempts} stopped (no heartbeat for {silent_s:g} s); queued again")
+    # Someone cancelled it (read as it is written: a cancel may land after the listing):
+    # neither run again nor the worker's failure.
+    changed = stale.filter(cancel_requested=True).update(status=JobStatus.CANCELLED, finished_at=now,
+                                                         error="cancelled (its runner had stopped, so it ended here)")
+    if not changed:
+        changed = _queue_again_or_fail(job, stale.filter(cancel_requested=False), now)
     if changed:
         job.refresh_from_db()
         logger.warning("job %s: %s", job.pk, job.error)
@@ -251,6 +247,16 @@ def _recover(job: Job, now, stale_before) -> int:
         else:
             _ended_without_success(job)
     return changed
+
+
+def _queue_again_or_fail(job: Job, stale, now) -> int:
+    silent_s = settings.JOB_STALE_AFTER_S
+    if job.attempts >= settings.JOB_MAX_ATTEMPTS:
+        reason = (f"its Celery worker stopped while it ran (no heartbeat for {silent_s:g} s), "
+                  f"after {job.attempts} attempt{'s' if job.attempts != 1 else ''}")
+        return stale.update(status=JobStatus.FAILED, finished_at=now, error=reason)
+    return stale.update(status=JobStatus.QUEUED, heartbeat_at=None,
+                        error=f"attempt {job.attempts} stopped (no heartbeat for {silent_s:g} s); queued again")
 
 
 def payload(job: Job) -> dict:

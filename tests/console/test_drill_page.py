@@ -145,7 +145,8 @@ def test_a_workers_entry_with_unexpected_or_missing_keys_still_renders(viewer_pa
     started = timezone.now()
     drill = Drill.objects.create(model=canary_digits, actor=None, status="failed", started_at=started, finished_at=started + timedelta(seconds=1),
                                  target_s=10, from_generation=2, to_generation=3, to_digest="a" * 64, error="1 of 1 workers never confirmed",
-                                 workers=[{"worker": "w-new", "ack_s": "soon", "queue_depth": {"p99": 3}}, {}, "not a row"])
+                                 workers=[{"worker": "w-new", "ack_s": "soon", "queue_depth": {"p99": 3}, "digest": 12345, "generation": "7",
+                                           "failed_requests": "lots"}, {}, "not a row"])
 
     response = viewer_page.get(f"/drills/{drill.pk}/")
 
@@ -153,6 +154,8 @@ def test_a_workers_entry_with_unexpected_or_missing_keys_still_renders(viewer_pa
     assert response.status_code == 200
     new = row_of(page, "w-new")
     assert '<li class="hint">ack_s: soon</li>' in new and '<li class="hint">queue_depth: {&quot;p99&quot;: 3}</li>' in new
+    for shown in ("digest: 12345", "generation: 7", "failed_requests: lots"):  # of the wrong type: shown as written, not dropped
+        assert f'<li class="hint">{shown}</li>' in new
     assert '<li class="error-text">never acked</li>' in new
     assert "an entry this page cannot read: not a row" in page
     assert page.count('<tr data-worker="?"') == 2 and "by system" in page

@@ -386,3 +386,17 @@ def test_while_a_drill_runs_the_panel_links_to_it_instead_of_offering_another(op
 
     assert 'id="drill-dialog"' not in html
     assert f'<a class="button" href="/drills/{drill.pk}/" id="drill-button">Drill #{drill.pk} running…</a>' in html
+
+
+def test_while_a_drill_s_roll_forward_is_owed_the_panel_links_to_it_instead_of_offering_another(operator_page, canary_digits, operator):
+    # A drill is refused (409) until its roll forward is made, which follows its end.
+    from django.utils import timezone
+
+    from registry.models import Drill
+
+    drill = Drill.objects.create(model=canary_digits, actor=operator, started_at=timezone.now(), target_s=60.0, from_generation=2,
+                                 status="passed", roll_forward=True, forward_pending=True)
+
+    html = release_panel(operator_page)
+
+    assert f'<a class="button" href="/drills/{drill.pk}/" id="drill-button">Drill #{drill.pk} rolling forward…</a>' in html

@@ -316,12 +316,14 @@ def test_a_description_keeps_its_lines_tabs_and_marks(operator_client):
     assert RegisteredModel.objects.get(name="fraud").description == description
 
 
-def test_a_model_named_as_a_worker_route_is_refused(operator_client):
-    # The worker's /v2/models/stats answers every model's statistics: a model named so lost its metadata.
-    response = operator_client.post("/api/models/", {"name": "stats"}, format="json")
+@pytest.mark.parametrize("name", ["stats", "Stats"])
+def test_a_model_named_as_a_worker_route_is_refused(operator_client, name):
+    # The worker's /v2/models/stats answers every model's statistics: a model named so lost
+    # its metadata. Names differing only by case are one name to the catalogue.
+    response = operator_client.post("/api/models/", {"name": name}, format="json")
 
     assert response.status_code == 400
-    assert response.json()["error"] == ("name: 'stats' is reserved: a worker's /v2/models/stats answers every model's statistics, "
+    assert response.json()["error"] == (f"name: {name!r} is reserved: a worker's /v2/models/stats answers every model's statistics, "
                                         "so a model of that name could not be described")
     assert not RegisteredModel.objects.exists()
 
@@ -341,6 +343,13 @@ def test_a_json_body_in_a_charset_other_than_utf_8_is_a_415_and_changes_nothing(
 @pytest.mark.parametrize("charset", ["utf-8", "UTF-8", "utf8"])
 def test_a_json_body_declared_utf_8_is_read(operator_client, three_versions, charset):
     response = operator_client.patch("/api/models/digits/", '{"description": "café"}'.encode(), content_type=f"application/json; charset={charset}")
+
+    assert response.status_code == 200
+    assert RegisteredModel.objects.get(name="digits").description == "café"
+
+
+def test_a_json_body_declared_ascii_is_read_as_the_utf_8_it_is_part_of(operator_client, three_versions):
+    response = operator_client.patch("/api/models/digits/", b'{"description": "caf\\u00e9"}', content_type="application/json; charset=us-ascii")
 
     assert response.status_code == 200
     assert RegisteredModel.objects.get(name="digits").description == "café"
