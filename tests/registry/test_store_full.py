@@ -249,9 +249,9 @@ def test_a_batch_job_through_the_jobs_page_to_a_store_that_refuses_writes_is_503
 # ---------------------------------------------------------------- a real full file system
 
 # Run in a process of its own, inside the mount namespace: a console on a fresh SQLite
-# database whose ARTIFACT_ROOT is a tmpfs too small for the model it is sent.
-CONSOLE_ON_A_SMALL_DISK = """
-import json, sys
+# database with a model and an operator whose API client is `client`.
+FRESH_CONSOLE = """
+import errno, json, os, sys
 import django
 django.setup()
 from django.conf import settings
@@ -265,6 +265,9 @@ operator.groups.add(Group.objects.get_or_create(name="operator")[0])
 RegisteredModel.objects.create(name="digits", created_by=operator)
 client = APIClient()
 client.force_authenticate(operator)
+"""
+# ARTIFACT_ROOT is a tmpfs too small for the model it is sent.
+CONSOLE_ON_A_SMALL_DISK = FRESH_CONSOLE + """
 with open(sys.argv[1], "rb") as handle:
     response = client.post("/api/models/digits/versions/", {"artifact": handle}, format="multipart")
 left = sorted(str(path.relative_to(settings.ARTIFACT_ROOT)) for path in settings.ARTIFACT_ROOT.rglob("*") if path.is_file())
@@ -314,20 +317,7 @@ def test_a_model_upload_to_a_real_read_only_store_is_503_and_leaves_nothing(tmp_
 
 
 # A console on a fresh SQLite database in DATA_DIR, a tmpfs then filled to the last byte.
-CONSOLE_WITH_ITS_DATABASE_ON_A_FULL_DISK = """
-import errno, json, os
-import django
-django.setup()
-from django.contrib.auth.models import Group, User
-from django.core.management import call_command
-from rest_framework.test import APIClient
-from registry.models import RegisteredModel
-call_command("migrate", verbosity=0)
-operator = User.objects.create_user("olivia")
-operator.groups.add(Group.objects.get_or_create(name="operator")[0])
-RegisteredModel.objects.create(name="digits", created_by=operator)
-client = APIClient()
-client.force_authenticate(operator)
+CONSOLE_WITH_ITS_DATABASE_ON_A_FULL_DISK = FRESH_CONSOLE + """
 from django.test import Client
 page = Client()
 page.force_login(operator)
