@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 
 import httpx
 import pytest
 
-from serving.console_client import ArtifactError, ArtifactRefused, ConsoleClient, StateError, artifact_location, read_state_file
+from serving.console_client import (
+    SHOWN_URL_CHARS,
+    ArtifactError,
+    ArtifactRefused,
+    ConsoleClient,
+    StateError,
+    artifact_location,
+    read_state_file,
+)
 
 PAYLOAD = b"model bytes"
 SHA256 = hashlib.sha256(PAYLOAD).hexdigest()
@@ -164,8 +173,11 @@ def test_a_local_artifact_that_is_a_named_pipe_is_refused_without_blocking(tmp_p
 def test_a_bare_path_with_no_file_there_says_so_beside_the_console_s_answer(tmp_path):
     client = ConsoleClient("http://console.test", "s3cret", 2.0, allow_local=True, transport=httpx.MockTransport(lambda request: httpx.Response(404)))
     missing = tmp_path / "typo.onnx"
+    # The message shows the path's first SHOWN_URL_CHARS characters: under pytest-xdist
+    # tmp_path is longer (…/popen-gw0/…), and a path of 81 characters was cut.
+    shown = str(missing)[:SHOWN_URL_CHARS]
 
-    with pytest.raises(ArtifactError, match=f"no local file at {missing}, and as a console path: cannot download"):
+    with pytest.raises(ArtifactError, match=re.escape(f"no local file at {shown}, and as a console path: cannot download")):
         client.fetch_artifact(str(missing), SHA256, tmp_path / "x")
 
 
