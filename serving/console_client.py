@@ -215,7 +215,7 @@ class ConsoleClient:
     def _refuse_while_waiting(self, sha256: str) -> None:
         retry_at, wait_s, why = self._not_kept.get(sha256, (0.0, 0.0, ""))
         if self.clock() < retry_at:
-            raise ArtifactError(f"not downloaded again for {wait_s:g} s: its last download could not be kept ({why})")
+            raise ArtifactError(f"{why}; not downloaded again within {wait_s:g} s of that download")
 
     def _wait_after(self, sha256: str, why: str) -> None:
         """A download that could not be kept (a cache too small for the model, bytes that do
