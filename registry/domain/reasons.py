@@ -23,17 +23,24 @@ TAGS = re.compile("[\U000E0000-\U000E007F]")
 BLANK_LOOKALIKES = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
 
-def refuse_control_characters(text: str) -> None:
-    """A validator (Django forms and DRF both run it): no control character (a tab, which a
-    paste into the page's field keeps, is one the logs and the CSV take), no line or
-    paragraph separator, no directional override, and no tag character outside an emoji
-    flag (hidden text). Soft hyphens, joiners and directional marks stay: real text has them."""
+def refuse_unseen_characters(text: str, *, keep: frozenset[str], controls_refused: str) -> None:
+    """Refuse a control character not in ``keep``, a line or paragraph separator, a
+    directional override, or a tag character outside an emoji flag (hidden text), with
+    ``controls_refused`` saying what the field must be. Soft hyphens, joiners and
+    directional marks stay: real text has them."""
     for char in text:
-        if (unicodedata.category(char) in ("Cc", "Zl", "Zp") and char != "\t") or char in BIDI_CONTROLS:
-            raise ValidationError(f"must be one line of text without control characters or directional overrides (found U+{ord(char):04X})")
+        if (unicodedata.category(char) in ("Cc", "Zl", "Zp") and char not in keep) or char in BIDI_CONTROLS:
+            raise ValidationError(f"{controls_refused} (found U+{ord(char):04X})")
     hidden = TAGS.search(EMOJI_TAG_SEQUENCE.sub("", text))
     if hidden:
         raise ValidationError(f"must not hold tag characters outside an emoji flag: they carry text no one sees (found U+{ord(hidden.group()):04X})")
+
+
+def refuse_control_characters(text: str) -> None:
+    """A validator of one line (Django forms and DRF both run it). A tab, which a paste into
+    the page's field keeps, stays: the logs and the CSV take it."""
+    refuse_unseen_characters(text, keep=frozenset("\t"),
+                             controls_refused="must be one line of text without control characters or directional overrides")
 
 
 def has_visible_text(text: str) -> bool:

@@ -7,11 +7,9 @@ that copies it; reasons had refused both since registry/domain/reasons.py."""
 
 from __future__ import annotations
 
-import unicodedata
-
 from django.core.exceptions import ValidationError
 
-from registry.domain.reasons import BIDI_CONTROLS, EMOJI_TAG_SEQUENCE, TAGS
+from registry.domain.reasons import refuse_unseen_characters
 
 LINE_BREAKS = frozenset("\t\n\r")  # a textarea's own, kept
 # The worker's /v2/models/stats answers every model's statistics (Triton's route).
@@ -19,15 +17,9 @@ RESERVED_MODEL_NAMES = {"stats": "a worker's /v2/models/stats answers every mode
 
 
 def refuse_hidden_characters(text: str) -> None:
-    """A validator of text of several lines: tabs and line breaks stay; any other control
-    character, a directional override or a tag character outside an emoji flag is refused.
-    Directional marks, joiners and soft hyphens stay: real text has them."""
-    for char in text:
-        if (unicodedata.category(char) in ("Cc", "Zl", "Zp") and char not in LINE_BREAKS) or char in BIDI_CONTROLS:
-            raise ValidationError(f"must not hold control characters or directional overrides (found U+{ord(char):04X})")
-    hidden = TAGS.search(EMOJI_TAG_SEQUENCE.sub("", text))
-    if hidden:
-        raise ValidationError(f"must not hold tag characters outside an emoji flag: they carry text no one sees (found U+{ord(hidden.group()):04X})")
+    """A validator of text of several lines: tabs and line breaks stay; what else
+    reasons.py refuses in one line is refused here too."""
+    refuse_unseen_characters(text, keep=LINE_BREAKS, controls_refused="must not hold control characters or directional overrides")
 
 
 def refuse_reserved_model_name(name: str) -> None:
