@@ -8,6 +8,7 @@ or of HTTP.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import TYPE_CHECKING
 
 import orjson
@@ -174,17 +175,44 @@ def is_declared_batchable(signature: str) -> bool:
     return isinstance(declared, dict) and declared.get("batchable") is True
 
 
+# What ONNX Runtime's kernels say (as FAIL, not INVALID_ARGUMENT) when two tensors' shapes
+# disagree: inputs whose dimensions the signature leaves free and names apart (or not at
+# all) but the graph combines. Counted as the version's, any client could fail a canary.
+# tests/serving/test_shared_dimensions.py runs each against the installed ONNX Runtime.
+KERNEL_SHAPE_MISMATCHES = (
+    "Attempting to broadcast an axis by a dimension other than 1",  # element-wise ops
+    "MatMul dimension mismatch",
+    "Non concat axis dimensions must match",
+)
+
+
 def request_error(error: Exception) -> ServingError:
     """The answer to a request whose run failed on its own. ONNX Runtime's INVALID_ARGUMENT
-    (an index out of range, a dimension the graph refuses) is about this input: 400. A run
-    short of the capped run memory is 413 or 503 (serving/run_memory.py). Any other
-    failure is the model's: 500, with the details in the log only."""
+    (an index out of range, a dimension the graph refuses), or a kernel finding two of its
+    tensors' shapes disagree, is about this input: 400. A run short of the capped run
+    memory is 413 or 503 (serving/run_memory.py). Any other failure is the model's: 500,
+    with the details in the log only."""
     refused_for_memory = run_memory.refusal(error)
     if refused_for_memory is not None:
         return refused_for_memory
     if isinstance(error, ort_errors.InvalidArgument):
         return BadRequest(f"the model refused this input: {_ort_reason(error)}")
+    mismatch = _kernel_shape_mismatch(error) if isinstance(error, ort_errors.Fail) else None
+    if mismatch is not None:
+        return BadRequest(f"the model refused these inputs' shapes: {mismatch}")
     return ModelFailed("model execution failed")
+
+
+def _kernel_shape_mismatch(error: Exception) -> str | None:
+    """The kernel's own words from the phrase on (its source path and C++ signature are no
+    client's business), after the node's operator: "Mul node: Attempting … 3 by 5"."""
+    message = str(error)
+    for said in KERNEL_SHAPE_MISMATCHES:
+        start = message.find(said)
+        if start >= 0:
+            node = re.search(r"running (\w+) node", message)
+            return (f"{node.group(1)} node: " if node else "") + message[start:start + 160].strip()
+    return None
 
 
 def _ort_reason(error: Exception) -> str:
