@@ -190,6 +190,26 @@ def test_a_description_with_a_directional_override_on_the_model_page_is_shown_an
     assert digits.description == "test digits"
 
 
+def test_a_description_past_the_limit_on_the_model_page_is_named_with_its_length_and_changes_nothing(operator_page, digits):
+    response = operator_page.post("/models/digits/details/", {"description": "x" * 2001, "tags": ""})
+
+    assert response.status_code == 400
+    assert "at most 2000 characters (it has 2001)" in response.content.decode()
+    digits.refresh_from_db()
+    assert digits.description == "test digits"
+
+
+@pytest.mark.parametrize("path", ["/", "/models/digits/", "/models/digits/jobs/"])
+def test_description_fields_do_not_cut_what_is_pasted_into_them(operator_page, digits, path):
+    """A maxlength attribute made the browser cut a pasted description at 2,000 characters
+    without a word; the server refuses one too long and says by how much."""
+    page = operator_page.get(path).content.decode()
+
+    fields = re.findall(r'<(?:input|textarea)[^>]*name="description"[^>]*>', page)
+
+    assert fields and not [field for field in fields if "maxlength" in field]
+
+
 def test_viewer_cannot_change_details_or_archive(viewer_page, digits):
     assert viewer_page.post("/models/digits/details/", {"tags": "x"}).status_code == 403
     assert viewer_page.post("/models/digits/archive/").status_code == 403
