@@ -565,7 +565,7 @@ def encode_v2(model_name: str, version: int, decoded: Decoded, outputs: Sequence
     """(body, JSON header length if any tensor went binary, else None)."""
     entries, blobs = [], []
     for index, is_binary in decoded.outputs:
-        spec, array = io.outputs[index], np.ascontiguousarray(outputs[index])
+        spec, array = io.outputs[index], np.require(outputs[index], requirements="C")  # ascontiguousarray made [] [1]
         entry = {"name": spec.name, "datatype": spec.datatype, "shape": array.shape}
         if is_binary:
             blob = array.data if spec.datatype != "BYTES" else bytes_tensor(array)
@@ -671,10 +671,24 @@ def _shown(value: object) -> str:
     return clip(orjson.dumps(value).decode())  # a scalar: 1e+23 for a number too large to be an integer here
 
 
+def _predict_value(array: np.ndarray) -> np.ndarray | list | float | int | bool | str:
+    """An output as /predict writes it; one of no dimensions as its value (orjson writes
+    no 0-d array)."""
+    if array.ndim:
+        return _finite_or_words(array)
+    value = _finite_or_words(array.reshape(1))
+    return value[0] if isinstance(value, list) else value.tolist()[0]
+
+
+def _is_scalar(value: object) -> bool:
+    return isinstance(value, int | float | str)  # bool is an int
+
+
 def decode_predict(document: dict, io: ModelIO) -> Decoded:
-    """`inputs`: one row or a list of rows (single-input model), else a dict by input name."""
+    """`inputs`: one row or a list of rows (single-input model), else a dict by input name;
+    an input of no dimensions is its value."""
     given = document.get("inputs")
-    if len(io.inputs) == 1 and isinstance(given, list):
+    if len(io.inputs) == 1 and (isinstance(given, list) or (io.inputs[0].shape == () and _is_scalar(given))):
         given = {io.inputs[0].name: given}
     if not isinstance(given, dict):
         raise BadRequest("'inputs' must be a list of rows (single-input model) or an object by input name")
@@ -697,6 +711,8 @@ def _predict_array(spec: TensorSpec, data: object, io: ModelIO) -> tuple[np.ndar
         raise BadRequest(f"input '{spec.name}': missing")
     if data == []:  # read as one row of no values, it was refused for the row's width
         raise BadRequest(f"input '{spec.name}': no rows (an empty list)")
+    if spec.shape == () and _is_scalar(data):
+        return array_from_list(spec, [data]).reshape(()), False
     array = array_from_list(spec, data)
     is_single_row = io.is_batchable and array.ndim == len(spec.shape) - 1
     if is_single_row:
@@ -708,8 +724,8 @@ def _predict_array(spec: TensorSpec, data: object, io: ModelIO) -> tuple[np.ndar
 def encode_predict(request_id: str, model_name: str, version: int, decoded: Decoded, outputs, io: ModelIO, latency_ms: float) -> bytes:
     by_name = {}
     for spec, array in zip(io.outputs, outputs):
-        array = np.ascontiguousarray(array[0] if decoded.is_single_row else array)
-        by_name[spec.name] = orjson.Fragment(_sliced_json(array)) if array.size > SLICE_ITEMS else _finite_or_words(array)
+        array = np.require(array[0] if decoded.is_single_row else array, requirements="C")
+        by_name[spec.name] = orjson.Fragment(_sliced_json(array)) if array.size > SLICE_ITEMS else _predict_value(array)
     return dumps({
         "request_id": request_id, "model_name": model_name, "model_version": version,
         "outputs": by_name, "latency_ms": round(latency_ms, 3),
