@@ -7,6 +7,7 @@ from registry.api.schema_view import SchemaView
 
 admin.site.login_form = AdminSignInForm  # a user name too long for any is refused before it is tried
 
+handler400 = "console.views.bad_request"
 handler403 = "console.views.permission_denied"
 handler404 = "console.views.not_found"
 handler500 = "console.views.server_error"

@@ -23,7 +23,7 @@ import httpx
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import Sum
 from django.http import HttpResponse, JsonResponse
 from django.middleware.csrf import REASON_NO_CSRF_COOKIE
@@ -110,6 +110,19 @@ def not_found(request, exception=None):
     if request.path.startswith("/api/"):
         return json_not_found(request, exception)
     return _error_page("404.html", 404)
+
+
+UNREADABLE_REQUEST = "the request could not be read"
+
+
+def bad_request(request, exception=None):
+    """handler400, reading nothing of the request. Django's own checks the CSRF token, so it
+    read the body again whose charset had made the 400 (a form in UTF-7): under ASGI a 500,
+    for anyone. Only a BadRequest's words are shown; a suspicious request's name settings."""
+    message = str(exception) if isinstance(exception, BadRequest) and str(exception) else UNREADABLE_REQUEST
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": message}, status=400)
+    return HttpResponse(render_to_string("400.html", {"message": message.rstrip(".")}), status=400)
 
 
 def permission_denied(request, exception=None):

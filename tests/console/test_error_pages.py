@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.exceptions import PermissionDenied
-from django.test import RequestFactory
+from django.test import AsyncClient, RequestFactory
 
 from console import views
 from tests.console.test_outage import signed_in_request, unreachable_database
@@ -51,3 +52,45 @@ def test_the_404_page_is_styled_and_offers_ways_on(operator_page):
     assert 'rel="stylesheet" href="/static/css/console.css"' in html
     assert '<nav class="error-links" aria-label="Ways on">' in html
     assert "Sign out" not in html
+
+
+@pytest.mark.parametrize("charset", ["utf-7", "latin-1"])
+def test_a_sign_in_form_in_another_charset_is_a_400_naming_it_not_a_500(charset):
+    """Django's own 400 view read the body again, whose charset had made the 400: under ASGI
+    (the console's server) a 500 with a traceback in the log, for anyone, before any sign-in."""
+    browser = AsyncClient(enforce_csrf_checks=True)
+    async_to_sync(browser.get)("/login/")  # its CSRF cookie: the form's token is what is read next
+
+    response = async_to_sync(browser.post)("/login/", "username=a&password=b", content_type=f"application/x-www-form-urlencoded; charset={charset}")
+
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert "must be UTF-8 encoded" in html
+    assert "<title>Bad request · ModelOps console</title>" in html
+
+
+def test_a_signed_in_form_in_another_charset_is_a_400_and_changes_nothing(operator_page, digits):
+    response = operator_page.post("/models/digits/details/", "description=changed&tags=",
+                                  content_type="application/x-www-form-urlencoded; charset=latin-1")
+
+    assert response.status_code == 400
+    digits.refresh_from_db()
+    assert digits.description == "test digits"
+
+
+def test_a_bad_request_that_is_suspicious_names_no_detail():
+    """A Host not allowed would name the setting to change: the page says only what is wrong."""
+    from django.core.exceptions import DisallowedHost
+
+    response = views.bad_request(RequestFactory().get("/"), DisallowedHost("Invalid HTTP_HOST header: 'x'. You may need to add 'x' to ALLOWED_HOSTS."))
+
+    assert response.status_code == 400
+    assert b"ALLOWED_HOSTS" not in response.content
+
+
+def test_a_400_under_the_api_is_json():
+    from django.core.exceptions import BadRequest
+
+    response = views.bad_request(RequestFactory().get("/api/models/"), BadRequest("HTTP requests with the form content type must be UTF-8 encoded"))
+
+    assert (response.status_code, json.loads(response.content)) == (400, {"error": "HTTP requests with the form content type must be UTF-8 encoded"})

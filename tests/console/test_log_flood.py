@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.log_throttle import BURST, MAX_MESSAGE_CHARS
+from serving.log_throttle import BURST, MAX_MESSAGE_CHARS, WINDOW_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,6 +57,12 @@ def output_of(process: subprocess.Popen) -> str:
     return process.log.read_text()
 
 
+def allowed_lines(started: float) -> int:
+    """A burst a window: on a loaded box the requests can outlast one window (18 lines were
+    written in a run that took more than 10 s), never a line a request."""
+    return BURST * (int((time.monotonic() - started) // WINDOW_S) + 1)
+
+
 def send_raw(port: int, request: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
         connection.sendall(request)
@@ -66,22 +72,24 @@ def send_raw(port: int, request: bytes) -> bytes:
 def test_malformed_requests_write_only_a_few_lines(console):
     port, process = console
 
+    started = time.monotonic()
     answers = [send_raw(port, b"NOT HTTP AT ALL\r\n\r\n") for _ in range(200)]
 
     assert all(answer.startswith(b"HTTP/1.1 400 ") for answer in answers)
-    assert 1 <= output_of(process).count("Invalid HTTP request received") <= BURST
+    assert 1 <= output_of(process).count("Invalid HTTP request received") <= allowed_lines(started)
 
 
 def test_requests_for_a_foreign_host_write_only_a_few_short_lines(console):
     port, process = console
     long_host = "a" * 8000 + ".example"
 
+    started = time.monotonic()
     answers = [httpx.get(f"http://127.0.0.1:{port}/login/", headers={"Host": host}, timeout=10)
                for host in [long_host] * 20 + ["attacker.example"] * 100]
 
     assert {answer.status_code for answer in answers} == {400}
     lines = output_of(process).splitlines()
-    assert 1 <= sum(line.startswith("Invalid HTTP_HOST header") for line in lines) <= BURST
+    assert 1 <= sum(line.startswith("Invalid HTTP_HOST header") for line in lines) <= allowed_lines(started)
     assert not [line for line in lines if line.startswith("Traceback")]  # Django's own frames, the same each time
     assert max(len(line) for line in lines) < MAX_MESSAGE_CHARS + 100
 
