@@ -57,13 +57,20 @@ class SplitForm(SeenGenerationForm):
     weight = PercentField(required=False, min_value=0, max_value=100, label="Canary share (%)")
     # Sent only by the confirmation's button: 100% replaces the stable, like a promote.
     confirmed_weight = forms.TypedChoiceField(coerce=int, required=False, choices=[(FULL_WEIGHT, f"{FULL_WEIGHT}%")])
+    # Sent only by the replacement's confirmation: another version takes the live canary's place.
+    confirmed_replace = forms.BooleanField(required=False, widget=forms.HiddenInput)
     reason = forms.CharField(required=False, max_length=500, validators=[refuse_control_characters])
     force = forms.BooleanField(required=False, label="Route it despite incompatible inputs")
 
-    def __init__(self, *args, canary_choices: list[int], stable_version: int | None, **kwargs):
+    def __init__(self, *args, canary_choices: list[int], stable_version: int | None, live_canaries: list[dict] = (), **kwargs):
         super().__init__(*args, **kwargs)
         self.stable_version = stable_version
+        self.live_canaries = list(live_canaries)
         self.fields["canary_version"].choices = [(number, f"v{number}") for number in canary_choices]
+        # The button pressed decides, and a preset (or the 100% confirmation) leaves the
+        # exact field unread: "0.5" left in it had the 1% preset refused for it.
+        if self.is_bound and (self.data.get("preset") or self.data.get("confirmed_weight")):
+            del self.fields["weight"]
 
     def clean(self):
         data = super().clean()
@@ -75,6 +82,10 @@ class SplitForm(SeenGenerationForm):
             raise forms.ValidationError("choose a preset or type the canary's share (0-100%)")
         data["canary_weight"] = chosen
         data["needs_confirmation"] = chosen == FULL_WEIGHT and not confirmed
+        # Another version in the live canary's place was applied at a click, 50% of v2 gone
+        # for 10% of v3: asked first. The 100% confirmation says the split it replaces.
+        data["replaces"] = [route for route in self.live_canaries if route["version"] != data.get("canary_version")]
+        data["needs_replace_confirmation"] = bool(data["replaces"]) and not (confirmed or data["needs_confirmation"] or data.get("confirmed_replace"))
         if data.get("force") and not has_visible_text(data.get("reason", "")):
             raise forms.ValidationError(FORCE_NEEDS_REASON)
         return data

@@ -77,6 +77,7 @@ from registry.domain.choices import (
     ANALYSED_ROLLOUT_STATUSES,
     AuditKind,
     DrillStatus,
+    RolloutStatus,
     VersionStatus,
 )
 from registry.domain.roles import can_operate
@@ -359,7 +360,9 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "segments": split_segments(release),
         "current_summary": describe_routes(release.routes) if release else "",
         "canary": canary,
-        "weighted_canaries": weighted_canaries(release),
+        "weighted_canaries": (canaries := weighted_canaries(release)),
+        "current_canaries": describe_routes(canaries),
+        "running_rollout": model.rollouts.filter(status__in=ANALYSED_ROLLOUT_STATUSES).first(),
         "rollback_target": target,
         "rollback_refusal": refusal,
         "rollback_summary": describe_routes(target.routes) if target else "",
@@ -505,12 +508,18 @@ def _live_rows(model: RegisteredModel, roles: dict[int, str], figures: dict) -> 
 def set_split(request, name: str):
     model = _model(name)
     release = model.current_release()
+    stale = _stale_form(model, release, request.POST.get("expected_generation"))
+    if stale is not None:  # before the fields: a version promoted meanwhile was "not one of the available choices"
+        return _answer(request, name, "error", stale.message, status=stale.status, **stale.details())
     choices = canary_choices(release, model.versions.all())
-    form = forms.SplitForm(request.POST, canary_choices=choices, stable_version=release.stable_version if release else None)
+    form = forms.SplitForm(request.POST, canary_choices=choices, stable_version=release.stable_version if release else None,
+                           live_canaries=weighted_canaries(release))
     if not form.is_valid():
         return _answer(request, name, "error", _first_error(form), status=400)
     if form.cleaned_data["needs_confirmation"]:
         return _confirm_full_share(request, model, form.cleaned_data)
+    if form.cleaned_data["needs_replace_confirmation"]:
+        return _confirm_replace(request, model, form.cleaned_data)
     seen = form.cleaned_data["expected_generation"]
     data = form.cleaned_data
     return _release(request, model, lambda: releases.set_routes(model, form.routes(), request.user, data["reason"], expected_generation=seen,
@@ -554,16 +563,20 @@ def release_error_words(error: releases.ReleaseError) -> str:
 
 
 def _release(request, model: RegisteredModel, change):
+    running = list(model.rollouts.filter(status__in=ANALYSED_ROLLOUT_STATUSES).values_list("pk", flat=True))
     try:
         with committing(request):
             release = change()
     except releases.ReleaseError as error:
         return _answer(request, model.name, "error", release_error_words(error), status=error.status, **error.details())
-    return _release_made(request, model, release)
+    # A change of one's own pauses a running rollout; the answer said only the new split.
+    paused = list(model.rollouts.filter(pk__in=running, status=RolloutStatus.PAUSED).values_list("pk", flat=True))
+    return _release_made(request, model, release, paused=paused)
 
 
-def _release_made(request, model: RegisteredModel, release: Release):
+def _release_made(request, model: RegisteredModel, release: Release, *, paused: list[int] = ()):
     text = f"Generation {release.generation}: traffic is now {describe_routes(release.routes)}. Workers are converging."
+    text += "".join(f" Rollout #{pk} is paused by this change: resume it to go on." for pk in paused)
     return _answer(request, model.name, "success", text, generation=release.generation)
 
 
@@ -575,6 +588,29 @@ def _confirm_full_share(request, model: RegisteredModel, data: dict):
         return _answer(request, model.name, "error", text, status=400)
     return _confirm(request, model, "console/fragments/confirm_full_share.html",
                     full_share={"version": version, "reason": data["reason"], "force": data["force"]})
+
+
+def _confirm_replace(request, model: RegisteredModel, data: dict):
+    """Another version in the live canary's place takes that canary out of traffic: asked first."""
+    replaced = describe_routes(data["replaces"])
+    version, weight = data["canary_version"], data["canary_weight"]
+    if _wants_json(request):
+        text = f"v{version} at {weight}% takes the place of the canary {replaced}: confirm it in the replacement dialog"
+        return _answer(request, model.name, "error", text, status=400)
+    return _confirm(request, model, "console/fragments/confirm_replace_canary.html",
+                    replace={"version": version, "weight": weight, "replaced": replaced, "reason": data["reason"], "force": data["force"]})
+
+
+def _stale_form(model: RegisteredModel, release: Release | None, seen: str | None) -> releases.GenerationConflict | None:
+    """The refusal of a form made on an older generation, or None (the registry checks
+    it again under its lock; a form without the field is refused by the form)."""
+    if not (seen and seen.isascii() and seen.isdigit()):
+        return None
+    try:
+        releases.check_expected_generation(model, release, int(seen))
+    except releases.GenerationConflict as error:
+        return error
+    return None
 
 
 def _confirm(request, model: RegisteredModel, fragment: str, **extra):

@@ -11,10 +11,15 @@ window.ModelOps = (function () {
   // ---- fragments: the server renders the same template on load and on refresh.
   const pending = new Set();
 
-  // Never pull the rug from under someone typing, choosing or confirming.
+  // Never pull the rug from under someone typing, choosing or confirming. A text field of a
+  // form not touched since it was drawn or sent holds nothing to lose (the swap gives it its
+  // focus back): the release panel stayed on the old split, "✓ converged" included, for as
+  // long as the cursor stayed in the Share box after Enter.
   function isBusy(element) {
     const active = document.activeElement;
-    return Boolean(element.querySelector("dialog[open]")) || (element.contains(active) && active.matches("input, select, textarea"));
+    if (element.querySelector("dialog[open]")) return true;
+    if (!element.contains(active) || !active.matches("input, select, textarea")) return false;
+    return active.tagName === "SELECT" || !active.form || active.form.dataset.touched === "true";
   }
 
   async function refresh(element) {
@@ -126,6 +131,7 @@ window.ModelOps = (function () {
   document.addEventListener("change", markEdited, true);
   function markEdited(event) {
     const form = event.target.form;
+    if (form) form.dataset.touched = "true";
     if (form && form.id) form.dataset.edited = "true";
   }
 
@@ -145,6 +151,7 @@ window.ModelOps = (function () {
       const form = element.querySelector(`form#${CSS.escape(id)}`);
       if (!form) return;  // the form is gone (a rollout started meanwhile): nothing to keep
       form.dataset.edited = "true";
+      form.dataset.touched = "true";
       const fresh = editableFields(form);
       fields.forEach(({ name, value, checked }) => {
         fresh.filter((field) => field.name === name).forEach((field) => {
@@ -227,7 +234,13 @@ window.ModelOps = (function () {
     const line = document.createElement("p");
     line.className = `message message-${level}`;
     line.setAttribute("role", level === "error" ? "alert" : "status");
-    line.textContent = text;
+    const words = document.createElement("span");
+    words.textContent = text;
+    const close = document.createElement("button");
+    Object.assign(close, { type: "button", className: "message-close", textContent: "×" });
+    close.setAttribute("aria-label", "Dismiss this message");
+    close.dataset.dismiss = "";
+    line.append(words, close);
     if (subject) {
       line.dataset.subject = subject;
       box.querySelectorAll(`[data-subject="${CSS.escape(subject)}"]`).forEach((earlier) => earlier.remove());
@@ -277,6 +290,11 @@ window.ModelOps = (function () {
       }
       return;
     }
+    const dismiss = event.target.closest("[data-dismiss]");
+    if (dismiss) {
+      dismiss.closest(".message").remove();
+      return;
+    }
     const closer = event.target.closest("[data-close]");
     if (closer && closer.closest("dialog")) {
       event.preventDefault();
@@ -303,6 +321,7 @@ window.ModelOps = (function () {
     const answer = await post(form.action, body);
     if (answer.ok) {  // sent: the refresh that follows shows the server's form again (a copy swapped in meanwhile too)
       delete form.dataset.edited;
+      delete form.dataset.touched;
       if (form.id) document.querySelectorAll(`form#${CSS.escape(form.id)}`).forEach((copy) => delete copy.dataset.edited);
       // This copy still holds the generation the change just replaced: a second click here would
       // be refused as stale, in red, over the change's own success. Its buttons wait for the

@@ -244,24 +244,50 @@
     C.bars(document.querySelector('#charts [data-chart="batch_sizes"]'), labels, series);
   }
 
-  // ---- 100% to a canary makes it the only route: confirmed first, as Promote is. The
-  // preset and the exact field both lead here; the dialog's own button goes through.
+  // ---- 100% to a canary makes it the only route, and another version in the live canary's
+  // place takes that canary out: each confirmed first, as Promote is. The presets and the
+  // exact field both lead here; the dialogs' own buttons go through.
   document.addEventListener("submit", (event) => {
     const form = event.target;
     if (!form.matches(".split-form")) return;
     const submitter = event.submitter;
-    if (submitter && submitter.name === "confirmed_weight") return;
+    if (submitter && (submitter.name === "confirmed_weight" || submitter.name === "confirmed_replace")) return;
     const typed = form.elements.weight ? form.elements.weight.value.trim().replace(/\s*%$/, "") : "";
     // Whole numbers only, as the server's field: Number() read "1e2" as 100 and asked to confirm 100%.
     const weight = submitter && submitter.name === "preset" ? Number(submitter.value) : /^\d+$/.test(typed) ? Number(typed) : null;
-    const dialog = document.getElementById("full-share-dialog");
-    if (weight !== 100 || !dialog || !dialog.showModal) return;  // without dialogs the server asks instead
+    const version = form.elements.canary_version.value;
+    const dialog = weight === 100 ? document.getElementById("full-share-dialog")
+      : weight !== null && replacedBy(form, version).length ? document.getElementById("replace-canary-dialog") : null;
+    if (!dialog || !dialog.showModal) return;  // without dialogs the server asks instead
     event.preventDefault();
     event.stopImmediatePropagation();  // before console.js posts it
-    const version = form.elements.canary_version.value;
-    dialog.querySelectorAll("[data-full-version]").forEach((element) => { element.textContent = `v${version}`; });
+    // The dialog's button sends the form without the preset pressed: the share goes in the field.
+    if (form.elements.weight) form.elements.weight.value = String(weight);
+    dialog.querySelectorAll("[data-full-version], [data-replace-version]").forEach((element) => { element.textContent = `v${version}`; });
+    dialog.querySelectorAll("[data-replace-weight]").forEach((element) => { element.textContent = `${weight}%`; });
     dialog.showModal();
   }, true);
+
+  function replacedBy(form, version) {
+    return (form.dataset.liveCanaries || "").split(",").filter((live) => live && live !== version);
+  }
+
+  // The pressed preset and the "now N" placeholder speak of the live canary's version only:
+  // with v3 chosen they told of v2's 50%, and a click on another preset replaced v2.
+  function matchSharesToChoice() {
+    const form = document.getElementById("split-form");
+    if (!form || !form.elements.canary_version) return;
+    const live = (form.dataset.liveCanaries || "").split(",").filter(Boolean);
+    const isLive = live.length === 1 && live[0] === form.elements.canary_version.value;
+    form.querySelectorAll("button.preset").forEach((button) => {
+      if (isLive && button.value === form.dataset.liveWeight) button.setAttribute("aria-pressed", "true");
+      else button.removeAttribute("aria-pressed");
+    });
+    if (form.elements.weight && live.length) form.elements.weight.placeholder = isLive ? `now ${form.dataset.liveWeight}` : "0-100";
+  }
+  document.addEventListener("change", (event) => { if (event.target.id === "id_canary_version") matchSharesToChoice(); });
+  document.addEventListener("modelops:swapped", matchSharesToChoice);
+  matchSharesToChoice();
 
   // Health words come from the server (recent roll-ups, the rollout's verdict): keep them fresh.
   // The release panel too, settled or not: it moves when a report names another generation,

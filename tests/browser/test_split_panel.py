@@ -1,0 +1,111 @@
+"""The release panel's canary share in a real browser, as a tired operator met it: another
+version in the live canary's place opened no question (v2's 50% became v3's 10% at a
+click, the 50% preset still shown pressed), the panel froze on the old split while the
+cursor stayed in the Share box, and the answer was written above the fold."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.conftest import django_shell, sign_in
+
+pytestmark = pytest.mark.browser
+
+LIVE_S = 20_000
+expect.set_options(timeout=10_000)
+
+MAKE_MODEL = """
+import io
+from django.contrib.auth.models import User
+from registry.actions import events, releases, uploads
+from registry.building.onnx_build import random_mlp, to_bytes
+from registry.models import RegisteredModel
+olivia = User.objects.get(username="olivia")
+model = RegisteredModel.objects.create(name={name!r}, description="made by the split panel's browser test")
+events.model_created(model, olivia)
+for seed in {seeds!r}:
+    uploads.register_stream(model, io.BytesIO(to_bytes(random_mlp([8, 4], seed=seed))), uploaded_by=olivia)
+print(releases.set_routes(model, {routes!r}, olivia, "").generation)
+"""
+
+
+def model_with_canary(stack, routes: list[dict]) -> tuple[str, int]:
+    """A model of three versions (v1 stable) serving ``routes``; its name and generation."""
+    name = f"split-{secrets.token_hex(3)}"
+    seeds = [secrets.randbelow(10**6) + offset for offset in (3_000_000, 4_000_000, 5_000_000)]  # bytes no other version has
+    generation = django_shell(stack, MAKE_MODEL.format(name=name, seeds=seeds, routes=routes), timeout_s=120).strip().splitlines()[-1]
+    return name, int(generation)
+
+
+def test_another_version_in_the_live_canarys_place_asks_first_and_cancel_sends_nothing(page, stack):
+    name, generation = model_with_canary(stack, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    panel = page.locator("#release-panel")
+    half = panel.get_by_role("button", name="50%", exact=True)
+    expect(half).to_have_attribute("aria-pressed", "true")
+
+    panel.get_by_label("Version").select_option("3")
+
+    expect(half).not_to_have_attribute("aria-pressed", "true")  # v2's share, not v3's
+    expect(panel.locator("#id_weight")).to_have_attribute("placeholder", "0-100")
+    panel.get_by_role("button", name="10%", exact=True).click()
+    dialog = page.locator("#replace-canary-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("Replace the canary v2 50%?")
+    expect(dialog).to_contain_text(f"v3 gets 10% of the traffic of {name}, and the canary v2 50% gets none; v1 gets the rest.")
+    stack.screenshot(page, "split-replace-canary-confirm")
+    dialog.get_by_role("link", name="Cancel").click()
+    expect(dialog).to_be_hidden()
+    expect(panel.locator("[data-generation]")).to_have_attribute("data-generation", str(generation))
+
+
+def test_a_confirmed_replacement_sends_the_share_of_the_preset_pressed(page, stack):
+    name, generation = model_with_canary(stack, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    panel = page.locator("#release-panel")
+    panel.get_by_label("Version").select_option("3")
+
+    panel.get_by_role("button", name="1%", exact=True).click()
+    page.locator("#replace-canary-dialog").get_by_role("button", name="Replace the canary").click()
+
+    expect(page.locator("#messages")).to_contain_text("traffic is now v1 99%, v3 1%")
+    expect(panel.locator("[data-generation]")).to_have_attribute("data-generation", str(generation + 1), timeout=LIVE_S)
+
+
+def test_the_panel_shows_the_new_split_while_the_cursor_stays_in_the_share_field(page, stack):
+    name, generation = model_with_canary(stack, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    panel = page.locator("#release-panel")
+    share = panel.locator("#id_weight")
+
+    share.fill("20")
+    share.press("Enter")
+
+    expect(page.locator("#messages")).to_contain_text("traffic is now v1 80%, v2 20%")
+    expect(panel.locator("[data-generation]")).to_have_attribute("data-generation", str(generation + 1), timeout=LIVE_S)
+    expect(panel.get_by_role("button", name="10%", exact=True)).not_to_have_attribute("aria-pressed", "true")
+    assert page.evaluate("document.activeElement.id") == "id_weight"  # the keyboard user keeps their place
+
+
+def test_the_answer_to_a_button_low_on_a_short_screen_is_in_sight(page, stack):
+    name, _ = model_with_canary(stack, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    page.set_viewport_size({"width": 1280, "height": 720})
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    preset = page.locator("#release-panel").get_by_role("button", name="50%", exact=True)
+    preset.scroll_into_view_if_needed()
+    page.mouse.wheel(0, 400)
+
+    preset.click()
+
+    message = page.locator("#messages .message").first
+    expect(message).to_contain_text("traffic is now v1 50%, v2 50%")
+    expect(message).to_be_in_viewport()
+    message.get_by_role("button", name="Dismiss this message").click()
+    expect(page.locator("#messages .message")).to_have_count(0)
