@@ -43,7 +43,7 @@ from registry.artifacts.inspection import (
 from registry.domain.choices import AuditKind, JobKind, VersionStatus
 from registry.domain.compatibility import compatibility_report
 from registry.jobs import records, scheduling
-from registry.models import AuditEvent, Job, ModelVersion, RegisteredModel
+from registry.models import AuditEvent, Job, ModelVersion, RegisteredModel, ServingGeneration
 
 
 class UploadRefused(Exception):
@@ -111,8 +111,12 @@ def inspect_stored(version: ModelVersion, should_stop=None) -> InspectionReport:
 
 def mark_ready(version: ModelVersion, report: InspectionReport) -> bool:
     """The inspection passed: the version becomes ready (once; False if it was not
-    validating any more), the first ready version is routed, its jobs are queued."""
+    validating any more), the first ready version is routed, its jobs are queued, all in
+    one transaction. Ready committed first, a job cut off before the rest (killed, or the
+    generation lock past its timeout) left the version ready, unrouted and never measured,
+    and its rerun found nothing left to judge."""
     with transaction.atomic():
+        ServingGeneration.objects.lock()  # first: the order releases and the catalogue lock in
         locked = _lock_validating(version)
         if locked is None:
             return False
@@ -121,7 +125,7 @@ def mark_ready(version: ModelVersion, report: InspectionReport) -> bool:
             setattr(locked, name, value)
         locked.save(update_fields=list(fields))
         events.version_uploaded(locked, locked.uploaded_by)
-    _after_ready(locked, locked.uploaded_by)
+        _after_ready(locked, locked.uploaded_by)
     return True
 
 
@@ -175,12 +179,14 @@ def register_staged(model: RegisteredModel, staged: storage.StagedArtifact, *, u
     finally:
         storage.discard(staged)
     try:
-        version = _insert_next(model, staged, uploaded_by, report=report, description=description, metrics=metrics or {})
+        with transaction.atomic():  # ready together with its route and jobs, as mark_ready
+            ServingGeneration.objects.lock()
+            version = _insert_next(model, staged, uploaded_by, report=report, description=description, metrics=metrics or {})
+            _after_ready(version, uploaded_by)
     except BaseException:
         if created_file:
             _forget_unreferenced(staged.sha256, stored_at)
         raise
-    _after_ready(version, uploaded_by)
     return version
 
 

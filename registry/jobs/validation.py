@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 from django.conf import settings
+from django.db import DatabaseError
 
 from registry.actions import uploads
 from registry.artifacts import storage
@@ -26,6 +27,7 @@ from registry.artifacts.inspection import (
     InspectionStopped,
     inspection_slot,
 )
+from registry.db_unavailable import is_lock_timeout
 from registry.domain.choices import JobStatus, VersionStatus
 from registry.jobs import records
 from registry.jobs.runner import JobCancelled, JobFailed
@@ -54,9 +56,19 @@ def run(job: Job) -> dict:
             raise JobFailed(f"the inspection failed: {error.reason}") from None
         uploads.mark_rejected(version, error.reason, error.report)
     else:
-        uploads.mark_ready(version, report)
+        _record_ready(version, report)
     version.refresh_from_db()
     return _verdict(version)
+
+
+def _record_ready(version: ModelVersion, report) -> None:
+    try:
+        uploads.mark_ready(version, report)
+    except DatabaseError as error:
+        if not is_lock_timeout(error):
+            raise
+        raise JobFailed("the inspection passed, but the verdict could not be recorded: the generation lock was held longer "
+                        "than DATABASE_LOCK_TIMEOUT_S by another change; upload the file again") from None
 
 
 def ended_without_success(job: Job) -> None:

@@ -12,9 +12,10 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from registry.actions import retention, uploads
+from registry.actions import releases, retention, uploads
 from registry.artifacts import storage
 from registry.building.onnx_build import random_mlp, to_bytes
+from registry.db_unavailable import LockWaitTimeout
 from registry.domain.choices import JobKind, JobStatus
 from registry.fleet.state import desired_state
 from registry.jobs import records, runner, scheduling, validation
@@ -91,6 +92,50 @@ def test_after_its_validation_job_the_version_is_ready_with_its_report_and_route
     assert job.result == {"verdict": "ready", "reason": ""}
     assert list(Release.objects.values_list("routes", flat=True)) == [[{"version": 1, "weight": 100}]]
     assert AuditEvent.objects.filter(kind="version_uploaded").count() == 1
+
+
+def test_a_version_whose_route_could_not_be_recorded_is_not_left_ready_and_unrouted(operator_client, model, good_onnx, monkeypatch):
+    """Ready was committed before the first route and the benchmark: with the generation lock
+    held past its timeout (or the job killed there), v1 stayed ready, unrouted and never
+    measured for good. Now nothing of the verdict is kept, and the version says why."""
+    upload(operator_client, good_onnx)
+
+    def lock_not_taken(*args, **kwargs):
+        raise LockWaitTimeout("the generation row was not locked within 10 s")
+
+    monkeypatch.setattr(releases, "route_first_version", lock_not_taken)
+
+    (job,) = run_queued_jobs("validation")
+
+    assert job.status == JobStatus.FAILED
+    assert (version(1).status, Release.objects.count(), Job.objects.filter(kind=JobKind.BENCHMARK).count()) == ("rejected", 0, 0)
+    assert version(1).status_reason == ("validation could not run: the inspection passed, but the verdict could not be recorded: the "
+                                        "generation lock was held longer than DATABASE_LOCK_TIMEOUT_S by another change; upload the file again")
+
+
+def test_a_version_whose_jobs_could_not_be_queued_is_neither_ready_nor_routed(operator_client, model, good_onnx, monkeypatch):
+    upload(operator_client, good_onnx)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the jobs table refused the row")
+
+    monkeypatch.setattr(scheduling, "version_ready", broken)
+
+    (job,) = run_queued_jobs("validation")
+
+    assert (job.status, version(1).status, Release.objects.count()) == (JobStatus.FAILED, "rejected", 0)
+
+
+def test_an_inline_registration_whose_route_could_not_be_recorded_leaves_no_version(operator, model, good_onnx, monkeypatch):
+    def lock_not_taken(*args, **kwargs):
+        raise LockWaitTimeout("the generation row was not locked within 10 s")
+
+    monkeypatch.setattr(releases, "route_first_version", lock_not_taken)
+
+    with pytest.raises(LockWaitTimeout), open(good_onnx, "rb") as source:
+        uploads.register_stream(model, source, uploaded_by=operator)
+
+    assert (ModelVersion.objects.count(), Release.objects.count()) == (0, 0)
 
 
 def test_a_later_ready_version_is_compared_with_the_stable_one_and_not_routed(operator_client, ready_stable, tmp_path):
