@@ -8,22 +8,30 @@ NEVER delete
 - an output younger than ``JOB_OUTPUT_RETENTION_S``,
 - an evaluation data set (``datasets/``): versions uploaded later are evaluated on it.
 Rows are never deleted. Jobs are handled in chunks of ``DELETE_CHUNK``.
+
+A data set's file and a batch job's input are moved into place before their row commits:
+a console killed in between left them with no row, for good (up to MAX_UPLOAD_BYTES a
+kill). ``delete_unrecorded_job_files`` deletes such files once ``UNRECORDED_AFTER_S`` old,
+when no row names them; a younger one may be an upload whose row has not committed yet.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.utils import timezone
 
 from registry.domain.choices import TERMINAL_JOB_STATUSES
 from registry.jobs import files
-from registry.models import Job
+from registry.models import EvaluationDataset, Job
 
 logger = logging.getLogger(__name__)
 DELETE_CHUNK = 1000
+UNRECORDED_AFTER_S = 24 * 3600  # as the model store's unrecorded files (retention.STALE_UPLOAD_S)
 
 
 def remove_old_job_files(now=None) -> int:
@@ -41,3 +49,43 @@ def remove_old_job_files(now=None) -> int:
     if cleared:
         logger.info("removed the files of %s job(s) finished before %s", cleared, cutoff.isoformat())
     return cleared
+
+
+def delete_unrecorded_job_files(now_s: float | None = None) -> int:
+    """Delete job folders and data set files that no row names, last changed
+    ``UNRECORDED_AFTER_S`` ago or more; returns how many went."""
+    cutoff_s = (now_s or time.time()) - UNRECORDED_AFTER_S
+    doomed = [path for path in _job_folders() if not Job.objects.filter(pk=int(path.name)).exists()]
+    doomed += [path for path in _dataset_files() if not _names_a_dataset(path)]
+    deleted = 0
+    for path in doomed:
+        if _changed_before(path, cutoff_s):
+            files.remove_path(path)
+            logger.warning("deleted %s: no row records it (an upload cut off before its row committed)", path)
+            deleted += 1
+    return deleted
+
+
+def _job_folders() -> list[Path]:
+    root = files.jobs_root()
+    return [path for path in root.iterdir() if path.is_dir() and path.name.isascii() and path.name.isdigit()] if root.is_dir() else []
+
+
+def _dataset_files() -> list[Path]:
+    root = files.datasets_root()
+    return [path for path in root.iterdir() if path.is_file()] if root.is_dir() else []
+
+
+def _names_a_dataset(path: Path) -> bool:
+    sha256, _, file_format = path.name.partition(".")
+    return EvaluationDataset.objects.filter(sha256=sha256, file_format=file_format).exists()
+
+
+def _changed_before(path: Path, cutoff_s: float) -> bool:
+    """Whether its newest change time (a folder's and its files': an input written into an
+    old folder is young) is before ``cutoff_s``; False if it went meanwhile."""
+    try:
+        times = [path.stat().st_mtime] + ([child.stat().st_mtime for child in path.iterdir()] if path.is_dir() else [])
+    except FileNotFoundError:
+        return False
+    return max(times) < cutoff_s

@@ -115,6 +115,7 @@ def apply_retention(keep: int | None = None) -> list[ModelVersion]:
     delete_unrecorded_files()
     forget_gone_workers()
     job_retention.remove_old_job_files()
+    job_retention.delete_unrecorded_job_files()
     return archived
 
 

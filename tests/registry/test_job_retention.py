@@ -4,6 +4,8 @@ and data sets are never touched."""
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from registry.actions import datasets, retention
-from registry.actions.job_retention import remove_old_job_files
+from registry.actions.job_retention import delete_unrecorded_job_files, remove_old_job_files
 from registry.domain.choices import JobKind, JobStatus
 from registry.jobs import files, records
 from registry.models import Job
@@ -101,3 +103,56 @@ def test_a_viewer_may_not_download_a_job_s_output(jobs_model, viewer_client, ope
     assert refused.status_code == 403
     assert refused.json()["error"] == "a job's output holds the model's answers on an operator's data: operators and admins download it"
     assert operator_client.get(f"/api/models/digits/jobs/{job.pk}/output").status_code == 200
+
+
+# ---- files no row names: a console killed between moving the file in and its commit
+
+
+def aged(path, age_s: float):
+    """Set ``path`` (and a folder's files) last changed ``age_s`` ago."""
+    when = time.time() - age_s
+    for each in [path, *(path.iterdir() if path.is_dir() else [])]:
+        os.utime(each, (when, when))
+    return path
+
+
+def orphan_job_folder(job_id: int, age_s: float):
+    folder = files.job_dir(Job(pk=job_id))
+    folder.mkdir(parents=True)
+    (folder / "input.npy").write_bytes(b"a batch input whose job row never committed")
+    return aged(folder, age_s)
+
+
+def test_a_job_folder_no_row_names_is_deleted_a_day_after_its_last_change(jobs_model):
+    folder = orphan_job_folder(987654, age_s=DAY_S + 60)
+
+    assert delete_unrecorded_job_files() == 1
+    assert not folder.exists()
+
+
+def test_a_young_job_folder_no_row_names_yet_is_kept(jobs_model):
+    """Its row may not have committed yet: a batch job's input is moved in inside that transaction."""
+    folder = orphan_job_folder(987655, age_s=60)
+
+    assert delete_unrecorded_job_files() == 0
+    assert folder.is_dir()
+
+
+def test_a_data_set_file_no_row_names_is_deleted_and_one_a_row_names_is_kept_however_old(jobs_model):
+    dataset = datasets.add(jobs_model, npz_upload("holdout.npz", input=rows(4), labels=np.arange(4)), name="holdout",
+                           task="classification", created_by=None)
+    kept = aged(files.dataset_path(dataset), 30 * DAY_S)
+    orphan = kept.with_name("f" * 64 + ".npz")
+    orphan.write_bytes(b"a data set whose row never committed")
+    aged(orphan, DAY_S + 60)
+
+    assert delete_unrecorded_job_files() == 1
+    assert kept.is_file() and not orphan.exists()
+
+
+def test_the_beat_retention_deletes_files_no_row_names(jobs_model):
+    folder = orphan_job_folder(987656, age_s=2 * DAY_S)
+
+    retention.apply_retention()
+
+    assert not folder.exists()
