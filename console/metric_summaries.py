@@ -128,12 +128,22 @@ def evaluation_details(evaluation: dict | None) -> list[dict]:
     return [_details(name, _mapping(result)) for name, result in sorted(_mapping(evaluation).items())]
 
 
+# What a page shows of an evaluation, as serving/jobs/evaluate.py keeps it since 7 Dec; an
+# older result kept a matrix of any size (540 classes: a page of 294,338 cells).
+SHOWN_MATRIX_CLASSES = 64
+SHOWN_PER_CLASS = 256
+
+
 def _details(name: str, result: dict) -> dict:
     classes = [str(label) for label in result.get("classes") or []]
     per_class = _mapping(result.get("per_class"))
-    matrix = result.get("confusion_matrix") or []
+    matrix = result.get("confusion_matrix") or [] if len(classes) <= SHOWN_MATRIX_CLASSES else []
+    shown = classes[:SHOWN_PER_CLASS]
+    count = result.get("classes_count") if isinstance(result.get("classes_count"), int) else len(classes)
     return {
-        "name": name, "result": result, "classes": classes,
-        "per_class": [{"label": label, **_mapping(per_class.get(label))} for label in classes],
+        "name": name, "result": result, "classes": classes if matrix else [],
+        "per_class": [{"label": label, **_mapping(per_class.get(label))} for label in shown],
         "matrix": [{"label": label, "cells": cells} for label, cells in zip(classes, matrix, strict=False)],
+        "classes_count": count, "classes_cut": count > len(shown) or (bool(classes) and not matrix),
+        "matrix_max": SHOWN_MATRIX_CLASSES,
     }

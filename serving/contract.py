@@ -146,6 +146,25 @@ def _str(value: object, path: str) -> str:
     return value
 
 
+# Shown on the Workers, Drills and model pages: ESC sequences and directional overrides
+# (U+202E) from a worker token's holder were stored and shown as sent.
+UNSEEN_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _line(value: object, path: str) -> str:
+    """One line a person reads (a host, a device, a URL): no control character, line
+    separator or directional override; a tab or a line break neither."""
+    if UNSEEN_CHARACTERS.search(_str(value, path)) or "\t" in value or "\n" in value:
+        raise ContractError(path, "must be one line of text without control characters or directional overrides")
+    return value
+
+
+def _shown_text(value: object, path: str) -> str:
+    """A worker's own words (an error, of several lines): what a page would not show as
+    sent becomes U+FFFD; lines and tabs stay (ONNX Runtime's messages have them)."""
+    return UNSEEN_CHARACTERS.sub("\ufffd", _str(value, path))
+
+
 def _encodable(value: str) -> bool:
     try:
         value.encode()
@@ -161,7 +180,7 @@ def _worker_state(value: object, path: str) -> str:
 
 
 def _name(value: object, path: str) -> str:
-    if not _str(value, path):
+    if not _line(value, path):
         raise ContractError(path, "must not be empty")
     return value
 
@@ -450,7 +469,7 @@ class Ack:
             digest=_required(ack, "digest", "", _hex64),
             ok=_required(ack, "ok", "", _bool),
             epoch=_optional(ack, "epoch", "", _str),
-            error=_optional(ack, "error", "", _str),
+            error=_optional(ack, "error", "", _shown_text),
             load_ms=_optional(ack, "load_ms", "", _number, 0.0),
             contract=ack["contract"],
         )
@@ -472,10 +491,10 @@ class WorkerIdentity:
         identity = _object(value, path)
         return cls(
             id=_required(identity, "id", path, _name),
-            host=_optional(identity, "host", path, _str, ""),
+            host=_optional(identity, "host", path, _line, ""),
             pid=_optional(identity, "pid", path, lambda v, p: _int(v, p, minimum=0)),
-            url=_optional(identity, "url", path, _str, ""),
-            device=_optional(identity, "device", path, _str, ""),
+            url=_optional(identity, "url", path, _line, ""),
+            device=_optional(identity, "device", path, _line, ""),
         )
 
 

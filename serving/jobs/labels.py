@@ -21,7 +21,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from serving.contract import UNSEEN_CHARACTERS
+
 CLASSIFICATION_LABEL = "a classification label is an integer or a string"
+MAX_CLASS_CHARS = 200
+# A class is a row and a column heading on the version page: 5,000-character labels and
+# ESC sequences or U+202E in them were stored and shown as sent.
+CLASS_TEXT = (f"a class label of text is one line of at most {MAX_CLASS_CHARS} characters, without control characters or "
+              "directional overrides")
 REGRESSION_LABEL = "a regression label is a finite number or a list of finite numbers"
 MAX_LABEL_VALUES = 1 << 20  # values in one row's label
 MAX_LABEL_BYTES = 1 << 30  # a data set's labels in all, as stored (about 3 s to check on this box)
@@ -61,8 +68,10 @@ def value_problem(value: object, rule: LabelRule) -> str | None:
     """Why a .jsonl row's label (already known to be a number, a string or a list of
     numbers) cannot be scored under ``rule``, or None."""
     if rule.task == "classification":
+        if isinstance(value, str):
+            return CLASS_TEXT if len(value) > MAX_CLASS_CHARS or UNSEEN_CHARACTERS.search(value) or "\t" in value or "\n" in value else None
         integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-        return None if isinstance(value, str) or integral else CLASSIFICATION_LABEL
+        return None if integral else CLASSIFICATION_LABEL
     if rule.task == "regression":
         values = value if isinstance(value, list) else [value]
         if not all(not isinstance(item, str) and _finite(item) for item in values):
@@ -81,6 +90,8 @@ def header_problem(dtype: np.dtype, row_shape: tuple[int, ...], rule: LabelRule,
         return f"the labels hold {data_bytes} bytes; at most {MAX_LABEL_BYTES} are read"
     if rule.task == "classification" and (dtype.kind == "b" or row_shape != ()):
         return f"{CLASSIFICATION_LABEL}, one per row"
+    if rule.task == "classification" and dtype.kind in "SU" and dtype.itemsize // (4 if dtype.kind == "U" else 1) > MAX_CLASS_CHARS:
+        return f"the labels are text of up to {dtype.itemsize // (4 if dtype.kind == 'U' else 1)} characters; {CLASS_TEXT}"
     if rule.task == "regression":
         return REGRESSION_LABEL if dtype.kind in "bU" else _width_problem(values, rule)
     return None

@@ -513,6 +513,22 @@ def test_version_page_shows_the_evaluation_per_class_and_its_confusion_matrix(vi
     assert ('<tr><th scope="row">dog</th><td class="num off-diagonal">2</td><td class="num diagonal">2</td></tr>') in html
 
 
+def test_a_stored_evaluation_of_many_classes_shows_no_matrix_and_per_class_figures_for_256(viewer_page, digits):
+    """A result kept before 7 Dec held a matrix of any size: 540 classes made this page 6.5 MB."""
+    classes = [f"c{index}" for index in range(540)]
+    result = {"task": "classification", "samples": 540, "accuracy": 1.0, "classes": classes,
+              "per_class": {label: {"precision": 1.0, "recall": 1.0, "support": 1} for label in classes},
+              "confusion_matrix": [[int(row == column) for column in range(540)] for row in range(540)]}
+    digits.versions.filter(number=2).update(metrics={"evaluation": {"many": result}})
+
+    html = viewer_page.get("/models/digits/versions/2/?fragment=evaluation").content.decode()
+
+    assert 'class="table confusion"' not in html
+    assert html.count('<tr><th scope="row">c') == 256
+    assert "540 classes: precision and recall for the 256 with the most rows, and no confusion matrix (one is kept up to 64 classes)." in html
+    assert len(html) < 100_000
+
+
 def test_recorded_metrics_leave_out_what_the_jobs_measured(viewer_page, digits):
     digits.versions.filter(number=2).update(metrics={"benchmark": benchmark((1, 1000.0, 0.8, 1.5)), "evaluation": {"holdout": CLASSIFIED}, "f1": 0.5})
 

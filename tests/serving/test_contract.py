@@ -165,6 +165,13 @@ def test_batching_left_out_takes_the_workers_own_settings(tmp_path):
                                                                  "dropped": 0}], "contract": V}, "shadow[0].agreed: must not exceed compared"),
         (WorkerReport.parse, {"worker": {"id": "w"}, "models": {f"m{index}": SHA for index in range(1025)}, "contract": V},
          "models: at most 1024 models"),
+        # Shown on the Workers and Drills pages as sent: ESC sequences, a directional override.
+        (WorkerReport.parse, {"worker": {"id": "w\x1b[2J"}, "contract": V},
+         "worker.id: must be one line of text without control characters or directional overrides"),
+        (WorkerReport.parse, {"worker": {"id": "w", "host": "gpu-\u202e7-host"}, "contract": V}, "worker.host: must be one line"),
+        (WorkerReport.parse, {"worker": {"id": "w", "device": "cpu\x07"}, "contract": V}, "worker.device: must be one line"),
+        (WorkerReport.parse, {"worker": {"id": "w", "url": "http://a\nb"}, "contract": V}, "worker.url: must be one line"),
+        (Ack.parse, {"worker": "w\u2066", "generation": 1, "digest": SHA, "ok": True, "contract": V}, "worker: must be one line"),
     ],
 )
 def test_acks_and_reports_breaking_the_contract_are_refused_naming_the_field(parse, message, expected):
@@ -172,6 +179,13 @@ def test_acks_and_reports_breaking_the_contract_are_refused_naming_the_field(par
         parse(message)
 
     assert str(refusal.value).startswith(expected)
+
+
+def test_an_acks_error_keeps_its_lines_and_shows_what_a_page_would_hide_as_replacement_characters():
+    ack = Ack.parse({"worker": "w", "generation": 1, "digest": SHA, "ok": False, "contract": V,
+                     "error": "iris v1: refused\n\tat node 3 \x1b[31mred\x1b[0m \u202etxt.exe"})
+
+    assert ack.error == "iris v1: refused\n\tat node 3 \ufffd[31mred\ufffd[0m \ufffdtxt.exe"
 
 
 FIGURES = {"model": "iris", "version": 1, "requests": 5, "errors": 1, "client_errors": 1, "ok": 3, "requests_per_s": 5.0,

@@ -44,7 +44,7 @@ def test_classification_reports_exact_accuracy_per_class_scores_and_the_confusio
     job = run_job_cli("evaluate", "--model", identity, "--dataset", tmp_path / "d.npz", "--task", "classification")
     assert job.returncode == 0
     assert job.result == {
-        "task": "classification", "samples": 300, "accuracy": 0.7, "classes": [0, 1, 2, 3],
+        "task": "classification", "samples": 300, "accuracy": 0.7, "classes": [0, 1, 2, 3], "classes_count": 4,
         "per_class": {
             "0": {"precision": 2 / 3, "recall": 2 / 3, "support": 90},
             "1": {"precision": 2 / 3, "recall": 1.0, "support": 60},
@@ -77,6 +77,31 @@ def test_string_labels_compare_as_text_and_a_class_never_predicted_has_no_precis
     assert (result["accuracy"], result["classes"]) == (0.75, ["0", "1", "2", "3"])
     assert result["per_class"]["3"] == {"precision": None, "recall": 0.0, "support": 1}
     assert result["per_class"]["1"] == {"precision": 0.5, "recall": 1.0, "support": 1}
+
+
+def test_past_64_classes_no_matrix_is_kept_and_per_class_figures_only_for_the_256_most_supported(tmp_path, capsys, identity):
+    """540 classes made a version page of 294,338 cells; 1,500 a result line the runner
+    dropped (the job then 'failed with no message')."""
+    labels = [1000 + index for index in range(600)] + [1] * 400  # 600 classes of one row, then class 1
+    np.savez(tmp_path / "d.npz", input=one_hot_rows([1] * 1000), labels=np.array(labels))
+
+    code, events = evaluate_in_process(capsys, identity, tmp_path / "d.npz", "npz", "classification")
+
+    result = events[-1]["result"]
+    assert code == 0
+    assert (result["accuracy"], result["classes_count"], result["confusion_matrix"]) == (0.4, 601, None)
+    assert len(result["per_class"]) == len(result["classes"]) == evaluate.MAX_PER_CLASS
+    assert result["per_class"]["1"] == {"precision": 0.4, "recall": 1.0, "support": 400}  # the most supported is kept
+
+
+def test_up_to_64_classes_the_matrix_is_kept(tmp_path, capsys, identity):
+    labels = [1000 + index for index in range(63)] + [1]
+    np.savez(tmp_path / "d.npz", input=one_hot_rows([1] * 64), labels=np.array(labels))
+
+    code, events = evaluate_in_process(capsys, identity, tmp_path / "d.npz", "npz", "classification")
+
+    result = events[-1]["result"]
+    assert (result["classes_count"], len(result["confusion_matrix"]), len(result["per_class"])) == (64, 64, 64)
 
 
 def test_regression_reports_exact_mae_and_mse(tmp_path, capsys):
