@@ -244,6 +244,9 @@ def _without_none(fields: dict) -> dict:
 # cannot even warm it: it is refused at upload (registry/artifacts/inspection.py).
 SERVABLE_INPUT_DATATYPES = frozenset({"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
                                       "FP16", "FP32", "FP64"})
+# The datatypes no worker answers: ONNX Runtime hands outputs over as NumPy arrays, and
+# NumPy has no bfloat16 ("No corresponding Numpy type"). Refused at upload as well.
+UNSERVABLE_OUTPUT_DATATYPES = frozenset({"BF16"})
 
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:

@@ -347,15 +347,29 @@ class ReasonSerializer(RefusesUnknownKeys, serializers.Serializer):
     expected_generation = StrictIntegerField(required=False, min_value=0, max_value=GENERATION_MAX, help_text=EXPECTED_GENERATION_HELP)
 
 
+class LengthFirstListField(serializers.ListField):
+    """A list refused by its length before any item is read: DRF checks ``max_length`` after
+    validating every item, so 600,000 rollout steps held a console thread 5.8 s before
+    being refused for more than 20."""
+
+    def to_internal_value(self, data):
+        if self.max_length is not None and isinstance(data, list) and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
+        return super().to_internal_value(data)
+
+
+MAX_ROUTES = 256  # a split of more versions than any model keeps ready
+
+
 # Routes are checked by ``registry.domain.traffic`` (which names the first bad item); the schema
 # still describes them, so generated clients send objects of the right shape.
 @extend_schema_field(RouteSerializer(many=True))
-class RoutesField(serializers.ListField):
+class RoutesField(LengthFirstListField):
     child = serializers.DictField()
 
 
 class SetRoutesSerializer(ReasonSerializer):
-    routes = RoutesField(allow_empty=False)
+    routes = RoutesField(allow_empty=False, max_length=MAX_ROUTES, error_messages={"max_length": "at most {max_length} routes"})
     force = StrictBooleanField(required=False, default=False, help_text=FORCE_HELP)
 
 
@@ -493,7 +507,8 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
 class RolloutStartSerializer(ReasonSerializer):
     canary_version = StrictIntegerField(min_value=1)
-    steps = serializers.ListField(child=serializers.JSONField(), required=False,
+    steps = LengthFirstListField(child=serializers.JSONField(), required=False, max_length=rollouts.MAX_STEPS,
+                                 error_messages={"max_length": f"at most {rollouts.MAX_STEPS} steps are allowed"},
                                   help_text="Percentages ending at 100, e.g. [1, 10, 50, 100] (the default); a first step of 0 is a shadow step.")
     shadow_fraction = serializers.JSONField(required=False, help_text="In a shadow step, the share of stable's requests mirrored to the canary (default 1).")
     step_duration_s = serializers.JSONField(required=False, help_text="How long a passing step holds before the next (default 300).")

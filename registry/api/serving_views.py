@@ -24,7 +24,7 @@ from registry.committed_change import committing
 from registry.fleet import report_rate, worker_keys
 from registry.fleet import workers as fleet
 from registry.fleet.state import desired_state
-from serving.contract import MAX_LOADED, WORKER_KEY_HEADER
+from serving.contract import MAX_LOADED, MAX_REPORTED_VERSIONS, WORKER_KEY_HEADER
 
 
 class ServingState(APIView):
@@ -115,9 +115,10 @@ class ReportSerializer(drf_serializers.Serializer):
                   "on a worker that serves a state but for another model; names are model names, at most 1,024")
     # Each entry is checked by serving.contract (a model name, a version): a DRF serializer
     # per entry cost 13 times the time of any other field of the same size.
-    loaded = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list, max_length=MAX_LOADED,
-                                     error_messages={"max_length": "must have at most {max_length} items"})
-    versions = drf_serializers.ListField(child=drf_serializers.DictField(), required=False, default=list)
+    loaded = serializers.LengthFirstListField(child=drf_serializers.DictField(), required=False, default=list, max_length=MAX_LOADED,
+                                  error_messages={"max_length": "must have at most {max_length} items"})
+    versions = serializers.LengthFirstListField(child=drf_serializers.DictField(), required=False, default=list, max_length=MAX_REPORTED_VERSIONS,
+                                    error_messages={"max_length": "must have at most {max_length} items"})
     contract = serializers.StrictIntegerField(help_text="serving.contract's CONTRACT_VERSION; any other is refused")
 
     def validate(self, attrs):

@@ -50,7 +50,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
-from serving.contract import DEFAULT_MAX_BATCH_SIZE, SERVABLE_INPUT_DATATYPES
+from serving.contract import DEFAULT_MAX_BATCH_SIZE, SERVABLE_INPUT_DATATYPES, UNSERVABLE_OUTPUT_DATATYPES
 from serving.model_safety import ORT_FORMAT_ID, UnsafeModel, refuse_external_references, walk_messages
 
 logger = logging.getLogger(__name__)
@@ -629,9 +629,12 @@ def _build_signature(model: ModelProto) -> dict:
     for spec in inputs:
         _refuse_unservable_datatype(spec)
         _refuse_unservable_dimensions(spec)
+    outputs = [_tensor_spec(value, "output") for value in model.graph.output]
+    for spec in outputs:
+        _refuse_unservable_output(spec)
     return {
         "inputs": inputs,
-        "outputs": [_tensor_spec(value, "output") for value in model.graph.output],
+        "outputs": outputs,
         "opset": _default_opset(model),
         # Shown as it is on the version page: control characters dropped, like names never need them.
         "producer": CONTROL_CHARACTERS.sub("", f"{model.producer_name} {model.producer_version}").strip()[:PRODUCER_CHARS],
@@ -663,6 +666,13 @@ def _refuse_unservable_datatype(spec: dict) -> None:
     if spec["datatype"] not in SERVABLE_INPUT_DATATYPES:
         raise _Refusal(f"input '{_short_name(spec['name'])}' is {spec['datatype']}: workers decode only numeric and boolean "
                        f"inputs ({', '.join(sorted(SERVABLE_INPUT_DATATYPES))}), so this model could never be served")
+
+
+def _refuse_unservable_output(spec: dict) -> None:
+    # It passed as "ready": its benchmark failed, and every worker's ack of a state routing it failed.
+    if spec["datatype"] in UNSERVABLE_OUTPUT_DATATYPES:
+        raise _Refusal(f"output '{_short_name(spec['name'])}' is {spec['datatype']}: workers answer through NumPy, which has no "
+                       "bfloat16, so this model could never be served; cast it to FP16 or FP32 in the graph")
 
 
 def _refuse_unservable_dimensions(spec: dict) -> None:

@@ -27,6 +27,15 @@ def test_starting_a_rollout_answers_its_state_and_routes_the_first_step(three_ve
     assert three_versions.current_release().routes == [{"version": 1, "weight": 95}, {"version": 2, "weight": 5}]
 
 
+def test_a_plan_of_more_steps_than_allowed_is_refused_by_its_length_before_any_step_is_read(three_versions, operator_client):
+    """600,000 steps held a console thread 5.8 s, each read, before "at most 20"."""
+    answer = operator_client.post(ROLLOUTS, {"canary_version": 2, "steps": [1] * 600_000}, format="json")
+
+    assert answer.status_code == 400
+    assert "at most 20 steps are allowed" in answer.json()["error"]
+    assert three_versions.current_release().generation == 1
+
+
 def test_the_default_plan_is_one_ten_fifty_hundred(three_versions, operator_client):
     body = operator_client.post(ROLLOUTS, {"canary_version": 2}, format="json").json()
 

@@ -136,10 +136,20 @@ def test_every_v2_datatype_maps_and_unnamed_dimension_is_null(tmp_path):
     assert [spec["datatype"] for spec in result.signature["inputs"]] == ["FP64", "FP16", "INT8", "INT16", "INT32", "INT64",
                                                                           "UINT8", "UINT16", "UINT32", "UINT64", "BOOL"]
     assert {tuple(spec["shape"]) for spec in result.signature["inputs"]} == {("batch", 2, None)}
-    assert [spec["datatype"] for spec in result.signature["outputs"]] == ["FP64", "FP16", "BF16", "INT8", "INT16", "INT32", "INT64",
+    assert [spec["datatype"] for spec in result.signature["outputs"]] == ["FP64", "FP16", "INT8", "INT16", "INT32", "INT64",
                                                                            "UINT8", "UINT16", "UINT32", "UINT64", "BOOL", "BYTES"]
     assert result.report["smoke_output_shapes"]["out_fp64"] == [1, 2, 1]
-    assert result.report["smoke_output_shapes"]["out_bf16"] == [1, 2, 1]
+
+
+def test_an_output_no_worker_can_answer_is_a_422_naming_it(tmp_path):
+    """A BF16 output passed as ready: its benchmark failed ("No corresponding Numpy type"),
+    and every worker's ack of a state routing it failed."""
+    path = write_model(tmp_path, "bf16.onnx", build_all_datatypes(with_unservable_outputs=True))
+
+    error = refusal(path)
+
+    assert error.status == 422
+    assert error.reason.startswith("output 'out_bf16' is BF16: workers answer through NumPy, which has no bfloat16")
 
 
 @pytest.mark.parametrize(("element_type", "datatype"), [(TensorProto.STRING, "BYTES"), (TensorProto.BFLOAT16, "BF16")])
