@@ -134,11 +134,24 @@ SHOWN_MATRIX_CLASSES = 64
 SHOWN_PER_CLASS = 256
 
 
+def _most_supported(classes: list[str], per_class: dict) -> list[str]:
+    """The SHOWN_PER_CLASS classes with the most rows, in class order."""
+    if len(classes) <= SHOWN_PER_CLASS:
+        return classes
+
+    def support(label: str) -> int:
+        value = _mapping(per_class.get(label)).get("support")
+        return value if isinstance(value, int) else 0
+
+    kept = set(sorted(classes, key=support, reverse=True)[:SHOWN_PER_CLASS])
+    return [label for label in classes if label in kept]
+
+
 def _details(name: str, result: dict) -> dict:
     classes = [str(label) for label in result.get("classes") or []]
     per_class = _mapping(result.get("per_class"))
     matrix = result.get("confusion_matrix") or [] if len(classes) <= SHOWN_MATRIX_CLASSES else []
-    shown = classes[:SHOWN_PER_CLASS]
+    shown = _most_supported(classes, per_class)
     count = result.get("classes_count") if isinstance(result.get("classes_count"), int) else len(classes)
     return {
         "name": name, "result": result, "classes": classes if matrix else [],

@@ -23,7 +23,7 @@ import httpx
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import BadRequest, PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db.models import Sum
 from django.http import HttpResponse, JsonResponse
 from django.middleware.csrf import REASON_NO_CSRF_COOKIE
@@ -114,16 +114,20 @@ def not_found(request, exception=None):
 
 
 UNREADABLE_REQUEST = "the request could not be read"
+# What is wrong with the request itself; a Host not allowed names a setting to change, and is not said.
+SAID_AS_IS = (BadRequest, TooManyFieldsSent, TooManyFilesSent, RequestDataTooBig)
 
 
 def bad_request(request, exception=None):
     """handler400, reading nothing of the request. Django's own checks the CSRF token, so it
     read the body again whose charset had made the 400 (a form in UTF-7): under ASGI a 500,
     for anyone. Only a BadRequest's words are shown; a suspicious request's name settings."""
-    message = str(exception) if isinstance(exception, BadRequest) and str(exception) else UNREADABLE_REQUEST
+    named = isinstance(exception, SAID_AS_IS) and str(exception)
+    message = str(exception) if named else UNREADABLE_REQUEST
     if request.path.startswith("/api/"):
         return JsonResponse({"error": message}, status=400)
-    return HttpResponse(render_to_string("400.html", {"message": message.rstrip(".")}), status=400)
+    context = {"message": message.rstrip(".") if named else "", "charset": named and "UTF-8" in message}
+    return HttpResponse(render_to_string("400.html", context), status=400)
 
 
 def permission_denied(request, exception=None):
@@ -576,7 +580,7 @@ def _release(request, model: RegisteredModel, change):
 
 def _release_made(request, model: RegisteredModel, release: Release, *, paused: list[int] = ()):
     text = f"Generation {release.generation}: traffic is now {describe_routes(release.routes)}. Workers are converging."
-    text += "".join(f" Rollout #{pk} is paused by this change: resume it to go on." for pk in paused)
+    text += "".join(f" Rollout #{pk} is paused by this change: resume it to go on, or abort it." for pk in paused)
     return _answer(request, model.name, "success", text, generation=release.generation)
 
 

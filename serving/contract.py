@@ -148,7 +148,8 @@ def _str(value: object, path: str) -> str:
 
 # Shown on the Workers, Drills and model pages: ESC sequences and directional overrides
 # (U+202E) from a worker token's holder were stored and shown as sent.
-UNSEEN_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+UNSEEN_RANGES = ((0x00, 0x08), (0x0B, 0x1F), (0x7F, 0x9F), (0x2028, 0x202E), (0x2066, 0x2069))  # tab and line feed left out
+UNSEEN_CHARACTERS = re.compile("[" + "".join(f"{chr(low)}-{chr(high)}" for low, high in UNSEEN_RANGES) + "]")
 
 
 def _line(value: object, path: str) -> str:

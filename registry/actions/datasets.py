@@ -11,6 +11,7 @@ and no row. Names are slugs, unique per model.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -95,9 +96,19 @@ def _rows(staged: storage.StagedArtifact, file_format: str, model: RegisteredMod
         raise DatasetRefused(f"the data set cannot be used: {error.reason}", 400) from None
 
 
+def _refreshed(path: Path) -> bool:
+    """Mark a stored file as just stored again, so retention's sweep of files no row names
+    (a day after their last change) leaves it to the row about to name it; False if none."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:  # none, or moved aside by that sweep: this upload stores its own
+        return False
+    return True
+
+
 def _store(dataset: EvaluationDataset, staged: storage.StagedArtifact, created_by) -> EvaluationDataset:
     target = files.dataset_path(dataset)
-    created_file = not target.is_file()
+    created_file = not _refreshed(target)
     if created_file:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged.path, target)

@@ -17,7 +17,9 @@ when no row names them; a younger one may be an upload whose row has not committ
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +34,7 @@ from registry.models import EvaluationDataset, Job
 logger = logging.getLogger(__name__)
 DELETE_CHUNK = 1000
 UNRECORDED_AFTER_S = 24 * 3600  # as the model store's unrecorded files (retention.STALE_UPLOAD_S)
+ASIDE_SUFFIX = ".aside"
 
 
 def remove_old_job_files(now=None) -> int:
@@ -55,15 +58,45 @@ def delete_unrecorded_job_files(now_s: float | None = None) -> int:
     """Delete job folders and data set files that no row names, last changed
     ``UNRECORDED_AFTER_S`` ago or more; returns how many went."""
     cutoff_s = (now_s or time.time()) - UNRECORDED_AFTER_S
-    doomed = [path for path in _job_folders() if not Job.objects.filter(pk=int(path.name)).exists()]
-    doomed += [path for path in _dataset_files() if not _names_a_dataset(path)]
-    deleted = 0
+    folders = {int(path.name): path for path in _job_folders()}
+    recorded = set(Job.objects.filter(pk__in=list(folders)).values_list("pk", flat=True))
+    # A job's number is never given twice, and its folder is made inside the transaction
+    # that makes its row: one older than the cutoff with no row never gets one.
+    doomed = [path for pk, path in folders.items() if pk not in recorded and _changed_before(path, cutoff_s)]
     for path in doomed:
-        if _changed_before(path, cutoff_s):
-            files.remove_path(path)
-            logger.warning("deleted %s: no row records it (an upload cut off before its row committed)", path)
-            deleted += 1
-    return deleted
+        files.remove_path(path)
+        _deleted(path)
+    # A data set's file is named by its bytes and reused by an upload of the same bytes
+    # (which refreshes it): moved aside before it is judged, as the model store's are.
+    gone = [path for path in _dataset_files() if _delete_unnamed_dataset(path, cutoff_s)]
+    return len(doomed) + len(gone)
+
+
+def _delete_unnamed_dataset(path: Path, cutoff_s: float) -> bool:
+    original = path.with_name(path.name.removesuffix(ASIDE_SUFFIX))
+    aside = original.with_name(original.name + ASIDE_SUFFIX)
+    with contextlib.suppress(FileNotFoundError):  # gone, or already aside (a sweep killed midway)
+        os.replace(original, aside)
+    try:
+        keep = not _changed_before(aside, cutoff_s) or _names_a_dataset(original)
+    except BaseException:
+        _put_back(aside, original)  # no answer (the database is down): the file stays
+        raise
+    if keep:
+        _put_back(aside, original)
+        return False
+    aside.unlink(missing_ok=True)
+    _deleted(original)
+    return True
+
+
+def _put_back(aside: Path, original: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):  # none aside, or put back by another sweep
+        os.replace(aside, original)  # the same bytes as any copy stored meanwhile
+
+
+def _deleted(path: Path) -> None:
+    logger.warning("deleted %s: no row records it (an upload cut off before its row committed)", path)
 
 
 def _job_folders() -> list[Path]:
@@ -77,7 +110,7 @@ def _dataset_files() -> list[Path]:
 
 
 def _names_a_dataset(path: Path) -> bool:
-    sha256, _, file_format = path.name.partition(".")
+    sha256, _, file_format = path.name.partition(".")  # <sha256>.<format>
     return EvaluationDataset.objects.filter(sha256=sha256, file_format=file_format).exists()
 
 

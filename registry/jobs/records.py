@@ -153,6 +153,21 @@ def succeed(job: Job, result: dict, **fields) -> bool:
     return _finish(job, JobStatus.SUCCEEDED, result=result, done=done, **fields)
 
 
+def try_again(job: Job, reason: str) -> bool:
+    """Queue a job this runner holds again, its attempt counted, and send it; failed with
+    ``reason`` once it has used JOB_MAX_ATTEMPTS."""
+    if job.attempts >= settings.JOB_MAX_ATTEMPTS:
+        return fail(job, f"{reason} (after {job.attempts} attempts)")
+    note = f"attempt {job.attempts}: {reason}; queued again"
+    if held(job).update(status=JobStatus.QUEUED, heartbeat_at=None, error=note[:4000]) != 1:
+        return False
+    job.refresh_from_db()
+    logger.warning("job %s: %s", job.pk, note)
+    relay(job)
+    _send(job.pk)
+    return True
+
+
 def fail(job: Job, reason: str) -> bool:
     return _finish(job, JobStatus.FAILED, error=reason[:4000])
 

@@ -42,6 +42,16 @@ class JobFailed(Exception):
         self.reason = reason
 
 
+class JobRetry(Exception):
+    """This attempt could not finish for a reason another attempt may not meet (a row lock
+    held past DATABASE_LOCK_TIMEOUT_S): queued again, counted; failed with ``reason`` once
+    the job has used JOB_MAX_ATTEMPTS."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class JobCancelled(Exception):
     """The handler stopped because the job was cancelled."""
 
@@ -59,6 +69,8 @@ def run(job_id: int) -> str | None:
             records.cancelled(job)
         except JobFailed as failure:
             records.fail(job, failure.reason)
+        except JobRetry as retry:
+            records.try_again(job, retry.reason)
         except Exception as error:
             if not is_connection_lost(error):  # a lock or a full disk would come back at every run
                 logger.exception("job %s (%s) failed unexpectedly", job.pk, job.kind)

@@ -30,7 +30,7 @@ from registry.artifacts.inspection import (
 from registry.db_unavailable import is_lock_timeout
 from registry.domain.choices import JobStatus, VersionStatus
 from registry.jobs import records
-from registry.jobs.runner import JobCancelled, JobFailed
+from registry.jobs.runner import JobCancelled, JobFailed, JobRetry
 from registry.models import Job, ModelVersion
 
 SLOT_POLL_S = 0.5
@@ -62,13 +62,15 @@ def run(job: Job) -> dict:
 
 
 def _record_ready(version: ModelVersion, report) -> None:
+    """Ready, with its route and jobs, or nothing: a row lock another change held past
+    DATABASE_LOCK_TIMEOUT_S is met again by a later attempt, not a verdict on the model."""
     try:
         uploads.mark_ready(version, report)
     except DatabaseError as error:
         if not is_lock_timeout(error):
             raise
-        raise JobFailed("the inspection passed, but the verdict could not be recorded: the generation lock was held longer "
-                        "than DATABASE_LOCK_TIMEOUT_S by another change; upload the file again") from None
+        raise JobRetry("the inspection passed, but the verdict could not be recorded: another change held a row lock it "
+                       "needs (the generation's, the model's or the version's) past DATABASE_LOCK_TIMEOUT_S") from None
 
 
 def ended_without_success(job: Job) -> None:

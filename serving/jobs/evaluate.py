@@ -30,6 +30,7 @@ from serving.jobs.formats import (
     short,
     stack_feeds,
 )
+from serving.jobs.labels import shown_class
 from serving.jobs.model import (
     BATCH_BUDGET_BYTES,
     RunError,
@@ -115,7 +116,9 @@ def class_label(value: object, row: int) -> int | str:
         value = int(value)
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
-    if isinstance(value, int | str) and not isinstance(value, bool):
+    if isinstance(value, str):
+        return shown_class(value)  # a model's text answer may be anything; a data set's labels were checked
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
     raise FormatError(f"row {row}: a classification label is an integer or a string, not '{short(value)}'")
 

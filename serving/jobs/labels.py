@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from serving.contract import UNSEEN_CHARACTERS
+from serving.contract import UNSEEN_CHARACTERS, UNSEEN_RANGES
 
 CLASSIFICATION_LABEL = "a classification label is an integer or a string"
 MAX_CLASS_CHARS = 200
@@ -69,7 +69,7 @@ def value_problem(value: object, rule: LabelRule) -> str | None:
     numbers) cannot be scored under ``rule``, or None."""
     if rule.task == "classification":
         if isinstance(value, str):
-            return CLASS_TEXT if len(value) > MAX_CLASS_CHARS or UNSEEN_CHARACTERS.search(value) or "\t" in value or "\n" in value else None
+            return CLASS_TEXT if _text_problem(value) else None
         integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
         return None if integral else CLASSIFICATION_LABEL
     if rule.task == "regression":
@@ -90,8 +90,8 @@ def header_problem(dtype: np.dtype, row_shape: tuple[int, ...], rule: LabelRule,
         return f"the labels hold {data_bytes} bytes; at most {MAX_LABEL_BYTES} are read"
     if rule.task == "classification" and (dtype.kind == "b" or row_shape != ()):
         return f"{CLASSIFICATION_LABEL}, one per row"
-    if rule.task == "classification" and dtype.kind in "SU" and dtype.itemsize // (4 if dtype.kind == "U" else 1) > MAX_CLASS_CHARS:
-        return f"the labels are text of up to {dtype.itemsize // (4 if dtype.kind == 'U' else 1)} characters; {CLASS_TEXT}"
+    if rule.task == "classification" and dtype.kind == "U" and dtype.itemsize // 4 > MAX_CLASS_CHARS:
+        return f"the labels are text of up to {dtype.itemsize // 4} characters; {CLASS_TEXT}"
     if rule.task == "regression":
         return REGRESSION_LABEL if dtype.kind in "bU" else _width_problem(values, rule)
     return None
@@ -104,14 +104,19 @@ def rows_per_check(row_bytes: int) -> int:
 
 def reads_rows(dtype: np.dtype, rule: LabelRule) -> bool:
     """Whether labels of ``dtype`` are read at all: only floats can hold a value no task
-    scores (NaN, 1.5 as a class); other dtypes are judged by their header alone."""
-    return rule.task in ("classification", "regression") and dtype.kind == "f"
+    scores (NaN, 1.5 as a class), and text a class no page should show as stored (ESC,
+    U+202E, a line break); other dtypes are judged by their header alone."""
+    floats = rule.task in ("classification", "regression") and dtype.kind == "f"
+    return floats or (rule.task == "classification" and dtype.kind == "U")
 
 
 def chunk_problem(labels: np.ndarray, rule: LabelRule) -> tuple[int, str] | None:
-    """(index in ``labels``, why) of the first row of floats that cannot be scored, or None."""
+    """(index in ``labels``, why) of the first row that cannot be scored, or None."""
     if not reads_rows(labels.dtype, rule):
         return None
+    if labels.dtype.kind == "U":
+        index = _first_unshown_text(labels.reshape(len(labels)))
+        return None if index is None else (index, CLASS_TEXT)
     values = labels.reshape(len(labels), -1)
     usable = np.isfinite(values).all(axis=1)
     if rule.task == "classification":
@@ -119,6 +124,28 @@ def chunk_problem(labels: np.ndarray, rule: LabelRule) -> tuple[int, str] | None
     if usable.all():
         return None
     return int(np.argmin(usable)), CLASSIFICATION_LABEL if rule.task == "classification" else REGRESSION_LABEL
+
+
+def shown_class(text: str) -> str:
+    """A class the model answered as text, as a page may show it: at most MAX_CLASS_CHARS,
+    hidden characters as U+FFFD (a data set's own labels are refused instead)."""
+    return UNSEEN_CHARACTERS.sub("\ufffd", text[:MAX_CLASS_CHARS]).replace("\t", "\ufffd").replace("\n", "\ufffd")
+
+
+def _text_problem(text: str) -> bool:
+    return len(text) > MAX_CLASS_CHARS or "\t" in text or "\n" in text or UNSEEN_CHARACTERS.search(text) is not None
+
+
+def _first_unshown_text(labels: np.ndarray) -> int | None:
+    """The first row of text labels a page could not show as stored, judged by their code
+    points at once (NUL is the array's padding, not read). Their width was judged by the
+    header (an .npz of bytes is refused by formats.py)."""
+    codes = labels.view(np.uint32).reshape(len(labels), -1)
+    bad = np.zeros(codes.shape, np.bool_)
+    for low, high in (*UNSEEN_RANGES, (0x09, 0x0A)):
+        bad |= (codes >= max(low, 1)) & (codes <= high)
+    rows = bad.any(axis=1)
+    return int(np.argmax(rows)) if rows.any() else None
 
 
 def _width_problem(values: int, rule: LabelRule) -> str | None:

@@ -263,13 +263,23 @@
     event.stopImmediatePropagation();  // before console.js posts it
     // The dialog's button sends the form without the preset pressed: the share goes in the field.
     if (form.elements.weight) form.elements.weight.value = String(weight);
+    const replaced = replacedBy(form, version).map((live) => `v${live.version} ${live.weight}%`).join(", ");
     dialog.querySelectorAll("[data-full-version], [data-replace-version]").forEach((element) => { element.textContent = `v${version}`; });
     dialog.querySelectorAll("[data-replace-weight]").forEach((element) => { element.textContent = `${weight}%`; });
+    dialog.querySelectorAll("[data-replaced]").forEach((element) => { element.textContent = replaced; });
     dialog.showModal();
   }, true);
 
+  // The split's weighted canaries, "2:10,3:10" as the panel writes them.
+  function liveCanaries(form) {
+    return (form.dataset.liveCanaries || "").split(",").filter(Boolean).map((entry) => {
+      const [version, weight] = entry.split(":");
+      return { version, weight };
+    });
+  }
+
   function replacedBy(form, version) {
-    return (form.dataset.liveCanaries || "").split(",").filter((live) => live && live !== version);
+    return liveCanaries(form).filter((live) => live.version !== version);
   }
 
   // The pressed preset and the "now N" placeholder speak of the live canary's version only:
@@ -277,13 +287,13 @@
   function matchSharesToChoice() {
     const form = document.getElementById("split-form");
     if (!form || !form.elements.canary_version) return;
-    const live = (form.dataset.liveCanaries || "").split(",").filter(Boolean);
-    const isLive = live.length === 1 && live[0] === form.elements.canary_version.value;
+    const live = liveCanaries(form);
+    const chosen = live.length === 1 && live[0].version === form.elements.canary_version.value ? live[0] : null;
     form.querySelectorAll("button.preset").forEach((button) => {
-      if (isLive && button.value === form.dataset.liveWeight) button.setAttribute("aria-pressed", "true");
+      if (chosen && button.value === chosen.weight) button.setAttribute("aria-pressed", "true");
       else button.removeAttribute("aria-pressed");
     });
-    if (form.elements.weight && live.length) form.elements.weight.placeholder = isLive ? `now ${form.dataset.liveWeight}` : "0-100";
+    if (form.elements.weight && live.length) form.elements.weight.placeholder = chosen ? `now ${chosen.weight}` : "0-100";
   }
   document.addEventListener("change", (event) => { if (event.target.id === "id_canary_version") matchSharesToChoice(); });
   document.addEventListener("modelops:swapped", matchSharesToChoice);

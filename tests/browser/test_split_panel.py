@@ -63,6 +63,20 @@ def test_another_version_in_the_live_canarys_place_asks_first_and_cancel_sends_n
     expect(panel.locator("[data-generation]")).to_have_attribute("data-generation", str(generation))
 
 
+def test_with_two_canaries_the_question_names_only_the_one_replaced(page, stack):
+    name, _ = model_with_canary(stack, [{"version": 1, "weight": 80}, {"version": 2, "weight": 10}, {"version": 3, "weight": 10}])
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    panel = page.locator("#release-panel")
+    panel.get_by_label("Version").select_option("2")
+
+    panel.get_by_role("button", name="50%", exact=True).click()
+
+    dialog = page.locator("#replace-canary-dialog")
+    expect(dialog).to_contain_text("Replace the canary v3 10%?")
+    expect(dialog).to_contain_text(f"v2 gets 50% of the traffic of {name}, and the canary v3 10% gets none")
+
+
 def test_a_confirmed_replacement_sends_the_share_of_the_preset_pressed(page, stack):
     name, generation = model_with_canary(stack, [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}])
     sign_in(page, "olivia")

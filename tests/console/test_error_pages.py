@@ -78,6 +78,18 @@ def test_a_signed_in_form_in_another_charset_is_a_400_and_changes_nothing(operat
     assert digits.description == "test digits"
 
 
+def test_a_form_of_too_many_fields_is_a_400_saying_so_once_without_the_charset_hint():
+    from django.core.exceptions import TooManyFieldsSent
+
+    response = views.bad_request(RequestFactory().post("/login/"), TooManyFieldsSent("The number of GET/POST parameters exceeded "
+                                                                                     "settings.DATA_UPLOAD_MAX_NUMBER_FIELDS."))
+
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert "<p>The number of GET/POST parameters exceeded settings.DATA_UPLOAD_MAX_NUMBER_FIELDS.</p><p>Nothing was changed.</p>" in html
+    assert "UTF-8" not in html
+
+
 def test_a_bad_request_that_is_suspicious_names_no_detail():
     """A Host not allowed would name the setting to change: the page says only what is wrong."""
     from django.core.exceptions import DisallowedHost

@@ -97,7 +97,7 @@ def test_a_share_changed_during_a_rollout_says_the_rollout_is_paused(operator_pa
     rollout.refresh_from_db()
     assert rollout.status == RolloutStatus.PAUSED
     assert response.json()["message"] == ("Generation 3: traffic is now v1 50%, v2 50%. Workers are converging. "
-                                          f"Rollout #{rollout.pk} is paused by this change: resume it to go on.")
+                                          f"Rollout #{rollout.pk} is paused by this change: resume it to go on, or abort it.")
 
 
 def test_the_panel_says_a_share_change_pauses_the_running_rollout(operator_page, digits, operator):
@@ -112,7 +112,7 @@ def test_the_panel_holds_the_replacement_dialog_only_while_a_canary_is_live(oper
     html = operator_page.get("/models/digits/").content.decode()
 
     assert 'id="replace-canary-dialog"' in html
-    assert 'data-live-canaries="2"' in html
+    assert 'data-live-canaries="2:50"' in html
     releases.rollback(digits, None, "")
     assert 'id="replace-canary-dialog"' not in operator_page.get("/models/digits/").content.decode()
 

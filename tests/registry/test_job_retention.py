@@ -16,7 +16,7 @@ from registry.actions import datasets, retention
 from registry.actions.job_retention import delete_unrecorded_job_files, remove_old_job_files
 from registry.domain.choices import JobKind, JobStatus
 from registry.jobs import files, records
-from registry.models import Job
+from registry.models import EvaluationDataset, Job
 from tests.fixtures.job_world import npz_upload, rows
 
 pytestmark = pytest.mark.django_db
@@ -156,3 +156,25 @@ def test_the_beat_retention_deletes_files_no_row_names(jobs_model):
     retention.apply_retention()
 
     assert not folder.exists()
+
+
+def test_a_data_set_file_left_by_an_upload_cut_off_and_uploaded_again_survives_a_sweep_during_that_upload(jobs_model, monkeypatch):
+    """The sweep found no row for an old file, and deleted it as the row naming it again
+    was being saved: a data set whose file was gone (a reviewer's race, forced here)."""
+    upload = npz_upload("holdout.npz", input=rows(4), labels=np.arange(4))
+    first = datasets.add(jobs_model, upload, name="first", task="classification", created_by=None)
+    path = files.dataset_path(first)
+    EvaluationDataset.objects.filter(pk=first.pk).delete()  # the row of the upload that was cut off never committed
+    aged(path, 2 * DAY_S)
+    saving = EvaluationDataset.save
+
+    def swept_first(self, *args, **kwargs):
+        delete_unrecorded_job_files()
+        return saving(self, *args, **kwargs)
+
+    monkeypatch.setattr(EvaluationDataset, "save", swept_first)
+
+    again = datasets.add(jobs_model, npz_upload("holdout.npz", input=rows(4), labels=np.arange(4)), name="again",
+                         task="classification", created_by=None)
+
+    assert files.dataset_path(again) == path and path.is_file()

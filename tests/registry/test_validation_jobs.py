@@ -94,23 +94,49 @@ def test_after_its_validation_job_the_version_is_ready_with_its_report_and_route
     assert AuditEvent.objects.filter(kind="version_uploaded").count() == 1
 
 
+def lock_not_taken(*args, **kwargs):
+    raise LockWaitTimeout("the generation row was not locked within 10 s")
+
+
 def test_a_version_whose_route_could_not_be_recorded_is_not_left_ready_and_unrouted(operator_client, model, good_onnx, monkeypatch):
     """Ready was committed before the first route and the benchmark: with the generation lock
     held past its timeout (or the job killed there), v1 stayed ready, unrouted and never
-    measured for good. Now nothing of the verdict is kept, and the version says why."""
+    measured for good. Now nothing of the verdict is kept, and the job tries again."""
     upload(operator_client, good_onnx)
-
-    def lock_not_taken(*args, **kwargs):
-        raise LockWaitTimeout("the generation row was not locked within 10 s")
-
     monkeypatch.setattr(releases, "route_first_version", lock_not_taken)
 
     (job,) = run_queued_jobs("validation")
 
-    assert job.status == JobStatus.FAILED
-    assert (version(1).status, Release.objects.count(), Job.objects.filter(kind=JobKind.BENCHMARK).count()) == ("rejected", 0, 0)
-    assert version(1).status_reason == ("validation could not run: the inspection passed, but the verdict could not be recorded: the "
-                                        "generation lock was held longer than DATABASE_LOCK_TIMEOUT_S by another change; upload the file again")
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 1)
+    assert job.error.startswith("attempt 1: the inspection passed, but the verdict could not be recorded")
+    assert (version(1).status, Release.objects.count(), Job.objects.filter(kind=JobKind.BENCHMARK).count()) == ("validating", 0, 0)
+
+
+def test_a_lock_held_once_past_its_timeout_delays_the_verdict_and_costs_nothing_else(operator_client, model, good_onnx, monkeypatch):
+    upload(operator_client, good_onnx)
+    monkeypatch.setattr(releases, "route_first_version", lock_not_taken)
+    run_queued_jobs("validation")
+    monkeypatch.undo()
+
+    (job,) = run_queued_jobs("validation")
+
+    assert (job.status, version(1).status) == (JobStatus.SUCCEEDED, "ready")
+    assert list(Release.objects.values_list("routes", flat=True)) == [[{"version": 1, "weight": 100}]]
+    assert Job.objects.filter(kind=JobKind.BENCHMARK).count() == 1
+
+
+def test_a_lock_held_past_its_timeout_at_every_attempt_rejects_the_version_saying_so(operator_client, model, good_onnx, monkeypatch, settings):
+    settings.JOB_MAX_ATTEMPTS = 2
+    upload(operator_client, good_onnx)
+    monkeypatch.setattr(releases, "route_first_version", lock_not_taken)
+
+    run_queued_jobs("validation")
+    (job,) = run_queued_jobs("validation")
+
+    assert (job.status, version(1).status, Release.objects.count()) == (JobStatus.FAILED, "rejected", 0)
+    assert version(1).status_reason == ("validation could not run: the inspection passed, but the verdict could not be recorded: another "
+                                        "change held a row lock it needs (the generation's, the model's or the version's) past "
+                                        "DATABASE_LOCK_TIMEOUT_S (after 2 attempts)")
 
 
 def test_a_version_whose_jobs_could_not_be_queued_is_neither_ready_nor_routed(operator_client, model, good_onnx, monkeypatch):
@@ -127,9 +153,6 @@ def test_a_version_whose_jobs_could_not_be_queued_is_neither_ready_nor_routed(op
 
 
 def test_an_inline_registration_whose_route_could_not_be_recorded_leaves_no_version(operator, model, good_onnx, monkeypatch):
-    def lock_not_taken(*args, **kwargs):
-        raise LockWaitTimeout("the generation row was not locked within 10 s")
-
     monkeypatch.setattr(releases, "route_first_version", lock_not_taken)
 
     with pytest.raises(LockWaitTimeout), open(good_onnx, "rb") as source:

@@ -8,6 +8,7 @@ from jobs_testkit import (
     captured_events,
     first_feature,
     identity_mlp,
+    labels_of_argmax,
     relu_and_negated,
     run_job_cli,
     write_jsonl,
@@ -102,6 +103,20 @@ def test_up_to_64_classes_the_matrix_is_kept(tmp_path, capsys, identity):
 
     result = events[-1]["result"]
     assert (result["classes_count"], len(result["confusion_matrix"]), len(result["per_class"])) == (64, 64, 64)
+
+
+def test_a_class_the_model_answers_as_text_is_shown_cut_and_without_hidden_characters(tmp_path, capsys):
+    """A model's string output may be anything: ESC sequences and U+202E were kept as
+    classes, and a class of 5,000 characters as a row heading of the version page."""
+    model = write_model(tmp_path / "named.onnx", labels_of_argmax(["\x1b[2Jcat", "dog\u202eevil", "y" * 5000]))
+    write_jsonl(tmp_path / "d.jsonl", [{"input": row.tolist(), "label": "cat"} for row in one_hot_rows([0, 1, 2], width=3)])
+
+    code, events = evaluate_in_process(capsys, model, tmp_path / "d.jsonl", "jsonl", "classification")
+
+    classes = events[-1]["result"]["classes"]
+    assert code == 0
+    assert "\ufffd[2Jcat" in classes and "dog\ufffdevil" in classes and "y" * 200 in classes
+    assert max(len(cls) for cls in classes) == 200
 
 
 def test_regression_reports_exact_mae_and_mse(tmp_path, capsys):
