@@ -591,7 +591,7 @@ def _confirm_full_share(request, model: RegisteredModel, data: dict):
         text = f"v{version} at {forms.FULL_WEIGHT}% takes all the traffic of {model.name}: confirm it with the {forms.FULL_WEIGHT}% button's dialog"
         return _answer(request, model.name, "error", text, status=400)
     return _confirm(request, model, "console/fragments/confirm_full_share.html",
-                    full_share={"version": version, "reason": data["reason"], "force": data["force"]})
+                    full_share={"version": version, "reason": data["reason"], "force": data["force"], "replaced": describe_routes(data["replaces"])})
 
 
 def _confirm_replace(request, model: RegisteredModel, data: dict):

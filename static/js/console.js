@@ -25,6 +25,7 @@ window.ModelOps = (function () {
   async function refresh(element) {
     if (isBusy(element)) {
       pending.add(element);  // retried below once they are done
+      noteIfOutdated(element);
       return;
     }
     const ticket = (element.refreshTicket = (element.refreshTicket || 0) + 1);
@@ -43,10 +44,30 @@ window.ModelOps = (function () {
     if (html === element.lastFragment) return;
     if (isBusy(element)) {
       pending.add(element);  // they opened a dialog or started typing while we fetched
+      noteIfOutdated(element, html);
       return;
     }
     element.lastFragment = html;
     swap(element, html);
+  }
+
+  // The release panel held back while someone chooses in it showed the old split, and its
+  // "✓ converged", for as long as they did: it says so when the traffic changed meanwhile
+  // (a change sent from it is refused as stale anyway). The swap that follows removes it.
+  async function noteIfOutdated(element, html) {
+    const shown = element.dataset.fragment === "release-panel" && element.querySelector("[data-generation]");
+    if (!shown) return;
+    const fresh = html === undefined ? await fetchFragment(element.dataset.fragment) : html;
+    const now = fresh && new DOMParser().parseFromString(fresh, "text/html").querySelector("[data-generation]");
+    if (!now || now.dataset.generation === shown.dataset.generation || !element.contains(shown)) return;
+    let note = element.querySelector(".outdated-note");
+    if (!note) {
+      note = Object.assign(document.createElement("p"), { className: "outdated-note message message-warning" });
+      note.setAttribute("role", "status");
+      element.prepend(note);
+    }
+    note.textContent = `The traffic changed while this panel was open: generation ${now.dataset.generation} is in force now, `
+      + `not ${shown.dataset.generation} as shown. Leave the form to see it; a change sent from here would be refused as stale.`;
   }
 
   async function fetchFragment(name) {

@@ -254,20 +254,36 @@
     if (submitter && (submitter.name === "confirmed_weight" || submitter.name === "confirmed_replace")) return;
     const typed = form.elements.weight ? form.elements.weight.value.trim().replace(/\s*%$/, "") : "";
     // Whole numbers only, as the server's field: Number() read "1e2" as 100 and asked to confirm 100%.
-    const weight = submitter && submitter.name === "preset" ? Number(submitter.value) : /^\d+$/.test(typed) ? Number(typed) : null;
+    const asked = submitter && submitter.name === "preset" ? Number(submitter.value) : /^\d+$/.test(typed) ? Number(typed) : null;
+    const weight = asked !== null && asked <= 100 ? asked : null;  // else the server names what it refuses
     const version = form.elements.canary_version.value;
     const dialog = weight === 100 ? document.getElementById("full-share-dialog")
       : weight !== null && replacedBy(form, version).length ? document.getElementById("replace-canary-dialog") : null;
     if (!dialog || !dialog.showModal) return;  // without dialogs the server asks instead
     event.preventDefault();
     event.stopImmediatePropagation();  // before console.js posts it
-    // The dialog's button sends the form without the preset pressed: the share goes in the field.
-    if (form.elements.weight) form.elements.weight.value = String(weight);
+    // The dialog's button sends the form without the preset pressed: the share goes in the
+    // field, and back to what was typed there if the dialog is cancelled (a 50 left in it
+    // applied 50% with no question once the live canary's version was chosen again).
+    const share = form.elements.weight;
+    if (share) {
+      const typedBefore = share.value;
+      share.value = String(weight);
+      dialog.addEventListener("close", () => { if (dialog.returnValue !== "sent") share.value = typedBefore; }, { once: true });
+    }
+    dialog.returnValue = "";
     const replaced = replacedBy(form, version).map((live) => `v${live.version} ${live.weight}%`).join(", ");
     dialog.querySelectorAll("[data-full-version], [data-replace-version]").forEach((element) => { element.textContent = `v${version}`; });
     dialog.querySelectorAll("[data-replace-weight]").forEach((element) => { element.textContent = `${weight}%`; });
     dialog.querySelectorAll("[data-replaced]").forEach((element) => { element.textContent = replaced; });
+    dialog.querySelectorAll("[data-replaced-clause]").forEach((element) => { element.hidden = !replaced; });
     dialog.showModal();
+  }, true);
+
+  // A dialog's own button sends the form: its share stays in the field until the answer.
+  document.addEventListener("submit", (event) => {
+    const dialog = event.submitter && event.submitter.closest("dialog");
+    if (dialog && event.target.matches(".split-form")) dialog.returnValue = "sent";
   }, true);
 
   // The split's weighted canaries, "2:10,3:10" as the panel writes them.

@@ -61,6 +61,12 @@ def test_another_version_in_the_live_canarys_place_asks_first_and_cancel_sends_n
     dialog.get_by_role("link", name="Cancel").click()
     expect(dialog).to_be_hidden()
     expect(panel.locator("[data-generation]")).to_have_attribute("data-generation", str(generation))
+    expect(panel.locator("#id_weight")).to_have_value("")  # a 10 left there would apply with no question on v2
+
+    panel.get_by_role("button", name="100%", exact=True).click()
+
+    full = page.locator("#full-share-dialog")
+    expect(full).to_contain_text(f"v3 becomes the stable version and takes 100% of the traffic of {name}; v1 gets none, nor does the canary v2 50%.")
 
 
 def test_with_two_canaries_the_question_names_only_the_one_replaced(page, stack):
@@ -123,3 +129,29 @@ def test_the_answer_to_a_button_low_on_a_short_screen_is_in_sight(page, stack):
     expect(message).to_be_in_viewport()
     message.get_by_role("button", name="Dismiss this message").click()
     expect(page.locator("#messages .message")).to_have_count(0)
+
+
+SET_ROUTES = """
+from django.contrib.auth.models import User
+from registry.actions import releases
+from registry.models import RegisteredModel
+releases.set_routes(RegisteredModel.objects.get(name={name!r}), {routes!r}, User.objects.get(username="olivia"), "another operator")
+"""
+
+
+def test_a_panel_held_back_while_a_version_is_chosen_says_the_traffic_changed_meanwhile(page, stack):
+    """Held back so as not to undo a choice, it showed the old split and its "✓ converged"
+    for as long as the operator kept the focus in the form."""
+    name, generation = model_with_canary(stack, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    panel = page.locator("#release-panel")
+    panel.get_by_label("Version").select_option("3")
+    panel.get_by_label("Version").focus()
+
+    django_shell(stack, SET_ROUTES.format(name=name, routes=[{"version": 1, "weight": 50}, {"version": 2, "weight": 50}]))
+    page.evaluate("ModelOps.refreshAll('release-panel')")
+
+    expect(panel.locator(".outdated-note")).to_contain_text(f"generation {generation + 1} is in force now, not {generation} as shown",
+                                                             timeout=LIVE_S)
+    expect(panel.get_by_label("Version")).to_have_value("3")  # the choice is still there

@@ -42,6 +42,15 @@ def test_another_version_in_the_live_canarys_place_is_asked_first_and_changes_no
     assert routes_of(v2_at_half) == [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}]
 
 
+def test_a_full_share_to_another_version_names_the_canary_it_takes_out(operator_page, v2_at_half):
+    response = operator_page.post(SPLIT, {"canary_version": "3", "preset": "100", "expected_generation": "2"})
+
+    html = response.content.decode()
+    assert re.search(r"v3</strong> becomes the stable version and takes <strong>100%</strong> of the traffic of digits; v1 gets none"
+                     r"<span data-replaced-clause>, nor does the canary <strong data-replaced>v2 50%</strong></span>", html)
+    assert routes_of(v2_at_half) == [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}]
+
+
 def test_a_fetch_replacing_the_live_canary_unconfirmed_is_refused_naming_it(operator_page, v2_at_half):
     response = operator_page.post(SPLIT, {"canary_version": "3", "weight": "5", "expected_generation": "2"}, **JSON)
 

@@ -99,6 +99,17 @@ def test_a_batch_job_runs_on_a_named_version_with_its_batch_size(jobs_model, ope
 
 
 @pytest.mark.child
+def test_a_finished_csv_job_with_a_header_reads_all_its_rows_done(jobs_model, operator_client):
+    """Its line count (23 with the header) was the total the page kept: "22 / 23 (95%)"."""
+    lines = [",".join(f"x{index}" for index in range(INPUT_WIDTH))] + [",".join(["0.5"] * INPUT_WIDTH)] * 22
+    job_id = submit(operator_client, SimpleUploadedFile("inputs.csv", ("\n".join(lines) + "\n").encode())).json()["id"]
+
+    assert runner.run(job_id) == JobStatus.SUCCEEDED
+    job = operator_client.get(f"{JOBS}{job_id}/").json()
+    assert (job["done"], job["total"]) == (22, 22)
+
+
+@pytest.mark.child
 def test_a_finished_batch_job_gives_the_models_answers_for_download(jobs_model, operator_client, artifact_root):
     job_id = submit(operator_client, npy_upload(rows(50)), batch_size=16).json()["id"]
 
