@@ -11,11 +11,13 @@ import time
 from importlib import import_module
 
 from channels.auth import get_user
+from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 
 from console.socket_outage import CHANNEL_LAYER_DOWN, bounded
+from registry.actions import users
 from registry.db_unavailable import is_database_unavailable
 from registry.fleet.live import LIVE_GROUP
 from serving.contract import SERVING_GROUP, ContractError, DesiredState
@@ -117,7 +119,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self):
         user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
+        # A one-time password opens only the password change (console/password_change.py),
+        # not the feed: it streamed every worker's report before the password was chosen.
+        if user is None or not user.is_authenticated or await database_sync_to_async(users.must_change_password)(user):
             await self.close(code=CLOSE_SIGNED_OUT)
             return
         refused = FEEDS.take(user.pk)

@@ -97,8 +97,8 @@ CHANGES = {
                    "and their API token stops working. "
                    "Nothing they did is removed; you can reactivate them."), "Deactivate", True),
     "reactivate": ("Reactivate {name}?", "They can sign in again with their password, and their API token works again.", "Reactivate", False),
-    "reset-password": ("Reset {name}'s password?", ("Their password is replaced by a one-time password, shown to you once; their open sessions end. "
-                       "They choose a new password at their next sign-in."), "Reset password", True),
+    "reset-password": ("Reset {name}'s password?", ("Their password is replaced by a one-time password, shown to you once; their open sessions end "
+                       "and their API token, if any, stops working (issue a new one after). They choose a new password at their next sign-in."), "Reset password", True),
     "token": ("Issue a new API token for {name}?", "A new token key is shown to you once; the previous key, if any, stops working at once.", "Issue token", True),
     "revoke-token": ("Revoke {name}'s API token?", "Scripts using it get 401 from now on.", "Revoke token", True),
     "unlock": ("Lift {name}'s login lockout?", "Their failed sign-ins are forgotten and they can try again at once.", "Unlock", False),

@@ -23,6 +23,7 @@ import httpx
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.sessions.exceptions import SessionInterrupted
 from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db.models import Sum
 from django.http import HttpResponse, JsonResponse
@@ -126,7 +127,10 @@ def bad_request(request, exception=None):
     message = str(exception) if named else UNREADABLE_REQUEST
     if request.path.startswith("/api/"):
         return JsonResponse({"error": message}, status=400)
-    context = {"message": message.rstrip(".") if named else "", "charset": named and "UTF-8" in message}
+    # A session deleted during the request (signed out in another tab) is found when the
+    # answer saves it: the request's change may be made already, so "Nothing was changed" is not said.
+    context = {"message": message.rstrip(".") if named else "", "charset": named and "UTF-8" in message,
+               "unchanged": not isinstance(exception, SessionInterrupted)}
     return HttpResponse(render_to_string("400.html", context), status=400)
 
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.template.response import TemplateResponse
 from django.utils.cache import add_never_cache_headers
 from rest_framework.authtoken.models import TokenProxy
 
-from registry.actions import api_keys
+from registry.actions import api_keys, users
+from registry.domain import roles
 from registry.models import InferenceApiKey
 
 if admin.site.is_registered(TokenProxy):  # registered by rest_framework.authtoken, earlier in INSTALLED_APPS
@@ -33,6 +35,27 @@ if admin.site.is_registered(TokenProxy):  # registered by rest_framework.authtok
 class KeptUserAdmin(UserAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # deactivate instead (the console's Users & roles, or Active here)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        """The change form keeps the console's rules on admins: here an admin deactivated or
+        demoted themself, and the last active admin lost their rights (a shell to recover)."""
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if obj is None:
+            return form
+
+        class KeptAdminsForm(form):
+            def clean(self):
+                data = super().clean()
+                groups = data.get("groups") or []
+                stays_admin = data.get("is_active") and (data.get("is_superuser") or any(group.name == roles.ADMIN for group in groups))
+                if not stays_admin:
+                    try:
+                        users.refuse_losing_admin(obj, request.user)
+                    except users.UserAdminError as refusal:
+                        raise ValidationError(refusal.message) from None
+                return data
+
+        return KeptAdminsForm
 
 
 if admin.site.is_registered(User):

@@ -70,14 +70,22 @@ class RequestHeaders:
             elif name == b"content-type":
                 self.content_type = value
             elif name == b"authorization":
-                self.authorization = value
+                self.authorization = _once(self.authorization, value, "Authorization")
             elif name == b"x-api-key":
-                self.api_key = value
+                self.api_key = _once(self.api_key, value, "X-API-Key")
 
 
 # Optional whitespace around a field value (RFC 9110 §5.5): httptools leaves the trailing
 # part, and frames the body by a padded Content-Length all the same.
 OWS = b" \t"
+
+
+def _once(earlier: bytes | None, value: bytes, name: str) -> bytes:
+    """A credential header's value, given once: a gateway in front that checks (or counts)
+    the first of two keys, and this worker that read the last, each let another key in."""
+    if earlier is not None:
+        raise BadRequest(f"header {name} must be given once")
+    return value.strip(OWS)
 
 
 def _header_int(value: bytes, name: str) -> int:

@@ -141,13 +141,17 @@ def reactivate(user: User, actor) -> bool:
 @sensitive_variables("password")
 def reset_password(user: User, actor) -> str:
     """A new one-time password for ``user`` (returned once); their sessions end, since
-    Django ties a session to the password's hash."""
+    Django ties a session to the password's hash, and so does their API token: a reset is
+    what an admin does when the account may be someone else's, and the token still
+    answered 200 until it was revoked by hand."""
     password = _one_time_password()
     with transaction.atomic():
         user.set_password(password)
         user.save(update_fields=["password"])
         user.groups.add(_group(MUST_CHANGE_PASSWORD_GROUP))
-        _record(actor, user, CHANGE, "Password reset to a one-time password", event="user_password_reset")
+        revoked = Token.objects.filter(user=user).delete()[0] > 0
+        _record(actor, user, CHANGE, "Password reset to a one-time password" + ("; API token revoked" if revoked else ""),
+                event="user_password_reset", token_revoked=revoked)
     return password
 
 
@@ -207,6 +211,15 @@ def _role_groups(user: User) -> set[str]:
 def _lock_admins() -> None:
     """Serialise the changes that can remove an admin (see the module docstring)."""
     Group.objects.select_for_update().filter(name=roles.ADMIN).first()
+
+
+def refuse_losing_admin(user: User, actor) -> None:
+    """For a change made elsewhere (the Django admin's user form) that takes ``user``'s
+    admin rights or sign-in away: the console's rules, refused as UserAdminError."""
+    with transaction.atomic():
+        _lock_admins()
+        if user.pk in active_admin_ids():
+            _refuse_losing_admin(user, actor, "deactivate or demote")
 
 
 def _refuse_losing_admin(user: User, actor, verb: str) -> None:

@@ -67,8 +67,11 @@ def _send(job_id: int) -> None:
 
     try:
         tasks.run_job.delay(job_id)
-    except Exception:  # kombu raises many kinds of connection errors
-        logger.warning("could not send job %s to Celery; the sweep will retry", job_id, exc_info=True)
+    except Exception as error:  # kombu raises many kinds of connection errors
+        # Its cause in one line: a full Redis wrote a 100-line traceback per job sent.
+        logger.warning("could not send job %s to Celery (%s: %s); the sweep will retry", job_id, type(error).__name__,
+                       str(error).splitlines()[0][:200] if str(error) else "no message")
+        logger.debug("the send of job %s failed", job_id, exc_info=True)
         return
     Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).update(heartbeat_at=timezone.now())
 

@@ -106,3 +106,16 @@ def test_a_400_under_the_api_is_json():
     response = views.bad_request(RequestFactory().get("/api/models/"), BadRequest("HTTP requests with the form content type must be UTF-8 encoded"))
 
     assert (response.status_code, json.loads(response.content)) == (400, {"error": "HTTP requests with the form content type must be UTF-8 encoded"})
+
+
+def test_a_session_deleted_during_the_request_does_not_say_nothing_was_changed():
+    """Found when the answer saves the session: the change the request made may be saved
+    (an admin's form in the Django admin was, under "Nothing was changed")."""
+    from django.contrib.sessions.exceptions import SessionInterrupted
+
+    response = views.bad_request(RequestFactory().post("/admin/auth/user/1/change/"), SessionInterrupted("The request's session was deleted "
+                                                                                                         "before the request completed."))
+
+    html = response.content.decode()
+    assert "Nothing was changed" not in html
+    assert "may have been done before it was cut off: check it before sending it again" in html

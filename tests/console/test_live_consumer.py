@@ -21,6 +21,7 @@ from django.test import Client
 
 from console import consumers, redis_options
 from console.consumers import state_change
+from registry.actions import users
 from registry.fleet.live import LIVE_GROUP
 from serving.contract import DesiredState, ModelState, Route
 from serving.state_signing import model_digests
@@ -361,3 +362,15 @@ def test_feeds_past_the_process_limit_are_refused_whoever_opens_them(operator, v
     answers, _ = open_feeds([feed(viewer), feed(operator), feed(operator)], nothing)
 
     assert answers == ["open", "open", ("closed", 1013)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_user_who_must_still_choose_a_password_gets_no_live_feed(viewer, operator, settings):
+    """A one-time password opens only the password change: the feed streamed every
+    worker's report before the password was chosen."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    users.reset_password(viewer, operator)
+
+    answers, _ = open_feeds([feed(viewer), feed(operator)], nothing)
+
+    assert answers == [("handshake", 4401), "open"]

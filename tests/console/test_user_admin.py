@@ -165,6 +165,16 @@ def test_a_password_reset_ends_the_users_sessions_and_gives_a_new_one_time_passw
     assert password not in User.objects.get(pk=viewer.pk).password
 
 
+def test_a_password_reset_revokes_the_users_api_token(admin_page, viewer):
+    """A reset is for an account that may be someone else's: the token answered 200 after it."""
+    key = Token.objects.create(user=viewer).key
+
+    admin_page.post(f"/users/{viewer.pk}/reset-password/")
+
+    assert api_status(key) == 401
+    assert "API token revoked" in LogEntry.objects.filter(object_id=str(viewer.pk)).latest("action_time").change_message
+
+
 # ---------------------------------------------------------------- roles
 
 
@@ -384,3 +394,59 @@ def test_a_deactivation_made_outside_the_console_ends_sessions_too(viewer):
     viewer.save()
 
     assert before.get("/").status_code == 302
+
+
+# ---------------------------------------------------------------- the Django admin keeps the same rules
+
+
+def admin_form(client: Client, user: User, **changes) -> dict:
+    """The Django admin's change form of ``user`` as the page fills it, with ``changes``
+    (a field given as None is left out, as an unticked box is)."""
+    page = client.get(f"/admin/auth/user/{user.pk}/change/")
+    form = page.context["adminform"].form
+    data = {name: value for name, value in form.initial.items() if name not in ("password", "last_login", "date_joined")}
+    data["groups"] = [group.pk for group in user.groups.all()]
+    data["user_permissions"] = []
+    joined = user.date_joined
+    data.update({"date_joined_0": joined.strftime("%Y-%m-%d"), "date_joined_1": joined.strftime("%H:%M:%S")})
+    data.update({name: value for name, value in changes.items() if value is not None})
+    return {name: value for name, value in data.items() if changes.get(name, "kept") is not None and value is not False}
+
+
+def test_in_the_django_admin_an_admin_cannot_deactivate_or_demote_themself():
+    bea, _cy = admin_member("bea"), admin_member("cy")
+    client = signed_in(bea)
+
+    response = client.post(f"/admin/auth/user/{bea.pk}/change/", admin_form(client, bea, is_active=None, groups=[]))
+
+    assert response.status_code == 200
+    assert "you cannot deactivate or demote yourself: ask another admin" in response.content.decode()
+    bea.refresh_from_db()
+    assert (bea.is_active, role_groups(bea)) == (True, {"admin"})
+
+
+def test_in_the_django_admin_the_last_active_admin_stays(operator):
+    bea = admin_member("bea")
+    bea.is_superuser = True
+    bea.save()
+    chief = User.objects.create_superuser("chief", "", "pw-chief-1")
+    client = signed_in(chief)
+    client.post(f"/admin/auth/user/{chief.pk}/change/", admin_form(client, chief, is_active=None))  # refused: themself
+    User.objects.filter(pk=bea.pk).update(is_active=False)
+
+    response = client.post(f"/admin/auth/user/{chief.pk}/change/", admin_form(client, chief, is_superuser=None, is_staff=None))
+
+    assert response.status_code == 200
+    chief.refresh_from_db()
+    assert chief.is_superuser and chief.is_active
+
+
+def test_in_the_django_admin_an_admin_deactivates_another_while_one_remains():
+    bea, cy = admin_member("bea"), admin_member("cy")
+    client = signed_in(bea)
+
+    response = client.post(f"/admin/auth/user/{cy.pk}/change/", admin_form(client, cy, is_active=None))
+
+    assert response.status_code == 302
+    cy.refresh_from_db()
+    assert not cy.is_active

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import socket
 
 import httpx
@@ -56,6 +57,32 @@ def test_required_mode_serves_a_valid_key_in_either_header(keyed_worker, client,
     for path, body in ((INFER, BODY), ("/predict", orjson.dumps({"model_name": "digits", "inputs": [0.0] * 64}))):
         response = client.post(worker.url + path, content=body, headers=headers)
         assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("name", ["X-API-Key", "Authorization"])
+def test_a_credential_header_given_twice_is_a_400_whichever_comes_first(keyed_worker, client, name):
+    """The worker read the last of two: a gateway in front checking (or counting) the first
+    let a key through that it never saw."""
+    worker = keyed_worker("required")
+    good, bad = ("mk_good-key", "nope") if name == "X-API-Key" else ("Bearer mk_good-key", "Bearer nope")
+
+    answers = [client.post(worker.url + INFER, content=BODY, headers=[(name, first), (name, second)])
+               for first, second in ((bad, good), (good, bad))]
+
+    assert [answer.status_code for answer in answers] == [400, 400]
+    assert answers[0].json() == {"error": f"header {name} must be given once"}
+
+
+def test_a_key_with_spaces_after_it_is_the_key(keyed_worker):
+    """Optional whitespace is no part of a field's value (RFC 9110 §5.5); sent as a client
+    that keeps it sends it (httpx refuses to)."""
+    worker = keyed_worker("required")
+    connection = http.client.HTTPConnection(worker.url.removeprefix("http://"), timeout=10)
+
+    connection.request("POST", INFER, body=BODY, headers={"X-API-Key": "mk_good-key  ", "Content-Type": "application/json"})
+
+    assert connection.getresponse().status == 200
+    connection.close()
 
 
 @pytest.mark.parametrize("mode", ["required", "optional"])
