@@ -183,7 +183,8 @@ class Engine:
         # A binding per call: IOBinding objects are not safe to share across threads.
         binding = self.session.io_binding()
         for name, array in zip(self._input_names, feeds):
-            binding.bind_cpu_input(name, np.require(array, requirements="C"))  # ascontiguousarray made [] [1]
+            # ascontiguousarray would make a tensor of no dimensions one of shape [1]
+            binding.bind_cpu_input(name, array if array.flags.c_contiguous else np.ascontiguousarray(array))
         for name in self._output_names:
             binding.bind_output(name, "cuda", self._cuda_device_id)
         self.session.run_with_iobinding(binding, current_options())

@@ -561,11 +561,17 @@ def predict_answer_bytes(outputs: Sequence[np.ndarray]) -> int:
 
 
 
+def c_ordered(array: np.ndarray) -> np.ndarray:
+    """``array`` in C order, its shape kept: ``np.ascontiguousarray`` made a tensor of no
+    dimensions one of shape [1], and ``np.require`` took 1.5 µs where this takes 0.2."""
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # a 0-d array is always contiguous
+
+
 def encode_v2(model_name: str, version: int, decoded: Decoded, outputs: Sequence[np.ndarray], io: ModelIO) -> tuple[bytes, int | None]:
     """(body, JSON header length if any tensor went binary, else None)."""
     entries, blobs = [], []
     for index, is_binary in decoded.outputs:
-        spec, array = io.outputs[index], np.require(outputs[index], requirements="C")  # ascontiguousarray made [] [1]
+        spec, array = io.outputs[index], c_ordered(outputs[index])
         entry = {"name": spec.name, "datatype": spec.datatype, "shape": array.shape}
         if is_binary:
             blob = array.data if spec.datatype != "BYTES" else bytes_tensor(array)
@@ -724,7 +730,7 @@ def _predict_array(spec: TensorSpec, data: object, io: ModelIO) -> tuple[np.ndar
 def encode_predict(request_id: str, model_name: str, version: int, decoded: Decoded, outputs, io: ModelIO, latency_ms: float) -> bytes:
     by_name = {}
     for spec, array in zip(io.outputs, outputs):
-        array = np.require(array[0] if decoded.is_single_row else array, requirements="C")
+        array = c_ordered(array[0] if decoded.is_single_row else array)
         by_name[spec.name] = orjson.Fragment(_sliced_json(array)) if array.size > SLICE_ITEMS else _predict_value(array)
     return dumps({
         "request_id": request_id, "model_name": model_name, "model_version": version,
