@@ -30,10 +30,15 @@ def test_labels_are_read_at_most_check_bytes_at_a_time_however_wide_a_row():
     assert MAX_LABEL_VALUES * np.dtype(np.longdouble).itemsize <= CHECK_BYTES  # the widest row read fits in one chunk
 
 
-def test_only_float_labels_are_read_the_others_are_judged_by_their_header():
-    """A 117 KB file of three '<U10000000' labels took 153 MiB to read, for nothing: a
-    string or an integer is a class whatever its value."""
-    assert not reads_rows(np.dtype("<U10000000"), LabelRule("classification"))
+def test_only_float_labels_and_short_text_classes_are_read_the_others_are_judged_by_their_header():
+    """A 117 KB file of three '<U10000000' labels took 153 MiB to read, for nothing: text
+    that wide is refused by its header, unread. Text classes up to 200 characters are read
+    for what a page could not show (ESC, U+202E, a line break); an integer is a class
+    whatever its value."""
+    assert header_problem(np.dtype("<U10000000"), (), LabelRule("classification")).startswith(
+        "the labels are text of up to 10000000 characters")
+    assert reads_rows(np.dtype("<U200"), LabelRule("classification"))
+    assert not reads_rows(np.dtype(np.int64), LabelRule("classification"))
     assert not reads_rows(np.dtype(np.int64), LabelRule("regression"))
     assert reads_rows(np.dtype(np.float32), LabelRule("classification"))
     assert not reads_rows(np.dtype(np.float32), LabelRule())
