@@ -149,13 +149,15 @@ def _str(value: object, path: str) -> str:
 # Shown on the Workers, Drills and model pages: ESC sequences and directional overrides
 # (U+202E) from a worker token's holder were stored and shown as sent.
 UNSEEN_RANGES = ((0x00, 0x08), (0x0B, 0x1F), (0x7F, 0x9F), (0x2028, 0x202E), (0x2066, 0x2069))  # tab and line feed left out
+NOT_IN_A_LINE_RANGES = (*UNSEEN_RANGES, (0x09, 0x0A))  # and a tab or a line feed: one line a person reads
 UNSEEN_CHARACTERS = re.compile("[" + "".join(f"{chr(low)}-{chr(high)}" for low, high in UNSEEN_RANGES) + "]")
+NOT_IN_A_LINE = re.compile("[" + "".join(f"{chr(low)}-{chr(high)}" for low, high in NOT_IN_A_LINE_RANGES) + "]")
 
 
 def _line(value: object, path: str) -> str:
     """One line a person reads (a host, a device, a URL): no control character, line
     separator or directional override; a tab or a line break neither."""
-    if UNSEEN_CHARACTERS.search(_str(value, path)) or "\t" in value or "\n" in value:
+    if NOT_IN_A_LINE.search(_str(value, path)):
         raise ContractError(path, "must be one line of text without control characters or directional overrides")
     return value
 

@@ -153,6 +153,12 @@ def providers(config: ServingConfig, device: str) -> list:
     return [("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
 
 
+
+def c_ordered(array: np.ndarray) -> np.ndarray:
+    """``array`` in C order, its shape kept: ``np.ascontiguousarray`` made a tensor of no
+    dimensions one of shape [1], and ``np.require`` took 1.5 µs where this takes 0.2."""
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # a 0-d array is always contiguous
+
 class Engine:
     """A loaded model: `run(inputs) -> outputs`, both in the model's declared order.
 
@@ -183,8 +189,7 @@ class Engine:
         # A binding per call: IOBinding objects are not safe to share across threads.
         binding = self.session.io_binding()
         for name, array in zip(self._input_names, feeds):
-            # ascontiguousarray would make a tensor of no dimensions one of shape [1]
-            binding.bind_cpu_input(name, array if array.flags.c_contiguous else np.ascontiguousarray(array))
+            binding.bind_cpu_input(name, c_ordered(array))
         for name in self._output_names:
             binding.bind_output(name, "cuda", self._cuda_device_id)
         self.session.run_with_iobinding(binding, current_options())

@@ -12,7 +12,7 @@ import unicodedata
 
 from django.core.exceptions import ValidationError
 
-from serving.contract import UNSEEN_CHARACTERS
+from serving.contract import NOT_IN_A_LINE
 
 # Tag characters carry text no one sees, but for an emoji flag's tag sequence (Scotland's).
 EMOJI_TAG_SEQUENCE = re.compile("\U0001F3F4[\U000E0020-\U000E007E]+\U000E007F")
@@ -31,7 +31,7 @@ def refuse_unseen_characters(text: str, *, keep: frozenset[str], controls_refuse
         # serving.contract's set (the control characters, the line and paragraph separators,
         # the explicit directional embeddings, overrides and isolates of UAX #9, which reorder
         # what a reader sees), and a tab or a line feed: one checker for all text people read.
-        if char not in keep and (char in "\t\n" or UNSEEN_CHARACTERS.match(char)):
+        if char not in keep and NOT_IN_A_LINE.match(char):
             raise ValidationError(f"{controls_refused} (found U+{ord(char):04X})")
     hidden = TAGS.search(EMOJI_TAG_SEQUENCE.sub("", text))
     if hidden:

@@ -142,13 +142,19 @@ def give_back(job: Job) -> None:
     """Queue a job this runner still holds again, its attempt not counted (a database
     outage stopped it, not the job), and send it; nothing when it is no longer this
     runner's (swept, cancelled or finished elsewhere)."""
-    note = f"attempt {job.attempts} was interrupted by a database outage; queued again"
-    if held(job).update(status=JobStatus.QUEUED, attempts=job.attempts - 1, heartbeat_at=None, error=note) != 1:
-        return
+    _queue_again(job, f"attempt {job.attempts} was interrupted by a database outage; queued again", attempts=job.attempts - 1)
+
+
+def _queue_again(job: Job, note: str, **fields) -> bool:
+    """Queue again a job this runner holds, saying why, and send it; False when it is no
+    longer this runner's."""
+    if held(job).update(status=JobStatus.QUEUED, heartbeat_at=None, error=note[:4000], **fields) != 1:
+        return False
     job.refresh_from_db()
     logger.warning("job %s: %s", job.pk, note)
     relay(job)
     _send(job.pk)
+    return True
 
 
 def succeed(job: Job, result: dict, **fields) -> bool:
@@ -163,14 +169,7 @@ def try_again(job: Job, reason: str) -> bool:
     ``reason`` once it has used JOB_MAX_ATTEMPTS."""
     if job.attempts >= settings.JOB_MAX_ATTEMPTS:
         return fail(job, f"{reason} (after {job.attempts} attempts)")
-    note = f"attempt {job.attempts}: {reason}; queued again"
-    if held(job).update(status=JobStatus.QUEUED, heartbeat_at=None, error=note[:4000]) != 1:
-        return False
-    job.refresh_from_db()
-    logger.warning("job %s: %s", job.pk, note)
-    relay(job)
-    _send(job.pk)
-    return True
+    return _queue_again(job, f"attempt {job.attempts}: {reason}; queued again")
 
 
 def fail(job: Job, reason: str) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from serving.contract import UNSEEN_CHARACTERS, UNSEEN_RANGES
+from serving.contract import NOT_IN_A_LINE, NOT_IN_A_LINE_RANGES
 
 CLASSIFICATION_LABEL = "a classification label is an integer or a string"
 MAX_CLASS_CHARS = 200
@@ -129,11 +129,11 @@ def chunk_problem(labels: np.ndarray, rule: LabelRule) -> tuple[int, str] | None
 def shown_class(text: str) -> str:
     """A class the model answered as text, as a page may show it: at most MAX_CLASS_CHARS,
     hidden characters as U+FFFD (a data set's own labels are refused instead)."""
-    return UNSEEN_CHARACTERS.sub("\ufffd", text[:MAX_CLASS_CHARS]).replace("\t", "\ufffd").replace("\n", "\ufffd")
+    return NOT_IN_A_LINE.sub("\ufffd", text[:MAX_CLASS_CHARS])
 
 
 def _text_problem(text: str) -> bool:
-    return len(text) > MAX_CLASS_CHARS or "\t" in text or "\n" in text or UNSEEN_CHARACTERS.search(text) is not None
+    return len(text) > MAX_CLASS_CHARS or NOT_IN_A_LINE.search(text) is not None
 
 
 def _first_unshown_text(labels: np.ndarray) -> int | None:
@@ -142,7 +142,7 @@ def _first_unshown_text(labels: np.ndarray) -> int | None:
     header (an .npz of bytes is refused by formats.py)."""
     codes = labels.view(np.uint32).reshape(len(labels), -1)
     bad = np.zeros(codes.shape, np.bool_)
-    for low, high in (*UNSEEN_RANGES, (0x09, 0x0A)):
+    for low, high in NOT_IN_A_LINE_RANGES:
         bad |= (codes >= max(low, 1)) & (codes <= high)
     rows = bad.any(axis=1)
     return int(np.argmax(rows)) if rows.any() else None
