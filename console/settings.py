@@ -45,6 +45,10 @@ def _data_dir() -> Path:
 # Outside the code tree: no process that loads models runs where the secrets live.
 DATA_DIR = _data_dir()
 
+# Read by ONNX Runtime itself (the serving and registry packages set it when it is empty);
+# checked here so that a value that is no true/false word stops the console like any other.
+ORT_TELEMETRY_DISABLED = env_bool("ORT_DISABLE_TELEMETRY", True)
+
 
 def _private_file(path: Path) -> Path:
     """``path``, existing and readable by this user alone. For SQLite: its -wal and -shm

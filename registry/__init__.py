@@ -1,7 +1,4 @@
-import os
+from serving.env import settle_ort_telemetry
 
-# ONNX Runtime (1.31) keeps a telemetry queue for upload (session details, errors, a device
-# id) in ~/.cache/Microsoft/DeveloperTools/.onnxruntime, outside DATA_DIR. It reads this
-# variable when it loads, so it is set before any module of this package imports it; an
-# operator's own value wins.
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+# ONNX Runtime's telemetry is off before any module of this package loads it (why: serving/__init__.py).
+settle_ort_telemetry()

@@ -17,9 +17,11 @@ pages show a key once, to whoever issued it, and keep it only in DRF's table.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.template.response import TemplateResponse
 from django.utils.cache import add_never_cache_headers
 from rest_framework.authtoken.models import TokenProxy
@@ -56,6 +58,17 @@ class KeptUserAdmin(UserAdmin):
                 return data
 
         return KeptAdminsForm
+
+    def user_change_password(self, request, id, form_url=""):
+        """Django's own form changes the hash only: the user's API token is revoked with it,
+        in one transaction, as the Users page's reset does."""
+        with transaction.atomic():
+            user = self.get_object(request, unquote(id))
+            before = None if user is None else user.password
+            response = super().user_change_password(request, id, form_url)
+            if user is not None and User.objects.filter(pk=user.pk).values_list("password", flat=True).first() != before:
+                users.password_set_by_admin(user, request.user)
+        return response
 
 
 if admin.site.is_registered(User):

@@ -76,6 +76,7 @@ class ServingConfig:
     @classmethod
     def from_env(cls) -> ServingConfig:
         request_timeout_s = env_float("SERVING_REQUEST_TIMEOUT_S", 10.0, minimum=0.001)
+        env_bool("ORT_DISABLE_TELEMETRY", True)  # ONNX Runtime reads it (see serving/__init__.py); a bad value stops the worker here
         return cls(
             device=env_choice("SERVING_DEVICE", "auto", ("auto", "cpu", "cuda")),
             intra_op_threads=env_int("SERVING_INTRA_OP_THREADS", 0),

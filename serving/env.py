@@ -19,6 +19,18 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
 
+def settle_ort_telemetry() -> None:
+    """ORT_DISABLE_TELEMETRY, read by ONNX Runtime itself when it loads: on unless set to a
+    false word, written back as the 1 or 0 it reads. Empty is "not set", as for every
+    setting; a value that is no true/false word is left for the settings' readers
+    (console/settings.py, ServingConfig.from_env) to stop the process with, not an import."""
+    value = os.environ.get("ORT_DISABLE_TELEMETRY", "").strip().lower()
+    if value in ("", *TRUE_WORDS):
+        os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+    elif value in FALSE_WORDS:
+        os.environ["ORT_DISABLE_TELEMETRY"] = "0"
+
+
 class SettingError(ValueError):
     """A variable in the environment has a value the process cannot use."""
 

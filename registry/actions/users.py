@@ -155,6 +155,19 @@ def reset_password(user: User, actor) -> str:
     return password
 
 
+def password_set_by_admin(user: User, actor) -> None:
+    """Another person set ``user``'s password in the Django admin (its own form, which only
+    changes the hash): their API token goes too, as with a reset on the Users page, or the
+    token of an account an admin took back still answered 201. Called inside the admin's
+    transaction, so the password and the token change together."""
+    if actor.pk == user.pk:
+        return  # one's own password, as on the account page: the token stays theirs
+    revoked = Token.objects.filter(user=user).delete()[0] > 0
+    if revoked:
+        _record(actor, user, CHANGE, "API token revoked with the password set in the Django admin",
+                event="user_password_set", token_revoked=True)
+
+
 def password_changed(user: User) -> None:
     """The user chose their own password: the one-time one is gone."""
     user.groups.remove(_group(MUST_CHANGE_PASSWORD_GROUP))

@@ -175,6 +175,40 @@ def test_a_password_reset_revokes_the_users_api_token(admin_page, viewer):
     assert "API token revoked" in LogEntry.objects.filter(object_id=str(viewer.pk)).latest("action_time").change_message
 
 
+def test_a_password_set_in_the_django_admin_revokes_the_users_api_token(admin_page, operator):
+    """Django's own password form changed only the hash: an operator's old token still rolled back a model (201)."""
+    key = Token.objects.create(user=operator).key
+
+    response = admin_page.post(f"/admin/auth/user/{operator.pk}/password/",
+                               {"password1": "a-Long-new-pass-9371", "password2": "a-Long-new-pass-9371", "usable_password": "true"})
+
+    assert response.status_code == 302
+    assert User.objects.get(pk=operator.pk).check_password("a-Long-new-pass-9371")
+    assert api_status(key) == 401
+    assert "API token revoked" in LogEntry.objects.filter(object_id=str(operator.pk)).latest("action_time").change_message
+
+
+def test_an_admin_setting_their_own_password_in_the_django_admin_keeps_their_token(admin_page):
+    """As on the account page: one's own password change is not an account taken back."""
+    admin = User.objects.get(pk=admin_page.session["_auth_user_id"])
+    key = Token.objects.create(user=admin).key
+
+    admin_page.post(f"/admin/auth/user/{admin.pk}/password/",
+                    {"password1": "a-Long-new-pass-9371", "password2": "a-Long-new-pass-9371", "usable_password": "true"})
+
+    assert User.objects.get(pk=admin.pk).check_password("a-Long-new-pass-9371")
+    assert api_status(key) == 200
+
+
+def test_a_refused_password_in_the_django_admin_keeps_the_token(admin_page, operator):
+    key = Token.objects.create(user=operator).key
+
+    response = admin_page.post(f"/admin/auth/user/{operator.pk}/password/", {"password1": "x", "password2": "y", "usable_password": "true"})
+
+    assert response.status_code == 200  # the form again, with its errors
+    assert api_status(key) == 200
+
+
 # ---------------------------------------------------------------- roles
 
 

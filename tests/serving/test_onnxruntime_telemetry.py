@@ -26,17 +26,45 @@ RUNS = {
 }
 
 
+def _environment(tmp_path, home, **settings) -> dict:
+    environment = {key: value for key, value in os.environ.items() if key != "ORT_DISABLE_TELEMETRY"}
+    environment.update(HOME=str(home), PYTHONPATH=str(REPOSITORY), DJANGO_SETTINGS_MODULE="console.settings",
+                       DATA_DIR=str(tmp_path / "data"), **settings)
+    environment.pop("XDG_CACHE_HOME", None)
+    return environment
+
+
 @pytest.mark.parametrize("package", sorted(RUNS))
 def test_running_a_model_leaves_nothing_in_the_home_directory(tmp_path, package):
     home = tmp_path / "home"
     home.mkdir()
-    environment = {key: value for key, value in os.environ.items() if key != "ORT_DISABLE_TELEMETRY"}
-    environment.update(HOME=str(home), PYTHONPATH=str(REPOSITORY), DJANGO_SETTINGS_MODULE="console.settings",
-                       DATA_DIR=str(tmp_path / "data"))
-    environment.pop("XDG_CACHE_HOME", None)
 
-    finished = subprocess.run([sys.executable, "-c", RUNS[package]], cwd=REPOSITORY, env=environment,
+    finished = subprocess.run([sys.executable, "-c", RUNS[package]], cwd=REPOSITORY, env=_environment(tmp_path, home),
                               capture_output=True, text=True, timeout=120)
 
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert sorted(str(path.relative_to(home)) for path in home.rglob("*")) == []
+
+
+@pytest.mark.parametrize("package", sorted(RUNS))
+def test_an_empty_value_as_compose_writes_it_is_not_set_and_leaves_telemetry_off(tmp_path, package):
+    home = tmp_path / "home"
+    home.mkdir()
+
+    finished = subprocess.run([sys.executable, "-c", RUNS[package]], cwd=REPOSITORY,
+                              env=_environment(tmp_path, home, ORT_DISABLE_TELEMETRY=" "), capture_output=True, text=True, timeout=120)
+
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert sorted(str(path.relative_to(home)) for path in home.rglob("*")) == []
+
+
+def test_a_value_that_is_no_true_or_false_word_stops_the_console_naming_it(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+
+    finished = subprocess.run([sys.executable, "manage.py", "check"], cwd=REPOSITORY,
+                              env=_environment(tmp_path, home, ORT_DISABLE_TELEMETRY="banana"), capture_output=True, text=True, timeout=120)
+
+    assert finished.returncode != 0
+    assert finished.stderr.strip().splitlines() == [
+        "manage.py: ORT_DISABLE_TELEMETRY='banana': expected true or false (one of 1, true, yes, on, 0, false, no, off)"]
