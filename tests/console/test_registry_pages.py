@@ -144,8 +144,11 @@ def test_every_filter_control_has_a_label(operator_page, catalogue):
     html = operator_page.get("/").content.decode()
     form = html[html.index('id="model-filters"'):html.index("</form>", html.index('id="model-filters"'))]
 
-    for control in re.findall(r'<(?:input|select)[^>]*\bid="([^"]+)"', form):
-        assert f'for="{control}"' in form, control
+    controls = re.findall(r'<(?:input|select)\b[^>]*>', form)
+    assert [re.search(r'\bname="([^"]+)"', control).group(1) for control in controls] == ["q", "tag", "owner", "sort", "archived"]
+    for control in controls:
+        named = re.search(r'\bid="([^"]+)"', control)
+        assert named and f'for="{named.group(1)}"' in form, control
 
 
 def test_the_list_pages_after_fifty_models_keeping_the_query(operator_page, operator):

@@ -78,6 +78,7 @@ def test_with_no_live_canary_another_version_needs_no_question(operator_page, di
     response = operator_page.post(SPLIT, {"canary_version": "2", "preset": "10", "expected_generation": "1"}, **JSON)
 
     assert response.status_code == 200
+    assert routes_of(digits) == [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
 
 
 def test_a_preset_is_applied_whatever_is_left_in_the_share_field(operator_page, digits):

@@ -296,13 +296,17 @@ def test_a_highest_issued_mark_that_is_no_number_is_unknown_not_a_500(worker_cli
     import redis
 
     generation, epoch = counter()
+    key = f"{settings.CHANNEL_LAYER_PREFIX}:issued:{epoch}"
     with redis.Redis.from_url(settings.REDIS_URL) as client:
-        client.set(f"{settings.CHANNEL_LAYER_PREFIX}:issued:{epoch}", "notint")  # what anyone with Redis could write
-
-    response = worker_client.post("/api/serving/reports", {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32,
-                                                           "epoch": epoch}, format="json")
+        client.set(key, "notint")  # what anyone with Redis could write
+        try:
+            response = worker_client.post("/api/serving/reports", {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32,
+                                                                   "epoch": epoch}, format="json")
+        finally:
+            client.delete(key)
 
     assert response.status_code == 204
+    assert counter()[1] != epoch  # unknown is "maybe issued past the counter", so the epoch is renewed, as with no Redis
 
 
 def test_a_report_past_the_counter_after_a_traffic_change_renews_nothing_when_no_state_past_it_was_issued(

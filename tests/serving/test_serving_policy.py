@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -133,8 +134,10 @@ def test_policy_is_pure():
     queue = [pending(0.0), pending(0.001)]
     args = dict(now_s=0.003, is_engine_idle=True, policy=POLICY, latency=UNKNOWN, expected_gap_s=0.001)
 
+    before = [dataclasses.astuple(item) for item in queue]
+
     assert next_batch(queue, **args) == next_batch(queue, **args)
-    assert len(queue) == 2
+    assert [dataclasses.astuple(item) for item in queue] == before
 
 
 def test_latency_model_recovers_per_row_and_fixed_cost():
