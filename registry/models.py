@@ -199,6 +199,9 @@ class Drill(models.Model):
     # than its retries, a console stopped) is rolled forward by ``finish_stale_drills``.
     # db_default: a console still on the code before it (a rolling update) inserts drills without it.
     forward_pending = models.BooleanField(default=False, db_default=False)
+    # Workers that followed the rollback but did not confirm the roll forward's content in
+    # time: the drill's status is the rollback's, so "passed" alone hid a fleet left split.
+    forward_unconfirmed = models.JSONField(default=list, db_default=models.Value([], output_field=models.JSONField()))
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     first_ack_s = models.FloatField(null=True, blank=True)

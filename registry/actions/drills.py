@@ -118,7 +118,7 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
 
 def _log_result(drill: Drill) -> None:
     """The console's log said nothing of a drill's result: only its page and API did."""
-    passed = drill.status == DrillStatus.PASSED
+    passed = drill.status == DrillStatus.PASSED and not drill.forward_unconfirmed
     logger.log(logging.INFO if passed else logging.WARNING, "drill #%s of %s %s (generation %s to %s)%s", drill.pk, drill.model.name,
                drill.status, drill.from_generation, drill.to_generation, f": {drill.error}" if drill.error else "")
 
@@ -614,6 +614,8 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         forward_s = _since(drill, release.created_at)
         who = ", ".join(f"{worker_id} ({_forward_words(acks.get(worker_id), worker_id in gone, died.get(worker_id), forward_s)})"
                         for worker_id in unconfirmed)
+        drill.forward_unconfirmed = unconfirmed
+        drill.save(update_fields=["forward_unconfirmed"])
         _record_reason(drill, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of {len(followed)} workers "
                               f"did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {who}")
 

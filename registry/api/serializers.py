@@ -437,12 +437,15 @@ class DrillSerializer(serializers.ModelSerializer):
     forward_pending = serializers.BooleanField(read_only=True, help_text=(
         "Asked to roll forward, and the roll forward is neither made nor ruled out yet: true while the drill runs, and after "
         "an outage cut its request short, until the console makes it (at the earliest 3 × DRILL_ACK_TIMEOUT_S + 60 s after the start)."))
+    forward_unconfirmed = serializers.ListField(child=serializers.CharField(), read_only=True, help_text=(
+        "Workers that followed the rollback but did not confirm the roll forward's content within DRILL_ACK_TIMEOUT_S (the "
+        "summary, `error`, says why for each): `status` is the rollback's, so a passed drill with entries here left its fleet split."))
 
     class Meta:
         model = Drill
         fields = [
             "id", "model", "actor", "status", "roll_forward", "from_generation", "to_generation", "to_digest", "forward_generation",
-            "forward_pending", "started_at", "finished_at",
+            "forward_pending", "forward_unconfirmed", "started_at", "finished_at",
             "first_ack_s", "last_ack_s", "confirmed_s", "failed_requests", "target_s", "workers", "error",
         ]
 

@@ -9,6 +9,7 @@ import re
 import time
 
 import pytest
+from django.test import Client
 
 from registry.fleet.state import issued_digest
 from registry.models import Drill, Release, ServingGeneration, WorkerAck
@@ -137,7 +138,7 @@ def test_a_drill_says_what_was_applied_by_digest_not_only_by_number(worker_clien
 
     assert drill["status"] == "passed"
     assert (drill["to_generation"], drill["to_digest"]) == (3, issued_digest(3))
-    assert drill["forward_generation"] == 4
+    assert (drill["forward_generation"], drill["forward_unconfirmed"]) == (4, [])
     assert (drill["workers"][0]["generation"], drill["workers"][0]["digest"]) == (3, issued_digest(3))
 
 
@@ -157,6 +158,30 @@ def test_a_roll_forward_a_worker_never_acked_is_said_in_the_drill_not_only_made(
 
     assert (drill["status"], drill["forward_generation"]) == ("passed", 4)
     assert drill["error"] == f"rolled forward to generation 4, but 1 of 1 workers did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: w-1 (no ack)"
+
+
+def test_a_passed_drill_whose_roll_forward_a_worker_missed_says_so_beside_passed_on_every_page(worker_client, operator_client, operator,
+                                                                                                 canary):
+    # "Passed" is the rollback's result; with the roll forward missed the fleet is left split,
+    # and a tired operator reading the badge alone took the drill for a clean one.
+    report(worker_client, 2)
+
+    def follow_the_rollback_then_freeze():
+        wait_for_generation(3)
+        ack(worker_client, 3)
+        report(worker_client, 3)
+
+    worker = in_thread(follow_the_rollback_then_freeze)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(15)
+
+    assert (drill["status"], drill["forward_unconfirmed"]) == ("passed", ["w-1"])
+    pages = Client()
+    pages.force_login(operator)
+    missed = "roll forward not followed by 1</span>"
+    for page in ("/drills/", f"/drills/{drill['id']}/", "/models/digits/"):
+        assert missed in pages.get(page).content.decode(), page
+    assert "not followed by w-1: they may still serve the rollback" in pages.get(f"/drills/{drill['id']}/").content.decode()
 
 
 def test_a_worker_restarted_under_its_id_during_the_drill_fails_it_and_its_failures_are_not_taken_as_zero(worker_client, operator_client, canary):

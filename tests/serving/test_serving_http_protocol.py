@@ -1342,7 +1342,7 @@ WIDE_BODY = orjson.dumps(v2_body(np.zeros((1, 90_000), np.float32)))
 def never_reading_client(worker, receive_buffer_bytes: int = 1024, connections_before: int = 0):
     """A client with a tiny receive buffer that pipelines wide requests and never reads an
     answer: the kernel's buffers fill, then the worker's, and its writes pause. Yields once
-    the worker stops taking its requests (1 s at most)."""
+    the worker stops taking its requests, or has cut the connection (1 s at most)."""
     connection = socket.socket()
     connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
     connection.connect(("127.0.0.1", worker.port))
@@ -1355,6 +1355,8 @@ def never_reading_client(worker, receive_buffer_bytes: int = 1024, connections_b
                 sent += connection.send(memoryview(requests)[sent:])
             except BlockingIOError:  # the worker reads no more while its answers wait on this client
                 time.sleep(0.01)
+            except (ConnectionResetError, BrokenPipeError):  # cut already (a budget of a byte is over at the first pause)
+                break
         yield connection
     finally:
         connection.close()
