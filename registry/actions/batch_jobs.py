@@ -9,8 +9,6 @@ job. Without a version, the job runs on the stable version of the current releas
 
 from __future__ import annotations
 
-import os
-
 from django.conf import settings
 from django.db import transaction
 
@@ -104,7 +102,7 @@ def _create(model, version, staged, file_format: str, rows: int | None, batch_si
                 job.save(update_fields=["total"])
             target = files.input_path(job)
             target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staged.path, target)
+            storage.move_into(staged.path, target)
             events.batch_job_submitted(job, created_by)
             records.enqueue(job)
     except BaseException:

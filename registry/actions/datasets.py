@@ -111,7 +111,7 @@ def _store(dataset: EvaluationDataset, staged: storage.StagedArtifact, created_b
     created_file = not _refreshed(target)
     if created_file:
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged.path, target)
+        storage.move_into(staged.path, target)
     try:
         with transaction.atomic():
             dataset.save()

@@ -150,6 +150,36 @@ def stage_stream(source: BinaryIO, max_bytes: int | None = None) -> StagedArtifa
     return writer.finish()
 
 
+def move_into(staged: Path, target: Path) -> None:
+    """``os.replace(staged, target)``, also where ``target`` is on another file system than
+    ``ARTIFACT_ROOT/tmp`` (an operator's volume mounted at ``…/jobs``, ``…/datasets`` or
+    ``…/sha256``: a rename there was EXDEV, a 500). The bytes are then copied beside the
+    target under a hidden name and renamed onto it, so no reader sees part of them; a copy
+    the disk refuses is removed before the error goes on."""
+    try:
+        os.replace(staged, target)
+        return
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False) as copy:
+        partial = Path(copy.name)
+        try:
+            with open(staged, "rb") as source:
+                shutil.copyfileobj(source, copy, CHUNK_BYTES)
+            copy.flush()
+            os.fsync(copy.fileno())
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+    try:
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    staged.unlink(missing_ok=True)
+
+
 def commit(staged: StagedArtifact) -> bool:
     """Move staged bytes into the store; True when this created the stored file."""
     target = path_for(staged.sha256)
@@ -159,7 +189,7 @@ def commit(staged: StagedArtifact) -> bool:
         os.utime(target)
     except FileNotFoundError:  # not there, or moved aside by delete_stale: this copy is fresh
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged.path, target)
+        move_into(staged.path, target)
         return True
     staged.path.unlink(missing_ok=True)
     return False
