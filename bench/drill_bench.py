@@ -101,15 +101,17 @@ def report(results: list[dict], statuses: Counter, workers: int) -> None:
     confirmed = [result["confirmed_s"] for result in results if result["confirmed_s"] is not None]
     failed = sum(result["failed_requests"] or 0 for result in results)
     passed = sum(result["status"] == "passed" for result in results)
+    split = [result for result in results if result.get("forward_unconfirmed")]
     print(f"\n{len(results)} drills, {workers} workers under load; client saw {dict(statuses)}")
     print("| measure | p50 ms | p99 ms | max ms |")
     print("|---|---:|---:|---:|")
     for name, values in (("call → last ack", last_ack), ("call → every worker confirmed serving", confirmed)):
         if values:
             print(f"| {name} | {percentile(values, 0.5) * 1000:.1f} | {percentile(values, 0.99) * 1000:.1f} | {max(values) * 1000:.1f} |")
-    print(f"\nall acked: {len(last_ack)}/{len(results)}; passed: {passed}/{len(results)}; failed requests during drills (worker-side 5xx): {failed}")
+    print(f"\nall acked: {len(last_ack)}/{len(results)}; passed: {passed}/{len(results)}; roll forward not followed by every worker: "
+          f"{len(split)}/{len(results)}; failed requests during drills (worker-side 5xx): {failed}")
     for result in results:
-        if result["status"] != "passed":
+        if result["status"] != "passed" or result.get("forward_unconfirmed"):
             print(f"drill {result['id']} {result['status']}: {result['error'] or result['workers']}")
 
 
