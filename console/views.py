@@ -345,8 +345,19 @@ def model_context(model: RegisteredModel, chosen: audit_log.AuditFilter = audit_
         "drills": model.drills.select_related("model", "actor")[:5],
         "upload_form": forms.UploadForm(),
         "details_form": forms.ModelDetailsForm(initial={"description": model.description, "tags": model.tags, "owner": model.owner.get_username() if model.owner else ""}),
-        "live_config": {"model": model.name, "gone_after_s": settings.WORKER_GONE_AFTER_S, "drill_silent_s": drills.RECENTLY_SILENT_S},
+        "live_config": {"model": model.name, "gone_after_s": settings.WORKER_GONE_AFTER_S, "drill_silent_s": drills.RECENTLY_SILENT_S,
+                        "workers": _drill_participants()},
     }
+
+
+def _drill_participants() -> list[dict]:
+    """The workers a drill started now would wait for, as the page's first reports: a worker
+    frozen before the page loaded sends it nothing, and the drill's progress left it out
+    ("1 of 1 worker" while the drill waited for two)."""
+    now = timezone.now()
+    workers, _, _ = drills.drill_workers(now)
+    return [{"worker": worker.worker_id, "generation": worker.generation, "seen_s_ago": max(0.0, (now - worker.last_seen_at).total_seconds())}
+            for worker in workers]
 
 
 def _store_changed(version: ModelVersion) -> bool:

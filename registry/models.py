@@ -202,6 +202,9 @@ class Drill(models.Model):
     # Workers that followed the rollback but did not confirm the roll forward's content in
     # time: the drill's status is the rollback's, so "passed" alone hid a fleet left split.
     forward_unconfirmed = models.JSONField(default=list, db_default=models.Value([], output_field=models.JSONField()))
+    # Workers gone (silent past WORKER_GONE_AFTER_S, under GONE_NOTED_FOR) when the drill
+    # started: not waited for, so "passed" says nothing of them; a frozen one still held its port.
+    not_measured = models.JSONField(default=list, db_default=models.Value([], output_field=models.JSONField()))
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     first_ack_s = models.FloatField(null=True, blank=True)

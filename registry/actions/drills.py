@@ -91,7 +91,8 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
         drill.to_digest = issued_digest(release.generation) or ""
         _judge(drill, _measure(drill, workers, release, failed_before, window, silent_s), window)
         if gone:  # not measured: a drill says so, never passes over them in silence
-            _add_reason(drill, f"not measured: {len(gone)} worker(s) gone before the drill (last report between "
+            drill.not_measured = gone
+            _add_reason(drill, f"not measured: {_workers(len(gone))} gone before the drill (last report between "
                                f"{RECENTLY_SILENT_S:g} s and {_duration(GONE_NOTED_FOR)} before it): {', '.join(gone)}")
         _note_uncounted_requests(drill)
         _note_silent_workers(drill)
@@ -118,7 +119,7 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
 
 def _log_result(drill: Drill) -> None:
     """The console's log said nothing of a drill's result: only its page and API did."""
-    passed = drill.status == DrillStatus.PASSED and not drill.forward_unconfirmed
+    passed = drill.status == DrillStatus.PASSED and not drill.forward_unconfirmed and not drill.not_measured
     logger.log(logging.INFO if passed else logging.WARNING, "drill #%s of %s %s (generation %s to %s)%s", drill.pk, drill.model.name,
                drill.status, drill.from_generation, drill.to_generation, f": {drill.error}" if drill.error else "")
 
@@ -143,6 +144,10 @@ def drill_target_s() -> float:
     the drill waits (DRILL_ACK_TIMEOUT_S), since nothing after the wait is seen; a target
     of 60 s beside a wait of 10 s failed a worker following in 12 s as "no ack"."""
     return min(settings.DRILL_TARGET_S, settings.DRILL_ACK_TIMEOUT_S)
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker{'' if count == 1 else 's'}"
 
 
 def _duration(span: timedelta) -> str:

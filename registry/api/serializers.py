@@ -440,12 +440,15 @@ class DrillSerializer(serializers.ModelSerializer):
     forward_unconfirmed = serializers.ListField(child=serializers.CharField(), read_only=True, help_text=(
         "Workers that followed the rollback but did not confirm the roll forward's content within DRILL_ACK_TIMEOUT_S (the "
         "summary, `error`, says why for each): `status` is the rollback's, so a passed drill with entries here left its fleet split."))
+    not_measured = serializers.ListField(child=serializers.CharField(), read_only=True, help_text=(
+        "Workers gone (silent past WORKER_GONE_AFTER_S) when the drill started, so not waited for: a passed drill says nothing of "
+        "them, and a frozen one may still hold its port."))
 
     class Meta:
         model = Drill
         fields = [
             "id", "model", "actor", "status", "roll_forward", "from_generation", "to_generation", "to_digest", "forward_generation",
-            "forward_pending", "forward_unconfirmed", "started_at", "finished_at",
+            "forward_pending", "forward_unconfirmed", "not_measured", "started_at", "finished_at",
             "first_ack_s", "last_ack_s", "confirmed_s", "failed_requests", "target_s", "workers", "error",
         ]
 

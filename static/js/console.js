@@ -424,6 +424,12 @@ window.ModelOps = (function () {
       return previous;
     }
 
+    // A report the page did not receive (the server's, at render), heard ``agoS`` seconds
+    // ago; one received since is newer and stays.
+    function seed(report, agoS) {
+      if (!latest.has(report.worker)) latest.set(report.worker, { ...report, receivedAt: Date.now() - agoS * 1000 });
+    }
+
     function seenWithin(seconds) {
       const cutoff = Date.now() - seconds * 1000;
       return [...latest.values()].filter((report) => report.receivedAt >= cutoff);
@@ -447,7 +453,7 @@ window.ModelOps = (function () {
       return totals;
     }
 
-    return { add, fresh, seenWithin, figures, latest };
+    return { add, seed, fresh, seenWithin, figures, latest };
   }
 
   // errors are 5xx answers, client_errors 4xx: both counted, shown side by side.

@@ -7,6 +7,7 @@
   const C = window.Charts;
   const config = JSON.parse(document.getElementById("live-config").textContent);
   const book = M.reportBook(config.gone_after_s);
+  (config.workers || []).forEach((worker) => book.seed(worker, worker.seen_s_ago));
   const BATCH_WINDOW_S = 60;
   const VERDICT_POLL_MS = 1000;
   const VERDICT_WAIT_MS = 10 * 60 * 1000;  // INSPECTION_TIMEOUT_S and a queue ahead of it
@@ -340,8 +341,8 @@
   // Progress counts the workers the server waits for: those that reported within
   // drill_silent_s when it started (a worker frozen a few seconds before is one, and fails
   // the drill unless it follows), never one whose last report said it stopped. One that
-  // falls silent stays counted, as not following. Only workers this page heard from are
-  // known here. A worker follows once it reports this model's part of the rollback's state
+  // falls silent stays counted, as not following. The page knows the workers the server
+  // listed at render (config.workers) and those it heard from since. A worker follows once it reports this model's part of the rollback's state
   // by the model's digest (at the rollback's generation or later: another model may fail
   // there, or change after), or, from a worker whose reports carry no model digests, the
   // rollback's state by its digest or a later generation.
@@ -359,6 +360,7 @@
       waitedFor = book.seenWithin(span).filter((report) => report.state !== "stopped").map((report) => report.worker);
       box.hidden = false;
       box.classList.remove("done");
+      box.scrollIntoView({ block: "nearest" });  // it sits below the panel: its timer was never in sight
       timer = setInterval(render, 100);
       render();
     }

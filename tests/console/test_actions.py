@@ -258,13 +258,13 @@ def test_drill_runs_and_reports_its_result(operator_page, canary_digits):
 
 
 def test_a_passed_drills_notes_come_after_its_figures():
-    # "Drill #1 passed: not measured: 1 worker(s) gone before the drill" read as a contradiction.
+    # "Drill #1 passed: not measured: 1 worker gone before the drill" read as a contradiction.
     from console.views import _drill_words
 
     drill = Drill(pk=7, status=DrillStatus.PASSED, last_ack_s=0.03, failed_requests=0,
-                  error="not measured: 1 worker(s) gone before the drill (last report between 60 s and 1 h before it): w-old")
+                  error="not measured: 1 worker gone before the drill (last report between 60 s and 1 h before it): w-old")
 
-    assert _drill_words(drill) == ("Drill #7 passed: last ack after 0.030 s, 0 failed requests. Noted: not measured: 1 worker(s) "
+    assert _drill_words(drill) == ("Drill #7 passed: last ack after 0.030 s, 0 failed requests. Noted: not measured: 1 worker "
                                    "gone before the drill (last report between 60 s and 1 h before it): w-old.")
 
 

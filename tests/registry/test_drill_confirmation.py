@@ -181,7 +181,7 @@ def test_a_passed_drill_whose_roll_forward_a_worker_missed_says_so_beside_passed
     missed = "roll forward not followed by 1</span>"
     for page in ("/drills/", f"/drills/{drill['id']}/", "/models/digits/"):
         assert missed in pages.get(page).content.decode(), page
-    assert "not followed by w-1: they may still serve the rollback" in pages.get(f"/drills/{drill['id']}/").content.decode()
+    assert "not followed by w-1 when the drill ended" in pages.get(f"/drills/{drill['id']}/").content.decode()
 
 
 def test_a_worker_restarted_under_its_id_during_the_drill_fails_it_and_its_failures_are_not_taken_as_zero(worker_client, operator_client, canary):

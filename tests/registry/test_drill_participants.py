@@ -92,7 +92,23 @@ def test_a_worker_gone_longer_before_the_drill_is_named_as_not_measured_and_does
     drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
 
     assert (drill["status"], [row["worker"] for row in drill["workers"]]) == ("passed", ["w-1"])
-    assert drill["error"] == "not measured: 1 worker(s) gone before the drill (last report between 60 s and 1 h before it): w-old"
+    assert drill["error"] == "not measured: 1 worker gone before the drill (last report between 60 s and 1 h before it): w-old"
+    assert drill["not_measured"] == ["w-old"]
+
+
+def test_a_passed_drill_that_did_not_measure_a_gone_worker_says_so_beside_passed(worker_client, operator_client, operator, canary):
+    # A frozen worker past WORKER_GONE_AFTER_S still held its port; the drill read a green
+    # "Passed" with its note in the summary alone.
+    from django.test import Client
+
+    reported(worker_client, "w-1")
+    reported(worker_client, "w-old", silent_for_s=30 * 60)
+    drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=0)])
+    pages = Client()
+    pages.force_login(operator)
+
+    for page in ("/drills/", f"/drills/{drill['id']}/", "/models/digits/"):
+        assert "1 not measured</span>" in pages.get(page).content.decode(), page
 
 
 def test_a_worker_gone_over_an_hour_before_the_drill_is_not_named(worker_client, operator_client, canary):

@@ -15,4 +15,9 @@ class Migration(migrations.Migration):
             name='forward_unconfirmed',
             field=models.JSONField(db_default=models.Value([], output_field=models.JSONField()), default=list),
         ),
+        migrations.AddField(
+            model_name='drill',
+            name='not_measured',
+            field=models.JSONField(db_default=models.Value([], output_field=models.JSONField()), default=list),
+        ),
     ]
