@@ -142,9 +142,8 @@ def test_a_drill_says_what_was_applied_by_digest_not_only_by_number(worker_clien
     assert (drill["workers"][0]["generation"], drill["workers"][0]["digest"]) == (3, issued_digest(3))
 
 
-def test_a_roll_forward_a_worker_never_acked_is_said_in_the_drill_not_only_made(worker_client, operator_client, canary, settings):
-    # The drill said "rolled forward" after waiting out DRILL_ACK_TIMEOUT_S for acks that
-    # never came, and recorded the wait nowhere.
+def drill_whose_roll_forward_w1_misses(worker_client, operator_client) -> dict:
+    """A drill whose only worker follows the rollback, then freezes before the roll forward."""
     report(worker_client, 2)
 
     def follow_the_rollback_then_freeze():
@@ -155,6 +154,13 @@ def test_a_roll_forward_a_worker_never_acked_is_said_in_the_drill_not_only_made(
     worker = in_thread(follow_the_rollback_then_freeze)
     drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
     worker.join(15)
+    return drill
+
+
+def test_a_roll_forward_a_worker_never_acked_is_said_in_the_drill_not_only_made(worker_client, operator_client, canary, settings):
+    # The drill said "rolled forward" after waiting out DRILL_ACK_TIMEOUT_S for acks that
+    # never came, and recorded the wait nowhere.
+    drill = drill_whose_roll_forward_w1_misses(worker_client, operator_client)
 
     assert (drill["status"], drill["forward_generation"]) == ("passed", 4)
     assert drill["error"] == f"rolled forward to generation 4, but 1 of 1 workers did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: w-1 (no ack)"
@@ -164,16 +170,7 @@ def test_a_passed_drill_whose_roll_forward_a_worker_missed_says_so_beside_passed
                                                                                                  canary):
     # "Passed" is the rollback's result; with the roll forward missed the fleet is left split,
     # and a tired operator reading the badge alone took the drill for a clean one.
-    report(worker_client, 2)
-
-    def follow_the_rollback_then_freeze():
-        wait_for_generation(3)
-        ack(worker_client, 3)
-        report(worker_client, 3)
-
-    worker = in_thread(follow_the_rollback_then_freeze)
-    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
-    worker.join(15)
+    drill = drill_whose_roll_forward_w1_misses(worker_client, operator_client)
 
     assert (drill["status"], drill["forward_unconfirmed"]) == ("passed", ["w-1"])
     pages = Client()
