@@ -62,11 +62,15 @@ class KeptUserAdmin(UserAdmin):
     def user_change_password(self, request, id, form_url=""):
         """Django's own form changes the hash only: the user's API token is revoked with it,
         in one transaction, as the Users page's reset does."""
+        if request.method != "POST":
+            return super().user_change_password(request, id, form_url)
         with transaction.atomic():
             user = self.get_object(request, unquote(id))
-            before = None if user is None else user.password
+            # Locked: a change the user made to their own password meanwhile is not taken for the admin's.
+            before = None if user is None else User.objects.select_for_update().filter(pk=user.pk).values_list("password", flat=True).first()
             response = super().user_change_password(request, id, form_url)
-            if user is not None and User.objects.filter(pk=user.pk).values_list("password", flat=True).first() != before:
+            saved = response.status_code == 302 and user is not None
+            if saved and User.objects.filter(pk=user.pk).values_list("password", flat=True).first() != before:
                 users.password_set_by_admin(user, request.user)
         return response
 

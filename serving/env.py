@@ -24,11 +24,10 @@ def settle_ort_telemetry() -> None:
     false word, written back as the 1 or 0 it reads. Empty is "not set", as for every
     setting; a value that is no true/false word is left for the settings' readers
     (console/settings.py, ServingConfig.from_env) to stop the process with, not an import."""
-    value = os.environ.get("ORT_DISABLE_TELEMETRY", "").strip().lower()
-    if value in ("", *TRUE_WORDS):
-        os.environ["ORT_DISABLE_TELEMETRY"] = "1"
-    elif value in FALSE_WORDS:
-        os.environ["ORT_DISABLE_TELEMETRY"] = "0"
+    try:
+        os.environ["ORT_DISABLE_TELEMETRY"] = "1" if env_bool("ORT_DISABLE_TELEMETRY", True) else "0"
+    except SettingError:
+        pass  # stopped by the settings' readers, with the sentence
 
 
 class SettingError(ValueError):

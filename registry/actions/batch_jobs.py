@@ -9,6 +9,8 @@ job. Without a version, the job runs on the stable version of the current releas
 
 from __future__ import annotations
 
+import os
+
 from django.conf import settings
 from django.db import transaction
 
@@ -88,6 +90,9 @@ def _check_still_ready(version: ModelVersion) -> None:
 
 def _create(model, version, staged, file_format: str, rows: int | None, batch_size: int, input_name: str, created_by) -> Job:
     job = None
+    # On the jobs folder's file system before the lock below: a copy there (a volume of its
+    # own) of up to JOB_MAX_INPUT_BYTES held every release, rollback and drill meanwhile.
+    beside = storage.brought_to(staged.path, files.jobs_root())
     try:
         with transaction.atomic():
             # Retention decides what to keep under this lock, and keeps the version of a queued
@@ -102,10 +107,11 @@ def _create(model, version, staged, file_format: str, rows: int | None, batch_si
                 job.save(update_fields=["total"])
             target = files.input_path(job)
             target.parent.mkdir(parents=True, exist_ok=True)
-            storage.move_into(staged.path, target)
+            os.replace(beside, target)
             events.batch_job_submitted(job, created_by)
             records.enqueue(job)
     except BaseException:
+        beside.unlink(missing_ok=True)
         if job is not None:
             files.remove_job_files(job)
         raise

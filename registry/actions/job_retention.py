@@ -106,7 +106,8 @@ def _job_folders() -> list[Path]:
 
 def _dataset_files() -> list[Path]:
     root = files.datasets_root()
-    return [path for path in root.iterdir() if path.is_file()] if root.is_dir() else []
+    # Hidden names are copies on their way in (storage.brought_to): the staging sweep's.
+    return [path for path in root.iterdir() if path.is_file() and not path.name.startswith(".")] if root.is_dir() else []
 
 
 def _names_a_dataset(path: Path) -> bool:

@@ -88,16 +88,29 @@ def write_refusal(error: BaseException) -> tuple[int, str] | None:
 
 
 def full_message(error: OSError) -> str:
-    """What a 507 says: the store is full, how much is free, and that nothing was kept."""
-    free = free_bytes()
-    room = "" if free is None else f" ({free} bytes free in ARTIFACT_ROOT)"
+    """What a 507 says: the store is full, how much is free where the write failed (a part
+    of the store may be a volume of its own), and that nothing was kept."""
+    folder = _failed_folder(error)
+    free = free_bytes(folder)
+    where = "ARTIFACT_ROOT" if folder == root() else f"ARTIFACT_ROOT/{folder.relative_to(root()).parts[0]}"
+    room = "" if free is None else f" ({free} bytes free in {where})"
     return f"the artifact store is full: {os.strerror(error.errno).lower()}{room}; nothing was kept: send it again once space is freed"
 
 
-def free_bytes() -> int | None:
-    """Bytes the store's file system has free for us; None when it cannot say."""
+def _failed_folder(error: OSError) -> Path:
+    """The part of the store the failed write was in (its top folder), else the store."""
     try:
-        return shutil.disk_usage(root()).free
+        # Not resolved: a part mounted elsewhere is reached through its name under the store.
+        named = Path(os.path.abspath(error.filename)).relative_to(os.path.abspath(root())) if error.filename else None
+    except (ValueError, TypeError):
+        named = None
+    return root() / named.parts[0] if named is not None and named.parts else root()
+
+
+def free_bytes(folder: Path | None = None) -> int | None:
+    """Bytes the file system of ``folder`` (the store's) has free for us; None when it cannot say."""
+    try:
+        return shutil.disk_usage(folder or root()).free
     except OSError:
         return None
 
@@ -150,34 +163,64 @@ def stage_stream(source: BinaryIO, max_bytes: int | None = None) -> StagedArtifa
     return writer.finish()
 
 
+# A copy on its way into a part of the store on another file system (``brought_to``):
+# hidden, and swept by ``sweep_stale_staging`` when a process died before renaming it.
+PARTIAL_SUFFIX = ".partial"
+
+
 def move_into(staged: Path, target: Path) -> None:
     """``os.replace(staged, target)``, also where ``target`` is on another file system than
     ``ARTIFACT_ROOT/tmp`` (an operator's volume mounted at ``…/jobs``, ``…/datasets`` or
-    ``…/sha256``: a rename there was EXDEV, a 500). The bytes are then copied beside the
-    target under a hidden name and renamed onto it, so no reader sees part of them; a copy
-    the disk refuses is removed before the error goes on."""
+    ``…/sha256``: a rename there was EXDEV, a 500)."""
+    beside = brought_to(staged, target.parent)
     try:
-        os.replace(staged, target)
-        return
-    except OSError as error:
-        if error.errno != errno.EXDEV:
-            raise
-    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False) as copy:
-        partial = Path(copy.name)
-        try:
-            with open(staged, "rb") as source:
-                shutil.copyfileobj(source, copy, CHUNK_BYTES)
-            copy.flush()
-            os.fsync(copy.fileno())
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-    try:
-        os.replace(partial, target)
+        os.replace(beside, target)
     except BaseException:
-        partial.unlink(missing_ok=True)
+        beside.unlink(missing_ok=True)
         raise
+    _sync_folder(target.parent)
+
+
+def brought_to(staged: Path, folder: Path) -> Path:
+    """``staged`` moved into ``folder`` under a hidden name, for a rename from there that
+    cannot cross file systems: renamed when ``folder`` is on the staging file system, else
+    copied and synced (a copy the disk refuses is removed before the error goes on, named
+    by where it failed), so no reader of the final name ever sees part of the bytes. Slow
+    for a large file on another file system: call it before taking a lock, not under one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    descriptor, name = tempfile.mkstemp(dir=folder, prefix=".incoming-", suffix=PARTIAL_SUFFIX)
+    beside = Path(name)
+    try:
+        try:
+            os.replace(staged, beside)
+            return beside
+        except OSError as error:
+            if error.errno != errno.EXDEV:
+                raise
+        with open(staged, "rb") as source:
+            while chunk := source.read(CHUNK_BYTES):
+                view = memoryview(chunk)
+                while view:  # os.write may write less than it was given
+                    view = view[os.write(descriptor, view):]
+        os.fsync(descriptor)
+    except BaseException as error:
+        beside.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(beside)  # a full volume is named by where the write failed (full_message)
+        raise
+    finally:
+        os.close(descriptor)
     staged.unlink(missing_ok=True)
+    return beside
+
+
+def _sync_folder(folder: Path) -> None:
+    """The rename into ``folder`` made durable before the staged copy is gone for good."""
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def commit(staged: StagedArtifact) -> bool:
@@ -256,11 +299,12 @@ def _aside_path(sha256: str) -> Path:
 
 def sweep_staging(max_age_s: float, *, now: float | None = None) -> int:
     """Delete staged files nobody has written to for ``max_age_s`` (a process killed
-    mid-upload leaves them; live uploads write, or are inspected, well within that).
-    Only ``tmp/`` is swept: stored artifacts are never touched. Returns how many went."""
+    mid-upload leaves them; live uploads write, or are inspected, well within that), and
+    copies ``brought_to`` left on their way into the store's parts. Only those are swept:
+    stored artifacts are never touched. Returns how many went."""
     cutoff = (time.time() if now is None else now) - max_age_s
     removed = 0
-    for path in tmp_dir().iterdir():
+    for path in [*tmp_dir().iterdir(), *_partials()]:
         try:
             if path.is_file() and path.stat().st_mtime < cutoff:
                 path.unlink()
@@ -268,6 +312,11 @@ def sweep_staging(max_age_s: float, *, now: float | None = None) -> int:
         except FileNotFoundError:
             pass  # its upload finished or another sweep got there first
     return removed
+
+
+def _partials() -> list[Path]:
+    found = [path for folder in (root() / "jobs", root() / "datasets") for path in folder.glob(f".incoming-*{PARTIAL_SUFFIX}")]
+    return found + list((root() / "sha256").glob(f"*/.incoming-*{PARTIAL_SUFFIX}"))
 
 
 def sweep_stale_staging() -> int:
