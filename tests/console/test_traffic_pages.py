@@ -400,3 +400,16 @@ def test_while_a_drill_s_roll_forward_is_owed_the_panel_links_to_it_instead_of_o
     html = release_panel(operator_page)
 
     assert f'<a class="button" href="/drills/{drill.pk}/" id="drill-button">Drill #{drill.pk} rolling forward…</a>' in html
+
+
+def test_a_gone_worker_behind_is_shown_behind_when_last_heard_not_as_serving_nothing(viewer_page, canary_digits):
+    """A frozen worker still held its port: "it serves nothing now" was a guess, and its old
+    generation had no highlight beside the current one."""
+    report_from("w-frozen", generation=1, versions=[], seconds_ago=120)
+
+    html = viewer_page.get("/workers/").content.decode()
+
+    row = html[html.index('data-worker="w-frozen"'):]
+    row = row[:row.index("</tr>")]
+    assert "1 · behind when last heard</span>" in row and "pill-warn" in row
+    assert "serves nothing now" not in row
