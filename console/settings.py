@@ -430,6 +430,9 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # The schema maps every endpoint and field: signed-in users only (401 otherwise).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # A request's schema apart from its answer's: file fields are `format: binary` (a
+    # generated client sends a file), where one shared schema typed them as URLs.
+    "COMPONENT_SPLIT_REQUEST": True,
     # Several models have a `status`: each enum is named for its model, not a hash.
     "ENUM_NAME_OVERRIDES": {
         "VersionStatusEnum": "registry.domain.choices.VersionStatus",

@@ -51,7 +51,7 @@ def exception_handler(exc, context):
     if response.status_code == 404 and not response.data["error"].strip():
         response.data["error"] = _unnamed_not_found(context.get("request"))
     elif response.status_code == 404:
-        response.data["error"] = _named_not_found(response.data["error"], context.get("kwargs") or {})
+        response.data["error"] = _named_not_found(response.data["error"], context.get("kwargs") or {}, context.get("request"))
     return response
 
 
@@ -94,7 +94,7 @@ NOT_FOUND_WORDS = {"ModelVersion": ("version", "number"), "Rollout": ("rollout",
                    "EvaluationDataset": ("data set", "dataset")}
 
 
-def _named_not_found(message: str, kwargs: dict) -> str:
+def _named_not_found(message: str, kwargs: dict, request=None) -> str:
     match = DJANGO_NOT_FOUND.fullmatch(message)
     if match is None:
         return message
@@ -103,7 +103,11 @@ def _named_not_found(message: str, kwargs: dict) -> str:
     name = kwargs.get("name")
     if name is not None and (match[1] == "RegisteredModel" or not RegisteredModel.objects.filter(name=name).exists()):
         other = RegisteredModel.objects.filter(name__iexact=name).values_list("name", flat=True).first()
-        return f"no model named {name!r}" + (f" (names keep their case: did you mean {other!r}?)" if other else "")
+        if other:
+            return f"no model named {name!r} (names keep their case: did you mean {other!r}?)"
+        # An upload to a model not made yet: a newcomer was told only that it did not exist.
+        first = f"; create it first: POST /api/models/ with {{\"name\": \"{name}\"}}" if getattr(request, "method", "") == "POST" else ""
+        return f"no model named {name!r}{first}"
     noun, key = NOT_FOUND_WORDS.get(match[1], (None, None))
     if noun is None or key not in kwargs:
         return f"no such {match[1]}"

@@ -23,8 +23,9 @@ def clip_key(key: object) -> str:
     return text if len(text) <= 80 else text[:80] + "…"
 
 
+# Mixed into a serializer that reads a request body (before DRF's own class). A comment,
+# not a docstring: the API schema took it for the description of every such serializer.
 class RefusesUnknownKeys:
-    """Mixed into a serializer that reads a request body (before DRF's own class)."""
 
     def to_internal_value(self, data):
         if isinstance(data, Mapping):

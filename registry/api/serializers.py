@@ -179,6 +179,8 @@ class TagsField(serializers.Field):
 OWNER_HELP = "The username of whoever answers for the model (an active user), or null for nobody; the creator when not given."
 
 
+# "" is null, as DRF reads it for every related field: the request's schema says so (no minLength).
+@extend_schema_field({"type": "string", "nullable": True})
 class OwnerField(serializers.SlugRelatedField):
     """An active user by username; anything but a string is refused as invalid."""
 

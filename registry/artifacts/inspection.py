@@ -721,7 +721,20 @@ def _create_session(data: bytes):
     try:
         return onnxruntime.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     except _onnxruntime_errors() as error:
-        _raise_runtime_refusal("ONNX Runtime could not load the model", error)
+        _raise_runtime_refusal("ONNX Runtime could not load the model", error, _load_hint(str(error)))
+
+
+def _load_hint(message: str) -> str:
+    """What to do about a version ONNX Runtime cannot load: the onnx package writes its newest
+    IR version and opset by default, newer than an ONNX Runtime released before it loads
+    (a newcomer's first model was refused twice, for each in turn)."""
+    if "IR version" in message:
+        return ("; save the model with an IR version at most the one named (with the onnx package: "
+                "model.ir_version = N before onnx.save), and an ai.onnx opset this ONNX Runtime supports")
+    if re.search(r"opset|official support for domain", message, re.IGNORECASE):
+        return ("; save the model with an ai.onnx opset at most the one named (with the onnx package: "
+                "helper.make_model(graph, opset_imports=[helper.make_opsetid('', N)]))")
+    return ""
 
 
 def _smoke_run(session, input_specs: list[dict]) -> tuple[dict, float]:
@@ -879,12 +892,12 @@ def _shape_matches(declared: list, actual: list[int]) -> bool:
     return all(not isinstance(expected, int) or expected == got for expected, got in zip(declared, actual))
 
 
-def _raise_runtime_refusal(what: str, error: BaseException) -> None:
+def _raise_runtime_refusal(what: str, error: BaseException, hint: str = "") -> None:
     # ORT turns a failed allocation under RLIMIT_AS into an ordinary error; report it
     # as the memory limit it is (the step runner words MemoryError).
     if _mentions_memory_exhaustion(str(error)):
         raise MemoryError(_trim(error)) from None
-    raise _Refusal(f"{what}: {_trim(error)}") from None
+    raise _Refusal(f"{what}: {_trim(error)}{hint}") from None
 
 
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")

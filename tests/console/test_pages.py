@@ -212,7 +212,7 @@ def test_workers_page_never_calls_a_stopped_or_gone_worker_behind(viewer_page, c
 
     assert 'data-worker="retired" data-generation="1" class="stopped">' in html
     assert 'data-worker="departed" data-generation="1" class="gone">' in html
-    assert "· behind" not in html
+    assert "· behind</span>" not in html  # a gone one's generation is "behind when last heard", in the past tense
 
 
 def test_drills_page_lists_every_drill_with_its_result(viewer_page, canary_digits, operator):

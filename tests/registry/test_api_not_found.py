@@ -21,3 +21,10 @@ def test_a_missing_resource_is_a_404_naming_it(viewer_client, three_versions, pa
     response = viewer_client.get(path)
 
     assert (response.status_code, response.json()) == (404, {"error": error})
+
+
+def test_an_upload_to_a_model_not_made_yet_says_to_make_it_first(operator_client, good_onnx):
+    with open(good_onnx, "rb") as handle:
+        response = operator_client.post("/api/models/tiny3/versions/", {"artifact": handle}, format="multipart")
+
+    assert (response.status_code, response.json()) == (404, {"error": 'no model named \'tiny3\'; create it first: POST /api/models/ with {"name": "tiny3"}'})

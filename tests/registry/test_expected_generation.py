@@ -150,7 +150,7 @@ def test_the_schema_documents_expected_generation_as_optional():
     spec = SchemaGenerator().get_schema(request=None, public=True)
     bodies = spec["components"]["schemas"]
 
-    for name in ("SetRoutes", "Reason", "Restore", "DrillRequest"):
+    for name in ("SetRoutesRequest", "ReasonRequest", "RestoreRequest", "DrillRequestRequest"):
         assert bodies[name]["properties"]["expected_generation"]["type"] == "integer"
         assert "expected_generation" not in bodies[name].get("required", [])
     conflict = spec["paths"]["/api/models/{name}/release/rollback/"]["post"]["responses"]["409"]

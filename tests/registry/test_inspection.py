@@ -722,3 +722,28 @@ def test_a_producer_s_control_characters_are_dropped(tmp_path):
 
 def test_a_max_batch_size_of_one_runs_one_row_once(good_onnx):
     assert inspect_artifact(good_onnx, max_batch_size=1).report["batch_sizes_run"] == [1]
+
+
+def _relu_with_the_onnx_packages_defaults(ir_version: int | None = None) -> onnx.ModelProto:
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "relu",
+                                   [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                                   [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    model = onnx.helper.make_model(graph)  # the onnx package's newest IR version and opset (14 and 28 with onnx 1.23)
+    if ir_version is not None:
+        model.ir_version = ir_version
+    return model
+
+
+def test_a_model_saved_newer_than_onnx_runtime_loads_is_told_how_to_save_it(tmp_path):
+    """A newcomer's first model, built with the bundled onnx package's defaults, was refused
+    for its IR version, then for its opset, each time with nothing said of what to do."""
+    newest = tmp_path / "newest.onnx"
+    onnx.save(_relu_with_the_onnx_packages_defaults(), newest)
+    older_ir = tmp_path / "older-ir.onnx"
+    onnx.save(_relu_with_the_onnx_packages_defaults(ir_version=13), older_ir)
+
+    for path, words in ((newest, "save the model with an IR version at most the one named (with the onnx package: model.ir_version = N"),
+                        (older_ir, "save the model with an ai.onnx opset at most the one named")):
+        error = refusal(path)
+        assert error.status == 422
+        assert error.reason.startswith("ONNX Runtime could not load the model: ") and words in error.reason, error.reason

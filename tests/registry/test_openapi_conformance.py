@@ -191,3 +191,16 @@ def credentials_for(case, operator_headers: dict) -> dict:
 )
 def test_every_operation_conforms_to_the_schema(case, api_world):
     case.call_and_validate(headers=credentials_for(case, api_world))
+
+
+@pytest.mark.django_db
+def test_the_schema_types_every_uploaded_file_as_binary_and_leaks_no_internal_docstring():
+    """A newcomer's generated client would have sent a URL string: file fields were
+    `format: uri`; and a mixin's docstring was the description of ten request bodies."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    bodies = SchemaGenerator().get_schema(request=None, public=True)["components"]["schemas"]
+
+    for name, field in (("VersionUploadRequest", "artifact"), ("BatchJobRequestRequest", "input"), ("DatasetRequestRequest", "file")):
+        assert bodies[name]["properties"][field]["format"] == "binary", (name, bodies[name]["properties"][field])
+    assert not [name for name, body in bodies.items() if "Mixed into" in body.get("description", "")]
