@@ -623,8 +623,10 @@ def _is_numeric_record(fields: Sequence[str]) -> bool:
 def _csv_records(path: Path, max_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) of each non-empty record; FormatError at a line longer than
     ``max_bytes``, before the csv module splits it."""
-    # Undecodable bytes become U+FFFD and then fail as a value of their own row only.
-    with open(path, encoding="utf-8", errors="replace", newline="") as fp:
+    # Undecodable bytes become U+FFFD and then fail as a value of their own row only. A BOM
+    # (Excel's "CSV UTF-8" writes one) is not text: read into the first value, that row was
+    # taken for a header and dropped, the output one row short and shifted.
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fp:
         reader = csv.reader(_bounded_text_lines(fp, max_bytes))
         try:
             for fields in reader:

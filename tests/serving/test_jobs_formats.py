@@ -237,6 +237,14 @@ def test_a_csv_header_is_skipped_and_a_short_row_is_its_own_error(tmp_path):
                                            "line 4: field 4 ('x') is not a number"]
 
 
+def test_a_csv_file_starting_with_a_byte_order_mark_keeps_its_first_row(tmp_path):
+    """Excel's "CSV UTF-8" writes a BOM: read into the first value, that row was taken for a
+    header and dropped, and every output row shifted by one."""
+    (tmp_path / "x.csv").write_bytes(b"\xef\xbb\xbf1,2,3,4\n5,6,7,8\n")
+    rows = list(csv_rows(tmp_path / "x.csv", [FEATURES]))
+    assert [(row.line, row.feeds[0].tolist()) for row in rows] == [(1, [1, 2, 3, 4]), (2, [5, 6, 7, 8])]
+
+
 def test_csv_feeds_only_a_single_rank_two_input(tmp_path):
     (tmp_path / "x.csv").write_text("1,2\n")
     with pytest.raises(FormatError, match="one input of shape \\[batch, features\\]"):
