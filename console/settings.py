@@ -125,6 +125,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "console.outage.DatabaseOutageMiddleware",  # outside the session and auth middleware: 503, not 500
     "registry.api.query_parameters.refuse_repeated_query_parameters",  # before anything reads the query
+    "console.form_charset.refuse_form_charsets",  # before anything reads a form's fields
     "django.contrib.sessions.middleware.SessionMiddleware",
     "console.method_not_allowed.MethodNotAllowedPage",  # a page address visited with the wrong method: the error page
     "console.trailing_slash.AppendSlashMiddleware",  # Django's CommonMiddleware, answering a change 308 (keeps its body)

@@ -349,3 +349,19 @@ def test_a_data_set_description_with_a_directional_override_is_refused_and_store
     assert response.json()["error"] == "description: must not hold control characters or directional overrides (found U+202E)"
     assert not EvaluationDataset.objects.exists()
     assert dataset_files(artifact_root) == []
+
+
+@pytest.mark.parametrize("charset", ["utf-7", "unicode_escape"])
+def test_a_multipart_upload_in_another_charset_is_a_400_and_stores_nothing(jobs_model, operator_client, artifact_root, charset):
+    """Django decodes a multipart form's fields by its charset: under utf-7 a description of
+    "+ADw-script+AD4-" was stored as "<script>", other text than a proxy in front had read."""
+    from django.test.client import encode_multipart
+
+    body = encode_multipart("B", {"file": labelled(6), "name": "held", "task": "classification", "description": "safe +ADw-script+AD4-"})
+
+    response = operator_client.post(DATASETS, body, content_type=f"multipart/form-data; boundary=B; charset={charset}")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == ("HTTP requests with the 'multipart/form-data' content type must be UTF-8 encoded, "
+                                        f"not charset={charset}.")
+    assert not EvaluationDataset.objects.exists() and dataset_files(artifact_root) == []
