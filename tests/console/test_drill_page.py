@@ -128,7 +128,9 @@ def test_a_failed_drill_shows_each_workers_fate_and_its_whole_summary(viewer_pag
     mute = row_of(page, "w-mute")
     assert '<span class="error-text">no ack</span>' in mute and '<span class="error-text">not confirmed</span>' in mute
     assert '<li class="error-text">no ack before the timeout</li>' in mute and 'data-match="none"' in mute
-    assert f"<dt>Roll forward</dt><dd>to generation {failed_drill.forward_generation}</dd>" in page
+    missed = ", ".join(failed_drill.forward_unconfirmed)  # its roll forward no worker acked in time
+    assert failed_drill.forward_unconfirmed and (f"<dt>Roll forward</dt><dd>to generation {failed_drill.forward_generation}<span class=\"hint error-text\">"
+                                                 f"not followed by {missed} when the drill ended") in page
 
 
 def test_a_running_drill_says_so(viewer_page, canary_digits, operator):
