@@ -12,13 +12,12 @@ attacker's review, 7 Dec). The API's JSON parser refuses such charsets too
 
 from __future__ import annotations
 
-import codecs
-
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import BadRequest
 from django.utils.decorators import sync_and_async_middleware
+from django.utils.http import parse_header_parameters
 
-READ_AS = ("utf-8", "ascii")  # ASCII is UTF-8's subset: read alike
+from registry.api.parsers import read_as_utf8
 
 
 @sync_and_async_middleware
@@ -37,24 +36,7 @@ def refuse_form_charsets(get_response):
 
 
 def check(request) -> None:
-    kind, _, parameters = request.META.get("CONTENT_TYPE", "").partition(";")
-    if kind.strip().lower() != "multipart/form-data":
-        return
-    charset = _charset(parameters)
-    if charset is not None and not _is_utf8(charset):
+    kind, parameters = parse_header_parameters(request.META.get("CONTENT_TYPE", ""))
+    charset = parameters.get("charset")
+    if kind == "multipart/form-data" and charset is not None and not read_as_utf8(charset):
         raise BadRequest(f"HTTP requests with the 'multipart/form-data' content type must be UTF-8 encoded, not charset={charset[:40]}.")
-
-
-def _charset(parameters: str) -> str | None:
-    for parameter in parameters.split(";"):
-        name, _, value = parameter.partition("=")
-        if name.strip().lower() == "charset":
-            return value.strip().strip('"')
-    return None
-
-
-def _is_utf8(charset: str) -> bool:
-    try:
-        return codecs.lookup(charset).name in READ_AS
-    except LookupError:
-        return False

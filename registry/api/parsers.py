@@ -26,10 +26,18 @@ TOO_DEEP = "JSON parse error - nested too deeply"
 SHOWN_KEY_CHARS = 40
 
 
+def read_as_utf8(encoding: str) -> bool:
+    """A charset whose text is UTF-8's: UTF-8 itself, or ASCII, its subset (read alike)."""
+    try:
+        return codecs.lookup(encoding).name in ("utf-8", "ascii")
+    except LookupError:
+        return False
+
+
 class JSONParser(parsers.JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
         encoding = parsers.get_encoding(parser_context or {})
-        if codecs.lookup(encoding).name not in ("utf-8", "ascii"):  # ASCII is UTF-8's subset: read alike
+        if not read_as_utf8(encoding):
             raise UnsupportedMediaType(media_type, f"JSON is read as UTF-8 only (RFC 8259), not charset={encoding}.")
         try:
             return json.load(codecs.getreader(encoding)(stream), parse_constant=json.strict_constant,
