@@ -58,7 +58,7 @@ USER 10001:10001
 EXPOSE 8000 8001
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
-CMD ["python", "-m", "uvicorn", "console.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--http", "h11", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers", "--lifespan", "off", "--ws-max-size", "4096"]
+CMD ["python", "-m", "uvicorn", "console.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--http", "console.http_protocol:HeadTimedH11Protocol", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers", "--lifespan", "off", "--ws-max-size", "4096"]
 
 # ---------------------------------------------------------------- runtime (default): CPU
 FROM ${PYTHON_IMAGE} AS runtime
@@ -81,4 +81,4 @@ EXPOSE 8000 8001
 # The console's liveness; compose gives the other processes their own probe.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
-CMD ["python", "-m", "uvicorn", "console.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--http", "h11", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers", "--lifespan", "off", "--ws-max-size", "4096"]
+CMD ["python", "-m", "uvicorn", "console.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--http", "console.http_protocol:HeadTimedH11Protocol", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers", "--lifespan", "off", "--ws-max-size", "4096"]

@@ -20,10 +20,22 @@ upload URL used to take 1 GB of disk before its 401. Here a body larger than the
 limit is read only when the request's own credentials (an API token, or a session
 cookie) name an active operator or admin; anyone else is answered 401 or 403 before a
 byte of it is read.
+
+Nor is the default limit for anyone: a request whose credentials name no one (no API
+token, no signed-in session, no worker token) may carry ``ANONYMOUS_BODY_BYTES``. The
+sign-in form is a few hundred bytes, and Django holds a body of up to 2.5 MB in memory:
+300 unfinished 2.6 MB bodies to ``/login/`` took the console from 376 to 962 MB.
+
+And a body has a deadline, as Apache's ``mod_reqtimeout`` (``body=20,MinRate=500``)
+gives one: ``CONSOLE_CLIENT_WAIT_S`` from the first read, one more second for every
+``BODY_MIN_RATE`` bytes received. A client past it is answered 408 and its connection closed; one that sent 1
+byte every 10 s used to hold its connection and its part of a body for ever. (The
+request head's deadline is ``console.http_protocol``'s.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from http.cookies import CookieError, SimpleCookie
@@ -43,6 +55,7 @@ from console import outage
 from console.asgi_headers import header
 from console.trailing_slash import SAFE_METHODS, slash_words
 from registry.actions import uploads
+from registry.api.permissions import carries_worker_token
 from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES, csrf_failure_from_headers
 from registry.db_unavailable import is_database_unavailable
 from registry.domain.roles import can_operate
@@ -59,6 +72,15 @@ UPLOAD_LIMITS = {
 UPLOAD_URL_NAMES = frozenset(UPLOAD_LIMITS)
 # The last word of those endpoints' URLs that end with a slash (an upload sent without it is redirected).
 UPLOAD_URL_ENDINGS = frozenset({"versions", "upload", "jobs", "datasets"})
+ANONYMOUS_BODY_BYTES = 64 * 1024
+ANONYMOUS_REFUSAL = (f"a request without a sign-in or a token may carry at most {ANONYMOUS_BODY_BYTES} bytes: "
+                     "sign in or send an API token; the body was not read")
+BODY_MIN_RATE = 500  # bytes a second
+
+
+def body_timed_out_words() -> str:
+    return (f"the request body arrived slower than {BODY_MIN_RATE} bytes a second after its first {settings.CONSOLE_CLIENT_WAIT_S:g} "
+            "seconds (CONSOLE_CLIENT_WAIT_S); the connection is closed")
 
 
 def body_limit_for(path: str) -> int | None:
@@ -91,6 +113,13 @@ def uploader_refusal(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | No
     if not can_operate(user):
         return 403, "your role may only read: operators and admins upload; the body was not read"
     return None
+
+
+def carries_credentials(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the request's own credentials name someone: the worker token, an API
+    token's active user, or a signed-in session. Reads the database for the last two."""
+    authorization = header(headers, b"authorization") or ""
+    return carries_worker_token(authorization.encode("latin-1")) or _token_user(headers) is not None or _session_user(headers) is not None
 
 
 def _token_user(headers):
@@ -194,8 +223,8 @@ def _session_user_past_csrf(scope):
 
 
 REFUSAL_HEADINGS = {400: "The request was malformed", 401: "Sign in first", 403: "Your role may not do this",
-                    411: "The upload had no length", 413: "What you sent is too large", 503: "The database is unavailable",
-                    507: "The console's disk is full"}
+                    408: "What you sent arrived too slowly", 411: "The upload had no length", 413: "What you sent is too large",
+                    503: "The database is unavailable", 507: "The console's disk is full"}
 
 
 def _is_page_form(scope) -> bool:
@@ -246,33 +275,66 @@ async def _send_to_the_slash(send, scope, location: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def caller_limit(scope, declared: int | None, limit: int) -> tuple[int, tuple[int, str] | None]:
+    """The most bytes this caller's body may have, and the refusal past it (None: the plain
+    413). An upload's limit is an operator's, the default anyone's who signed in, and
+    ``ANONYMOUS_BODY_BYTES`` the rest's. Reads the database only for a body that may be
+    larger than the caller's credentials would allow."""
+    headers = scope.get("headers", [])
+    default = default_body_limit()
+    if default is not None and limit > default and _may_exceed(scope, declared, default):
+        refusal = uploader_refusal(headers)
+        if refusal is None:
+            return limit, None
+        anonymous = refusal[0] == 401 and not carries_worker_token((header(headers, b"authorization") or "").encode("latin-1"))
+        return (ANONYMOUS_BODY_BYTES if anonymous else default), refusal
+    if limit > ANONYMOUS_BODY_BYTES and _may_exceed(scope, declared, ANONYMOUS_BODY_BYTES) and not carries_credentials(headers):
+        if _upload_limit_setting(scope["path"]) is not None:
+            return ANONYMOUS_BODY_BYTES, uploader_refusal(headers)  # the 401 that says who may upload
+        return ANONYMOUS_BODY_BYTES, (413, ANONYMOUS_REFUSAL)
+    return limit, None
+
+
+def _needs_credentials(scope, declared: int | None, limit: int) -> bool:
+    return limit > ANONYMOUS_BODY_BYTES and _may_exceed(scope, declared, ANONYMOUS_BODY_BYTES)
+
+
+class BodyDeadline:
+    """``CONSOLE_CLIENT_WAIT_S`` from the first read, and a second more for every ``BODY_MIN_RATE`` bytes."""
+
+    def __init__(self, started: float):
+        self.started = started
+        self.wait_s = settings.CONSOLE_CLIENT_WAIT_S
+
+    def seconds_left(self, now: float, received: int) -> float:
+        return self.started + self.wait_s + received / BODY_MIN_RATE - now
+
+
 class BodySizeLimit:
-    """ASGI middleware: the limit from ``body_limit_for``, before and while reading."""
+    """ASGI middleware: the limit from ``body_limit_for`` and ``caller_limit``, before and
+    while reading, and the body's deadline."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and _has_conflicting_framing(scope):
-            return await send_refusal(send, 400, FRAMING_REFUSAL, scope)
-        if scope["type"] == "http" and (location := _upload_without_its_slash(scope)):
-            return await _send_to_the_slash(send, scope, location)
-        limit = body_limit_for(scope["path"]) if scope["type"] == "http" else None
-        if limit is None:
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if _has_conflicting_framing(scope):
+            return await send_refusal(send, 400, FRAMING_REFUSAL, scope)
+        if location := _upload_without_its_slash(scope):
+            return await _send_to_the_slash(send, scope, location)
+        limit = body_limit_for(scope["path"])
         declared = _declared_length(scope)
         refusal = None
-        default = default_body_limit()
-        if default is not None and limit > default and _may_exceed(scope, declared, default):
+        if limit is not None and _needs_credentials(scope, declared, limit):
             try:
-                refusal = await database_sync_to_async(uploader_refusal)(scope.get("headers", []))
+                limit, refusal = await database_sync_to_async(caller_limit)(scope, declared, limit)
             except Exception as error:
                 if not is_database_unavailable(error):
                     raise
                 return await _refuse(send, scope, limit, (503, outage.MESSAGE))
-            if refusal is not None:
-                limit = default  # not an uploader: no more than any other request
-        if declared is not None and declared > limit:
+        if limit is not None and declared is not None and declared > limit:
             if refusal is None and _upload_limit_setting(scope["path"]) is not None:  # an upload, over its file's limit
                 try:
                     await database_sync_to_async(record_upload_too_large)(scope)
@@ -281,21 +343,45 @@ class BodySizeLimit:
                         raise
                     return await _refuse(send, scope, limit, (503, outage.MESSAGE))
             return await _refuse(send, scope, limit, refusal)
-        if refusal is None and declared is None and _is_chunked_upload(scope):
+        if limit is not None and refusal is None and declared is None and _is_chunked_upload(scope):
             return await _refuse(send, scope, limit, (411, CHUNKED_UPLOAD_REFUSAL))
-        received = 0
-        refused = False
+        await self.app(scope, _LimitedBody(scope, receive, send, limit, refusal).receive, send)
 
-        async def counting_receive():
-            nonlocal received, refused
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    if not refused:
-                        refused = True
-                        await _refuse(send, scope, limit, refusal)
-                    return {"type": "http.disconnect"}  # Django stops reading and answers nothing
+
+class _LimitedBody:
+    """A request's ``receive``: the body counted against its limit and its deadline; the
+    refusal sent once, and Django told the client went (it then answers nothing)."""
+
+    def __init__(self, scope, receive, send, limit: int | None, refusal):
+        self.scope, self._receive, self._send = scope, receive, send
+        self.limit, self.refusal = limit, refusal
+        self.received = 0
+        self.deadline: BodyDeadline | None = None
+        self.body_done = False
+        self.refused = False
+
+    async def receive(self):
+        if self.refused:
+            return {"type": "http.disconnect"}  # Django stops reading and answers nothing
+        if self.body_done:  # Django's wait for a disconnect while it answers has no deadline
+            return await self._receive()
+        loop = asyncio.get_running_loop()
+        if self.deadline is None:
+            self.deadline = BodyDeadline(loop.time())
+        try:
+            message = await asyncio.wait_for(self._receive(), self.deadline.seconds_left(loop.time(), self.received))
+        except TimeoutError:
+            return await self._refuse(408, body_timed_out_words())
+        if message["type"] != "http.request":
             return message
+        self.received += len(message.get("body", b""))
+        self.body_done = not message.get("more_body", False)
+        if self.limit is not None and self.received > self.limit:
+            return await self._refuse(*(self.refusal or (413, too_large_words(self.scope["path"], self.limit))))
+        return message
 
-        await self.app(scope, counting_receive, send)
+    async def _refuse(self, status: int, words: str):
+        if not self.refused:
+            self.refused = True
+            await send_refusal(self._send, status, words, self.scope)
+        return {"type": "http.disconnect"}

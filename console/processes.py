@@ -31,8 +31,9 @@ READY_TIMEOUT_S = 60.0
 # --ws-max-size: the live feed (/ws/live/, the only websocket) takes nothing from the page,
 # so a client's frame past 4 KiB closes its socket (1009) before it is buffered whole;
 # uvicorn's default let each take 16 MiB (console/consumers.py CLIENT_FRAME drops the rest unread).
-CONSOLE_HTTP_OPTIONS = ("--http", "h11", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers", "--lifespan", "off",
-                        "--ws-max-size", "4096")
+# The protocol is uvicorn's h11 one with a deadline for a request's head (console/http_protocol.py).
+CONSOLE_HTTP_OPTIONS = ("--http", "console.http_protocol:HeadTimedH11Protocol", "--h11-max-incomplete-event-size", "65536", "--no-proxy-headers",
+                        "--lifespan", "off", "--ws-max-size", "4096")
 STOP_GRACE_S = 10.0
 # A serving worker loads models: it never gets the database's credentials or the
 # console's signing key (see worker_environment).

@@ -170,6 +170,9 @@ DATABASE_LOCK_TIMEOUT_S = env_float("DATABASE_LOCK_TIMEOUT_S", 10.0, minimum=0.0
 # request holds a thread and a database connection, and nothing else bounded how many.
 CONSOLE_MAX_REQUESTS = env_int("CONSOLE_MAX_REQUESTS", 16, minimum=1)
 CONSOLE_REQUEST_WAIT_S = env_float("CONSOLE_REQUEST_WAIT_S", 5.0, minimum=0.0)
+# A client's time for a request head, and for a body's first bytes (then at least 500 bytes
+# a second): console/http_protocol.py and console/body_limit.py.
+CONSOLE_CLIENT_WAIT_S = env_float("CONSOLE_CLIENT_WAIT_S", 20.0, minimum=1.0)
 # Live feeds one console process keeps open, per user and in all (console/consumers.py):
 # every open feed gets every worker report, and 2,000 of one viewer's took a core and
 # had the watchdog close everyone's.

@@ -250,12 +250,14 @@ async def _call(app, scope, messages):
     return sent, received
 
 
+@pytest.mark.django_db(transaction=True)  # the gate reads the database from its own thread
 @pytest.mark.parametrize("path", UPLOAD_PATHS)
-def test_asgi_refuses_a_declared_length_over_the_limit_without_reading(settings, path):
+def test_asgi_refuses_a_declared_length_over_the_limit_without_reading(settings, operator, path):
     from console.asgi import application
 
     settings.MAX_UPLOAD_BYTES = 1000
-    scope = _http_scope(path, [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode())])
+    token = Token.objects.create(user=operator).key
+    scope = _http_scope(path, [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode()), (b"authorization", f"Token {token}".encode())])
 
     sent, received = asyncio.run(_call(application, scope, [{"type": "http.request", "body": b"x" * 10, "more_body": True}]))
 
@@ -309,12 +311,13 @@ def test_asgi_limits_other_paths_to_the_form_size(settings):
 BROWSER_FORM_ACCEPT = (b"accept", b"text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
 
 
-def test_a_browser_form_post_over_the_form_size_gets_the_consoles_error_page_naming_the_limit(settings):
+@pytest.mark.django_db(transaction=True)  # a signed-in viewer: the gate reads the database from its own thread
+def test_a_browser_form_post_over_the_form_size_gets_the_consoles_error_page_naming_the_limit(settings, viewer):
     # A try-it form of 2.6 MB showed its user raw JSON.
     from console.asgi import application
 
     size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES
-    scope = _http_scope("/models/digits/versions/1/try/", [(b"content-length", str(size + 1).encode()), BROWSER_FORM_ACCEPT])
+    scope = _http_scope("/models/digits/versions/1/try/", [(b"content-length", str(size + 1).encode()), BROWSER_FORM_ACCEPT, _session_cookie(viewer)])
 
     sent, received = asyncio.run(_call(application, scope, []))
 
@@ -326,11 +329,12 @@ def test_a_browser_form_post_over_the_form_size_gets_the_consoles_error_page_nam
     assert received == []
 
 
-def test_an_api_call_over_the_form_size_gets_the_apis_json_even_from_a_browser(settings):
+@pytest.mark.django_db(transaction=True)  # a signed-in viewer: the gate reads the database from its own thread
+def test_an_api_call_over_the_form_size_gets_the_apis_json_even_from_a_browser(settings, viewer):
     from console.asgi import application
 
     size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES
-    scope = _http_scope("/api/models/", [(b"content-length", str(size + 1).encode()), BROWSER_FORM_ACCEPT])
+    scope = _http_scope("/api/models/", [(b"content-length", str(size + 1).encode()), BROWSER_FORM_ACCEPT, _session_cookie(viewer)])
 
     sent, _ = asyncio.run(_call(application, scope, []))
 
@@ -338,12 +342,14 @@ def test_an_api_call_over_the_form_size_gets_the_apis_json_even_from_a_browser(s
         413, {"error": f"the request body is larger than the limit of {size} bytes for any request but an operator's upload"})
 
 
-def test_a_page_scripts_fetch_over_the_form_size_gets_json_its_script_shows(settings):
+@pytest.mark.django_db(transaction=True)  # a signed-in viewer: the gate reads the database from its own thread
+def test_a_page_scripts_fetch_over_the_form_size_gets_json_its_script_shows(settings, viewer):
     # The try-it form's script reads {"level", "message"}: a 3 MB paste showed "No answer."
     from console.asgi import application
 
     size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES
-    scope = _http_scope("/models/digits/versions/1/try/", [(b"content-length", str(size + 1).encode()), (b"accept", b"application/json")])
+    scope = _http_scope("/models/digits/versions/1/try/", [(b"content-length", str(size + 1).encode()), (b"accept", b"application/json"),
+                                                             _session_cookie(viewer)])
 
     sent, _ = asyncio.run(_call(application, scope, []))
 
@@ -380,8 +386,9 @@ def test_an_anonymous_upload_sized_body_is_401_before_a_byte_is_read(path):
     assert received == []
 
 
-def test_an_anonymous_chunked_upload_is_cut_off_at_the_form_size(settings):
+def test_an_anonymous_chunked_upload_is_cut_off_at_an_anonymous_requests_size():
     from console.asgi import application
+    from console.body_limit import ANONYMOUS_BODY_BYTES
 
     chunks = [{"type": "http.request", "body": b"x" * 16384, "more_body": True} for _ in range(400)]
     scope = _http_scope("/api/models/digits/versions/", [(b"transfer-encoding", b"chunked")])
@@ -389,7 +396,7 @@ def test_an_anonymous_chunked_upload_is_cut_off_at_the_form_size(settings):
     sent, received = asyncio.run(_call(application, scope, chunks))
 
     assert [message["status"] for message in sent if message["type"] == "http.response.start"] == [401]
-    assert len(received) == (_past_the_form_size(settings) - 1) // 16384 + 1  # the form size, not MAX_UPLOAD_BYTES
+    assert len(received) == ANONYMOUS_BODY_BYTES // 16384 + 1  # not the form size, nor MAX_UPLOAD_BYTES
 
 
 @pytest.mark.parametrize("path", ["/api/models/digits/versions/", "/login/"])
