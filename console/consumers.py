@@ -20,8 +20,9 @@ from console.socket_outage import CHANNEL_LAYER_DOWN, bounded
 from registry.actions import users
 from registry.db_unavailable import is_database_unavailable
 from registry.fleet.live import LIVE_GROUP
+from registry.fleet.push_key import console_push_public_key
 from serving.contract import SERVING_GROUP, ContractError, DesiredState
-from serving.state_signing import SignatureRefused, model_digests, signing_key, verify_state
+from serving.state_signing import SignatureRefused, model_digests, verify_push
 
 logger = logging.getLogger(__name__)
 
@@ -227,11 +228,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def serving_apply(self, event):
         """Channels' handler for contract.APPLY_MESSAGE ("serving.apply"). Anything that
-        reaches Redis can publish to the group: only a state signed with the console's own
+        reaches Redis can publish to the group: only a state signed with the console's push
         key (as registry.fleet.publish signs every push) reaches a page, or a forged one
         would show operators routes, a generation and a digest nobody issued."""
         try:
-            verify_state(event.get("state"), signing_key(settings.SERVING_WORKER_TOKEN))
+            verify_push(event.get("state"), console_push_public_key())
             state = DesiredState.parse(event.get("state"))
         except (SignatureRefused, ContractError):
             return

@@ -60,7 +60,7 @@ from serving.contract import APPLY_MESSAGE, MAX_MODEL_DIGESTS, SERVING_GROUP, WO
 from serving.env import SettingError, check_http_url, env_str
 from serving.logs import event
 from serving.reports import ReportBuilder
-from serving.state_signing import SignatureRefused, checked_digest, model_digests, signing_key, state_digest, verify_state
+from serving.state_signing import PUSH_KEY_HEADER, SignatureRefused, checked_digest, model_digests, parse_push_key, state_digest, verify_push
 from serving.state_store import PersistedStateRefused
 from serving.worker_key import worker_key
 
@@ -160,7 +160,10 @@ class ControlPlane:
         self.report_interval_s = report_interval_s
         self.reports = ReportBuilder()
         self.applied = Applied()
-        self._key = signing_key(worker.config.worker_token) if worker.config.worker_token else None
+        # The console's public push key, from its last answer to GET /api/serving/state;
+        # None until the console has answered (pushes then wait for a reconcile).
+        self._push_key = None
+        self._push_key_missing_said = False
         self._transport = transport
         self._reported = False
         self._report_lock = asyncio.Lock()
@@ -233,6 +236,11 @@ class ControlPlane:
         the newest state tried. One older than the state served is dropped; between the two,
         or of the generation applied but with other content (what was applied is not what
         the console issued), or of another epoch, the console is asked (reconcile)."""
+        if self._push_key is None:
+            # A push cannot be checked before the console has named its key: a worker
+            # started during an outage took a superseded push someone replayed from Redis.
+            # The console says what to serve instead (and names its key).
+            return await self._reconcile_for_push()
         digest = self._verified(state)
         if digest is None:
             return None
@@ -279,9 +287,7 @@ class ControlPlane:
 
     def _verified(self, state: object) -> str | None:
         try:
-            if self._key is None:
-                raise SignatureRefused("this worker has no worker token to verify pushes with")
-            return verify_state(state, self._key)
+            return verify_push(state, self._push_key)
         except SignatureRefused as refusal:
             logger.warning(event("push_refused", reason=str(refusal)))
             return None
@@ -317,10 +323,21 @@ class ControlPlane:
         self._console_answered = True
         if answered_before is False:
             logger.info(event("console_answers_again"))
+        self._note_push_key(response.headers.get(PUSH_KEY_HEADER))
         if not isinstance(state, dict):
             logger.warning(event("reconcile_failed", reason="the desired state is not a JSON object"))
             return None
         return state
+
+    def _note_push_key(self, named: str | None) -> None:
+        """The console's push key as its answer names it: a console whose secret changed
+        names its new key, and a worker keeps the last one named."""
+        try:
+            self._push_key = parse_push_key(named)
+        except ValueError as error:
+            if not self._push_key_missing_said:  # once: it would be a line a reconcile
+                self._push_key_missing_said = True
+                logger.warning(event("push_key_missing", reason=f"{error}; pushes wait for each reconcile"))
 
     async def _converge(self, state: dict, digest: str) -> dict:
         result = await self.worker.apply(state)

@@ -23,8 +23,10 @@ from registry.api.permissions import (
 from registry.committed_change import committing
 from registry.fleet import report_rate, worker_keys
 from registry.fleet import workers as fleet
+from registry.fleet.push_key import console_push_key_hex
 from registry.fleet.state import desired_state
 from serving.contract import MAX_LOADED, MAX_REPORTED_VERSIONS, WORKER_KEY_HEADER
+from serving.state_signing import PUSH_KEY_HEADER
 
 
 class ServingState(APIView):
@@ -33,9 +35,12 @@ class ServingState(APIView):
     authentication_classes = [WorkerTokenAuthentication, *APIView.authentication_classes]
     permission_classes = [IsWorkerOrStaff]
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT, **error_responses()}, description="The whole desired state (contract 1 in docs/architecture.md).")
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **error_responses()}, description="The whole desired state (contract 1 in docs/architecture.md).",
+                   parameters=[OpenApiParameter(PUSH_KEY_HEADER, str, OpenApiParameter.HEADER, response=True,
+                                                description="the console's public Ed25519 key that signs pushes (64 hex)")])
     def get(self, request):
-        return Response(desired_state())
+        # The key workers check pushes with, from the one they trust to tell them the state.
+        return Response(desired_state(), headers={PUSH_KEY_HEADER: console_push_key_hex()})
 
 
 HEX64 = r"\A[0-9a-f]{64}\Z"  # \Z: "$" would let a trailing newline through

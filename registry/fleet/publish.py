@@ -1,7 +1,8 @@
 """Publishing the desired state to the ``serving`` group on the channel layer.
 
-Every pushed state is signed (``serving.state_signing``): the channel is shared with
-anything that can reach Redis, and workers use only what the console signed.
+Every pushed state is signed with the console's push key (``registry.fleet.push_key``):
+the channel is shared with anything that can reach Redis, and workers use only what the
+console signed.
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ from django.conf import settings
 
 from registry.broadcast import send_to_group
 from registry.fleet.issued_mark import note_issued
+from registry.fleet.push_key import console_push_key
 from registry.fleet.state import current_state
 from serving.contract import APPLY_MESSAGE, SERVING_GROUP
-from serving.state_signing import sign_state, signing_key
+from serving.state_signing import sign_push
 
 logger = logging.getLogger(__name__)
 
 
 def signed_desired_state() -> dict:
-    return sign_state(current_state(), signing_key(settings.SERVING_WORKER_TOKEN))
+    return sign_push(current_state(), console_push_key())
 
 
 def publish_desired_state() -> None:

@@ -6,8 +6,8 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
-from django.db import connections
 from django.contrib.auth.models import AnonymousUser
+from django.db import connections
 from rest_framework.test import APIClient
 
 from console.consumers import LiveConsumer
@@ -108,17 +108,18 @@ async def test_a_state_message_the_console_did_not_sign_reaches_no_browser(opera
     a desired state signed with the console's key, with its digest."""
     from channels.layers import get_channel_layer
 
+    from registry.fleet.push_key import console_push_key
     from serving.contract import APPLY_MESSAGE, SERVING_GROUP
-    from serving.state_signing import sign_state, signing_key
+    from serving.state_signing import push_signing_key, sign_push, sign_state, signing_key
 
     communicator, connected, _ = await connect(operator)
     assert connected
     layer = get_channel_layer()
     state = {"generation": 7, "models": {}, "epoch": "epoch-x", "contract": CONTRACT_VERSION}
-    signed = sign_state(state, signing_key(settings.SERVING_WORKER_TOKEN))
+    signed = sign_push(state, console_push_key())
 
-    for forged in ({**state, "digest": "not hex"}, {**state, "digest": signed["digest"]},
-                   sign_state(state, signing_key("someone-elses-token")), {**signed, "generation": 8}):
+    for forged in ({**state, "digest": "not hex"}, {**state, "digest": signed["digest"]}, sign_push(state, push_signing_key("another-secret")),
+                   sign_state(state, signing_key(settings.SERVING_WORKER_TOKEN)), {**signed, "generation": 8}):
         await layer.group_send(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": forged})
     assert await communicator.receive_nothing(timeout=1)
     await layer.group_send(SERVING_GROUP, {"type": APPLY_MESSAGE, "state": signed})

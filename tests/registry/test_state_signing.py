@@ -11,15 +11,22 @@ import pytest
 
 from registry import broadcast
 from registry.fleet import publish
+from registry.fleet.push_key import console_push_key_hex
 from registry.fleet.state import desired_state, issued_digest, state_at
 from registry.models import ServingGeneration
 from serving.state_signing import (
+    PUSH_KEY_HEADER,
     SignatureRefused,
     canonical_json,
     model_digests,
+    parse_push_key,
+    push_key_hex,
+    push_signing_key,
+    sign_push,
     sign_state,
     signing_key,
     state_digest,
+    verify_push,
     verify_state,
 )
 
@@ -90,6 +97,60 @@ def test_a_state_signed_with_another_key_is_refused():
         verify_state(sign_state({"generation": 1, "models": {}}, signing_key("other")), signing_key("t"))
 
 
+def test_a_push_key_is_derived_from_the_consoles_secret_and_differs_with_it():
+    key = push_signing_key("secret")
+
+    assert push_key_hex(key) == push_key_hex(push_signing_key("secret"))
+    assert push_key_hex(key) != push_key_hex(push_signing_key("another secret"))
+    assert len(push_key_hex(key)) == 64
+
+
+def test_a_pushed_state_verifies_with_the_public_key_alone_after_json_and_msgpack_round_trips():
+    key = push_signing_key("secret")
+    signed = sign_push({"generation": 9, "epoch": "e", "models": {"b": {"x": 1e-05}, "a": [1, 2.5, None, True]}}, key)
+    public = parse_push_key(push_key_hex(key))
+
+    for copy in (orjson.loads(orjson.dumps(signed)), msgpack.unpackb(msgpack.packb(signed), raw=False)):
+        assert verify_push(copy, public) == signed["digest"]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [({"generation": 10}, "signature does not match"), ({"signature": None}, "not signed"), ({"digest": "0" * 64}, "digest does not match"),
+     ({"signature": "A" * 128}, "128 lowercase hex"), ({"signature": "a" * 64}, "128 lowercase hex")],
+)
+def test_a_changed_or_unsigned_push_is_refused(change, reason):
+    key = push_signing_key("secret")
+    signed = sign_push({"generation": 9, "epoch": "e", "models": {}}, key)
+
+    with pytest.raises(SignatureRefused, match=reason):
+        verify_push({**signed, **change}, key.public_key())
+
+
+def test_a_push_signed_with_another_key_is_refused():
+    with pytest.raises(SignatureRefused, match="not signed by the console's push key"):
+        verify_push(sign_push({"generation": 1, "models": {}}, push_signing_key("other")), push_signing_key("secret").public_key())
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_a_copy_of_a_signed_state_with_nan_or_infinity_for_null_is_refused(number):
+    # orjson writes NaN and infinities as null: such a copy verified as the original, and
+    # failed to apply, so the console was told its own state could not be applied.
+    key = push_signing_key("secret")
+    signed = sign_push({"generation": 1, "models": {"m": {"batching": {"latency_target_s": None}}}}, key)
+    copy = {**signed, "models": {"m": {"batching": {"latency_target_s": number}}}}
+
+    with pytest.raises(SignatureRefused, match="not canonical JSON"):
+        verify_push(copy, key.public_key())
+    with pytest.raises(ValueError, match="not canonical JSON"):
+        state_digest(copy)
+
+
+def test_a_pushed_state_that_is_not_canonical_json_is_never_signed():
+    with pytest.raises(orjson.JSONEncodeError):
+        sign_push({"generation": 1, "models": {"m": {"x": [1.0, float("nan")]}}}, push_signing_key("secret"))
+
+
 def test_desired_state_carries_the_epoch_and_the_digest_of_its_content(three_versions):
     counter = ServingGeneration.objects.get(pk=1)
 
@@ -107,6 +168,12 @@ def test_serving_state_endpoint_serves_epoch_and_digest_but_no_signature(client,
     assert "signature" not in state
 
 
+def test_serving_state_endpoint_names_the_consoles_public_push_key(client, settings, three_versions):
+    response = client.get("/api/serving/state", HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")
+
+    assert response[PUSH_KEY_HEADER] == console_push_key_hex() == push_key_hex(push_signing_key(settings.SECRET_KEY))
+
+
 def test_the_state_of_an_earlier_generation_is_what_was_issued_then(operator_client, three_versions):
     first = desired_state()
     operator_client.post(RELEASE, {"routes": [{"version": 2, "weight": 100}]}, format="json")
@@ -117,7 +184,7 @@ def test_the_state_of_an_earlier_generation_is_what_was_issued_then(operator_cli
     assert issued_digest(desired_state()["generation"] + 1) is None
 
 
-def test_every_published_state_is_signed_with_the_worker_key(operator_client, three_versions, settings, monkeypatch):
+def test_every_published_state_is_signed_with_the_key_the_state_endpoint_names(client, operator_client, three_versions, settings, monkeypatch):
     sent = []
 
     class Layer:
@@ -130,4 +197,7 @@ def test_every_published_state_is_signed_with_the_worker_key(operator_client, th
 
     [(group, message)] = sent
     assert (group, message["type"]) == ("serving", "serving.apply")
-    assert verify_state(message["state"], signing_key(settings.SERVING_WORKER_TOKEN)) == desired_state()["digest"]
+    named = client.get("/api/serving/state", HTTP_AUTHORIZATION=f"Bearer {settings.SERVING_WORKER_TOKEN}")[PUSH_KEY_HEADER]
+    assert verify_push(message["state"], parse_push_key(named)) == desired_state()["digest"]
+    with pytest.raises(SignatureRefused):  # nothing a worker holds makes or checks it
+        verify_state(message["state"], signing_key(settings.SERVING_WORKER_TOKEN))

@@ -32,13 +32,13 @@ from serving.protocol import Decoded
 from serving.serving_plan import parse_state
 from serving.state_signing import (
     SignatureRefused,
-    sign_state,
     signing_key,
     state_digest,
-    verify_state,
+    verify_push,
 )
 from serving.state_store import PersistedStateRefused, StateStore
 from serving.worker import Worker
+from tests.fixtures.push_key import CONSOLE_PUSH_KEY, PUSH_KEY_HEADERS, signed_push
 
 V = CONTRACT_VERSION
 TOKEN = "worker-token-for-tests"
@@ -233,7 +233,7 @@ def test_the_state_the_console_builds_is_the_state_the_worker_parses(console_mod
     from registry.fleet.state import current_state
 
     built = current_state()
-    wire = orjson.loads(orjson.dumps(sign_state(built, signing_key(TOKEN))))  # as pushed
+    wire = orjson.loads(orjson.dumps(signed_push(built)))  # as pushed
 
     parsed = DesiredState.parse(wire)
     generation, desired = parse_state(wire, make_config(tmp_path, console_url=CONSOLE))
@@ -253,12 +253,12 @@ def test_the_digest_and_the_signature_cover_the_contract_version(console_model):
     from registry.fleet.state import current_state
 
     built = current_state()
-    signed = sign_state(built, signing_key(TOKEN))
+    signed = signed_push(built)
 
     assert signed["contract"] == CONTRACT_VERSION
     assert state_digest(replace(built, contract=CONTRACT_VERSION + 1)) != built.digest
     with pytest.raises(SignatureRefused):
-        verify_state({**signed, "contract": CONTRACT_VERSION + 1}, signing_key(TOKEN))
+        verify_push({**signed, "contract": CONTRACT_VERSION + 1}, CONSOLE_PUSH_KEY.public_key())
 
 
 # ---- a worker offered a state of another contract version ------------------------------
@@ -272,7 +272,7 @@ class FakeConsole:
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/api/serving/state":
-            return httpx.Response(200, json=self.state)
+            return httpx.Response(200, json=self.state, headers=PUSH_KEY_HEADERS)
         if request.url.path == "/api/serving/acks":
             self.acks.append(json.loads(request.content))
         return httpx.Response(204)
@@ -313,7 +313,7 @@ async def test_a_state_of_another_contract_version_is_refused_loudly_acked_and_t
     console.state = newer
 
     with caplog.at_level(logging.ERROR, logger="serving.repository"):
-        result = await (plane.reconcile() if arrives_by == "reconcile" else plane.receive_push(sign_state(newer, signing_key(TOKEN))))
+        result = await (plane.reconcile() if arrives_by == "reconcile" else plane.receive_push(signed_push(newer)))
 
     reason = f"contract: the message speaks contract {V + 1}, this side speaks contract {V}"
     assert (result["ok"], result["error"]) == (False, reason)

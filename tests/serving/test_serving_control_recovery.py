@@ -16,6 +16,7 @@ from serving.state_signing import model_digests, state_digest
 from serving.worker import Worker
 from serving.contract import CONTRACT_VERSION
 from serving_testkit import free_port, make_config, route, state
+from tests.fixtures.push_key import PUSH_KEY_HEADERS, signed_push
 
 TOKEN = "worker-token-for-tests"
 
@@ -34,6 +35,7 @@ class Console:
         self.acks: list[dict] = []
         self.reports: list[dict] = []
         self.hold_reports: asyncio.Event | None = None  # set: reports wait for it, then take the status of that moment
+        self.push_key_headers = PUSH_KEY_HEADERS  # {}: a console that names no push key
         self.transport = httpx.MockTransport(self.handle_held)
 
     async def handle_held(self, request: httpx.Request) -> httpx.Response:
@@ -49,7 +51,7 @@ class Console:
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path == "/api/serving/state":
             self.state_reads += 1
-            return httpx.Response(200, json=self.state)
+            return httpx.Response(200, json=self.state, headers=self.push_key_headers)
         if request.url.path == "/api/serving/reports" and self.report_status != 204:
             return httpx.Response(self.report_status, json=self.report_refusal)
         if request.url.path == "/api/serving/acks":
@@ -155,6 +157,42 @@ async def test_a_worker_whose_console_is_down_at_start_serves_the_persisted_stat
     assert plane.worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 100}]
     assert plane.applied == Applied(3, "epoch-x", console.state["digest"])
     assert (report.generation, report.digest, report.epoch) == (3, console.state["digest"], "epoch-x")
+
+
+async def test_a_worker_started_during_an_outage_takes_no_push_until_the_console_names_its_key(start_plane, console, mlp_v1, mlp_v2):
+    # A superseded push, replayed from Redis to a worker that could not ask the console,
+    # was applied and persisted: it served a canary the console had rolled back.
+    plane = await restarted_on_persisted_state(start_plane, console, mlp_v1, mlp_v2)
+    superseded = signed_push(desired(4, [(2, 100)], mlp_v1, mlp_v2))
+
+    assert await plane.receive_push(superseded) is None
+
+    assert plane.worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 100}]
+    assert plane.worker.state_store.load()["generation"] == 3
+
+
+async def test_a_push_before_the_console_named_its_key_makes_the_worker_ask_the_console(start_plane, console, mlp_v1, mlp_v2):
+    plane = await start_plane()
+    console.state = desired(5, [(1, 100)], mlp_v1, mlp_v2)
+
+    result = await plane.receive_push(signed_push(desired(4, [(2, 100)], mlp_v1, mlp_v2)))
+
+    assert result["ok"] is True
+    assert plane.applied == Applied(5, "epoch-x", console.state["digest"])  # the console's state, not the push's
+
+
+async def test_a_console_that_names_no_push_key_is_said_once_and_its_pushes_wait_for_reconcile(start_plane, console, mlp_v1, mlp_v2, caplog):
+    console.push_key_headers = {}
+    plane = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+
+    with caplog.at_level(logging.WARNING, logger="serving.control"):
+        await plane.reconcile()
+        await plane.reconcile()
+        assert await plane.receive_push(signed_push(desired(4, [(2, 100)], mlp_v1, mlp_v2))) is None
+
+    assert sum("push_key_missing" in record.getMessage() for record in caplog.records) == 1
+    assert plane.worker.repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 100}]
 
 
 async def test_the_persisted_state_is_acked_once_when_the_console_answers_with_the_same_digest(start_plane, console, mlp_v1, mlp_v2):
@@ -287,13 +325,11 @@ async def test_reports_refused_through_an_outage_are_warned_about_once(start_pla
 
 async def test_a_replayed_push_asks_the_console_at_most_once_a_second_however_often_it_comes(start_plane, console, mlp_v1, mlp_v2):
     from serving.control import PUSH_RECONCILE_EVERY_S
-    from serving.state_signing import sign_state, signing_key
-
     plane = await start_plane()
     console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
     await plane.reconcile()
     reads_before = console.state_reads
-    replayed = sign_state({**desired(3, [(2, 100)], mlp_v1, mlp_v2), "epoch": "another-epoch"}, signing_key(TOKEN))
+    replayed = signed_push({**desired(3, [(2, 100)], mlp_v1, mlp_v2), "epoch": "another-epoch"})
 
     for _ in range(50):  # signed, but of another epoch: each asks the console what is current
         await plane.receive_push(replayed)
@@ -600,12 +636,11 @@ async def test_a_signed_push_of_a_partly_applied_state_asks_the_console_and_chan
                                                                                                            mlp_v2):
     """A push of the generation the worker applied in part carries content it does not
     serve: never taken as applied, it makes the worker ask the console, which retries."""
-    from serving.state_signing import sign_state, signing_key
 
     plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
     served, reads_before = plane.applied.digest, console.state_reads
 
-    await plane.receive_push(sign_state(console.state, signing_key(TOKEN)))
+    await plane.receive_push(signed_push(console.state))
 
     assert console.state_reads == reads_before + 1
     assert plane.applied.digest == served != console.state["digest"]
@@ -641,7 +676,6 @@ async def test_a_push_older_than_the_state_last_tried_is_not_applied_though_an_o
     """Applied but for digits, generation 4 changed nothing else, so generation 2 still
     serves; a push of generation 3 (queued while the worker was frozen) served its routes
     for other after the console had moved on to 4."""
-    from serving.state_signing import sign_state, signing_key
 
     plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
     broken_canary = [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)]
@@ -649,7 +683,7 @@ async def test_a_push_older_than_the_state_last_tried_is_not_applied_though_an_o
     await plane.reconcile()
     assert plane.applied.generation == 2
 
-    await plane.receive_push(sign_state(signed(3, broken_canary, [route(2, 100, *mlp_v2)]), signing_key(TOKEN)))
+    await plane.receive_push(signed_push(signed(3, broken_canary, [route(2, 100, *mlp_v2)])))
 
     assert plane.worker.repository.health()["models"]["other"]["routes"] == [{"version": 1, "weight": 100}]
 
@@ -657,7 +691,6 @@ async def test_a_push_older_than_the_state_last_tried_is_not_applied_though_an_o
 async def test_a_push_between_the_generation_served_and_the_newest_tried_asks_the_console(start_plane, console, mlp_v1, mlp_v2):
     """A restored console database issues generation 3 again, with other content: dropped as
     stale, its rollback of other waited for the next periodic reconcile."""
-    from serving.state_signing import sign_state, signing_key
 
     plane, _ = await partly_applied(start_plane, console, mlp_v1, mlp_v2)
     broken_canary = [route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], BROKEN)]
@@ -666,7 +699,7 @@ async def test_a_push_between_the_generation_served_and_the_newest_tried_asks_th
     restored = signed(3, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
     console.state, reads_before = restored, console.state_reads
 
-    await plane.receive_push(sign_state(restored, signing_key(TOKEN)))
+    await plane.receive_push(signed_push(restored))
 
     assert console.state_reads == reads_before + 1
     assert plane.worker.repository.health()["models"]["other"]["routes"] == [{"version": 2, "weight": 100}]

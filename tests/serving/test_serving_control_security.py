@@ -17,8 +17,9 @@ from serving.console_client import ArtifactError, ArtifactRefused, ConsoleClient
 from serving.contract import CONTRACT_VERSION, WORKER_KEY_HEADER, ContractError
 from serving.control import Applied, ControlPlane
 from serving.serving_plan import parse_state
-from serving.state_signing import sign_state, signing_key, state_digest
+from serving.state_signing import push_signing_key, sign_push, state_digest
 from serving.worker import Worker
+from tests.fixtures.push_key import PUSH_KEY_HEADERS, signed_push
 from tests.fixtures.recording_host import RecordingHost
 
 TOKEN = "worker-token-for-tests"
@@ -44,7 +45,7 @@ class FakeConsole:
             self.worker_keys.append(request.headers.get(WORKER_KEY_HEADER))
         if request.url.path == "/api/serving/state":
             self.state_reads += 1
-            return httpx.Response(200, json=self.state)
+            return httpx.Response(200, json=self.state, headers=PUSH_KEY_HEADERS)
         body = json.loads(request.content)
         {"/api/serving/acks": self.acks, "/api/serving/reports": self.reports}[request.url.path].append(body)
         return httpx.Response(204)
@@ -54,8 +55,9 @@ def content(generation: int, epoch: str, models: dict | None = None) -> dict:
     return state(generation, models or {}, epoch=epoch)
 
 
-def signed(state: dict, token: str = TOKEN) -> dict:
-    return sign_state(state, signing_key(token))
+def signed(state: dict, console_secret: str | None = None) -> dict:
+    """``state`` signed as this console pushes it, or as one with another secret would."""
+    return signed_push(state) if console_secret is None else sign_push(state, push_signing_key(console_secret))
 
 
 @pytest.fixture
@@ -94,9 +96,9 @@ async def serve(control: ControlPlane, console: FakeConsole, generation: int, ep
     ("push", "reason"),
     [
         (content(10**18, "epoch-x"), "the state is not signed"),
-        (signed(content(10**18, "epoch-x"), token="someone-elses-token"), "the signature does not match"),
+        (signed(content(10**18, "epoch-x"), console_secret="another-consoles-secret"), "the signature does not match"),
         ({**signed(content(51, "epoch-x")), "generation": 10**18}, "the signature does not match"),
-        ({**content(10**18, "epoch-x"), "signature": "not hex"}, "the signature is not 64 lowercase hex characters"),
+        ({**content(10**18, "epoch-x"), "signature": "not hex"}, "the signature is not 128 lowercase hex characters"),
         ("not a state", "the state is not an object"),
     ],
 )
