@@ -49,7 +49,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -164,6 +164,7 @@ class ControlPlane:
         # None until the console has answered (pushes then wait for a reconcile).
         self._push_key = None
         self._push_key_missing_said = False
+        self._not_persisted: str | None = None  # why the state served is not the one on disk, while it is not
         self._transport = transport
         self._reported = False
         self._report_lock = asyncio.Lock()
@@ -305,6 +306,7 @@ class ControlPlane:
                 return None
             if digest == self.applied.digest:
                 await self._ack_persisted()
+                await self._persist_again(state, digest)
                 return None
             return await self._converge(state, digest)
 
@@ -347,7 +349,8 @@ class ControlPlane:
         if result.get("ok"):
             self.applied = Applied.of(state, digest)
             self._unacked = None  # superseded: the console hears of the state now served
-            await self._persist(state)
+            if not await self._persist(state):
+                ack = self._not_persisted_ack(ack)
         elif result.get("kept"):
             # The other models' changes serve, so reports name what is served: its own
             # digest, which the console never issued. The ack says the state failed, and
@@ -368,13 +371,31 @@ class ControlPlane:
             self._unacked = ack
         return result
 
-    async def _persist(self, state: dict) -> None:
-        """Keep the applied state for a restart while the console cannot answer."""
+    async def _persist(self, state: dict) -> bool:
+        """Keep the applied state for a restart while the console cannot answer; whether it was kept."""
         store = self.worker.state_store
         try:
             await asyncio.to_thread(store.save, state)
         except (OSError, PersistedStateRefused) as error:
             logger.warning(event("state_not_persisted", path=str(store.path), reason=str(error)))
+            self._not_persisted = f"{store.path}: {error}"
+            return False
+        self._not_persisted = None
+        return True
+
+    def _not_persisted_ack(self, ack: Ack) -> Ack:
+        """An ok ack that says the state is served but not kept: a worker whose cache could
+        not be written was shown converged and ok, and restarted while the console was down
+        it served the state from before a rollback (its file's)."""
+        return replace(ack, error=f"applied, but not saved for a restart ({self._not_persisted}): started again while the console "
+                                  "cannot answer, this worker would serve the state it saved before")
+
+    async def _persist_again(self, state: dict, digest: str) -> None:
+        """The state served could not be saved: try again at each reconcile, and once it is
+        saved, ack it again without the warning (the console shows the last ack's words)."""
+        if self._not_persisted is None or not await self._persist(state):
+            return
+        await self._ack(Ack(worker=self.identity.id, generation=state["generation"], digest=digest, ok=True, epoch=state.get("epoch")))
 
     async def _ack_persisted(self) -> None:
         """The console answers again and issued what the worker served from disk: say so."""

@@ -278,6 +278,18 @@ def test_workers_page_calls_a_worker_whose_apply_failed_failing_not_behind(viewe
     assert "2 · failing" in html and "· behind" not in html
 
 
+def test_workers_page_shows_a_converged_workers_warning_that_its_state_was_not_saved(viewer_page, canary_digits):
+    # Shown only for failing workers, a worker whose cache could not be written read as
+    # converged with no word of it, and a restart during an outage served the old state.
+    worker = report_from("unsaved", generation=canary_digits.current_release().generation, versions=[])
+    worker.ok, worker.error = True, "applied, but not saved for a restart (/cache/applied-state.json: [Errno 28] No space left on device)"
+    worker.save()
+
+    html = viewer_page.get("/workers/").content.decode()
+
+    assert '<p class="hint warn-text">applied, but not saved for a restart (/cache/applied-state.json: [Errno 28] No space left on device)</p>' in html
+
+
 def test_the_model_page_says_its_workers_serve_it_and_how_many_fail_another_model(viewer_page, canary_digits):
     generation = canary_digits.current_release().generation
     worker = report_from("partly", generation=generation, versions=[])

@@ -125,6 +125,40 @@ async def test_each_applied_state_is_persisted_with_its_digest(start_plane, cons
     assert plane.worker.state_store.load()["digest"] == console.state["digest"]
 
 
+async def test_a_state_applied_but_not_saved_is_acked_saying_so(start_plane, console, mlp_v1, mlp_v2):
+    # A worker whose cache could not be written was shown converged and ok with no word of
+    # it; restarted while the console was down, it served the state from before a rollback.
+    plane = await start_plane()
+    console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
+    await plane.reconcile()
+    plane.worker.state_store.path.unlink()
+    plane.worker.state_store.path.mkdir()  # the file cannot be replaced: as a full or read-only disk
+    console.state = desired(4, [(2, 100)], mlp_v1, mlp_v2)
+
+    result = await plane.reconcile()
+
+    assert result["ok"] is True
+    assert console.acks[-1]["ok"] is True
+    assert console.acks[-1]["error"].startswith(f"applied, but not saved for a restart ({plane.worker.state_store.path}: ")
+    assert "would serve the state it saved before" in console.acks[-1]["error"]
+
+
+async def test_a_state_not_saved_is_saved_at_a_later_reconcile_and_acked_again_without_the_warning(start_plane, console, mlp_v1, mlp_v2):
+    plane = await start_plane()
+    plane.worker.state_store.path.parent.mkdir(parents=True, exist_ok=True)
+    plane.worker.state_store.path.mkdir()
+    console.state = desired(4, [(2, 100)], mlp_v1, mlp_v2)
+    await plane.reconcile()
+    await plane.reconcile()  # still cannot: nothing more is said
+    acks = len(console.acks)
+    plane.worker.state_store.path.rmdir()
+
+    await plane.reconcile()
+
+    assert plane.worker.state_store.load()["digest"] == console.state["digest"]
+    assert [(ack["generation"], ack["ok"], ack.get("error")) for ack in console.acks[acks:]] == [(4, True, None)]
+
+
 async def test_a_state_that_failed_to_apply_is_not_persisted(start_plane, console, mlp_v1, mlp_v2, tmp_path):
     plane = await start_plane()
     console.state = desired(3, [(1, 100)], mlp_v1, mlp_v2)
