@@ -2,8 +2,9 @@
 ONNX Runtime session, check it against the console's signature, warm every batch size.
 
 Each step that can fail for a reason about this version (a download, a hostile file, a
-model ONNX Runtime refuses, a signature that names other tensors) raises `LoadError`
-naming the version, so the repository can keep the previous routes serving.
+model ONNX Runtime refuses, a signature that names other tensors, a warm-up that raises
+anything at all) raises `LoadError` naming the version, so the repository can keep the
+previous routes serving and apply every other model's change.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ async def load_version(spec: VersionSpec, config: ServingConfig, device: str, fe
         raise LoadError(f"{spec.model_name} v{spec.version}: refused to load the model: {exc.reason}") from None
     except ORT_ERRORS as exc:
         raise LoadError(f"{spec.model_name} v{spec.version}: ONNX Runtime refused the model: {exc}") from None
+    except LoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever a model makes the runtime or NumPy raise
+        # Any kind that escaped here failed the whole apply, every other model's change
+        # with it (an output of 65 dimensions raised ValueError in session.run while warming):
+        # a failure to load one version is that version's, whatever raised it.
+        raise LoadError(f"{spec.model_name} v{spec.version}: loading it failed: {type(exc).__name__}: {str(exc)[:200]}") from None
     for rows, seconds in samples:
         version.latency.observe(rows, seconds)
     return version

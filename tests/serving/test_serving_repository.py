@@ -9,12 +9,13 @@ import time
 import numpy as np
 import pytest
 from prometheus_client import generate_latest
-from serving_testkit import route, state
+from serving_testkit import route, state, write_model
 
 from serving import repository as repository_module
 from serving.errors import NotFound, NotReady
 from serving.protocol import Decoded
 from serving.repository import Repository
+from tests.fixtures.onnx_files import build_output_of_rank
 
 
 def digits(generation: int, *routes, warm=()) -> dict:
@@ -279,6 +280,23 @@ async def test_a_rollback_applies_while_another_model_s_canary_fails_to_load(rep
     assert set(repository.loaded) == {("digits", 1), ("other", 1)}
 
 
+async def test_a_rollback_applies_while_another_model_s_canary_raises_at_warm_up_what_no_runtime_error_names(repository, mlp_v1, mlp_v2, tmp_path):
+    # The canary's output has 65 dimensions: session.run raises NumPy's ValueError while it
+    # warms. Inspection refuses such a model now; a worker re-checks only what is unsafe to
+    # open, and the ValueError failed the whole apply, this rollback with it.
+    deep_canary = route(2, 10, *write_model(tmp_path, "deep", build_output_of_rank(65)))
+    await repository.apply(two_models(1, [route(1, 100, *mlp_v1)], [route(1, 50, *mlp_v1), route(2, 50, *mlp_v2)]))
+
+    result = await repository.apply(two_models(2, [route(1, 90, *mlp_v1), deep_canary], [route(1, 100, *mlp_v1)]))
+
+    assert result["ok"] is False
+    assert result["kept"] == ["digits"]
+    assert result["error"].startswith("applied but for digits (keeps the routes it served before): digits v2: loading it failed: ValueError:")
+    assert repository.generation == 2
+    assert [await served_version(repository, "other") for _ in range(20)] == [1] * 20
+    assert repository.router.table.model("digits").versions == (1,)
+
+
 async def test_the_applied_state_of_a_partial_apply_keeps_the_failing_model_s_entry_as_served(repository, mlp_v1, mlp_v2):
     before = two_models(1, [route(1, 100, *mlp_v1)], [route(2, 100, *mlp_v2)])
     await repository.apply(before)
@@ -370,18 +388,14 @@ async def test_an_apply_ended_by_an_unforeseen_error_unloads_what_it_loaded_and_
     from serving.console_client import ConsoleClient
 
     client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
-
-    def fetch(url, sha256, path):
-        if url.endswith("#other"):
-            raise ValueError("an error no one foresaw")
-        return client.fetch_artifact(url, sha256, path)
-
-    repository = Repository(make_config(tmp_path), "cpu", fetch)
+    repository = Repository(make_config(tmp_path), "cpu", client.fetch_artifact)
     await repository.apply(state(1, {"digits": {"routes": [route(1, 100, *mlp_v1)]}}, max_batch_size=8))
     made, load = [], repository_module.load_version
 
-    async def recording_load(*args, **kwargs):
-        made.append(await load(*args, **kwargs))
+    async def recording_load(spec, *args, **kwargs):
+        if spec.artifact_url.endswith("#other"):  # load_version names every failure of its own: this is past it (a bug)
+            raise ValueError("an error no one foresaw")
+        made.append(await load(spec, *args, **kwargs))
         return made[-1]
 
     monkeypatch.setattr(repository_module, "load_version", recording_load)
