@@ -15,11 +15,14 @@ open files, file size, processes and core files. ``inspection_slot`` caps how ma
 children run at once across every server process (``flock`` on slot files).
 
 The child runs the checks in this order, stopping at the first refusal:
-parse (400) -> no external data anywhere (``serving.model_safety``, the same walk
-the workers repeat) -> known operator domains -> onnx checker -> tensor-only
-signature with sane dimensions -> ONNX Runtime session -> one smoke run -> runs at
-the batch sizes a worker warms (all 422) -> the batchability proof, which never
-refuses but decides ``signature["batchable"]``.
+parse (400; text that is not UTF-8 is 422) -> no external data anywhere
+(``serving.model_safety``, the same walk the workers repeat) -> known operator domains
+-> onnx checker -> no tensor of more than 64 dimensions, declared or inferred ->
+tensor-only signature with sane dimensions -> ONNX Runtime session -> one smoke run
+-> runs at the batch sizes a worker warms (all 422) -> the batchability proof, which
+never refuses but decides ``signature["batchable"]``. A step that raises what it does
+not expect refuses the model (422) naming the step and the error: every such crash
+found was a file the onnx package or our own checks could not read.
 
 This module imports no Django; the server process never imports onnxruntime.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import math
@@ -93,6 +97,16 @@ PRODUCER_CHARS = 200  # the column's length (registry.models.ModelVersion.produc
 MAX_GRAPH_TENSORS = 1024
 MAX_OPSET_IMPORTS = 64
 MAX_INPUT_ELEMENTS = 16 * 1024 * 1024
+# NumPy's NPY_MAXDIMS. ONNX Runtime's Python API hands every answer over as a NumPy array,
+# and so does a worker: a model whose output had 65 dimensions passed inspection (its runs
+# read OrtValues) and then failed every worker's warm-up. Intermediate tensors are held to
+# it too: no real model needs more, and one rule is easier to state and to check.
+MAX_TENSOR_RANK = 64
+# Shape inference for the rank check runs on a copy without the weights (a second copy of a
+# 2 GB model would pass the memory limit); tensors of up to this many elements keep their
+# values, which is every shape, axis or pad tensor an operator's inference reads. Counted
+# from the dims: ByteSize() walks the data (0.8 s for a 135 MB model).
+INFERENCE_VALUE_ELEMENTS = 4096
 # Batchability: a row alone and the same row batched with another must agree to
 # within what a different GEMM blocking can change, no more.
 FLOAT_TOLERANCE = {np.float16: (1e-2, 1e-3)}
@@ -297,6 +311,9 @@ def _result_from_child(completed: subprocess.CompletedProcess, limits: ChildLimi
     if result is None:
         raise _error_for_failed_child(completed, limits)
     if not result["ok"]:
+        unexpected = result["report"].get("unexpected_error")
+        if unexpected:  # refused, as it should be; but a step of ours may have met a case it should name
+            logger.warning("inspection step %s raised %s: %s", unexpected["step"], unexpected["type"], result["reason"])
         raise InspectionError(result["reason"], status=result["status"], report=result["report"])
     return InspectionReport(
         signature=result["signature"], opset=result["opset"], producer=result["producer"], report=result["report"]
@@ -418,8 +435,15 @@ def _claim_stdout():
 class _ChildInspection:
     """One inspection: each ``_check_*`` step returns a message or raises _Refusal."""
 
-    STEPS = ("parse", "external_data", "operator_domains", "checker", "signature", "session", "smoke_run",
+    STEPS = ("parse", "external_data", "operator_domains", "checker", "tensor_ranks", "signature", "session", "smoke_run",
              "batch_sizes", "batchability")
+    # Named in the refusal when a step raises what it does not expect.
+    STEP_DESCRIPTIONS = {
+        "parse": "reading the model", "external_data": "the external data check", "operator_domains": "the operator domain check",
+        "checker": "the ONNX checker", "tensor_ranks": "the tensor rank check", "signature": "reading the signature",
+        "session": "creating the ONNX Runtime session", "smoke_run": "the smoke run", "batch_sizes": "the runs at each batch size",
+        "batchability": "the batchability check",
+    }
 
     def __init__(self, path: Path, limits: ChildLimits):
         self.path = path
@@ -448,11 +472,23 @@ class _ChildInspection:
             refusal = _Refusal(_memory_reason(self.limits.memory_limit_bytes))
         except _Refusal as caught:
             refusal = caught
+        except Exception as error:  # noqa: BLE001 - see _unexpected_refusal
+            refusal = self._unexpected_refusal(step, error)
         else:
             self._record(step, True, message, started)
             return
         self._record(step, False, refusal.reason, started)
         raise refusal
+
+    def _unexpected_refusal(self, step: str, error: Exception) -> _Refusal:
+        # A hostile file reaches the onnx package and our checks with anything a protobuf can
+        # hold, and they raise what they like (a ValueError for an unknown element type, a
+        # TypeError for a name that is not UTF-8): refused, not a crash answered as our 500
+        # and logged as an error with a traceback. The file is the only input of this child.
+        if _mentions_memory_exhaustion(str(error)):
+            return _Refusal(_memory_reason(self.limits.memory_limit_bytes))
+        self.report["unexpected_error"] = {"step": step, "type": type(error).__name__}
+        return _Refusal(f"{self.STEP_DESCRIPTIONS[step]} failed on this model: {_trim(error)}")
 
     def _record(self, step: str, ok: bool, message: str, started: float) -> None:
         elapsed_ms = round((time.perf_counter() - started) * 1000, 3)
@@ -462,7 +498,8 @@ class _ChildInspection:
         self.data = self.path.read_bytes()
         self.report["artifact_size_bytes"] = len(self.data)
         self.model = _parse_model(self.data)
-        _refuse_oversized_names(self.model)  # before any name is written into the report
+        _refuse_text_that_is_not_utf8(self.model)  # before any text is matched or written into the report
+        _refuse_oversized_names(self.model)
         self.report.update(_model_facts(self.model))
         return f"parsed ONNX model, IR version {self.model.ir_version}"
 
@@ -480,6 +517,10 @@ class _ChildInspection:
     def _check_checker(self) -> str:
         _run_onnx_checker(self.model)
         return "onnx.checker passed (full_check)"
+
+    def _check_tensor_ranks(self) -> str:
+        _refuse_deep_tensors(self.model)
+        return f"no tensor, declared or inferred, has more than {MAX_TENSOR_RANK} dimensions"
 
     def _check_signature(self) -> str:
         self.signature = _build_signature(self.model)
@@ -550,6 +591,24 @@ def _parse_model(data: bytes) -> ModelProto:
     return model
 
 
+@functools.cache
+def _string_fields(descriptor) -> tuple[tuple[str, bool], ...]:
+    """(name, is_repeated) of each text field; bytes fields (tensor data) are never read."""
+    return tuple((field.name, field.is_repeated) for field in descriptor.fields if field.type == field.TYPE_STRING)
+
+
+def _refuse_text_that_is_not_utf8(model: ModelProto) -> None:
+    """ONNX's text fields are proto2 strings, which protobuf does not check: it hands over
+    bytes where they are not UTF-8, and every name, matched, reported or sent to a worker,
+    is text. Every field of every message, like the external-data walk."""
+    for message in walk_messages(model):
+        for name, is_repeated in _string_fields(message.DESCRIPTOR):
+            values = getattr(message, name) if is_repeated else (getattr(message, name),)
+            if any(isinstance(value, bytes) for value in values):
+                raise _Refusal(f"the field '{name}' of a {message.DESCRIPTOR.name} holds bytes that are not UTF-8 text; "
+                               "ONNX requires UTF-8")
+
+
 def _refuse_oversized_names(model: ModelProto) -> None:
     """Names and lists that travel in every desired state (the signature) or into the
     report, bounded: a 20 MiB output name made every state sent to every worker 20 MB
@@ -615,6 +674,65 @@ def _run_onnx_checker(model: ModelProto) -> None:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         raise _Refusal(f"the ONNX checker refused the model: {_trim(error)}") from None
+
+
+# -- tensor ranks
+
+
+def _refuse_deep_tensors(model: ModelProto) -> None:
+    """Every tensor's rank: declared (graph inputs, outputs, value_info, initializers and
+    constants, at any depth) and inferred by ONNX shape inference for the others."""
+    for message in walk_messages(_with_inferred_shapes(model)):
+        kind = message.DESCRIPTOR.full_name
+        if kind == "onnx.ValueInfoProto":
+            rank = max((len(tensor.shape.dim) for tensor in walk_messages(message.type)
+                        if tensor.DESCRIPTOR.full_name in ("onnx.TypeProto.Tensor", "onnx.TypeProto.SparseTensor")), default=0)
+        elif kind in ("onnx.TensorProto", "onnx.SparseTensorProto"):
+            rank = len(message.dims)
+        else:
+            continue
+        if rank > MAX_TENSOR_RANK:
+            name = message.name if kind != "onnx.SparseTensorProto" else message.values.name
+            raise _Refusal(f"tensor '{_short_name(name)}' has {rank} dimensions, more than the limit of {MAX_TENSOR_RANK} "
+                           "(NumPy's, through which ONNX Runtime's Python API and every worker read tensors)")
+
+
+def _with_inferred_shapes(model: ModelProto) -> ModelProto:
+    """A copy of ``model`` with the value_info shape inference adds, without large weights."""
+    skeleton = ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+    graph = skeleton.graph
+    for field in ("input", "output", "value_info"):
+        getattr(graph, field).extend(getattr(model.graph, field))
+    graph.node.extend(_without_large_values(node) for node in model.graph.node)
+    graph.initializer.extend(_small_or_stub(tensor) for tensor in model.graph.initializer)
+    for sparse in model.graph.sparse_initializer:
+        graph.sparse_initializer.add(dims=sparse.dims, values=_small_or_stub(sparse.values), indices=_small_or_stub(sparse.indices))
+    # Not strict: the checker has already run strict inference on the whole model; here a
+    # stub's missing values only leave what depends on them uninferred.
+    return onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False, data_prop=False)
+
+
+def _is_large(tensor: TensorProto) -> bool:
+    return math.prod(tensor.dims) > INFERENCE_VALUE_ELEMENTS
+
+
+def _small_or_stub(tensor: TensorProto) -> TensorProto:
+    if not _is_large(tensor):
+        return tensor
+    return TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+
+
+def _without_large_values(node) -> onnx.NodeProto:
+    """``node``, its large tensor attributes (a Constant's weights) stubbed."""
+    if not any(attribute.type == onnx.AttributeProto.TENSOR and _is_large(attribute.t) for attribute in node.attribute):
+        return node
+    stripped = onnx.NodeProto(input=node.input, output=node.output, name=node.name, op_type=node.op_type, domain=node.domain)
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.TENSOR:
+            stripped.attribute.add(name=attribute.name, type=attribute.type, t=_small_or_stub(attribute.t))
+        else:
+            stripped.attribute.append(attribute)
+    return stripped
 
 
 # -- signature

@@ -33,19 +33,23 @@ from tests.fixtures.onnx_files import (
     build_external_in_subgraph,
     build_external_initializer,
     build_fails_above_one_row,
+    build_input_of_element_type,
+    build_intermediate_of_rank,
     build_local_function,
     build_matmul,
     build_memory_hog,
     build_memory_per_row,
+    build_output_of_rank,
     build_output_shape_lie,
     build_reduce_over_batch,
     build_sequence_input,
     build_sequence_softmax,
     build_unservable_input,
+    bytes_with_input_name,
     write_model,
 )
 
-CHECK_NAMES = ["parse", "external_data", "operator_domains", "checker", "signature", "session", "smoke_run",
+CHECK_NAMES = ["parse", "external_data", "operator_domains", "checker", "tensor_ranks", "signature", "session", "smoke_run",
                "batch_sizes", "batchability"]
 
 
@@ -747,3 +751,50 @@ def test_a_model_saved_newer_than_onnx_runtime_loads_is_told_how_to_save_it(tmp_
         error = refusal(path)
         assert error.status == 422
         assert error.reason.startswith("ONNX Runtime could not load the model: ") and words in error.reason, error.reason
+
+
+# ---------------------------------------------------------------- more dimensions than NumPy holds
+
+
+def test_an_output_of_more_dimensions_than_numpy_holds_is_refused_naming_it(tmp_path):
+    # It passed as ready (its runs read OrtValues), and every worker's warm-up raised in session.run.
+    error = refusal(write_model(tmp_path, "deep-output.onnx", build_output_of_rank(65)))
+
+    assert error.status == 422
+    assert error.reason.startswith("tensor 'y' has 65 dimensions, more than the limit of 64")
+    assert check_names(error.report)[-1] == "tensor_ranks"
+
+
+def test_an_intermediate_tensor_of_more_than_64_dimensions_is_refused_naming_it(tmp_path):
+    error = refusal(write_model(tmp_path, "deep-inside.onnx", build_intermediate_of_rank(65)))
+
+    assert error.reason.startswith("tensor 'deep' has 65 dimensions, more than the limit of 64")
+
+
+def test_an_output_of_64_dimensions_is_accepted(tmp_path):
+    result = inspect_artifact(write_model(tmp_path, "rank-64.onnx", build_output_of_rank(64)))
+
+    assert result.signature["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [1] * 64}]
+
+
+# ---------------------------------------------------------------- what the onnx package and protobuf hand over unchecked
+
+
+def test_an_input_of_an_unknown_element_type_is_refused_naming_it_not_a_crash(tmp_path):
+    # The checker raises ValueError for it, which crashed the child: "inspection failed unexpectedly", a 500.
+    error = refusal(write_model(tmp_path, "type-999.onnx", build_input_of_element_type(999)))
+
+    assert (error.status, error.reason) == (422, "the ONNX checker failed on this model: Invalid tensor data type 999.")
+    assert check_names(error.report)[-1] == "checker"
+
+
+def test_an_input_name_that_is_not_utf8_is_refused_naming_the_field_not_a_crash(tmp_path):
+    # Protobuf hands a proto2 string that is not UTF-8 over as bytes; the name checks raised TypeError on it.
+    path = tmp_path / "surrogate-name.onnx"
+    path.write_bytes(bytes_with_input_name(b"\xed\xa0\x80"))
+
+    error = refusal(path)
+
+    assert error.status == 422
+    assert error.reason == "the field 'name' of a ValueInfoProto holds bytes that are not UTF-8 text; ONNX requires UTF-8"
+    assert check_names(error.report) == ["parse"]
