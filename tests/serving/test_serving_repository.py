@@ -65,6 +65,39 @@ async def test_bad_sha256_is_refused_and_previous_routes_keep_serving(repository
     assert await infer(repository) == 1
 
 
+async def test_an_artifact_changed_between_its_verification_and_its_load_is_refused_and_previous_routes_keep_serving(tmp_path, mlp_v1, mlp_v2):
+    # The fetch verifies a file that stays on disk; whatever replaces it before ONNX Runtime
+    # reads it is hashed again. Swapped for another valid model, so only that hash refuses it.
+    import shutil
+
+    from serving_testkit import make_config
+
+    from serving.console_client import ConsoleClient
+
+    client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
+    canary = tmp_path / "canary.onnx"
+    shutil.copyfile(mlp_v2[0], canary)
+
+    def fetch_then_swap(url, sha256, dest):
+        verified = client.fetch_artifact(url, sha256, dest)
+        if verified == canary:
+            shutil.copyfile(mlp_v1[0], canary)
+        return verified
+
+    repository = Repository(make_config(tmp_path), "cpu", fetch_then_swap)
+    await repository.apply(digits(1, route(1, 100, *mlp_v1)))
+    table = repository.router.table
+
+    result = await repository.apply(digits(2, route(1, 0, *mlp_v1), route(2, 100, canary, mlp_v2[1])))
+
+    assert result["ok"] is False
+    assert f"digits v2: sha256 of {canary} changed after verification" in result["error"]
+    assert repository.router.table is table
+    assert repository.generation == 1
+    assert set(repository.loaded) == {("digits", 1)}
+    assert await infer(repository) == 1
+
+
 async def test_unloadable_model_is_refused_with_the_runtime_reason(repository, tmp_path):
     import hashlib
 
