@@ -78,6 +78,24 @@ def test_the_model_page_says_a_recently_silent_worker_has_not_confirmed_the_rele
             f"if it serves, it may serve what generation {current} replaced (taken for dead 60 s after its last report)</span>.</span>") in html
 
 
+def test_the_health_badge_warns_of_a_recently_silent_worker_that_has_not_confirmed_the_release(viewer_page, canary_digits):
+    # Every live worker converged, yet a silent one may still serve what the release replaced:
+    # the badge said only "1 worker gone", as if nothing served but the live ones.
+    current = canary_digits.current_release().generation
+    report_from("w1", generation=current, versions=[])
+    report_from("w2", generation=current - 1, versions=[], seconds_ago=12)
+    words = (f"1 silent worker not confirmed on generation {current} (w2: silent 12 s, it last proved generation {current - 1}: "
+             f"frozen, cut off or dead; if it serves, it may serve what generation {current} replaced (taken for dead 60 s after its "
+             "last report))")
+
+    models_html = viewer_page.get("/").content.decode()
+    model_html = viewer_page.get("/models/digits/").content.decode()
+
+    assert f'<span class="pill pill-warn" data-field="health">{words}</span>' in models_html
+    assert '<span class="pill pill-warn model-health" id="model-health"' in model_html
+    assert f">{words}</span>" in model_html
+
+
 def test_the_model_page_says_a_worker_that_failed_to_apply_the_release_is_not_converging(viewer_page, canary_digits):
     # "Converging: w1 on gen 15 (applied but for digits …)" read as if it would get there
     # by itself; its canary's file was broken and it never would.
