@@ -44,6 +44,7 @@ from tests.fixtures.onnx_files import (
     build_reduce_over_batch,
     build_sequence_input,
     build_sequence_softmax,
+    build_unknown_domain_in_subgraph,
     build_unservable_input,
     bytes_with_input_name,
     write_model,
@@ -243,6 +244,17 @@ def test_unknown_operator_domain_is_refused(unknown_domain_onnx):
     assert error.status == 422
     assert "'com.example.evil'" in error.reason
     assert "'Steal'" in error.reason
+    assert check_names(error.report) == ["parse", "external_data", "operator_domains"]
+
+
+def test_an_unknown_operator_domain_inside_an_if_branch_is_refused_at_the_domain_check(tmp_path):
+    # ONNX Runtime refuses such a model too, later; this check names the domain and the op.
+    path = write_model(tmp_path, "hidden_domain.onnx", build_unknown_domain_in_subgraph())
+
+    error = refusal(path)
+
+    assert error.status == 422
+    assert error.reason.endswith("operator domain 'com.example.evil' (op 'Steal') is not provided by ONNX Runtime")
     assert check_names(error.report) == ["parse", "external_data", "operator_domains"]
 
 
