@@ -20,6 +20,7 @@ from tests.fixtures.onnx_files import (
     ESCAPING_LOCATION,
     EXTERNAL_DATA_PLACES,
     build_declared_input_shape,
+    build_external_entry_without_the_flag,
     build_reduce_over_batch,
     build_sequence_softmax,
     write_model,
@@ -62,6 +63,18 @@ def test_external_data_anywhere_in_the_file_is_rejected_by_its_validation(place,
     reason = body["status_reason"]
     assert f"points at external data '{ESCAPING_LOCATION}'" in reason
     assert "external data files are not accepted" in reason
+    assert_rejected_and_kept_nothing(body, artifact_root)
+
+
+def test_a_tensor_naming_an_external_file_without_the_external_flag_is_rejected_by_its_validation(operator_client, model,
+                                                                                                     artifact_root, tmp_path):
+    # The ONNX checker and ONNX Runtime both accept this file (they go by the flag): only the
+    # external-data check stands between it and a registered version.
+    path = write_model(tmp_path, "entry-without-flag.onnx", build_external_entry_without_the_flag(location="/etc/hostname"))
+
+    body = validated(operator_client, upload(operator_client, path))
+
+    assert "tensor 'W0' points at external data '/etc/hostname'" in body["status_reason"]
     assert_rejected_and_kept_nothing(body, artifact_root)
 
 

@@ -30,6 +30,7 @@ from serving.protocol import Decoded
 from tests.fixtures.onnx_files import (
     ESCAPING_LOCATION,
     EXTERNAL_DATA_PLACES,
+    build_external_entry_without_the_flag,
     build_multi_input,
     make_model,
     point_at_external_data,
@@ -98,6 +99,18 @@ async def test_worker_asked_to_load_a_hostile_file_refuses_and_keeps_serving(rep
     target = repository.router.table.resolve("digits", None)
     await target.submit(Decoded((np.zeros((1, 64), np.float32),), 1), time.monotonic() + 5, "test")
     assert target.version == 1
+
+
+def test_a_tensor_naming_an_external_file_is_refused_though_its_flag_says_its_bytes_are_inside():
+    # The flag and the entries are two fields a reader may go by: ONNX Runtime reads this
+    # file from its own bytes today; one that trusted the entries would open the named file.
+    data = to_bytes(build_external_entry_without_the_flag(location="/etc/hostname"))
+
+    with pytest.raises(UnsafeModel) as caught:
+        check_model_bytes(data)
+
+    assert caught.value.reason == ("tensor 'W0' points at external data '/etc/hostname'; external data files are not accepted, "
+                                   "store every tensor inside the .onnx file")
 
 
 def test_unreadable_bytes_are_refused_rather_than_passed_on():
