@@ -73,10 +73,14 @@ def client():
 
 
 @pytest.fixture
-def repository(tmp_path):
-    """A repository reading local artifacts, with a console that is never reached."""
+async def repository(tmp_path):
+    """A repository reading local artifacts, with a console that is never reached; closed
+    after the test, since its versions' metric series live in the process-wide registry
+    and a later test's worker in this process would serve them on its /metrics."""
     client = ConsoleClient("http://127.0.0.1:9", "", 1.0, allow_local=True)
-    yield Repository(make_config(tmp_path), "cpu", client.fetch_artifact)
+    repository = Repository(make_config(tmp_path), "cpu", client.fetch_artifact)
+    yield repository
+    await repository.close()
 
 
 @pytest.fixture
