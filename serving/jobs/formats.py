@@ -16,9 +16,12 @@ Only numpy and the standard library: the console imports this module at upload t
 from __future__ import annotations
 
 import csv
+import errno
 import json
+import lzma
 import math
 import struct
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -61,6 +64,27 @@ READ_CHUNK_BYTES = 1024 * 1024
 SKIP_CHUNK_BYTES = 64 * 1024  # the rest of a line too long to read, passed over
 
 
+# What the standard library's zip reader and numpy's .npy header reader raise on hostile
+# bytes, read in their source and found by mutating valid files (a fuzzer found each of the
+# less obvious ones: a TokenError, an IndexError, a RecursionError from a header's literal,
+# an OSError from a member offset before the file's start). `_reading` catches them around
+# calls into those readers only, never around our own code, so a bug of ours still raises.
+UNREADABLE_ERRORS = (
+    zipfile.BadZipFile, zipfile.LargeZipFile,  # the archive's own checks
+    NotImplementedError,  # a zip version, compression method or flag zipfile does not read
+    RuntimeError,  # an encrypted member; a missing decompressor; RecursionError from a deep header literal
+    EOFError, zlib.error, lzma.LZMAError,  # compressed data that is cut short or undecodable
+    ValueError,  # numpy's header checks; an offset past what seek takes; a name that is not UTF-8
+    SyntaxError, tokenize.TokenError,  # a header that is no Python literal
+    TypeError, IndexError, OverflowError,  # a dtype description numpy cannot build
+    struct.error,
+)
+# An OSError is the file's fault only without an errno (bz2's "Invalid data stream") or
+# with EINVAL (a seek to an offset the directory put before the file's start); any other
+# errno is the disk's, and ours to answer.
+UNREADABLE_ERRNOS = (None, errno.EINVAL)
+
+
 class FormatError(ValueError):
     """The file cannot be read, or does not fit the model; `reason` says why, for people."""
 
@@ -79,6 +103,20 @@ class RowError(ValueError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+@contextmanager
+def _reading(what: str, problem: str) -> Iterator[None]:
+    """The zip and .npy readers' errors on the untrusted bytes read inside: a FormatError
+    that says `what` `problem`, and the reader's words."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in UNREADABLE_ERRNOS:
+            raise
+        raise FormatError(f"{what} {problem} ({short(error)})") from None
+    except UNREADABLE_ERRORS as error:
+        raise FormatError(f"{what} {problem} ({short(error)})") from None
 
 
 def short(text: object) -> str:
@@ -186,7 +224,7 @@ class ArrayHeader:
 
 def read_header(fp: IO[bytes], what: str, kinds: str = NUMERIC_KINDS) -> ArrayHeader:
     """The header of the .npy array at `fp`'s position, which is left at the data."""
-    try:
+    with _reading(what, "is not a readable .npy array"):
         version = npy_format.read_magic(fp)
         if version == (1, 0):
             shape, fortran_order, dtype = npy_format.read_array_header_1_0(fp, max_header_size=MAX_HEADER_BYTES)
@@ -194,8 +232,6 @@ def read_header(fp: IO[bytes], what: str, kinds: str = NUMERIC_KINDS) -> ArrayHe
             shape, fortran_order, dtype = npy_format.read_array_header_2_0(fp, max_header_size=MAX_HEADER_BYTES)
         else:
             shape = fortran_order = dtype = None
-    except (ValueError, SyntaxError, EOFError, TypeError) as error:
-        raise FormatError(f"{what} is not a readable .npy array ({short(error)})") from None
     if dtype is None:
         raise FormatError(f"{what} uses .npy format version {version[0]}.{version[1]}; versions 1.0 and 2.0 are read")
     _check_array_type(shape, fortran_order, dtype, what, kinds)
@@ -228,10 +264,8 @@ class ArrayStream:
         count = rows * self.header.row_bytes
         # Filled in place: the rows exist once, in an array the caller may write to.
         data = bytearray(count) if into is None else memoryview(into)[:count]
-        try:
+        with _reading(self.what, "is corrupt"):
             filled = self._fp.readinto(data)
-        except (zipfile.BadZipFile, zlib.error, EOFError) as error:
-            raise FormatError(f"{self.what} is corrupt ({short(error)})") from None
         if filled != count:
             raise FormatError(f"{self.what} is truncated: it ends inside its data")
         array = np.frombuffer(data, dtype=self.header.dtype).reshape((rows, *self.header.row_shape))
@@ -275,14 +309,13 @@ class ArrayFile:
     def _open_npz(self, path: Path, label_member: str | None, inputs: Sequence[InputLayout] | None) -> None:
         limit = NpzLimit.of(inputs, label_member)
         limit.check_directory(path)
-        try:
+        with _reading("the .npz file", "is not a readable zip archive"):
             archive = zipfile.ZipFile(path)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as error:
-            raise FormatError(f"the .npz file is not a readable zip archive ({short(error)})") from None
         self._closing.append(archive)
         entries = archive.infolist()
         limit.check_count(len(entries), limit.tolerated)  # a directory whose record understated its entries
-        members = [info for info in entries if not info.is_dir()]
+        # Not ZipInfo.is_dir(): it indexes the name's last character, and a name may be empty.
+        members = [info for info in entries if not info.filename.endswith("/")]
         if not members:
             raise FormatError("the .npz file holds no arrays")
         for info in members:
@@ -295,15 +328,12 @@ class ArrayFile:
 
     def _open_member(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, label_member: str | None) -> None:
         what = f"the .npz array '{short(name)}'"
-        try:
+        if info.header_offset < 0:  # zipfile adds the end record's misplacement to every offset
+            raise FormatError(f"{what} cannot be opened: the zip directory places it {-info.header_offset} bytes before the file's start")
+        with _reading(what, "cannot be opened"):
             fp = archive.open(info)
-        except (zipfile.BadZipFile, NotImplementedError, RuntimeError, zlib.error) as error:
-            raise FormatError(f"{what} cannot be opened ({short(error)})") from None
         self._closing.append(fp)
-        try:
-            header = read_header(fp, what, LABEL_KINDS if name == label_member else NUMERIC_KINDS)
-        except (zipfile.BadZipFile, zlib.error) as error:
-            raise FormatError(f"{what} is corrupt ({short(error)})") from None
+        header = read_header(fp, what, LABEL_KINDS if name == label_member else NUMERIC_KINDS)
         if info.file_size - fp.tell() < header.data_bytes:
             raise FormatError(f"{what} is truncated: its header promises {header.data_bytes} bytes of data, "
                               f"it holds {info.file_size - fp.tell()}")

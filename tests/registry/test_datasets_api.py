@@ -16,6 +16,7 @@ from registry.domain import version_metrics
 from registry.domain.choices import AuditKind, JobKind, JobStatus, VersionStatus
 from registry.jobs import files, runner
 from registry.models import EvaluationDataset, Job
+from tests.fixtures import hostile_arrays
 from tests.fixtures.job_world import (
     CLASSES,
     INPUT_WIDTH,
@@ -62,6 +63,24 @@ def test_a_data_set_whose_arrays_claim_negative_rows_is_a_400_not_a_409_over_its
 
     assert response.status_code == 400
     assert "with a negative dimension" in response.json()["error"]
+    assert not EvaluationDataset.objects.exists() and dataset_files(artifact_root) == []
+
+
+UNTOKENIZABLE_HEADER = "{'descr': '<f4', 'fortran_order': False, 'shape': ((6, %d), }" % INPUT_WIDTH
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    (hostile_arrays.npz_bytes({"input": hostile_arrays.npy_with_header(UNTOKENIZABLE_HEADER, rows(6).tobytes()), "labels": np.arange(6)}),
+     "the .npz array 'input' is not a readable .npy array ("),
+    (hostile_arrays.with_directory_moved(hostile_arrays.npz_bytes({"input": rows(6), "labels": np.arange(6)}), 100),
+     "the .npz array 'input' cannot be opened: the zip directory places it 100 bytes before the file's start"),
+], ids=["member header numpy cannot tokenize", "member before the file's start"])
+def test_a_data_set_its_reader_cannot_parse_is_a_400_naming_the_problem_and_stores_nothing(jobs_model, operator_client, artifact_root,
+                                                                                          data, problem):
+    response = add(operator_client, SimpleUploadedFile("holdout.npz", data))
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(f"the data set cannot be used: {problem}")
     assert not EvaluationDataset.objects.exists() and dataset_files(artifact_root) == []
 
 

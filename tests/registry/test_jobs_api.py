@@ -17,6 +17,7 @@ from registry.domain.choices import JobKind, JobStatus, VersionStatus
 from registry.jobs import batch, files, records, runner
 from registry.models import Job, ModelVersion
 from serving.jobs import formats
+from tests.fixtures import hostile_arrays
 from tests.fixtures.job_world import (
     INPUT_WIDTH,
     SIGNATURE,
@@ -244,6 +245,27 @@ def test_an_array_header_with_a_negative_row_count_is_a_400_not_a_500(jobs_model
 
     assert response.status_code == 400
     assert "with a negative dimension" in response.json()["error"]
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
+HEADER_OF_ROWS = "{'descr': '<f4', 'fortran_order': False, 'shape': (3, %d), }" % INPUT_WIDTH
+
+
+@pytest.mark.parametrize(("name", "data", "problem"), [
+    ("inputs.npy", hostile_arrays.npy_with_header(HEADER_OF_ROWS.replace("(3,", "((3,"), rows(3).tobytes()),
+     "the .npy file is not a readable .npy array ("),
+    ("inputs.npz", hostile_arrays.with_version_needed(hostile_arrays.npz_bytes({"input": rows(3)}), 99),
+     "the .npz file is not a readable zip archive (zip file version 9.9)"),
+    ("inputs.npz", hostile_arrays.with_directory_moved(hostile_arrays.npz_bytes({"input": rows(3)}), 100),
+     "the .npz array 'input' cannot be opened: the zip directory places it 100 bytes before the file's start"),
+    ("inputs.npz", hostile_arrays.with_empty_last_name(hostile_arrays.npz_bytes({"input": rows(3), "mask": rows(3)})),
+     "the .npz member '' is not a .npy array"),
+], ids=["npy header numpy cannot tokenize", "zip version 9.9", "member before the file's start", "member without a name"])
+def test_an_array_file_its_reader_cannot_parse_is_a_400_naming_the_problem(jobs_model, operator_client, artifact_root, name, data, problem):
+    response = submit(operator_client, SimpleUploadedFile(name, data))
+
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(f"the input file cannot be used: {problem}")
     assert batch_jobs() == 0 and left_behind(artifact_root) == []
 
 
