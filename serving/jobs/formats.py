@@ -247,6 +247,10 @@ def _check_array_type(shape, fortran_order: bool, dtype: np.dtype, what: str, ki
         raise FormatError(f"{what} is a scalar; it needs a first axis of rows")
     if any(dim < 0 for dim in shape):  # numpy's header reader takes them: a job of -3 rows was a 500
         raise FormatError(f"{what} has shape {shape_text(shape)}, with a negative dimension")
+    if dtype.itemsize == 0 or 0 in shape[1:]:
+        # Only the data bounds a row count by the file's size: a 128-byte header declared
+        # 10**18 rows of width 0, and its job held the jobs queue for minutes.
+        raise FormatError(f"{what} has shape {shape_text(shape)} of {short(dtype)}: a row of it holds no bytes")
     if fortran_order and len(shape) > 1:
         raise FormatError(f"{what} is in Fortran order; save it in C order (numpy's default)")
 
@@ -536,6 +540,8 @@ def row_array(value: object, layout: InputLayout) -> np.ndarray:
         raise RowError(f"input '{name}' holds something other than numbers")
     if not fits(array.shape, layout.row_shape):
         raise RowError(f"input '{name}' has shape {shape_text(array.shape)}; the model expects {layout.describe()}")
+    if array.size == 0:  # as in an array file: a model fed no values fails, or answers nothing to write
+        raise RowError(f"input '{name}' has shape {shape_text(array.shape)}: a row of it holds no values")
     if not np.can_cast(array.dtype, layout.dtype, casting="same_kind"):
         raise RowError(f"input '{name}' holds {array.dtype} values; the model expects {layout.dtype}")
     return array.astype(layout.dtype, copy=False)

@@ -84,6 +84,17 @@ def test_a_data_set_its_reader_cannot_parse_is_a_400_naming_the_problem_and_stor
     assert not EvaluationDataset.objects.exists() and dataset_files(artifact_root) == []
 
 
+def test_labels_of_text_zero_characters_wide_are_a_400_and_store_nothing(jobs_model, operator_client, artifact_root):
+    labels = hostile_arrays.npy_with_header("{'descr': '<U0', 'fortran_order': False, 'shape': (6,), }")
+    data = hostile_arrays.npz_bytes({"input": rows(6), "labels": labels})
+
+    response = add(operator_client, SimpleUploadedFile("holdout.npz", data))
+
+    assert (response.status_code, response.json()["error"]) == (
+        400, "the data set cannot be used: the .npz array 'labels' has shape [6] of <U0: a row of it holds no bytes")
+    assert not EvaluationDataset.objects.exists() and dataset_files(artifact_root) == []
+
+
 def test_a_data_set_is_stored_by_content_and_every_ready_version_is_evaluated_on_it(jobs_model, operator_client):
     response = add(operator_client, labelled(6), description="held out")
 
@@ -165,7 +176,7 @@ def regression_labels(*bad_row: float) -> np.ndarray:
     ("regression", regression_labels(0.5, np.nan), "row 3: a regression label is a finite number or a list of finite numbers"),
     ("regression", np.array(["a", "b", "c", "d"]), "a regression label is a finite number or a list of finite numbers"),
     ("regression", np.zeros((4, 2)), "the label has 2 values; a row of the model's first output has 4"),
-    ("regression", np.zeros((4, 0)), "a regression label holds no value"),
+    ("regression", np.zeros((4, 0)), "the .npz array 'labels' has shape [4, 0] of float64: a row of it holds no bytes"),
 ])
 def test_an_npz_label_its_task_cannot_score_is_a_400(jobs_model, operator_client, artifact_root, task, labels, words):
     response = add(operator_client, npz_upload("odd.npz", input=rows(4), labels=labels), task=task)

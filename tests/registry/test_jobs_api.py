@@ -269,6 +269,19 @@ def test_an_array_file_its_reader_cannot_parse_is_a_400_naming_the_problem(jobs_
     assert batch_jobs() == 0 and left_behind(artifact_root) == []
 
 
+def test_an_array_declaring_rows_of_no_values_is_refused_and_queues_no_job(jobs_model, operator_client, artifact_root):
+    """128 bytes declaring 10**18 rows of width 0 were queued for a version whose rows have
+    no fixed width, and held the jobs queue for minutes."""
+    jobs_model.versions.filter(number=1).update(signature={**SIGNATURE, "inputs": [{"name": "input", "datatype": "FP32",
+                                                                                   "shape": ["batch", "features"]}]})
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000000000, 0), }"
+    response = submit(operator_client, SimpleUploadedFile("inputs.npy", hostile_arrays.npy_with_header(header)))
+
+    assert (response.status_code, response.json()["error"]) == (
+        400, "the input file cannot be used: the .npy file has shape [1000000000000000000, 0] of float32: a row of it holds no bytes")
+    assert batch_jobs() == 0 and left_behind(artifact_root) == []
+
+
 def test_a_csv_row_far_wider_than_the_version_takes_is_refused_before_it_is_parsed(jobs_model, operator_client, artifact_root):
     response = submit(operator_client, SimpleUploadedFile("inputs.csv", ",".join(["1.5"] * 1_000_000).encode() + b"\n"))
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serving.jobs.formats import LABELS_MEMBER, ArrayFile, FormatError, InputLayout, check_batch_input, check_dataset
+from serving.jobs.formats import LABELS_MEMBER, ArrayFile, FormatError, InputLayout, check_batch_input, check_dataset, jsonl_rows
 from serving.jobs.labels import LabelRule
 from tests.fixtures.hostile_arrays import (
     npy_bytes,
@@ -107,3 +107,47 @@ def test_a_mutated_array_file_is_read_or_refused_never_crashes_its_reader(tmp_pa
         read_everything(path, kind[:3])
     except FormatError as refused:
         assert refused.reason
+
+
+# ---------------------------------------------------------------- rows of no bytes
+
+
+def test_an_npy_header_declaring_rows_of_no_values_is_refused_however_many_it_claims(tmp_path):
+    """128 bytes declaring 10**18 rows of width 0: no data to bound the count by the file's size."""
+    path = tmp_path / "x.npy"
+    path.write_bytes(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000000000, 0), }"))
+
+    with pytest.raises(FormatError) as refused:
+        check_batch_input(path, "npy")
+    assert refused.value.reason == "the .npy file has shape [1000000000000000000, 0] of float32: a row of it holds no bytes"
+
+
+def test_an_npz_input_whose_rows_have_a_dimension_of_zero_is_refused_naming_it(tmp_path):
+    path = tmp_path / "x.npz"
+    path.write_bytes(npz_bytes({"input": np.zeros((3, 4, 0), np.float32)}))
+
+    with pytest.raises(FormatError) as refused:
+        check_batch_input(path, "npz")
+    assert refused.value.reason == "the .npz array 'input' has shape [3, 4, 0] of float32: a row of it holds no bytes"
+
+
+def test_labels_of_text_zero_characters_wide_are_refused_naming_them(tmp_path):
+    labels = npy_with_header("{'descr': '<U0', 'fortran_order': False, 'shape': (3,), }")
+    path = tmp_path / "d.npz"
+    path.write_bytes(npz_bytes({"input": ROWS, LABELS_MEMBER: labels}))
+
+    with pytest.raises(FormatError) as refused:
+        check_dataset(path, "npz", (FEATURES,), CLASSIFICATION)
+    assert refused.value.reason == "the .npz array 'labels' has shape [3] of <U0: a row of it holds no bytes"
+
+
+def test_a_jsonl_row_of_no_values_is_refused_where_the_models_rows_have_no_fixed_width(tmp_path):
+    any_width = InputLayout("input", np.dtype(np.float32), (None,))
+    path = tmp_path / "x.jsonl"
+    path.write_text("[]\n[1.5]\n")
+
+    with pytest.raises(FormatError) as refused:
+        check_batch_input(path, "jsonl", (any_width,))
+    assert refused.value.reason == "line 1: input 'input' has shape [0]: a row of it holds no values"
+    assert [(row.line, row.error) for row in jsonl_rows(path, (any_width,))] == [
+        (1, "line 1: input 'input' has shape [0]: a row of it holds no values"), (2, None)]
