@@ -68,7 +68,8 @@ class RawRows:
         elif array.shape[1:] != self.row_shape:
             raise FormatError(f"output '{name}' changed shape from {list(self.row_shape)} to {list(array.shape[1:])} "
                               "between batches; one array cannot hold both: send the input as .jsonl")
-        self._file.write(memoryview(np.ascontiguousarray(array, dtype=self.dtype)).cast("B"))
+        # A flat byte view, not memoryview.cast("B"), which refuses an array of no values.
+        self._file.write(np.ascontiguousarray(array, dtype=self.dtype).reshape(-1).view(np.uint8))
         self.rows += len(array)
 
     def _write_header(self, target, rows: int) -> None:
