@@ -60,7 +60,16 @@ from serving.contract import APPLY_MESSAGE, MAX_MODEL_DIGESTS, SERVING_GROUP, WO
 from serving.env import SettingError, check_http_url, env_str
 from serving.logs import event
 from serving.reports import ReportBuilder
-from serving.state_signing import PUSH_KEY_HEADER, SignatureRefused, checked_digest, model_digests, parse_push_key, state_digest, verify_push
+from serving.state_signing import (
+    PUSH_KEY_HEADER,
+    PushExpired,
+    SignatureRefused,
+    checked_digest,
+    model_digests,
+    parse_push_key,
+    state_digest,
+    verify_push,
+)
 from serving.state_store import PersistedStateRefused
 from serving.worker_key import worker_key
 
@@ -242,8 +251,14 @@ class ControlPlane:
             # started during an outage took a superseded push someone replayed from Redis.
             # The console says what to serve instead (and names its key).
             return await self._reconcile_for_push()
-        digest = self._verified(state)
-        if digest is None:
+        try:
+            digest = verify_push(state, self._push_key)
+        except PushExpired as expired:
+            # The console's, but old: a replay, or a clock far off. The console says what is current.
+            logger.warning(event("push_expired", reason=str(expired)))
+            return await self._reconcile_for_push()
+        except SignatureRefused as refusal:
+            logger.warning(event("push_refused", reason=str(refusal)))
             return None
         async with self._apply_lock:  # read under it: a reconcile may change the epoch or generation meanwhile
             if state.get("epoch") == self.applied.epoch:
@@ -285,13 +300,6 @@ class ControlPlane:
         await asyncio.sleep(delay_s)
         self._push_reconciled_at = asyncio.get_running_loop().time()
         await self.reconcile()
-
-    def _verified(self, state: object) -> str | None:
-        try:
-            return verify_push(state, self._push_key)
-        except SignatureRefused as refusal:
-            logger.warning(event("push_refused", reason=str(refusal)))
-            return None
 
     async def reconcile(self) -> dict | None:
         """Adopt the console's state whenever its digest differs from the one applied."""

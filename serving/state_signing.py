@@ -12,6 +12,13 @@ learns the console's public key from the console itself, on each read of
 A worker's own files (its persisted state, its API keys) are signed with an HMAC keyed
 from the worker token (``sign_state``): only that worker writes and reads them.
 
+A push also says when it was signed (``signed_at``, covered by its signature, not by its
+digest): a worker takes none signed more than ``PUSH_VALID_S`` before (or after, by its
+clock) and asks the console instead. A signed push stays a valid signature for ever, so
+without it anything on Redis could replay one the console had since replaced, to a
+worker that could not ask (a restored database's console, with Redis restarted, did not
+notice the replay of a state from before the restore).
+
 Canonical JSON has no NaN or infinity (orjson writes them as null, so a NaN copy of a
 signed state verified as the original): a state holding one is not canonical, and is
 neither signed nor verified.
@@ -34,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import time
 from collections.abc import Mapping
 
 import orjson
@@ -47,11 +55,19 @@ KEY_CONTEXT = b"modelops-state-v1"
 PUSH_KEY_CONTEXT = b"modelops-push-ed25519-v1"
 # The header of GET /api/serving/state naming the console's public push key (64 hex).
 PUSH_KEY_HEADER = "X-Modelops-Push-Key"
-UNSIGNED_FIELDS = ("digest", "signature")
+UNSIGNED_FIELDS = ("digest", "signature", "signed_at")
+# How old (or how far ahead of the worker's clock) a push may be: pushes arrive in
+# milliseconds, and a worker that refuses one reconciles, so only clocks further apart than
+# this cost anything (each push waits for a reconcile).
+PUSH_VALID_S = 300.0
 
 
 class SignatureRefused(ValueError):
     """A pushed state that did not come from the console; the message says why."""
+
+
+class PushExpired(SignatureRefused):
+    """A push the console signed, but longer ago than ``PUSH_VALID_S``: replayed, or clocks apart."""
 
 
 def signing_key(worker_token: str) -> bytes:
@@ -147,21 +163,38 @@ def verify_state(state: object, key: bytes) -> str:
     return _digest_named(state, encoded)
 
 
-def sign_push(state: DesiredState | Mapping, key: Ed25519PrivateKey) -> dict:
-    """The state with its ``digest`` and ``signature`` (Ed25519 of the content, 128 hex), as pushed."""
+def sign_push(state: DesiredState | Mapping, key: Ed25519PrivateKey, signed_at: float | None = None) -> dict:
+    """The state with its ``digest``, ``signed_at`` (now, unless given) and ``signature``
+    (Ed25519 of the content and ``signed_at``, 128 hex), as pushed."""
     content = content_of(state)
     encoded = canonical_json(content)
-    return {**content, "digest": hashlib.sha256(encoded).hexdigest(), "signature": key.sign(encoded).hex()}
+    signed_at = round(time.time() if signed_at is None else signed_at, 3)
+    return {**content, "digest": hashlib.sha256(encoded).hexdigest(), "signed_at": signed_at,
+            "signature": key.sign(_push_message(encoded, signed_at)).hex()}
 
 
-def verify_push(state: object, key: Ed25519PublicKey) -> str:
-    """The digest of a pushed state the console's key signed; SignatureRefused otherwise."""
+def verify_push(state: object, key: Ed25519PublicKey, now: float | None = None) -> str:
+    """The digest of a pushed state the console's key signed within ``PUSH_VALID_S`` of
+    ``now`` (the time, unless given); PushExpired for one signed longer ago, SignatureRefused
+    for any other."""
     encoded, signature = _signed_parts(state, 128)
+    signed_at = state.get("signed_at")
+    if type(signed_at) not in (int, float) or not math.isfinite(signed_at):
+        raise SignatureRefused("the push does not say when it was signed (signed_at: seconds since the epoch)")
     try:
-        key.verify(bytes.fromhex(signature), encoded)
+        key.verify(bytes.fromhex(signature), _push_message(encoded, signed_at))
     except InvalidSignature:
         raise SignatureRefused("the signature does not match (not signed by the console's push key)") from None
-    return _digest_named(state, encoded)
+    digest = _digest_named(state, encoded)
+    age_s = (time.time() if now is None else now) - signed_at
+    if abs(age_s) > PUSH_VALID_S:
+        when = f"{age_s:.0f} s ago" if age_s > 0 else f"{-age_s:.0f} s ahead of this clock"
+        raise PushExpired(f"the push was signed {when}, more than {PUSH_VALID_S:g} s: replayed, or the clocks are that far apart")
+    return digest
+
+
+def _push_message(encoded: bytes, signed_at: float) -> bytes:
+    return encoded + f"\nsigned_at={signed_at:.3f}".encode()
 
 
 def _signed_parts(state: object, hex_length: int) -> tuple[bytes, str]:

@@ -16,6 +16,8 @@ from registry.fleet.state import desired_state, issued_digest, state_at
 from registry.models import ServingGeneration
 from serving.state_signing import (
     PUSH_KEY_HEADER,
+    PUSH_VALID_S,
+    PushExpired,
     SignatureRefused,
     canonical_json,
     model_digests,
@@ -125,6 +127,35 @@ def test_a_changed_or_unsigned_push_is_refused(change, reason):
 
     with pytest.raises(SignatureRefused, match=reason):
         verify_push({**signed, **change}, key.public_key())
+
+
+@pytest.mark.parametrize("offset_s", [PUSH_VALID_S + 1, -PUSH_VALID_S - 1])
+def test_a_push_signed_longer_ago_than_it_is_valid_or_ahead_of_the_clock_is_refused_as_expired(offset_s):
+    # A signature is valid for ever: anything on Redis could replay a push the console had
+    # since replaced, and a restored database's console, with Redis restarted, did not notice.
+    key = push_signing_key("secret")
+    signed = sign_push({"generation": 9, "epoch": "e", "models": {}}, key, signed_at=1_000_000.0)
+
+    assert verify_push(signed, key.public_key(), now=1_000_000.0 + PUSH_VALID_S) == signed["digest"]
+    with pytest.raises(PushExpired, match="more than 300 s: replayed, or the clocks are that far apart"):
+        verify_push(signed, key.public_key(), now=1_000_000.0 + offset_s)
+
+
+@pytest.mark.parametrize("signed_at", [2_000_000.0, None, "1000000.0", float("nan")])
+def test_a_push_whose_signing_time_was_changed_or_left_out_is_refused(signed_at):
+    key = push_signing_key("secret")
+    signed = sign_push({"generation": 9, "epoch": "e", "models": {}}, key, signed_at=1_000_000.0)
+
+    with pytest.raises(SignatureRefused) as refused:
+        verify_push({**signed, "signed_at": signed_at}, key.public_key(), now=1_000_000.0)
+    assert not isinstance(refused.value, PushExpired)
+
+
+def test_the_signing_time_is_not_part_of_the_digest():
+    key = push_signing_key("secret")
+    state = {"generation": 9, "epoch": "e", "models": {}}
+
+    assert sign_push(state, key, signed_at=1.0)["digest"] == sign_push(state, key, signed_at=2.0)["digest"] == state_digest(state)
 
 
 def test_a_push_signed_with_another_key_is_refused():

@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 
 import httpx
 import pytest
@@ -19,7 +20,7 @@ from serving.control import Applied, ControlPlane
 from serving.serving_plan import parse_state
 from serving.state_signing import push_signing_key, sign_push, state_digest
 from serving.worker import Worker
-from tests.fixtures.push_key import PUSH_KEY_HEADERS, signed_push
+from tests.fixtures.push_key import CONSOLE_PUSH_KEY, PUSH_KEY_HEADERS, signed_push
 from tests.fixtures.recording_host import RecordingHost
 
 TOKEN = "worker-token-for-tests"
@@ -130,6 +131,19 @@ async def test_signed_push_is_applied_and_acked_with_its_digest(control, console
     assert console.acks[-1] | {"load_ms": 0} == {"worker": control.identity.id, "generation": 2, "digest": push["digest"], "epoch": "epoch-x",
                                                  "ok": True, "load_ms": 0, "contract": CONTRACT_VERSION}
     assert console.acks[-1]["load_ms"] == result["load_ms"]  # how long the apply took, as the worker measured it
+
+
+async def test_a_push_the_console_signed_too_long_ago_makes_the_worker_ask_the_console_instead(control, console, caplog):
+    from serving.state_signing import PUSH_VALID_S
+
+    await serve(control, console, 1, "epoch-x")
+    replayed = sign_push(content(2, "epoch-x", {"digits": {"routes": []}}), CONSOLE_PUSH_KEY, signed_at=time.time() - PUSH_VALID_S - 5)
+
+    with caplog.at_level(logging.WARNING, logger="serving.control"):
+        await control.receive_push(replayed)
+
+    assert control.applied == Applied(1, "epoch-x", state_digest(console.state))  # the console's word: still generation 1
+    assert any("push_expired" in record.getMessage() for record in caplog.records)
 
 
 async def test_an_older_signed_push_in_the_same_epoch_is_ignored(control, console):
