@@ -384,6 +384,7 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "running_rollout": model.rollouts.filter(status__in=ANALYSED_ROLLOUT_STATUSES).first(),
         "rollback_target": target,
         "rollback_refusal": refusal,
+        "abort_ended_chain": releases.abort_ended_chain(release) if release and not archived and target is None else None,
         "rollback_summary": describe_routes(target.routes) if target else "",
         "archive_restores": describe_routes(release.rollback_target.routes) if archived and release.rollback_target else "",
         "rollback_preview": releases.describe_rollback_target(target) if target else None,

@@ -214,6 +214,37 @@ def _rollback_target_after_abort(current: Release, routes: list[Route]) -> Relea
     return None
 
 
+def abort_ended_chain(release: Release) -> str | None:
+    """Why ``release``, which has no rollback target, has none when its abort is the reason,
+    in words: the release it replaced had earlier splits on its rollback chain, but each
+    routes the aborted canary or serves what the abort serves (``_rollback_target_after_abort``
+    walked past them all), as when the old stable came back as a canary. None when the
+    chain had nothing else to give (a first release, a chain walked back to its start)."""
+    if release.action != ReleaseAction.ROLLBACK:
+        return None
+    replaced = release.model.releases.filter(generation__lt=release.generation).first()
+    if replaced is None:
+        return None
+    aborted = sorted(set(replaced.routed_versions()) - set(release.routed_versions()))
+    served = [Route.from_json(route) for route in release.routes]
+    # A plain rollback's replaced release has only the split it returned to further back.
+    walked_past = [earlier for earlier in _chain(replaced.rollback_target) if not _same_routes(served, earlier)]
+    if not aborted or not walked_past:
+        return None
+    return (f"the abort of {_versions_words(aborted)} at generation {release.generation} ended the rollback chain — "
+            f"every earlier split on it routes {' or '.join(f'v{number}' for number in aborted)} or serves {_describe(served)}, "
+            f"as generation {release.generation} does")
+
+
+def _chain(release: Release | None) -> list[Release]:
+    """``release`` and the releases a rollback from it walks back through, as far as the lookback."""
+    chain = []
+    while release is not None and len(chain) < ALL_STABLE_LOOKBACK:
+        chain.append(release)
+        release = release.rollback_target
+    return chain
+
+
 def last_all_stable(model: RegisteredModel, stable_version: int) -> Release | None:
     """The newest release that sent all weighted traffic to ``stable_version``."""
     for release in model.releases.order_by("-generation")[:ALL_STABLE_LOOKBACK]:
@@ -291,6 +322,9 @@ def rollback(model: RegisteredModel, actor, reason: str = "", *, expected_genera
 def _nothing_before(model: RegisteredModel, current: Release) -> str:
     if not model.releases.filter(generation__lt=current.generation).exists():
         return f"nothing to roll back to: generation {current.generation} is the first release of {model.name}"
+    ended = abort_ended_chain(current)
+    if ended:
+        return f"nothing to roll back to: {ended}; restore an earlier generation from the history instead"
     return (f"nothing to roll back to: generation {current.generation} ({current.get_action_display().lower()}) "
             "has no earlier routes to return to; restore an earlier generation from the history instead")
 

@@ -76,3 +76,21 @@ def test_a_rollback_after_an_abort_walks_past_an_earlier_attempt_at_the_same_can
     assert returns_to is None
     assert response.status_code == 409
     assert three_versions.current_release().routes == [{"version": 1, "weight": 100}]
+
+
+def test_a_rollback_after_aborting_the_old_stable_as_a_canary_is_refused_saying_the_abort_ended_the_chain(operator_client, three_versions, operator):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 3, "weight": 10}])
+    operator_client.post(RELEASE + "promote/", {}, format="json")  # generation 3: v3 100%, a rollback returns to v1 100%
+    split(operator_client, [{"version": 3, "weight": 90}, {"version": 1, "weight": 10}])
+    abort_to_stable(three_versions, operator)  # generation 5: v3 100%
+    count = Release.objects.count()
+
+    state = operator_client.get(RELEASE).json()
+    response = operator_client.post(RELEASE + "rollback/", {}, format="json")
+
+    assert (state["rollback_returns_to"], state["release"]["rollback_target_generation"]) == (None, None)
+    assert response.status_code == 409
+    assert response.json()["error"] == (
+        "nothing to roll back to: the abort of v1 at generation 5 ended the rollback chain — every earlier split on it routes v1 "
+        "or serves v3 100%, as generation 5 does; restore an earlier generation from the history instead")
+    assert Release.objects.count() == count
