@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from contextlib import contextmanager
 
 import pytest
 from playwright.sync_api import expect
@@ -57,18 +58,30 @@ Drill.objects.create(model=model, status="passed", roll_forward=True, from_gener
 """
 
 
-@pytest.fixture
-def phone(browser, stack):
+@contextmanager
+def phone_signed_in(browser, stack, username: str):
     """A touch-screen phone-sized context; errors in the page fail the test."""
     context = browser.new_context(viewport=PHONE, device_scale_factor=1, is_mobile=True, has_touch=True, base_url=stack.console_url)
     page = context.new_page()
     page.set_default_timeout(15_000)
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    sign_in(page, "olivia")  # an operator: the page with every control on it
+    sign_in(page, username)
     yield page
     context.close()
     assert errors == [], f"JavaScript errors in the page: {errors}"
+
+
+@pytest.fixture
+def phone(browser, stack):
+    with phone_signed_in(browser, stack, "olivia") as page:  # an operator: the page with every control on it
+        yield page
+
+
+@pytest.fixture
+def admin_phone(browser, stack):
+    with phone_signed_in(browser, stack, "ada") as page:  # Users & roles is an admin's page
+        yield page
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +182,18 @@ def test_drills_page_on_a_phone_shows_each_drill_as_a_card(phone, stack, drilled
         assert_on_screen(drill.locator(cell))
     assert_no_sideways_pan(phone)
     stack.screenshot(phone, "phone-drills")
+
+
+def test_users_page_on_a_phone_shows_each_user_as_a_labelled_card(admin_phone, stack):
+    admin_phone.goto("/users/")
+    user = admin_phone.locator("tr[data-user=olivia]")
+    expect(user).to_have_css("display", "grid")
+    for label in ["Email", "Role", "Status", "Last sign-in", "API token"]:
+        cell = user.locator(f'td[data-label="{label}"]')
+        assert_on_screen(cell)
+        assert cell.evaluate("cell => getComputedStyle(cell, '::before').content") == f'"{label}"'
+    assert_no_sideways_pan(admin_phone)
+    stack.screenshot(admin_phone, "phone-users")
 
 
 def test_navigation_on_a_phone_wraps_into_touch_sized_links(phone):

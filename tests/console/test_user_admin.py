@@ -84,7 +84,7 @@ def test_admins_see_every_user_with_role_status_and_token(admin_page, operator, 
     assert re.search(r'data-user="victor" data-role="viewer" data-active="yes"', html)
     assert re.search(r'data-user="ada" data-role="admin"', html)
     row = re.search(r'data-user="olivia".*?</tr>', html, re.DOTALL).group(0)
-    assert "olivia@example.com" in row and "<td>yes</td>" in row
+    assert "olivia@example.com" in row and '<td data-label="API token">yes</td>' in row
 
 
 # ---------------------------------------------------------------- create
