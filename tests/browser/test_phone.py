@@ -219,6 +219,14 @@ def test_the_models_filters_and_the_rollout_plans_are_touch_sized_on_a_phone(pho
     assert all(height >= TOUCH_PX for height in heights.values()), heights
 
 
+def test_the_jobs_tabs_file_inputs_are_touch_sized_on_a_phone(phone):
+    # The browser's own file input was 21 px tall: its button alone is what a thumb finds.
+    phone.goto("/models/digits/jobs/")
+    heights = {selector: phone.locator(selector).bounding_box()["height"] for selector in ["#id_batch_input", "#id_dataset_file"]}
+
+    assert all(height >= TOUCH_PX for height in heights.values()), heights
+
+
 @pytest.mark.parametrize(("path", "table"), [
     ("/", "table.models"), ("/models/digits/", "#versions-table table"), ("/models/digits/jobs/", "#jobs-table table"),
     ("/workers/", "table.workers"), ("/drills/", "table.drills"),
