@@ -434,9 +434,16 @@
     });
 
     function upload(file, options = {}) {
+      const description = options.description ?? form.elements.description.value;
+      const tooLong = descriptionTooLong(description);
+      if (tooLong) {
+        input.value = "";  // choosing the same file again is a change, and uploads it
+        verdict("refused", [tooLong]);
+        return;
+      }
       const body = new FormData();
       body.append("artifact", file, file.name);
-      body.append("description", options.description ?? form.elements.description.value);
+      body.append("description", description);
       if (options.allowDuplicate) body.append("allow_duplicate", "true");
       const request = new XMLHttpRequest();
       request.open("POST", form.dataset.api);
@@ -448,6 +455,14 @@
       request.onerror = () => verdict("refused", ["The upload was interrupted: the console could not be reached."]);
       verdict("working", [`Sending ${file.name}…`]);
       request.send(body);
+    }
+
+    // Before the file is sent: the server refuses a longer description only once the whole artifact has arrived.
+    function descriptionTooLong(description) {
+      const maxChars = Number(form.elements.description.dataset.maxChars);
+      const chars = [...description].length;  // code points, as the server counts them
+      if (chars <= maxChars) return "";
+      return `Not sent: the description has ${chars} characters, more than the ${maxChars} a version takes. Shorten it, then choose the file again.`;
     }
 
     function progress(file, event) {

@@ -106,6 +106,26 @@ def test_duplicate_upload_links_the_existing_version_and_can_be_sent_as_a_copy(p
     stack.screenshot(page, "registry-duplicate-copied")
 
 
+def test_an_upload_whose_description_is_past_the_limit_is_refused_before_the_file_is_sent(page, stack):
+    # The server refuses a description past 2,000 characters only once the whole artifact
+    # has arrived; a maxlength would cut a pasted one short without a word.
+    name = f"reg-long-{secrets.token_hex(3)}"
+    sign_in(page, "olivia")
+    api_post(page, stack, "/api/models/", {"name": name})
+    page.goto(f"/models/{name}/")
+    posted: list[str] = []
+    page.on("request", lambda request: posted.append(request.url) if request.method == "POST" else None)
+    page.locator("#id_description").fill("é" * 2001)  # one character each, as the server counts them, two bytes in UTF-8
+
+    page.locator("#id_artifact").set_input_files(str(stack.export_dir / "digits-demo-1.onnx"))
+
+    expect(page.locator("#upload-result")).to_have_text(
+        "Not sent: the description has 2001 characters, more than the 2000 a version takes. Shorten it, then choose the file again.")
+    assert posted == []
+    assert page.locator("#id_description").input_value() == "é" * 2001
+    assert page.request.get(f"/api/models/{name}/versions/").json() == []
+
+
 def test_a_try_it_input_past_the_consoles_body_limit_says_so_on_the_page(page, stack):
     # A tired operator's 3 MB paste showed "No answer.": the console's 413 came as
     # {"error"}, which the page's script did not read.

@@ -213,6 +213,17 @@ def test_description_fields_do_not_cut_what_is_pasted_into_them(operator_page, d
     assert fields and not [field for field in fields if "maxlength" in field]
 
 
+def test_the_upload_forms_description_carries_the_limit_an_upload_is_refused_beyond(operator_page, digits):
+    """An upload refuses a longer description only once the whole artifact has arrived:
+    the page checks it first, with the form's own limit, and still cuts nothing."""
+    page = operator_page.get("/models/digits/").content.decode()
+
+    field = re.search(r'<input[^>]*id="id_description"[^>]*>', page).group(0)
+
+    assert 'data-max-chars="2000"' in field and 'pattern=".{0,2000}"' in field and 'title="At most 2000 characters"' in field
+    assert "maxlength" not in field
+
+
 def test_viewer_cannot_change_details_or_archive(viewer_page, digits):
     assert viewer_page.post("/models/digits/details/", {"tags": "x"}).status_code == 403
     assert viewer_page.post("/models/digits/archive/").status_code == 403
