@@ -16,6 +16,11 @@ directory (``enter_private_working_directory``), and the data directory defaults
 a place outside the code tree (``default_data_dir``), so even a check that missed a
 reference would find nothing to read.
 
+A stored file can be rewritten after its upload by whoever may write the store. The
+job children are handed it opened (never through a link) and ``read_checked`` it
+against the sha256 recorded at upload: an evaluation or a benchmark describes the
+version's own bytes or none.
+
 Imports no Django, and imports onnx only when it parses (console settings use
 ``default_data_dir``).
 """
@@ -23,12 +28,14 @@ Imports no Django, and imports onnx only when it parses (console settings use
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from typing import BinaryIO
 
 from serving.env import env_str
 
@@ -150,6 +157,18 @@ def check_model_bytes(data: bytes) -> None:
         raise UnsafeModel("ONNX Runtime would read this file as its ORT format (ORTM at byte 4), not as the ONNX model checked: "
                           "upload the .onnx file")
     refuse_external_references(parse_model(data))
+
+
+def read_checked(source: BinaryIO, sha256: str, what: str) -> bytes:
+    """All of ``source``, when its bytes have the ``sha256`` they were recorded with; else
+    UnsafeModel naming ``what``. Read once: the bytes returned are the ones to load, as a
+    file read again after its check may have been rewritten in between."""
+    data = source.read()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise UnsafeModel(f"{what} does not match its sha256 {sha256[:12]}… (its bytes hash to {digest[:12]}…): "
+                          "the file changed after its upload; nothing was run on it")
+    return data
 
 
 # ---------------------------------------------------------------- where processes run

@@ -23,6 +23,8 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.http import FileResponse, StreamingHttpResponse
 
+from registry.artifacts import storage
+
 FILE_PART_BYTES = 256 * 1024
 FILE_PARTS_PER_HOP = 4  # a file download holds at most about 1 MiB of it at a time
 LINES_PER_HOP = 256  # CSV lines are short: a trip to the thread costs more than a line
@@ -35,7 +37,7 @@ def file_response(request, path: Path, check: Callable[[Iterator[bytes], os.stat
     (``registry.artifacts.served_bytes``). A symbolic link is not followed (OSError):
     a link put in the store in place of an artifact streamed its target (/etc/passwd in
     an attack) to any reader."""
-    opened = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+    opened = storage.open_unfollowed(path)
     response = FileResponse(opened, **kwargs)  # closed with the response
     response.block_size = FILE_PART_BYTES
     if check is not None:

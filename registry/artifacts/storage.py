@@ -61,6 +61,12 @@ def exists(sha256: str) -> bool:
     return path_for(sha256).is_file()
 
 
+def open_unfollowed(path: Path) -> BinaryIO:
+    """``path`` opened for reading; OSError (ELOOP) when it is a symbolic link, which is
+    never followed: one put in the store in place of an artifact had its target (another
+    model, /etc/passwd in an attack) read as the artifact's bytes."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+
 # What a full disk (or a user's quota) raises under an upload: the artifact store's file
 # system, DATA_DIR's, is the only one a request writes to.
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})

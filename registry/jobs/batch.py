@@ -17,7 +17,7 @@ from django.conf import settings
 from registry.jobs import files, records
 from registry.jobs.child import run_child
 from registry.jobs.runner import JobFailed
-from registry.jobs.versions import artifact_path, memory_limit_bytes
+from registry.jobs.versions import memory_limit_bytes, model_arguments, opened_artifact
 
 PENDING_OUTPUT = "output.pending"
 MAX_BATCH_SIZE = 4096  # rows per model call; BATCH_JOB_BATCH_SIZE is bounded the same
@@ -33,16 +33,16 @@ def run(job) -> dict:
 
 def _run(job) -> dict:
     version = job.version
-    model_path = artifact_path(version)
-    source = files.input_path(job)
-    if not job.input_format or not source.is_file():
-        raise JobFailed("the job's input file is gone (it is deleted once a batch job ends)")
-    pending = files.job_dir(job) / PENDING_OUTPUT
-    batch_size = int(job.params.get("batch_size") or settings.BATCH_JOB_BATCH_SIZE)
-    argv = ["batch", "--model", str(model_path), "--input", str(source), "--format", job.input_format,
-            "--output", str(pending), "--batch-size", str(batch_size)]
-    result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), nice=settings.JOB_NICE, timeout_s=settings.JOB_TIMEOUT_S,
-                       max_file_bytes=settings.JOB_MAX_OUTPUT_BYTES)
+    with opened_artifact(version) as model:
+        source = files.input_path(job)
+        if not job.input_format or not source.is_file():
+            raise JobFailed("the job's input file is gone (it is deleted once a batch job ends)")
+        pending = files.job_dir(job) / PENDING_OUTPUT
+        batch_size = int(job.params.get("batch_size") or settings.BATCH_JOB_BATCH_SIZE)
+        argv = ["batch", *model_arguments(version), "--input", str(source), "--format", job.input_format,
+                "--output", str(pending), "--batch-size", str(batch_size)]
+        result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), nice=settings.JOB_NICE, timeout_s=settings.JOB_TIMEOUT_S,
+                           max_file_bytes=settings.JOB_MAX_OUTPUT_BYTES, stdin=model)
     _keep_output(job, pending, result)
     return result
 

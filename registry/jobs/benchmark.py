@@ -22,9 +22,10 @@ from registry.jobs import records
 from registry.jobs.child import CHILD_MAX_FILE_BYTES, run_child
 from registry.jobs.runner import JobCancelled
 from registry.jobs.versions import (
-    artifact_path,
     measured,
     memory_limit_bytes,
+    model_arguments,
+    opened_artifact,
     store_metric,
 )
 
@@ -33,13 +34,13 @@ LOCK_POLL_S = 0.25
 
 def run(job) -> dict:
     version = job.version
-    model_path = artifact_path(version)
-    max_batch_size = version.model.max_batch_size or settings.SERVING_DEFAULT_MAX_BATCH_SIZE
-    argv = ["benchmark", "--model", str(model_path), "--max-batch-size", str(max_batch_size),
-            "--seconds-per-size", str(settings.BENCHMARK_SECONDS_PER_SIZE)]
-    with exclusive_slot(job, Path(settings.DATA_DIR) / "benchmark.lock"):
-        result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), nice=settings.BENCHMARK_NICE,
-                           timeout_s=settings.JOB_TIMEOUT_S, max_file_bytes=CHILD_MAX_FILE_BYTES)
+    with opened_artifact(version) as model:
+        max_batch_size = version.model.max_batch_size or settings.SERVING_DEFAULT_MAX_BATCH_SIZE
+        argv = ["benchmark", *model_arguments(version), "--max-batch-size", str(max_batch_size),
+                "--seconds-per-size", str(settings.BENCHMARK_SECONDS_PER_SIZE)]
+        with exclusive_slot(job, Path(settings.DATA_DIR) / "benchmark.lock"):
+            result = run_child(job, argv, memory_limit_bytes=memory_limit_bytes(version), nice=settings.BENCHMARK_NICE,
+                               timeout_s=settings.JOB_TIMEOUT_S, max_file_bytes=CHILD_MAX_FILE_BYTES, stdin=model)
     store_metric(version, "benchmark", measured(result, job))
     return result
 

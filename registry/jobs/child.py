@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from registry.jobs import records
 from registry.jobs.runner import JobCancelled, JobFailed
@@ -40,16 +41,17 @@ CHILD_MAX_FILE_BYTES = 8 * 1024 * 1024  # a benchmark or an evaluation writes no
 
 
 def run_child(job, argv: list[str], *, memory_limit_bytes: int | None = None, nice: int = 0, timeout_s: float,
-              max_file_bytes: int | None = None) -> dict:
+              max_file_bytes: int | None = None, stdin: BinaryIO | None = None) -> dict:
     """Run ``python -m serving.jobs *argv``; return its result, reporting its progress on
     ``job``. Raises JobFailed (an error event, a crash, the time limit) or JobCancelled.
     ``max_file_bytes`` caps every file the child writes (RLIMIT_FSIZE): a small file that
-    declares billions of rows (a compressed .npz) must not fill the disk with outputs."""
+    declares billions of rows (a compressed .npz) must not fill the disk with outputs.
+    ``stdin``: an opened file the child reads (its model, ``versions.opened_artifact``)."""
     with tempfile.TemporaryDirectory(prefix="modelops-job-", ignore_cleanup_errors=True) as private:
         stderr_path = Path(private) / "stderr"
         with open(stderr_path, "wb") as stderr:
             process = subprocess.Popen(command(argv, memory_limit_bytes, nice, max_file_bytes), cwd=private, env=environment(private),
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr)
+                                       stdin=stdin or subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr)
         try:
             outcome = _follow(job, process, timeout_s)
         finally:

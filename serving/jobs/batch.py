@@ -63,7 +63,7 @@ INPUT_BUFFERS = 2
 READ_CHUNK_BYTES = 4 * 1024 * 1024
 
 
-def run(model: Path, input_path: Path, file_format: str, output: Path, batch_size: int) -> dict:
+def run(model: Path | bytes, input_path: Path, file_format: str, output: Path, batch_size: int) -> dict:
     engine = load_engine(model, ServingConfig.from_env())
     layouts = input_layouts(engine)
     output_format = output_format_for(file_format, len(engine.outputs))

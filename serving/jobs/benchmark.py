@@ -35,7 +35,7 @@ def batch_sizes(max_batch_size: int, batchable: bool) -> list[int]:
     return sorted({size for size in (*STANDARD_SIZES, max_batch_size) if size <= max_batch_size})
 
 
-def run(model: Path, max_batch_size: int, seconds_per_size: float) -> dict:
+def run(model: Path | bytes, max_batch_size: int, seconds_per_size: float) -> dict:
     config = ServingConfig.from_env()
     engine = load_engine(model, config)
     sizes = batch_sizes(max_batch_size, engine.is_batchable)

@@ -44,7 +44,7 @@ from serving.jobs.protocol import Progress
 EVALUATION_BATCH_SIZE = 256
 
 
-def run(model: Path, dataset: Path, file_format: str, task: str) -> dict:
+def run(model: Path | bytes, dataset: Path, file_format: str, task: str) -> dict:
     engine = load_engine(model, ServingConfig.from_env())
     score = Classification(engine.outputs) if task == "classification" else Regression(engine.outputs)
     batches, total = _batches(engine, dataset, file_format)

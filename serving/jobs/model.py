@@ -31,9 +31,10 @@ class RunError(Exception):
         self.reason = reason
 
 
-def load_engine(model_path: Path, config: ServingConfig) -> Engine:
-    """The session the way a worker builds it, with the worker's SERVING_* options."""
-    return Engine(Path(model_path).read_bytes(), config, resolve_device(config))
+def load_engine(model: Path | bytes, config: ServingConfig) -> Engine:
+    """The session of the model (its file, or its bytes as read and checked once) the way a
+    worker builds it, with the worker's SERVING_* options."""
+    return Engine(model if isinstance(model, bytes) else Path(model).read_bytes(), config, resolve_device(config))
 
 
 def rows_per_batch(batch_size: int, row_bytes: int, batches_at_once: int = 1) -> int:

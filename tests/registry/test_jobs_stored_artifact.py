@@ -1,0 +1,177 @@
+"""A job runs its version's own bytes or nothing. Whoever may write ARTIFACT_ROOT could
+rewrite a stored file (same size, its time set back) or put a symbolic link in its place,
+and a batch job answered with the other model's outputs as v1's, a benchmark or an
+evaluation kept the other model's figures as v1's. Each job now fails naming the version
+and what is wrong, and keeps nothing as the version's result.
+
+Tests run the jobs for real (``python -m serving.jobs``)."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+
+from registry.artifacts import storage
+from registry.domain.choices import JobKind, JobStatus
+from registry.jobs import runner, scheduling
+from registry.models import Job, ModelVersion
+from tests.fixtures.job_world import npy_upload, npz_upload, predictions, rows
+from tests.fixtures.store import stored_files
+
+pytestmark = pytest.mark.django_db
+JOBS = "/api/models/digits/jobs/"
+
+
+def rewrite_in_place(version: ModelVersion, other: ModelVersion) -> None:
+    """The other version's bytes written over the version's stored file, its times kept."""
+    path = storage.path_for(version.sha256)
+    status = path.stat()
+    path.write_bytes(storage.path_for(other.sha256).read_bytes())
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+
+
+def link_in_place(version: ModelVersion, other: ModelVersion) -> None:
+    """A symbolic link to the other version's stored file where the version's file was."""
+    path = storage.path_for(version.sha256)
+    path.unlink()
+    path.symlink_to(storage.path_for(other.sha256))
+
+
+def changed(version: ModelVersion, other: ModelVersion) -> str:
+    return (f"the stored artifact of {version} does not match its sha256 {version.sha256[:12]}… (its bytes hash to "
+            f"{other.sha256[:12]}…): the file changed after its upload; nothing was run on it")
+
+
+def linked(version: ModelVersion) -> str:
+    return f"the stored artifact of {version} is a symbolic link, not the file uploaded: no job follows one; nothing was run on it"
+
+
+def versions(model) -> tuple[ModelVersion, ModelVersion]:
+    return model.versions.get(number=1), model.versions.get(number=2)
+
+
+def batch_job(client) -> Job:
+    response = client.post(JOBS, {"input": npy_upload(rows(5))}, format="multipart")
+    assert response.status_code == 202, response.content
+    return Job.objects.get(pk=response.json()["id"])
+
+
+def job_files(artifact_root) -> list:
+    return [path for path in stored_files(artifact_root) if path.relative_to(artifact_root).parts[0] == "jobs"]
+
+
+def evaluation_job(client, version: ModelVersion) -> Job:
+    upload = npz_upload("holdout.npz", input=rows(4), labels=np.array([0, 1, 2, 3]))
+    response = client.post("/api/models/digits/datasets/", {"file": upload, "name": "holdout", "task": "classification"}, format="multipart")
+    assert response.status_code == 201, response.content
+    return Job.objects.get(kind=JobKind.EVALUATION, version=version)
+
+
+def benchmark_job(version: ModelVersion, settings) -> Job:
+    settings.SERVING_DEFAULT_MAX_BATCH_SIZE = 8
+    settings.BENCHMARK_SECONDS_PER_SIZE = 0.01
+    return scheduling.version_ready(version)[0]
+
+
+def failure(job: Job) -> tuple[str, str]:
+    assert runner.run(job.pk) == JobStatus.FAILED
+    job.refresh_from_db()
+    return job.status, job.error
+
+
+# ---------------------------------------------------------------- batch inference
+
+
+@pytest.mark.child
+def test_a_batch_job_on_an_untouched_artifact_gives_the_versions_answers(jobs_model, operator_client):
+    first, _ = versions(jobs_model)
+    job = batch_job(operator_client)
+
+    assert runner.run(job.pk) == JobStatus.SUCCEEDED
+
+    response = operator_client.get(f"{JOBS}{job.pk}/output")
+    output = np.load(io.BytesIO(b"".join(response.streaming_content)))
+    assert np.array_equal(output.argmax(axis=1), predictions(first, rows(5)))
+
+
+@pytest.mark.child
+def test_a_batch_job_on_an_artifact_rewritten_in_the_store_fails_naming_the_version_and_keeps_no_output(jobs_model, operator_client,
+                                                                                                          artifact_root):
+    first, second = versions(jobs_model)
+    job = batch_job(operator_client)
+    rewrite_in_place(first, second)
+
+    assert failure(job) == (JobStatus.FAILED, changed(first, second))
+    assert operator_client.get(f"{JOBS}{job.pk}/output").status_code == 409
+    assert job_files(artifact_root) == []
+
+
+@pytest.mark.child
+def test_a_batch_job_on_a_link_in_the_store_fails_naming_the_version_and_keeps_no_output(jobs_model, operator_client, artifact_root):
+    first, second = versions(jobs_model)
+    job = batch_job(operator_client)
+    link_in_place(first, second)
+
+    assert failure(job) == (JobStatus.FAILED, linked(first))
+    assert operator_client.get(f"{JOBS}{job.pk}/output").status_code == 409
+    assert job_files(artifact_root) == []
+
+
+# ---------------------------------------------------------------- benchmark and evaluation
+
+
+@pytest.mark.child
+def test_a_benchmark_of_an_artifact_rewritten_in_the_store_fails_and_keeps_no_figures(jobs_model, settings):
+    first, second = versions(jobs_model)
+    job = benchmark_job(first, settings)
+    rewrite_in_place(first, second)
+
+    assert failure(job) == (JobStatus.FAILED, changed(first, second))
+    first.refresh_from_db()
+    assert "benchmark" not in first.metrics
+
+
+@pytest.mark.child
+def test_a_benchmark_of_a_link_in_the_store_fails_and_keeps_no_figures(jobs_model, settings):
+    first, second = versions(jobs_model)
+    job = benchmark_job(first, settings)
+    link_in_place(first, second)
+
+    assert failure(job) == (JobStatus.FAILED, linked(first))
+    first.refresh_from_db()
+    assert "benchmark" not in first.metrics
+
+
+@pytest.mark.child
+def test_an_evaluation_of_an_artifact_rewritten_in_the_store_fails_and_keeps_no_scores(jobs_model, operator_client):
+    first, second = versions(jobs_model)
+    job = evaluation_job(operator_client, first)
+    rewrite_in_place(first, second)
+
+    assert failure(job) == (JobStatus.FAILED, changed(first, second))
+    first.refresh_from_db()
+    assert "evaluation" not in first.metrics
+
+
+@pytest.mark.child
+def test_an_evaluation_of_a_link_in_the_store_fails_and_keeps_no_scores(jobs_model, operator_client):
+    first, second = versions(jobs_model)
+    job = evaluation_job(operator_client, first)
+    link_in_place(first, second)
+
+    assert failure(job) == (JobStatus.FAILED, linked(first))
+    first.refresh_from_db()
+    assert "evaluation" not in first.metrics
+
+
+@pytest.mark.child
+def test_an_evaluation_of_an_untouched_artifact_keeps_its_scores(jobs_model, operator_client):
+    first, _ = versions(jobs_model)
+    job = evaluation_job(operator_client, first)
+
+    assert runner.run(job.pk) == JobStatus.SUCCEEDED
+    first.refresh_from_db()
+    assert first.metrics["evaluation"]["holdout"]["samples"] == 4
