@@ -17,9 +17,9 @@ a place outside the code tree (``default_data_dir``), so even a check that misse
 reference would find nothing to read.
 
 A stored file can be rewritten after its upload by whoever may write the store. The
-job children are handed it opened (never through a link) and ``read_checked`` it
-against the sha256 recorded at upload: an evaluation or a benchmark describes the
-version's own bytes or none.
+job children and the inspection child are handed it opened (never through a link) and
+``read_checked`` it against the sha256 recorded at upload: an evaluation, a benchmark
+or a verdict describes the version's own bytes or none.
 
 Imports no Django, and imports onnx only when it parses (console settings use
 ``default_data_dir``).

@@ -22,6 +22,7 @@ inspections run at once across every process; beyond that an inline registration
 
 from __future__ import annotations
 
+import errno
 import time
 from datetime import timedelta
 from functools import partial
@@ -106,7 +107,7 @@ def validation_key(version: ModelVersion) -> str:
 def inspect_stored(version: ModelVersion, should_stop=None) -> InspectionReport:
     """Inspect a stored version's bytes (the caller holds an inspection slot); raises
     ``InspectionStopped`` when ``should_stop()`` says so while the child runs."""
-    return _inspect_path(version.model, storage.path_for(version.sha256), should_stop)
+    return _inspect_path(version.model, storage.path_for(version.sha256), version.sha256, should_stop)
 
 
 def mark_ready(version: ModelVersion, report: InspectionReport) -> bool:
@@ -200,23 +201,34 @@ def _inspect(model: RegisteredModel, staged: storage.StagedArtifact, uploaded_by
         _refuse(model, uploaded_by, "the artifact is empty", 400, staged.sha256)
     try:
         with inspection_slot(settings.DATA_DIR / "inspection-slots", settings.INSPECTION_MAX_CONCURRENT):
-            return _inspect_path(model, staged.path)
+            return _inspect_path(model, staged.path, staged.sha256)
     except InspectionError as error:
         if error.retry_after_s is not None:  # busy, not a verdict on the model: no audit event
             raise UploadRefused(error.reason, error.status, error.retry_after_s) from None
         _refuse(model, uploaded_by, error.reason, error.status, staged.sha256)
 
 
-def _inspect_path(model: RegisteredModel, path, should_stop=None) -> InspectionReport:
-    return inspect_artifact(
-        path,
-        should_stop=should_stop,
-        timeout_s=settings.INSPECTION_TIMEOUT_S,
-        memory_limit_bytes=settings.INSPECTION_MEMORY_LIMIT_BYTES,
-        cpu_limit_s=settings.INSPECTION_CPU_LIMIT_S,
-        # The worker warms every size up to this before routing the version.
-        max_batch_size=model.max_batch_size or settings.SERVING_DEFAULT_MAX_BATCH_SIZE,
-    )
+def _inspect_path(model: RegisteredModel, path, sha256: str, should_stop=None) -> InspectionReport:
+    """Inspect the bytes at ``path`` if they are still the ones hashed to ``sha256`` when
+    they arrived: a file rewritten, or a link put in its place, meanwhile is no upload."""
+    try:
+        opened = storage.open_unfollowed(path)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        raise InspectionError("the stored upload is a symbolic link, not the file uploaded: no inspection follows one; "
+                              "nothing was run on it", status=500) from None
+    with opened:
+        return inspect_artifact(
+            opened,
+            sha256=sha256,
+            should_stop=should_stop,
+            timeout_s=settings.INSPECTION_TIMEOUT_S,
+            memory_limit_bytes=settings.INSPECTION_MEMORY_LIMIT_BYTES,
+            cpu_limit_s=settings.INSPECTION_CPU_LIMIT_S,
+            # The worker warms every size up to this before routing the version.
+            max_batch_size=model.max_batch_size or settings.SERVING_DEFAULT_MAX_BATCH_SIZE,
+        )
 
 
 def refuse_too_large(model: RegisteredModel, uploaded_by) -> UploadRefused:

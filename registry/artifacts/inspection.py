@@ -3,10 +3,14 @@
 Why a child process: parsing a hostile protobuf and building an ONNX Runtime session
 run native code that can segfault, spin forever or allocate without bound. Doing that
 inside the (threaded) Django server would let one bad upload take the server down. So
-``inspect_artifact`` starts a fresh interpreter (``python -m registry.artifacts.inspection PATH``;
-a fresh exec, never a fork of the server's threads), gives it an address-space limit and
-a wall-clock timeout, and reads one JSON object from its stdout. A signal, a timeout or
-an exhausted memory limit becomes an ``InspectionError`` with a readable reason.
+``inspect_artifact`` starts a fresh interpreter (``python -m registry.artifacts.inspection``,
+the file opened as its stdin; a fresh exec, never a fork of the server's threads), gives
+it an address-space limit and a wall-clock timeout, and reads one JSON object from its
+stdout. A signal, a timeout or an exhausted memory limit becomes an ``InspectionError``
+with a readable reason. Given the sha256 the upload was hashed to, the child reads the
+file once and inspects those bytes only if they still have it (``read_checked``): a
+stored upload rewritten before its validation job ran made the version ready with
+another model's signature.
 
 The child is treated as hostile-code-adjacent: it starts in a fresh empty directory
 (mode 0700, removed afterwards) with a minimal environment (no database URL, no
@@ -48,6 +52,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -55,7 +60,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
 from serving.contract import DEFAULT_MAX_BATCH_SIZE, SERVABLE_INPUT_DATATYPES, UNSERVABLE_OUTPUT_DATATYPES
-from serving.model_safety import ORT_FORMAT_ID, UnsafeModel, refuse_external_references, walk_messages
+from serving.model_safety import ORT_FORMAT_ID, UnsafeModel, read_checked, refuse_external_references, walk_messages
 
 logger = logging.getLogger(__name__)
 
@@ -194,30 +199,34 @@ class ChildLimits:
 
 
 def inspect_artifact(
-    path: str | os.PathLike,
+    artifact: str | os.PathLike | BinaryIO,
     *,
+    sha256: str | None = None,
     timeout_s: float = 60,
     memory_limit_bytes: int | None = None,
     cpu_limit_s: float | None = None,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     should_stop: Callable[[], bool] | None = None,
 ) -> InspectionReport:
-    """Inspect the ONNX file at ``path`` in a child process; raise InspectionError.
-    ``should_stop`` is asked every ``STOP_POLL_S`` while the child runs: when it says so,
-    the child is killed and InspectionStopped raised.
+    """Inspect the ONNX file ``artifact`` (a path, or the file opened) in a child process;
+    raise InspectionError. With ``sha256``, bytes that no longer have it are not inspected
+    (an InspectionError of status 500: no verdict on the upload). ``should_stop`` is asked
+    every ``STOP_POLL_S`` while the child runs: when it says so, the child is killed and
+    InspectionStopped raised.
 
     ``memory_limit_bytes=None`` sizes the limit from the file (see
     ``default_memory_limit_bytes``); ``cpu_limit_s=None`` allows the wall-clock
     timeout's worth of CPU time. ``max_batch_size`` is the largest batch a worker
     will warm this model at: the child runs it too.
     """
-    path = Path(path).resolve()
     if should_stop is not None and should_stop():
         raise InspectionStopped()
-    if memory_limit_bytes is None:
-        memory_limit_bytes = default_memory_limit_bytes(path.stat().st_size)
-    limits = ChildLimits(memory_limit_bytes, math.ceil(cpu_limit_s or timeout_s), max(1, max_batch_size))
-    completed = _run_child(path, timeout_s, limits, should_stop)
+    with contextlib.ExitStack() as closing:
+        opened = closing.enter_context(open(artifact, "rb")) if isinstance(artifact, str | os.PathLike) else artifact
+        if memory_limit_bytes is None:
+            memory_limit_bytes = default_memory_limit_bytes(os.fstat(opened.fileno()).st_size)
+        limits = ChildLimits(memory_limit_bytes, math.ceil(cpu_limit_s or timeout_s), max(1, max_batch_size))
+        completed = _run_child(opened, sha256, timeout_s, limits, should_stop)
     return _result_from_child(completed, limits)
 
 
@@ -250,12 +259,13 @@ def inspection_slot(directory: str | os.PathLike, count: int) -> Iterator[int]:
                           status=503, retry_after_s=RETRY_AFTER_S)
 
 
-def _child_command(path: Path, limits: ChildLimits) -> list[str]:
+def _child_command(sha256: str | None, limits: ChildLimits) -> list[str]:
     # Killed with the process that started it, as a job's child is (registry/jobs/child.py):
     # a Celery worker killed with -9 left it computing, reparented to PID 1, beside the retry.
     dies_with_parent = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+    checked = ["--sha256", sha256] if sha256 else []
     # -P: the empty working directory is not put on sys.path; PYTHONPATH names the code.
-    return [*dies_with_parent, sys.executable, "-P", "-m", "registry.artifacts.inspection", str(path), *limits.arguments()]
+    return [*dies_with_parent, sys.executable, "-P", "-m", "registry.artifacts.inspection", *checked, *limits.arguments()]
 
 
 def _child_environment(private_directory: str) -> dict[str, str]:
@@ -272,14 +282,15 @@ def _child_environment(private_directory: str) -> dict[str, str]:
     return environment
 
 
-def _run_child(path: Path, timeout_s: float, limits: ChildLimits, should_stop: Callable[[], bool] | None = None) -> subprocess.CompletedProcess:
+def _run_child(artifact: BinaryIO, sha256: str | None, timeout_s: float, limits: ChildLimits,
+               should_stop: Callable[[], bool] | None = None) -> subprocess.CompletedProcess:
     # A fresh empty directory (mkdtemp: mode 0700) as cwd: a relative path the checks
     # missed would resolve to nothing, never to the project's var/ or database.
     with tempfile.TemporaryDirectory(prefix="modelops-inspect-", ignore_cleanup_errors=True) as private_directory:
         # The child sets its own rlimits first thing: preexec_fn is unsafe in a
         # threaded parent (it can deadlock between fork and exec).
-        with subprocess.Popen(_child_command(path, limits), cwd=private_directory, env=_child_environment(private_directory),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        with subprocess.Popen(_child_command(sha256, limits), cwd=private_directory, env=_child_environment(private_directory),
+                              stdin=artifact, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
             stdout, stderr = _wait_for(child, timeout_s, should_stop)
         return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
 
@@ -364,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = ChildLimits(arguments.memory_limit_bytes, arguments.cpu_limit_s, arguments.max_batch_size)
     _limit_resources(limits)
     result_stream = _claim_stdout()
-    result = _ChildInspection(Path(arguments.path), limits).run()
+    result = _ChildInspection(sys.stdin.buffer, arguments.sha256, limits).run()
     result_stream.write(json.dumps(result))
     result_stream.flush()
     return 0
@@ -384,8 +395,8 @@ def _peak_memory() -> dict:
 
 
 def _parse_arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m registry.artifacts.inspection", description="Inspect one ONNX file.")
-    parser.add_argument("path")
+    parser = argparse.ArgumentParser(prog="python -m registry.artifacts.inspection", description="Inspect the ONNX file on stdin.")
+    parser.add_argument("--sha256", help="inspect nothing unless the file's bytes have this sha256")
     parser.add_argument("--memory-limit-bytes", type=int, default=0)
     parser.add_argument("--cpu-limit-s", type=int, default=0)
     parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE)
@@ -445,8 +456,9 @@ class _ChildInspection:
         "batchability": "the batchability check",
     }
 
-    def __init__(self, path: Path, limits: ChildLimits):
-        self.path = path
+    def __init__(self, source: BinaryIO, sha256: str | None, limits: ChildLimits):
+        self.source = source
+        self.sha256 = sha256
         self.limits = limits
         self.data = b""
         self.model: ModelProto | None = None
@@ -495,13 +507,21 @@ class _ChildInspection:
         self.report["checks"].append({"name": step, "ok": ok, "message": message, "elapsed_ms": elapsed_ms})
 
     def _check_parse(self) -> str:
-        self.data = self.path.read_bytes()
+        self.data = self._read()
         self.report["artifact_size_bytes"] = len(self.data)
         self.model = _parse_model(self.data)
         _refuse_text_that_is_not_utf8(self.model)  # before any text is matched or written into the report
         _refuse_oversized_names(self.model)
         self.report.update(_model_facts(self.model))
         return f"parsed ONNX model, IR version {self.model.ir_version}"
+
+    def _read(self) -> bytes:
+        if self.sha256 is None:
+            return self.source.read()
+        try:
+            return read_checked(self.source, self.sha256, "the stored upload")
+        except UnsafeModel as changed:
+            raise _Refusal(changed.reason, status=500) from None  # not the upload's bytes: no verdict on it
 
     def _check_external_data(self) -> str:
         try:

@@ -1,15 +1,19 @@
 """A job runs its version's own bytes or nothing. Whoever may write ARTIFACT_ROOT could
 rewrite a stored file (same size, its time set back) or put a symbolic link in its place,
 and a batch job answered with the other model's outputs as v1's, a benchmark or an
-evaluation kept the other model's figures as v1's. Each job now fails naming the version
-and what is wrong, and keeps nothing as the version's result.
+evaluation kept the other model's figures as v1's, and a validation made the version
+ready with the other model's signature. Each job now fails naming the version and what
+is wrong, and keeps nothing as the version's result.
 
-Tests run the jobs for real (``python -m serving.jobs``)."""
+Tests run the jobs for real: ``child`` ones ``python -m serving.jobs``, the validation
+ones the inspection child."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -17,8 +21,9 @@ import pytest
 from registry.artifacts import storage
 from registry.domain.choices import JobKind, JobStatus
 from registry.jobs import runner, scheduling
-from registry.models import Job, ModelVersion
+from registry.models import Job, ModelVersion, RegisteredModel
 from tests.fixtures.job_world import npy_upload, npz_upload, predictions, rows
+from tests.fixtures.jobs import run_queued_jobs
 from tests.fixtures.store import stored_files
 
 pytestmark = pytest.mark.django_db
@@ -175,3 +180,47 @@ def test_an_evaluation_of_an_untouched_artifact_keeps_its_scores(jobs_model, ope
     assert runner.run(job.pk) == JobStatus.SUCCEEDED
     first.refresh_from_db()
     assert first.metrics["evaluation"]["holdout"]["samples"] == 4
+
+
+# ---------------------------------------------------------------- validation
+
+
+def uploaded(client, path) -> ModelVersion:
+    with open(path, "rb") as handle:
+        response = client.post("/api/models/digits/versions/", {"artifact": handle}, format="multipart")
+    assert response.status_code == 202, response.content
+    return ModelVersion.objects.get(model__name="digits", number=response.json()["number"])
+
+
+@pytest.fixture
+def digits(operator) -> RegisteredModel:
+    return RegisteredModel.objects.create(name="digits", created_by=operator)
+
+
+def test_a_validation_of_an_upload_rewritten_in_the_store_rejects_it_naming_the_problem(digits, operator_client, good_onnx, good_onnx_v2):
+    version = uploaded(operator_client, good_onnx)
+    shutil.copyfile(good_onnx_v2, storage.path_for(version.sha256))
+    other_sha256 = hashlib.sha256(good_onnx_v2.read_bytes()).hexdigest()
+
+    (job,) = run_queued_jobs("validation")
+
+    version.refresh_from_db()
+    assert (job.status, version.status) == (JobStatus.FAILED, "rejected")
+    assert job.error == (f"the inspection failed: the stored upload does not match its sha256 {version.sha256[:12]}… (its bytes hash to "
+                         f"{other_sha256[:12]}…): the file changed after its upload; nothing was run on it")
+    assert version.status_reason == f"validation could not run: {job.error}"
+
+
+def test_a_validation_of_a_link_in_the_store_rejects_the_upload_naming_the_problem(digits, operator_client, good_onnx, good_onnx_v2):
+    version = uploaded(operator_client, good_onnx)
+    path = storage.path_for(version.sha256)
+    path.unlink()
+    path.symlink_to(good_onnx_v2)
+
+    (job,) = run_queued_jobs("validation")
+
+    version.refresh_from_db()
+    assert (job.status, version.status) == (JobStatus.FAILED, "rejected")
+    assert job.error == ("the inspection failed: the stored upload is a symbolic link, not the file uploaded: no inspection follows one; "
+                         "nothing was run on it")
+    assert good_onnx_v2.is_file()  # the link went with the version's artifact, never its target
