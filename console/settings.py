@@ -20,6 +20,7 @@ from serving.env import (
     env_float,
     env_int,
     env_list,
+    env_redis_url,
     env_secret,
     env_str,
     env_url,
@@ -365,7 +366,7 @@ DRILL_ACK_TIMEOUT_S = env_float("DRILL_ACK_TIMEOUT_S", 10.0, minimum=0.1)
 # GET /metrics (console/metrics.py) answers only with this bearer token; unset, it is a 404.
 CONSOLE_METRICS_TOKEN = env_secret("CONSOLE_METRICS_TOKEN")
 
-REDIS_URL = env_secret("REDIS_URL")  # may carry a password
+REDIS_URL = env_redis_url("REDIS_URL")  # may carry a password (masked when refused)
 # Channels groups ("serving", "live") are global to a Redis database: deployments that
 # share one Redis keep apart by prefix, or one's workers would apply the other's states.
 CHANNEL_LAYER_PREFIX = env_str("CHANNEL_LAYER_PREFIX", "modelops")

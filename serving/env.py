@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from pathlib import Path
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -61,6 +62,43 @@ def check_http_url(name: str, value: str, example: str = "http://127.0.0.1:8000"
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise SettingError(f"{name}={value!r}: expected an http:// or https:// URL with a host, e.g. {example}")
     return value.rstrip("/")
+
+
+# Both of the project's Redis clients must take the URL: redis-py (the Channels layer, the
+# workers' push channel) and kombu (Celery's broker). redis-py also takes unix://, which
+# kombu does not ("No such transport: unix": every Celery process died at start).
+REDIS_SCHEMES = ("redis", "rediss")
+REDIS_EXPECTED = "expected a redis:// or rediss:// URL, e.g. redis://127.0.0.1:6379/0"
+
+
+def env_redis_url(name: str) -> str:
+    """A Redis URL from ``NAME_FILE`` or ``NAME`` ("" when unset). Unchecked, an http:// one
+    passed until Celery's first send and redis-py's first connection, each with a traceback."""
+    value = env_secret(name)
+    return check_redis_url(name, value) if value else ""
+
+
+def check_redis_url(name: str, value: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # raises ValueError for a port that is not a number or out of range
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in REDIS_SCHEMES:
+        why = " (Celery's broker takes no unix:// socket)" if parts is not None and parts.scheme == "unix" else ""
+        raise SettingError(f"{name}={shown_url(value)!r}: {REDIS_EXPECTED}{why}")
+    if not re.fullmatch(r"/?[0-9]*", parts.path):  # kombu refused "/abc" where redis-py silently used database 0
+        raise SettingError(f"{name}={shown_url(value)!r}: {REDIS_EXPECTED} (the path is the database number)")
+    return value
+
+
+def shown_url(url: str) -> str:
+    """``url`` with its password, if it has one, as ``***``: fit for a message or a log line.
+    Up to the last "@": a password may hold a "/" or "@" that was not percent-encoded."""
+    url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@]*:).*@", r"\1***@", url)
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def env_secret(name: str, default: str = "") -> str:

@@ -46,13 +46,15 @@ def is_alive(pid: int) -> bool:
 
 
 def start_stack(tmp_path, port: int | None = None, serving_port: int | None = None, *, redis_port_given: bool = True,
-                errors_name: str = "stderr.log") -> tuple[subprocess.Popen, int, Path]:
+                errors_name: str = "stderr.log", redis_url: str | None = None) -> tuple[subprocess.Popen, int, Path]:
+    """``redis_url``: a Redis given to it; else the embedded server, as `make run` starts it."""
     port, serving_port = port or free_port(), serving_port or free_port()
-    env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_SECRET_KEY", "EMBEDDED_REDIS_PORT"}}
+    env = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_SECRET_KEY", "EMBEDDED_REDIS_PORT", "REDIS_URL"}}
     env.update(DATA_DIR=str(tmp_path / "data"))
-    if redis_port_given:
+    if redis_url is not None:
+        env.update(REDIS_URL=redis_url)
+    elif redis_port_given:
         env.update(EMBEDDED_REDIS_PORT=str(free_port()))
-    env.pop("REDIS_URL", None)  # the embedded server too, as `make run` starts it
     errors = tmp_path / errors_name
     stack = subprocess.Popen(
         [sys.executable, "manage.py", "runstack", "--no-demo", "--port", str(port), "--serving-port", str(serving_port)],
@@ -251,6 +253,35 @@ def test_a_port_already_taken_is_refused_before_anything_starts(tmp_path):
     assert stack.returncode == 1
     assert f"127.0.0.1:{port} is not free" in errors.read_text()
     assert not (tmp_path / "data" / "redis").exists()  # refused before Redis, migrations or anything else
+
+
+def refused_at_start(tmp_path, redis_url: str) -> tuple[int, list[str]]:
+    """runstack --no-demo on ``redis_url``: its exit status and what it printed on stderr.
+    Stopped, with whatever it started, if it is still running after 60 s."""
+    stack, _, errors = start_stack(tmp_path, redis_url=redis_url)
+    try:
+        stack.wait(timeout=60)
+    finally:
+        stop_leftovers(stack, [])  # its own stop stops its children
+    return stack.returncode, errors.read_text().splitlines()
+
+
+def nothing_was_written(data_dir: Path) -> bool:
+    """No migration ran (the settings make an empty database file) and no stack was recorded."""
+    database = data_dir / "db.sqlite3"
+    return (not database.exists() or database.stat().st_size == 0) and not (data_dir / processes.STACK_FILE_NAME).exists() \
+        and not (data_dir / console_address.REDIS_FILE_NAME).exists()
+
+
+def test_a_redis_url_of_another_scheme_stops_the_stack_before_anything_is_written(tmp_path):
+    # It migrated, wrote demo version 1, and only then failed, in tracebacks from Celery's
+    # sends ("No such transport: http") and from redis-py.
+    returncode, said = refused_at_start(tmp_path, f"http://user:hunter2@127.0.0.1:{free_port()}/0")
+
+    assert returncode == 1
+    assert len(said) == 1 and said[0].startswith("manage.py: REDIS_URL='http://user:***@127.0.0.1:"), said
+    assert said[0].endswith("expected a redis:// or rediss:// URL, e.g. redis://127.0.0.1:6379/0")
+    assert nothing_was_written(tmp_path / "data")
 
 
 def test_a_worker_started_by_hand_beside_the_stack_follows_its_console_unasked(shared, tmp_path):

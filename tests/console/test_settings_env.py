@@ -155,3 +155,42 @@ def test_the_lock_timeout_is_set_on_postgresql_connections_unless_it_is_0(tmp_pa
 
     assert on.stdout.strip().splitlines()[-1] == "-c lock_timeout=2500", on.stderr
     assert off.stdout.strip().splitlines()[-1] == "None", off.stderr
+
+
+REDIS_EXPECTED = "expected a redis:// or rediss:// URL, e.g. redis://127.0.0.1:6379/0"
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("http://user:hunter2@127.0.0.1:18599/0", f"REDIS_URL='http://user:***@127.0.0.1:18599/0': {REDIS_EXPECTED}"),
+    ("unix:///run/redis.sock?password=hunter2", f"REDIS_URL='unix:///run/redis.sock?password=***': {REDIS_EXPECTED} (Celery's broker takes no unix:// socket)"),
+    ("redis://:hunter2@127.0.0.1:6379/cache", f"REDIS_URL='redis://:***@127.0.0.1:6379/cache': {REDIS_EXPECTED} (the path is the database number)"),
+    ("redis://127.0.0.1:six/0", f"REDIS_URL='redis://127.0.0.1:six/0': {REDIS_EXPECTED}"),
+], ids=["http", "unix socket", "database not a number", "port not a number"])
+def test_a_redis_url_neither_redis_client_takes_stops_manage_py_naming_it_with_its_password_masked(tmp_path, url, said):
+    # Accepted, http:// went as far as Celery's first send ("No such transport: http") and
+    # redis-py's first connection, after migrations and the demo models had been written.
+    result = _manage(tmp_path, "check", REDIS_URL=url)
+
+    assert result.returncode == 1
+    assert result.stderr == f"manage.py: {said}\n"
+
+
+@pytest.mark.parametrize("command", [["manage.py", "serve"], ["-m", "celery", "-A", "console", "worker"]], ids=["serving worker", "Celery worker"])
+def test_the_workers_refuse_such_a_redis_url_at_start_too(tmp_path, command):
+    environment = {key: value for key, value in os.environ.items() if key not in {"DATABASE_URL", "DJANGO_SECRET_KEY", "CONSOLE_URL"}}
+    environment.update(DATA_DIR=str(tmp_path / "data"), REDIS_URL="http://user:hunter2@127.0.0.1:18599/0")
+
+    result = subprocess.run([sys.executable, *command], check=False, cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=120)
+
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].endswith(f"REDIS_URL='http://user:***@127.0.0.1:18599/0': {REDIS_EXPECTED}")
+    assert "hunter2" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("url", ["redis://:hunter2@127.0.0.1:6379/3", "rediss://cache.example:6380", "redis://127.0.0.1/"])
+def test_a_redis_url_both_clients_take_is_used_as_given(tmp_path, url):
+    result = _settings(tmp_path, "settings.REDIS_URL, settings.CELERY_BROKER_URL", REDIS_URL=url)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == f"{url} {url}"
+
