@@ -284,6 +284,49 @@ def test_a_redis_url_of_another_scheme_stops_the_stack_before_anything_is_writte
     assert nothing_was_written(tmp_path / "data")
 
 
+def test_a_given_redis_that_does_not_answer_stops_the_stack_naming_it_before_anything_starts(tmp_path):
+    # The stack printed "Ready" while Celery and the worker retried it for ever: uploads stayed `validating`.
+    port = free_port()  # nothing listens there
+
+    returncode, said = refused_at_start(tmp_path, f"redis://:hunter2@127.0.0.1:{port}/0")
+
+    assert returncode == 1
+    assert len(said) == 1, said
+    assert said[0].startswith(f"CommandError: REDIS_URL='redis://:***@127.0.0.1:{port}/0': PING failed (ConnectionError: ")
+    assert "Connection refused" in said[0] and "hunter2" not in said[0]
+    assert nothing_was_written(tmp_path / "data")
+
+
+def test_a_given_redis_that_refuses_the_password_stops_the_stack_naming_it(tmp_path):
+    server, url = embedded_redis.start(tmp_path / "given-redis", port=free_port(), password="the-right-one")
+    try:
+        returncode, said = refused_at_start(tmp_path, url.replace("the-right-one", "hunter2"))
+    finally:
+        embedded_redis.stop(server)
+
+    assert returncode == 1
+    assert len(said) == 1, said
+    assert said[0].startswith("CommandError: REDIS_URL='redis://:***@127.0.0.1:") and "PING failed (AuthenticationError: " in said[0]
+    assert nothing_was_written(tmp_path / "data")
+
+
+def test_a_given_redis_that_answers_runs_the_stack_on_it(tmp_path):
+    server, url = embedded_redis.start(tmp_path / "given-redis", port=free_port(), password="the-right-one")
+    stack, serving_port, errors = start_stack(tmp_path, redis_url=url)
+    children: list[int] = []
+    try:
+        wait_http(f"http://127.0.0.1:{serving_port}/v2/health/ready", stack, timeout_s=120)
+        children = [child.pid for child in psutil.Process(stack.pid).children(recursive=True)]
+        console = next(child for child in psutil.Process(stack.pid).children() if "uvicorn" in child.cmdline())
+
+        assert console.environ()["REDIS_URL"] == url  # the environment Celery and the worker get too
+        assert not any("redis-server" in " ".join(child.cmdline()) for child in psutil.Process(stack.pid).children())  # no embedded one
+    finally:
+        stop_leftovers(stack, children)
+        embedded_redis.stop(server)
+    assert "Traceback" not in errors.read_text()
+
+
 def test_a_worker_started_by_hand_beside_the_stack_follows_its_console_unasked(shared, tmp_path):
     """No CONSOLE_URL: `manage.py serve` takes the address runstack recorded in DATA_DIR
     (the stack's console is on a free port, not the default one)."""

@@ -1,7 +1,8 @@
 """Run the whole product in the foreground: Redis (embedded unless REDIS_URL is set),
 the console, one serving worker, and Celery worker + beat. Ctrl-C, SIGTERM or a hangup
-(the terminal closed) stops them all. A port already taken is refused before anything
-starts (otherwise another stack's console and worker would answer the readiness checks),
+(the terminal closed) stops them all. A port already taken, or a REDIS_URL given that
+does not answer PING, is refused before anything starts (otherwise another stack's console
+and worker would answer the readiness checks, or the stack said "Ready" on a dead broker),
 and a child that exits stops the rest and makes the command exit 1, naming it. While it
 runs, DATA_DIR holds its PID and its children's (processes.record_stack): a runstack
 killed with SIGKILL leaves its stack running, and the next one names what to stop."""
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import redis
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
@@ -31,7 +33,7 @@ from console.processes import (
     worker_environment,
 )
 from registry.artifacts import storage
-from serving.env import env_int, env_port, port_number
+from serving.env import env_int, env_port, port_number, shown_url
 from serving.listen_check import is_taken, listen_problem, listen_refusal
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -62,6 +64,10 @@ class Command(BaseCommand):
             raise CommandError(f"--port and --serving-port are both {port}: the console and the worker need a port each")
         for taken in (port, serving_port):
             _check_free(host, taken)
+        # A REDIS_URL given must answer before anything is recorded or started (the embedded
+        # Redis is waited for as it starts: embedded_redis.start).
+        if settings.REDIS_URL and not _answers(settings.REDIS_URL):
+            return  # a stop asked while waiting for it: nothing started
         redis_port = None if settings.REDIS_URL else env_int("EMBEDDED_REDIS_PORT", 0, maximum=65535) or None
         if redis_port in (port, serving_port):
             raise CommandError(f"EMBEDDED_REDIS_PORT={redis_port} is the console's or the worker's port: choose another")
@@ -246,6 +252,40 @@ def _run_to_the_end(command: list[str], env: dict) -> None:
     _stops.check()
     if returncode:
         raise CommandError(f"{' '.join(command[1:3])} exited with {returncode}; the stack was stopped")
+
+
+# How long a REDIS_URL given is waited for (a Redis started beside `make run` a moment
+# before it), and each PING's own timeout. Not waited for, a stack on a Redis that never
+# answered printed "Ready" while Celery and the worker retried it for ever, and every
+# upload stayed `validating`.
+REDIS_ANSWER_WAIT_S = 5.0
+REDIS_PING_TIMEOUT_S = 1.0
+
+
+def _answers(url: str) -> bool:
+    """True once the Redis at ``url`` answers PING; False when a stop was asked meanwhile;
+    CommandError naming REDIS_URL (its password masked) when it still fails after
+    REDIS_ANSWER_WAIT_S, or at once when it refuses our credentials (no wait changes them)."""
+    deadline = time.monotonic() + REDIS_ANSWER_WAIT_S
+    while (failure := _ping(url)) is not None:
+        if _stops.requested:
+            return False
+        refused = isinstance(failure, (redis.exceptions.AuthenticationError, redis.exceptions.ResponseError))  # NOAUTH, WRONGPASS
+        if refused or time.monotonic() >= deadline:
+            said = f"{type(failure).__name__}: {failure}"[:300]
+            raise CommandError(f"REDIS_URL={shown_url(url)!r}: PING failed ({said}); start that Redis or correct REDIS_URL, "
+                               "or unset it for an embedded one")
+        time.sleep(0.25)
+    return True
+
+
+def _ping(url: str) -> redis.exceptions.RedisError | None:
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=REDIS_PING_TIMEOUT_S, socket_timeout=REDIS_PING_TIMEOUT_S) as client:
+            client.ping()
+    except redis.exceptions.RedisError as error:  # refused, timed out, TLS, credentials
+        return error
+    return None
 
 
 def _http_url(host: str, port: int) -> str:
