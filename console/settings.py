@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from csp.constants import NONE, SELF
@@ -181,6 +182,12 @@ LIVE_FEEDS_PER_USER = env_int("LIVE_FEEDS_PER_USER", 8, minimum=1)
 LIVE_FEEDS_MAX = env_int("LIVE_FEEDS_MAX", 200, minimum=1)
 
 
+# What requirements.txt installs a driver for (psycopg, and Python's sqlite3). dj-database-url
+# maps many more schemes (mysql, oracle, postgis, cockroach) to engines that are not there.
+SUPPORTED_DATABASE_ENGINES = ("django.db.backends.postgresql", "django.db.backends.sqlite3")
+DATABASE_EXPECTED = "expected a URL such as postgres://user@host:5432/name or sqlite:////path/db.sqlite3"
+
+
 def _database() -> dict:
     url = env_secret("DATABASE_URL")  # may carry a password
     # All read whatever the database: a bad value is refused at start, not accepted until
@@ -194,8 +201,9 @@ def _database() -> dict:
         try:
             database = dj_database_url.parse(url, conn_max_age=conn_max_age_s, conn_health_checks=True)
         except ValueError as error:  # an unknown scheme, a port that is not a number; never the URL: it may hold a password
-            raise SettingError(f"DATABASE_URL: {type(error).__name__}: expected a URL such as postgres://user@host:5432/name "
-                               "or sqlite:////path/db.sqlite3") from None
+            raise SettingError(f"DATABASE_URL: {type(error).__name__}: {DATABASE_EXPECTED}") from None
+        if database["ENGINE"] not in SUPPORTED_DATABASE_ENGINES:  # mysql:// was a traceback naming a driver never installed
+            raise SettingError(f"DATABASE_URL: {urlsplit(url).scheme}:// is not supported (PostgreSQL and SQLite are): {DATABASE_EXPECTED}")
     else:
         database = {"ENGINE": "django.db.backends.sqlite3", "NAME": _private_file(DATA_DIR / "db.sqlite3"),
                     "TEST": {"NAME": DATA_DIR / "test-db.sqlite3"}}

@@ -194,3 +194,22 @@ def test_a_redis_url_both_clients_take_is_used_as_given(tmp_path, url):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == f"{url} {url}"
 
+
+@pytest.mark.parametrize("scheme", ["mysql", "oracle", "postgis", "cockroach"])
+def test_a_database_url_of_a_database_the_project_does_not_run_on_is_refused_naming_its_scheme(tmp_path, scheme):
+    # dj-database-url knows these; the drivers are not installed: mysql:// was Django's
+    # traceback "Error loading MySQLdb module. Did you install mysqlclient?".
+    result = _manage(tmp_path, "check", DATABASE_URL=f"{scheme}://user:hunter2@db:3306/x")
+
+    assert result.returncode == 1
+    assert result.stderr == (f"manage.py: DATABASE_URL: {scheme}:// is not supported (PostgreSQL and SQLite are): expected a URL such as "
+                             "postgres://user@host:5432/name or sqlite:////path/db.sqlite3\n")
+
+
+@pytest.mark.parametrize(("url", "engine"), [("postgres://u@127.0.0.1:5432/d", "postgresql"), ("postgresql://u@127.0.0.1:5432/d", "postgresql"),
+                                           ("pgsql://u@127.0.0.1:5432/d", "postgresql"), ("sqlite:////tmp/x.sqlite3", "sqlite3")])
+def test_a_database_url_for_postgresql_or_sqlite_is_accepted(tmp_path, url, engine):
+    result = _settings(tmp_path, "settings.DATABASES['default']['ENGINE']", DATABASE_URL=url)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == f"django.db.backends.{engine}"
