@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -202,7 +203,8 @@ class Command(BaseCommand):
 
     def _named(self, child: subprocess.Popen) -> str:
         # By role: "python -m celery -A exited" left open which of two Celery workers died.
-        return f"{self.roles.get(child.pid, 'a process')} ({' '.join(map(str, child.args[:4]))})"
+        # Whole: cut at four words, the worker's was "manage.py serve --host" without its value.
+        return f"{self.roles.get(child.pid, 'a process')} ({shlex.join(map(str, child.args))})"
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
