@@ -11,7 +11,8 @@ closed. The body's own deadline is ``console.body_limit``'s, where the app reads
 
 Run by ``--http console.http_protocol:HeadTimedH11Protocol`` (``console.processes``,
 the Dockerfile, compose and the Kubernetes manifests). uvicorn imports it before the app,
-so the setting is read when a connection opens, once Django is set up.
+so the setting is read when a connection opens, once Django is set up. It also tells the
+registry when the process begins to stop (``shutdown``; ``registry.process_stop``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import json
 import h11
 from django.conf import settings
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from registry import process_stop
 
 
 def timed_out_answer(wait_s: float) -> bytes:
@@ -53,6 +56,12 @@ class HeadTimedH11Protocol(H11Protocol):
         # Kept alive: uvicorn's keep-alive timer closes it if nothing comes, and the head's
         # starts again with the next request's first bytes (data_received).
         self._disarm_head_timer()
+
+    def shutdown(self) -> None:
+        # uvicorn's graceful stop: its socket is closed, and it asks each open connection
+        # to finish. A drill still answering here hears no worker from now on (registry.process_stop).
+        process_stop.mark_stopping()
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()

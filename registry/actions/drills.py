@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
+from registry import process_stop
 from registry.actions import events, releases, stale_drills
 from registry.db_unavailable import is_database_unavailable
 from registry.domain.choices import ANALYSED_ROLLOUT_STATUSES, DrillStatus, RolloutStatus
@@ -67,6 +68,10 @@ CONSOLE_STALL_SLACK_S = 2.0
 # still be found there; older ones, usually dead ids of restarted workers, were named in
 # every drill until retention forgot them (a day).
 GONE_NOTED_FOR = GONE_LISTED_FOR
+# A drill the console is stopped during (registry.process_stop): said as the sweep says
+# of a drill it abandons ("abandoned: the console stopped during the drill …").
+CONSOLE_STOPPED = "the console stopped during the drill"
+UNHEARD = "not seen: the console stopped taking reports and acks"
 
 
 def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expected_generation: int | None = None,
@@ -89,7 +94,8 @@ def run_drill(model: RegisteredModel, actor, *, roll_forward: bool = True, expec
     window = RollbackWindow(release)
     try:
         drill.to_digest = issued_digest(release.generation) or ""
-        _judge(drill, _measure(drill, workers, release, failed_before, window, silent_s), window)
+        rows, stopped_s = _measure(drill, workers, release, failed_before, window, silent_s)
+        _judge(drill, rows, stopped_s, window)
         if gone:  # not measured: a drill says so, never passes over them in silence
             drill.not_measured = gone
             _add_reason(drill, f"not measured: {_workers(len(gone))} gone before the drill (last report between "
@@ -278,7 +284,9 @@ def failed_total(report: object) -> int | None:
 
 
 def _measure(drill: Drill, workers: list[Worker], release: Release, failed_before: dict, window: RollbackWindow,
-             silent_s: dict[str, float]) -> list[dict]:
+             silent_s: dict[str, float]) -> tuple[list[dict], float | None]:
+    """Each worker's row, and when the console began to stop if it did before the measure
+    ended (seconds from the click): the rows were judged against that moment."""
     # The wait runs from the click, as ack_s and the target do: a wait from here would
     # see acks up to the rollback's own duration past the target it reports.
     deadline = time.monotonic() + settings.DRILL_ACK_TIMEOUT_S - max(_since(drill, timezone.now()), 0.0)
@@ -289,8 +297,23 @@ def _measure(drill: Drill, workers: list[Worker], release: Release, failed_befor
     # Failures counted to the end of the measure: a worker's row read 0 from the report
     # that confirmed it while its later report counted 29 503s (an operator's fault run).
     latest = dict(Worker.objects.filter(worker_id__in=[worker.worker_id for worker in workers]).values_list("worker_id", "last_report"))
+    stopped_s = _console_stopped_s(drill)
     return [_worker_row(drill, worker, acks.get(worker.worker_id), confirmed.get(worker.worker_id), failed_before,
-                        silent_s.get(worker.worker_id), quiet.get(worker.worker_id), latest.get(worker.worker_id)) for worker in workers]
+                        silent_s.get(worker.worker_id), quiet.get(worker.worker_id), latest.get(worker.worker_id), stopped_s)
+            for worker in workers], stopped_s
+
+
+def _console_stopped_s(drill: Drill) -> float | None:
+    """Seconds from the click to the moment this console process began to stop (it hears
+    no worker after that: ``registry.process_stop``); None while it runs."""
+    began_at = process_stop.began_at()
+    return None if began_at is None else max(_since(drill, began_at), 0.0)
+
+
+def _heard_until():
+    """The last moment a worker's report or ack could reach this process: now, or when it
+    began to stop. A worker is quiet only if it was quiet while the console could hear it."""
+    return process_stop.began_at() or timezone.now()
 
 
 def _stopped_reporting(drill: Drill, worker_ids: list[str]) -> dict[str, float]:
@@ -306,7 +329,7 @@ def _quiet_since(drill: Drill, worker_ids: list[str], quiet_s: float) -> dict[st
     click to their last report, seconds since it)."""
     if not worker_ids:
         return {}
-    now = timezone.now()
+    now = _heard_until()
     seen = Worker.objects.filter(worker_id__in=worker_ids, last_seen_at__lt=now - timedelta(seconds=quiet_s))
     return {worker_id: (_since(drill, last_seen_at), (now - last_seen_at).total_seconds())
             for worker_id, last_seen_at in seen.values_list("worker_id", "last_seen_at")}
@@ -333,7 +356,10 @@ def _restart_words(pid_before: int | None, *reports: dict | None) -> str:
 
 
 def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: tuple | None, failed_before: dict,
-                silent_s: float | None = None, quiet: tuple[float, float] | None = None, latest_report: dict | None = None) -> dict:
+                silent_s: float | None = None, quiet: tuple[float, float] | None = None, latest_report: dict | None = None,
+                stopped_s: float | None = None) -> dict:
+    """``stopped_s``: when the console began to stop, from the click, if it did (a worker
+    not seen to follow by then is not blamed: nothing it sent could reach the console)."""
     confirmed_s, report = confirmed or (None, None)
     after = failed_total(report)  # unconfirmed: None, its count unknown
     if after is not None and failed_total(latest_report) is not None:
@@ -344,7 +370,7 @@ def _worker_row(drill: Drill, worker: Worker, ack: WorkerAck | None, confirmed: 
     went_quiet = _quiet_words(*quiet) if confirmed_s is not None and quiet is not None else ""
     if restarted or went_quiet:  # a new count from 0, or none since: what failed meanwhile is unknown
         before = None
-    error = _row_error(ack, confirmed_s, drill.to_generation, drill.model.name)
+    error = _row_error(ack, confirmed_s, drill.to_generation, drill.model.name, stopped_s)
     if error and quiet is not None and silent_s is None:  # a silent one's silence is said below
         error = f"{error}: {_quiet_words(*quiet)}"
     if error and silent_s is not None:  # the likely cause, said where the failure is
@@ -383,6 +409,8 @@ def watch_workers(drill: Drill, worker_ids: list[str], window: RollbackWindow, d
     found: dict[str, tuple[float, dict]] = {}
     digests, model = IssuedDigests(), window.release.model.name
     while True:
+        # Read once more after the console began to stop, then end: nothing else will come.
+        stopping = process_stop.began_at() is not None
         end = window.end()
         latest_acks(acks, worker_ids, window, end)
         waiting = [worker_id for worker_id in acks if worker_id not in found]
@@ -391,7 +419,7 @@ def watch_workers(drill: Drill, worker_ids: list[str], window: RollbackWindow, d
             served = report.get("generation") if isinstance(report, dict) else None
             if type(served) is int and window.holds(served, end) and serves_issued_model(report, served, model, digests):
                 found[worker.worker_id] = (_since(drill, timezone.now()), report)
-        if len(found) == len(worker_ids) or time.monotonic() >= deadline:
+        if len(found) == len(worker_ids) or time.monotonic() >= deadline or stopping:
             return acks, found
         time.sleep(POLL_S)
 
@@ -407,13 +435,15 @@ def latest_acks(acks: dict[str, WorkerAck], worker_ids: list[str], window: Rollb
 def wait_for_acks(worker_ids: list[str], window: RollbackWindow, deadline: float,
                   gone: Callable[[list[str]], object] = lambda worker_ids: ()) -> dict[str, WorkerAck]:
     """``latest_acks`` until every worker acked the window's model applied, or is among
-    ``gone`` (its reports stopped: no ack will come), or the deadline."""
+    ``gone`` (its reports stopped: no ack will come), or the deadline, or the console
+    began to stop (no ack can reach it)."""
     acks: dict[str, WorkerAck] = {}
     model = window.release.model.name
     while True:
+        stopping = process_stop.began_at() is not None
         latest_acks(acks, worker_ids, window, window.end())
         waiting = [worker_id for worker_id in worker_ids if not (worker_id in acks and applied(acks[worker_id], model))]
-        if not waiting or time.monotonic() >= deadline or set(waiting) <= set(gone(waiting)):
+        if not waiting or time.monotonic() >= deadline or stopping or set(waiting) <= set(gone(waiting)):
             return acks
         time.sleep(POLL_S)
 
@@ -427,11 +457,15 @@ def applied(ack: WorkerAck, model: str) -> bool:
     return bool(others) and model not in others
 
 
-def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int, model_name: str) -> str:
-    if ack is None:
-        return "no ack before the timeout"
+def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int, model_name: str, stopped_s: float | None = None) -> str:
     if confirmed_s is not None:
         return ""  # its report served the model as issued, whatever else failed there (_note_other_models)
+    if stopped_s is not None and (ack is None or applied(ack, model_name)):  # one that failed to apply it said so itself
+        awaited = "its ack came" if ack is None else f"a report showed it serving generation {generation}"
+        partly = "" if ack is None or ack.ok else f" (its ack: {failed_to_apply(ack.error)})"
+        return f"{UNHEARD} {stopped_s:.1f} s after the click, before {awaited}{partly}"
+    if ack is None:
+        return "no ack before the timeout"
     others = models_not_applied(ack.error) if not ack.ok else None
     if others and model_name not in others:
         # "failed to apply" read as "the rollback never reached the workers", where it served at once.
@@ -446,7 +480,7 @@ def _row_error(ack: WorkerAck | None, confirmed_s: float | None, generation: int
     return ""
 
 
-def _judge(drill: Drill, rows: list[dict], window: RollbackWindow) -> None:
+def _judge(drill: Drill, rows: list[dict], stopped_s: float | None, window: RollbackWindow) -> None:
     """The drill's figures and verdict, in memory: ``_finish`` writes them."""
     drill.workers = rows
     ack_times = [row["ack_s"] for row in rows if row["ack_s"] is not None]
@@ -457,18 +491,27 @@ def _judge(drill: Drill, rows: list[dict], window: RollbackWindow) -> None:
     drill.confirmed_s = max(confirmed) if rows and all(value is not None for value in confirmed) else None
     # Unknown for one worker, unknown in all: a sum of the known ones read as the total.
     drill.failed_requests = sum(failures) if len(failures) == len(rows) else None
-    reasons = failure_reasons(drill, rows, replaced_at=window.end())
+    reasons = failure_reasons(drill, rows, replaced_at=window.end(), stopped_s=stopped_s)
     drill.status, drill.error = (DrillStatus.FAILED if reasons else DrillStatus.PASSED), "; ".join(reasons)
 
 
-def failure_reasons(drill: Drill, rows: list[dict], replaced_at: int | None = None) -> list[str]:
+def failure_reasons(drill: Drill, rows: list[dict], replaced_at: int | None = None, stopped_s: float | None = None) -> list[str]:
     """Every reason the drill failed, in words an operator reads in the summary alone;
     empty when it passed. ``replaced_at``: the generation of a later change of the model
-    that ended the rollback's window, if one landed."""
+    that ended the rollback's window, if one landed; ``stopped_s``: when the console began
+    to stop, if it did before every worker was seen to follow."""
     if not rows:
         return ["no live workers to follow the rollback"]
     reasons = []
     unconfirmed = [row for row in rows if row["confirmed_s"] is None]
+    if stopped_s is not None and unconfirmed:
+        # Not the workers' failure: the console closed its socket (a normal stop), and what
+        # they sent since reached nothing. One that failed to apply it is still named below
+        # (``_row_error`` words the rows of the unheard).
+        unheard = [row for row in unconfirmed if UNHEARD in row["error"]]
+        unconfirmed = [row for row in unconfirmed if UNHEARD not in row["error"]]
+        if unheard:
+            reasons.append(console_stopped_words(drill, rows, unheard, stopped_s))
     if unconfirmed:
         who = ", ".join(f"{row['worker']} ({row['error']})" for row in unconfirmed)
         reasons.append(f"{len(unconfirmed)} of {len(rows)} workers never confirmed serving generation {drill.to_generation}: {who}")
@@ -500,6 +543,18 @@ def failure_reasons(drill: Drill, rows: list[dict], replaced_at: int | None = No
     elif counted:
         reasons.append(f"{counted} request(s) failed during the drill")
     return reasons
+
+
+def console_stopped_words(drill: Drill, rows: list[dict], unheard: list[dict], stopped_s: float) -> str:
+    """The summary's words for a drill the console stopped during (SIGTERM, Ctrl-C, a
+    rolling update): uvicorn answers the drill's request while it stops, but hears no
+    worker, so those not seen to follow by then are named as unheard, not as failing."""
+    seen = sum(row["confirmed_s"] is not None for row in rows)
+    who = ", ".join(f"{row['worker']} (no ack)" if row["ack_s"] is None else f"{row['worker']} (acked at {row['ack_s']:.2f} s, no report since)"
+                    for row in unheard)
+    return (f"{CONSOLE_STOPPED} (it stopped taking the workers' reports and acks {stopped_s:.1f} s after the click), so it could "
+            f"not be measured: {seen} of {len(rows)} workers were seen serving generation {drill.to_generation} before that; "
+            f"not yet seen: {who}")
 
 
 def _note_uncounted_requests(drill: Drill) -> None:
@@ -612,10 +667,16 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         logger.exception("drill #%s: waiting for the roll forward's acks failed", drill.pk)
         acks = {}
     unconfirmed = [worker_id for worker_id in followed if not (worker_id in acks and applied(acks[worker_id], drill.model.name))]
+    # One that died while waited for is named so at the end, as the measure's rows do.
+    died = _stopped_reporting(drill, [worker_id for worker_id in unconfirmed if worker_id not in gone and worker_id not in acks])
+    # Nothing said, alive, and the console stopping: unheard, not "did not follow".
+    unheard = [worker_id for worker_id in unconfirmed if worker_id not in acks and worker_id not in gone and worker_id not in died]
+    stopped_s = _console_stopped_s(drill)
+    if stopped_s is not None and unheard:
+        _note_unheard_roll_forward(drill, release, followed, unheard, stopped_s)
+        unconfirmed = [worker_id for worker_id in unconfirmed if worker_id not in unheard]
     if unconfirmed:
         # Each with why: "did not ack it" was said of workers that acked it failing.
-        # One that died while waited for is named so at the end, as the measure's rows do.
-        died = _stopped_reporting(drill, [worker_id for worker_id in unconfirmed if worker_id not in gone and worker_id not in acks])
         forward_s = _since(drill, release.created_at)
         who = ", ".join(f"{worker_id} ({_forward_words(acks.get(worker_id), worker_id in gone, died.get(worker_id), forward_s)})"
                         for worker_id in unconfirmed)
@@ -623,6 +684,16 @@ def _roll_forward(drill: Drill, model: RegisteredModel, actor, workers: list[Wor
         drill.save(update_fields=["forward_unconfirmed"])
         _record_reason(drill, f"rolled forward to generation {release.generation}, but {len(unconfirmed)} of {len(followed)} workers "
                               f"did not follow it within {settings.DRILL_ACK_TIMEOUT_S:g} s: {who}")
+
+
+def _note_unheard_roll_forward(drill: Drill, release: Release, followed: list[str], unheard: list[str], stopped_s: float) -> None:
+    """The workers whose ack of the roll forward the console could not hear, because it
+    began to stop (``registry.process_stop``), said in the summary and not counted among
+    those that did not follow it (``forward_unconfirmed``: the badge read "roll forward
+    not followed by 2" of two workers that applied it within 0.05 s)."""
+    _record_reason(drill, f"rolled forward to generation {release.generation}, but {CONSOLE_STOPPED} (it stopped taking the workers' "
+                          f"acks {stopped_s:.1f} s after the click), so whether {len(unheard)} of {len(followed)} workers followed it "
+                          f"was not watched: {', '.join(unheard)}")
 
 
 # A worker's last report comes up to one report interval (1 s by default) before it dies.
