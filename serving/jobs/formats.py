@@ -638,7 +638,7 @@ def parse_csv_fields(fields: Sequence[str], layout: InputLayout) -> np.ndarray:
     values = []
     for position, field in enumerate(fields, start=1):
         try:
-            values.append(convert(field))
+            values.append(convert(_ascii_number(field)))
         except ValueError:
             kind = "an integer" if integral else "a number"
             raise RowError(f"field {position} ('{short(field)}') is not {kind}") from None
@@ -648,9 +648,18 @@ def parse_csv_fields(fields: Sequence[str], layout: InputLayout) -> np.ndarray:
         raise RowError(f"a value does not fit input '{short(layout.name)}' ({layout.dtype})") from None
 
 
+def _ascii_number(field: str) -> str:
+    """``field`` when it is written as a number is in a .csv file: Python's int() and float()
+    also read other scripts' digits ('١٠' is 10) and underscores ('1_0' is 10), which no
+    spreadsheet writes, and a typo read as a number is an answer on the wrong input."""
+    if not field.isascii() or "_" in field:
+        raise ValueError(field)
+    return field
+
+
 def _is_numeric_record(fields: Sequence[str]) -> bool:
     try:
-        [float(field) for field in fields]
+        [float(_ascii_number(field)) for field in fields]
     except ValueError:
         return False
     return bool(fields)

@@ -237,6 +237,20 @@ def test_a_csv_header_is_skipped_and_a_short_row_is_its_own_error(tmp_path):
                                            "line 4: field 4 ('x') is not a number"]
 
 
+def test_a_csv_number_in_other_digits_or_with_underscores_is_an_error_of_its_row(tmp_path):
+    # float() reads '١٠' and '1_0' as 10: no spreadsheet writes them, and a typo read as a
+    # number is an answer on the wrong input.
+    (tmp_path / "x.csv").write_text("1,2,3,4\n1,2,3,\u0661\u0660\n1_0,2,3,4\n5,6,7,8\n", encoding="utf-8")
+    rows = list(csv_rows(tmp_path / "x.csv", [FEATURES]))
+    assert [row.error for row in rows] == [None, "line 2: field 4 ('\u0661\u0660') is not a number", "line 3: field 1 ('1_0') is not a number", None]
+
+
+def test_a_first_csv_record_of_numbers_with_underscores_is_a_header_not_a_row(tmp_path):
+    (tmp_path / "x.csv").write_text("1_0,2_0,3_0,4_0\n1,2,3,4\n")
+    rows = list(csv_rows(tmp_path / "x.csv", [FEATURES]))
+    assert [(row.line, row.feeds[0].tolist()) for row in rows] == [(2, [1, 2, 3, 4])]
+
+
 def test_a_csv_file_starting_with_a_byte_order_mark_keeps_its_first_row(tmp_path):
     """Excel's "CSV UTF-8" writes a BOM: read into the first value, that row was taken for a
     header and dropped, and every output row shifted by one."""
