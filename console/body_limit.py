@@ -75,6 +75,8 @@ UPLOAD_URL_ENDINGS = frozenset({"versions", "upload", "jobs", "datasets"})
 ANONYMOUS_BODY_BYTES = 64 * 1024
 ANONYMOUS_REFUSAL = (f"a request without a sign-in or a token may carry at most {ANONYMOUS_BODY_BYTES} bytes: "
                      "sign in or send an API token; the body was not read")
+UNKNOWN_CREDENTIAL_REFUSAL = ("the Authorization header names no one: the token is unknown, revoked or its user inactive; "
+                              "the body was not read")
 BODY_MIN_RATE = 500  # bytes a second
 
 
@@ -291,6 +293,9 @@ def caller_limit(scope, declared: int | None, limit: int) -> tuple[int, tuple[in
     if limit > ANONYMOUS_BODY_BYTES and _may_exceed(scope, declared, ANONYMOUS_BODY_BYTES) and not carries_credentials(headers):
         if _upload_limit_setting(scope["path"]) is not None:
             return ANONYMOUS_BODY_BYTES, uploader_refusal(headers)  # the 401 that says who may upload
+        if header(headers, b"authorization") is not None:
+            # A revoked or mistyped token: a 413 about the body sent its client after the wrong problem.
+            return ANONYMOUS_BODY_BYTES, (401, UNKNOWN_CREDENTIAL_REFUSAL)
         return ANONYMOUS_BODY_BYTES, (413, ANONYMOUS_REFUSAL)
     return limit, None
 

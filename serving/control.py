@@ -174,6 +174,7 @@ class ControlPlane:
         self._push_key = None
         self._push_key_missing_said = False
         self._not_persisted: str | None = None  # why the state served is not the one on disk, while it is not
+        self._not_persisted_kind: tuple | None = None
         self._transport = transport
         self._reported = False
         self._report_lock = asyncio.Lock()
@@ -385,9 +386,15 @@ class ControlPlane:
         try:
             await asyncio.to_thread(store.save, state)
         except (OSError, PersistedStateRefused) as error:
-            logger.warning(event("state_not_persisted", path=str(store.path), reason=str(error)))
-            self._not_persisted = f"{store.path}: {error}"
+            # Once per kind of failure (its message names a new temporary file each time):
+            # tried again at every reconcile, it was a warning every 3 s.
+            kind = (type(error).__name__, getattr(error, "errno", None))
+            log = logger.debug if self._not_persisted is not None and kind == self._not_persisted_kind else logger.warning
+            log(event("state_not_persisted", path=str(store.path), reason=str(error)))
+            self._not_persisted, self._not_persisted_kind = f"{store.path}: {error}", kind
             return False
+        if self._not_persisted is not None:
+            logger.info(event("state_persisted_again", path=str(store.path)))
         self._not_persisted = None
         return True
 

@@ -718,18 +718,31 @@ def _refuse_deep_tensors(model: ModelProto) -> None:
 
 
 def _with_inferred_shapes(model: ModelProto) -> ModelProto:
-    """A copy of ``model`` with the value_info shape inference adds, without large weights."""
-    skeleton = ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
-    graph = skeleton.graph
-    for field in ("input", "output", "value_info"):
-        getattr(graph, field).extend(getattr(model.graph, field))
-    graph.node.extend(_without_large_values(node) for node in model.graph.node)
-    graph.initializer.extend(_small_or_stub(tensor) for tensor in model.graph.initializer)
-    for sparse in model.graph.sparse_initializer:
-        graph.sparse_initializer.add(dims=sparse.dims, values=_small_or_stub(sparse.values), indices=_small_or_stub(sparse.indices))
+    """A copy of ``model`` with the value_info shape inference adds, without large weights
+    anywhere: in the main graph, in every If, Loop or Scan body, and in every function (a
+    copy with a branch's weights kept whole took 2.87 GB where the checker took 2.28)."""
+    skeleton = ModelProto(ir_version=model.ir_version, opset_import=model.opset_import)
+    skeleton.graph.CopyFrom(_graph_without_large_values(model.graph))
+    for function in model.functions:
+        copy = onnx.FunctionProto(name=function.name, domain=function.domain, input=function.input, output=function.output,
+                                  attribute=function.attribute, attribute_proto=function.attribute_proto,
+                                  opset_import=function.opset_import, value_info=function.value_info)
+        copy.node.extend(_without_large_values(node) for node in function.node)
+        skeleton.functions.append(copy)
     # Not strict: the checker has already run strict inference on the whole model; here a
     # stub's missing values only leave what depends on them uninferred.
     return onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False, data_prop=False)
+
+
+def _graph_without_large_values(source: onnx.GraphProto) -> onnx.GraphProto:
+    graph = onnx.GraphProto(name=source.name)
+    for field in ("input", "output", "value_info"):
+        getattr(graph, field).extend(getattr(source, field))
+    graph.node.extend(_without_large_values(node) for node in source.node)
+    graph.initializer.extend(_small_or_stub(tensor) for tensor in source.initializer)
+    for sparse in source.sparse_initializer:
+        graph.sparse_initializer.add(dims=sparse.dims, values=_small_or_stub(sparse.values), indices=_small_or_stub(sparse.indices))
+    return graph
 
 
 def _is_large(tensor: TensorProto) -> bool:
@@ -743,16 +756,25 @@ def _small_or_stub(tensor: TensorProto) -> TensorProto:
 
 
 def _without_large_values(node) -> onnx.NodeProto:
-    """``node``, its large tensor attributes (a Constant's weights) stubbed."""
-    if not any(attribute.type == onnx.AttributeProto.TENSOR and _is_large(attribute.t) for attribute in node.attribute):
+    """``node``, its large tensor attributes (a Constant's weights) stubbed, and its bodies
+    (If, Loop, Scan) copied without theirs."""
+    if not any(attribute.type in _ATTRIBUTES_HOLDING_VALUES for attribute in node.attribute):
         return node
-    stripped = onnx.NodeProto(input=node.input, output=node.output, name=node.name, op_type=node.op_type, domain=node.domain)
+    stripped = onnx.NodeProto(input=node.input, output=node.output, name=node.name, op_type=node.op_type, domain=node.domain,
+                              overload=node.overload)
     for attribute in node.attribute:
         if attribute.type == onnx.AttributeProto.TENSOR:
             stripped.attribute.add(name=attribute.name, type=attribute.type, t=_small_or_stub(attribute.t))
+        elif attribute.type == onnx.AttributeProto.GRAPH:
+            stripped.attribute.add(name=attribute.name, type=attribute.type, g=_graph_without_large_values(attribute.g))
+        elif attribute.type == onnx.AttributeProto.GRAPHS:
+            stripped.attribute.add(name=attribute.name, type=attribute.type, graphs=[_graph_without_large_values(g) for g in attribute.graphs])
         else:
             stripped.attribute.append(attribute)
     return stripped
+
+
+_ATTRIBUTES_HOLDING_VALUES = (onnx.AttributeProto.TENSOR, onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 # -- signature

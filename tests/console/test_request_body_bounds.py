@@ -84,6 +84,21 @@ def test_an_anonymous_body_past_64_kib_is_refused_before_a_byte_is_read():
     assert received == []
 
 
+@pytest.mark.parametrize("authorization", [b"Token " + b"0" * 40, b"Bearer not-the-worker-token"])
+def test_a_body_past_64_kib_with_a_token_that_names_no_one_is_401_naming_the_token(authorization):
+    # A revoked token was told its body was too large: its client chased the size.
+    from console.asgi import application
+
+    scope = http_scope("/api/models/digits/release/", [(b"content-length", str(ANONYMOUS_BODY_BYTES + 1).encode()),
+                                                       (b"authorization", authorization)])
+
+    sent, received = asyncio.run(call(application, scope, chunks(10)))
+
+    assert statuses(sent) == [401]
+    assert json.loads(sent[1]["body"])["error"].startswith("the Authorization header names no one")
+    assert received == []
+
+
 def test_an_anonymous_browser_form_past_64_kib_gets_the_error_page_naming_the_sign_in():
     from console.asgi import application
 

@@ -143,13 +143,15 @@ async def test_a_state_applied_but_not_saved_is_acked_saying_so(start_plane, con
     assert "would serve the state it saved before" in console.acks[-1]["error"]
 
 
-async def test_a_state_not_saved_is_saved_at_a_later_reconcile_and_acked_again_without_the_warning(start_plane, console, mlp_v1, mlp_v2):
+async def test_a_state_not_saved_is_saved_at_a_later_reconcile_and_acked_again_without_the_warning(start_plane, console, mlp_v1, mlp_v2, caplog):
     plane = await start_plane()
     plane.worker.state_store.path.parent.mkdir(parents=True, exist_ok=True)
     plane.worker.state_store.path.mkdir()
     console.state = desired(4, [(2, 100)], mlp_v1, mlp_v2)
-    await plane.reconcile()
-    await plane.reconcile()  # still cannot: nothing more is said
+    with caplog.at_level(logging.WARNING, logger="serving.control"):
+        await plane.reconcile()
+        await plane.reconcile()  # still cannot: nothing more is said, to the console or in the log
+    assert sum("state_not_persisted" in record.getMessage() for record in caplog.records) == 1
     acks = len(console.acks)
     plane.worker.state_store.path.rmdir()
 
