@@ -177,6 +177,9 @@ def verify_push(state: object, key: Ed25519PublicKey, now: float | None = None) 
     """The digest of a pushed state the console's key signed within ``PUSH_VALID_S`` of
     ``now`` (the time, unless given); PushExpired for one signed longer ago, SignatureRefused
     for any other."""
+    if isinstance(state, dict) and is_hex64(state.get("signature")):
+        raise SignatureRefused("the signature is a 64-character HMAC, as consoles signed pushes before their Ed25519 push key: "
+                               "an older console's (followed at each reconcile), or a forgery")
     encoded, signature = _signed_parts(state, 128)
     signed_at = state.get("signed_at")
     if type(signed_at) not in (int, float) or not math.isfinite(signed_at):

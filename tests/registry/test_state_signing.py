@@ -119,7 +119,7 @@ def test_a_pushed_state_verifies_with_the_public_key_alone_after_json_and_msgpac
 @pytest.mark.parametrize(
     ("change", "reason"),
     [({"generation": 10}, "signature does not match"), ({"signature": None}, "not signed"), ({"digest": "0" * 64}, "digest does not match"),
-     ({"signature": "A" * 128}, "128 lowercase hex"), ({"signature": "a" * 64}, "128 lowercase hex")],
+     ({"signature": "A" * 128}, "128 lowercase hex"), ({"signature": "a" * 64}, "a 64-character HMAC, as consoles signed pushes before")],
 )
 def test_a_changed_or_unsigned_push_is_refused(change, reason):
     key = push_signing_key("secret")
