@@ -309,6 +309,45 @@ def test_a_highest_issued_mark_that_is_no_number_is_unknown_not_a_500(worker_cli
     assert counter()[1] != epoch  # unknown is "maybe issued past the counter", so the epoch is renewed, as with no Redis
 
 
+@pytest.mark.parametrize("forged", ["1000000000", "1000000000:" + "0" * 64])
+def test_a_mark_someone_with_redis_set_past_every_report_does_not_renew_the_epoch_at_each_one(worker_client, three_versions, settings,
+                                                                                               forged):
+    # A worker's environment holds the Redis password: with it and the worker token an
+    # attacker set the mark past each report and renewed the epoch at every one (131 in 25 s).
+    import redis
+
+    from registry.fleet import issued_mark
+
+    issued_mark._noted.clear()
+    generation, first = counter()
+    worker_client.get("/api/serving/state")  # issued: the console marks it
+    with redis.Redis.from_url(settings.REDIS_URL) as client:
+        renewed = []
+        for _ in range(3):
+            epoch = counter()[1]
+            key = f"{settings.CHANNEL_LAYER_PREFIX}:issued:{epoch}"
+            client.set(key, forged)
+            worker_client.post("/api/serving/reports", {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32,
+                                                        "epoch": epoch}, format="json")
+            client.delete(key)
+            renewed.append(counter()[1] != epoch)
+
+    assert renewed.count(True) <= 1  # once, as with no Redis at all: the mark proves nothing
+
+
+def test_a_mark_the_console_wrote_still_stops_a_report_that_claims_a_generation_never_issued(worker_client, three_versions):
+    from registry.fleet import issued_mark
+
+    issued_mark._noted.clear()  # a process that has marked nothing yet (another test's mark of this epoch may be gone)
+    generation, epoch = counter()
+    worker_client.get("/api/serving/state")  # the console marks the generation it answers
+
+    worker_client.post("/api/serving/reports", {**stateless_report(), "generation": generation + 40, "digest": "ab" * 32, "epoch": epoch},
+                       format="json")
+
+    assert counter() == (generation, epoch)
+
+
 def test_a_report_past_the_counter_after_a_traffic_change_renews_nothing_when_no_state_past_it_was_issued(
         worker_client, operator_client, three_versions):
     # Checked only while the counter stood where the renewal left it, every traffic change
