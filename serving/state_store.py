@@ -4,8 +4,9 @@ A worker that starts while the console cannot answer (its database is down, it i
 restarting) would otherwise serve nothing until the console returns. With this file it
 serves what it served before, and the control plane reconciles once the console answers.
 
-A file on disk is not trusted because it is there. It holds the state signed like a
-push (``state_signing``: HMAC keyed from the worker token), and loading it re-checks
+A file on disk is not trusted because it is there. It holds the state signed by this
+worker (``state_signing.sign_state``: HMAC keyed from the worker token; a push's Ed25519
+signature is the console's, which a worker cannot make), and loading it re-checks
 everything: the digest must be the sha256 of the content, the signature must be this
 worker's key's, the content must be a state of this worker's contract version
 (``serving.contract``: a file written before an upgrade is not served), and the
