@@ -1,6 +1,6 @@
 """What a request body may cost the console before Django reads it: a caller whose
 credentials name no one may send 64 KiB, and every body has a deadline (the first
-``CONSOLE_CLIENT_WAIT_S``, then at least 500 bytes a second). Through the console's ASGI
+``CONSOLE_CLIENT_WAIT_S``, one second more for every 500 bytes received). Through the console's ASGI
 application, with the messages a server would give it."""
 
 from __future__ import annotations
@@ -15,44 +15,15 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from console.body_limit import ANONYMOUS_BODY_BYTES, BODY_MIN_RATE, BodySizeLimit
+from tests.fixtures.asgi_calls import call, http_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the gate reads the database from its own thread
 
 A_FORM_ACCEPT = (b"accept", b"text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
 
 
-def http_scope(path: str, headers: list, method: str = "POST") -> dict:
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http", "path": path,
-            "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers, "client": ("127.0.0.1", 5000),
-            "server": ("testserver", 80)}
-
-
 def chunks(count: int, size: int = 16384) -> list[dict]:
     return [{"type": "http.request", "body": b"x" * size, "more_body": True} for _ in range(count)]
-
-
-async def call(app, scope, messages, *, pause_s: float = 0.0, hang_after: int | None = None):
-    """The app's answer to ``messages``, given ``pause_s`` apart; after ``hang_after`` of
-    them the client sends nothing more and stays (without it, it goes once they are sent)."""
-    sent, received = [], []
-    given = 0
-
-    async def receive():
-        nonlocal given
-        if hang_after is not None and given >= hang_after:
-            await asyncio.Event().wait()
-        if pause_s and given:
-            await asyncio.sleep(pause_s)
-        message = messages.pop(0) if messages else {"type": "http.disconnect"}
-        given += 1
-        received.append(message)
-        return message
-
-    async def send(message):
-        sent.append(message)
-
-    await asyncio.wait_for(app(scope, receive, send), timeout=20)
-    return sent, received
 
 
 def bodies(received) -> int:

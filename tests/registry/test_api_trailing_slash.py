@@ -55,11 +55,11 @@ def test_a_page_form_posted_without_the_trailing_slash_is_redirected_keeping_its
 def test_an_upload_of_any_size_sent_without_the_trailing_slash_is_sent_on_before_its_body_is_read():
     # Over the form size it was refused 413 as "not an operator's upload"; a small one got its 308.
     from console.asgi import application
-    from tests.registry.test_upload_staging import _call, _http_scope
+    from tests.fixtures.asgi_calls import call, http_scope
 
-    scope = _http_scope("/api/models/digits/versions", [(b"content-length", str(3 * 1024 * 1024).encode())])
+    scope = http_scope("/api/models/digits/versions", [(b"content-length", str(3 * 1024 * 1024).encode())])
 
-    sent, received = asyncio.run(_call(application, scope, [{"type": "http.request", "body": b"x", "more_body": True}]))
+    sent, received = asyncio.run(call(application, scope, [{"type": "http.request", "body": b"x", "more_body": True}]))
 
     assert sent[0]["status"] == 308
     assert (b"location", b"/api/models/digits/versions/") in sent[0]["headers"]

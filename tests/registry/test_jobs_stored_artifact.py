@@ -54,6 +54,13 @@ def linked(version: ModelVersion) -> str:
     return f"the stored artifact of {version} is a symbolic link, not the file uploaded: no job follows one; nothing was run on it"
 
 
+# How the store is tampered with, and the job's refusal of it: (tamper(version, other), refusal(version, other)).
+TAMPERINGS = {
+    "rewritten": (rewrite_in_place, changed),
+    "a link": (link_in_place, lambda version, _other: linked(version)),
+}
+
+
 def versions(model) -> tuple[ModelVersion, ModelVersion]:
     return model.versions.get(number=1), model.versions.get(number=2)
 
@@ -103,24 +110,15 @@ def test_a_batch_job_on_an_untouched_artifact_gives_the_versions_answers(jobs_mo
 
 
 @pytest.mark.child
-def test_a_batch_job_on_an_artifact_rewritten_in_the_store_fails_naming_the_version_and_keeps_no_output(jobs_model, operator_client,
-                                                                                                          artifact_root):
+@pytest.mark.parametrize("tampering", TAMPERINGS)
+def test_a_batch_job_on_an_artifact_tampered_with_in_the_store_fails_naming_the_version_and_keeps_no_output(jobs_model, operator_client,
+                                                                                                              artifact_root, tampering):
+    tamper, refusal = TAMPERINGS[tampering]
     first, second = versions(jobs_model)
     job = batch_job(operator_client)
-    rewrite_in_place(first, second)
+    tamper(first, second)
 
-    assert failure(job) == (JobStatus.FAILED, changed(first, second))
-    assert operator_client.get(f"{JOBS}{job.pk}/output").status_code == 409
-    assert job_files(artifact_root) == []
-
-
-@pytest.mark.child
-def test_a_batch_job_on_a_link_in_the_store_fails_naming_the_version_and_keeps_no_output(jobs_model, operator_client, artifact_root):
-    first, second = versions(jobs_model)
-    job = batch_job(operator_client)
-    link_in_place(first, second)
-
-    assert failure(job) == (JobStatus.FAILED, linked(first))
+    assert failure(job) == (JobStatus.FAILED, refusal(first, second))
     assert operator_client.get(f"{JOBS}{job.pk}/output").status_code == 409
     assert job_files(artifact_root) == []
 
@@ -129,45 +127,27 @@ def test_a_batch_job_on_a_link_in_the_store_fails_naming_the_version_and_keeps_n
 
 
 @pytest.mark.child
-def test_a_benchmark_of_an_artifact_rewritten_in_the_store_fails_and_keeps_no_figures(jobs_model, settings):
+@pytest.mark.parametrize("tampering", TAMPERINGS)
+def test_a_benchmark_of_an_artifact_tampered_with_in_the_store_fails_and_keeps_no_figures(jobs_model, settings, tampering):
+    tamper, refusal = TAMPERINGS[tampering]
     first, second = versions(jobs_model)
     job = benchmark_job(first, settings)
-    rewrite_in_place(first, second)
+    tamper(first, second)
 
-    assert failure(job) == (JobStatus.FAILED, changed(first, second))
+    assert failure(job) == (JobStatus.FAILED, refusal(first, second))
     first.refresh_from_db()
     assert "benchmark" not in first.metrics
 
 
 @pytest.mark.child
-def test_a_benchmark_of_a_link_in_the_store_fails_and_keeps_no_figures(jobs_model, settings):
-    first, second = versions(jobs_model)
-    job = benchmark_job(first, settings)
-    link_in_place(first, second)
-
-    assert failure(job) == (JobStatus.FAILED, linked(first))
-    first.refresh_from_db()
-    assert "benchmark" not in first.metrics
-
-
-@pytest.mark.child
-def test_an_evaluation_of_an_artifact_rewritten_in_the_store_fails_and_keeps_no_scores(jobs_model, operator_client):
+@pytest.mark.parametrize("tampering", TAMPERINGS)
+def test_an_evaluation_of_an_artifact_tampered_with_in_the_store_fails_and_keeps_no_scores(jobs_model, operator_client, tampering):
+    tamper, refusal = TAMPERINGS[tampering]
     first, second = versions(jobs_model)
     job = evaluation_job(operator_client, first)
-    rewrite_in_place(first, second)
+    tamper(first, second)
 
-    assert failure(job) == (JobStatus.FAILED, changed(first, second))
-    first.refresh_from_db()
-    assert "evaluation" not in first.metrics
-
-
-@pytest.mark.child
-def test_an_evaluation_of_a_link_in_the_store_fails_and_keeps_no_scores(jobs_model, operator_client):
-    first, second = versions(jobs_model)
-    job = evaluation_job(operator_client, first)
-    link_in_place(first, second)
-
-    assert failure(job) == (JobStatus.FAILED, linked(first))
+    assert failure(job) == (JobStatus.FAILED, refusal(first, second))
     first.refresh_from_db()
     assert "evaluation" not in first.metrics
 

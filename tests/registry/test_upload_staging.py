@@ -18,6 +18,7 @@ from registry import tasks
 from registry.artifacts import storage
 from registry.artifacts.upload_handler import MULTIPART_OVERHEAD_BYTES
 from registry.models import AuditEvent, ModelVersion, RegisteredModel
+from tests.fixtures.asgi_calls import call, http_scope
 from tests.fixtures.jobs import run_queued_jobs
 from tests.fixtures.store import stored_files
 
@@ -230,26 +231,6 @@ def test_a_file_part_past_the_limit_stops_staging_at_the_limit(settings, operato
 # ---------------------------------------------------------------- in front of Django (ASGI)
 
 
-def _http_scope(path: str, headers: list) -> dict:
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
-            "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers, "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
-
-
-async def _call(app, scope, messages):
-    sent, received = [], []
-
-    async def receive():
-        message = messages.pop(0) if messages else {"type": "http.disconnect"}
-        received.append(message)
-        return message
-
-    async def send(message):
-        sent.append(message)
-
-    await asyncio.wait_for(app(scope, receive, send), timeout=10)
-    return sent, received
-
-
 @pytest.mark.django_db(transaction=True)  # the gate reads the database from its own thread
 @pytest.mark.parametrize("path", UPLOAD_PATHS)
 def test_asgi_refuses_a_declared_length_over_the_limit_without_reading(settings, operator, path):
@@ -257,9 +238,9 @@ def test_asgi_refuses_a_declared_length_over_the_limit_without_reading(settings,
 
     settings.MAX_UPLOAD_BYTES = 1000
     token = Token.objects.create(user=operator).key
-    scope = _http_scope(path, [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode()), (b"authorization", f"Token {token}".encode())])
+    scope = http_scope(path, [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode()), (b"authorization", f"Token {token}".encode())])
 
-    sent, received = asyncio.run(_call(application, scope, [{"type": "http.request", "body": b"x" * 10, "more_body": True}]))
+    sent, received = asyncio.run(call(application, scope, [{"type": "http.request", "body": b"x" * 10, "more_body": True}]))
 
     assert sent[0]["status"] == 413
     assert b"larger than the limit of" in sent[1]["body"]
@@ -272,9 +253,9 @@ def test_asgi_cuts_off_a_chunked_body_at_the_limit(settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     limit = 1000 + MULTIPART_OVERHEAD_BYTES
     chunks = [{"type": "http.request", "body": b"x" * 16384, "more_body": True} for _ in range(100)]
-    scope = _http_scope("/login/", [(b"transfer-encoding", b"chunked")])
+    scope = http_scope("/login/", [(b"transfer-encoding", b"chunked")])
 
-    sent, received = asyncio.run(_call(application, scope, chunks))
+    sent, received = asyncio.run(call(application, scope, chunks))
 
     assert [message["status"] for message in sent if message["type"] == "http.response.start"] == [413]
     assert len(received) == limit // 16384 + 1  # nothing read past the chunk that crossed the limit
@@ -288,9 +269,9 @@ def test_an_operators_chunked_upload_is_411_naming_the_missing_length_before_a_b
     from console.asgi import application
 
     token = Token.objects.create(user=operator).key
-    scope = _http_scope("/api/models/digits/versions/", [(b"transfer-encoding", b"chunked"), (b"authorization", f"Token {token}".encode())])
+    scope = http_scope("/api/models/digits/versions/", [(b"transfer-encoding", b"chunked"), (b"authorization", f"Token {token}".encode())])
 
-    sent, received = asyncio.run(_call(application, scope, [{"type": "http.request", "body": b"x" * 10, "more_body": True}]))
+    sent, received = asyncio.run(call(application, scope, [{"type": "http.request", "body": b"x" * 10, "more_body": True}]))
 
     assert sent[0]["status"] == 411
     assert b"an upload needs a Content-Length header" in sent[1]["body"]
@@ -300,9 +281,9 @@ def test_an_operators_chunked_upload_is_411_naming_the_missing_length_before_a_b
 def test_asgi_limits_other_paths_to_the_form_size(settings):
     from console.asgi import application
 
-    scope = _http_scope("/login/", [(b"content-length", str(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES + 1).encode())])
+    scope = http_scope("/login/", [(b"content-length", str(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES + 1).encode())])
 
-    sent, received = asyncio.run(_call(application, scope, []))
+    sent, received = asyncio.run(call(application, scope, []))
 
     assert sent[0]["status"] == 413
     assert received == []
@@ -317,9 +298,9 @@ def test_a_browser_form_post_over_the_form_size_gets_the_consoles_error_page_nam
     from console.asgi import application
 
     size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES
-    scope = _http_scope("/models/digits/versions/1/try/", [(b"content-length", str(size + 1).encode()), BROWSER_FORM_ACCEPT, _session_cookie(viewer)])
+    scope = http_scope("/models/digits/versions/1/try/", [(b"content-length", str(size + 1).encode()), BROWSER_FORM_ACCEPT, _session_cookie(viewer)])
 
-    sent, received = asyncio.run(_call(application, scope, []))
+    sent, received = asyncio.run(call(application, scope, []))
 
     assert sent[0]["status"] == 413
     assert (b"content-type", b"text/html; charset=utf-8") in sent[0]["headers"]
@@ -334,9 +315,9 @@ def test_an_api_call_over_the_form_size_gets_the_apis_json_even_from_a_browser(s
     from console.asgi import application
 
     size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES
-    scope = _http_scope("/api/models/", [(b"content-length", str(size + 1).encode()), BROWSER_FORM_ACCEPT, _session_cookie(viewer)])
+    scope = http_scope("/api/models/", [(b"content-length", str(size + 1).encode()), BROWSER_FORM_ACCEPT, _session_cookie(viewer)])
 
-    sent, _ = asyncio.run(_call(application, scope, []))
+    sent, _ = asyncio.run(call(application, scope, []))
 
     assert (sent[0]["status"], json.loads(sent[1]["body"])) == (
         413, {"error": f"the request body is larger than the limit of {size} bytes for any request but an operator's upload"})
@@ -348,10 +329,10 @@ def test_a_page_scripts_fetch_over_the_form_size_gets_json_its_script_shows(sett
     from console.asgi import application
 
     size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE + MULTIPART_OVERHEAD_BYTES
-    scope = _http_scope("/models/digits/versions/1/try/", [(b"content-length", str(size + 1).encode()), (b"accept", b"application/json"),
+    scope = http_scope("/models/digits/versions/1/try/", [(b"content-length", str(size + 1).encode()), (b"accept", b"application/json"),
                                                              _session_cookie(viewer)])
 
-    sent, _ = asyncio.run(_call(application, scope, []))
+    sent, _ = asyncio.run(call(application, scope, []))
 
     words = f"the request body is larger than the limit of {size} bytes for any request but an operator's upload"
     assert (sent[0]["status"], json.loads(sent[1]["body"])) == (413, {"error": words, "level": "error", "message": words})
@@ -378,7 +359,7 @@ def _session_cookie(user) -> tuple[bytes, bytes]:
 def test_an_anonymous_upload_sized_body_is_401_before_a_byte_is_read(path):
     from console.asgi import application
 
-    sent, received = asyncio.run(_call(application, _http_scope(path, A_GIGABYTE),
+    sent, received = asyncio.run(call(application, http_scope(path, A_GIGABYTE),
                                        [{"type": "http.request", "body": b"x" * 10, "more_body": True}]))
 
     assert sent[0]["status"] == 401
@@ -391,9 +372,9 @@ def test_an_anonymous_chunked_upload_is_cut_off_at_an_anonymous_requests_size():
     from console.body_limit import ANONYMOUS_BODY_BYTES
 
     chunks = [{"type": "http.request", "body": b"x" * 16384, "more_body": True} for _ in range(400)]
-    scope = _http_scope("/api/models/digits/versions/", [(b"transfer-encoding", b"chunked")])
+    scope = http_scope("/api/models/digits/versions/", [(b"transfer-encoding", b"chunked")])
 
-    sent, received = asyncio.run(_call(application, scope, chunks))
+    sent, received = asyncio.run(call(application, scope, chunks))
 
     assert [message["status"] for message in sent if message["type"] == "http.response.start"] == [401]
     assert len(received) == ANONYMOUS_BODY_BYTES // 16384 + 1  # not the form size, nor MAX_UPLOAD_BYTES
@@ -406,9 +387,9 @@ def test_a_body_declaring_both_a_length_and_chunked_encoding_is_400_before_a_byt
     from console.asgi import application
 
     chunks = [{"type": "http.request", "body": b"x" * 16384, "more_body": True} for _ in range(400)]
-    scope = _http_scope(path, [(b"content-length", b"10"), (b"transfer-encoding", b"chunked")])
+    scope = http_scope(path, [(b"content-length", b"10"), (b"transfer-encoding", b"chunked")])
 
-    sent, received = asyncio.run(_call(application, scope, chunks))
+    sent, received = asyncio.run(call(application, scope, chunks))
 
     assert sent[0]["status"] == 400
     assert (b"connection", b"close") in sent[0]["headers"]
@@ -421,7 +402,7 @@ def test_a_made_up_session_cookie_or_token_is_401_before_the_body_is_read():
     from console.asgi import application
 
     for credential in [(b"cookie", b"sessionid=madeupmadeupmadeupmadeupmadeup12"), (b"authorization", b"Token " + b"0" * 40)]:
-        sent, received = asyncio.run(_call(application, _http_scope("/api/models/digits/versions/", [*A_GIGABYTE, credential]), []))
+        sent, received = asyncio.run(call(application, http_scope("/api/models/digits/versions/", [*A_GIGABYTE, credential]), []))
 
         assert sent[0]["status"] == 401, credential
         assert received == []
@@ -433,7 +414,7 @@ def test_a_viewer_upload_sized_body_is_403_before_a_byte_is_read(viewer):
 
     token = Token.objects.create(user=viewer).key
     for credential in [(b"authorization", f"Token {token}".encode()), _session_cookie(viewer)]:
-        sent, received = asyncio.run(_call(application, _http_scope("/api/models/digits/versions/", [*A_GIGABYTE, credential]), []))
+        sent, received = asyncio.run(call(application, http_scope("/api/models/digits/versions/", [*A_GIGABYTE, credential]), []))
 
         assert sent[0]["status"] == 403, credential
         assert b"operators and admins upload" in sent[1]["body"]
@@ -448,7 +429,7 @@ def test_an_operators_token_upload_declared_over_the_limit_is_413_naming_the_set
     token = Token.objects.create(user=operator).key
     headers = [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode()), (b"authorization", f"Token {token}".encode())]
 
-    sent, received = asyncio.run(_call(application, _http_scope("/api/models/digits/versions/", headers), []))
+    sent, received = asyncio.run(call(application, http_scope("/api/models/digits/versions/", headers), []))
 
     assert (sent[0]["status"], json.loads(sent[1]["body"])) == (413, {"error": "the request body is larger than the limit of 66536 bytes: "
                                                                                "MAX_UPLOAD_BYTES (1000) plus 65536 bytes of multipart framing"})
@@ -466,7 +447,7 @@ def test_a_loop_of_uploads_declared_too_large_is_recorded_once_a_minute(settings
     token = Token.objects.create(user=operator).key
     headers = [(b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode()), (b"authorization", f"Token {token}".encode())]
 
-    statuses = [asyncio.run(_call(application, _http_scope("/api/models/digits/versions/", headers), []))[0][0]["status"] for _ in range(5)]
+    statuses = [asyncio.run(call(application, http_scope("/api/models/digits/versions/", headers), []))[0][0]["status"] for _ in range(5)]
 
     assert statuses == [413] * 5
     assert AuditEvent.objects.filter(kind="upload_refused").count() == 1
@@ -487,11 +468,11 @@ def test_a_session_upload_declared_over_the_limit_is_recorded_only_with_the_page
     cookies = f"sessionid={client.cookies['sessionid'].value}; csrftoken={csrf}".encode()
     declared = (b"content-length", str(1000 + MULTIPART_OVERHEAD_BYTES + 1).encode())
 
-    forged, _ = asyncio.run(_call(application, _http_scope(path, [declared, (b"cookie", cookies)]), []))
-    wrong, _ = asyncio.run(_call(application, _http_scope(path, [declared, (b"cookie", cookies),
+    forged, _ = asyncio.run(call(application, http_scope(path, [declared, (b"cookie", cookies)]), []))
+    wrong, _ = asyncio.run(call(application, http_scope(path, [declared, (b"cookie", cookies),
                                                                   (b"x-csrftoken", _get_new_csrf_string().encode())]), []))
     assert not AuditEvent.objects.exists()
-    page, _ = asyncio.run(_call(application, _http_scope(path, [declared, (b"cookie", cookies), (b"x-csrftoken", csrf.encode())]), []))
+    page, _ = asyncio.run(call(application, http_scope(path, [declared, (b"cookie", cookies), (b"x-csrftoken", csrf.encode())]), []))
 
     assert [forged[0]["status"], wrong[0]["status"], page[0]["status"]] == [413, 413, 413]
     assert list(AuditEvent.objects.values_list("kind", "actor__username")) == [("upload_refused", "olivia")]
@@ -507,7 +488,7 @@ def test_an_operator_upload_sized_body_is_read(settings, operator):
         chunks = [{"type": "http.request", "body": b"x" * size, "more_body": False}]
         headers = [(b"content-length", str(size).encode()), (b"content-type", b"application/octet-stream"), credential]
 
-        sent, received = asyncio.run(_call(application, _http_scope("/api/models/digits/versions/", headers), chunks))
+        sent, received = asyncio.run(call(application, http_scope("/api/models/digits/versions/", headers), chunks))
 
         assert received and received[0]["body"] == b"x" * size, (credential, sent)  # past the gate: Django read it
         assert not [message for message in sent if message.get("status") in (401, 403, 413)], credential
