@@ -89,7 +89,25 @@ def parse_push_key(text: str | None) -> Ed25519PublicKey:
     """The public key a console names in ``PUSH_KEY_HEADER``; ValueError when it names none."""
     if text is None or not is_hex64(text):
         raise ValueError(f"the console named no push key ({PUSH_KEY_HEADER}: 64 lowercase hex characters)")
+    if _has_small_order(bytes.fromhex(text)):
+        raise ValueError(f"the console named a push key of small order ({PUSH_KEY_HEADER}), with which anyone can sign")
     return Ed25519PublicKey.from_public_bytes(bytes.fromhex(text))
+
+
+# The y-coordinates of Ed25519's eight points of small order (the identity, the point of
+# order 2, two of order 4 with y = 0, four of order 8), canonical or not, as libsodium's
+# ge25519_has_small_order lists them. OpenSSL verifies without the cofactor check: under
+# such a key a signature (R = identity, S = 0) verifies for every message.
+_P = 2**255 - 19
+_SMALL_ORDER_Y = frozenset({
+    0, 1, _P - 1, _P, _P + 1,
+    2707385501144840649318225287225658788936804267575313519463743609750303402022,
+    55188659117513257062467267217118295137698188065244968500265048394206261417927,
+})
+
+
+def _has_small_order(encoded: bytes) -> bool:
+    return int.from_bytes(encoded, "little") & ((1 << 255) - 1) in _SMALL_ORDER_Y
 
 
 def content_of(state: DesiredState | Mapping) -> dict:

@@ -82,6 +82,21 @@ def test_a_signed_state_verifies_after_json_and_msgpack_round_trips():
         assert verify_state(copy, signing_key("t")) == signed["digest"]
 
 
+_ORDER_8_Y = "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05"
+
+
+@pytest.mark.parametrize(
+    "named",
+    ["01" + "00" * 31, "00" * 32, "00" * 31 + "80", "ec" + "ff" * 30 + "7f", "ee" + "ff" * 30 + "7f", _ORDER_8_Y, _ORDER_8_Y[:-2] + "85",
+     "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"],
+    ids=["identity", "order 4", "order 4 signed", "order 2", "identity non-canonical", "order 8", "order 8 signed", "order 8 other"],
+)
+def test_a_push_key_of_small_order_is_refused_for_under_it_anyone_signs(named):
+    # Under the identity key, R = identity and S = 0 verify for every message.
+    with pytest.raises(ValueError, match="small order"):
+        parse_push_key(named)
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [({"generation": 10}, "signature does not match"), ({"signature": None}, "not signed"), ({"digest": "0" * 64}, "digest does not match"),
