@@ -4,10 +4,36 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from celery import Celery, signals
 
+from serving.env import SettingError
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+
+def _one_line_for_a_setting_error(previous):
+    """A bad value in the environment stops `celery -A console worker` (or beat) in
+    Celery's command-line parsing, outside any handler of ours: the sentence naming the
+    variable was the last of ~40 lines of traceback. It is one line, as manage.py says it."""
+
+    def hook(kind, error, trace) -> None:
+        if issubclass(kind, SettingError):
+            sys.stderr.write(f"celery: {error}\n")
+        else:
+            previous(kind, error, trace)
+
+    return hook
+
+
+def _run_by_celerys_command() -> bool:  # `celery …` or `python -m celery …`; not manage.py, the ASGI server or a test
+    program = Path(sys.argv[0] if sys.argv else "")
+    return program.name == "celery" or program.parent.name == "celery"
+
+
+if _run_by_celerys_command():
+    sys.excepthook = _one_line_for_a_setting_error(sys.excepthook)
 
 app = Celery("console")
 app.config_from_object("django.conf:settings", namespace="CELERY")
