@@ -31,7 +31,7 @@ IMAGE_UID = 10001
 # What the kubelet needs after the drain, to close the control plane and exit.
 SHUTDOWN_MARGIN_S = 5
 # The keys of the Secret the user creates (README "Many hosts: Kubernetes").
-SECRET_KEYS = {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY", "SERVING_WORKER_TOKEN"}
+SECRET_KEYS = {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY", "SERVING_WORKER_TOKEN", "CONSOLE_METRICS_TOKEN"}  # the last optional
 DEMO_SECRET_KEYS = SECRET_KEYS | {"POSTGRES_PASSWORD", "REDIS_PASSWORD"}
 WORKER_SECRETS = {"SERVING_WORKER_TOKEN", "REDIS_URL"}
 
@@ -116,6 +116,21 @@ def test_the_secret_keys_used_are_the_documented_ones_each_under_its_own_name(na
     assert set(used.values()) == documented
     assert all(variable == key for variable, key in used.items())
     assert {key for container in k8s.our_containers(objects) for key in k8s.secret_keys(container).values()} <= settings_read()
+
+
+@pytest.mark.parametrize("name", k8s.OVERLAYS)
+def test_the_console_takes_its_metrics_token_from_the_secret_when_it_has_one(name):
+    """README: scrape the console's /metrics with CONSOLE_METRICS_TOKEN. Without it in the
+    console's environment /metrics answers 404 whatever the Secret holds; optional, so a
+    Secret of the four keys still starts the console."""
+    objects = k8s.overlay(name)
+    console = k8s.the_container(objects, "console")
+    tokens = [entry for entry in console.spec.get("env", []) if entry["name"] == "CONSOLE_METRICS_TOKEN"]
+
+    assert [entry["valueFrom"]["secretKeyRef"] for entry in tokens] == [
+        {"name": "modelops-secrets", "key": "CONSOLE_METRICS_TOKEN", "optional": True}]
+    holders = [container.spec["name"] for container in k8s.containers(objects) if "CONSOLE_METRICS_TOKEN" in k8s.secret_keys(container)]
+    assert holders == ["console"]  # no migration, Celery or worker container is given it
 
 
 @pytest.mark.parametrize("name", k8s.OVERLAYS)
