@@ -48,7 +48,8 @@ CLOSE_SIGNED_OUT, CLOSE_TRY_AGAIN = 4401, 1013
 # without polling. The layer's receive has no read timeout (console/redis_options.py says
 # why), so the feed listens for its own ping instead: a send that times out, or no ping
 # back for FEED_PINGS_MISSED intervals (the receive's connection hung alone), closes it
-# with 1013 and the page polls and reconnects. One small message per interval per open feed.
+# with 1013 and the page polls and reconnects. One small message per interval per open feed,
+# and its two groups joined again (see _watch_channel_layer).
 FEED_PING_EVERY_S = 5.0
 FEED_PINGS_MISSED = 2
 FEED_PING = "live.ping"
@@ -166,6 +167,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 break
             try:
                 await bounded(self.channel_layer.send(self.channel_name, {"type": FEED_PING}))
+                # Joined again: a Redis that lost its data (FLUSHALL, a failover to an empty
+                # replica, an eviction) dropped the memberships and kept every connection, and
+                # the feed's own pings still came back while no report or state reached it.
+                await bounded(self.channel_layer.group_add(LIVE_GROUP, self.channel_name))
+                await bounded(self.channel_layer.group_add(SERVING_GROUP, self.channel_name))
             except ChannelFull:
                 pass  # the feed is far behind; if its pings stop coming back, the check above closes it
             except CHANNEL_LAYER_DOWN as error:
