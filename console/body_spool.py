@@ -13,10 +13,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from errno import EFBIG
+
+from registry.artifacts.storage import too_large_message
 
 
 class BodySpoolFull(Exception):
-    """The request body's temporary file could not grow: its file system is full."""
+    """The request body's temporary file could not grow: its file system is full, or the
+    file reached the console's file size limit (EFBIG)."""
 
     def __init__(self, errno: int) -> None:
         super().__init__(errno)
@@ -25,6 +29,8 @@ class BodySpoolFull(Exception):
 
 def spool_full_message(errno: int) -> str:
     directory = tempfile.gettempdir()
+    if errno == EFBIG:  # not full: past the console's file size limit (storage.is_too_large)
+        return too_large_message(f"the console's temporary space for request bodies ({directory}, TMPDIR)") + ": send a smaller file, or raise the limit"
     try:
         room = f" ({shutil.disk_usage(directory).free} bytes free)"
     except OSError:

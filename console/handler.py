@@ -70,7 +70,7 @@ class ConsoleASGIHandler(ASGIHandler):
         try:
             return await super().read_body(receive)
         except OSError as error:
-            if not storage.is_full(error):
+            if not storage.is_full(error) and not storage.is_too_large(error):
                 raise
             full = BodySpoolFull(error.errno)
         # Raised outside the handler so that nothing chains the OSError, whose traceback

@@ -76,17 +76,43 @@ def is_full(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in FULL_ERRNOS
 
 
+def is_too_large(error: BaseException) -> bool:
+    """A file larger than the console may write (EFBIG): its file size limit (``ulimit -f``,
+    systemd's ``LimitFSIZE=``, a container's) or the largest file its file system holds
+    (FAT's 4 GiB). Python ignores SIGXFSZ, so the write raises; every upload past the limit
+    was a bare 500 "Internal Server Error" (a 4 MB model under a 3 MB limit), and no retry mends it."""
+    return isinstance(error, OSError) and error.errno == errno.EFBIG
+
+
+def too_large_message(what: str) -> str:
+    """What a 507 for EFBIG says: ``what`` could not keep a file this large, and why that may be."""
+    limit = file_size_limit()
+    cause = f"this console's processes may write files of up to {limit} bytes (ulimit -f)" if limit is not None else \
+        "the file system's largest file is smaller"
+    return f"{what} cannot keep a file this large: {os.strerror(errno.EFBIG).lower()} ({cause}); nothing was kept"
+
+
+def file_size_limit() -> int | None:
+    """The process's file size limit in bytes (RLIMIT_FSIZE); None when there is none."""
+    import resource  # POSIX only, as the console is
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 # ...and what a store that will not take a write raises: a read-only mount, a directory
 # whose owner or flags changed. Both answered 500 "internal error", naming nothing.
 REFUSING_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 
 def write_refusal(error: BaseException) -> tuple[int, str] | None:
-    """The status and words of an upload the store could not keep (507 full, 503 refused),
+    """The status and words of an upload the store could not keep (507 full or too large, 503 refused),
     or None when ``error`` is neither. A request writes only under ARTIFACT_ROOT (models,
     job inputs, data sets and the upload staging directory), so that is what it names."""
     if is_full(error):
         return 507, full_message(error)
+    if is_too_large(error):
+        return 507, too_large_message("the artifact store")
     if isinstance(error, OSError) and error.errno in REFUSING_ERRNOS:
         return 503, (f"the artifact store refused the write: {os.strerror(error.errno).lower()}; nothing was kept. "
                      "ARTIFACT_ROOT must be mounted read-write and writable by the console's user; send it again once it is")

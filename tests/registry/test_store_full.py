@@ -113,6 +113,22 @@ def test_a_model_upload_on_a_full_disk_is_507_naming_the_problem_and_keeps_nothi
     assert (ModelVersion.objects.count(), Job.objects.count()) == (0, 0)
 
 
+def test_a_model_upload_past_the_largest_file_the_store_may_hold_is_507_naming_it_and_keeps_nothing(
+        model, operator_client, good_onnx, artifact_root, fill_disk):
+    """EFBIG (a file size limit, or a file system's largest file) was a bare 500."""
+    fill_disk(errno.EFBIG)
+
+    response = upload(operator_client, good_onnx)
+
+    assert response.status_code == 507
+    assert "retry-after" not in response.headers  # no retry mends it
+    error = response.json()["error"]
+    assert error.startswith("the artifact store cannot keep a file this large: file too large ("), error
+    assert error.endswith("); nothing was kept")
+    assert stored_files(artifact_root) == []
+    assert (ModelVersion.objects.count(), Job.objects.count()) == (0, 0)
+
+
 def test_the_console_takes_the_next_upload_once_there_is_room(model, operator_client, good_onnx, artifact_root, fill_disk, monkeypatch):
     fill_disk()
     assert upload(operator_client, good_onnx).status_code == 507
