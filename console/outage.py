@@ -26,7 +26,7 @@ from django.template.loader import render_to_string
 from django.utils.deprecation import MiddlewareMixin
 
 from registry.committed_change import change_in_doubt, committed_change
-from registry.db_unavailable import is_database_unavailable, is_disk_full, is_lock_timeout, is_read_only
+from registry.db_unavailable import is_database_unavailable, is_disk_full, is_lock_timeout, is_read_only, past_file_size_limit
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ RETRY_AFTER_S = 5
 MESSAGE = f"the database is unavailable; retry in {RETRY_AFTER_S} s"
 READ_ONLY_MESSAGE = f"the database accepts no writes now (read-only); retry in {RETRY_AFTER_S} s"
 DISK_FULL_MESSAGE = "the disk holding the console's database is full: nothing was changed; free space on it and the console goes on by itself"
+FILE_LIMIT_MESSAGE = ("the console's database could not grow its file: disk I/O error under a file size limit of {limit} bytes "
+                      "(ulimit -f, LimitFSIZE=); nothing was changed; raise or lift the limit and restart the console")
 LOCK_MESSAGE = (f"the database is busy: a lock this request needs was held by another session for longer than "
                 f"DATABASE_LOCK_TIMEOUT_S; nothing was changed; retry in {RETRY_AFTER_S} s")
 
@@ -53,25 +55,30 @@ def database_unavailable_response(request, error: BaseException) -> HttpResponse
         response = _in_doubt_response(request, in_doubt, request_id)
     elif is_disk_full(error):  # 507, no Retry-After: waiting alone mends nothing
         response = _disk_full_response(request, request_id)
+    elif (limit := past_file_size_limit(error)) is not None:  # nor here
+        response = _disk_full_response(request, request_id, limit)
     elif request.path.startswith("/api/"):
         message = READ_ONLY_MESSAGE if is_read_only(error) else LOCK_MESSAGE if is_lock_timeout(error) else MESSAGE
         response = JsonResponse({"error": message, "request_id": request_id}, status=503)
     else:
         context = {"retry_after_s": RETRY_AFTER_S, "request_id": request_id, "read_only": is_read_only(error)}
         response = HttpResponse(render_to_string("503.html", context), status=503)
-    if not (committed or in_doubt or is_disk_full(error)):
+    no_wait_mends = is_disk_full(error) or past_file_size_limit(error) is not None
+    if not (committed or in_doubt or no_wait_mends):
         response["Retry-After"] = str(RETRY_AFTER_S)
     response["Cache-Control"] = "no-store"
     # Read by the console's handler: while the database cannot be reached, a request
     # refused for want of a slot is told that, not that the console is busy.
-    response.database_unreachable = not (is_read_only(error) or is_lock_timeout(error) or is_disk_full(error))
+    response.database_unreachable = not (is_read_only(error) or is_lock_timeout(error) or no_wait_mends)
     return response
 
 
-def _disk_full_response(request, request_id: str) -> HttpResponse:
+def _disk_full_response(request, request_id: str, file_limit: int | None = None) -> HttpResponse:
+    """``file_limit``: the database's file reached the console's file size limit (that many bytes), not a full disk."""
     if request.path.startswith("/api/"):
-        return JsonResponse({"error": DISK_FULL_MESSAGE, "request_id": request_id}, status=507)
-    context = {"request_id": request_id, "disk_full": True}
+        message = DISK_FULL_MESSAGE if file_limit is None else FILE_LIMIT_MESSAGE.format(limit=file_limit)
+        return JsonResponse({"error": message, "request_id": request_id}, status=507)
+    context = {"request_id": request_id, "disk_full": True, "file_limit": file_limit}
     return HttpResponse(render_to_string("503.html", context), status=507)
 
 

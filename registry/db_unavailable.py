@@ -76,6 +76,19 @@ def is_disk_full(error: BaseException | None) -> bool:
     return getattr(cause, "sqlstate", None) == DISK_FULL_SQLSTATE or getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
 
 
+def past_file_size_limit(error: BaseException | None) -> int | None:
+    """The file size limit (bytes) a write of SQLite's database or journal reached, when
+    ``error`` is SQLite's write error (SQLITE_IOERR_WRITE: SQLite names no errno, and
+    EFBIG is not SQLITE_FULL to it) in a console run under one (``ulimit -f``, systemd's
+    ``LimitFSIZE=``); else None. Every change was a 503 "the database is unavailable;
+    retry in 5 s" while /readyz said the database was ok, and no retry mends it."""
+    if not isinstance(error, DatabaseError) or getattr(error.__cause__, "sqlite_errorcode", None) != sqlite3.SQLITE_IOERR_WRITE:
+        return None
+    from registry.artifacts.storage import file_size_limit  # settings-bound module; this one is imported early
+
+    return file_size_limit()
+
+
 def is_database_unavailable(error: BaseException | None) -> bool:
     return isinstance(error, UNREACHABLE_ERRORS) or is_read_only(error)
 
