@@ -210,7 +210,7 @@ class Drill(models.Model):
     first_ack_s = models.FloatField(null=True, blank=True)
     last_ack_s = models.FloatField(null=True, blank=True)
     confirmed_s = models.FloatField(null=True, blank=True)
-    failed_requests = models.PositiveIntegerField(null=True, blank=True)
+    failed_requests = models.PositiveBigIntegerField(null=True, blank=True)  # at most serving.contract.MAX_COUNT (drills.failed_sum)
     target_s = models.FloatField()
     # [{"worker", "ack_s", "ok", "error", "note", "confirmed_s", "silent_before_s", "generation", "digest", "model_digest",
     #   "failed_requests", "restarted", "quiet_after_confirming"}]: "model_digest" is the confirming report's digest of the

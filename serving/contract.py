@@ -698,9 +698,11 @@ class WorkerReport:
       previous report): ``{compared, agreed, errors, dropped}`` since the previous
       report, ``agreed`` at most ``compared``.
 
-    Every count is an integer 0..MAX_COUNT. The top-level ``shadow`` list (per shadow
-    version: compared, agreed, errors, dropped since the worker started) is kept as
-    sent. ``state`` is one of WORKER_STATES; absent (a worker before it), "serving".
+    Every count is an integer 0..MAX_COUNT, ``requests_failed_total`` and
+    ``device_memory_bytes`` too (unbounded, a total of 10**20 was kept on SQLite as
+    7766279631452241920 and a drill counted that). The top-level ``shadow`` list (per
+    shadow version: compared, agreed, errors, dropped since the worker started) is kept
+    as sent. ``state`` is one of WORKER_STATES; absent (a worker before it), "serving".
     ``models`` (at most MAX_MODEL_DIGESTS): each model's digest as served
     (``serving.state_signing.model_digests``), so a state served but for some models
     proves the others; absent or null (a worker before it): nothing proved by model."""
@@ -742,9 +744,9 @@ class WorkerReport:
                          for index, item in enumerate(_optional(report, "loaded", "", lambda v, p: _bounded(v, p, MAX_LOADED), []))),
             interval_s=_optional(report, "interval_s", "", _number),
             versions=_optional(report, "versions", "", _version_entries, ()),
-            requests_failed_total=_optional(report, "requests_failed_total", "", lambda v, p: _int(v, p, minimum=0)),
+            requests_failed_total=_optional(report, "requests_failed_total", "", _count),
             shadow=_optional(report, "shadow", "", _shadow_totals, ()),
-            device_memory_bytes=_optional(report, "device_memory_bytes", "", lambda v, p: _int(v, p, minimum=0)),
+            device_memory_bytes=_optional(report, "device_memory_bytes", "", _count),
             state=_optional(report, "state", "", _worker_state, "serving"),
             contract=report["contract"],
         )

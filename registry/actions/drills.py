@@ -51,7 +51,7 @@ from registry.models import (
     Worker,
     WorkerAck,
 )
-from serving.contract import models_not_applied
+from serving.contract import MAX_COUNT, models_not_applied
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05
@@ -280,7 +280,17 @@ def _settle_owed_roll_forward(model: RegisteredModel) -> None:
 def failed_total(report: object) -> int | None:
     """Requests the worker answered with a server-side failure since it started, as reported."""
     value = report.get("requests_failed_total") if isinstance(report, dict) else None
-    return value if type(value) is int and value >= 0 else None
+    # Past MAX_COUNT (a report stored before the contract bounded it): unknown, not a count.
+    return value if type(value) is int and 0 <= value <= MAX_COUNT else None
+
+
+def failed_sum(counts) -> int:
+    """Failed requests of several workers together, at most MAX_COUNT: what
+    ``Drill.failed_requests`` holds. Each worker's count is the contract's, but a sum is
+    not: a worker token's holder reporting 2**40 failures made the drill's write fail
+    (PostgreSQL's integer column then), the drill answered 500 and stayed running with
+    its rollback in force and its roll forward not made."""
+    return min(sum(counts), MAX_COUNT)
 
 
 def _measure(drill: Drill, workers: list[Worker], release: Release, failed_before: dict, window: RollbackWindow,
@@ -490,7 +500,7 @@ def _judge(drill: Drill, rows: list[dict], stopped_s: float | None, window: Roll
     drill.last_ack_s = max(ack_times) if len(ack_times) == len(rows) and rows else None
     drill.confirmed_s = max(confirmed) if rows and all(value is not None for value in confirmed) else None
     # Unknown for one worker, unknown in all: a sum of the known ones read as the total.
-    drill.failed_requests = sum(failures) if len(failures) == len(rows) else None
+    drill.failed_requests = failed_sum(failures) if len(failures) == len(rows) else None
     reasons = failure_reasons(drill, rows, replaced_at=window.end(), stopped_s=stopped_s)
     drill.status, drill.error = (DrillStatus.FAILED if reasons else DrillStatus.PASSED), "; ".join(reasons)
 
@@ -535,7 +545,7 @@ def failure_reasons(drill: Drill, rows: list[dict], replaced_at: int | None = No
     if slow:
         who = ", ".join(f"{row['worker']} {row['ack_s']:.2f} s" for row in slow)
         reasons.append(f"acks slower than the target of {drill.target_s:g} s: {who}")
-    counted = sum(row["failed_requests"] for row in rows if row["failed_requests"] is not None)
+    counted = failed_sum(row["failed_requests"] for row in rows if row["failed_requests"] is not None)
     uncounted = [row["worker"] for row in rows if row["failed_requests"] is None]
     if counted and uncounted:
         reasons.append(f"at least {counted} request(s) failed during the drill "

@@ -15,7 +15,7 @@ from django.db import connection
 
 from registry.fleet.state import issued_digest, issued_state
 from registry.models import Release, ServingGeneration
-from serving.contract import CONTRACT_VERSION
+from serving.contract import CONTRACT_VERSION, MAX_COUNT
 from serving.state_signing import model_digests
 from tests.registry.conftest import in_thread
 
@@ -84,6 +84,22 @@ def test_a_drill_with_failed_requests_says_how_many(worker_client, operator_clie
     drill = run_drill(operator_client, [follow_rollback(worker_client, "w-1", delay_s=0, failed_total=13)])
 
     assert (drill["status"], drill["failed_requests"], drill["error"]) == ("failed", 3, "3 request(s) failed during the drill")
+
+
+def test_a_drill_whose_workers_count_more_failures_than_a_column_holds_still_finishes_and_rolls_forward(
+        worker_client, operator_client, canary, settings):
+    # A worker token's holder (two ids of its own) reported 2**40 failed requests during a
+    # drill on PostgreSQL: the sum failed the drill's write (its column held 2**31 - 1), the
+    # drill answered 500 and stayed running, the rollback in force and no roll forward made.
+    # Here the sum passes 2**63 - 1, which SQLite's integers do not hold either.
+    settings.DRILL_ACK_TIMEOUT_S = 5
+    for worker_id in ("w-1", "w-2"):
+        worker_client.post("/api/serving/reports", report(worker_id, 2, 0), format="json")
+
+    drill = run_drill(operator_client, [follow_rollback(worker_client, worker_id, delay_s=0, failed_total=2**62) for worker_id in ("w-1", "w-2")])
+
+    assert (drill["status"], drill["failed_requests"], drill["error"]) == ("failed", MAX_COUNT, f"{MAX_COUNT} request(s) failed during the drill")
+    assert Release.objects.order_by("-generation").values_list("generation", "action").first() == (4, "restore")
 
 
 def test_a_failed_drill_states_every_reason_in_its_summary(worker_client, operator_client, canary, settings):

@@ -107,6 +107,9 @@ def test_figures_at_every_limit_parse():
         ("versions[0].requests", 5.0, "versions[0].requests: must be an integer"),
         ("versions[0].requests", True, "versions[0].requests: must be an integer"),
         ("versions[0].requests", MAX_COUNT + 1, f"versions[0].requests: must be at most {MAX_COUNT}"),
+        # Unbounded, 10**20 was kept on SQLite as 7766279631452241920, and a drill counted that.
+        ("requests_failed_total", MAX_COUNT + 1, f"requests_failed_total: must be at most {MAX_COUNT}"),
+        ("device_memory_bytes", MAX_COUNT + 1, f"device_memory_bytes: must be at most {MAX_COUNT}"),
         ("versions[0].errors", -1, "versions[0].errors: must be an integer >= 0"),
         ("versions[0].errors", 5, "versions[0].errors: errors and client_errors must not exceed requests"),
         ("versions[0].client_errors", 5, "versions[0].errors: errors and client_errors must not exceed requests"),
