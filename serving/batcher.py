@@ -29,6 +29,16 @@ from serving.run_stop import RunStop
 logger = logging.getLogger("serving.batcher")
 
 
+def _summarise_unless_stopped(summarise: Summarise, stop: RunStop, outputs, rows, keep) -> None:
+    """Summarise a batch's outputs only while its run still serves someone: a run stopped at
+    its deadline was answered 504, and a single node checks no terminate flag, so such a run
+    may still come back with outputs (a 1e9-element Range: 10 s late). Summarising them put
+    answers no client got into the canary's figures and held the version's engine meanwhile
+    (about 40 s and +4.8 GB for that output, every request to the version a 504)."""
+    if not stop.stopped:
+        summarise(outputs, rows, keep)
+
+
 class RunDeadlines:
     """While a batch runs, each of its requests is answered 504 at its own deadline, and
     the run is stopped at the last one (``on_last``). One timer at a time, at the earliest
@@ -246,7 +256,8 @@ class Batcher:
         self._pace.batch_sent(started_s)
         stop = RunStop()  # serving/run_stop.py: no run outlives the last deadline it serves
         deadlines = RunDeadlines(self._event_loop, self._clock, batch, partial(self._stop_run, batch, stop))
-        self._dispatch_threads.submit(self._event_loop, run_batch, (stop.running(self._run), batch, self.is_batchable, self._summarise),
+        summarise = None if self._summarise is None else partial(_summarise_unless_stopped, self._summarise, stop)
+        self._dispatch_threads.submit(self._event_loop, run_batch, (stop.running(self._run), batch, self.is_batchable, summarise),
                                       partial(self._delivered, batch, started_s, stop, deadlines))
 
     def _stop_run(self, batch: list[PendingRequest], stop: RunStop) -> None:

@@ -926,3 +926,21 @@ async def test_a_request_batched_with_a_later_deadline_gets_its_504_at_its_own_d
     assert not long.done()
     model.open()
     assert first_values([await long]) == [4.0]
+
+
+async def test_the_outputs_of_a_run_stopped_at_its_deadline_are_not_summarised(dispatch):
+    """A run that outlived its requests' deadline was answered 504, yet its outputs, when it
+    came back, went into the version's output summary: a canary's figures counted answers no
+    client got, and the dispatch thread summarised them while the version's engine waited
+    (a 1e9-element output: +4.8 GB and about 40 s after the 504, every request meanwhile 504)."""
+    model = FakeModel(is_open=False)
+    summarised = []
+    batcher = make_batcher(model, dispatch, summarise=lambda outputs, rows, keep: summarised.append(rows))
+    stopped = batcher.submit(row(1), 1, deadline(0.2))
+    await wait_for_run(model)
+    with pytest.raises(DeadlineExceeded, match="its run was stopped"):
+        await asyncio.wait_for(stopped, 1.0)
+    model.open()  # the run ends after all, with outputs (a single node checks no terminate flag)
+
+    assert first_values([await batcher.submit(row(2), 1, deadline())]) == [4.0]
+    assert summarised == [1], "only the answered request's outputs are summarised"
