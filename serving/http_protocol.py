@@ -313,6 +313,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_header_bytes(len(name) + len(value) + 4)
+        if not self._awaiting_headers:
+            # A chunked body's trailer field: uvicorn appends it to the header list the
+            # app reads, which it reads after the trailer when the request came in one
+            # read. RFC 9110 §6.5.1: never merged into the headers; no app reads trailers.
+            return
         super().on_header(name, value)
 
     def on_body(self, body: bytes) -> None:

@@ -1431,3 +1431,20 @@ def connection_ended(connection: socket.socket) -> bool:
         return False
     except ConnectionResetError:
         return True
+
+
+@pytest.mark.parametrize("field", [b"X-Request-Timeout-S: 0.000001", b"Content-Encoding: gzip", b"Inference-Header-Content-Length: 5"])
+def test_a_chunked_body_s_trailer_fields_are_not_read_as_its_headers(guarded_worker, field):
+    """uvicorn appends trailer fields to the request's header list, which the app reads once
+    the whole request has arrived in one read: a trailer's X-Request-Timeout-S made a 504, and
+    its Content-Encoding or Inference-Header-Content-Length changed how the body was read,
+    where a proxy in front forwarding the trailer had checked only the headers
+    (RFC 9110 §6.5.1: a trailer field is never merged into the header section)."""
+    worker = guarded_worker()
+
+    with socket.create_connection(("127.0.0.1", worker.port), timeout=5) as connection:
+        connection.sendall(chunked_close() + in_chunks(BODY, len(BODY))[:-2] + field + b"\r\n\r\n")
+        answer = read_until_closed(connection)
+
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert worker.runs == [1]
