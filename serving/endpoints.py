@@ -17,6 +17,7 @@ methods in `Allow`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -45,6 +46,10 @@ SHED_BODY_MESSAGE = {"type": "http.response.body", "body": SHED_BODY}
 SERVER_METADATA = orjson.dumps({"name": "modelops-serving", "version": "1",
                                 "extensions": ["binary_tensor_data", "model_configuration", "statistics"]})
 DRAINING_BODY = b'{"ready":false,"draining":true}'
+# An answer past this leaves a slice at a time, each written once the one before has
+# drained: written whole, its writes paused holding all of it, and one past
+# SERVING_MAX_UNSENT_BYTES was cut as a client not reading, whatever the client's pace.
+SEND_SLICE_BYTES = 1024 * 1024
 OPERATOR_PATHS = frozenset(("/health", "/metrics"))  # behind the worker token when so configured
 Hook = Callable[[], Awaitable[None]]
 
@@ -166,7 +171,8 @@ class ServingApp:
 
     async def _send(self, send, response: Response, request_id: bytes) -> None:
         # One start + one body message (no more_body): uvicorn writes the head and the
-        # body with one transport.write each, and finishes the response on the second.
+        # body with one transport.write each, and finishes the response on the second. An
+        # answer past SEND_SLICE_BYTES is sent in slices, each after the last has drained.
         body = response.body
         headers = [(b"content-type", response.content_type), (b"content-length", b"%d" % len(body)),
                    (b"x-request-id", request_id)]
@@ -175,7 +181,16 @@ class ServingApp:
         if response.version is not None:
             headers.append((b"x-model-version", response.version.version_header))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        if len(body) <= SEND_SLICE_BYTES:
+            await send({"type": "http.response.body", "body": body})
+            return
+        view = memoryview(body)
+        for start in range(0, len(body), SEND_SLICE_BYTES):
+            end = start + SEND_SLICE_BYTES
+            await send({"type": "http.response.body", "body": bytes(view[start:end]), "more_body": end < len(body)})
+            # Let the (coalescing) transport write it: once its writes pause, uvicorn's next
+            # send waits for the drain, under the send deadline.
+            await asyncio.sleep(0)
 
     def _account(self, path: str, is_inference: bool, response: Response, context: RequestContext | None, request_id,
                  started_s: float) -> None:

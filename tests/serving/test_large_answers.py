@@ -117,3 +117,23 @@ def test_a_large_two_dimensional_predict_answer_keeps_every_row_and_a_nan_in_a_l
     with np.errstate(invalid="ignore"):
         expected = np.log(rows)
     np.testing.assert_allclose(np.array(output, np.float32), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v2/models/counts/infer", {"inputs": [{"name": "count", "shape": [1], "datatype": "INT64", "data": [2_000_000]}]}),
+    ("/predict", {"model_name": "counts", "inputs": [2_000_000]}),
+], ids=["v2", "predict"])
+def test_an_answer_larger_than_the_unsent_budget_reaches_a_client_that_reads_it(start_worker, counts_model, client, path, body):
+    """The answer was written to the transport whole: its writes paused at once holding all
+    of it, so an answer past SERVING_MAX_UNSENT_BYTES (256 MiB: a 60-byte request for 3e7
+    values) had its connection cut as a client not reading, the 200's body ending after
+    about 8 MB. It leaves a slice at a time, each once the last has drained."""
+    worker = start_worker(state(1, {"counts": {"routes": [route(1, 100, *counts_model, batchable=False)]}}),
+                          max_unsent_bytes=4 * 1024 * 1024)
+
+    answer = client.post(worker.url + path, json=body, timeout=30)
+
+    assert answer.status_code == 200
+    assert len(answer.content) > 8 * 1024 * 1024  # twice the budget
+    values = answer.json()["outputs"][0]["data"] if path != "/predict" else answer.json()["outputs"]["values"]
+    assert len(values) == 2_000_000 and values[-1] == 1_999_999.0
