@@ -182,11 +182,30 @@ def check_body_type(content_type: bytes | None, allow_binary: bool) -> None:
     send those cross-site without asking first."""
     if content_type is None:
         return
-    media = content_type.split(b";", 1)[0].strip().lower()
-    if media == b"application/json" or (allow_binary and media == b"application/octet-stream"):
+    media, _, parameters = content_type.partition(b";")
+    media = media.strip().lower()
+    if media == b"application/json":
+        _refuse_charset_other_than_utf8(parameters)
+        return
+    if allow_binary and media == b"application/octet-stream":
         return
     wanted = "application/json or application/octet-stream" if allow_binary else "application/json"
     raise UnsupportedMediaType(f"Content-Type '{clip(media.decode('latin-1'))}' is not supported here: send {wanted}")
+
+
+JSON_CHARSETS = frozenset((b"utf-8", b"utf8", b"us-ascii", b"ascii"))  # ASCII is UTF-8's subset
+
+
+def _refuse_charset_other_than_utf8(parameters: bytes) -> None:
+    """JSON is UTF-8 (RFC 8259 §8.1), and the worker reads it so whatever the label says:
+    a proxy in front that honours ``charset=utf-7`` reads other text (+ACI- is a quote)
+    than the worker does. Another charset is a 415, as at the console's API."""
+    for parameter in parameters.split(b";"):
+        name, _, value = parameter.partition(b"=")
+        if name.strip().lower() == b"charset":
+            charset = value.strip(OWS).strip(b'"').lower()
+            if charset not in JSON_CHARSETS:
+                raise UnsupportedMediaType(f"JSON in charset '{clip(charset.decode('latin-1'))}' is not supported: send UTF-8")
 
 
 class RequestIds:

@@ -510,7 +510,22 @@ def test_a_body_labelled_neither_json_nor_octet_stream_is_a_415(digits_worker, c
     assert len(response.content) < 250
 
 
-@pytest.mark.parametrize("content_type", [None, "application/json", "Application/JSON; charset=utf-8", "application/octet-stream"])
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-7", "application/json;charset=\"UTF-16\"",
+                                          "application/json; charset=latin-1", "application/json; charset=unicode_escape"])
+@pytest.mark.parametrize("path", [INFER, "/predict"])
+def test_json_in_a_charset_other_than_utf_8_is_a_415_naming_it(digits_worker, client, path, content_type):
+    """The worker read any charset's body as UTF-8, where a proxy in front that honours the
+    label reads other text (UTF-7's +ACI- is a quote): as the console's API, a 415."""
+    content = orjson.dumps({"model_name": "digits", "inputs": [[0.0] * 64]} if path == "/predict" else v2_body(np.zeros((1, 64), np.float32)))
+
+    response = client.post(digits_worker.url + path, content=content, headers={"Content-Type": content_type})
+
+    assert response.status_code == 415
+    assert "charset" in response.json()["error"] and "UTF-8" in response.json()["error"]
+
+
+@pytest.mark.parametrize("content_type", [None, "application/json", "Application/JSON; charset=utf-8", "application/json; charset=\"UTF-8\"",
+                                          "application/json; charset=us-ascii", "application/octet-stream"])
 def test_json_unlabelled_and_octet_stream_bodies_are_served(digits_worker, client, content_type):
     headers = {"Content-Type": content_type} if content_type else {}
 
