@@ -144,6 +144,18 @@ def test_a_changed_or_unsigned_push_is_refused(change, reason):
         verify_push({**signed, **change}, key.public_key())
 
 
+@pytest.mark.parametrize("length", [127, 129, 130])
+def test_a_push_whose_signature_is_not_128_hex_characters_is_refused_before_it_is_checked(length):
+    # Refused by its length, before the key's check: there an odd number of hex characters
+    # raises a bare ValueError (not SignatureRefused), which the worker's push handler does not catch.
+    key = push_signing_key("secret")
+    signed = sign_push({"generation": 9, "epoch": "e", "models": {}}, key)
+    signature = (signed["signature"] * 2)[:length]
+
+    with pytest.raises(SignatureRefused, match="128 lowercase hex"):
+        verify_push({**signed, "signature": signature}, key.public_key())
+
+
 @pytest.mark.parametrize("offset_s", [PUSH_VALID_S + 1, -PUSH_VALID_S - 1])
 def test_a_push_signed_longer_ago_than_it_is_valid_or_ahead_of_the_clock_is_refused_as_expired(offset_s):
     # A signature is valid for ever: anything on Redis could replay a push the console had
