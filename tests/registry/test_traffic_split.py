@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from registry.domain.traffic import canary_split, check_routes
+from registry.domain.traffic import InvalidRoutes, canary_split, check_routes
 
 
 def test_a_zero_share_routes_the_stable_version_alone():
@@ -30,3 +30,11 @@ def test_without_a_stable_version_the_canary_takes_all_traffic(share):
 def test_every_share_makes_a_split_the_route_checks_accept():
     for share in range(101):
         check_routes(canary_split(stable_version=1, canary_version=2, canary_weight=share), ready_versions={1, 2})
+
+
+@pytest.mark.parametrize("routes", [[{"version": 1, "weight": 90}], [{"version": 1, "weight": 60}, {"version": 2, "weight": 30}],
+                                    [{"version": 1, "weight": 0}, {"version": 2, "weight": 0, "shadow": 0.5}]])
+def test_a_split_whose_weights_sum_to_less_than_100_is_refused(routes):
+    # Short of 100 is as wrong as past it: the rest of the traffic would go nowhere a worker could name.
+    with pytest.raises(InvalidRoutes, match="weights must sum to 100, got"):
+        check_routes(routes, ready_versions={1, 2})
