@@ -120,6 +120,19 @@ async def test_forged_push_changes_nothing_is_logged_once_and_does_not_freeze_th
     assert control.worker.repository.generation == 51
 
 
+@pytest.mark.parametrize("push", [content(10**18, "epoch-x"), signed(content(51, "epoch-x"), console_secret="another-consoles-secret"),
+                                  {**signed(content(51, "epoch-x")), "generation": 10**18}])
+async def test_a_forged_push_makes_the_worker_ask_the_console_nothing(control, console, push):
+    # Dropped, not followed by a reconcile: anyone who can publish on Redis would otherwise
+    # make every worker read the console's state once per forged message.
+    await serve(control, console, 50, "epoch-x")
+    reads = console.state_reads
+
+    assert await control.receive_push(push) is None
+
+    assert console.state_reads == reads
+
+
 async def test_signed_push_is_applied_and_acked_with_its_digest(control, console):
     await serve(control, console, 1, "epoch-x")
     push = signed(content(2, "epoch-x"))
