@@ -38,3 +38,9 @@ def test_a_split_whose_weights_sum_to_less_than_100_is_refused(routes):
     # Short of 100 is as wrong as past it: the rest of the traffic would go nowhere a worker could name.
     with pytest.raises(InvalidRoutes, match="weights must sum to 100, got"):
         check_routes(routes, ready_versions={1, 2})
+
+
+def test_a_shadow_route_that_also_names_a_weight_is_refused():
+    # Not read as a shadow with its weight dropped: the operator asked for v2 to answer 30% of clients.
+    with pytest.raises(InvalidRoutes, match=r"routes\[1\] is a shadow: its weight must be 0"):
+        check_routes([{"version": 1, "weight": 100}, {"version": 2, "weight": 30, "shadow": 0.5}], ready_versions={1, 2})
