@@ -122,6 +122,26 @@ def test_a_worker_that_never_answers_does_not_delay_the_others_confirmation(work
     assert rows["w-1"]["confirmed_s"] < settings.DRILL_ACK_TIMEOUT_S / 2, rows["w-1"]
 
 
+def test_a_drill_one_worker_never_confirmed_gives_no_time_to_confirm_the_rollback(worker_client, operator_client, canary):
+    # The drill's "confirmed in" is when the last worker confirmed: the first worker's time
+    # alone read as the fleet's, on a drill a silent worker failed.
+    report(worker_client, 2)
+    report(worker_client, 2, worker_id="w-silent")
+
+    def follow_at_once():
+        wait_for_generation(3)
+        ack(worker_client, 3)
+        report(worker_client, 3)
+
+    worker = in_thread(follow_at_once)
+    drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
+    worker.join(15)
+
+    rows = {row["worker"]: row for row in drill["workers"]}
+    assert rows["w-1"]["confirmed_s"] is not None and rows["w-silent"]["confirmed_s"] is None
+    assert (drill["status"], drill["confirmed_s"]) == ("failed", None)
+
+
 def test_a_drill_says_what_was_applied_by_digest_not_only_by_number(worker_client, operator_client, canary):
     report(worker_client, 2)
 
