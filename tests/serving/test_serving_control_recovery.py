@@ -14,7 +14,7 @@ import pytest
 from serving.control import Applied, Backoff, ControlPlane
 from serving.state_signing import model_digests, state_digest
 from serving.worker import Worker
-from serving.contract import CONTRACT_VERSION
+from serving.contract import CONTRACT_VERSION, MAX_MODEL_DIGESTS
 from serving_testkit import free_port, make_config, route, state
 from tests.fixtures.push_key import PUSH_KEY_HEADERS, signed_push
 
@@ -739,3 +739,13 @@ async def test_a_push_between_the_generation_served_and_the_newest_tried_asks_th
 
     assert console.state_reads == reads_before + 1
     assert plane.worker.repository.health()["models"]["other"]["routes"] == [{"version": 2, "weight": 100}]
+
+
+def test_a_state_of_more_models_than_a_report_may_name_is_proved_by_its_whole_digest_alone():
+    # Past the contract's bound the console refuses every report naming them: the worker
+    # names none then, and the state's digest still proves what it serves.
+    models = {f"m{index}": {} for index in range(MAX_MODEL_DIGESTS + 1)}
+
+    assert Applied.of({"generation": 7, "epoch": "e", "models": models}, "d").models is None
+    models.pop("m0")
+    assert len(Applied.of({"generation": 7, "epoch": "e", "models": models}, "d").models) == MAX_MODEL_DIGESTS
