@@ -459,6 +459,16 @@ def test_desired_state_routes_the_split_and_keeps_the_rollback_target_warm(opera
     assert digits["routes"][0]["signature"]["inputs"][0]["name"] == "input"
 
 
+def test_desired_state_keeps_no_version_warm_that_it_already_routes(operator_client, three_versions):
+    # The rollback target (v1 at 100%) is the split's stable: routed, so not listed warm again.
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+
+    digits = desired_state()["models"]["digits"]
+
+    assert [route["version"] for route in digits["routes"]] == [1, 2]
+    assert digits["warm"] == []
+
+
 def test_audit_timeline_joins_uploads_and_traffic_changes(operator_client, three_versions):
     split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
     operator_client.post(RELEASE + "rollback/", {}, format="json")
