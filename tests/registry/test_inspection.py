@@ -673,6 +673,18 @@ def test_more_operator_sets_than_the_limit_are_refused_and_not_listed_in_the_rep
     assert "opset_imports" not in error.report
 
 
+def test_more_outputs_than_the_limit_are_refused(tmp_path):
+    # Every output name travels in each desired state sent to every worker: one past the limit is refused.
+    model = build_matmul()
+    for index in range(inspection.MAX_GRAPH_TENSORS + 1 - len(model.graph.output)):
+        model.graph.output.append(onnx.helper.make_tensor_value_info(f"extra{index}", TensorProto.FLOAT, [1]))
+    assert len(model.graph.output) == inspection.MAX_GRAPH_TENSORS + 1
+
+    error = refusal(write_model(tmp_path, "outputs.onnx", model))
+
+    assert f"the model has {inspection.MAX_GRAPH_TENSORS + 1} outputs, more than the limit {inspection.MAX_GRAPH_TENSORS}" in error.reason
+
+
 def test_a_producer_name_longer_than_its_column_is_cut_to_it(tmp_path):
     model = build_matmul()
     model.producer_name = "p" * 5000
