@@ -60,7 +60,11 @@ window.Charts = (function () {
 
   // A dashed vertical line per release inside the x range, its label at the top in the
   // first row where it overlaps no other label (drawn left of its line near the right
-  // edge); a label with no free row keeps only its line.
+  // edge, and kept inside the plot); a label with no free row keeps only its line. Every
+  // line is drawn before any label, so no later line strikes through a label, and the
+  // newest markers choose their rows first: with releases seconds apart, "v3 1%" … "v3 100%"
+  // took the rows and "rollback to v3 50%", the one that matters at 3 am, lost its label.
+  // What was drawn is kept on the chart (``markerLayout``) for the browser tests.
   const MARKER_ROWS = 4;
 
   function drawMarkers(u, markers) {
@@ -70,31 +74,43 @@ window.Charts = (function () {
     const { left, top, width, height } = u.bbox;
     const rowHeight = 13 * ratio;
     const rows = Array.from({ length: MARKER_ROWS }, () => []);  // [[from, to], ...] taken per row
+    const shown = markers.filter((marker) => marker.t >= min && marker.t <= max).sort((a, b) => a.t - b.t)
+      .map((marker) => ({ marker, x: Math.round(u.valToPos(marker.t, "x", true)) }));
+    const layout = { lines: [], labels: [], unlabelled: [] };
     ctx.save();
     ctx.font = `${11 * ratio}px system-ui, sans-serif`;
     ctx.textBaseline = "top";
-    markers.filter((marker) => marker.t >= min && marker.t <= max).sort((a, b) => a.t - b.t).forEach((marker) => {
-      const x = Math.round(u.valToPos(marker.t, "x", true));
-      ctx.strokeStyle = MARKER_COLOR;
-      ctx.lineWidth = ratio;
-      ctx.setLineDash([4 * ratio, 3 * ratio]);
+    ctx.strokeStyle = MARKER_COLOR;
+    ctx.lineWidth = ratio;
+    ctx.setLineDash([4 * ratio, 3 * ratio]);
+    shown.forEach(({ marker, x }) => {
       ctx.beginPath();
       ctx.moveTo(x, top);
       ctx.lineTo(x, top + height);
       ctx.stroke();
+      layout.lines.push({ label: marker.label, x });
+    });
+    ctx.setLineDash([]);
+    [...shown].reverse().forEach(({ marker, x }) => {
       const textWidth = ctx.measureText(marker.label).width;
-      const textX = x + 3 * ratio + textWidth > left + width ? x - 3 * ratio - textWidth : x + 3 * ratio;
+      let textX = x + 3 * ratio + textWidth > left + width ? x - 3 * ratio - textWidth : x + 3 * ratio;
+      textX = Math.max(left + 2 * ratio, Math.min(textX, left + width - 2 * ratio - textWidth));
       const span = [textX - 2 * ratio, textX + textWidth + 2 * ratio];
       const row = rows.findIndex((taken) => taken.every(([from, to]) => span[1] < from || span[0] > to));
-      if (row < 0) return;
+      if (row < 0) {
+        layout.unlabelled.push(marker.label);
+        return;
+      }
       rows[row].push(span);
       const textY = top + 2 * ratio + row * rowHeight;
       ctx.fillStyle = "rgba(255, 255, 255, 0.85)";
       ctx.fillRect(span[0], textY - ratio, span[1] - span[0], rowHeight);
       ctx.fillStyle = MARKER_COLOR;
       ctx.fillText(marker.label, textX, textY);
+      layout.labels.push({ label: marker.label, box: [span[0], textY - ratio, span[1], textY - ratio + rowHeight], plot: [left, top, left + width, top + height] });
     });
     ctx.restore();
+    u.markerLayout = layout;
   }
 
   function clockTime(seconds, minutesOnly = false) {

@@ -202,3 +202,69 @@ def test_the_version_page_charts_its_past_with_the_markers(page, stack, charted)
     assert "v2 50%" in page.evaluate("() => window.versionPage.markers.map((marker) => marker.label)")
     page.locator("#rollup-charts").scroll_into_view_if_needed()
     stack.screenshot(page, "charts-version")
+
+
+# Records what the charts' canvases are asked to draw: each label's text and box, and each
+# dashed vertical line (a release marker), in the order drawn.
+RECORD_CANVAS = """
+(() => {
+  const ops = (window.__canvasOps = []);
+  const proto = CanvasRenderingContext2D.prototype;
+  const { fillText, moveTo, lineTo } = proto;
+  let from = null;
+  proto.moveTo = function (x, y) { from = [x, y]; return moveTo.call(this, x, y); };
+  proto.lineTo = function (x, y) {
+    if (from && from[0] === x && this.getLineDash().length) ops.push({ op: "line", x, canvas: this.canvas });
+    return lineTo.call(this, x, y);
+  };
+  proto.fillText = function (text, x, y) {
+    ops.push({ op: "label", text, x, y, w: this.measureText(text).width, canvas: this.canvas });
+    return fillText.call(this, text, x, y);
+  };
+})();
+"""
+
+CLOSE_RELEASES = ["v3 1%", "v3 10%", "v3 50%", "v3 100%", "promote v3", "rollback to v3 50%", "v3 10%", "rollback to v3 10%"]
+
+
+def test_marker_labels_of_releases_seconds_apart_do_not_overlap(page, stack):
+    """Eight traffic changes two seconds apart, at the right edge of a live chart at phone
+    width: no label is struck through by another marker's line drawn over it, no two labels
+    overlap, every label stays inside the plot, and the newest change keeps its label."""
+    page.add_init_script(RECORD_CANVAS)
+    page.set_viewport_size({"width": 390, "height": 844})
+    sign_in(page, "olivia")
+    open_model(page, "digits")
+    drawn = page.evaluate("""async (labels) => {
+        const box = document.createElement("div");
+        box.style.width = "340px";
+        document.body.append(box);
+        const now = Date.now() / 1000;
+        const markers = labels.map((label, i) => ({ t: now - 30 + 2 * i, label }));
+        window.__canvasOps.length = 0;
+        const { chart } = Charts.line(box, [{ label: "v1", color: "#2f6fdf" }], { windowS: 900, markers: () => markers });
+        chart.setData([[now - 60, now - 1], [1, 2]]);
+        const frames = () => new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+        await frames();
+        window.__canvasOps.length = 0;  // one draw's operations: the last
+        chart.redraw(false, false);
+        await frames();
+        const canvas = box.querySelector("canvas");
+        const bbox = chart.bbox;
+        return { bbox: [bbox.left, bbox.top, bbox.left + bbox.width, bbox.top + bbox.height],
+                 ops: window.__canvasOps.filter((op) => op.canvas === canvas && (op.op === "line" || labels.includes(op.text)))
+                                        .map(({ canvas, ...op }) => op) };
+    }""", CLOSE_RELEASES)
+    ops, (left, top, right, bottom) = drawn["ops"], drawn["bbox"]
+    labels = [(i, op) for i, op in enumerate(ops) if op["op"] == "label"]
+    lines = [(i, op) for i, op in enumerate(ops) if op["op"] == "line"]
+    assert len(lines) >= len(CLOSE_RELEASES), ops
+    assert any(op["text"] == CLOSE_RELEASES[-1] for _, op in labels), f"the newest change lost its label: {ops}"
+    for i, label in labels:
+        span = (label["x"] - 1, label["x"] + label["w"] + 1)
+        struck = [line["x"] for j, line in lines if j > i and span[0] < line["x"] < span[1]]
+        assert not struck, f"{label['text']!r} is struck through by marker lines drawn after it at x={struck}"
+        assert left <= label["x"] and label["x"] + label["w"] <= right, f"{label['text']!r} leaves the plot ({left}-{right}): {label}"
+    for (_, a), (_, b) in ((x, y) for k, x in enumerate(labels) for y in labels[k + 1:]):
+        same_row = abs(a["y"] - b["y"]) < 11
+        assert not (same_row and a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"]), f"{a['text']!r} overlaps {b['text']!r}"
