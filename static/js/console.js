@@ -268,8 +268,49 @@ window.ModelOps = (function () {
     }
     box.prepend(line);
     while (box.children.length > 3) box.lastElementChild.remove();
-    if (level === "success") setTimeout(() => line.remove(), 12000);
+    // A success turned into a warning meanwhile ("Not converged") stays until dismissed.
+    if (level === "success") setTimeout(() => { if (line.classList.contains("message-success")) line.remove(); }, 12000);
+    settleMessages();
+    return line;
   }
+
+  // ---- a traffic change's message said "Workers are converging." for its whole 12 s, and
+  // on a reload, long after the release panel beside it said "✓ All 2 live workers serve
+  // generation 6" (or "Not converged: op-w2 silent"). It follows the panel: once the panel
+  // shows that generation settled, the sentence becomes what the panel says.
+  const CONVERGING = "Workers are converging.";
+
+  function settleMessages() {
+    const panel = document.getElementById("release-panel");
+    const shown = panel && panel.querySelector("[data-generation]");
+    const convergence = panel && panel.querySelector("#convergence");
+    if (!shown || !convergence) return;
+    const current = Number(shown.dataset.generation);
+    document.querySelectorAll("#messages .message > span").forEach((words) => {
+      const text = words.textContent;
+      if (!text.includes(CONVERGING)) return;
+      const named = text.match(/^Generation (\d+):|\(generation (\d+)\)/);
+      const generation = named && Number(named[1] || named[2]);
+      if (!generation || generation > current) return;  // the panel has not caught up yet
+      const line = words.closest(".message");
+      if (generation < current) {
+        words.textContent = text.replace(CONVERGING, `Generation ${current} has replaced it since.`);
+        return;
+      }
+      if (!convergence.hasAttribute("data-unsettled")) {
+        const ok = convergence.querySelector(".ok-text");
+        words.textContent = text.replace(CONVERGING, ok ? ok.textContent.trim() : "Workers have converged.");
+        return;
+      }
+      const said = convergence.querySelector(".warn-text");
+      const saying = said ? said.textContent.trim() : "";
+      if (!saying || saying.startsWith("Converging")) return;  // still on its way: the sentence is true
+      words.textContent = text.replace(CONVERGING, saying);
+      line.classList.replace("message-success", "message-warning");
+    });
+  }
+  document.addEventListener("modelops:swapped", settleMessages);
+  settleMessages();
 
   // ---- POST with the session's CSRF token; JSON answers from the page twins.
   async function post(url, body) {

@@ -155,3 +155,22 @@ def test_a_panel_held_back_while_a_version_is_chosen_says_the_traffic_changed_me
     expect(panel.locator(".outdated-note")).to_contain_text(f"generation {generation + 1} is in force now, not {generation} as shown",
                                                              timeout=LIVE_S)
     expect(panel.get_by_label("Version")).to_have_value("3")  # the choice is still there
+
+
+def test_a_changes_message_stops_saying_converging_once_the_workers_have(page, stack):
+    """The message under a traffic change said "Workers are converging." for its whole 12 s,
+    beside a panel that had long said every worker serves the new generation."""
+    name, generation = model_with_canary(stack, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    panel = page.locator("#release-panel")
+    panel.get_by_label("Version").select_option("2")
+
+    panel.get_by_role("button", name="50%", exact=True).click()
+
+    message = page.locator("#messages .message", has_text=f"Generation {generation + 1}:")
+    expect(message).to_be_visible()
+    expect(panel.locator("#convergence")).to_contain_text(f"serve generation {generation + 1}", timeout=LIVE_S)
+    expect(message).to_contain_text(f"✓ All 1 live worker serve generation {generation + 1}.")
+    expect(message).not_to_contain_text("converging")
+    expect(message).to_have_class("message message-success")
