@@ -21,7 +21,7 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from console import forms
 from console.views import (
@@ -188,11 +188,16 @@ def _add_dataset(request, model: RegisteredModel):
 # ---------------------------------------------------------------- cancel
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @operator_required
 def cancel_job(request, name: str, pk: int):
+    """Asked first, as every other destructive action of the console is: the row's Cancel
+    opens this confirmation in a dialog (GET answers it as a page without JavaScript)."""
     model = _model(name)
-    job = get_object_or_404(model.jobs, pk=pk)
+    job = get_object_or_404(model.jobs.select_related("model", "version", "dataset"), pk=pk)
+    if request.method == "GET":
+        return render(request, "console/confirm.html", {"nav": "models", "model": model, "standalone": True, "job": job, "row": job_row(job),
+                                                        "confirm_fragment": "console/fragments/confirm_cancel_job.html"})
     if records.is_finished(job):
         return _refused(request, model, f"Job #{job.pk} has already finished ({job.get_status_display().lower()}): nothing to cancel.", 409)
     job = records.cancel(job, request.user)

@@ -241,10 +241,59 @@ def cancel_a_queued_job(page, stack) -> None:
     job_id = int(made.stdout.strip().splitlines()[-1])
     row = page.locator(f'#jobs-table tr[data-job="{job_id}"]')
     expect(row.locator('[data-field="status"]')).to_have_text("Queued", timeout=LIVE_S)
-    row.get_by_role("button", name=f"Cancel job #{job_id}").click()
+    row.get_by_role("link", name=f"Cancel job #{job_id}…").click()
+    page.locator(f"#cancel-job-{job_id}-dialog").get_by_role("button", name=f"Cancel job #{job_id}").click()
     expect(row.locator('[data-field="status"]')).to_have_text("Cancelled", timeout=LIVE_S)
-    expect(row.get_by_role("button", name=f"Cancel job #{job_id}")).to_have_count(0)
+    expect(row.get_by_role("link", name=f"Cancel job #{job_id}…")).to_have_count(0)
     stack.screenshot(page, "32-jobs-batch-cancelled")
+
+
+def queued_job(stack) -> int:
+    made = subprocess.run([sys.executable, "manage.py", "shell", "-c", QUEUED_JOB], cwd=ROOT, env=stack.env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert made.returncode == 0, made.stderr
+    return int(made.stdout.strip().splitlines()[-1])
+
+
+def test_a_jobs_cancel_asks_first_and_keep_it_cancels_nothing(page, stack):
+    """Cancel acted at one click, where every other destructive action of the console (a
+    rollback, an abort, archiving) asks first in a dialog."""
+    job_id = queued_job(stack)
+    sign_in(page, "olivia")
+    page.goto("/models/digits/jobs/")
+    row = page.locator(f'#jobs-table tr[data-job="{job_id}"]')
+    status = row.locator('[data-field="status"]')
+    expect(status).to_have_text("Queued")
+
+    row.get_by_role("link", name=f"Cancel job #{job_id}…").click()
+
+    dialog = page.locator(f"#cancel-job-{job_id}-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text(f"Cancel job #{job_id}?")
+    expect(dialog).to_contain_text("waiting.npy")
+    expect(dialog.get_by_role("link", name="Keep it")).to_be_focused()  # Enter at 3 am keeps the job
+    stack.screenshot(page, "33-jobs-cancel-confirm")
+    page.keyboard.press("Enter")
+    expect(dialog).to_be_hidden()
+    page.wait_for_timeout(1000)
+    expect(status).to_have_text("Queued")
+    api = page.request.get(f"/api/models/digits/jobs/{job_id}/", headers={"Accept": "application/json"}).json()
+    assert api["status"] == "queued" and not api.get("cancel_requested"), api
+
+    row.get_by_role("link", name=f"Cancel job #{job_id}…").click()
+    dialog.get_by_role("button", name=f"Cancel job #{job_id}").click()
+
+    expect(status).to_have_text("Cancelled", timeout=LIVE_S)
+    expect(page.locator("#messages .message-success")).to_contain_text(f"Job #{job_id} cancelled before it started.")
+
+
+def test_a_jobs_cancel_without_javascript_is_a_confirmation_page(page, stack):
+    job_id = queued_job(stack)
+    sign_in(page, "olivia")
+    page.goto(f"/models/digits/jobs/{job_id}/cancel")
+    expect(page.get_by_role("heading", name=f"Cancel job #{job_id}?")).to_be_visible()
+    page.get_by_role("button", name=f"Cancel job #{job_id}").click()
+    expect(page.locator("#messages")).to_contain_text(f"Job #{job_id} cancelled before it started.")
 
 
 def test_an_upload_is_validated_in_the_background_and_its_row_flips_live(page, stack, celery_worker, tmp_path):
