@@ -475,7 +475,10 @@
 
     function answered(request, file, description) {
       document.getElementById("upload-progress").hidden = true;
-      form.reset();
+      input.value = "";  // choosing the same file again is a change, and uploads it
+      // Only a stored upload clears the form: a refusal (not ONNX, too large, identical to
+      // a version) emptied the description typed for it, to be typed again at each retry.
+      if (request.status === 202) form.reset();
       let body = {};
       try { body = JSON.parse(request.responseText); } catch (error) { body = {}; }
       if (request.status === 409 && body.existing_version) {
@@ -485,7 +488,7 @@
         refreshRelease();
         awaitVerdict(body.number, Date.now());
       } else {
-        verdict("refused", [`Refused (HTTP ${request.status}): ${body.error || "the console gave no reason"}`]);
+        verdict("refused", [`Refused (HTTP ${request.status}): ${file.name}: ${body.error || "the console gave no reason"}`]);
         M.refreshSoon("audit");
       }
     }

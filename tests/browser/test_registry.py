@@ -136,3 +136,27 @@ def test_a_try_it_input_past_the_consoles_body_limit_says_so_on_the_page(page, s
     page.get_by_role("button", name="Send to v1").click()
 
     expect(page.locator("#try-result")).to_contain_text("the request body is larger than the limit of")
+
+
+def test_a_refused_upload_keeps_the_description_and_names_the_file(page, stack, tmp_path):
+    """A refusal (not ONNX, the wrong file chosen at 3 am) emptied the description typed
+    for the upload, and the refusal did not say which file it was about."""
+    name = f"reg-keep-{secrets.token_hex(3)}"
+    sign_in(page, "olivia")
+    api_post(page, stack, "/api/models/", {"name": name})
+    page.goto(f"/models/{name}/")
+    notes = tmp_path / "release-notes.txt"
+    notes.write_text("not a model\n")
+    page.locator("#id_description").fill("MLP retrained on March data")
+
+    page.locator("#id_artifact").set_input_files(str(notes))
+
+    expect(page.locator("#upload-result")).to_contain_text("Refused (HTTP 400)")
+    expect(page.locator("#id_description")).to_have_value("MLP retrained on March data")
+    expect(page.locator("#upload-result")).to_contain_text("Refused (HTTP 400): release-notes.txt: the file is not an ONNX model")
+
+    page.locator("#id_artifact").set_input_files(str(stack.export_dir / "digits-demo-1.onnx"))
+
+    expect(page.locator("#upload-result")).to_contain_text("v1 is ready", timeout=VALIDATION_S)
+    assert page.request.get(f"/api/models/{name}/versions/").json()[0]["description"] == "MLP retrained on March data"
+    expect(page.locator("#id_description")).to_have_value("")  # stored: the form is ready for the next one
