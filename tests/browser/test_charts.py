@@ -255,7 +255,7 @@ def test_marker_labels_of_releases_seconds_apart_do_not_overlap(page, stack):
                  ops: window.__canvasOps.filter((op) => op.canvas === canvas && (op.op === "line" || labels.includes(op.text)))
                                         .map(({ canvas, ...op }) => op) };
     }""", CLOSE_RELEASES)
-    ops, (left, top, right, bottom) = drawn["ops"], drawn["bbox"]
+    ops, (left, _, right, _) = drawn["ops"], drawn["bbox"]
     labels = [(i, op) for i, op in enumerate(ops) if op["op"] == "label"]
     lines = [(i, op) for i, op in enumerate(ops) if op["op"] == "line"]
     assert len(lines) >= len(CLOSE_RELEASES), ops
