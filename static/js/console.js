@@ -269,16 +269,19 @@ window.ModelOps = (function () {
     box.prepend(line);
     while (box.children.length > 3) box.lastElementChild.remove();
     // A success turned into a warning meanwhile ("Not converged") stays until dismissed.
-    if (level === "success") setTimeout(() => { if (line.classList.contains("message-success")) line.remove(); }, 12000);
+    if (level === "success") setTimeout(() => { if (line.classList.contains("message-success")) line.remove(); }, SETTLED_MESSAGE_MS);
     settleMessages();
     return line;
   }
 
   // ---- a traffic change's message said "Workers are converging." for its whole 12 s, and
   // on a reload, long after the release panel beside it said "✓ All 2 live workers serve
-  // generation 6" (or "Not converged: op-w2 silent"). It follows the panel: once the panel
-  // shows that generation settled, the sentence becomes what the panel says.
+  // generation 6" (or "Not converged: op-w2 silent"). It follows the panel until that
+  // generation settles: the sentence becomes what the panel says, a warning while the
+  // panel says it has not converged (kept until dismissed), a success again once it has
+  // (a stopped worker that comes back), or "Generation H has replaced it since".
   const CONVERGING = "Workers are converging.";
+  const SETTLED_MESSAGE_MS = 12000;
 
   function settleMessages() {
     const panel = document.getElementById("release-panel");
@@ -287,26 +290,41 @@ window.ModelOps = (function () {
     if (!shown || !convergence) return;
     const current = Number(shown.dataset.generation);
     document.querySelectorAll("#messages .message > span").forEach((words) => {
-      const text = words.textContent;
-      if (!text.includes(CONVERGING)) return;
-      const named = text.match(/^Generation (\d+):|\(generation (\d+)\)/);
-      const generation = named && Number(named[1] || named[2]);
-      if (!generation || generation > current) return;  // the panel has not caught up yet
       const line = words.closest(".message");
+      if (!line.dataset.follows) {
+        const at = words.textContent.indexOf(CONVERGING);
+        const named = words.textContent.match(/^Generation (\d+):|\(generation (\d+)\)/);
+        if (at < 0 || !named) return;
+        line.dataset.follows = named[1] || named[2];
+        line.dataset.head = words.textContent.slice(0, at);
+        line.dataset.tail = words.textContent.slice(at + CONVERGING.length);
+      }
+      const generation = Number(line.dataset.follows);
+      if (generation > current) return;  // the panel has not caught up yet
+      const say = (sentence) => { words.textContent = line.dataset.head + sentence + line.dataset.tail; };
+      const level = (name) => {
+        if (line.classList.contains(`message-${name}`)) return;
+        line.classList.remove("message-success", "message-warning");
+        line.classList.add(`message-${name}`);
+        if (name === "success") setTimeout(() => { if (line.classList.contains("message-success")) line.remove(); }, SETTLED_MESSAGE_MS);
+      };
       if (generation < current) {
-        words.textContent = text.replace(CONVERGING, `Generation ${current} has replaced it since.`);
+        say(`Generation ${current} has replaced it since.`);
+        delete line.dataset.follows;
         return;
       }
       if (!convergence.hasAttribute("data-unsettled")) {
         const ok = convergence.querySelector(".ok-text");
-        words.textContent = text.replace(CONVERGING, ok ? ok.textContent.trim() : "Workers have converged.");
+        say(ok ? ok.textContent.trim() : "Workers have converged.");
+        level("success");
+        delete line.dataset.follows;
         return;
       }
       const said = convergence.querySelector(".warn-text");
       const saying = said ? said.textContent.trim() : "";
       if (!saying || saying.startsWith("Converging")) return;  // still on its way: the sentence is true
-      words.textContent = text.replace(CONVERGING, saying);
-      line.classList.replace("message-success", "message-warning");
+      say(saying);
+      level("warning");
     });
   }
   document.addEventListener("modelops:swapped", settleMessages);

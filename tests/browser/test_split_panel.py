@@ -5,7 +5,10 @@ cursor stayed in the Share box, and the answer was written above the fold."""
 
 from __future__ import annotations
 
+import os
+import re
 import secrets
+import signal
 
 import pytest
 from playwright.sync_api import expect
@@ -173,4 +176,29 @@ def test_a_changes_message_stops_saying_converging_once_the_workers_have(page, s
     expect(panel.locator("#convergence")).to_contain_text(f"serve generation {generation + 1}", timeout=LIVE_S)
     expect(message).to_contain_text(f"✓ All 1 live worker serve generation {generation + 1}.")
     expect(message).not_to_contain_text("converging")
+    expect(message).to_have_class("message message-success")
+
+
+def test_a_changes_message_follows_a_stopped_worker_to_not_converged_and_back(page, stack):
+    """With the worker stopped the message went on saying "Workers are converging." (and,
+    once it says the panel's warning, it must not keep saying it after the worker is back)."""
+    name, generation = model_with_canary(stack, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    panel = page.locator("#release-panel")
+    expect(panel.locator("#convergence")).to_contain_text(f"serve generation {generation}", timeout=LIVE_S)
+    panel.get_by_label("Version").select_option("2")
+    worker = next(process for process in stack.processes if "serve" in process.args)
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        panel.get_by_role("button", name="50%", exact=True).click()
+        message = page.locator("#messages .message", has_text=f"Generation {generation + 1}:")
+        # The panel's words, whichever it says first of a stack's only worker stopped.
+        expect(message).to_have_class("message message-warning", timeout=LIVE_S)
+        expect(message).to_contain_text(re.compile(r"Not converged: |No live workers are reporting\."))
+        expect(message).not_to_contain_text("Workers are converging")
+        stack.screenshot(page, "split-message-not-converged")
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    expect(message).to_contain_text(f"✓ All 1 live worker serve generation {generation + 1}.", timeout=LIVE_S)
     expect(message).to_have_class("message message-success")
