@@ -407,6 +407,7 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "presets": forms.PRESET_WEIGHTS,
         "full_weight": forms.FULL_WEIGHT,
         "last_drill": model.drills.select_related("actor").first(),
+        "drill_silent": drills.silent_participants() if target else [],
     }
 
 

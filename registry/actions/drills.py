@@ -145,6 +145,15 @@ def drill_workers(now=None) -> tuple[list[Worker], dict[str, float], list[str]]:
     return workers, silent_s, list(noted.values_list("worker_id", flat=True))
 
 
+def silent_participants(now=None) -> list[dict]:
+    """The workers a drill starting ``now`` would wait for though they are not reporting
+    (silent for less than RECENTLY_SILENT_S): [{"worker_id", "silent_s"}], longest silent
+    first. The drill's dialog names them: it said it measures "every live worker", then
+    failed on a worker killed 25 s before the click."""
+    _, silent_s, _ = drill_workers(now)
+    return [{"worker_id": worker_id, "silent_s": round(seconds)} for worker_id, seconds in sorted(silent_s.items(), key=lambda item: -item[1])]
+
+
 def drill_target_s() -> float:
     """The time within which every worker must follow: DRILL_TARGET_S, but no longer than
     the drill waits (DRILL_ACK_TIMEOUT_S), since nothing after the wait is seen; a target

@@ -202,3 +202,28 @@ def test_a_changes_message_follows_a_stopped_worker_to_not_converged_and_back(pa
         os.kill(worker.pid, signal.SIGCONT)
     expect(message).to_contain_text(f"✓ All 1 live worker serve generation {generation + 1}.", timeout=LIVE_S)
     expect(message).to_have_class("message message-success")
+
+
+def test_the_drill_dialog_names_a_silent_worker_the_drill_would_wait_for(page, stack):
+    """The dialog said the drill measures "every live worker", and the drill then failed on
+    a worker killed 25 s before the click, which it waited for (silent under a minute)."""
+    name, _ = model_with_canary(stack, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    panel = page.locator("#release-panel")
+    page.locator("#drill-button").click()
+    expect(page.locator("#drill-dialog")).to_be_visible()
+    expect(page.locator("#drill-silent-warning")).to_have_count(0)  # every worker reports
+    page.locator("#drill-dialog").get_by_role("link", name="Cancel").click()
+    worker = next(process for process in stack.processes if "serve" in process.args)
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        expect(panel.locator("#convergence")).to_contain_text("No live workers are reporting", timeout=LIVE_S)
+        page.locator("#drill-button").click()
+        warning = page.locator("#drill-dialog #drill-silent-warning")
+        expect(warning).to_contain_text(re.compile(r"It also waits for browser-worker \(silent \d+ s\): not reporting"))
+        stack.screenshot(page, "split-drill-silent-worker")
+        page.locator("#drill-dialog").get_by_role("link", name="Cancel").click()
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    expect(panel.locator("#convergence")).to_contain_text("serve generation", timeout=LIVE_S)
