@@ -231,6 +231,22 @@ def test_cancelling_a_finished_job_is_refused_409_and_changes_nothing(operator_p
     assert job.status == JobStatus.SUCCEEDED and not job.cancel_requested
 
 
+def test_a_jobs_cancel_link_asks_first_and_the_question_changes_nothing(operator_page, viewer_page, digits):
+    job = make_job(digits, status=JobStatus.RUNNING, attempts=1)
+
+    page = operator_page.get(f"/models/digits/jobs/{job.pk}/cancel")
+
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert f"Cancel job #{job.pk}?" in html and "It stops within a second" in html
+    assert f'action="/models/digits/jobs/{job.pk}/cancel"' in html
+    assert viewer_page.get(f"/models/digits/jobs/{job.pk}/cancel").status_code == 403
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and not job.cancel_requested
+    finished = make_job(digits, status=JobStatus.SUCCEEDED)
+    assert "has already finished (succeeded): nothing to cancel." in operator_page.get(f"/models/digits/jobs/{finished.pk}/cancel").content.decode()
+
+
 def test_viewer_cannot_cancel_a_job(viewer_page, digits):
     job = make_job(digits)
 
