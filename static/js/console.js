@@ -160,6 +160,9 @@ window.ModelOps = (function () {
     return [...form.elements].filter((field) => field.name && !["hidden", "submit", "button", "file"].includes(field.type));
   }
 
+  // A form with an id keeps what was typed in it across a swap until it is sent and
+  // accepted: the dialogs' forms have ids for it, so a rollback refused as stale (someone
+  // changed the traffic meanwhile) no longer throws away the reason typed for it.
   function editsIn(element) {
     return [...element.querySelectorAll("form[data-edited][id]")].map((form) => ({
       id: form.id,

@@ -227,3 +227,38 @@ def test_the_drill_dialog_names_a_silent_worker_the_drill_would_wait_for(page, s
     finally:
         os.kill(worker.pid, signal.SIGCONT)
     expect(panel.locator("#convergence")).to_contain_text("serve generation", timeout=LIVE_S)
+
+
+SET_ROUTES = """
+from django.contrib.auth.models import User
+from registry.actions import releases
+from registry.models import RegisteredModel
+print(releases.set_routes(RegisteredModel.objects.get(name={name!r}), {routes!r}, User.objects.get(username="ada"), "the other operator").generation)
+"""
+
+
+def test_a_rollback_refused_as_stale_keeps_the_reason_typed_for_it(page, stack):
+    """Another operator changed the traffic while the rollback dialog was open: the rollback
+    was refused as stale (rightly), and the reason typed for it was gone when the operator
+    opened the dialog again to roll back from the new split."""
+    name, generation = model_with_canary(stack, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    page.locator("#rollback-button").click()
+    page.locator("#rollback-reason").fill("p99 regressed on v2, paging the SRE")
+    django_shell(stack, SET_ROUTES.format(name=name, routes=[{"version": 1, "weight": 50}, {"version": 2, "weight": 50}]))
+
+    page.locator("#rollback-dialog").get_by_role("button", name="Roll back now").click()
+
+    expect(page.locator("#messages .message-error")).to_contain_text(f"replaced generation {generation} you saw: nothing changed")
+    panel = page.locator("#release-panel")
+    expect(panel.locator("[data-generation]")).to_have_attribute("data-generation", str(generation + 1), timeout=LIVE_S)
+    page.wait_for_timeout(700)  # console.js takes a click on the opener within 600 ms of a dialog's submit for a double-click's second
+    page.locator("#rollback-button").click()
+    expect(page.locator("#rollback-dialog")).to_be_visible()
+    expect(page.locator("#rollback-dialog")).to_contain_text(f"Now: v1 50%, v2 50% (generation {generation + 1})")
+    expect(page.locator("#rollback-reason")).to_have_value("p99 regressed on v2, paging the SRE")
+    page.locator("#rollback-dialog").get_by_role("button", name="Roll back now").click()
+    expect(page.locator("#messages .message-success")).to_contain_text(f"Generation {generation + 2}:")
+    made = django_shell(stack, f"from registry.models import RegisteredModel; print(RegisteredModel.objects.get(name={name!r}).current_release().reason)")
+    assert made.strip().splitlines()[-1] == "p99 regressed on v2, paging the SRE"
