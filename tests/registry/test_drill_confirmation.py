@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from functools import partial
 
 import pytest
 from django.test import Client
@@ -100,18 +101,20 @@ def test_a_later_change_of_the_model_does_not_confirm_the_rollback_and_is_not_ro
     assert Drill.objects.get().finished_at is not None
 
 
+def follow_the_rollback_at_once(worker_client):
+    """Worker w-1 acks and reports the drill's rollback (generation 3) as soon as it is made."""
+    wait_for_generation(3)
+    ack(worker_client, 3)
+    report(worker_client, 3)
+
+
 def test_a_worker_that_never_answers_does_not_delay_the_others_confirmation(worker_client, operator_client, canary, settings):
     report(worker_client, 2)
     silent = {"worker": {"id": "w-silent", "host": "box"}, "generation": 2, "digest": issued_digest(2),
               "epoch": ServingGeneration.objects.get().epoch, "requests_failed_total": 0, "contract": CONTRACT_VERSION}
     assert worker_client.post("/api/serving/reports", silent, format="json").status_code == 204
 
-    def follow_at_once():
-        wait_for_generation(3)
-        ack(worker_client, 3)
-        report(worker_client, 3)
-
-    worker = in_thread(follow_at_once)
+    worker = in_thread(partial(follow_the_rollback_at_once, worker_client))
     drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
     worker.join(15)
 
@@ -128,12 +131,7 @@ def test_a_drill_one_worker_never_confirmed_gives_no_time_to_confirm_the_rollbac
     report(worker_client, 2)
     report(worker_client, 2, worker_id="w-silent")
 
-    def follow_at_once():
-        wait_for_generation(3)
-        ack(worker_client, 3)
-        report(worker_client, 3)
-
-    worker = in_thread(follow_at_once)
+    worker = in_thread(partial(follow_the_rollback_at_once, worker_client))
     drill = operator_client.post("/api/models/digits/drills/", {}, format="json").json()
     worker.join(15)
 
