@@ -271,8 +271,7 @@ window.ModelOps = (function () {
     }
     box.prepend(line);
     while (box.children.length > 3) box.lastElementChild.remove();
-    // A success turned into a warning meanwhile ("Not converged") stays until dismissed.
-    if (level === "success") setTimeout(() => { if (line.classList.contains("message-success")) line.remove(); }, SETTLED_MESSAGE_MS);
+    if (level === "success") removeLater(line);
     settleMessages();
     return line;
   }
@@ -285,6 +284,15 @@ window.ModelOps = (function () {
   // (a stopped worker that comes back), or "Generation H has replaced it since".
   const CONVERGING = "Workers are converging.";
   const SETTLED_MESSAGE_MS = 12000;
+
+  // A success goes SETTLED_MESSAGE_MS after it became one, not after the line was made: a
+  // change's message that was a warning meanwhile (a stopped worker) and turned back to a
+  // success near its first 12 s was removed by the first timer as it turned, unread. A
+  // success turned into a warning stays until dismissed.
+  function removeLater(line) {
+    clearTimeout(line.removal);
+    line.removal = setTimeout(() => { if (line.classList.contains("message-success")) line.remove(); }, SETTLED_MESSAGE_MS);
+  }
 
   function settleMessages() {
     const panel = document.getElementById("release-panel");
@@ -309,7 +317,7 @@ window.ModelOps = (function () {
         if (line.classList.contains(`message-${name}`)) return;
         line.classList.remove("message-success", "message-warning");
         line.classList.add(`message-${name}`);
-        if (name === "success") setTimeout(() => { if (line.classList.contains("message-success")) line.remove(); }, SETTLED_MESSAGE_MS);
+        if (name === "success") removeLater(line);
       };
       if (generation < current) {
         say(`Generation ${current} has replaced it since.`);
