@@ -143,8 +143,11 @@ class ServingApp:
         finally:
             if is_inference:
                 self.in_flight -= 1
+        # Timed before the send: an answer past SEND_SLICE_BYTES leaves at the client's pace,
+        # and a client reading slowly is no latency of the version's (as a body sent slowly).
+        answered_s = time.monotonic()
         await self._send(send, response, request_id or self._ids.pick(None))
-        self._account(path, is_inference, response, context, request_id, started_s)
+        self._account(path, is_inference, response, context, request_id, started_s, answered_s)
 
     async def _shed(self, scope, send) -> None:
         """Over the in-flight cap: 503 + Retry-After, without reading or parsing the body."""
@@ -193,13 +196,13 @@ class ServingApp:
             await asyncio.sleep(0)
 
     def _account(self, path: str, is_inference: bool, response: Response, context: RequestContext | None, request_id,
-                 started_s: float) -> None:
+                 started_s: float, answered_s: float) -> None:
         version = response.version
         if version is not None and is_inference:  # metadata of a named version is no inference
             # From the body's end: a client sending its body slowly inflated the version's
             # latency, which a canary's latency check reads; a body that never ended (408,
             # 499) took the worker no time at all (five 20 s ones put 100 s in the +Inf bucket).
-            took_s = 0.0 if context.body_read_s is None else time.monotonic() - context.body_read_s
+            took_s = 0.0 if context.body_read_s is None else answered_s - context.body_read_s
             if context.client_chose or response.is_clients_deadline:
                 _count_apart(version, response, took_s)
             else:  # the traffic the split sent: what the reports carry
@@ -210,7 +213,7 @@ class ServingApp:
             logger.debug(orjson.dumps({
                 "event": "request", "request_id": request_id.decode() if request_id else None, "path": path,
                 "status": response.status, "version": version.version if version else None,
-                "ms": round((time.monotonic() - started_s) * 1000, 3),
+                "ms": round((answered_s - started_s) * 1000, 3),
             }).decode())
 
     # ---- routing ------------------------------------------------------------------

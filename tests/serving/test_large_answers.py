@@ -5,11 +5,14 @@ take no thread hop; a large one is written a slice at a time, the loop running b
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 
 import numpy as np
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from serving_testkit import counts_up_to, relu_any_width, route, state, write_model
 
 from serving import protocol
@@ -137,3 +140,29 @@ def test_an_answer_larger_than_the_unsent_budget_reaches_a_client_that_reads_it(
     assert len(answer.content) > 8 * 1024 * 1024  # twice the budget
     values = answer.json()["outputs"][0]["data"] if path != "/predict" else answer.json()["outputs"]["values"]
     assert len(values) == 2_000_000 and values[-1] == 1_999_999.0
+
+
+def test_the_time_a_client_takes_to_read_a_sliced_answer_is_no_latency_of_the_version(start_worker, counts_model, client):
+    """Sent in slices, each after the last has drained, the answer's send waits on the
+    client: a client reading a 20 MB answer slowly (or over a slow link) put its read time
+    into the version's latency, which a canary's latency check reads. As a body sent slowly,
+    the client's time is no latency of the version's: it is taken before the answer leaves."""
+    worker = start_worker(state(1, {"counts": {"routes": [route(1, 100, *counts_model, batchable=False)]}}))
+    body = orjson.dumps({"inputs": [{"name": "count", "shape": [1], "datatype": "INT64", "data": [2_000_000]}]})
+    head = (f"POST /v2/models/counts/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    with socket.socket() as connection:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        connection.settimeout(10)
+        connection.connect(("127.0.0.1", worker.port))
+        connection.sendall(head + body)
+        time.sleep(2.0)  # the client reads nothing for 2 s
+        answer = b""
+        while chunk := connection.recv(1 << 20):
+            answer += chunk
+
+    assert answer.startswith(b"HTTP/1.1 200 ") and len(answer) > 8 * 1024 * 1024
+    metrics_text = client.get(worker.url + "/metrics").text
+    took_s = [sample.value for family in text_string_to_metric_families(metrics_text) for sample in family.samples
+              if sample.name == "modelops_request_duration_seconds_sum" and sample.labels == {"model": "counts", "version": "1"}]
+    assert took_s and took_s[0] < 1.5, took_s  # the 2 s are the client's
