@@ -525,10 +525,25 @@ class ControlPlane:
     async def _stay_in_group(self, layer, channel: str) -> None:
         """Join the group again every quarter of its expiry, and every ``REJOIN_EVERY_S``
         (a Redis that lost its data). A join that fails is left to the receive on the same
-        Redis, which fails too and re-joins with back-off."""
+        Redis, which fails too and re-joins with back-off; where the receive goes on (a Redis
+        at maxmemory under noeviction refuses ZADD, not BZPOPMIN) the failure is said once,
+        and again when a join holds, not every second."""
+        failing = False
         while True:
             await asyncio.sleep(min(self.group_expiry_s / REJOINS_PER_EXPIRY, REJOIN_EVERY_S))
-            await _survived(lambda: layer.group_add(SERVING_GROUP, channel), "group_rejoin")
+            try:
+                await layer.group_add(SERVING_GROUP, channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # noqa: BLE001 - said once; the next pass tries again
+                if not failing:
+                    logger.warning(event("group_rejoin_failed", group=SERVING_GROUP, reason=f"{type(error).__name__}: {error}"[:300],
+                                         retry_every_s=REJOIN_EVERY_S))
+                failing = True
+                continue
+            if failing:
+                logger.info(event("group_rejoined", group=SERVING_GROUP))
+            failing = False
 
     # ---- reports ------------------------------------------------------------------
 

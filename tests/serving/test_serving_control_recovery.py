@@ -10,7 +10,9 @@ import logging
 
 import httpx
 import pytest
+from redis.exceptions import ResponseError
 
+import serving.control as control
 from serving.control import Applied, Backoff, ControlPlane
 from serving.state_signing import model_digests, state_digest
 from serving.worker import Worker
@@ -749,3 +751,34 @@ def test_a_state_of_more_models_than_a_report_may_name_is_proved_by_its_whole_di
     assert Applied.of({"generation": 7, "epoch": "e", "models": models}, "d").models is None
     models.pop("m0")
     assert len(Applied.of({"generation": 7, "epoch": "e", "models": models}, "d").models) == MAX_MODEL_DIGESTS
+
+
+async def test_a_rejoin_refused_every_second_is_said_once_not_every_second(monkeypatch, caplog):
+    """A Redis at maxmemory under noeviction refuses the join's ZADD ('OOM command not
+    allowed') while the receive's BZPOPMIN goes on: the receive never fails, and the join
+    that now runs every second (REJOIN_EVERY_S) logged an ERROR with its traceback each
+    time, 86,400 a day per worker. It is said once, and again when the join holds."""
+    monkeypatch.setattr(control, "REJOIN_EVERY_S", 0.01)
+    outcomes = [ResponseError("OOM command not allowed when used memory > 'maxmemory'.")] * 20 + [None] * 5
+
+    class Layer:
+        async def group_add(self, group, channel):
+            outcome = outcomes.pop(0) if outcomes else None
+            if outcome is not None:
+                raise outcome
+
+    plane = type("Plane", (), {"group_expiry_s": 86400.0})()
+    with caplog.at_level(logging.INFO, logger="serving.control"):
+        staying = asyncio.create_task(ControlPlane._stay_in_group(plane, Layer(), "serving-worker.x"))
+        for _ in range(500):
+            if not outcomes:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        staying.cancel()
+
+    assert not outcomes, "every join was tried"
+    failed = [record for record in caplog.records if "rejoin" in record.getMessage() and record.levelno >= logging.WARNING]
+    assert len(failed) == 1, [record.getMessage() for record in failed]
+    assert "OOM" in failed[0].getMessage()
+    assert sum("group_rejoined" in record.getMessage() for record in caplog.records) == 1
