@@ -17,7 +17,6 @@ methods in `Allow`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -32,7 +31,7 @@ from serving.api_keys import ApiKeyRing, worker_token_matches
 from serving.config import ConfigError, ServingConfig
 from serving.dataplane import Answer, DataPlane, RequestContext
 from serving.drain import Drain
-from serving.errors import DeadlineExceeded, InternalError, MethodNotAllowed, NotFound, NotReady, ServingError, Unauthorized, clip
+from serving.errors import AnswerTooLarge, DeadlineExceeded, InternalError, MethodNotAllowed, NotFound, NotReady, ServingError, Unauthorized, clip
 from serving.http_request import BodyBuffer, RequestHeaders, RequestIds, check_headers, is_octet_stream, model_path, receive_body
 from serving.loaded_version import LoadedVersion
 from serving.protocol import BodyLimit, BodyNotJson
@@ -46,10 +45,6 @@ SHED_BODY_MESSAGE = {"type": "http.response.body", "body": SHED_BODY}
 SERVER_METADATA = orjson.dumps({"name": "modelops-serving", "version": "1",
                                 "extensions": ["binary_tensor_data", "model_configuration", "statistics"]})
 DRAINING_BODY = b'{"ready":false,"draining":true}'
-# An answer past this leaves a slice at a time, each written once the one before has
-# drained: written whole, its writes paused holding all of it, and one past
-# SERVING_MAX_UNSENT_BYTES was cut as a client not reading, whatever the client's pace.
-SEND_SLICE_BYTES = 1024 * 1024
 OPERATOR_PATHS = frozenset(("/health", "/metrics"))  # behind the worker token when so configured
 Hook = Callable[[], Awaitable[None]]
 
@@ -77,6 +72,9 @@ class ServingApp:
         self.dataplane = dataplane
         self.drain = drain or Drain()  # readiness turns 503 once a graceful stop began (serving.drain)
         self.max_body_bytes = config.max_body_bytes
+        # An answer is written whole, and all answers held for clients are bounded together
+        # (SERVING_MAX_UNSENT_BYTES): one larger than that bound alone is refused (AnswerTooLarge).
+        self.max_answer_bytes = config.max_unsent_bytes or math.inf
         self.body_buffer = BodyBuffer(config.max_body_buffer_bytes)  # every body being received, together
         self.on_startup: list[Hook] = []
         self.on_shutdown: list[Hook] = []
@@ -134,6 +132,8 @@ class ServingApp:
             if is_inference:
                 context = _context(headers, request_id, started_s)
             response = await self._route(scope, receive, headers, context)
+            if len(response.body) > self.max_answer_bytes:
+                raise self._too_large(response)
         except ServingError as exc:
             response = self._error(exc, request_id, context)
         except Exception:
@@ -143,11 +143,8 @@ class ServingApp:
         finally:
             if is_inference:
                 self.in_flight -= 1
-        # Timed before the send: an answer past SEND_SLICE_BYTES leaves at the client's pace,
-        # and a client reading slowly is no latency of the version's (as a body sent slowly).
-        answered_s = time.monotonic()
         await self._send(send, response, request_id or self._ids.pick(None))
-        self._account(path, is_inference, response, context, request_id, started_s, answered_s)
+        self._account(path, is_inference, response, context, request_id, started_s)
 
     async def _shed(self, scope, send) -> None:
         """Over the in-flight cap: 503 + Retry-After, without reading or parsing the body."""
@@ -160,6 +157,12 @@ class ServingApp:
                     "headers": [*SHED_HEADERS, (b"x-request-id", self._ids.pick(given))]})
         await send(SHED_BODY_MESSAGE)
         metrics.count_unrouted(503)
+
+    def _too_large(self, response: Response) -> AnswerTooLarge:
+        refusal = AnswerTooLarge(f"the answer is {len(response.body)} bytes, more than this worker holds for a client "
+                                 f"(SERVING_MAX_UNSENT_BYTES={self.max_answer_bytes}): ask for fewer rows at a time, or raise the setting")
+        refusal.version = response.version
+        return refusal
 
     def _error(self, exc: ServingError, request_id: bytes | None, context: RequestContext | None) -> Response:
         """``context``: an inference request's (None elsewhere, where no deadline is judged)."""
@@ -174,8 +177,7 @@ class ServingApp:
 
     async def _send(self, send, response: Response, request_id: bytes) -> None:
         # One start + one body message (no more_body): uvicorn writes the head and the
-        # body with one transport.write each, and finishes the response on the second. An
-        # answer past SEND_SLICE_BYTES is sent in slices, each after the last has drained.
+        # body with one transport.write each, and finishes the response on the second.
         body = response.body
         headers = [(b"content-type", response.content_type), (b"content-length", b"%d" % len(body)),
                    (b"x-request-id", request_id)]
@@ -184,25 +186,16 @@ class ServingApp:
         if response.version is not None:
             headers.append((b"x-model-version", response.version.version_header))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
-        if len(body) <= SEND_SLICE_BYTES:
-            await send({"type": "http.response.body", "body": body})
-            return
-        view = memoryview(body)
-        for start in range(0, len(body), SEND_SLICE_BYTES):
-            end = start + SEND_SLICE_BYTES
-            await send({"type": "http.response.body", "body": bytes(view[start:end]), "more_body": end < len(body)})
-            # Let the (coalescing) transport write it: once its writes pause, uvicorn's next
-            # send waits for the drain, under the send deadline.
-            await asyncio.sleep(0)
+        await send({"type": "http.response.body", "body": body})
 
     def _account(self, path: str, is_inference: bool, response: Response, context: RequestContext | None, request_id,
-                 started_s: float, answered_s: float) -> None:
+                 started_s: float) -> None:
         version = response.version
         if version is not None and is_inference:  # metadata of a named version is no inference
             # From the body's end: a client sending its body slowly inflated the version's
             # latency, which a canary's latency check reads; a body that never ended (408,
             # 499) took the worker no time at all (five 20 s ones put 100 s in the +Inf bucket).
-            took_s = 0.0 if context.body_read_s is None else answered_s - context.body_read_s
+            took_s = 0.0 if context.body_read_s is None else time.monotonic() - context.body_read_s
             if context.client_chose or response.is_clients_deadline:
                 _count_apart(version, response, took_s)
             else:  # the traffic the split sent: what the reports carry
@@ -213,7 +206,7 @@ class ServingApp:
             logger.debug(orjson.dumps({
                 "event": "request", "request_id": request_id.decode() if request_id else None, "path": path,
                 "status": response.status, "version": version.version if version else None,
-                "ms": round((answered_s - started_s) * 1000, 3),
+                "ms": round((time.monotonic() - started_s) * 1000, 3),
             }).decode())
 
     # ---- routing ------------------------------------------------------------------
