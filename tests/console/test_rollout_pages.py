@@ -287,7 +287,7 @@ def test_abort_asks_first_naming_what_traffic_returns_to(operator_page, digits, 
 
     assert f"Abort rollout #{rollout.pk}?" in html
     assert "returns to <strong>v1 100%</strong> at once" in html
-    assert f'<form method="post" action="/models/digits/rollouts/{rollout.pk}/abort/" class="confirm">' in html
+    assert f'<form id="abort-rollout-form" method="post" action="/models/digits/rollouts/{rollout.pk}/abort/" class="confirm">' in html
 
 
 def test_abort_returns_everything_to_stable_and_the_panel_shows_the_outcome(operator_page, digits, operator):
