@@ -8,7 +8,7 @@ from registry.actions import releases
 from registry.fleet.state import issued_digest, issued_state
 from registry.models import Drill, RegisteredModel
 from serving.state_signing import model_digests
-from tests.console.conftest import add_version, report_from, served
+from tests.console.conftest import add_version, read_silence_as_made, report_from, served
 
 PAGES = ["/", "/models/digits/", "/models/digits/versions/1/", "/workers/", "/drills/"]
 
@@ -71,7 +71,7 @@ def test_the_model_page_says_a_recently_silent_worker_has_not_confirmed_the_rele
     report_from("w1", generation=current, versions=[])
     report_from("w2", generation=current - 1, versions=[], seconds_ago=12)
 
-    html = viewer_page.get("/models/digits/").content.decode()
+    html = read_silence_as_made(viewer_page.get("/models/digits/").content.decode())
 
     assert "✓ All" not in html
     assert (f'Not converged: <span data-silent-worker="w2">w2 silent 12 s, it last proved generation {current - 1}: frozen, cut off or dead; '
@@ -88,8 +88,8 @@ def test_the_health_badge_warns_of_a_recently_silent_worker_that_has_not_confirm
              f"frozen, cut off or dead; if it serves, it may serve what generation {current} replaced (taken for dead 60 s after its "
              "last report))")
 
-    models_html = viewer_page.get("/").content.decode()
-    model_html = viewer_page.get("/models/digits/").content.decode()
+    models_html = read_silence_as_made(viewer_page.get("/").content.decode())
+    model_html = read_silence_as_made(viewer_page.get("/models/digits/").content.decode())
 
     assert f'<span class="pill pill-warn" data-field="health">{words}</span>' in models_html
     assert '<span class="pill pill-warn model-health" id="model-health"' in model_html
