@@ -14,6 +14,7 @@ from tests.console.conftest import (
     figures,
     judge_window,
     live_worker,
+    read_silence_as_made,
     report_from,
     served,
     start_rollout,
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.django_db
 
 
 def health_pill(client) -> str:
-    html = client.get("/").content.decode()
+    html = read_silence_as_made(client.get("/").content.decode(), GONE_SILENT_S)
     start = html.index('data-field="health">') + len('data-field="health">')
     return html[start:html.index("</span>", start)]
 
@@ -126,7 +127,10 @@ def test_the_model_page_shows_the_same_health(viewer_page, canary_digits):
 # ---------------------------------------------------------------- gone workers
 
 
-def healthy_with_a_gone_worker(model, *, silent_s: float = 7.0):
+GONE_SILENT_S = 7
+
+
+def healthy_with_a_gone_worker(model, *, silent_s: float = GONE_SILENT_S):
     """``model`` served within the thresholds by one live worker, beside ``w-gone``: it
     served the same generation and has been silent for ``silent_s`` (past WORKER_GONE_AFTER_S)."""
     live_worker(model)
@@ -147,7 +151,7 @@ def test_a_worker_gone_silent_is_named_and_the_live_workers_convergence_stays(vi
 def test_the_model_page_names_a_gone_worker_too(viewer_page, canary_digits):
     healthy_with_a_gone_worker(canary_digits)
 
-    html = viewer_page.get("/models/digits/?fragment=health").content.decode()
+    html = read_silence_as_made(viewer_page.get("/models/digits/?fragment=health").content.decode(), GONE_SILENT_S)
 
     assert '<span class="pill pill-warn model-health" id="model-health"' in html and "1 worker gone (silent 7 s)" in html
 
