@@ -407,7 +407,8 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         "presets": forms.PRESET_WEIGHTS,
         "full_weight": forms.FULL_WEIGHT,
         "last_drill": model.drills.select_related("actor").first(),
-        "drill_silent": drills.silent_participants() if target else [],
+        "drill_silent": (silent := drills.silent_participants() if target else ([], 0))[0],
+        "drill_silent_more": silent[1],
     }
 
 

@@ -68,6 +68,8 @@ CONSOLE_STALL_SLACK_S = 2.0
 # still be found there; older ones, usually dead ids of restarted workers, were named in
 # every drill until retention forgot them (a day).
 GONE_NOTED_FOR = GONE_LISTED_FOR
+# Silent workers a drill's dialog names; the rest it counts.
+SILENT_NAMED = 16
 # A drill the console is stopped during (registry.process_stop): said as the sweep says
 # of a drill it abandons ("abandoned: the console stopped during the drill …").
 CONSOLE_STOPPED = "the console stopped during the drill"
@@ -145,13 +147,19 @@ def drill_workers(now=None) -> tuple[list[Worker], dict[str, float], list[str]]:
     return workers, silent_s, list(noted.values_list("worker_id", flat=True))
 
 
-def silent_participants(now=None) -> list[dict]:
+def silent_participants(now=None) -> tuple[list[dict], int]:
     """The workers a drill starting ``now`` would wait for though they are not reporting
-    (silent for less than RECENTLY_SILENT_S): [{"worker_id", "silent_s"}], longest silent
-    first. The drill's dialog names them: it said it measures "every live worker", then
-    failed on a worker killed 25 s before the click."""
-    _, silent_s, _ = drill_workers(now)
-    return [{"worker_id": worker_id, "silent_s": round(seconds)} for worker_id, seconds in sorted(silent_s.items(), key=lambda item: -item[1])]
+    (silent for less than RECENTLY_SILENT_S, as ``drill_workers`` counts them): the first
+    SILENT_NAMED as [{"worker_id", "silent_s"}], longest silent first, and how many more.
+    The drill's dialog names them: it said it measures "every live worker", then failed on
+    a worker killed 25 s before the click. Two columns of at most SILENT_NAMED rows, since
+    the model page asks at each refresh and any worker token can make up ids."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=max(RECENTLY_SILENT_S, settings.WORKER_GONE_AFTER_S))
+    silent = Worker.objects.filter(last_seen_at__gte=since, last_seen_at__lt=now - timedelta(seconds=settings.WORKER_GONE_AFTER_S)).exclude(SAID_STOPPED)
+    named = [{"worker_id": worker_id, "silent_s": round((now - seen).total_seconds())}
+             for worker_id, seen in silent.order_by("last_seen_at", "worker_id").values_list("worker_id", "last_seen_at")[:SILENT_NAMED]]
+    return named, (silent.count() - len(named) if len(named) == SILENT_NAMED else 0)
 
 
 def drill_target_s() -> float:
