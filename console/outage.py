@@ -47,6 +47,7 @@ def database_unavailable_response(request, error: BaseException) -> HttpResponse
     reason = (str(error).strip().splitlines() or [""])[0][:200]
     committed = committed_change(request)
     in_doubt = None if committed else change_in_doubt(request)
+    limit = past_file_size_limit(error)
     logger.warning("database unavailable on %s %s (request %s%s): %s: %s", request.method, request.path, request_id,
                    f", after committing {committed}" if committed else "", type(error).__name__, reason)
     if committed:
@@ -55,7 +56,7 @@ def database_unavailable_response(request, error: BaseException) -> HttpResponse
         response = _in_doubt_response(request, in_doubt, request_id)
     elif is_disk_full(error):  # 507, no Retry-After: waiting alone mends nothing
         response = _disk_full_response(request, request_id)
-    elif (limit := past_file_size_limit(error)) is not None:  # nor here
+    elif limit is not None:  # nor here
         response = _disk_full_response(request, request_id, limit)
     elif request.path.startswith("/api/"):
         message = READ_ONLY_MESSAGE if is_read_only(error) else LOCK_MESSAGE if is_lock_timeout(error) else MESSAGE
@@ -63,7 +64,7 @@ def database_unavailable_response(request, error: BaseException) -> HttpResponse
     else:
         context = {"retry_after_s": RETRY_AFTER_S, "request_id": request_id, "read_only": is_read_only(error)}
         response = HttpResponse(render_to_string("503.html", context), status=503)
-    no_wait_mends = is_disk_full(error) or past_file_size_limit(error) is not None
+    no_wait_mends = is_disk_full(error) or limit is not None
     if not (committed or in_doubt or no_wait_mends):
         response["Retry-After"] = str(RETRY_AFTER_S)
     response["Cache-Control"] = "no-store"
