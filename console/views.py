@@ -72,7 +72,7 @@ from registry.artifacts.upload_handler import (
     start_staging,
 )
 from registry.committed_change import committing, mark_committed
-from registry.domain import audit_log
+from registry.domain import audit_log, version_metrics
 from registry.domain.choices import (
     ACTIVE_ROLLOUT_STATUSES,
     ANALYSED_ROLLOUT_STATUSES,
@@ -401,7 +401,8 @@ def _release_panel_context(model: RegisteredModel, release: Release | None, vers
         # "Converging" of a worker whose apply failed read as if it would get there by itself.
         "lagging_failed": any(row["error"] and not row["ok"] for row in lagging) or bool(convergence["unconfirmed_silent"]),
         "split_form": _split_form(release, choices, canary),
-        "split_candidates": (candidates := canary_candidates(versions, choices, model)),
+        "split_candidates": (candidates := canary_candidates(versions, choices, model, release)),
+        "canary_worse": next((candidate["worse"] for candidate in candidates if canary and candidate["number"] == canary["version"]), []),
         "split_any_incompatible": any(candidate["incompatible"] for candidate in candidates),
         "split_any_unloadable": any(candidate["load_failure"] for candidate in candidates),
         "presets": forms.PRESET_WEIGHTS,
@@ -456,7 +457,7 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
     rollout = shown or (history[0] if history else None)
     verdict = rollout.verdicts.first() if rollout else None
     choices = canary_choices(release, versions)
-    candidates = canary_candidates(versions, choices, model)
+    candidates = canary_candidates(versions, choices, model, release)
     return {
         "rollout": rollout,
         "rollout_is_active": rollout is not None and rollout.status in ACTIVE_ROLLOUT_STATUSES,
@@ -483,19 +484,22 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
     }
 
 
-def canary_candidates(versions: list[ModelVersion], choices: list[int], model: RegisteredModel) -> list[dict]:
+def canary_candidates(versions: list[ModelVersion], choices: list[int], model: RegisteredModel, release: Release | None) -> list[dict]:
     """Each version a canary (a split's or a rollout's) may be, newest first, how its
-    inputs differ from the stable's when its validation report says they do, and why no
-    live worker serves it when they say they failed to load it (a split is refused then,
-    unless forced)."""
+    inputs differ from the stable's when its validation report says they do, why no live
+    worker serves it when they say they failed to load it (a split is refused then, unless
+    forced), and where it scored worse than the stable version (the 100% dialog says so)."""
     by_number = {version.number: version for version in versions}
+    stable = by_number.get(release.stable_version) if release else None
+    datasets = list(model.datasets.all()) if stable and choices else []
     candidates, workers = [], fleet.live_workers_brief()
     for number in sorted(choices, reverse=True):
         compatibility = (by_number[number].validation_report or {}).get("compatibility") or {}
         incompatible = compatibility.get("compatible") is False
         candidates.append({"number": number, "incompatible": incompatible, "differences": compatibility.get("differences", []) if incompatible else [],
                            "stable_version": compatibility.get("stable_version"),
-                           "load_failure": releases.loadable_problem(model, number, workers, by_number[number])})
+                           "load_failure": releases.loadable_problem(model, number, workers, by_number[number]),
+                           "worse": version_metrics.evaluation_regressions(by_number[number], stable, datasets) if stable else []})
     return candidates
 
 

@@ -278,6 +278,8 @@
     dialog.querySelectorAll("[data-replace-weight]").forEach((element) => { element.textContent = `${weight}%`; });
     dialog.querySelectorAll("[data-replaced]").forEach((element) => { element.textContent = replaced; });
     dialog.querySelectorAll("[data-replaced-clause]").forEach((element) => { element.hidden = !replaced; });
+    // Where the chosen version was evaluated worse than the stable one, and only it.
+    dialog.querySelectorAll("[data-worse-for]").forEach((element) => { element.hidden = element.dataset.worseFor !== version; });
     dialog.showModal();
   }, true);
 

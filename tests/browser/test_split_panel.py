@@ -304,3 +304,36 @@ def test_a_rollback_refused_as_stale_keeps_the_reason_typed_for_it(page, stack):
     expect(page.locator("#messages .message-success")).to_contain_text(f"Generation {generation + 2}:")
     made = django_shell(stack, f"from registry.models import RegisteredModel; print(RegisteredModel.objects.get(name={name!r}).current_release().reason)")
     assert made.strip().splitlines()[-1] == "p99 regressed on v2, paging the SRE"
+
+
+EVALUATE = """
+from registry.models import EvaluationDataset, RegisteredModel
+model = RegisteredModel.objects.get(name={name!r})
+dataset = EvaluationDataset.objects.create(model=model, name="holdout", task="classification", file_format="npz", sha256="ab" * 32, size_bytes=10, rows=100)
+for number, accuracy in {accuracies!r}.items():
+    result = {{"dataset_sha256": dataset.sha256, "samples": 100, "accuracy": accuracy}}
+    model.versions.filter(number=number).update(metrics={{"evaluation": {{"holdout": result}}}})
+"""
+
+
+def test_the_100_percent_question_says_only_of_the_chosen_version_that_it_was_evaluated_worse(page, stack):
+    """A version at 11 % accuracy (stable 89 %) was sent to all the traffic without a word."""
+    name, _ = model_with_canary(stack, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    django_shell(stack, EVALUATE.format(name=name, accuracies={1: 0.89, 2: 0.11, 3: 0.895}))
+    sign_in(page, "olivia")
+    page.goto(f"/models/{name}/")
+    panel = page.locator("#release-panel")
+    full = page.locator("#full-share-dialog")
+    worse = full.locator("[data-worse-for]")
+
+    panel.get_by_label("Version").select_option("3")
+    panel.get_by_role("button", name="100%", exact=True).click()
+    expect(full).to_be_visible()
+    expect(worse).to_have_count(1)
+    expect(worse).to_be_hidden()  # v3 scored as well as v1
+    full.get_by_role("link", name="Cancel").click()
+    panel.get_by_label("Version").select_option("2")
+    panel.get_by_role("button", name="100%", exact=True).click()
+
+    expect(worse).to_be_visible()
+    expect(worse).to_have_text("v2 was evaluated worse than the stable v1: accuracy 11.0% on holdout, against v1's accuracy 89.0%.")

@@ -5,12 +5,14 @@ beside 5xx in every live table."""
 
 from __future__ import annotations
 
+from html import escape
+
 import pytest
 from django.contrib.messages import get_messages
 
 from registry.actions import events, releases, rollouts
-from registry.domain.choices import RolloutStatus
-from registry.models import AuditEvent, Release
+from registry.domain.choices import DatasetTask, RolloutStatus
+from registry.models import AuditEvent, EvaluationDataset, Release
 from tests.console.conftest import incompatible_v3, report_from, served, start_rollout
 
 pytestmark = pytest.mark.django_db
@@ -180,6 +182,45 @@ def test_a_confirmed_100_percent_makes_the_canary_the_only_route(operator_page, 
     operator_page.post(SPLIT, {"canary_version": "2", "confirmed_weight": "100", "expected_generation": "2"})
 
     assert canary_digits.current_release().routes == [{"version": 2, "weight": 100}]
+
+
+# ---- a version evaluated worse than the stable one is said so before it takes everything ---------------
+
+
+def evaluated_on_holdout(model, accuracies: dict[int, float]) -> None:
+    dataset = EvaluationDataset.objects.create(model=model, name="holdout", task=DatasetTask.CLASSIFICATION, file_format="npz", sha256="ab" * 32,
+                                               size_bytes=10, rows=100)
+    for number, accuracy in accuracies.items():
+        model.versions.filter(number=number).update(metrics={"evaluation": {"holdout": {
+            "dataset_sha256": dataset.sha256, "task": "classification", "samples": 100, "accuracy": accuracy}}})
+
+
+WORSE = escape("v2 was evaluated worse than the stable v1: accuracy 11.0% on holdout, against v1's accuracy 89.0%.")
+
+
+def test_promote_says_when_the_canary_was_evaluated_worse_than_the_stable_version(operator_page, canary_digits):
+    # A version at 11 % accuracy (stable 89 %) was sent to all the traffic without a word.
+    evaluated_on_holdout(canary_digits, {1: 0.89, 2: 0.11})
+
+    assert f'<p class="warn-text" id="promote-evaluation-warning">{WORSE}</p>' in operator_page.get("/models/digits/promote/").content.decode()
+    assert f'id="promote-evaluation-warning">{WORSE}</p>' in release_panel(operator_page)
+
+
+def test_the_100_percent_confirmation_says_when_the_version_was_evaluated_worse(operator_page, canary_digits):
+    evaluated_on_holdout(canary_digits, {1: 0.89, 2: 0.11})
+
+    asked = operator_page.post(SPLIT, {"canary_version": "2", "preset": "100", "expected_generation": "2"}).content.decode()
+
+    assert f'<p class="warn-text" data-worse-for="2">{WORSE}</p>' in asked
+    assert f'<p class="warn-text" data-worse-for="2">{WORSE}</p>' in release_panel(operator_page)  # the dialog's line for the chosen version
+
+
+def test_a_canary_evaluated_as_well_as_the_stable_version_gets_no_warning(operator_page, canary_digits):
+    evaluated_on_holdout(canary_digits, {1: 0.89, 2: 0.885})
+
+    html = operator_page.get("/models/digits/promote/").content.decode() + release_panel(operator_page)
+
+    assert "evaluated worse" not in html
 
 
 # ---- what rollback and promote return to ---------------------------------------------------------------

@@ -12,6 +12,7 @@ from registry.domain.version_metrics import (
     build_evaluation_table,
     change_pct,
     evaluation_cell,
+    evaluation_regressions,
 )
 
 
@@ -110,3 +111,35 @@ def test_the_table_has_a_column_per_data_set_and_a_row_per_version_worth_showing
         {"version": 3, "status": "ready", "is_stable": True, "cells": {"drift": {"status": "running"}}},
         {"version": 2, "status": "archived", "is_stable": False, "cells": {"holdout": {"accuracy": 0.9}}},
     ]
+
+
+# ---------------------------------------------------------------- regressions against the stable version
+
+
+def test_a_candidate_evaluated_more_than_a_point_less_accurate_than_stable_is_said_so():
+    candidate, stable = evaluated(2, "holdout", accuracy=0.11), evaluated(1, "holdout", accuracy=0.89)
+
+    assert evaluation_regressions(candidate, stable, [dataset()]) == ["accuracy 11.0% on holdout, against v1's accuracy 89.0%"]
+
+
+@pytest.mark.parametrize("ours, theirs", [(0.885, 0.89), (0.95, 0.89), (0.89, 0.89)])
+def test_a_candidate_within_a_point_of_stable_or_better_is_not_said_worse(ours, theirs):
+    assert evaluation_regressions(evaluated(2, "holdout", accuracy=ours), evaluated(1, "holdout", accuracy=theirs), [dataset()]) == []
+
+
+def test_a_regression_error_more_than_five_percent_above_stable_is_said_so_and_one_within_it_is_not():
+    prices = dataset("prices", task="regression")
+    candidate, stable = evaluated(2, "prices", mae=0.104, mse=0.2), evaluated(1, "prices", mae=0.1, mse=0.1)
+
+    assert evaluation_regressions(candidate, stable, [prices]) == ["MSE 0.2 on prices, against v1's MSE 0.1"]
+
+
+def test_results_on_other_bytes_of_the_data_set_are_not_compared():
+    candidate, stable = evaluated(2, "holdout", accuracy=0.11), evaluated(1, "holdout", sha256="older", accuracy=0.89)
+
+    assert evaluation_regressions(candidate, stable, [dataset()]) == []
+
+
+def test_a_version_without_a_result_is_not_compared():
+    assert evaluation_regressions(version(2), evaluated(1, "holdout", accuracy=0.89), [dataset()]) == []
+    assert evaluation_regressions(evaluated(2, "holdout", accuracy=0.11), version(1), [dataset()]) == []
