@@ -215,6 +215,16 @@ def test_the_100_percent_confirmation_says_when_the_version_was_evaluated_worse(
     assert f'<p class="warn-text" data-worse-for="2">{WORSE}</p>' in release_panel(operator_page)  # the dialog's line for the chosen version
 
 
+def test_the_version_lists_of_the_split_and_rollout_forms_mark_a_version_evaluated_worse(operator_page, canary_digits):
+    evaluated_on_holdout(canary_digits, {1: 0.89, 2: 0.11})
+
+    split = release_panel(operator_page)
+    rollout = operator_page.get("/models/digits/?fragment=rollout-panel").content.decode()
+
+    assert '<option value="2" selected>v2 (evaluated worse than v1)</option>' in split
+    assert '<option value="2" selected>v2 (evaluated worse than v1)</option>' in rollout
+
+
 def test_a_canary_evaluated_as_well_as_the_stable_version_gets_no_warning(operator_page, canary_digits):
     evaluated_on_holdout(canary_digits, {1: 0.89, 2: 0.885})
 
