@@ -31,7 +31,7 @@ from serving.api_keys import ApiKeyRing, worker_token_matches
 from serving.config import ConfigError, ServingConfig
 from serving.dataplane import Answer, DataPlane, RequestContext
 from serving.drain import Drain
-from serving.errors import DeadlineExceeded, InternalError, MethodNotAllowed, NotFound, NotReady, ServingError, Unauthorized, clip
+from serving.errors import AnswerTooLarge, DeadlineExceeded, InternalError, MethodNotAllowed, NotFound, NotReady, ServingError, Unauthorized, clip
 from serving.http_request import BodyBuffer, RequestHeaders, RequestIds, check_headers, is_octet_stream, model_path, receive_body
 from serving.loaded_version import LoadedVersion
 from serving.protocol import BodyLimit, BodyNotJson
@@ -72,6 +72,9 @@ class ServingApp:
         self.dataplane = dataplane
         self.drain = drain or Drain()  # readiness turns 503 once a graceful stop began (serving.drain)
         self.max_body_bytes = config.max_body_bytes
+        # An answer is written whole, and all answers held for clients are bounded together
+        # (SERVING_MAX_UNSENT_BYTES): one larger than that bound alone is refused (AnswerTooLarge).
+        self.max_answer_bytes = config.max_unsent_bytes or math.inf
         self.body_buffer = BodyBuffer(config.max_body_buffer_bytes)  # every body being received, together
         self.on_startup: list[Hook] = []
         self.on_shutdown: list[Hook] = []
@@ -129,6 +132,8 @@ class ServingApp:
             if is_inference:
                 context = _context(headers, request_id, started_s)
             response = await self._route(scope, receive, headers, context)
+            if len(response.body) > self.max_answer_bytes:
+                raise self._too_large(response)
         except ServingError as exc:
             response = self._error(exc, request_id, context)
         except Exception:
@@ -152,6 +157,12 @@ class ServingApp:
                     "headers": [*SHED_HEADERS, (b"x-request-id", self._ids.pick(given))]})
         await send(SHED_BODY_MESSAGE)
         metrics.count_unrouted(503)
+
+    def _too_large(self, response: Response) -> AnswerTooLarge:
+        refusal = AnswerTooLarge(f"the answer is {len(response.body)} bytes, more than this worker holds for a client "
+                                 f"(SERVING_MAX_UNSENT_BYTES={self.max_answer_bytes}): ask for fewer rows at a time, or raise the setting")
+        refusal.version = response.version
+        return refusal
 
     def _error(self, exc: ServingError, request_id: bytes | None, context: RequestContext | None) -> Response:
         """``context``: an inference request's (None elsewhere, where no deadline is judged)."""

@@ -39,6 +39,14 @@ class BadRequest(ServingError):
     status = 400
 
 
+class AnswerTooLarge(BadRequest):
+    """The answer is larger than the worker holds for a client (SERVING_MAX_UNSENT_BYTES).
+    Written whole, its writes paused holding all of it and the connection was cut as a
+    client not reading: a 200 whose body ended early (a 60-byte request for 3e7 values got
+    4 MB of a 618 MB body). Sent a slice at a time instead, it was held by the app, outside
+    that bound, for as long as a client read a little every few seconds. Refused whole."""
+
+
 class Unauthorized(ServingError):
     """No valid API key (inference) or worker token (/metrics, /health) where one is needed."""
 

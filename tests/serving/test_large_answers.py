@@ -117,3 +117,39 @@ def test_a_large_two_dimensional_predict_answer_keeps_every_row_and_a_nan_in_a_l
     with np.errstate(invalid="ignore"):
         expected = np.log(rows)
     np.testing.assert_allclose(np.array(output, np.float32), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v2/models/counts/infer", {"inputs": [{"name": "count", "shape": [1], "datatype": "INT64", "data": [2_000_000]}]}),
+    ("/predict", {"model_name": "counts", "inputs": [2_000_000]}),
+], ids=["v2", "predict"])
+def test_an_answer_larger_than_the_unsent_budget_is_a_400_naming_it_not_a_200_cut_short(start_worker, counts_model, client, path, body):
+    """The answer is written to the transport whole: its writes paused at once holding all
+    of it, so an answer past SERVING_MAX_UNSENT_BYTES (256 MiB: a 60-byte request for 3e7
+    values) had its connection cut as a client not reading, a 200 whose body ended after
+    about 4 MB. Sent a slice at a time instead, it was held outside that bound for as long
+    as its client read a little every few seconds. It is refused whole, naming the bound."""
+    worker = start_worker(state(1, {"counts": {"routes": [route(1, 100, *counts_model, batchable=False)]}}),
+                          max_unsent_bytes=4 * 1024 * 1024)
+
+    answer = client.post(worker.url + path, json=body, timeout=30)
+
+    assert answer.status_code == 400
+    assert answer.headers["x-model-version"] == "1"
+    error = answer.json()["error"]
+    assert error.startswith("the answer is ") and "more than this worker holds for a client (SERVING_MAX_UNSENT_BYTES=4194304)" in error
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v2/models/counts/infer", {"inputs": [{"name": "count", "shape": [1], "datatype": "INT64", "data": [100_000]}]}),
+    ("/predict", {"model_name": "counts", "inputs": [100_000]}),
+], ids=["v2", "predict"])
+def test_an_answer_within_the_unsent_budget_is_whole(start_worker, counts_model, client, path, body):
+    worker = start_worker(state(1, {"counts": {"routes": [route(1, 100, *counts_model, batchable=False)]}}),
+                          max_unsent_bytes=4 * 1024 * 1024)
+
+    answer = client.post(worker.url + path, json=body, timeout=30)
+
+    assert answer.status_code == 200
+    values = answer.json()["outputs"][0]["data"] if path != "/predict" else answer.json()["outputs"]["values"]
+    assert len(values) == 100_000 and values[-1] == 99_999.0

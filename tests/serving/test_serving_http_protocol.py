@@ -1339,17 +1339,17 @@ WIDE_BODY = orjson.dumps(v2_body(np.zeros((1, 90_000), np.float32)))
 
 
 @contextlib.contextmanager
-def never_reading_client(worker, receive_buffer_bytes: int = 1024, connections_before: int = 0):
-    """A client with a tiny receive buffer that pipelines wide requests and never reads an
-    answer: the kernel's buffers fill, then the worker's, and its writes pause. Yields once
-    the worker stops taking its requests, or has cut the connection (1 s at most)."""
+def never_reading_client(worker, receive_buffer_bytes: int = 1024, connections_before: int = 0, body: bytes = WIDE_BODY, count: int = 16):
+    """A client with a tiny receive buffer that pipelines ``count`` wide requests (``body``) and never
+    reads an answer: the kernel's buffers fill, then the worker's, and its writes pause.
+    Yields once the worker stops taking its requests, or has cut the connection (1 s at most)."""
     connection = socket.socket()
     connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
     connection.connect(("127.0.0.1", worker.port))
     try:
         assert wait_until(lambda: len(worker.server.server_state.connections) == connections_before + 1)
         connection.setblocking(False)
-        requests, sent, deadline = (head(LARGE_BODY_PATH, length=len(WIDE_BODY)) + WIDE_BODY) * 16, 0, time.monotonic() + 1
+        requests, sent, deadline = (head(LARGE_BODY_PATH, length=len(body)) + body) * count, 0, time.monotonic() + 1
         while time.monotonic() < deadline and sent < len(requests):
             try:
                 sent += connection.send(memoryview(requests)[sent:])
@@ -1404,20 +1404,39 @@ def test_a_client_that_reads_its_answers_slowly_is_served_past_the_send_deadline
     assert time.monotonic() - started > 2 * worker.worker.config.send_timeout_s
 
 
-def test_past_the_unsent_budget_a_client_not_reading_is_cut_long_before_its_send_deadline(guarded_worker, client, caplog):
+# Answers of 100 KB, 30 pipelined: more than the kernel takes for a client that reads
+# nothing, so its writes pause. They pause once the worker holds more than uvloop's
+# high-water mark for it (64 KiB), and it writes no more: a paused client holds 64 KiB to
+# 64 KiB and one answer (166 KB); three, more than three times the mark.
+MID_BODY = orjson.dumps(v2_body(np.zeros((1, 25_000), np.float32)))
+HIGH_WATER_BYTES = 64 * 1024
+
+
+def test_past_the_unsent_budget_the_clients_paused_longest_are_cut_long_before_their_send_deadline(guarded_worker, client, caplog):
     """The send deadline runs between reads: clients reading a little every few seconds
     kept their answers in the worker's memory for good (64 such: 1 GB)."""
     caplog.set_level(logging.WARNING, logger="serving.http")
-    worker = guarded_worker(max_unsent_bytes=1, send_timeout_s=60.0)  # any paused connection is over it
+    budget = 3 * HIGH_WATER_BYTES  # above one client's hold, below three clients'
+    worker = guarded_worker(max_unsent_bytes=budget, send_timeout_s=60.0)
 
-    with never_reading_client(worker) as stalled:
-        assert wait_until(lambda: not worker.server.server_state.connections, timeout_s=5)
-        assert connection_ended(stalled)
+    with contextlib.ExitStack() as clients:
+        stalled = []
+        for _ in range(3):
+            stalled.append(clients.enter_context(never_reading_client(
+                worker, connections_before=len(worker.server.server_state.connections), body=MID_BODY, count=30)))
+            assert wait_until(lambda: all_paused(worker), timeout_s=5)
+        assert wait_until(lambda: connection_ended(stalled[0]), timeout_s=5)
+        assert not connection_ended(stalled[-1])
         answer = client.post(worker.url + INFER, content=BODY, headers={"content-type": "application/json"})
 
     assert answer.status_code == 200  # a client reading its answers is never paused, nor cut
     cuts = [orjson.loads(record.getMessage()) for record in caplog.records if "unsent_over_budget" in record.getMessage()]
-    assert [line["max_unsent_bytes"] for line in cuts] == [1]
+    assert {line["max_unsent_bytes"] for line in cuts} == {budget} and len(cuts) <= 2  # the newest is within it alone
+
+
+def all_paused(worker) -> bool:
+    """Every open connection's writes are paused, the worker holding over the mark for it."""
+    return all(protocol.transport.get_write_buffer_size() > HIGH_WATER_BYTES for protocol in worker.server.server_state.connections)
 
 
 def connection_ended(connection: socket.socket) -> bool:
