@@ -18,6 +18,7 @@ from serving.contract import (
     MAX_SAMPLE,
     ContractError,
     WorkerReport,
+    quantile_ms,
 )
 
 STABLE = {"model": "iris", "version": 1, "requests": 5, "errors": 1, "client_errors": 1, "ok": 3, "requests_per_s": 5.0,
@@ -70,6 +71,21 @@ def test_a_null_quantile_means_no_request_and_is_kept():
     parsed = WorkerReport.parse(report({**STABLE, "p50_ms": None, "p99_ms": None})).versions[0]
 
     assert (parsed["p50_ms"], parsed["p99_ms"]) == (None, None)
+
+
+@pytest.mark.parametrize("q, expected_ms", [(0.5, 1.75), (0.99, 3.94), (1.0, 4.0)])
+def test_a_quantile_is_read_inside_its_latency_bucket_as_prometheus_reads_it(q, expected_ms):
+    # The bucket's upper bound alone made a p99 that moved from 4.1 to 4.2 ms read as a
+    # step from 4 to 8 ms on the live table and its chart.
+    assert quantile_ms({"0.001": 0, "0.002": 40, "0.004": 60, "+Inf": 60}, q) == expected_ms
+
+
+def test_a_quantile_in_the_infinite_bucket_is_the_highest_finite_bound():
+    assert quantile_ms({"0.001": 0, "0.002": 40, "+Inf": 60}, 0.99) == 2.0
+
+
+def test_a_quantile_of_no_requests_is_none():
+    assert quantile_ms({"0.001": 0, "+Inf": 0}, 0.99) is None
 
 
 def test_keys_the_contract_does_not_name_are_left_out_of_the_parsed_figures():
