@@ -15,6 +15,8 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import DateTimeField, ExpressionWrapper
+from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -73,7 +75,7 @@ def _send(job_id: int) -> None:
                        str(error).splitlines()[0][:200] if str(error) else "no message")
         logger.debug("the send of job %s failed", job_id, exc_info=True)
         return
-    Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).update(heartbeat_at=timezone.now())
+    Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).update(heartbeat_at=Now())
 
 
 def claim(job_id: int) -> Job | None:
@@ -88,8 +90,9 @@ def claim(job_id: int) -> Job | None:
             _set(job, status=JobStatus.CANCELLED, finished_at=now, error="cancelled before it started")
             transaction.on_commit(lambda: _ended_without_success(job))
             return None
-        _set(job, status=JobStatus.RUNNING, attempts=job.attempts + 1, started_at=now, heartbeat_at=now,
+        _set(job, status=JobStatus.RUNNING, attempts=job.attempts + 1, started_at=now, heartbeat_at=Now(),
              done=0, rate_per_s=None, error="")
+        job.refresh_from_db(fields=["heartbeat_at"])
     job._progress_origin = (time.monotonic(), 0)
     job._progress_written_at = 0.0
     relay(job)
@@ -123,15 +126,14 @@ def progress(job: Job, done: int, total: int | None = None, *, force: bool = Fal
     if not force and now_s - getattr(job, "_progress_written_at", 0.0) < PROGRESS_WRITE_INTERVAL_S:
         return True
     job._progress_written_at = now_s
-    job.heartbeat_at = timezone.now()
-    still_held = held(job).update(done=job.done, total=job.total, rate_per_s=job.rate_per_s, heartbeat_at=job.heartbeat_at) == 1
+    still_held = held(job).update(done=job.done, total=job.total, rate_per_s=job.rate_per_s, heartbeat_at=Now()) == 1
     if still_held:
         relay(job)
     return still_held
 
 
 def heartbeat(job: Job) -> bool:
-    return held(job).update(heartbeat_at=timezone.now()) == 1
+    return held(job).update(heartbeat_at=Now()) == 1
 
 
 def cancel_requested(job: Job) -> bool:
@@ -227,15 +229,22 @@ def sweep_stale() -> int:
     sent again, and so are jobs whose message was lost (``_lost``). A silent job someone
     cancelled ends cancelled. Returns how many jobs it touched."""
     now = timezone.now()
-    stale_before = now - timedelta(seconds=settings.JOB_STALE_AFTER_S)
+    stale_before = database_time_ago(settings.JOB_STALE_AFTER_S)
     touched = 0
     for job in Job.objects.filter(status=JobStatus.RUNNING, heartbeat_at__lt=stale_before):
         touched += _recover(job, now, stale_before)
-    unsent = Job.objects.filter(status=JobStatus.QUEUED, heartbeat_at__isnull=True, created_at__lt=now - timedelta(seconds=UNSENT_GRACE_S))
+    unsent = Job.objects.filter(status=JobStatus.QUEUED, heartbeat_at__isnull=True, created_at__lt=database_time_ago(UNSENT_GRACE_S))
     for job_id in [*unsent.values_list("pk", flat=True), *_lost(stale_before)]:
         _send(job_id)
         touched += 1
     return touched
+
+
+def database_time_ago(seconds: float) -> ExpressionWrapper:
+    """The database's clock ``seconds`` ago, for comparing with heartbeats, which are the
+    database's time too: runners and beat run on hosts whose clocks may differ, and a jobs
+    host 45 s behind had a live job taken for lost (and run twice), a beat host ahead the same."""
+    return ExpressionWrapper(Now() - timedelta(seconds=seconds), output_field=DateTimeField())
 
 
 def _lost(sent_before) -> list[int]:

@@ -167,6 +167,56 @@ def test_a_job_with_a_fresh_heartbeat_is_left_running(model, settings):
     assert job.status == JobStatus.RUNNING
 
 
+@pytest.fixture
+def host_clock(monkeypatch):
+    """Set this host's clock ``offset_s`` off the database's (timezone.now; the database's
+    own clock is untouched)."""
+    real_now = timezone.now
+
+    def set_offset(offset_s: float) -> None:
+        monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(seconds=offset_s))
+
+    return set_offset
+
+
+def test_a_runner_on_a_host_whose_clock_is_behind_keeps_its_job(model, settings, host_clock):
+    """A jobs host 45 s behind wrote heartbeats that read 45 s old: the sweep took its live
+    job for lost and ran it twice. Heartbeats are the database's time."""
+    settings.JOB_STALE_AFTER_S = 30
+    host_clock(-45)
+    job = records.claim(records.create(JobKind.BATCH, model).pk)
+    records.heartbeat(job)
+    host_clock(0)
+
+    records.sweep_stale()
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+
+
+def test_a_sweep_on_a_host_whose_clock_is_ahead_leaves_a_live_job_running(model, settings, host_clock):
+    settings.JOB_STALE_AFTER_S = 30
+    job = records.claim(records.create(JobKind.BATCH, model).pk)
+    host_clock(100)
+
+    records.sweep_stale()
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+
+
+def test_a_sweep_on_a_host_whose_clock_is_behind_still_finds_a_silent_job(model, settings, host_clock):
+    settings.JOB_STALE_AFTER_S, settings.JOB_MAX_ATTEMPTS = 30, 2
+    job = records.claim(records.create(JobKind.BATCH, model).pk)
+    _silence(job, 31)
+    host_clock(-100)
+
+    assert records.sweep_stale() >= 1
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED
+
+
 def test_a_runner_that_lost_its_claim_cannot_finish_the_job(model, settings):
     settings.JOB_STALE_AFTER_S, settings.JOB_MAX_ATTEMPTS = 30, 3
     stale = records.claim(records.create(JobKind.BATCH, model).pk)
