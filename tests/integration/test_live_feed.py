@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from console.consumers import LiveConsumer
 from registry.models import VersionMetricMinute
 from serving.contract import CONTRACT_VERSION
+from tests.fixtures.minutes import clear_of_a_minute_turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -70,6 +71,7 @@ async def test_anonymous_browser_is_refused():
 
 async def test_reports_roll_up_per_version_and_minute(three_versions_async):
     report = {**REPORT, "versions": [{**REPORT["versions"][0], "model": "digits"}]}
+    clear_of_a_minute_turn()  # both reports in one minute's row
 
     await sync_to_async(post_report)(report)
     await sync_to_async(post_report)(report)

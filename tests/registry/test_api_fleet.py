@@ -23,6 +23,7 @@ from registry.models import (
 )
 from serving.contract import CONTRACT_VERSION, MAX_COUNT
 from serving.state_signing import model_digests
+from tests.fixtures.minutes import clear_of_a_minute_turn
 from tests.registry.conftest import in_thread, wait_for_generation
 
 pytestmark = pytest.mark.django_db
@@ -145,6 +146,7 @@ def test_a_minutes_histogram_keeps_at_most_64_bounds_however_many_reports_name_n
 
 
 def test_version_metric_history_lists_the_per_minute_rollups(worker_client, operator_client, three_versions):
+    clear_of_a_minute_turn()  # both reports in one minute's row
     worker_client.post("/api/serving/reports", report(), format="json")
     worker_client.post("/api/serving/reports", report(), format="json")
 
@@ -158,6 +160,7 @@ def test_a_minute_s_totals_stay_at_the_largest_count_the_contract_allows_instead
     huge = {"model": "digits", "version": 1, "requests": MAX_COUNT, "errors": MAX_COUNT // 2, "client_errors": 0, "latency_sum_s": 1e308,
             "latency_buckets": {"0.001": MAX_COUNT, "+Inf": MAX_COUNT}, "batch_size_buckets": {"1": MAX_COUNT, "+Inf": MAX_COUNT}}
 
+    clear_of_a_minute_turn()  # both reports in one minute's row
     statuses = [worker_client.post("/api/serving/reports", report(versions=[huge]), format="json").status_code for _ in range(2)]
 
     [minute] = operator_client.get("/api/models/digits/versions/1/metrics/").json()
