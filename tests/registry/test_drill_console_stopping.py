@@ -28,7 +28,9 @@ def canary(operator_client, three_versions, settings, monkeypatch):
     console runs: the mark of its stop is undone after the test."""
     monkeypatch.setattr(process_stop, "_began_at", None)
     settings.DRILL_ACK_TIMEOUT_S = DRILL_WAIT_S
-    settings.WORKER_GONE_AFTER_S = 1.0  # a worker quiet for 0.5 s would read as "fell silent after confirming"
+    # Quiet for half of it, a worker reads as "fell silent after confirming": 1 s (0.5 s quiet)
+    # failed a test whose thread took 0.5 s from its confirming report to the stop it marks.
+    settings.WORKER_GONE_AFTER_S = 3.0
     split = {"routes": [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]}
     operator_client.post("/api/models/digits/release/", split, format="json")
     return three_versions
