@@ -774,9 +774,3 @@ def quantile_ms(cumulative: Mapping[str, float], q: float) -> float | None:
             return round((lower + (bound - lower) * share) * 1000, 3)
         lower, below = bound, max(below, count)
     return None
-    previous_bound = 0.0
-    for bound, count in ordered:
-        if count >= q * total:
-            return round((previous_bound if math.isinf(bound) else bound) * 1000, 3)
-        previous_bound = bound
-    return None
