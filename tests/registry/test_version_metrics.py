@@ -143,3 +143,9 @@ def test_results_on_other_bytes_of_the_data_set_are_not_compared():
 def test_a_version_without_a_result_is_not_compared():
     assert evaluation_regressions(version(2), evaluated(1, "holdout", accuracy=0.89), [dataset()]) == []
     assert evaluation_regressions(evaluated(2, "holdout", accuracy=0.11), version(1), [dataset()]) == []
+
+
+def test_an_accuracy_exactly_one_point_below_stable_is_not_said_worse():
+    # 0.89 - 0.88 is 0.010000000000000009 in floating point: "more than a point" read a
+    # drop of exactly one point as more.
+    assert evaluation_regressions(evaluated(2, "holdout", accuracy=0.88), evaluated(1, "holdout", accuracy=0.89), [dataset()]) == []
