@@ -101,18 +101,30 @@ def evaluation_cell(version, dataset, job) -> dict | None:
 
 def evaluation_regressions(candidate, stable, datasets: list) -> list[str]:
     """Each data set both versions were measured on (the same bytes) where ``candidate``
-    scored worse than ``stable`` by more than ACCURACY_DROP or ERROR_RISE, in words:
-    "accuracy 11.0% on digits-test, against v1's accuracy 89.0%"."""
+    scored worse than ``stable`` by more than ACCURACY_DROP or ERROR_RISE, or had an error
+    that was not finite where the stable's was, in words: "accuracy 11.0% on digits-test,
+    against v1's accuracy 89.0%"."""
     said = []
     for dataset in datasets:
         new, old = evaluation_cell(candidate, dataset, None) or {}, evaluation_cell(stable, dataset, None) or {}
         for figure in FIGURES_BY_TASK.get(dataset.task, ()):
             ours, theirs = new.get(figure), old.get(figure)
-            if not (_is_number(ours) and _is_number(theirs)):
+            if not _is_number(theirs):
+                continue
+            if not _is_number(ours):
+                # Measured, yet null: a NaN or an infinity, which results keep as null (strict JSON).
+                if _measured_not_finite(candidate, dataset, figure):
+                    said.append(f"{figure.upper()} not finite on {dataset.name}, against v{stable.number}'s {_figure_words(figure, theirs)}")
                 continue
             if (theirs - ours > ACCURACY_DROP + ROUNDING) if figure == "accuracy" else ours > theirs * (1 + ERROR_RISE + ROUNDING):
                 said.append(f"{_figure_words(figure, ours)} on {dataset.name}, against v{stable.number}'s {_figure_words(figure, theirs)}")
     return said
+
+
+def _measured_not_finite(version, dataset, figure: str) -> bool:
+    result = _metrics(version).get("evaluation")
+    result = result.get(dataset.name) if isinstance(result, dict) else None
+    return isinstance(result, dict) and result.get("dataset_sha256") == dataset.sha256 and figure in result and result[figure] is None
 
 
 def _figure_words(figure: str, value: float) -> str:

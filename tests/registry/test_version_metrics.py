@@ -145,6 +145,16 @@ def test_a_version_without_a_result_is_not_compared():
     assert evaluation_regressions(evaluated(2, "holdout", accuracy=0.11), version(1), [dataset()]) == []
 
 
+def test_a_regression_error_that_was_not_finite_is_said_worse_than_a_finite_one():
+    # A model answering NaN or inf has its MAE and MSE kept as null (strict JSON): the
+    # worst result there is read as no result, and went to all the traffic without a word.
+    prices = dataset("prices", task="regression")
+    candidate, stable = evaluated(2, "prices", mae=None, mse=None), evaluated(1, "prices", mae=0.1, mse=0.02)
+
+    assert evaluation_regressions(candidate, stable, [prices]) == [
+        "MAE not finite on prices, against v1's MAE 0.1", "MSE not finite on prices, against v1's MSE 0.02"]
+
+
 def test_an_accuracy_exactly_one_point_below_stable_is_not_said_worse():
     # 0.89 - 0.88 is 0.010000000000000009 in floating point: "more than a point" read a
     # drop of exactly one point as more.
