@@ -159,7 +159,8 @@ def silent_participants(now=None) -> tuple[list[dict], int]:
     silent = Worker.objects.filter(last_seen_at__gte=since, last_seen_at__lt=now - timedelta(seconds=settings.WORKER_GONE_AFTER_S)).exclude(SAID_STOPPED)
     named = [{"worker_id": worker_id, "silent_s": round((now - seen).total_seconds())}
              for worker_id, seen in silent.order_by("last_seen_at", "worker_id").values_list("worker_id", "last_seen_at")[:SILENT_NAMED]]
-    return named, (silent.count() - len(named) if len(named) == SILENT_NAMED else 0)
+    # Two reads: a named worker that reports between them leaves the count short of the names.
+    return named, (max(0, silent.count() - len(named)) if len(named) == SILENT_NAMED else 0)
 
 
 def drill_target_s() -> float:

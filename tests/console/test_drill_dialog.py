@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 
 from django.conf import settings
+from django.db.models import QuerySet
+from django.utils import timezone
 
-from registry.actions.drills import SILENT_NAMED
+from registry.actions.drills import SILENT_NAMED, silent_participants
+from registry.models import Worker
 from tests.console.conftest import report_from
 
 
@@ -52,3 +55,22 @@ def test_the_drill_dialog_names_no_worker_silent_past_a_minute_or_one_that_said_
     html = operator_page.get("/models/digits/drill/").content.decode()
 
     assert 'id="drill-silent-warning"' not in html
+
+
+def test_the_count_of_silent_workers_left_unnamed_is_never_negative_when_a_named_one_reports_meanwhile(canary_digits, monkeypatch):
+    # The names and the count are two reads: a named worker reporting between them left
+    # the count one short of the names, and the dialog said "and -1 more".
+    generation = canary_digits.current_release().generation
+    for index in range(SILENT_NAMED):
+        report_from(f"silent-{index:02}", generation=generation, versions=[], seconds_ago=settings.WORKER_GONE_AFTER_S + 1 + index)
+    count = QuerySet.count
+
+    def reported_meanwhile(queryset):
+        Worker.objects.filter(worker_id="silent-00").update(last_seen_at=timezone.now())
+        return count(queryset)
+
+    monkeypatch.setattr(QuerySet, "count", reported_meanwhile)
+
+    named, more = silent_participants()
+
+    assert len(named) == SILENT_NAMED and more == 0
