@@ -73,7 +73,7 @@ class ServingApp:
         self.drain = drain or Drain()  # readiness turns 503 once a graceful stop began (serving.drain)
         self.max_body_bytes = config.max_body_bytes
         # An answer is written whole, and all answers held for clients are bounded together
-        # (SERVING_MAX_UNSENT_BYTES): one larger than that bound alone is refused (AnswerTooLarge).
+        # (SERVING_MAX_UNSENT_BYTES): an inference answer larger than that bound alone is refused (AnswerTooLarge).
         self.max_answer_bytes = config.max_unsent_bytes or math.inf
         self.body_buffer = BodyBuffer(config.max_body_buffer_bytes)  # every body being received, together
         self.on_startup: list[Hook] = []
@@ -132,7 +132,7 @@ class ServingApp:
             if is_inference:
                 context = _context(headers, request_id, started_s)
             response = await self._route(scope, receive, headers, context)
-            if len(response.body) > self.max_answer_bytes:
+            if is_inference and len(response.body) > self.max_answer_bytes:  # a probe or metadata is never refused for its size
                 raise self._too_large(response)
         except ServingError as exc:
             response = self._error(exc, request_id, context)

@@ -153,3 +153,13 @@ def test_an_answer_within_the_unsent_budget_is_whole(start_worker, counts_model,
     assert answer.status_code == 200
     values = answer.json()["outputs"][0]["data"] if path != "/predict" else answer.json()["outputs"]["values"]
     assert len(values) == 100_000 and values[-1] == 99_999.0
+
+
+@pytest.mark.parametrize("path", ["/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/counts"])
+def test_an_answer_that_is_no_inference_is_never_refused_for_its_size(start_worker, counts_model, client, path):
+    """The bound is on inference answers (ask for fewer rows): a health probe or metadata
+    answer a few bytes over a small SERVING_MAX_UNSENT_BYTES was a 400, so with 8 the
+    worker never read as ready, though such an answer never waits on a client."""
+    worker = start_worker(state(1, {"counts": {"routes": [route(1, 100, *counts_model, batchable=False)]}}), max_unsent_bytes=8)
+
+    assert client.get(worker.url + path, timeout=30).status_code == 200
