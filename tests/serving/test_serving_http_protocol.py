@@ -1355,7 +1355,7 @@ def never_reading_client(worker, receive_buffer_bytes: int = 1024, connections_b
                 sent += connection.send(memoryview(requests)[sent:])
             except BlockingIOError:  # the worker reads no more while its answers wait on this client
                 time.sleep(0.01)
-            except (ConnectionResetError, BrokenPipeError):  # cut already (a budget of a byte is over at the first pause)
+            except (ConnectionResetError, BrokenPipeError):  # cut already (a small budget is over at the first pause)
                 break
         yield connection
     finally:
@@ -1372,6 +1372,21 @@ def test_a_client_that_never_reads_its_answers_is_closed_at_the_send_deadline_an
         answer = client.get(worker.url + "/v2/health/live")
 
     assert answer.status_code == 200
+
+
+def test_a_client_cut_for_not_reading_gets_a_reset_not_a_close_queued_behind_its_answers(guarded_worker):
+    """Closed plainly, a client whose requests were all read got its FIN queued behind the
+    answers the kernel still held for it (1.6 MB seen), kept in FIN-WAIT-1 outside the
+    unsent budget, and it never learned it was cut: reading on, it got answers, then an end."""
+    worker = guarded_worker(send_timeout_s=1.0)
+
+    with never_reading_client(worker, body=MID_BODY, count=30) as connection:
+        assert wait_until(lambda: not worker.server.server_state.connections, timeout_s=6)
+        connection.setblocking(True)
+        connection.settimeout(5)
+        with pytest.raises(ConnectionResetError):
+            while connection.recv(65536):
+                pass
 
 
 def test_a_connection_closed_at_the_send_deadline_is_logged(guarded_worker, caplog):
