@@ -45,6 +45,7 @@ SHED_BODY_MESSAGE = {"type": "http.response.body", "body": SHED_BODY}
 SERVER_METADATA = orjson.dumps({"name": "modelops-serving", "version": "1",
                                 "extensions": ["binary_tensor_data", "model_configuration", "statistics"]})
 DRAINING_BODY = b'{"ready":false,"draining":true}'
+WRITE_HIGH_WATER_BYTES = 64 * 1024  # uvloop's default: a transport's writes pause past it
 OPERATOR_PATHS = frozenset(("/health", "/metrics"))  # behind the worker token when so configured
 Hook = Callable[[], Awaitable[None]]
 
@@ -74,7 +75,9 @@ class ServingApp:
         self.max_body_bytes = config.max_body_bytes
         # An answer is written whole, and all answers held for clients are bounded together
         # (SERVING_MAX_UNSENT_BYTES): an inference answer larger than that bound alone is refused (AnswerTooLarge).
-        self.max_answer_bytes = config.max_unsent_bytes or math.inf
+        # An answer within the transport's high-water mark never pauses its writes alone, so
+        # it is never cut for its own size, whatever the bound.
+        self.max_answer_bytes = max(config.max_unsent_bytes, WRITE_HIGH_WATER_BYTES) if config.max_unsent_bytes else math.inf
         self.body_buffer = BodyBuffer(config.max_body_buffer_bytes)  # every body being received, together
         self.on_startup: list[Hook] = []
         self.on_shutdown: list[Hook] = []

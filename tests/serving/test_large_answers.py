@@ -163,3 +163,14 @@ def test_an_answer_that_is_no_inference_is_never_refused_for_its_size(start_work
     worker = start_worker(state(1, {"counts": {"routes": [route(1, 100, *counts_model, batchable=False)]}}), max_unsent_bytes=8)
 
     assert client.get(worker.url + path, timeout=30).status_code == 200
+
+
+def test_an_answer_within_the_write_high_water_mark_is_never_refused_for_its_size(start_worker, counts_model, client):
+    """Alone it never pauses its connection's writes, so it is never cut: refused under a
+    small bound, it was a 400 the bound was not there to prevent."""
+    worker = start_worker(state(1, {"counts": {"routes": [route(1, 100, *counts_model, batchable=False)]}}), max_unsent_bytes=8)
+
+    answer = client.post(worker.url + "/v2/models/counts/infer", json={"inputs": [{"name": "count", "shape": [1], "datatype": "INT64", "data": [100]}]})
+
+    assert answer.status_code == 200
+    assert 8 < len(answer.content) < 64 * 1024
