@@ -24,6 +24,7 @@ checks (artifact URLs on the console's origin) stay with the worker, in
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -761,16 +762,18 @@ def quantile_ms(cumulative: Mapping[str, float], q: float) -> float | None:
     agree. The bucket's upper bound alone made a p99 that moved from 4.1 to 4.2 ms read as
     a step from 4 to 8 ms."""
     ordered = sorted((float(bound), count) for bound, count in cumulative.items())
-    total = ordered[-1][1] if ordered else 0
+    # Counts that dip (reports summed unevenly) are raised to their running maximum first, as Prometheus does.
+    counts = list(itertools.accumulate((count for _, count in ordered), max))
+    total = counts[-1] if counts else 0
     if total <= 0:
         return None
     rank, lower, below = q * total, 0.0, 0
-    for bound, count in ordered:
+    for (bound, _), count in zip(ordered, counts):
         if count >= rank:
             if math.isinf(bound):
                 return round(lower * 1000, 3)
             inside = count - below
             share = (rank - below) / inside if inside > 0 else 1.0
             return round((lower + (bound - lower) * share) * 1000, 3)
-        lower, below = bound, max(below, count)
+        lower, below = bound, count
     return None

@@ -84,6 +84,11 @@ def test_a_quantile_in_the_infinite_bucket_is_the_highest_finite_bound():
     assert quantile_ms({"0.001": 0, "0.002": 40, "+Inf": 60}, 0.99) == 2.0
 
 
+def test_counts_that_dip_are_raised_to_their_running_maximum_as_prometheus_does():
+    # An uneven sum of reports: 50 at or under 2 ms, yet 40 in all.
+    assert quantile_ms({"0.001": 0, "0.002": 50, "+Inf": 40}, 1.0) == 2.0
+
+
 def test_a_quantile_of_no_requests_is_none():
     assert quantile_ms({"0.001": 0, "+Inf": 0}, 0.99) is None
 
