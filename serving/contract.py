@@ -755,18 +755,35 @@ class WorkerReport:
 
 def quantile_ms(cumulative: Mapping[str, float], q: float) -> float | None:
     """Quantile ``q`` (ms) of a report's cumulative latency histogram (bounds in seconds as
-    strings, ``"+Inf"`` last), read as Prometheus' ``histogram_quantile`` reads one: the
-    bucket holding rank ``q`` × total, linearly inside it (the first from 0); in the +Inf
-    bucket, the highest finite bound. How a worker's report states its p50/p99 and how the
+    strings, ``"+Inf"`` last): how a worker's report states its p50/p99 and how the
     console's charts restate them from the stored buckets, so a chart and a live table
-    agree. The bucket's upper bound alone made a p99 that moved from 4.1 to 4.2 ms read as
-    a step from 4 to 8 ms."""
+    agree. Read inside its bucket (``histogram_quantile``): the bucket's upper bound alone
+    made a p99 that moved from 4.1 to 4.2 ms read as a step from 4 to 8 ms."""
+    seconds = histogram_quantile(cumulative, q)
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def histogram_quantile(cumulative: Mapping[str, float], q: float) -> float | None:
+    """Quantile ``q`` of a cumulative histogram ``{"<upper bound>": count ≤ bound, …}``, in
+    the bounds' unit, read as Prometheus' ``histogram_quantile`` reads one: the bucket
+    holding rank ``q`` × total, linearly inside it (the first from 0); in the +Inf bucket,
+    the highest finite bound. Counts that dip (reports summed unevenly) are raised to their
+    running maximum first, as Prometheus does. None when nothing was counted."""
     ordered = sorted((float(bound), count) for bound, count in cumulative.items())
-    # Counts that dip (reports summed unevenly) are raised to their running maximum first, as Prometheus does.
     counts = list(itertools.accumulate((count for _, count in ordered), max))
     total = counts[-1] if counts else 0
     if total <= 0:
         return None
+    rank, lower, below = q * total, 0.0, 0
+    for (bound, _), count in zip(ordered, counts):
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            if count == below or bound <= 0:  # an empty bucket holds nothing to spread over; none lies below 0
+                return lower if count == below else bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return None
     rank, lower, below = q * total, 0.0, 0
     for (bound, _), count in zip(ordered, counts):
         if count >= rank:

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from serving import contract
+
 # Below this the alternating series of the Kolmogorov survival function converges slowly,
 # so the CDF's own (theta-function) series is summed instead; both are exact to double
 # precision within a few terms on their side of the switch.
@@ -179,30 +181,10 @@ def histogram_quantile(cumulative_buckets: Mapping[str, int], q: float) -> float
     """
     if not 0 <= q <= 1:
         raise ValueError(f"quantile must be from 0 to 1, got {q}")
-    bounds = sorted((float(bound), count) for bound, count in cumulative_buckets.items())
-    if len(bounds) < 2 or bounds[-1][0] != math.inf:
+    bounds = [float(bound) for bound in cumulative_buckets]
+    if len(bounds) < 2 or max(bounds) != math.inf:
         return None
-    counts = np.maximum.accumulate([count for _, count in bounds])
-    total = counts[-1]
-    if total <= 0:
-        return None
-    rank = q * total
-    index = int(np.searchsorted(counts[:-1], rank, side="left"))
-    if index == len(bounds) - 1:
-        return bounds[-2][0]
-    return _interpolated(bounds, counts, index, rank)
-
-
-def _interpolated(bounds: list[tuple[float, int]], counts: np.ndarray, index: int, rank: float) -> float:
-    upper = bounds[index][0]
-    if index == 0 and upper <= 0:
-        return upper  # a first bucket at or below 0 has no lower edge to start from
-    lower = bounds[index - 1][0] if index > 0 else 0.0
-    below = counts[index - 1] if index > 0 else 0
-    inside = counts[index] - below
-    if inside == 0:
-        return lower
-    return float(lower + (upper - lower) * (rank - below) / inside)
+    return contract.histogram_quantile(cumulative_buckets, q)  # the worker's reports read theirs so too
 
 
 def _aligned_shares(first: Sequence[float], second: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
