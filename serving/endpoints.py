@@ -163,7 +163,7 @@ class ServingApp:
 
     def _too_large(self, response: Response) -> AnswerTooLarge:
         refusal = AnswerTooLarge(f"the answer is {len(response.body)} bytes, more than this worker holds for a client "
-                                 f"(SERVING_MAX_UNSENT_BYTES={self.max_answer_bytes}): ask for fewer rows at a time, or raise the setting")
+                                 f"({self.max_answer_bytes} bytes, SERVING_MAX_UNSENT_BYTES): ask for fewer rows at a time, or raise the setting")
         refusal.version = response.version
         return refusal
 

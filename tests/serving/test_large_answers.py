@@ -137,7 +137,7 @@ def test_an_answer_larger_than_the_unsent_budget_is_a_400_naming_it_not_a_200_cu
     assert answer.status_code == 400
     assert answer.headers["x-model-version"] == "1"
     error = answer.json()["error"]
-    assert error.startswith("the answer is ") and "more than this worker holds for a client (SERVING_MAX_UNSENT_BYTES=4194304)" in error
+    assert error.startswith("the answer is ") and "more than this worker holds for a client (4194304 bytes, SERVING_MAX_UNSENT_BYTES)" in error
 
 
 @pytest.mark.parametrize("path, body", [
