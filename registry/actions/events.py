@@ -100,10 +100,12 @@ def version_archived(version: ModelVersion) -> AuditEvent:
     )
 
 
-def release_made(release: Release, message: str, *, forced: list[str] | None = None) -> AuditEvent:
+def release_made(release: Release, message: str, *, forced: list[str] | None = None, evaluated_worse: list[str] | None = None) -> AuditEvent:
     data = {"generation": release.generation, "routes": release.routes, "action": release.action, "reason": release.reason}
     if forced:
         data["forced"] = forced
+    if evaluated_worse:
+        data["evaluated_worse"] = evaluated_worse
     return AuditEvent.objects.create(model=release.model, kind=AuditKind.RELEASE, actor=release.actor, message=message, data=data)
 
 

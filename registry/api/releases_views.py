@@ -33,10 +33,12 @@ def release_body(model: RegisteredModel, release: Release | None) -> dict:
 
 
 def committed_release_body(model: RegisteredModel, release: Release) -> dict:
-    """``release_body``, or, when the database fails after the commit, what the call
-    knows without it: the change is made, and a 503 would have the client make it twice."""
+    """``release_body`` with what the change was told (a version evaluated worse than the
+    stable), or, when the database fails after the commit, what the call knows without it:
+    the change is made, and a 503 would have the client make it twice."""
+    worse = {"evaluated_worse": release.evaluated_worse} if getattr(release, "evaluated_worse", None) else {}
     try:
-        return release_body(model, release)
+        return release_body(model, release) | worse
     except DatabaseError as error:
         if not is_database_unavailable(error):
             raise
@@ -44,7 +46,7 @@ def committed_release_body(model: RegisteredModel, release: Release) -> dict:
                "rollback preview could not be read; GET this model's release once it answers")
     return {"model": model.name, "archived": model.is_archived, "release": serializers.ReleaseSerializer(release).data,
             "rollback_returns_to": None, "workers": [], "converged": False, "failing_elsewhere": 0, "rollback_ready": False,
-            "warning": warning}
+            "warning": warning, **worse}
 
 
 def release_at(model: RegisteredModel, raw: str) -> Response:

@@ -431,6 +431,10 @@ class ReleaseStateSerializer(serializers.Serializer):
     rollback_ready = serializers.BooleanField()
     warning = serializers.CharField(
         required=False, help_text="Only when the database failed right after the change was committed: what this answer could not read.")
+    evaluated_worse = serializers.ListField(child=serializers.CharField(), required=False, help_text=(
+        "Only in a traffic action's answer, and only when it gave traffic to a version evaluated worse than the stable version it "
+        "replaced or joined (more than one point of accuracy, or 5 % of MAE or MSE, on the same bytes of a data set): each in words. "
+        "The change is made; this says what it was made despite."))
 
 
 class DrillSerializer(serializers.ModelSerializer):

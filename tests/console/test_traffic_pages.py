@@ -11,9 +11,10 @@ import pytest
 from django.contrib.messages import get_messages
 
 from registry.actions import events, releases, rollouts
-from registry.domain.choices import DatasetTask, RolloutStatus
-from registry.models import AuditEvent, EvaluationDataset, Release
+from registry.domain.choices import RolloutStatus
+from registry.models import AuditEvent, Release
 from tests.console.conftest import incompatible_v3, report_from, served, start_rollout
+from tests.fixtures.evaluations import evaluated_on_holdout
 
 pytestmark = pytest.mark.django_db
 
@@ -185,15 +186,6 @@ def test_a_confirmed_100_percent_makes_the_canary_the_only_route(operator_page, 
 
 
 # ---- a version evaluated worse than the stable one is said so before it takes everything ---------------
-
-
-def evaluated_on_holdout(model, accuracies: dict[int, float]) -> None:
-    dataset = EvaluationDataset.objects.create(model=model, name="holdout", task=DatasetTask.CLASSIFICATION, file_format="npz", sha256="ab" * 32,
-                                               size_bytes=10, rows=100)
-    for number, accuracy in accuracies.items():
-        model.versions.filter(number=number).update(metrics={"evaluation": {"holdout": {
-            "dataset_sha256": dataset.sha256, "task": "classification", "samples": 100, "accuracy": accuracy}}})
-
 
 WORSE = escape("v2 was evaluated worse than the stable v1: accuracy 11.0% on holdout, against v1's accuracy 89.0%.")
 

@@ -8,6 +8,7 @@ from registry.artifacts import storage
 from registry.fleet.state import desired_state
 from registry.models import AuditEvent, Release
 from serving.contract import CONTRACT_VERSION
+from tests.fixtures.evaluations import evaluated_on_holdout
 
 pytestmark = pytest.mark.django_db
 
@@ -111,6 +112,50 @@ def test_a_canary_the_live_workers_failed_to_load_is_not_promoted_unless_forced_
     assert audit.data["forced"] == ["no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact sha256 mismatch)"]
     assert audit.message.endswith("; forced although no worker serves v2: 1 of 1 live worker failed to load it (digits v2: artifact "
                                   "sha256 mismatch): its file is being restored")
+
+
+# ---- a version evaluated worse than the stable one: said in the answer and the audit ----------------
+
+V2_WORSE = "v2 was evaluated worse than the stable v1: accuracy 11.0% on holdout, against v1's accuracy 89.0%"
+
+
+def test_a_promote_of_a_version_evaluated_worse_says_so_in_its_answer_and_its_audit(operator_client, three_versions):
+    # Only the console's dialogs said it: an API client promoted v2 at 11 % (stable 89 %) and heard nothing.
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    evaluated_on_holdout(three_versions, {1: 0.89, 2: 0.11})
+
+    promoted = operator_client.post(RELEASE + "promote/", {"reason": "ship it"}, format="json")
+
+    assert promoted.status_code == 201, promoted.content
+    assert promoted.json()["evaluated_worse"] == [V2_WORSE]
+    audit = AuditEvent.objects.filter(kind="release").order_by("-pk").first()
+    assert audit.data["evaluated_worse"] == [V2_WORSE]
+    assert audit.message.endswith("; " + V2_WORSE)
+
+
+def test_a_split_or_a_restore_giving_traffic_to_a_version_evaluated_worse_says_so(operator_client, three_versions):
+    evaluated_on_holdout(three_versions, {1: 0.89, 2: 0.11})
+
+    split_answer = split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    back = operator_client.post(RELEASE + "rollback/", {}, format="json")
+    restored = operator_client.post(RELEASE + "restore/", {"generation": 2}, format="json")
+
+    assert split_answer.json()["evaluated_worse"] == [V2_WORSE]
+    assert "evaluated_worse" not in back.json()  # back to v1 alone: nothing worse takes traffic
+    assert restored.json()["evaluated_worse"] == [V2_WORSE]
+
+
+@pytest.mark.parametrize("accuracies", [{1: 0.89, 2: 0.88}, {1: 0.89}, {2: 0.11}],
+                         ids=["within-a-point", "canary-not-evaluated", "stable-not-evaluated"])
+def test_a_promote_says_nothing_of_evaluations_unless_both_were_measured_and_the_canary_is_worse(operator_client, three_versions, accuracies):
+    split(operator_client, [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}])
+    evaluated_on_holdout(three_versions, accuracies)
+
+    promoted = operator_client.post(RELEASE + "promote/", {}, format="json")
+
+    assert promoted.status_code == 201, promoted.content
+    assert "evaluated_worse" not in promoted.json()
+    assert "evaluated_worse" not in AuditEvent.objects.filter(kind="release").order_by("-pk").first().data
 
 
 def test_a_split_sending_traffic_to_a_version_the_live_workers_failed_to_load_is_refused_unless_forced(operator_client, three_versions):
