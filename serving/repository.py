@@ -49,9 +49,25 @@ SERVED_AS = {"before": "keeps the routes it served before", "in part": "serves o
 
 
 def without_versions(entry: dict, versions) -> dict:
-    """A model's entry of a state with ``versions`` neither routed nor kept warm."""
+    """A model's entry of a state with ``versions`` neither routed nor kept warm. The routed
+    versions left share all the traffic, so their weights are scaled to sum to 100 again:
+    the entry is what the worker serves and says (`/v2/models`, `/health`, the digest), and
+    a stable at 90 beside a 10 % canary that failed to load serves 100, not 90."""
     warm = [item for item in entry.get("warm", []) if (item["version"] if isinstance(item, dict) else item) not in versions]
-    return {**entry, "routes": [route for route in entry["routes"] if route["version"] not in versions], "warm": warm}
+    return {**entry, "routes": _scaled_to_100([route for route in entry["routes"] if route["version"] not in versions]), "warm": warm}
+
+
+def _scaled_to_100(routes: list[dict]) -> list[dict]:
+    """``routes`` with their weights scaled to sum to 100 in whole percents (largest
+    remainder first, ties to the earlier route); a weight of 0 (a shadow) stays 0."""
+    total = sum(route["weight"] for route in routes)
+    if total in (0, 100):
+        return routes
+    weights = [route["weight"] * 100 // total for route in routes]
+    by_remainder = sorted(range(len(routes)), key=lambda index: (-(routes[index]["weight"] * 100 % total), index))
+    for index in by_remainder[:100 - sum(weights)]:
+        weights[index] += 1
+    return [{**route, "weight": weight} for route, weight in zip(routes, weights)]
 
 
 def _close_all_but(versions, kept) -> None:
@@ -115,6 +131,9 @@ class Repository:
     applied_state: dict | None = None
     # Models the console routes that have nothing served here (their versions failed): a 503 each.
     _unavailable: tuple[str, ...] = ()
+    # The last apply's outcome for /health (generation, ok, and the models kept apart), never
+    # its error: that may name paths and addresses, which stay in the worker's log.
+    last_apply: dict | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _retiring: set = field(default_factory=set)  # drain-then-close tasks of retired versions
 
@@ -133,6 +152,7 @@ class Repository:
                 metrics.STATE_GENERATION.set(self.generation)
             if not result.ok and not self.is_ready:
                 self.serve_nothing_because(f"the state of generation {result.generation} could not be applied")
+            self.last_apply = {"generation": result.generation, "ok": result.ok, "kept": list(result.kept)}
             log = logger.info if result.ok else logger.error
             name = "state_applied" if result.ok else "state_partly_applied" if result.kept else "state_not_applied"
             log(event(name, **result.as_dict()))
@@ -349,6 +369,8 @@ class Repository:
             "status": "ready" if self.is_ready else "loading",
             "device": self.device,
             "generation": self.generation,
+            # A generation served in part (a model kept apart) read as served whole.
+            "last_apply": self.last_apply,
             "models": {
                 name: {
                     "routes": [{"version": v, "weight": w} for v, w in zip(routes.versions, routes.weights)],

@@ -451,7 +451,28 @@ async def test_a_worker_with_nothing_served_serves_the_versions_that_load_while_
     assert (result["ok"], result["kept"]) == (False, ["digits"])
     assert result["error"].startswith("applied but for digits (serves only its versions that loaded): digits v2:")
     assert [await infer(repository) for _ in range(20)] == [1] * 20
-    assert repository.applied_state["models"]["digits"]["routes"] == [route(1, 90, *mlp_v1)]
+    assert repository.applied_state["models"]["digits"]["routes"] == [route(1, 100, *mlp_v1)]
+
+
+async def test_a_model_served_in_part_says_the_weights_it_serves(repository, mlp_v1, mlp_v2):
+    """With the console down, a worker serving v1 alone (v2 failed to load) listed v1 at
+    weight 50 in /v2/models and /health: weights summing to 50, while v1 took every request."""
+    result = await repository.apply(digits(1, route(1, 50, *mlp_v1), route(2, 30, mlp_v2[0], "0" * 64), route(3, 20, *mlp_v2)))
+
+    assert result["kept"] == ["digits"]
+    assert [(item["version"], item["weight"]) for item in repository.applied_state["models"]["digits"]["routes"]] == [(1, 71), (3, 29)]
+    assert repository.health()["models"]["digits"]["routes"] == [{"version": 1, "weight": 71}, {"version": 3, "weight": 29}]
+
+
+async def test_health_says_the_last_state_was_applied_in_part(repository, mlp_v1, mlp_v2):
+    # /health said "generation 1" alone while the worker served v1 without its failed canary.
+    await repository.apply(digits(1, route(1, 90, *mlp_v1), route(2, 10, mlp_v2[0], "0" * 64)))
+    in_part = repository.health()["last_apply"]
+
+    await repository.apply(digits(2, route(1, 100, *mlp_v1)))
+
+    assert in_part == {"generation": 1, "ok": False, "kept": ["digits"]}
+    assert repository.health()["last_apply"] == {"generation": 2, "ok": True, "kept": []}
 
 
 async def test_a_model_that_keeps_its_routes_closes_the_versions_of_the_failed_state_that_loaded(repository, mlp_v1, mlp_v2, monkeypatch):
