@@ -34,7 +34,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 def _data_dir() -> Path:
     """DATA_DIR, made if missing. One that cannot be used is a SettingError naming it (one
     line from manage.py), not the traceback of a mkdir every command printed."""
-    path = Path(env_str("DATA_DIR", str(default_data_dir()))).resolve()
+    path = default_data_dir()  # the workers' reading: "~/x" is the home directory's, not ./~/x
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)  # the mode applies when it is made here
     except FileExistsError:  # exist_ok covers a directory only

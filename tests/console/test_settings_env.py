@@ -214,3 +214,13 @@ def test_a_database_url_for_postgresql_or_sqlite_is_accepted(tmp_path, url, engi
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == f"django.db.backends.{engine}"
+
+
+def test_a_data_dir_starting_with_a_tilde_is_the_home_directorys_for_the_console_as_for_the_workers(tmp_path):
+    # As compose and .env files pass it, unexpanded: the console made ./~/modelops in its working
+    # directory (the code tree under `make run`) while the workers read ~/modelops.
+    home = tmp_path / "home"
+    result = _settings(tmp_path, "settings.DATA_DIR", DATA_DIR="~/modelops", HOME=str(home))
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(home / "modelops")
