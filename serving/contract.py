@@ -38,6 +38,9 @@ APPLY_MESSAGE = "serving.apply"  # a push: {"type": APPLY_MESSAGE, "state": <sig
 
 # Batching when neither the model nor the settings (SERVING_MAX_*) say otherwise.
 DEFAULT_MAX_BATCH_SIZE = 32
+# The most a model's own max_batch_size may be (registry/models.py), and so the default's:
+# a worker runs every size up to it before a version is routed.
+MAX_BATCH_SIZE = 1024
 DEFAULT_MAX_QUEUE_DELAY_S = 0.002
 DEFAULT_MAX_QUEUE_SIZE = 4096
 

@@ -224,3 +224,12 @@ def test_a_data_dir_starting_with_a_tilde_is_the_home_directorys_for_the_console
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == str(home / "modelops")
+
+
+def test_a_default_batch_size_past_what_a_model_may_set_stops_the_console(tmp_path):
+    # A model's own max_batch_size is 1 to 1024 (400 past it); the default was unbounded, and
+    # every worker warms each size up to it: 100000 timed every version's load out.
+    result = _manage(tmp_path, "check", SERVING_MAX_BATCH_SIZE="1025")
+
+    assert result.returncode == 1
+    assert result.stderr == "manage.py: SERVING_MAX_BATCH_SIZE='1025': must be <= 1024\n"

@@ -54,6 +54,7 @@ def test_worker_token_can_come_from_a_file(monkeypatch, tmp_path):
     [
         ("SERVING_MAX_BATCH_SIZE", "0", "must be >= 1"),
         ("SERVING_MAX_BATCH_SIZE", "many", "expected an integer"),
+        ("SERVING_MAX_BATCH_SIZE", "1025", "must be <= 1024"),
         ("SERVING_DEVICE", "tpu", "expected one of auto, cpu, cuda"),
         ("SERVING_MAX_QUEUE_DELAY_S", "-1", "must be a finite number >= 0"),
         ("SERVING_MEMORY_PATTERN", "maybe", "expected true or false"),
