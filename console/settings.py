@@ -320,6 +320,10 @@ INSPECTION_MAX_CONCURRENT = env_int("INSPECTION_MAX_CONCURRENT", 2, minimum=1)
 # job's child process (0: sized from the model, like an inspection).
 JOB_HEARTBEAT_S = env_float("JOB_HEARTBEAT_S", 2.0, minimum=0.1)
 JOB_STALE_AFTER_S = env_float("JOB_STALE_AFTER_S", 30.0, minimum=1.0)
+if JOB_STALE_AFTER_S < 3 * JOB_HEARTBEAT_S:  # the sweep would take a live job for lost between two heartbeats
+    raise SettingError(f"JOB_HEARTBEAT_S={JOB_HEARTBEAT_S:g} with JOB_STALE_AFTER_S={JOB_STALE_AFTER_S:g}: a running job would be taken for "
+                       "lost between two heartbeats and run again; keep JOB_STALE_AFTER_S at least 3 × JOB_HEARTBEAT_S "
+                       f"({3 * JOB_HEARTBEAT_S:g})")
 JOB_MAX_ATTEMPTS = env_int("JOB_MAX_ATTEMPTS", 2, minimum=1)
 JOB_SWEEP_INTERVAL_S = env_float("JOB_SWEEP_INTERVAL_S", 10.0, minimum=0.5)
 JOB_TIMEOUT_S = env_float("JOB_TIMEOUT_S", 3600.0, minimum=1.0)

@@ -233,3 +233,13 @@ def test_a_default_batch_size_past_what_a_model_may_set_stops_the_console(tmp_pa
 
     assert result.returncode == 1
     assert result.stderr == "manage.py: SERVING_MAX_BATCH_SIZE='1025': must be <= 1024\n"
+
+
+def test_a_job_heartbeat_too_slow_for_its_stale_limit_stops_the_console(tmp_path):
+    # JOB_HEARTBEAT_S=60 beside the default JOB_STALE_AFTER_S=30 was accepted: the sweep took
+    # every running job for lost between two heartbeats and queued it again.
+    result = _manage(tmp_path, "check", JOB_HEARTBEAT_S="60")
+
+    assert result.returncode == 1
+    assert result.stderr == ("manage.py: JOB_HEARTBEAT_S=60 with JOB_STALE_AFTER_S=30: a running job would be taken for lost between two "
+                             "heartbeats and run again; keep JOB_STALE_AFTER_S at least 3 × JOB_HEARTBEAT_S (180)\n")
