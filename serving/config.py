@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving.contract import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_S, DEFAULT_MAX_QUEUE_SIZE, MAX_BATCH_SIZE
+from serving.contract import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_S, DEFAULT_MAX_QUEUE_SIZE, MAX_BATCH_SIZE, MAX_WORKER_ID_CHARS
 from serving.env import SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str, env_url
 from serving.model_safety import default_data_dir
 
@@ -77,6 +77,10 @@ class ServingConfig:
     def from_env(cls) -> ServingConfig:
         request_timeout_s = env_float("SERVING_REQUEST_TIMEOUT_S", 10.0, minimum=0.001)
         env_bool("ORT_DISABLE_TELEMETRY", True)  # ONNX Runtime reads it (see serving/__init__.py); a bad value stops the worker here
+        worker_id = env_str("SERVING_WORKER_ID")  # read by serving/control.py; checked here, at start
+        if len(worker_id) > MAX_WORKER_ID_CHARS:
+            raise SettingError(f"SERVING_WORKER_ID={worker_id!r}: at most {MAX_WORKER_ID_CHARS} characters (the console refuses "
+                               "reports and acks under a longer id)")
         return cls(
             device=env_choice("SERVING_DEVICE", "auto", ("auto", "cpu", "cuda")),
             intra_op_threads=env_int("SERVING_INTRA_OP_THREADS", 0),

@@ -485,6 +485,11 @@ class Ack:
         )
 
 
+# The longest worker id the console keeps (registry.models.Worker.worker_id); a report or
+# an ack under a longer one is refused (400).
+MAX_WORKER_ID_CHARS = 100
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerIdentity:
     id: str

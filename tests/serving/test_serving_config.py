@@ -69,3 +69,11 @@ def test_bad_values_are_refused_naming_the_setting(monkeypatch, name, value, mes
 
     with pytest.raises(ConfigError, match=f"{name}.*{message}"):
         ServingConfig.from_env()
+
+
+def test_a_worker_id_longer_than_the_console_keeps_is_refused_at_start(monkeypatch):
+    # Accepted, the worker served while the console refused each of its reports and acks (400).
+    monkeypatch.setenv("SERVING_WORKER_ID", "w" * 101)
+
+    with pytest.raises(ConfigError, match=r"SERVING_WORKER_ID='w{101}': at most 100 characters"):
+        ServingConfig.from_env()
