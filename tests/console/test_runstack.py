@@ -384,6 +384,18 @@ def test_the_consoles_try_it_form_reaches_the_worker_on_the_serving_port_given(s
     assert console.environ()["SERVING_PUBLIC_URL"] == f"http://127.0.0.1:{shared.serving_port}"
 
 
+def test_an_empty_serving_public_url_or_secure_cookies_is_unset_for_the_stack_as_for_every_setting(tmp_path, monkeypatch):
+    # As a .env file or compose writes a variable left unset. Taken as set, the try-it form
+    # reached :8001 whatever --serving-port said, and plain http got Secure cookies.
+    monkeypatch.setenv("SERVING_PUBLIC_URL", "")
+    monkeypatch.setenv("SECURE_COOKIES", "")
+    with stack_up(tmp_path) as up:
+        console = next(child for child in psutil.Process(up.stack.pid).children() if "uvicorn" in child.cmdline())
+        environment = console.environ()
+
+    assert (environment["SERVING_PUBLIC_URL"], environment["SECURE_COOKIES"]) == (f"http://127.0.0.1:{up.serving_port}", "false")
+
+
 def test_a_command_run_by_hand_beside_the_stack_sends_to_its_worker_not_the_default_port(shared):
     # manage.py demo_traffic took SERVING_PUBLIC_URL's default, :8001, whatever --serving-port said.
     env = {key: value for key, value in os.environ.items() if key not in {"SERVING_PUBLIC_URL", "DATABASE_URL", "REDIS_URL"}}

@@ -84,10 +84,11 @@ class Command(BaseCommand):
             env["REDIS_URL"] = self._redis(children, redis_port, avoid=frozenset({port, serving_port}))
             console_address.record(settings.DATA_DIR, env["REDIS_URL"], console_address.REDIS_FILE_NAME)
             env["CONSOLE_URL"] = console_url
-            env.setdefault("SERVING_PUBLIC_URL", serving_url)  # the "try it" form's worker, on --serving-port
+            if not env.get("SERVING_PUBLIC_URL", "").strip():  # empty is unset, as for every setting
+                env["SERVING_PUBLIC_URL"] = serving_url  # the "try it" form's worker, on --serving-port
             console_address.record(settings.DATA_DIR, env["SERVING_PUBLIC_URL"], console_address.SERVING_FILE_NAME)
             env["SERVING_WORKER_TOKEN"] = settings.SERVING_WORKER_TOKEN
-            if "SECURE_COOKIES" not in env and host in LOOPBACK_HOSTS:
+            if not env.get("SECURE_COOKIES", "").strip() and host in LOOPBACK_HOSTS:
                 env["SECURE_COOKIES"] = "false"  # `make run` serves plain http: a Secure cookie would never come back
             self._prepare(no_demo, env)
             _stops.check()
