@@ -28,6 +28,7 @@ from registry.domain.choices import (
 )
 from registry.domain.text import refuse_hidden_characters, refuse_reserved_model_name
 from registry.row_lock import locked
+from serving.contract import MAX_BATCH_SIZE, MAX_WORKER_ID_CHARS
 
 
 class RegisteredModelQuerySet(models.QuerySet):
@@ -57,7 +58,7 @@ class RegisteredModel(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # Batching policy sent to workers with the desired state; null means the default.
-    max_batch_size = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1024)])
+    max_batch_size = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(MAX_BATCH_SIZE)])
     max_queue_delay_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
     latency_target_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0001)])
     # Canary-analysis thresholds for this model's rollouts, over the documented defaults
@@ -233,7 +234,7 @@ class Drill(models.Model):
 class Worker(models.Model):
     """The console's view of one serving worker, refreshed by its reports."""
 
-    worker_id = models.CharField(max_length=100, unique=True)
+    worker_id = models.CharField(max_length=MAX_WORKER_ID_CHARS, unique=True)
     host = models.CharField(max_length=200)
     pid = models.PositiveIntegerField(null=True)
     url = models.CharField(max_length=300, blank=True)
@@ -256,7 +257,7 @@ class Worker(models.Model):
 class WorkerAck(models.Model):
     """A worker's answer to one desired-state generation."""
 
-    worker_id = models.CharField(max_length=100)
+    worker_id = models.CharField(max_length=MAX_WORKER_ID_CHARS)
     generation = models.PositiveBigIntegerField()
     ok = models.BooleanField()
     error = models.TextField(blank=True)
@@ -289,7 +290,7 @@ class ReportSample(models.Model):
     the canary analysis sums over a window. Kept for REPORT_SAMPLE_RETENTION_S."""
 
     version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="report_samples")
-    worker_id = models.CharField(max_length=100)
+    worker_id = models.CharField(max_length=MAX_WORKER_ID_CHARS)
     received_at = models.DateTimeField(db_index=True)
     figures = models.JSONField()
 
