@@ -12,6 +12,9 @@ from serving.contract import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_S, 
 from serving.env import SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str, env_url
 from serving.model_safety import default_data_dir
 
+MAX_THREADS = 4096
+MAX_CUDA_DEVICE_ID = 1023
+
 # Linux's default ceiling on open files a process may have (fs.nr_open); 3,000,000,000
 # overflowed uvloop's backlog in a traceback.
 MAX_CONNECTIONS_LIMIT = 1_048_576
@@ -83,13 +86,14 @@ class ServingConfig:
                                "reports and acks under a longer id)")
         return cls(
             device=env_choice("SERVING_DEVICE", "auto", ("auto", "cpu", "cuda")),
-            intra_op_threads=env_int("SERVING_INTRA_OP_THREADS", 0),
-            inter_op_threads=env_int("SERVING_INTER_OP_THREADS", 0),
+            # ONNX Runtime takes a C int: past it every load failed with a TypeError naming no setting.
+            intra_op_threads=env_int("SERVING_INTRA_OP_THREADS", 0, maximum=MAX_THREADS),
+            inter_op_threads=env_int("SERVING_INTER_OP_THREADS", 0, maximum=MAX_THREADS),
             graph_optimization=env_choice("SERVING_GRAPH_OPTIMIZATION", "all", ("disable", "basic", "extended", "all")),
             execution_mode=env_choice("SERVING_EXECUTION_MODE", "sequential", ("sequential", "parallel")),
             memory_pattern=env_bool("SERVING_MEMORY_PATTERN", True),
             allow_spinning=env_bool("SERVING_ALLOW_SPINNING", False),
-            cuda_device_id=env_int("SERVING_CUDA_DEVICE_ID", 0),
+            cuda_device_id=env_int("SERVING_CUDA_DEVICE_ID", 0, maximum=MAX_CUDA_DEVICE_ID),
             gpu_mem_limit_bytes=env_int("SERVING_GPU_MEM_LIMIT_BYTES", 0),
             run_memory_mb=env_int("SERVING_RUN_MEMORY_MB", 0, minimum=0),
             cudnn_conv_algo_search=env_choice(

@@ -133,6 +133,19 @@ def env_bool(name: str, default: bool = False) -> bool:
     raise SettingError(f"{name}={raw!r}: expected true or false (one of {', '.join(TRUE_WORDS + FALSE_WORDS)})")
 
 
+# Past these a number is nonsense that failed later, deep inside and with a traceback: a
+# duration (a name ending in _S) past 100 years overflowed the console's datetime arithmetic
+# (now - timedelta: every workers page), and an integer past 64 bits a C call (setrlimit).
+MAX_SECONDS = 100 * 365 * 24 * 3600
+MAX_INTEGER = 2**63 - 1
+
+
+def _ceiling(name: str, maximum: float | None, otherwise: float | None) -> float | None:
+    if maximum is not None:
+        return maximum
+    return MAX_SECONDS if name.endswith("_S") else otherwise
+
+
 def env_int(name: str, default: int, *, minimum: int | None = 0, maximum: int | None = None) -> int:
     raw = _raw(name)
     if raw is None:
@@ -141,7 +154,7 @@ def env_int(name: str, default: int, *, minimum: int | None = 0, maximum: int | 
         value = int(raw)
     except ValueError:
         raise SettingError(f"{name}={raw!r}: expected an integer") from None
-    _check_bounds(name, raw, value, minimum, maximum, "")
+    _check_bounds(name, raw, value, minimum, _ceiling(name, maximum, MAX_INTEGER), "")
     return value
 
 
@@ -155,7 +168,7 @@ def env_float(name: str, default: float, *, minimum: float | None = 0.0, maximum
         raise SettingError(f"{name}={raw!r}: expected a number") from None
     if not math.isfinite(value):
         raise SettingError(f"{name}={raw!r}: expected a finite number")
-    _check_bounds(name, raw, value, minimum, maximum, "a finite number ")
+    _check_bounds(name, raw, value, minimum, _ceiling(name, maximum, None), "a finite number ")
     return value
 
 
@@ -171,7 +184,7 @@ def _check_bounds(name: str, raw: str, value: float, minimum: float | None, maxi
     if minimum is not None and value < minimum:
         raise SettingError(f"{name}={raw!r}: must be {kind}>= {minimum}")
     if maximum is not None and value > maximum:
-        raise SettingError(f"{name}={raw!r}: must be {kind}<= {maximum}")
+        raise SettingError(f"{name}={raw!r}: must be {kind}<= {maximum}{' (100 years)' if maximum == MAX_SECONDS else ''}")
 
 
 PORT_EXPECTED = "expected a port number from 1 to 65535"

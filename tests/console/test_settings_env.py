@@ -45,6 +45,19 @@ def test_a_bad_value_stops_the_console_naming_the_variable_the_value_and_what_is
     assert "started" not in result.stdout
 
 
+@pytest.mark.parametrize(("name", "value", "words"), [
+    # Accepted, then an OverflowError: a traceback at start, or at every workers page (now - timedelta).
+    ("LOGIN_COOLOFF_S", "99999999999999", "LOGIN_COOLOFF_S='99999999999999': must be <= 3153600000 (100 years)"),
+    ("WORKER_GONE_AFTER_S", "1e11", "WORKER_GONE_AFTER_S='1e11': must be a finite number <= 3153600000 (100 years)"),
+    ("JOB_MEMORY_LIMIT_BYTES", "1" + "0" * 30, "JOB_MEMORY_LIMIT_BYTES='1" + "0" * 30 + "': must be <= 9223372036854775807"),
+])
+def test_a_duration_past_a_century_or_a_number_past_64_bits_stops_the_console_naming_it(tmp_path, name, value, words):
+    result = _settings(tmp_path, "'started'", **{name: value})
+
+    assert result.returncode != 0
+    assert f"SettingError: {words}" in result.stderr
+
+
 def test_an_unknown_log_level_stops_the_console_naming_it(tmp_path):
     result = _settings(tmp_path, "'started'", LOG_LEVEL="verbose")
 

@@ -62,6 +62,12 @@ def test_worker_token_can_come_from_a_file(monkeypatch, tmp_path):
         ("SERVING_SEND_TIMEOUT_S", "soon", "expected a number"),
         ("SERVING_MAX_UNSENT_BYTES", "-1", "must be >= 0"),
         ("SERVING_MAX_UNSENT_BYTES", "lots", "expected an integer"),
+        # Accepted, each failed later without naming the setting: ONNX Runtime's TypeError at
+        # every load, a datetime overflow, a C call's OverflowError.
+        ("SERVING_INTRA_OP_THREADS", "99999999999", r"must be <= 4096"),
+        ("SERVING_CUDA_DEVICE_ID", "99999999999", r"must be <= 1023"),
+        ("SERVING_SEND_TIMEOUT_S", "1e11", r"must be a finite number <= 3153600000 \(100 years\)"),
+        ("SERVING_GPU_MEM_LIMIT_BYTES", "1" + "0" * 30, r"must be <= 9223372036854775807"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(monkeypatch, name, value, message):
