@@ -404,6 +404,10 @@ CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_ACKS_LATE = True
 # Jobs bound their own time (JOB_TIMEOUT_S, per child); Celery's hard limit backs it up.
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT_S", int(JOB_TIMEOUT_S) + 60, minimum=1)
+if CELERY_TASK_TIME_LIMIT <= JOB_TIMEOUT_S:  # Celery would kill a job before its own timeout: "lost its worker", not "timed out"
+    raise SettingError(f"CELERY_TASK_TIME_LIMIT_S={CELERY_TASK_TIME_LIMIT} with JOB_TIMEOUT_S={JOB_TIMEOUT_S:g}: Celery would kill a job "
+                       "before its own timeout ends it, and the job would read as lost, not timed out; keep CELERY_TASK_TIME_LIMIT_S "
+                       "above JOB_TIMEOUT_S (unset, it is JOB_TIMEOUT_S + 60)")
 # A task whose pool process dies is queued again (the job's claim makes a rerun safe).
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # One task at a time per pool process: a long batch job must not hold others it prefetched.

@@ -58,6 +58,14 @@ def test_a_duration_past_a_century_or_a_number_past_64_bits_stops_the_console_na
     assert f"SettingError: {words}" in result.stderr
 
 
+def test_a_celery_time_limit_within_the_job_timeout_stops_the_console(tmp_path):
+    # Accepted, Celery killed each job before its own timeout, and the job read as lost.
+    result = _settings(tmp_path, "'started'", CELERY_TASK_TIME_LIMIT_S="600", JOB_TIMEOUT_S="900")
+
+    assert result.returncode != 0
+    assert "SettingError: CELERY_TASK_TIME_LIMIT_S=600 with JOB_TIMEOUT_S=900: Celery would kill a job before its own timeout" in result.stderr
+
+
 def test_an_unknown_log_level_stops_the_console_naming_it(tmp_path):
     result = _settings(tmp_path, "'started'", LOG_LEVEL="verbose")
 
