@@ -348,7 +348,8 @@ RETENTION_ROLLBACK_DEPTH = env_int("RETENTION_ROLLBACK_DEPTH", 3, minimum=1)
 # Serving control plane.
 SERVING_WORKER_TOKEN = _secret("SERVING_WORKER_TOKEN", "worker_token")
 SERVING_DEFAULT_MAX_BATCH_SIZE = env_int("SERVING_MAX_BATCH_SIZE", contract.DEFAULT_MAX_BATCH_SIZE, minimum=1, maximum=contract.MAX_BATCH_SIZE)
-SERVING_DEFAULT_MAX_QUEUE_DELAY_S = env_float("SERVING_MAX_QUEUE_DELAY_S", contract.DEFAULT_MAX_QUEUE_DELAY_S, minimum=0.0)
+SERVING_DEFAULT_MAX_QUEUE_DELAY_S = env_float("SERVING_MAX_QUEUE_DELAY_S", contract.DEFAULT_MAX_QUEUE_DELAY_S, minimum=0.0,
+                                              maximum=contract.MAX_QUEUE_DELAY_S)
 SERVING_DEFAULT_MAX_QUEUE_SIZE = env_int("SERVING_MAX_QUEUE_SIZE", contract.DEFAULT_MAX_QUEUE_SIZE, minimum=1)
 SERVING_PUBLIC_URL = (env_url("SERVING_PUBLIC_URL", "", example="http://127.0.0.1:8001")
                       or console_address.recorded(DATA_DIR, console_address.SERVING_FILE_NAME)

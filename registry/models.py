@@ -28,7 +28,7 @@ from registry.domain.choices import (
 )
 from registry.domain.text import refuse_hidden_characters, refuse_reserved_model_name
 from registry.row_lock import locked
-from serving.contract import MAX_BATCH_SIZE, MAX_WORKER_ID_CHARS
+from serving.contract import MAX_BATCH_SIZE, MAX_QUEUE_DELAY_S, MAX_WORKER_ID_CHARS
 
 
 class RegisteredModelQuerySet(models.QuerySet):
@@ -59,7 +59,7 @@ class RegisteredModel(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # Batching policy sent to workers with the desired state; null means the default.
     max_batch_size = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(MAX_BATCH_SIZE)])
-    max_queue_delay_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
+    max_queue_delay_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(MAX_QUEUE_DELAY_S)])
     latency_target_s = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0001)])
     # Canary-analysis thresholds for this model's rollouts, over the documented defaults
     # (registry/domain/canary_analysis.py); a rollout's own "analysis" overrides these.

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving.contract import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_S, DEFAULT_MAX_QUEUE_SIZE, MAX_BATCH_SIZE, MAX_WORKER_ID_CHARS
+from serving.contract import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_QUEUE_DELAY_S,
+    DEFAULT_MAX_QUEUE_SIZE,
+    MAX_BATCH_SIZE,
+    MAX_QUEUE_DELAY_S,
+    MAX_WORKER_ID_CHARS,
+)
 from serving.env import SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str, env_url
 from serving.model_safety import default_data_dir
 
@@ -100,7 +107,7 @@ class ServingConfig:
                 "SERVING_CUDNN_CONV_ALGO_SEARCH", "heuristic", ("exhaustive", "heuristic", "default")
             ),
             max_batch_size=env_int("SERVING_MAX_BATCH_SIZE", DEFAULT_MAX_BATCH_SIZE, minimum=1, maximum=MAX_BATCH_SIZE),
-            max_queue_delay_s=env_float("SERVING_MAX_QUEUE_DELAY_S", DEFAULT_MAX_QUEUE_DELAY_S),
+            max_queue_delay_s=env_float("SERVING_MAX_QUEUE_DELAY_S", DEFAULT_MAX_QUEUE_DELAY_S, maximum=MAX_QUEUE_DELAY_S),
             max_queue_size=env_int("SERVING_MAX_QUEUE_SIZE", DEFAULT_MAX_QUEUE_SIZE, minimum=1),
             max_batches_in_flight=env_int("SERVING_MAX_BATCHES_IN_FLIGHT", 1, minimum=1),
             max_shape_queues=env_int("SERVING_MAX_SHAPE_QUEUES", 16, minimum=1),

@@ -42,6 +42,10 @@ DEFAULT_MAX_BATCH_SIZE = 32
 # a worker runs every size up to it before a version is routed.
 MAX_BATCH_SIZE = 1024
 DEFAULT_MAX_QUEUE_DELAY_S = 0.002
+# The longest a model's own max_queue_delay_s may be (registry/models.py), and so the
+# default's: a batch that waits longer for company leaves its first request little of
+# its deadline, and with the default timeout (10 s) a delay past it timed every one out.
+MAX_QUEUE_DELAY_S = 1.0
 DEFAULT_MAX_QUEUE_SIZE = 4096
 
 HEX64 = re.compile(r"[0-9a-f]{64}")

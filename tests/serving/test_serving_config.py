@@ -57,6 +57,7 @@ def test_worker_token_can_come_from_a_file(monkeypatch, tmp_path):
         ("SERVING_MAX_BATCH_SIZE", "1025", "must be <= 1024"),
         ("SERVING_DEVICE", "tpu", "expected one of auto, cpu, cuda"),
         ("SERVING_MAX_QUEUE_DELAY_S", "-1", "must be a finite number >= 0"),
+        ("SERVING_MAX_QUEUE_DELAY_S", "60", "must be a finite number <= 1.0"),  # a model's own bound; 60 timed out every request
         ("SERVING_MEMORY_PATTERN", "maybe", "expected true or false"),
         ("SERVING_SEND_TIMEOUT_S", "0", "must be a finite number >= 0.01"),
         ("SERVING_SEND_TIMEOUT_S", "soon", "expected a number"),
