@@ -14,6 +14,24 @@ from serving.contract import CONTRACT_VERSION
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def no_marks_of_other_tests(settings):
+    """A console that has issued nothing yet. Every test's counter starts under the same
+    epoch, and marks in Redis (and this process's memory of them) outlive a test: another
+    test's mark of that epoch made a report past the counter read as no restore's, in
+    whichever order the tests ran."""
+    import redis
+
+    from registry.fleet import issued_mark, workers
+
+    issued_mark._noted.clear()
+    workers._SEEN.clear()
+    if settings.REDIS_URL:
+        with redis.Redis.from_url(settings.REDIS_URL) as client:
+            for key in client.scan_iter(f"{settings.CHANNEL_LAYER_PREFIX}:issued:*"):
+                client.delete(key)
+
+
 def stateless_report() -> dict:
     return {"worker": {"id": "w-new", "host": "box", "pid": 7, "url": "http://127.0.0.1:9", "device": "cpu"},
             "generation": None, "digest": None, "epoch": None, "loaded": [], "versions": [], "contract": CONTRACT_VERSION}
