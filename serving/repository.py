@@ -6,8 +6,8 @@ then ack, while versions neither routed nor kept warm drain and unload in the ba
 Models converge one by one: a model whose version fails to load (or to warm in time)
 keeps its previous routes and versions, and the other models' changes are swapped in
 anyway, so one broken canary never holds another model's rollback. A failing model that
-was served nothing before serves its versions that loaded, or, with none routed, answers
-503 naming it. The result is then not ok, names what failed and which models failed
+was served nothing before serves its versions that loaded (their weights scaled to sum
+to 100), or, with none routed, answers 503 naming it. The result is then not ok, names what failed and which models failed
 (``kept``), and ``applied_state`` is the state actually served: the console's, with those
 models' entries taken from the state applied before (or reduced to what loaded). When
 nothing but failing models changed, the routes and the state served stay as they were;
