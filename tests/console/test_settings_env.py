@@ -247,6 +247,16 @@ def test_a_data_dir_starting_with_a_tilde_is_the_home_directorys_for_the_console
     assert result.stdout.strip().splitlines()[-1] == str(home / "modelops")
 
 
+def test_a_data_dir_naming_the_home_of_no_such_user_stops_the_console_naming_it(tmp_path):
+    # "~x/…" expands to user x's home; with no such user it was a RuntimeError traceback from
+    # pathlib, not the one line naming DATA_DIR (before ~ was expanded: a ./~x directory).
+    result = _manage(tmp_path, "check", DATA_DIR="~no-such-user-modelops/data")
+
+    assert result.returncode == 1
+    assert result.stderr == ("manage.py: DATA_DIR='~no-such-user-modelops/data': no home directory for '~no-such-user-modelops' "
+                             "(no such user); give an absolute path\n")
+
+
 def test_a_default_batch_size_past_what_a_model_may_set_stops_the_console(tmp_path):
     # A model's own max_batch_size is 1 to 1024 (400 past it); the default was unbounded, and
     # every worker warms each size up to it: 100000 timed every version's load out.
