@@ -163,7 +163,11 @@ TEMPLATES = [
 # How long a change may wait for a lock another session holds (PostgreSQL): every single
 # wait (lock_timeout), and the generation row's in all (registry/row_lock.py).
 # 0: neither (a pooler that refuses startup options; set lock_timeout on the role instead).
-DATABASE_LOCK_TIMEOUT_S = env_float("DATABASE_LOCK_TIMEOUT_S", 10.0, minimum=0.0)
+# PostgreSQL's lock_timeout and statement_timeout, and SQLite's busy timeout, are C ints of
+# milliseconds: past 24.8 days PostgreSQL refused every connection ("exceeds integer range"),
+# and SQLite's wait silently became 0, under the 100-year ceiling of every other duration.
+MAX_MILLISECONDS_S = (2**31 - 1) // 1000
+DATABASE_LOCK_TIMEOUT_S = env_float("DATABASE_LOCK_TIMEOUT_S", 10.0, minimum=0.0, maximum=MAX_MILLISECONDS_S)
 
 
 # Requests one console process runs at once, of each kind (workers' calls, sign-ins,
@@ -193,7 +197,7 @@ def _database() -> dict:
     # All read whatever the database: a bad value is refused at start, not accepted until
     # the day DATABASE_URL changes.
     conn_max_age_s = env_int("DATABASE_CONN_MAX_AGE_S", 0, minimum=0)
-    busy_timeout_s = env_int("SQLITE_BUSY_TIMEOUT_S", 20, minimum=1)
+    busy_timeout_s = env_int("SQLITE_BUSY_TIMEOUT_S", 20, minimum=1, maximum=MAX_MILLISECONDS_S)
     connect_timeout_s = env_int("DATABASE_CONNECT_TIMEOUT_S", 3, minimum=2)
     if url:
         # Health checks: a persistent connection broken by an outage is replaced at the

@@ -58,6 +58,17 @@ def test_a_duration_past_a_century_or_a_number_past_64_bits_stops_the_console_na
     assert f"SettingError: {words}" in result.stderr
 
 
+@pytest.mark.parametrize("name", ["DATABASE_LOCK_TIMEOUT_S", "SQLITE_BUSY_TIMEOUT_S"])
+def test_a_database_wait_past_what_its_milliseconds_hold_stops_the_console_naming_it(tmp_path, name):
+    # Both are C ints of milliseconds (24.8 days). 30 days passed the 100-year ceiling: PostgreSQL
+    # refused every connection (lock_timeout "exceeds integer range"), and SQLite's busy timeout
+    # silently became 0, every writer that met another failing at once with "database is locked".
+    result = _settings(tmp_path, "'started'", **{name: "2592000"})
+
+    assert result.returncode != 0
+    assert f"SettingError: {name}='2592000': must be " in result.stderr and "<= 2147483\n" in result.stderr
+
+
 def test_a_celery_time_limit_within_the_job_timeout_stops_the_console(tmp_path):
     # Accepted, Celery killed each job before its own timeout, and the job read as lost.
     result = _settings(tmp_path, "'started'", CELERY_TASK_TIME_LIMIT_S="600", JOB_TIMEOUT_S="900")
