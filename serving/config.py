@@ -16,11 +16,14 @@ from serving.contract import (
     MAX_QUEUE_DELAY_S,
     MAX_WORKER_ID_CHARS,
 )
-from serving.env import SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str, env_url
+from serving.env import MAX_INTEGER, SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str, env_url
 from serving.model_safety import default_data_dir
 
 MAX_THREADS = 4096
 MAX_CUDA_DEVICE_ID = 1023
+# SERVING_RUN_MEMORY_MB is MiB: its bytes must fit the 64 bits ONNX Runtime's arena takes
+# (2**44 MiB was a TypeError at every load, naming no setting).
+MAX_RUN_MEMORY_MB = MAX_INTEGER // (1024 * 1024)
 
 # Linux's default ceiling on open files a process may have (fs.nr_open); 3,000,000,000
 # overflowed uvloop's backlog in a traceback.
@@ -102,7 +105,7 @@ class ServingConfig:
             allow_spinning=env_bool("SERVING_ALLOW_SPINNING", False),
             cuda_device_id=env_int("SERVING_CUDA_DEVICE_ID", 0, maximum=MAX_CUDA_DEVICE_ID),
             gpu_mem_limit_bytes=env_int("SERVING_GPU_MEM_LIMIT_BYTES", 0),
-            run_memory_mb=env_int("SERVING_RUN_MEMORY_MB", 0, minimum=0),
+            run_memory_mb=env_int("SERVING_RUN_MEMORY_MB", 0, minimum=0, maximum=MAX_RUN_MEMORY_MB),
             cudnn_conv_algo_search=env_choice(
                 "SERVING_CUDNN_CONV_ALGO_SEARCH", "heuristic", ("exhaustive", "heuristic", "default")
             ),

@@ -69,6 +69,8 @@ def test_worker_token_can_come_from_a_file(monkeypatch, tmp_path):
         ("SERVING_CUDA_DEVICE_ID", "99999999999", r"must be <= 1023"),
         ("SERVING_SEND_TIMEOUT_S", "1e11", r"must be a finite number <= 3153600000 \(100 years\)"),
         ("SERVING_GPU_MEM_LIMIT_BYTES", "1" + "0" * 30, r"must be <= 9223372036854775807"),
+        # In MiB: 2**44 is 2**64 bytes, ONNX Runtime's arena TypeError at every load.
+        ("SERVING_RUN_MEMORY_MB", str(2**44), r"must be <= 8796093022207"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(monkeypatch, name, value, message):
