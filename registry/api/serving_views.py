@@ -25,7 +25,7 @@ from registry.fleet import report_rate, worker_keys
 from registry.fleet import workers as fleet
 from registry.fleet.push_key import console_push_key_hex
 from registry.fleet.state import desired_state
-from serving.contract import MAX_LOADED, MAX_REPORTED_VERSIONS, WORKER_KEY_HEADER
+from serving.contract import MAX_LOADED, MAX_REPORTED_VERSIONS, MAX_WORKER_ID_CHARS, WORKER_KEY_HEADER
 from serving.state_signing import PUSH_KEY_HEADER
 
 
@@ -57,7 +57,7 @@ MAX_ACK_ERROR_CHARS = 2000
 
 
 class AckSerializer(drf_serializers.Serializer):
-    worker = serializers.StrictCharField(max_length=100)
+    worker = serializers.StrictCharField(max_length=MAX_WORKER_ID_CHARS)
     generation = serializers.StrictIntegerField(min_value=0, max_value=serializers.GENERATION_MAX)
     digest = serializers.StrictRegexField(HEX64, trim_whitespace=False, help_text="sha256 of the state applied (64 lowercase hex)")
     ok = serializers.StrictBooleanField()
@@ -98,7 +98,7 @@ class WorkerAcks(APIView):
 
 
 class IdentitySerializer(drf_serializers.Serializer):
-    id = serializers.StrictCharField(max_length=100)
+    id = serializers.StrictCharField(max_length=MAX_WORKER_ID_CHARS)
     host = serializers.StrictCharField(max_length=200, required=False, allow_blank=True)
     pid = serializers.StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
     url = serializers.StrictCharField(max_length=300, required=False, allow_blank=True)
