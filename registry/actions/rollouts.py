@@ -137,6 +137,7 @@ def start(model: RegisteredModel, canary_version: int, steps: object, step_durat
             raise RolloutError(f"version {canary_version} is already the stable version of {model.name}")
         unloadable = _check_canary(model, current, canary_version, force, reason)
         _refuse_third_version(model, current, canary_version)
+        worse = releases.evaluated_worse(model, current, [{"version": canary_version, "weight": 1}])
         now = timezone.now()
         rollout = Rollout.objects.create(
             model=model, canary_version=canary_version, stable_version=current.stable_version, steps=plan,
@@ -145,10 +146,13 @@ def start(model: RegisteredModel, canary_version: int, steps: object, step_durat
             actor=actor if actor is not None and actor.is_authenticated else None, reason=reason,
         )
         forced_words = f"; forced although {unloadable}" if unloadable else ""
+        worse_words = "".join(f"; {line}" for line in worse)
         events.rollout_event(rollout, actor, f"Rollout #{rollout.pk} started: v{canary_version} over steps {plan} "
-                             f"({duration_s:g} s each, windows of {settings.interval_s:g} s){forced_words}{_because(reason)}",
-                             {"event": "started", "reason": reason, **({"forced": [unloadable]} if unloadable else {})})
+                             f"({duration_s:g} s each, windows of {settings.interval_s:g} s){forced_words}{worse_words}{_because(reason)}",
+                             {"event": "started", "reason": reason, **({"forced": [unloadable]} if unloadable else {}),
+                              **({"evaluated_worse": worse} if worse else {})})
         _apply_step(rollout, actor, reason, force=force)
+    rollout.evaluated_worse = worse  # what the start was told, for its answer (not a column)
     return rollout
 
 

@@ -580,6 +580,10 @@ class RolloutSerializer(serializers.ModelSerializer):
 
 class RolloutDetailSerializer(RolloutSerializer):
     verdicts = RolloutVerdictSerializer(many=True, read_only=True)
+    evaluated_worse = serializers.ListField(child=serializers.CharField(), read_only=True, help_text=(
+        "Only in a start's answer, and only when the canary was evaluated worse than the stable version (more than one point of "
+        "accuracy, or 5 % of MAE or MSE, on the same bytes of a data set): each in words. The rollout is started; its analysis judges "
+        "live traffic, not these."))
 
     class Meta(RolloutSerializer.Meta):
-        fields = [*RolloutSerializer.Meta.fields, "verdicts"]
+        fields = [*RolloutSerializer.Meta.fields, "verdicts", "evaluated_worse"]

@@ -11,6 +11,8 @@ from rest_framework import serializers
 from rest_framework.fields import empty
 
 from registry.actions import releases
+from registry.models import AuditEvent
+from tests.fixtures.evaluations import evaluated_on_holdout
 
 pytestmark = pytest.mark.django_db
 
@@ -27,6 +29,19 @@ def test_starting_a_rollout_answers_its_state_and_routes_the_first_step(three_ve
     assert body["analysis"]["interval_s"] == 30 and body["analysis"]["failure_limit"] == 2  # the default fills the rest
     assert body["verdicts"] == []
     assert three_versions.current_release().routes == [{"version": 1, "weight": 95}, {"version": 2, "weight": 5}]
+
+
+def test_a_rollout_of_a_canary_evaluated_worse_says_so_when_it_starts(three_versions, operator_client):
+    # The console's rollout form said it; an API client started one and heard nothing.
+    evaluated_on_holdout(three_versions, {1: 0.89, 2: 0.11})
+
+    answer = operator_client.post(ROLLOUTS, PLAN, format="json")
+
+    worse = "v2 was evaluated worse than the stable v1: accuracy 11.0% on holdout, against v1's accuracy 89.0%"
+    assert answer.status_code == 201, answer.json()
+    assert answer.json()["evaluated_worse"] == [worse]
+    assert AuditEvent.objects.filter(kind="rollout").order_by("-pk").first().data["evaluated_worse"] == [worse]
+    assert "evaluated_worse" not in operator_client.get(f"{ROLLOUTS}{answer.json()['id']}/").json()
 
 
 def test_a_plan_of_more_steps_than_allowed_is_refused_by_its_length_before_any_step_is_read(three_versions, operator_client, monkeypatch):
