@@ -21,6 +21,7 @@ from serving.env import (
     env_float,
     env_int,
     env_list,
+    env_path,
     env_redis_url,
     env_secret,
     env_str,
@@ -306,7 +307,7 @@ WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
 # Uploads: stream to the artifact store's temporary folder while hashing.
-ARTIFACT_ROOT = Path(env_str("ARTIFACT_ROOT", str(DATA_DIR / "artifacts"))).resolve()
+ARTIFACT_ROOT = env_path("ARTIFACT_ROOT", DATA_DIR / "artifacts").resolve()
 MAX_UPLOAD_BYTES = env_int("MAX_UPLOAD_BYTES", 2 * 1024**3, minimum=1)
 # No request stages a file part by default: only the upload endpoints, once the caller's
 # role is checked, swap in the staging handler (registry/artifacts/upload_handler.py).

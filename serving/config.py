@@ -16,7 +16,7 @@ from serving.contract import (
     MAX_QUEUE_DELAY_S,
     MAX_WORKER_ID_CHARS,
 )
-from serving.env import MAX_INTEGER, SettingError, env_bool, env_choice, env_float, env_int, env_secret, env_str, env_url
+from serving.env import MAX_INTEGER, SettingError, env_bool, env_choice, env_float, env_int, env_path, env_secret, env_str, env_url
 from serving.model_safety import default_data_dir
 
 MAX_THREADS = 4096
@@ -135,7 +135,7 @@ class ServingConfig:
             switch_interval_s=env_float("SERVING_SWITCH_INTERVAL_S", 0.005, minimum=0.0001),
             drain_timeout_s=env_float("SERVING_DRAIN_TIMEOUT_S", 20.0),
             drain_delay_s=env_float("SERVING_DRAIN_DELAY_S", 0.0),
-            cache_dir=env_str("SERVING_CACHE_DIR", str(default_data_dir() / "serving-cache")),
+            cache_dir=str(env_path("SERVING_CACHE_DIR", default_data_dir() / "serving-cache")),
             worker_token=env_secret("SERVING_WORKER_TOKEN"),
             console_url=env_url("CONSOLE_URL", "http://127.0.0.1:8000"),
             console_timeout_s=env_float("SERVING_CONSOLE_TIMEOUT_S", 10.0, minimum=0.1),

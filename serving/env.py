@@ -45,6 +45,24 @@ def env_str(name: str, default: str = "") -> str:
     return default if raw is None else raw
 
 
+def env_path(name: str, default: Path) -> Path:
+    """A filesystem path with a leading ``~`` or ``~user`` expanded, as a shell would
+    (``default`` when unset): "~/x" was ./~/x for one process and $HOME/x for another."""
+    raw = _raw(name)
+    return default if raw is None else home_expanded(name, raw)
+
+
+def home_expanded(name: str, value: str) -> Path:
+    """``value`` with a leading ``~`` or ``~user`` expanded; one that names no home directory
+    (no such user) is a SettingError naming ``name``, not pathlib's RuntimeError traceback."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        head = value.split("/", 1)[0]
+        raise SettingError(f"{name}={value!r}: no home directory for {head!r}{' (no such user)' if head != '~' else ''}; "
+                           "give an absolute path") from None
+
+
 def env_url(name: str, default: str = "", example: str = "http://127.0.0.1:8000") -> str:
     """An http(s) URL with a host, without a trailing slash (``default`` when unset)."""
     raw = _raw(name)

@@ -37,7 +37,7 @@ from functools import cache
 from pathlib import Path
 from typing import BinaryIO
 
-from serving.env import SettingError, env_str
+from serving.env import env_str, home_expanded
 
 TENSOR = "onnx.TensorProto"
 # Nodes that ONNX Runtime resolves to a file of their own (EPContext with
@@ -179,20 +179,9 @@ def default_data_dir() -> Path:
     never inside the code tree or relative to a model-loading process's cwd."""
     explicit = env_str("DATA_DIR")
     if explicit:
-        return _home_expanded("DATA_DIR", explicit).resolve()
+        return home_expanded("DATA_DIR", explicit).resolve()
     base = env_str("XDG_DATA_HOME")
-    return ((_home_expanded("XDG_DATA_HOME", base) if base else Path.home() / ".local" / "share") / "modelops").resolve()
-
-
-def _home_expanded(name: str, value: str) -> Path:
-    """``value`` with a leading ``~`` or ``~user`` expanded; one that names no home directory
-    (no such user) is a SettingError naming ``name``, not pathlib's RuntimeError traceback."""
-    try:
-        return Path(value).expanduser()
-    except RuntimeError:
-        head = value.split("/", 1)[0]
-        raise SettingError(f"{name}={value!r}: no home directory for {head!r}{' (no such user)' if head != '~' else ''}; "
-                           "give an absolute path") from None
+    return ((home_expanded("XDG_DATA_HOME", base) if base else Path.home() / ".local" / "share") / "modelops").resolve()
 
 
 def enter_private_working_directory(prefix: str = "modelops-worker-") -> Path:

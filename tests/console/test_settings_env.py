@@ -258,6 +258,15 @@ def test_a_data_dir_starting_with_a_tilde_is_the_home_directorys_for_the_console
     assert result.stdout.strip().splitlines()[-1] == str(home / "modelops")
 
 
+def test_an_artifact_root_starting_with_a_tilde_is_the_home_directorys(tmp_path):
+    # Read as DATA_DIR was: ./~/artifacts in the console's working directory.
+    home = tmp_path / "home"
+    result = _settings(tmp_path, "settings.ARTIFACT_ROOT", ARTIFACT_ROOT="~/artifacts", HOME=str(home))
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(home / "artifacts")
+
+
 def test_a_data_dir_naming_the_home_of_no_such_user_stops_the_console_naming_it(tmp_path):
     # "~x/…" expands to user x's home; with no such user it was a RuntimeError traceback from
     # pathlib, not the one line naming DATA_DIR (before ~ was expanded: a ./~x directory).

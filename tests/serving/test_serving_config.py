@@ -86,3 +86,11 @@ def test_a_worker_id_longer_than_the_console_keeps_is_refused_at_start(monkeypat
 
     with pytest.raises(ConfigError, match=r"SERVING_WORKER_ID='w{101}': at most 100 characters"):
         ServingConfig.from_env()
+
+
+def test_a_cache_dir_starting_with_a_tilde_is_the_home_directorys(monkeypatch, tmp_path):
+    # Taken as written, the worker cached artifacts in ./~/cache, wherever it was started.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SERVING_CACHE_DIR", "~/cache")
+
+    assert ServingConfig.from_env().cache_dir == str(tmp_path / "cache")
