@@ -7,8 +7,9 @@ Models converge one by one: a model whose version fails to load (or to warm in t
 keeps its previous routes and versions, and the other models' changes are swapped in
 anyway, so one broken canary never holds another model's rollback. A failing model that
 was served nothing before serves its versions that loaded (their weights scaled to sum
-to 100), or, with none routed, answers 503 naming it. The result is then not ok, names what failed and which models failed
-(``kept``), and ``applied_state`` is the state actually served: the console's, with those
+to 100), or, with none routed, answers 503 naming it. The result is then not ok, names
+what failed and which models failed (``kept``), and ``applied_state`` is the state
+actually served: the console's, with those
 models' entries taken from the state applied before (or reduced to what loaded). When
 nothing but failing models changed, the routes and the state served stay as they were;
 when the others' entries changed but not their routes, the state served and its
