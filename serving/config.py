@@ -21,6 +21,8 @@ from serving.model_safety import default_data_dir
 
 MAX_THREADS = 4096
 MAX_CUDA_DEVICE_ID = 1023
+# ONNX Runtime's gpu_mem_limit is a size_t, whose largest value is its own "no limit".
+MAX_SIZE_T = 2**64 - 1
 # SERVING_RUN_MEMORY_MB is MiB: its bytes must fit the 64 bits ONNX Runtime's arena takes
 # (2**44 MiB was a TypeError at every load, naming no setting).
 MAX_RUN_MEMORY_MB = MAX_INTEGER // (1024 * 1024)
@@ -104,7 +106,7 @@ class ServingConfig:
             memory_pattern=env_bool("SERVING_MEMORY_PATTERN", True),
             allow_spinning=env_bool("SERVING_ALLOW_SPINNING", False),
             cuda_device_id=env_int("SERVING_CUDA_DEVICE_ID", 0, maximum=MAX_CUDA_DEVICE_ID),
-            gpu_mem_limit_bytes=env_int("SERVING_GPU_MEM_LIMIT_BYTES", 0),
+            gpu_mem_limit_bytes=env_int("SERVING_GPU_MEM_LIMIT_BYTES", 0, maximum=MAX_SIZE_T),
             run_memory_mb=env_int("SERVING_RUN_MEMORY_MB", 0, minimum=0, maximum=MAX_RUN_MEMORY_MB),
             cudnn_conv_algo_search=env_choice(
                 "SERVING_CUDNN_CONV_ALGO_SEARCH", "heuristic", ("exhaustive", "heuristic", "default")

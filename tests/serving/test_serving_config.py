@@ -68,7 +68,7 @@ def test_worker_token_can_come_from_a_file(monkeypatch, tmp_path):
         ("SERVING_INTRA_OP_THREADS", "99999999999", r"must be <= 4096"),
         ("SERVING_CUDA_DEVICE_ID", "99999999999", r"must be <= 1023"),
         ("SERVING_SEND_TIMEOUT_S", "1e11", r"must be a finite number <= 3153600000 \(100 years\)"),
-        ("SERVING_GPU_MEM_LIMIT_BYTES", "1" + "0" * 30, r"must be <= 9223372036854775807"),
+        ("SERVING_GPU_MEM_LIMIT_BYTES", "1" + "0" * 30, r"must be <= 18446744073709551615"),
         # In MiB: 2**44 is 2**64 bytes, ONNX Runtime's arena TypeError at every load.
         ("SERVING_RUN_MEMORY_MB", str(2**44), r"must be <= 8796093022207"),
     ],
@@ -94,3 +94,11 @@ def test_a_cache_dir_starting_with_a_tilde_is_the_home_directorys(monkeypatch, t
     monkeypatch.setenv("SERVING_CACHE_DIR", "~/cache")
 
     assert ServingConfig.from_env().cache_dir == str(tmp_path / "cache")
+
+
+def test_onnx_runtimes_own_no_limit_is_accepted_as_the_gpu_memory_limit(monkeypatch):
+    # SIZE_MAX, as ONNX Runtime's documentation writes "no limit": the 64-bit ceiling of
+    # every other integer setting refused it.
+    monkeypatch.setenv("SERVING_GPU_MEM_LIMIT_BYTES", str(2**64 - 1))
+
+    assert ServingConfig.from_env().gpu_mem_limit_bytes == 2**64 - 1
