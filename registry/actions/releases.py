@@ -129,7 +129,7 @@ def set_routes(model: RegisteredModel, routes: list[dict], actor, reason: str = 
         # returning to the release before walked back through the rollout's own steps (a
         # drill's rollback raised the canary to a 30 % split the rollout had replaced).
         target = current if rollout is None else (last_all_stable(model, stable) or current)
-        worse = [] if rollout is not None else evaluated_worse(model, current, routes_to_json(parsed))
+        worse = [] if rollout is not None else evaluated_worse(model, current, _answering(parsed))
         release = _append(counter, model, parsed, stable, ReleaseAction.SET_ROUTES, target, actor, reason, rollout=rollout)
         message = f"Traffic set to {_describe(parsed)} (generation {release.generation})"
         if forced:
@@ -163,7 +163,7 @@ def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generat
         _check_still_ready(model, [canary])
         unloadable = check_loadable(model, canary, force, reason) if rollout is None else None
         routes = [Route(version=canary, weight=100)]
-        worse = [] if rollout is not None else evaluated_worse(model, current, routes_to_json(routes))
+        worse = [] if rollout is not None else evaluated_worse(model, current, _answering(routes))
         target = promote_returns_to(model, current)
         release = _append(counter, model, routes, canary, ReleaseAction.PROMOTE, target, actor, reason, rollout=rollout)
         message = (f"Version {canary} promoted to stable at 100% (generation {release.generation}); "
@@ -174,15 +174,15 @@ def promote(model: RegisteredModel, actor, reason: str = "", *, expected_generat
     return release
 
 
-def evaluated_worse(model: RegisteredModel, current: Release | None, routes: list[dict]) -> list[str]:
-    """Each version ``routes`` send traffic to, other than ``current``'s stable, that was
-    evaluated worse than that stable on the same bytes of a data set, in words ("v2 was
-    evaluated worse than the stable v1: accuracy 11.0% on holdout, against v1's accuracy 89.0%").
-    Said, not refused: the console asks before, and an API client reads it in the answer
-    (before, only the console's dialogs said it)."""
+def evaluated_worse(model: RegisteredModel, current: Release | None, versions) -> list[str]:
+    """Each of ``versions`` (those a change sends answered traffic to), other than
+    ``current``'s stable, that was evaluated worse than that stable on the same bytes of a
+    data set, in words ("v2 was evaluated worse than the stable v1: accuracy 11.0% on
+    holdout, against v1's accuracy 89.0%"). Said, not refused: the console asks before, and
+    an API client reads it in the answer (before, only the console's dialogs said it)."""
     if current is None or current.stable_version is None:
         return []
-    others = sorted({route.version for route in map(Route.from_json, routes) if route.weight > 0} - {current.stable_version})
+    others = sorted(set(versions) - {current.stable_version})
     if not others:
         return []
     by_number = {version.number: version for version in model.versions.filter(number__in=[current.stable_version, *others])}
@@ -192,6 +192,11 @@ def evaluated_worse(model: RegisteredModel, current: Release | None, routes: lis
     datasets = list(model.datasets.all())
     return [f"v{number} was evaluated worse than the stable v{stable.number}: {'; '.join(lines)}" for number in others
             if number in by_number and (lines := evaluation_regressions(by_number[number], stable, datasets))]
+
+
+def _answering(routes: list[Route]) -> list[int]:
+    """The versions ``routes`` send answered traffic to (a shadow's mirrored copies are not answers)."""
+    return [route.version for route in routes if route.weight > 0]
 
 
 def _made(release: Release, message: str, forced: list[str], worse: list[str]) -> None:
@@ -392,7 +397,7 @@ def restore(model: RegisteredModel, generation: int, actor, reason: str = "", *,
                                   f"({_describe(routes)}, generation {current.generation}): nothing to restore")
         _check_still_ready(model, [route.version for route in routes])
         unloadable = _unloadable(model, current, routes, force, reason) if checked else []
-        worse = evaluated_worse(model, current, earlier.routes) if checked else []
+        worse = evaluated_worse(model, current, _answering(routes)) if checked else []
         note = reason or f"restore of generation {generation}"
         release = _append(counter, model, routes, earlier.stable_version, ReleaseAction.RESTORE, current, actor, note)
         message = f"Restored generation {generation}: traffic {_describe(routes)} (generation {release.generation})"

@@ -137,7 +137,7 @@ def start(model: RegisteredModel, canary_version: int, steps: object, step_durat
             raise RolloutError(f"version {canary_version} is already the stable version of {model.name}")
         unloadable = _check_canary(model, current, canary_version, force, reason)
         _refuse_third_version(model, current, canary_version)
-        worse = releases.evaluated_worse(model, current, [{"version": canary_version, "weight": 1}])
+        worse = releases.evaluated_worse(model, current, [canary_version])
         now = timezone.now()
         rollout = Rollout.objects.create(
             model=model, canary_version=canary_version, stable_version=current.stable_version, steps=plan,
