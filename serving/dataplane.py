@@ -12,6 +12,7 @@ a version is chosen carries that version (`exc.version`), so it is counted again
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager, nullcontext
@@ -21,7 +22,7 @@ from prometheus_client import generate_latest
 
 from serving import metrics, protocol, triton
 from serving.decode_budget import DecodeBudget, DecodeQueueFull, DecodeTimedOut, decode_cost, encode_cost
-from serving.errors import BodyBufferFull, DeadlineExceeded, NotFound, NotReady, ServingError, VersionNotFound
+from serving.errors import AnswerTooLarge, BodyBufferFull, DeadlineExceeded, NotFound, NotReady, ServingError, VersionNotFound
 from serving.loaded_version import LoadedVersion
 from serving.reports import failed_total
 from serving.repository import Repository
@@ -81,6 +82,9 @@ class DataPlane:
         self.shadow = ShadowMirror()
         self._predict_limit: protocol.BodyLimit | None = None
         self._predict_limit_of = None  # the routing table it was found for
+        # The largest inference answer the app sends (SERVING_MAX_UNSENT_BYTES; set by
+        # ServingApp): one that cannot fit is refused before it is encoded.
+        self.max_answer_bytes: float = math.inf
 
     def refuses_every_request(self) -> bool:
         """Whether every routed version would refuse a request arriving now (its queues
@@ -120,6 +124,7 @@ class DataPlane:
             else:
                 decoded = protocol.decode_v2(body, header_length, target.io)
             outputs = await self._run(target, decoded, context)
+            self._refuse_unsendable(protocol.v2_answer_least_bytes(decoded, outputs, target.io))
             answer_bytes = protocol.v2_answer_bytes(decoded, outputs, target.io)
             if encodes_off_loop(answer_bytes):
                 async with self._encoding(answer_bytes, outputs, context, decoded):
@@ -158,6 +163,7 @@ class DataPlane:
             del document  # its objects are not kept while the request waits for its batch
         try:
             outputs = await self._run(target, decoded, context)
+            self._refuse_unsendable(protocol.predict_answer_least_bytes(decoded, outputs))
         except ServingError as exc:
             exc.version = target
             raise
@@ -176,6 +182,15 @@ class DataPlane:
         except ServingError as exc:
             exc.version = target
             raise
+
+    def _refuse_unsendable(self, least_bytes: int) -> None:
+        """AnswerTooLarge when an answer of at least ``least_bytes`` cannot be sent: the app
+        refuses it after encoding anyway (ServingApp), and a 132 KB request's 1.44 GB answer
+        took 12-20 s and 4.7 GB to encode first, holding other models' requests for 7.5 s."""
+        if least_bytes > self.max_answer_bytes:
+            raise AnswerTooLarge(f"the answer is at least {least_bytes} bytes, more than this worker holds for a client "
+                                 f"({self.max_answer_bytes} bytes, SERVING_MAX_UNSENT_BYTES): ask for fewer rows at a time, "
+                                 "or raise the setting")
 
     def _decoding(self, cost: int, context: RequestContext, body_bytes: int):
         """Room in the decode budget for a large body, within the request's deadline."""

@@ -78,6 +78,7 @@ class ServingApp:
         # An answer within the transport's high-water mark never pauses its writes alone, so
         # it is never cut for its own size, whatever the bound.
         self.max_answer_bytes = max(config.max_unsent_bytes, WRITE_HIGH_WATER_BYTES) if config.max_unsent_bytes else math.inf
+        dataplane.max_answer_bytes = self.max_answer_bytes  # so it refuses, unencoded, an answer that cannot fit
         self.body_buffer = BodyBuffer(config.max_body_buffer_bytes)  # every body being received, together
         self.on_startup: list[Hook] = []
         self.on_shutdown: list[Hook] = []

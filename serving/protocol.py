@@ -560,6 +560,32 @@ def predict_answer_bytes(outputs: Sequence[np.ndarray]) -> int:
     return sum(array.size for array in outputs) * ENCODED_BYTES_PER_ELEMENT
 
 
+# What an output element takes at least: in JSON a character and its comma; in binary its
+# bytes (a BYTES element its 4-byte length, while its array holds 8-byte object pointers).
+LEAST_JSON_BYTES_PER_ELEMENT = 2
+LEAST_BINARY_BYTES_PER_STRING = 4
+
+
+def v2_answer_least_bytes(decoded: Decoded, outputs: Sequence[np.ndarray], io: ModelIO) -> int:
+    """The fewest bytes a V2 answer's data can take, without encoding it: an answer past
+    what the worker sends (SERVING_MAX_UNSENT_BYTES) by this count alone is refused unbuilt."""
+    least = 0
+    for index, is_binary in decoded.outputs:
+        array = outputs[index]
+        if not is_binary:
+            least += array.size * LEAST_JSON_BYTES_PER_ELEMENT
+        elif io.outputs[index].datatype == "BYTES":
+            least += array.size * LEAST_BINARY_BYTES_PER_STRING
+        else:
+            least += array.nbytes
+    return least
+
+
+def predict_answer_least_bytes(decoded: Decoded, outputs: Sequence[np.ndarray]) -> int:
+    """The same for a /predict answer: every output as JSON, a single row's first row only."""
+    return sum((array[0].size if decoded.is_single_row else array.size) for array in outputs) * LEAST_JSON_BYTES_PER_ELEMENT
+
+
 
 def encode_v2(model_name: str, version: int, decoded: Decoded, outputs: Sequence[np.ndarray], io: ModelIO) -> tuple[bytes, int | None]:
     """(body, JSON header length if any tensor went binary, else None)."""

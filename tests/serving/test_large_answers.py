@@ -174,3 +174,45 @@ def test_an_answer_within_the_write_high_water_mark_is_never_refused_for_its_siz
 
     assert answer.status_code == 200
     assert 8 < len(answer.content) < 64 * 1024
+
+
+@pytest.mark.parametrize("path, body, encoder", [
+    ("/v2/models/counts/infer", {"inputs": [{"name": "count", "shape": [1], "datatype": "INT64", "data": [2_000_000]}]}, "encode_v2"),
+    ("/predict", {"model_name": "counts", "inputs": [2_000_000]}, "encode_predict"),
+], ids=["v2", "predict"])
+def test_an_answer_certainly_past_the_unsent_budget_is_refused_before_it_is_encoded(start_worker, counts_model, client, monkeypatch,
+                                                                                     path, body, encoder):
+    """An attacker (8 Dec) sent a 132 KB request to a model whose output grows with the
+    square of an input's width: its 1.44 GB JSON answer was encoded whole (12-20 s, the
+    worker from 196 MB to 4.9 GB, another model's request held 7.5 s) only to be refused
+    for its size. Every JSON element takes at least two bytes (a digit and a comma), so an
+    answer past the bound by that count alone is refused before a byte of it is built."""
+    worker = start_worker(state(1, {"counts": {"routes": [route(1, 100, *counts_model, batchable=False)]}}),
+                          max_unsent_bytes=4 * 1024 * 1024)
+    encoded = []
+    real = getattr(protocol, encoder)
+    monkeypatch.setattr(protocol, encoder, lambda *args: encoded.append(args) or real(*args))
+
+    answer = client.post(worker.url + path, json=body, timeout=30)
+
+    assert answer.status_code == 400
+    assert answer.headers["x-model-version"] == "1"
+    assert "more than this worker holds for a client (4194304 bytes, SERVING_MAX_UNSENT_BYTES)" in answer.json()["error"]
+    assert encoded == []
+
+
+@pytest.mark.parametrize("datatype, array", [
+    ("FP32", np.zeros((3, 5), np.float32)),
+    ("FP32", np.full((1,), np.nan, np.float32)),
+    ("INT64", np.arange(7, dtype=np.int64)),
+    ("BOOL", np.zeros((4,), np.bool_)),
+    ("BYTES", np.array(["", "", ""], dtype=object)),
+], ids=["fp32", "nan", "int64", "bool", "bytes"])
+@pytest.mark.parametrize("as_binary", [False, True], ids=["json", "binary"])
+def test_the_least_size_of_an_answer_is_never_more_than_its_encoding(datatype, array, as_binary):
+    io = ModelIO((TensorSpec("x", "FP32", (None,)),), (TensorSpec("y", datatype, tuple(None for _ in array.shape)),), False, 10**8)
+    decoded = Decoded((), 1, io.default_outputs[as_binary])
+    body, json_length = protocol.encode_v2("m", 1, decoded, (array,), io)
+    data_bytes = len(body) - json_length if as_binary else len(orjson.dumps(orjson.loads(body)["outputs"][0]["data"]))
+
+    assert 0 < protocol.v2_answer_least_bytes(decoded, (array,), io) <= data_bytes
