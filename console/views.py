@@ -104,6 +104,10 @@ LOADED_SHOWN = 64
 ROLLUP_WINDOW = timedelta(hours=6)
 SERVED_WINDOW = timedelta(hours=1)  # the versions table's traffic column
 TRY_TIMEOUT_S = 10.0
+# The most of a worker's answer the "try it" form reads and shows. Read whole, a viewer's
+# 27 KB of inputs to a model with a large output had the console take a 200 MB answer, parse
+# it and send it back pretty-printed (444 MB): 815 MB to 2.7 GB, 1.5 GB kept after.
+TRY_ANSWER_MAX_BYTES = 1024 * 1024
 AUDIT_EVENTS_SHOWN = 50
 DRILLS_SHOWN = 200
 ROLLOUTS_SHOWN = 5
@@ -913,15 +917,30 @@ def ask_worker(version: ModelVersion, inputs) -> dict:
     body = {"model_name": version.model.name, "version": version.number, "inputs": inputs}
     started = time.monotonic()
     try:
-        response = httpx.post(f"{url}/predict", json=body, timeout=TRY_TIMEOUT_S)
+        with httpx.stream("POST", f"{url}/predict", json=body, timeout=TRY_TIMEOUT_S) as response:
+            content = _read_at_most(response, TRY_ANSWER_MAX_BYTES)
     except httpx.HTTPError as error:
         return {"ok": False, "worker_url": url, "error": f"no answer from the worker at {url}: {error}"}
+    if content is None:
+        return {"ok": False, "worker_url": url, "error": f"the worker's answer is larger than this form shows ({TRY_ANSWER_MAX_BYTES:,} bytes): "
+                                                        "ask the worker's /predict or /v2 API for it"}
     try:
-        answer = response.json()
+        answer = json.loads(content)
     except ValueError:
-        answer = {"error": response.text[:500]}
+        answer = {"error": content[:500].decode(errors="replace")}
     round_trip_ms = round((time.monotonic() - started) * 1000, 1)
     return {"ok": response.status_code == 200, "status": response.status_code, "worker_url": url, "round_trip_ms": round_trip_ms, "answer": answer}
+
+
+def _read_at_most(response: httpx.Response, max_bytes: int) -> bytes | None:
+    """The body, or None as soon as it passes ``max_bytes`` (the rest is never read)."""
+    chunks, size = [], 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > max_bytes:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # ---------------------------------------------------------------- workers and drills

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -370,37 +373,102 @@ def test_refused_upload_says_why_and_leaves_nothing(operator_page, digits, artif
 
 class FakeResponse:
     def __init__(self, status_code: int, body: dict):
-        self.status_code, self._body, self.text = status_code, body, str(body)
+        self.status_code, self._body = status_code, body
 
-    def json(self):
-        return self._body
+    def iter_bytes(self):
+        yield json.dumps(self._body).encode()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def test_try_it_forwards_to_a_worker_and_shows_the_answer(viewer_page, digits, monkeypatch):
     sent = {}
 
-    def fake_post(url, json, timeout):
-        sent.update(url=url, body=json)
+    def fake_stream(method, url, json, timeout):
+        sent.update(method=method, url=url, body=json)
         return FakeResponse(200, {"request_id": "r1", "model_version": 1, "outputs": {"probabilities": [0.1, 0.2, 0.7]}, "latency_ms": 1.25})
 
-    monkeypatch.setattr(httpx, "post", fake_post)
+    monkeypatch.setattr(httpx, "stream", fake_stream)
 
     response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": "[1, 2, 3, 4]"}, HTTP_ACCEPT="application/json")
 
-    assert sent == {"url": "http://127.0.0.1:8001/predict", "body": {"model_name": "digits", "version": 1, "inputs": [1, 2, 3, 4]}}
+    assert sent == {"method": "POST", "url": "http://127.0.0.1:8001/predict", "body": {"model_name": "digits", "version": 1, "inputs": [1, 2, 3, 4]}}
     assert response.json()["ok"] is True
     assert "Answered by v1 in 1.25 ms at the worker" in response.json()["html"]
 
 
 def test_try_it_names_an_unreachable_worker(viewer_page, digits, monkeypatch):
-    def refuse(url, json, timeout):
+    def refuse(method, url, json, timeout):
         raise httpx.ConnectError("connection refused")
 
-    monkeypatch.setattr(httpx, "post", refuse)
+    monkeypatch.setattr(httpx, "stream", refuse)
 
     html = viewer_page.post("/models/digits/versions/1/try/", {"inputs": "[1, 2, 3, 4]"}).content.decode()
 
     assert "no answer from the worker at http://127.0.0.1:8001: connection refused" in html
+
+
+@pytest.fixture
+def worker_answering(settings):
+    """worker_answering(body) -> a real HTTP server, the console's SERVING_PUBLIC_URL, that
+    answers every POST with ``body``, counting the bytes it got to send."""
+    servers = []
+
+    def start(body: bytes):
+        class Answer(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except OSError:  # the console stopped reading
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        settings.SERVING_PUBLIC_URL = f"http://127.0.0.1:{server.server_port}"
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_try_it_refuses_an_answer_larger_than_the_form_shows_without_passing_it_on(viewer_page, digits, worker_answering):
+    """An attacker (7 Dec), signed in as a viewer, sent 27 KB of inputs to a model whose
+    output grows with the square of an input's width: the console read the worker's 200 MB
+    answer whole, parsed it, and sent it back pretty-printed (444 MB), from 815 MB to a
+    peak of 2.7 GB, 1.5 GB kept after."""
+    answer = b'{"request_id": "r1", "model_version": 1, "outputs": {"y": [' + b"0.5, " * 400_000 + b'0.5]}, "latency_ms": 1.0}'
+    worker_answering(answer)
+
+    response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": "[1, 2, 3, 4]"}, HTTP_ACCEPT="application/json")
+
+    assert response.json()["ok"] is False
+    assert response.json()["error"] == ("the worker's answer is larger than this form shows (1,048,576 bytes): "
+                                        "ask the worker's /predict or /v2 API for it")
+    assert len(response.content) < 10_000
+
+
+def test_try_it_shows_an_answer_within_what_the_form_shows(viewer_page, digits, worker_answering):
+    worker_answering(b'{"request_id": "r1", "model_version": 1, "outputs": {"y": [' + b"0.5, " * 100_000 + b'0.5]}, "latency_ms": 1.0}')
+
+    response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": "[1, 2, 3, 4]"}, HTTP_ACCEPT="application/json")
+
+    assert response.json()["ok"] is True
+    assert len(response.json()["answer"]["outputs"]["y"]) == 100_001
 
 
 def test_try_it_refuses_bad_json_before_sending(viewer_page, digits):
