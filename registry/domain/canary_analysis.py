@@ -53,6 +53,8 @@ class _Rule:
         return f"{kind} from {self.minimum:g} to {self.maximum:g}"
 
 
+MIN_ALPHA = 0.001
+
 _RULES = {
     "interval_s": _Rule(True, 1, 3600),
     "min_requests": _Rule(True, 1, 10_000_000),
@@ -64,7 +66,9 @@ _RULES = {
     "max_latency_p99_ms": _Rule(False, 1, 600_000),
     "max_class_psi": _Rule(False, 0, 10),
     "max_value_ks": _Rule(False, 0, 1),
-    "alpha": _Rule(False, 0, 1),
+    # At 0 no p-value is below it, so no statistical gate could ever fail: a canary
+    # answering only 5xx was promoted (7 Dec attack). 0.001 is the strictest a user may ask.
+    "alpha": _Rule(False, MIN_ALPHA, 1),
     "min_shadow_agreement": _Rule(False, 0, 1),
     "min_shadow_compared": _Rule(True, 1, 10_000_000),
 }
@@ -111,7 +115,7 @@ class AnalysisSettings:
     | `max_latency_p99_ms` | 1000.0 | 1–600000 | canary p99 latency ceiling, whatever stable does |
     | `max_class_psi` | 0.2 | 0–10 | population stability index of the canary's predicted-class shares against stable's (0.1 is a moderate shift, 0.25 a significant one); fails only when also significant |
     | `max_value_ks` | 0.2 | 0–1 | Kolmogorov–Smirnov D between the canary's and stable's output values; fails only when also significant |
-    | `alpha` | 0.01 | 0–1 | significance level of every statistical gate: a PSI over its limit fails only when a chi-square test of the class counts is significant at this level, a KS D only when its p-value is below it, an error excess only when a one-sided two-proportion test is |
+    | `alpha` | 0.01 | 0.001–1 | significance level of every statistical gate: a PSI over its limit fails only when a chi-square test of the class counts is significant at this level, a KS D only when its p-value is below it, an error excess only when a one-sided two-proportion test is |
     | `min_shadow_agreement` | 0.95 | 0–1 | share of shadowed requests where the canary agreed with stable's answer |
     | `min_shadow_compared` | 50 | integer 1–10⁷ | shadow comparisons needed in a window before agreement is judged |
 

@@ -95,6 +95,7 @@ def test_the_model_thresholds_apply_under_the_rollouts_own(three_versions, opera
     ({"shadow_fraction": 5e-324}, "from 0.0001"),
     ({"shadow_fraction": 0.00009}, "from 0.0001"),
     ({"analysis": {"min_requests": True}}, "min_requests"),
+    ({"analysis": {"alpha": 0}}, "alpha must be a number from 0.001 to 1"),  # no gate could fail
 ])
 def test_a_bad_plan_is_a_400_naming_the_problem_and_starts_nothing(three_versions, operator_client, change, field):
     answer = operator_client.post(ROLLOUTS, {**PLAN, **change}, format="json")

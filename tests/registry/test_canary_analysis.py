@@ -139,7 +139,8 @@ def test_parse_refuses_an_unknown_field_naming_it_and_the_known_ones():
     ("max_latency_p99_ratio", 0.5, "a number from 1 to 1000"),
     ("max_latency_p99_ratio", float("inf"), "a number from 1 to 1000"),
     ("max_class_psi", float("nan"), "a number from 0 to 10"),
-    ("alpha", False, "a number from 0 to 1"),
+    ("alpha", False, "a number from 0.001 to 1"),
+    ("alpha", 0, "a number from 0.001 to 1"),
     ("min_shadow_agreement", None, "a number from 0 to 1"),
 ])
 def test_parse_refuses_a_wrong_type_or_an_out_of_range_value_naming_the_field_and_range(name, value, allowed):
@@ -608,7 +609,7 @@ def test_the_json_schema_lists_every_threshold_with_its_type_and_range_and_nothi
     assert (schema["type"], schema["additionalProperties"]) == ("object", False)
     assert set(schema["properties"]) == set(DEFAULTS.to_json())
     assert schema["properties"]["interval_s"] == {"type": "integer", "minimum": 1, "maximum": 3600}
-    assert schema["properties"]["alpha"] == {"type": "number", "minimum": 0, "maximum": 1}
+    assert schema["properties"]["alpha"] == {"type": "number", "minimum": 0.001, "maximum": 1}
 
 
 # --- what a signal says when a side has nothing -------------------------------------------

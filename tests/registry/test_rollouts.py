@@ -461,6 +461,29 @@ def test_a_paused_rollout_saved_with_a_shadow_below_the_floor_resumes_once_migra
     assert routes(three_versions) == [{"version": 1, "weight": 100}, {"version": 2, "weight": 0, "shadow": 0.0001}]
 
 
+def test_a_rollout_and_model_defaults_saved_with_alpha_0_are_judged_at_the_floor_once_migrated(three_versions, operator):
+    """Saved before alpha had a floor, alpha 0 let no statistical gate fail, and every
+    window judged again would refuse it; the migration raises active rollouts and model
+    defaults to 0.001, and leaves a finished rollout's record as it ran."""
+    from django.apps import apps
+
+    floor = importlib.import_module("registry.migrations.0021_alpha_floor")
+    finished = start(three_versions, operator)
+    rollouts.abort(finished, operator)
+    rollout = start(three_versions, operator)
+    Rollout.objects.filter(pk__in=[finished.pk, rollout.pk]).update(analysis={**rollout.analysis, "alpha": 0})
+    type(three_versions).objects.filter(pk=three_versions.pk).update(analysis={"alpha": 0, "min_requests": 50})
+
+    floor.raise_to_the_floor(apps, None)
+
+    assert Rollout.objects.get(pk=rollout.pk).analysis == {**rollout.analysis, "alpha": 0.001}
+    assert Rollout.objects.get(pk=finished.pk).analysis["alpha"] == 0
+    three_versions.refresh_from_db()
+    assert three_versions.analysis == {"alpha": 0.001, "min_requests": 50}
+    rollout = judge_next(Rollout.objects.get(pk=rollout.pk), canary=figures("digits", 2, errors=200))
+    assert rollout.verdicts.get().result == "fail"
+
+
 def test_a_shadow_step_that_agrees_with_stable_advances_to_the_first_weighted_step(three_versions, operator):
     rollout = start(three_versions, operator, steps=[0, 50, 100])
 
