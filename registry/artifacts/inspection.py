@@ -792,6 +792,7 @@ def _build_signature(model: ModelProto) -> dict:
     outputs = [_tensor_spec(value, "output") for value in model.graph.output]
     for spec in outputs:
         _refuse_unservable_output(spec)
+    _refuse_repeated_outputs(outputs)
     return {
         "inputs": inputs,
         "outputs": outputs,
@@ -833,6 +834,17 @@ def _refuse_unservable_output(spec: dict) -> None:
     if spec["datatype"] in UNSERVABLE_OUTPUT_DATATYPES:
         raise _Refusal(f"output '{_short_name(spec['name'])}' is {spec['datatype']}: workers answer through NumPy, which has no "
                        "bfloat16, so this model could never be served; cast it to FP16 or FP32 in the graph")
+
+
+def _refuse_repeated_outputs(outputs: list[dict]) -> None:
+    # Clients ask for and read outputs by name: the V2 metadata listed a repeated one
+    # twice, /predict answered one, and a request naming it got whichever came last.
+    seen = set()
+    for spec in outputs:
+        if spec["name"] in seen:
+            raise _Refusal(f"output '{_short_name(spec['name'])}' is listed twice among the model's outputs: "
+                           "clients ask for outputs by name, so each must be listed once")
+        seen.add(spec["name"])
 
 
 def _refuse_unservable_dimensions(spec: dict) -> None:

@@ -40,6 +40,7 @@ from tests.fixtures.onnx_files import (
     build_matmul,
     build_memory_hog,
     build_memory_per_row,
+    build_output_listed_twice,
     build_output_of_rank,
     build_output_shape_lie,
     build_reduce_over_batch,
@@ -145,6 +146,17 @@ def test_every_v2_datatype_maps_and_unnamed_dimension_is_null(tmp_path):
     assert [spec["datatype"] for spec in result.signature["outputs"]] == ["FP64", "FP16", "INT8", "INT16", "INT32", "INT64",
                                                                            "UINT8", "UINT16", "UINT32", "UINT64", "BOOL", "BYTES"]
     assert result.report["smoke_output_shapes"]["out_fp64"] == [1, 2, 1]
+
+
+def test_an_output_listed_twice_is_a_422_naming_it(tmp_path):
+    """It passed as ready: the V2 metadata listed y twice, /predict answered one of them,
+    and a client asking for y by name got whichever came last."""
+    path = write_model(tmp_path, "twice.onnx", build_output_listed_twice())
+
+    error = refusal(path)
+
+    assert error.status == 422
+    assert error.reason.startswith("output 'y' is listed twice among the model's outputs")
 
 
 def test_an_output_no_worker_can_answer_is_a_422_naming_it(tmp_path):
