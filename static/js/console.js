@@ -7,6 +7,10 @@ window.ModelOps = (function () {
   const csrfToken = document.querySelector("meta[name=csrf-token]").content;
   const ENABLE_AFTER_CHANGE_MS = 5000;  // a changed form's buttons, when no refreshed copy replaced it
   const RETRY_FIRST_MS = 1000, RETRY_MAX_MS = 15000;  // a fragment whose refresh failed
+  // A fragment unanswered this long has /healthz asked; /healthz unanswered this long is a
+  // console that does not answer (it takes no request slot and checks nothing: a running
+  // console answers it in milliseconds, however busy).
+  const SLOW_ANSWER_MS = 5000, PROBE_TIMEOUT_MS = 5000;
 
   // ---- fragments: the server renders the same template on load and on refresh.
   const pending = new Set();
@@ -73,6 +77,10 @@ window.ModelOps = (function () {
   async function fetchFragment(name) {
     const url = new URL(location.href);
     url.searchParams.set("fragment", name);
+    // A console that hangs (frozen, or its host gone without a reset) fails no fetch: this one
+    // would wait for minutes while the page went on saying "✓ converged". Past a few seconds
+    // /healthz, which answers at once from a running console, is asked whether it is there.
+    const slow = setTimeout(probe, SLOW_ANSWER_MS);
     try {
       const response = await fetch(url, { headers: { Accept: "text/html" }, credentials: "same-origin" });
       if (response.redirected) location.reload();  // signed out meanwhile: let the login page say so
@@ -84,6 +92,8 @@ window.ModelOps = (function () {
     } catch (error) {
       unanswered();
       return null;
+    } finally {
+      clearTimeout(slow);
     }
   }
 
@@ -117,12 +127,16 @@ window.ModelOps = (function () {
   // /healthz: the console process answers (/readyz would also fail while only Redis is away,
   // which pages survive, and the page flipped red and green at every live-feed reconnect).
   async function probe() {
+    const controller = new AbortController();
+    const timer = setTimeout(() => controller.abort(), PROBE_TIMEOUT_MS);
     try {
-      const response = await fetch("/healthz", { cache: "no-store", credentials: "same-origin" });
+      const response = await fetch("/healthz", { cache: "no-store", credentials: "same-origin", signal: controller.signal });
       if (response.ok) answered();
       else unanswered();
     } catch (error) {
-      unanswered();
+      unanswered();  // refused, offline, or not answered within PROBE_TIMEOUT_MS (aborted)
+    } finally {
+      clearTimeout(timer);
     }
   }
 

@@ -38,6 +38,32 @@ def test_a_page_that_cannot_reach_the_console_says_since_when_and_strikes_its_gr
     expect(page.locator("body[data-unreachable]")).to_have_count(0)
 
 
+def test_a_page_whose_console_hangs_says_so_as_when_it_cannot_reach_it(page, stack):
+    # A console that hangs (frozen: an operator's SIGSTOP, a host gone without a reset) fails
+    # no request: the page's refreshes and its /healthz probe waited for ever, and the model
+    # page went on saying "✓ All 1 live worker serve generation 25", in green, for as long
+    # as anyone looked.
+    sign_in(page, "olivia")
+    page.goto("/models/digits/")
+    expect(page.locator("#live-status")).to_have_text("Live")
+    marks = page.locator("#release-panel .ok-text, #release-panel .pill-ok")
+    expect(marks.first).to_be_visible(timeout=20_000)
+
+    held = []  # the requests the console hangs on: never answered
+    page.route(lambda url: "fragment=" in url or url.endswith("/healthz"), lambda route: held.append(route))
+
+    # The release panel's next refresh (10 s), then /healthz asked after 5 s, unanswered for 5 s.
+    expect(page.locator("#messages")).to_contain_text("The console has not answered since", timeout=(REFRESH_S + 15) * 1000)
+    expect(page.locator("body[data-unreachable]")).to_have_count(1)
+    decorations = marks.evaluate_all("marks => marks.map(mark => getComputedStyle(mark).textDecorationLine)")
+    assert decorations and all("line-through" in decoration for decoration in decorations), decorations
+
+    page.unroute_all()  # the console answers again
+
+    expect(page.locator("#messages")).to_contain_text("The console answers again", timeout=15_000)
+    expect(page.locator("body[data-unreachable]")).to_have_count(0)
+
+
 def test_a_double_click_on_a_dialogs_button_sends_once_and_leaves_the_dialog_closed(page, stack):
     # The second click landed on "Roll back" under the dialog just closed: the dialog opened
     # again over the old panel, and its click was refused as stale.
