@@ -378,6 +378,19 @@ def test_a_port_out_of_range_or_given_twice_is_refused_naming_it(ports):
     assert "expected a port number from 1 to 65535" in said or "are both 19999" in said
 
 
+def test_the_same_port_twice_from_the_environment_is_refused_naming_the_variables():
+    # Set as the README says (CONSOLE_PORT=9000 SERVING_PORT=9001 make run), a slip that gave
+    # both the same port was refused naming only --port and --serving-port, flags never typed.
+    environment = {**os.environ, "CONSOLE_PORT": "18997", "SERVING_PORT": "18997"}
+    finished = subprocess.run([sys.executable, "manage.py", "runstack", "--no-demo"], cwd=ROOT, env=environment, capture_output=True, timeout=60,
+                              check=False)
+
+    said = finished.stderr.decode()
+    assert finished.returncode != 0
+    assert "are both 18997" in said
+    assert "CONSOLE_PORT" in said and "SERVING_PORT" in said, said
+
+
 def test_the_consoles_try_it_form_reaches_the_worker_on_the_serving_port_given(shared):
     console = next(child for child in psutil.Process(shared.stack.pid).children() if "uvicorn" in child.cmdline())
 

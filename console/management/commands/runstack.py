@@ -54,6 +54,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo", action="store_true", help="skip registering the demo models")
 
     def handle(self, *args, host, port, serving_port, no_demo, **options):
+        # Where each port came from, for the refusal of the same port twice: the flag, the
+        # variable, or its default (a SERVING_PORT=8000 beside an unset CONSOLE_PORT).
+        sources = (_port_source("--port", port, "CONSOLE_PORT"), _port_source("--serving-port", serving_port, "SERVING_PORT"))
         port = port or env_port("CONSOLE_PORT", 8000)
         serving_port = serving_port or env_port("SERVING_PORT", 8001)
         # Explicit handlers: a shell starting us in the background ignores SIGINT, and
@@ -62,7 +65,7 @@ class Command(BaseCommand):
         for stop_signal in STOP_SIGNALS:
             signal.signal(stop_signal, _stops.interrupt)
         if port == serving_port:
-            raise CommandError(f"--port and --serving-port are both {port}: the console and the worker need a port each")
+            raise CommandError(f"{sources[0]} and {sources[1]} are both {port}: the console and the worker need a port each")
         for taken in (port, serving_port):
             _check_free(host, taken)
         # A REDIS_URL given must answer before anything is recorded or started (the embedded
@@ -295,6 +298,13 @@ def _http_url(host: str, port: int) -> str:
     """http://HOST:PORT, an IPv6 address in brackets (``--host ::1`` made http://::1:8000,
     which no client reads as a host and a port: the stack never came up)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _port_source(flag: str, given: int | None, variable: str) -> str:
+    """How the operator chose a port: ``flag``, else ``variable`` (empty is unset, as for every setting)."""
+    if given:
+        return flag
+    return variable if os.environ.get(variable, "").strip() else f"{variable} (unset: its default)"
 
 
 def _check_free(host: str, port: int, other_ports: str = "choose other ports with CONSOLE_PORT and SERVING_PORT (or --port and --serving-port)") -> None:
