@@ -81,6 +81,7 @@ from registry.domain.choices import (
     RolloutStatus,
     VersionStatus,
 )
+from registry.domain.compatibility import input_differences
 from registry.domain.roles import can_operate
 from registry.fleet import workers as fleet
 from registry.fleet.state import current_generation
@@ -490,7 +491,9 @@ def rollout_panel_context(model: RegisteredModel, release: Release | None, versi
 
 def canary_candidates(versions: list[ModelVersion], choices: list[int], model: RegisteredModel, release: Release | None) -> list[dict]:
     """Each version a canary (a split's or a rollout's) may be, newest first, how its
-    inputs differ from the stable's when its validation report says they do, why no live
+    inputs differ from the current stable's (as the change's own check judges them, not the
+    upload's report: that named the stable of the day, and once another was promoted the
+    form offered no Force for a split the console refused without it), why no live
     worker serves it when they say they failed to load it (a split is refused then, unless
     forced), and where it scored worse than the stable version (the 100% dialog says so)."""
     by_number = {version.number: version for version in versions}
@@ -498,10 +501,9 @@ def canary_candidates(versions: list[ModelVersion], choices: list[int], model: R
     datasets = list(model.datasets.all()) if stable and choices else []
     candidates, workers = [], fleet.live_workers_brief()
     for number in sorted(choices, reverse=True):
-        compatibility = (by_number[number].validation_report or {}).get("compatibility") or {}
-        incompatible = compatibility.get("compatible") is False
-        candidates.append({"number": number, "incompatible": incompatible, "differences": compatibility.get("differences", []) if incompatible else [],
-                           "stable_version": compatibility.get("stable_version"),
+        differences = input_differences(stable.signature, by_number[number].signature, stable_version=stable.number) if stable else []
+        candidates.append({"number": number, "incompatible": bool(differences), "differences": differences,
+                           "stable_version": stable.number if stable else None,
                            "load_failure": releases.loadable_problem(model, number, workers, by_number[number]),
                            "worse": version_metrics.evaluation_regressions(by_number[number], stable, datasets) if stable else []})
     return candidates

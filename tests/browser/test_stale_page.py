@@ -126,8 +126,8 @@ def test_a_workers_row_drawn_behind_is_drawn_again_by_the_next_report(page, stac
     expect(page.locator("#workers-table tr[data-drawn-behind]")).to_have_count(0)  # the server's row replaced it
 
 
-# A model of this test's own: digits' v1 three times, v3's validation report saying
-# its inputs differ from v1's, v1 taking all traffic.
+# A model of this test's own: digits' v1 three times, v3 taking 32 inputs where v1 takes 64
+# (as its validation report says), v1 taking all traffic.
 FORCE_MODEL = """
 from django.contrib.auth import get_user_model
 from registry.actions import releases
@@ -138,6 +138,7 @@ for number in (1, 2, 3):
     version = source.versions.get(number=1)
     version.pk, version.model, version.number = None, model, number
     if number == 3:
+        version.signature = {{**version.signature, "inputs": [{{**version.signature["inputs"][0], "shape": ["batch", 32]}}]}}
         version.validation_report = {{**version.validation_report, "compatibility": {{
             "compatible": False, "stable_version": 1, "differences": ["input 'input' dimension 1: 64 on v1, 32 here"]}}}}
     version.save()

@@ -377,6 +377,24 @@ def test_an_incompatible_canary_is_marked_in_the_split_form_beside_a_force_box(o
     assert 'id="split-force"' in html and 'id="id_split_force"' in html and 'id="id_split_reason"' in html
 
 
+def test_after_an_incompatible_version_is_promoted_the_split_form_marks_the_versions_that_now_differ(operator_page, digits, operator):
+    # v3 (8 inputs) forced to stable over v1 (4): a split to v1 or v2 was refused "tick Force
+    # and say why in the reason", and the form had no Force box to tick, each version being
+    # judged by its upload's report (compatible with v1, the stable then); v3 was marked
+    # "inputs differ from v1" although it was the stable itself (a tired operator, 7 Dec).
+    incompatible_v3(digits)
+    releases.set_routes(digits, [{"version": 3, "weight": 100}], operator, "clients moved to 8 features", force=True)
+
+    html = release_panel(operator_page)
+
+    assert '<option value="2" selected data-incompatible="true">v2 (inputs differ from v3)</option>' in html
+    assert '<option value="1" data-incompatible="true">v1 (inputs differ from v3)</option>' in html
+    difference = escape("input 'input' dimension 1: 8 on v3, 4 here")
+    assert (f'<p data-force-for="1">v1\'s inputs differ from v3\'s ({difference}): '
+            'requests written for the stable version would be refused.</p>') in html
+    assert 'id="split-force"' in html and 'id="id_split_force"' in html
+
+
 def test_a_split_form_with_only_compatible_canaries_has_no_force_box(operator_page, digits):
     assert 'id="split-force"' not in release_panel(operator_page)
 
