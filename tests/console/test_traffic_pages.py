@@ -151,7 +151,7 @@ def test_an_unconfirmed_100_percent_from_the_script_is_refused(operator_page, ca
     assert releases_made() == before
 
 
-@pytest.mark.parametrize("typed", ["0,5", "0.5", "5 5", "1e1", "ten"])
+@pytest.mark.parametrize("typed", ["0,5", "0.5", "5 5", "1e1", "ten", "101", "250 %", "-1"])
 def test_a_typed_share_that_is_no_whole_percentage_is_refused_naming_it_and_changes_nothing(operator_page, canary_digits, typed):
     """The number field dropped what it could not read: "0,5" (meant 0.5 %) became 05 and
     5 % was applied (a tired operator, 7 Dec). The field is text now; the server says no."""
