@@ -177,3 +177,13 @@ def test_a_worker_gone_longer_than_the_workers_page_lists_it_is_not_counted(view
     report_from("w-gone-yesterday", generation=canary_digits.current_release().generation, versions=[], seconds_ago=2 * 3600)
 
     assert health_pill(viewer_page) == "1 worker gone (silent 7 s)"
+
+
+def test_the_rollback_target_is_said_warm_on_every_live_worker_not_every_worker(viewer_page, canary_digits):
+    # Only live workers' reports are read: "warm on every worker" was shown beside a frozen one.
+    live_worker(canary_digits, versions=[{"model": "digits", "version": 1}, {"model": "digits", "version": 2}])
+    report_from("w-gone", generation=canary_digits.current_release().generation, versions=[], seconds_ago=GONE_SILENT_S)
+
+    html = viewer_page.get("/models/digits/").content.decode()
+
+    assert "Rollback target warm on every live worker." in html
