@@ -90,7 +90,8 @@ def check_steps(steps: object) -> list[int]:
     for index, step in enumerate(steps):
         if isinstance(step, bool) or not isinstance(step, int) or not (0 if index == 0 else 1) <= step <= 100:
             words = "from 0 (a shadow step) to 100" if index == 0 else "from 1 to 100 (only the first step may be 0, a shadow step)"
-            raise RolloutError(f"steps[{index}] must be an integer percentage {words}")
+            shown = repr(step) if len(repr(step)) <= 40 else repr(step)[:37] + "..."
+            raise RolloutError(f"steps[{index}] (step {index + 1}) must be an integer percentage {words}, got {shown}")
     if any(later <= earlier for earlier, later in pairwise(steps)):
         raise RolloutError(f"steps must increase strictly, got {steps}")
     if steps[-1] != 100:

@@ -94,8 +94,8 @@ def test_a_second_rollout_of_the_same_model_is_refused_naming_the_first(three_ve
     ([10, 5, 100], "increase strictly"),
     ([10, 50], "last step must be 100"),
     ([100], "at least one analysed step"),
-    ([10, 0, 100], r"steps\[1\] must be an integer percentage from 1 to 100 \(only the first step may be 0, a shadow step\)"),
-    ([-1, 100], r"steps\[0\] must be an integer percentage from 0 \(a shadow step\) to 100"),
+    ([10, 0, 100], r"steps\[1\] \(step 2\) must be an integer percentage from 1 to 100 \(only the first step may be 0, a shadow step\)"),
+    ([-1, 100], r"steps\[0\] \(step 1\) must be an integer percentage from 0 \(a shadow step\) to 100"),
     ("10,100", "non-empty list"),
 ])
 def test_a_plan_with_bad_steps_is_refused_naming_the_problem(three_versions, operator, steps, message):
