@@ -369,6 +369,9 @@ WORKER_GONE_AFTER_S = env_float("WORKER_GONE_AFTER_S", 5.0, minimum=1.0)
 # Progressive delivery: how often Celery beat asks the analysis whether a window is due
 # (each rollout judges at its own interval_s), and how long per-report samples are kept.
 ROLLOUT_TICK_S = env_float("ROLLOUT_TICK_S", 5.0, minimum=0.2)
+# A due window left unjudged past three ticks and this slack counts as overdue: the
+# analysis has stopped (beat or Redis is down) and the console judges it itself.
+ROLLOUT_OVERDUE_SLACK_S = env_float("ROLLOUT_OVERDUE_SLACK_S", 10.0, minimum=0.0)
 REPORT_SAMPLE_RETENTION_S = env_float("REPORT_SAMPLE_RETENTION_S", 3600.0, minimum=60.0)
 WORKER_FORGET_AFTER_S = env_float("WORKER_FORGET_AFTER_S", 86400.0, minimum=1.0)
 # Reports one worker id may send a second, and save up (registry/fleet/report_rate.py).

@@ -62,9 +62,6 @@ from registry.models import (
 logger = logging.getLogger(__name__)
 
 MAX_STEPS = 20
-# A due window is judged at the next tick (ROLLOUT_TICK_S); past three ticks and this
-# slack (a slow tick, a busy broker) the analysis counts as stopped.
-OVERDUE_SLACK_S = 10.0
 REPORTS_BEHIND = "waiting for the workers' reports"  # the status of a due window whose reports have not reached its end
 MAX_STEP_DURATION_S = 7 * 24 * 3600.0
 
@@ -322,7 +319,10 @@ def analysis_overdue_s(rollout: Rollout, now: datetime | None = None) -> float |
 
 
 def overdue_after_s() -> float:
-    return 3 * django_settings.ROLLOUT_TICK_S + OVERDUE_SLACK_S
+    """A due window is judged at the next tick (ROLLOUT_TICK_S); past three ticks and a
+    slack for a slow tick or a busy broker (ROLLOUT_OVERDUE_SLACK_S) the analysis counts
+    as stopped."""
+    return 3 * django_settings.ROLLOUT_TICK_S + django_settings.ROLLOUT_OVERDUE_SLACK_S
 
 
 class _Fallback:

@@ -180,6 +180,17 @@ def test_a_report_rate_that_would_show_workers_gone_stops_the_console(tmp_path):
             "accepted reports; keep WORKER_REPORTS_PER_S at least 3 / WORKER_GONE_AFTER_S (0.6)") in result.stderr
 
 
+def test_the_rollout_overdue_slack_is_read_and_a_negative_one_stops_the_console(tmp_path):
+    default = _settings(tmp_path, "settings.ROLLOUT_OVERDUE_SLACK_S")
+    short = _settings(tmp_path, "settings.ROLLOUT_OVERDUE_SLACK_S", ROLLOUT_OVERDUE_SLACK_S="2.5")
+    negative = _settings(tmp_path, "'started'", ROLLOUT_OVERDUE_SLACK_S="-1")
+
+    assert default.stdout.strip().splitlines()[-1] == "10.0", default.stderr
+    assert short.stdout.strip().splitlines()[-1] == "2.5", short.stderr
+    assert negative.returncode != 0
+    assert "SettingError: ROLLOUT_OVERDUE_SLACK_S='-1': must be a finite number >= 0.0" in negative.stderr
+
+
 def test_the_lock_timeout_is_set_on_postgresql_connections_unless_it_is_0(tmp_path):
     url = "postgres://u@127.0.0.1:5432/d"
     on = _settings(tmp_path, "settings.DATABASES['default']['OPTIONS'].get('options')", DATABASE_URL=url, DATABASE_LOCK_TIMEOUT_S="2.5")

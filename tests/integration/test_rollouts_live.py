@@ -37,6 +37,10 @@ FAST = {"interval_s": 1, "min_requests": 20, "failure_limit": 2,
 FINISHED = {"promoted", "rolled_back", "aborted"}
 ROLLOUT_TIMEOUT_S = 30
 HOLD_S = 600  # a step_duration_s no test outlives: the rollout stays on its first step
+TICK_S = 0.25
+# The console judges a window beat left unjudged past three ticks and this slack (10 s by
+# default): short here, so the test with beat stopped waits seconds, not twice 10 s.
+OVERDUE_SLACK_S = 2
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +48,8 @@ def stack(module_database_url, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp("rollouts-live")
     # DATABASE_URL: the module's own database (conftest), in place of pytest-django's.
     with running_stack(work_dir, settings, settings.DATABASES["default"], migrate=True, DATABASE_URL=module_database_url,
-                       ARTIFACT_ROOT=str(work_dir / "artifacts"), ROLLOUT_TICK_S="0.25") as stack:
+                       ARTIFACT_ROOT=str(work_dir / "artifacts"), ROLLOUT_TICK_S=str(TICK_S),
+                       ROLLOUT_OVERDUE_SLACK_S=str(OVERDUE_SLACK_S)) as stack:
         stack.start_celery()
         for _ in range(2):
             stack.start_worker(wait_ready=False)  # ready once a model is routed: each test registers its own
@@ -338,7 +343,7 @@ def test_with_celery_beat_stopped_the_console_judges_the_overdue_windows_and_rol
     try:
         with load(stack, "no-beat") as traffic:
             started = start_rollout(api, "no-beat", force=True, reason="beat is down")
-            rollout = finished_within(api, "no-beat", started["id"], 2 * (3 * 0.25 + 10) + ROLLOUT_TIMEOUT_S)
+            rollout = finished_within(api, "no-beat", started["id"], 2 * (3 * TICK_S + OVERDUE_SLACK_S) + ROLLOUT_TIMEOUT_S)
     finally:
         stack.start_celery()
 

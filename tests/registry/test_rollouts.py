@@ -560,11 +560,11 @@ def due_ago(rollout: Rollout, seconds: float) -> None:
 def test_a_window_left_unjudged_past_a_few_ticks_is_reported_overdue(three_versions, operator, viewer_client, settings):
     settings.ROLLOUT_TICK_S = 5
     rollout = start(three_versions, operator)
-    due_ago(rollout, 3 * 5 + rollouts.OVERDUE_SLACK_S + 20)
+    due_ago(rollout, 3 * 5 + settings.ROLLOUT_OVERDUE_SLACK_S + 20)
 
     overdue = viewer_client.get(f"/api/models/digits/rollouts/{rollout.pk}/").json()["analysis_overdue_s"]
 
-    assert overdue == pytest.approx(3 * 5 + rollouts.OVERDUE_SLACK_S + 20, abs=5)
+    assert overdue == pytest.approx(3 * 5 + settings.ROLLOUT_OVERDUE_SLACK_S + 20, abs=5)
 
 
 def test_a_window_due_within_a_few_ticks_is_not_overdue(three_versions, operator, viewer_client, settings):
@@ -573,6 +573,17 @@ def test_a_window_due_within_a_few_ticks_is_not_overdue(three_versions, operator
     due_ago(rollout, 5)
 
     assert viewer_client.get(f"/api/models/digits/rollouts/{rollout.pk}/").json()["analysis_overdue_s"] is None
+
+
+def test_a_shorter_overdue_slack_reports_a_window_overdue_sooner(three_versions, operator, viewer_client, settings):
+    settings.ROLLOUT_TICK_S = 5
+    settings.ROLLOUT_OVERDUE_SLACK_S = 1
+    rollout = start(three_versions, operator)
+    due_ago(rollout, 3 * 5 + 1 + 3)  # within the default 10 s of slack
+
+    overdue = viewer_client.get(f"/api/models/digits/rollouts/{rollout.pk}/").json()["analysis_overdue_s"]
+
+    assert overdue == pytest.approx(3 * 5 + 1 + 3, abs=2)
 
 
 def test_a_paused_rollout_is_never_overdue(three_versions, operator, viewer_client):
@@ -602,7 +613,7 @@ def test_a_window_the_analysis_left_overdue_is_judged_by_the_console_when_a_work
     # Redis (Celery's broker) down: beat judged nothing, and a canary failing half its
     # requests kept its share for the whole outage, its workers' reports reaching the console.
     rollout = start(three_versions, operator)
-    due_ago(rollout, 3 * 5 + rollouts.OVERDUE_SLACK_S + 20)
+    due_ago(rollout, 3 * 5 + settings.ROLLOUT_OVERDUE_SLACK_S + 20)
     a_tick_later(settings)
     report(three_versions, {2: figures("digits", 2, errors=100), 1: figures("digits", 1)}, timezone.now())
 
@@ -724,7 +735,7 @@ def test_a_rollout_waiting_for_reports_says_so_where_the_overdue_analysis_is_sho
     rollout = start(three_versions, operator)
     Rollout.objects.filter(pk=rollout.pk).update(step_started_at=timezone.now() - timedelta(seconds=100))
     report(three_versions, {2: figures("digits", 2), 1: figures("digits", 1)}, timezone.now() - timedelta(seconds=60))
-    due_ago(rollout, 3 * 5 + rollouts.OVERDUE_SLACK_S + 20)
+    due_ago(rollout, 3 * 5 + settings.ROLLOUT_OVERDUE_SLACK_S + 20)
     rollouts.tick()
 
     page = Client()
