@@ -9,6 +9,7 @@ import os
 import re
 import secrets
 import signal
+import time
 
 import pytest
 from playwright.sync_api import expect
@@ -41,6 +42,23 @@ def model_with_canary(stack, routes: list[dict]) -> tuple[str, int]:
     seeds = [secrets.randbelow(10**6) + offset for offset in (3_000_000, 4_000_000, 5_000_000)]  # bytes no other version has
     generation = django_shell(stack, MAKE_MODEL.format(name=name, seeds=seeds, routes=routes), timeout_s=120).strip().splitlines()[-1]
     return name, int(generation)
+
+
+def with_panel_polled(page, check, timeout_ms: float = LIVE_S) -> None:
+    """``check(timeout_ms)`` (an ``expect``) once it holds, asking the page for its release
+    panel once a second meanwhile. The page asks every 10 s by itself (model.js; its own
+    test is test_live_refresh's health poll test): a worker's silence, or its return at the
+    same generation, sends no event, and waiting for that poll cost these tests up to 20 s.
+    Asked here through the page's own refresh, the same fetch and swap as the poll's."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        page.evaluate("() => window.ModelOps.refreshAll('health', 'release-panel')")
+        try:
+            check(1_000)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
 
 
 def test_another_version_in_the_live_canarys_place_asks_first_and_cancel_sends_nothing(page, stack):
@@ -194,7 +212,7 @@ def test_a_changes_message_follows_a_stopped_worker_to_not_converged_and_back(pa
         panel.get_by_role("button", name="50%", exact=True).click()
         message = page.locator("#messages .message", has_text=f"Generation {generation + 1}:")
         # The panel's words, whichever it says first of a stack's only worker stopped.
-        expect(message).to_have_class("message message-warning", timeout=LIVE_S)
+        with_panel_polled(page, lambda timeout: expect(message).to_have_class("message message-warning", timeout=timeout))
         expect(message).to_contain_text(re.compile(r"Not converged: |No live workers are reporting\."))
         expect(message).not_to_contain_text("Workers are converging")
         stack.screenshot(page, "split-message-not-converged")
@@ -260,7 +278,7 @@ def test_the_drill_dialog_names_a_silent_worker_the_drill_would_wait_for(page, s
     worker = next(process for process in stack.processes if "serve" in process.args)
     os.kill(worker.pid, signal.SIGSTOP)
     try:
-        expect(panel.locator("#convergence")).to_contain_text("No live workers are reporting", timeout=LIVE_S)
+        with_panel_polled(page, lambda timeout: expect(panel.locator("#convergence")).to_contain_text("No live workers are reporting", timeout=timeout))
         page.locator("#drill-button").click()
         warning = page.locator("#drill-dialog #drill-silent-warning")
         expect(warning).to_contain_text(re.compile(r"It also waits for browser-worker \(silent \d+ s\): not reporting"))
@@ -268,7 +286,7 @@ def test_the_drill_dialog_names_a_silent_worker_the_drill_would_wait_for(page, s
         page.locator("#drill-dialog").get_by_role("link", name="Cancel").click()
     finally:
         os.kill(worker.pid, signal.SIGCONT)
-    expect(panel.locator("#convergence")).to_contain_text("serve generation", timeout=LIVE_S)
+    with_panel_polled(page, lambda timeout: expect(panel.locator("#convergence")).to_contain_text("serve generation", timeout=timeout))
 
 
 SET_ROUTES = """
