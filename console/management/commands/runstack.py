@@ -56,7 +56,8 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, serving_port, no_demo, **options):
         # Where each port came from, for the refusal of the same port twice: the flag, the
         # variable, or its default (a SERVING_PORT=8000 beside an unset CONSOLE_PORT).
-        sources = (_port_source("--port", port, "CONSOLE_PORT"), _port_source("--serving-port", serving_port, "SERVING_PORT"))
+        sources = (_port_source("--port", port, "CONSOLE_PORT", os.environ.get("CONSOLE_PORT", "")),
+                   _port_source("--serving-port", serving_port, "SERVING_PORT", os.environ.get("SERVING_PORT", "")))
         port = port or env_port("CONSOLE_PORT", 8000)
         serving_port = serving_port or env_port("SERVING_PORT", 8001)
         # Explicit handlers: a shell starting us in the background ignores SIGINT, and
@@ -300,11 +301,12 @@ def _http_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _port_source(flag: str, given: int | None, variable: str) -> str:
-    """How the operator chose a port: ``flag``, else ``variable`` (empty is unset, as for every setting)."""
+def _port_source(flag: str, given: int | None, variable: str, value: str) -> str:
+    """How the operator chose a port: ``flag``, else ``variable`` set to ``value`` (empty is
+    unset, as for every setting)."""
     if given:
         return flag
-    return variable if os.environ.get(variable, "").strip() else f"{variable} (unset: its default)"
+    return variable if value.strip() else f"{variable} (unset: its default)"
 
 
 def _check_free(host: str, port: int, other_ports: str = "choose other ports with CONSOLE_PORT and SERVING_PORT (or --port and --serving-port)") -> None:
