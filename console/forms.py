@@ -308,6 +308,12 @@ class ModelDetailsForm(forms.Form):
         self.fields["owner"] = _owner_field()
 
 
+class VersionDetailsForm(forms.Form):
+    """A version's description: what its page's operator may change."""
+
+    description = forms.CharField(required=False, max_length=2000, label="Description", validators=[refuse_hidden_characters])
+
+
 class ModelCreateForm(ModelDetailsForm):
     name = forms.SlugField(max_length=100, label="Name", help_text="Letters, digits, '-' and '_'; it names the model in URLs and requests.",
                            validators=[refuse_reserved_model_name])

@@ -1,5 +1,5 @@
 """Console pages of the model catalogue: register a model, change its description, tags
-and owner, archive and restore it. Each is a form post (act, message, redirect) that
+and owner (and a version's description), archive and restore it. Each is a form post (act, message, redirect) that
 calls ``registry.actions.catalog``; a refused form is shown again with its errors."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console import forms
-from console.views import _answer, _first_error, _model, model_context, operator_required
+from console.views import _answer, _first_error, _model, _version, model_context, operator_required, version_context
 from registry.actions import catalog
 
 
@@ -49,6 +49,19 @@ def change_model(request, name: str):
     catalog.change_model(model, request.user, description=data["description"], tags=data["tags"], owner=data["owner"])
     messages.success(request, f"Details of {model.name} saved.")
     return redirect("model", name=model.name)
+
+
+@require_POST
+@operator_required
+def change_version(request, name: str, number: int):
+    version = _version(name, number)
+    form = forms.VersionDetailsForm(request.POST)
+    if not form.is_valid():
+        context = version_context(version, version_form=form, version_details_open=True)
+        return render(request, "console/version.html", context, status=400)
+    catalog.change_version(version, request.user, description=form.cleaned_data["description"])
+    messages.success(request, f"Description of {version.model.name} v{version.number} saved.")
+    return redirect("version", name=version.model.name, number=version.number)
 
 
 @require_http_methods(["GET", "POST"])

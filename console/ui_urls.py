@@ -44,6 +44,7 @@ urlpatterns = [
     path("models/<slug:name>/datasets/new", job_views.new_dataset, name="model-datasets-new"),
     path("models/<slug:name>/versions/<int:number>/", views.version_page, name="version"),
     path("models/<slug:name>/versions/<int:number>/try/", views.try_version, name="version-try"),
+    path("models/<slug:name>/versions/<int:number>/details/", registry_views.change_version, name="version-details"),
     path("workers/", views.workers_page, name="workers"),
     path("drills/", views.drills_page, name="drills"),
     path("drills/<int:pk>/", drill_views.drill_page, name="drill"),

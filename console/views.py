@@ -866,6 +866,7 @@ def version_context(version: ModelVersion, **extra) -> dict:
         "served": _served(version.model).get(version.number),
         "download_url": reverse("api-version-artifact", kwargs={"name": version.model.name, "number": version.number}),
         "try_form": forms.TryForm(initial={"inputs": example_inputs(version.signature or {})}),
+        "version_form": forms.VersionDetailsForm(initial={"description": version.description}),
         "worker_url": serving_url(),
         "takes_traffic": bool(release) and any(route["version"] == version.number and route["weight"] > 0 for route in release.routes),
         "jobs_config": {"model": version.model.name, "page": "version", "version": version.number},

@@ -1,5 +1,5 @@
-"""The model catalogue: registering a model, changing its description, tags and owner,
-archiving it and restoring it. Each change is one transaction with its audit event.
+"""The model catalogue: registering a model, changing its description, tags and owner (and a
+version's description), archiving it and restoring it. Each change is one transaction with its audit event.
 
 Archiving a served model is a traffic change as well as a flag: ``releases.archive_traffic``
 appends a release with no routes (workers unload the model), under the serving-generation
@@ -18,7 +18,7 @@ from django.utils import timezone
 from registry.actions import events, releases
 from registry.domain.tags import check_tags
 from registry.domain.traffic import Route
-from registry.models import RegisteredModel, Release, ServingGeneration
+from registry.models import ModelVersion, RegisteredModel, Release, ServingGeneration
 
 UNSET = object()  # "not given": owner=None means nobody
 
@@ -77,6 +77,20 @@ def change_model(model: RegisteredModel, actor, *, description=UNSET, tags=UNSET
         if changed:
             locked.save(update_fields=list(changed))
             events.model_changed(locked, actor, changed)
+    return locked
+
+
+def change_version(version: ModelVersion, actor, *, description: str) -> ModelVersion:
+    """A version's description, as for a model's (the audit event says what it became;
+    unchanged: no event). Any version, archived or rejected too: it is what the registry
+    keeps of it. An upload starts when its file is chosen, so a description typed after
+    that went with nothing; this is where it is set."""
+    with transaction.atomic():
+        locked = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
+        if locked.description != description:
+            locked.description = description
+            locked.save(update_fields=["description"])
+            events.version_changed(locked, actor, {"description": description})
     return locked
 
 

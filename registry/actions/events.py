@@ -30,6 +30,14 @@ def model_changed(model: RegisteredModel, user, changed: dict) -> AuditEvent:
                                      data={"changed": shown})
 
 
+def version_changed(version: ModelVersion, user, changed: dict) -> AuditEvent:
+    shown = {field: _shown(value) for field, value in changed.items()}
+    words = "; ".join(f"{field} {value}" for field, value in shown.items())
+    return AuditEvent.objects.create(model=version.model, kind=AuditKind.VERSION_CHANGED, actor=_actor(user),
+                                     message=f"Version {version.number} of {version.model.name} changed: {words}",
+                                     data={"version": version.number, "changed": shown})
+
+
 def _shown(value) -> str:
     if isinstance(value, list):
         return ", ".join(value) or "none"

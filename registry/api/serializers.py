@@ -275,6 +275,16 @@ def with_validation_jobs(versions: models.QuerySet) -> models.QuerySet:
     return versions.prefetch_related(models.Prefetch("jobs", queryset=Job.objects.filter(kind=JobKind.VALIDATION), to_attr="validation_jobs"))
 
 
+class VersionUpdateSerializer(StrictModelSerializer):
+    """What PATCH may change of a version: its description (the bytes, and what was found
+    of them, stay as uploaded)."""
+
+    class Meta:
+        model = ModelVersion
+        fields = ["description"]
+        extra_kwargs = {"description": {"max_length": DESCRIPTION_MAX_CHARS}}
+
+
 class VersionSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", read_only=True)
     uploaded_by = UserNameField(read_only=True)

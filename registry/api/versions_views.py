@@ -22,10 +22,11 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry.actions import uploads
+from registry.actions import catalog, uploads
 from registry.api import pagination, serializers
 from registry.api.errors import error_response, error_responses
 from registry.api.lookups import get_model
+from registry.api.parsers import JSONParser
 from registry.api.permissions import WorkerTokenAuthentication
 from registry.api.streams import file_response
 from registry.artifacts import served_bytes, storage
@@ -137,13 +138,26 @@ def duplicate_details(existing: ModelVersion) -> dict:
     return {"existing_version": existing.number, "url": reverse("api-version", kwargs=names), "page_url": reverse("version", kwargs=names)}
 
 
-@extend_schema_view(get=extend_schema(responses={200: serializers.VersionSerializer, **error_responses(404)}))
-class VersionDetail(generics.RetrieveAPIView):
+@extend_schema_view(
+    get=extend_schema(responses={200: serializers.VersionSerializer, **error_responses(404)}),
+    patch=extend_schema(request=serializers.VersionUpdateSerializer, responses={200: serializers.VersionSerializer, **error_responses(400, 403, 404, 415)},
+                        description="Change the version's description (operators); recorded in the audit timeline."),
+)
+class VersionDetail(generics.RetrieveUpdateAPIView):
     serializer_class = serializers.VersionSerializer
+    parser_classes = [JSONParser]
+    http_method_names = ["get", "patch", "head", "options"]
 
     def get_object(self):
         versions = serializers.with_validation_jobs(ModelVersion.objects.select_related("model"))
         return get_object_or_404(versions, model__name=self.kwargs["name"], number=self.kwargs["number"])
+
+    def update(self, request, *args, **kwargs):
+        form = serializers.VersionUpdateSerializer(self.get_object(), data=request.data, partial=True)
+        form.is_valid(raise_exception=True)
+        if "description" in form.validated_data:
+            catalog.change_version(form.instance, request.user, description=form.validated_data["description"])
+        return Response(serializers.VersionSerializer(self.get_object()).data)
 
 
 @extend_schema_view(get=extend_schema(

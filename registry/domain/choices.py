@@ -25,6 +25,7 @@ class AuditKind(models.TextChoices):
     MODEL_ARCHIVED = "model_archived", "Model archived"
     MODEL_RESTORED = "model_restored", "Model restored from the archive"
     VERSION_UPLOADED = "version_uploaded", "Version uploaded"
+    VERSION_CHANGED = "version_changed", "Version description changed"
     UPLOAD_REFUSED = "upload_refused", "Upload refused"
     VERSION_ARCHIVED = "version_archived", "Version archived"
     RELEASE = "release", "Traffic changed"
