@@ -579,3 +579,22 @@ def test_free_form_metrics_under_the_jobs_keys_do_not_break_the_pages(viewer_pag
 
     assert viewer_page.get("/models/digits/").status_code == 200
     assert "Not benchmarked yet" in viewer_page.get("/models/digits/versions/2/").content.decode()
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    (JobKind.BATCH, "start a new batch job to do it again (its input file is deleted once it ends, so send the file again)"),
+    (JobKind.EVALUATION, "this evaluation is not run again: v1 keeps no figures for this data set (to measure it, add the data set again under another name)"),
+    (JobKind.BENCHMARK, "this benchmark is not run again: v1 keeps no benchmark figures"),
+    (JobKind.VALIDATION, "the version is rejected (upload the file again with “Upload as a copy anyway” to have it validated anew)"),
+])
+def test_the_cancel_question_says_how_the_work_can_be_done_again_for_each_kind(operator_page, digits, kind, says):
+    # Only a batch job can be started again; an evaluation or a benchmark is queued once
+    # per version (and data set), so "start a new one" promised a control that is not there.
+    dataset = EvaluationDataset.objects.create(model=digits, name="holdout", task=DatasetTask.CLASSIFICATION, file_format="npz",
+                                               sha256="ab" * 32, size_bytes=10, rows=3) if kind == JobKind.EVALUATION else None
+    job = make_job(digits, kind, status=JobStatus.QUEUED, dataset=dataset)
+
+    html = operator_page.get(f"/models/digits/jobs/{job.pk}/cancel").content.decode()
+
+    assert says in html
+    assert "start a new one" not in html
