@@ -1,10 +1,14 @@
 """The batch-inference job: a version run over an uploaded file (``.npy``, ``.npz``,
 ``.jsonl``, ``.csv``), written to an output file of the same family.
 
-The child writes ``output.pending`` (through ``.part`` and scratch files of its own),
-renamed to ``files.output_path`` once the result names the output's format. When the job
-ends, however it ends, everything else in its folder goes, the input first: nothing
-reads it again, and it can be as large as ``JOB_MAX_INPUT_BYTES``. A corrupt file fails
+The child writes ``output.<attempt>-<claim time>.pending`` (through ``.part`` and scratch
+files of its own), renamed to ``files.output_path`` once the result names the output's
+format, by a runner that still holds the job. The name is the claim's own: a runner the
+sweep took for lost (stopped, not dead) may still have a child writing when the job runs
+again, and with one name for both the first child to finish renamed the other's ``.part``
+away, failing the rerun ("No such file or directory"). When the job ends, however it ends,
+everything else in its folder goes, the input first: nothing reads it again, and it can
+be as large as ``JOB_MAX_INPUT_BYTES``. A corrupt file fails
 the job with the child's reason.
 """
 
@@ -19,7 +23,6 @@ from registry.jobs.child import run_child
 from registry.jobs.runner import JobFailed
 from registry.jobs.versions import memory_limit_bytes, model_arguments, opened_artifact
 
-PENDING_OUTPUT = "output.pending"
 MAX_BATCH_SIZE = 4096  # rows per model call; BATCH_JOB_BATCH_SIZE is bounded the same
 
 
@@ -37,7 +40,7 @@ def _run(job) -> dict:
         source = files.input_path(job)
         if not job.input_format or not source.is_file():
             raise JobFailed("the job's input file is gone (it is deleted once a batch job ends)")
-        pending = files.job_dir(job) / PENDING_OUTPUT
+        pending = files.job_dir(job) / f"output.{job.attempts}-{job.started_at.timestamp():.6f}.pending"
         batch_size = int(job.params.get("batch_size") or settings.BATCH_JOB_BATCH_SIZE)
         argv = ["batch", *model_arguments(version), "--input", str(source), "--format", job.input_format,
                 "--output", str(pending), "--batch-size", str(batch_size)]
@@ -49,6 +52,9 @@ def _run(job) -> dict:
 
 def _keep_output(job, pending, result: dict) -> None:
     output_format = str(result.get("output_format") or "")
+    if not _still_held(job):  # swept while it ran: the job is another runner's now, and so is its output
+        pending.unlink(missing_ok=True)
+        raise JobFailed("this runner no longer holds the job (it was queued again or finished elsewhere)")
     if output_format not in {"npy", "npz", "jsonl", "csv"} or not pending.is_file():
         raise JobFailed("the job's process finished without writing its output file")
     job.output_format = output_format

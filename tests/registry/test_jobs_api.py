@@ -6,11 +6,13 @@ Tests marked ``child`` run the job for real (``python -m serving.jobs``)."""
 from __future__ import annotations
 
 import io
+from datetime import timedelta
 from urllib.parse import quote
 
 import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from registry.domain.choices import JobKind, JobStatus, VersionStatus
@@ -214,6 +216,28 @@ def test_a_running_batch_job_stops_on_cancel_and_leaves_no_files(jobs_model, ope
         batch.run(job)
 
     assert job_files(artifact_root) == []
+
+
+@pytest.mark.child
+def test_a_runner_the_sweep_took_for_lost_publishes_no_output_and_the_rerun_succeeds(jobs_model, operator_client, artifact_root, settings):
+    # A runner stopped (not dead) past JOB_STALE_AFTER_S: the sweep queues its job again
+    # while its child may still be writing. Both children wrote output.pending(.part), so
+    # the first to finish renamed the other's file away and the rerun failed with
+    # "No such file or directory"; and the lost runner published its output as the job's.
+    settings.JOB_STALE_AFTER_S, settings.JOB_MAX_ATTEMPTS = 30, 2
+    job_id = submit(operator_client, npy_upload(rows(50)), batch_size=16).json()["id"]
+    lost = records.claim(job_id)
+    Job.objects.filter(pk=job_id).update(heartbeat_at=timezone.now() - timedelta(seconds=31))
+    assert records.sweep_stale() >= 1
+
+    with pytest.raises(runner.JobFailed, match="no longer holds the job"):
+        batch.run(lost)  # its child finished; the job is not its own any more
+
+    assert [path.name for path in job_files(artifact_root)] == ["input.npy"]  # nothing published, nothing left of its own
+    assert runner.run(job_id) == JobStatus.SUCCEEDED
+    downloaded = b"".join(operator_client.get(f"{JOBS}{job_id}/output").streaming_content)
+    assert np.array_equal(np.load(io.BytesIO(downloaded)).argmax(axis=1), predictions(jobs_model.versions.get(number=1), rows(50)))
+    assert operator_client.get(f"{JOBS}{job_id}/").json()["attempts"] == 2
 
 
 @pytest.mark.parametrize("name", ["inputs.txt", "inputs", "inputs.onnx", "inputs.npy.exe"])
