@@ -31,11 +31,13 @@ NAME_MAX_CHARS = 100
 
 
 class DatasetRefused(received_files.Refused):
-    """A data set that is not added: 400 bad name, task or file, 409 name taken, 413 too large."""
+    """A data set that is not added: 400 bad name, task or file, 409 name taken or model archived, 413 too large."""
 
 
 def add(model: RegisteredModel, upload, *, name: str, task: str, description: str = "", created_by) -> EvaluationDataset:
     """Store the data set, record it, and queue its evaluations; returns it."""
+    if model.is_archived:  # "no uploads", as for versions: its evaluations would run on versions nothing serves
+        raise DatasetRefused(f"{model.name} is archived: restore it from the archive before adding data sets", 409)
     _check_name(model, name)
     if task not in DatasetTask.values:
         raise DatasetRefused(f"task must be one of {', '.join(DatasetTask.values)}", 400)

@@ -208,6 +208,17 @@ def test_a_data_set_name_taken_is_409_and_leaves_nothing_new(jobs_model, operato
     assert dataset_files(artifact_root) == before and EvaluationDataset.objects.count() == 1
 
 
+def test_a_data_set_for_an_archived_model_is_409_and_stores_nothing(jobs_model, operator_client, artifact_root):
+    """The README's "no uploads" for an archived model held for versions only: a data set
+    was stored and every version evaluated on it."""
+    assert operator_client.post("/api/models/digits/archive/", {"reason": "retired"}, format="json").status_code == 200
+
+    response = add(operator_client, labelled(6))
+
+    assert (response.status_code, response.json()["error"]) == (409, "digits is archived: restore it from the archive before adding data sets")
+    assert EvaluationDataset.objects.count() == 0 and Job.objects.count() == 0 and dataset_files(artifact_root) == []
+
+
 def test_a_data_set_without_labels_is_refused_naming_the_problem(jobs_model, operator_client, artifact_root):
     response = add(operator_client, npz_upload("holdout.npz", input=rows(4)))
 
@@ -290,7 +301,7 @@ def test_without_a_ready_version_only_the_data_sets_format_is_checked(jobs_model
 def test_a_data_set_file_of_another_format_is_refused(jobs_model, operator_client, artifact_root, name):
     response = add(operator_client, SimpleUploadedFile(name, b"1,2\n"))
 
-    assert response.status_code == 400 and ".npz, .jsonl" in response.json()["error"]
+    assert response.status_code == 400 and "the data set must be a .npz or .jsonl file" in response.json()["error"]
     assert EvaluationDataset.objects.count() == 0 and dataset_files(artifact_root) == []
 
 
