@@ -185,6 +185,16 @@ def test_demo_traffic_refuses_an_api_key_that_cannot_be_a_header_without_echoing
     assert key not in str(refusal.value)
 
 
+def test_demo_traffic_that_no_worker_answers_exits_1_saying_so(tmp_path):
+    """Against nothing listening it printed "ConnectError: 100" and exited 0."""
+    port = free_port()
+
+    finished = manage(tmp_path, "demo_traffic", "--url", f"http://127.0.0.1:{port}", "--seconds", "0.3", "--rate", "20", timeout=30)
+
+    assert "ConnectError: " in finished.stdout
+    refused(finished, f"requests to http://127.0.0.1:{port}/predict was answered 200")
+
+
 # ---------------------------------------------------------------- make_demo_models
 
 

@@ -39,13 +39,14 @@ class Command(BaseCommand):
         headers = {"Content-Type": "application/json", **({"X-API-Key": api_key} if api_key else {})}
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
         self.stdout.write(f"sending {len(bodies)} held-out digits round-robin to {target} at {rate:g}/s; Ctrl-C stops")
+        counts: dict[str, int] = {}
         try:
-            self._send(target, bodies, headers, rate, seconds)
+            self._send(target, bodies, headers, rate, seconds, counts)
         except KeyboardInterrupt:
             pass
+        _check_answered(counts, target)
 
-    def _send(self, target: str, bodies: list[bytes], headers: dict, rate: float, seconds: float) -> None:
-        counts: dict[str, int] = {}
+    def _send(self, target: str, bodies: list[bytes], headers: dict, rate: float, seconds: float, counts: dict[str, int]) -> None:
         started = last_line = time.monotonic()
         with httpx.Client(timeout=5.0) as client:
             for sent in range(1 << 62):
@@ -62,6 +63,16 @@ class Command(BaseCommand):
 
     def _tally(self, counts: dict[str, int]) -> None:
         self.stdout.write("  ".join(f"{key}: {value}" for key, value in sorted(counts.items())))
+
+
+def _check_answered(counts: dict[str, int], target: str) -> None:
+    """CommandError (exit status 1) when requests were sent and none was answered 200: a
+    run against nothing listening printed "ConnectError: 100" and exited 0, so a script or
+    a tired operator took the traffic for sent."""
+    sent = sum(counts.values())
+    if sent and not any(outcome.startswith("200 ") for outcome in counts):
+        raise CommandError(f"none of the {sent} requests to {target} was answered 200 (see the tally above): "
+                           "is a worker serving the demo model there?")
 
 
 def _worker_url(source: str, value: str) -> str:
