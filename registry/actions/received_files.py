@@ -27,7 +27,8 @@ def extension(upload, allowed: tuple[str, ...], what: str, refusal: type[Refused
     name = getattr(upload, "name", None) or ""
     suffix = Path(name).suffix.lower().lstrip(".")
     if suffix not in allowed:
-        listed = ", ".join(f".{each}" for each in allowed)
+        dotted = [f".{each}" for each in allowed]
+        listed = dotted[0] if len(dotted) == 1 else f"{', '.join(dotted[:-1])} or {dotted[-1]}"  # "a .npz, .jsonl file" read as a list
         shown = f"'{name[:60]}'" if name else "a file without a name"
         raise refusal(f"{what} must be a {listed} file (the file name's extension says which); got {shown}", 400)
     return suffix

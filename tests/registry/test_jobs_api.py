@@ -245,7 +245,7 @@ def test_a_file_whose_extension_names_no_input_format_is_refused(jobs_model, ope
     response = submit(operator_client, SimpleUploadedFile(name, b"1,2,3\n"))
 
     assert response.status_code == 400
-    assert ".npy, .npz, .jsonl, .csv" in response.json()["error"]
+    assert ".npy, .npz, .jsonl or .csv file" in response.json()["error"]
     assert batch_jobs() == 0 and left_behind(artifact_root) == []
 
 
