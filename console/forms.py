@@ -45,11 +45,12 @@ class PercentField(forms.IntegerField):
     def to_python(self, value):
         text = str(value or "").strip().removesuffix("%").strip()
         # Past 100 too: Django's own "Ensure this value is less than or equal to 100" named
-        # neither the field's rule nor what was typed, unlike every other wrong share. Its
-        # length is judged before int(), which raises past 4300 digits (a 500).
-        if text and not (text.isascii() and text.isdigit() and len(text.lstrip("0")) <= 3 and int(text) <= 100):
+        # neither the field's rule nor what was typed, unlike every other wrong share. Leading
+        # zeros go and the length is judged before int(), which raises past 4300 digits (a 500).
+        digits = text.lstrip("0") or ("0" if text else "")
+        if text and not (text.isascii() and text.isdigit() and len(digits) <= 3 and int(digits) <= 100):
             raise forms.ValidationError(f"Enter a whole number from 0 to 100, e.g. 10 (got {str(value).strip()[:20]!r}).", code="invalid")
-        return super().to_python(text)
+        return super().to_python(digits)
 
 
 class SplitForm(SeenGenerationForm):
