@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from django.conf import settings
+from django.db import transaction
 
 from registry.jobs import files, records
 from registry.jobs.child import run_child
@@ -30,8 +31,16 @@ def run(job) -> dict:
     try:
         return _run(job)
     finally:
-        if _still_held(job):  # a runner that lost the job must not take the rerun's input
+        if _still_held(job):
             remove_all_but_output(job)
+        else:  # a runner that lost the job must not take the rerun's input: only its own files go
+            for path in files.job_dir(job).glob(f"{_pending_name(job)}*"):
+                path.unlink(missing_ok=True)
+
+
+def _pending_name(job) -> str:
+    """This claim's own output file (and, with suffixes, its child's ``.part`` and scratch)."""
+    return f"output.{job.attempts}-{job.started_at.timestamp():.6f}.pending"
 
 
 def _run(job) -> dict:
@@ -40,7 +49,7 @@ def _run(job) -> dict:
         source = files.input_path(job)
         if not job.input_format or not source.is_file():
             raise JobFailed("the job's input file is gone (it is deleted once a batch job ends)")
-        pending = files.job_dir(job) / f"output.{job.attempts}-{job.started_at.timestamp():.6f}.pending"
+        pending = files.job_dir(job) / _pending_name(job)
         batch_size = int(job.params.get("batch_size") or settings.BATCH_JOB_BATCH_SIZE)
         argv = ["batch", *model_arguments(version), "--input", str(source), "--format", job.input_format,
                 "--output", str(pending), "--batch-size", str(batch_size)]
@@ -53,15 +62,21 @@ def _run(job) -> dict:
 def _keep_output(job, pending, result: dict) -> None:
     output_format = str(result.get("output_format") or "")
     if not _still_held(job):  # swept while it ran: the job is another runner's now, and so is its output
-        pending.unlink(missing_ok=True)
-        raise JobFailed("this runner no longer holds the job (it was queued again or finished elsewhere)")
+        raise _lost(pending)
     if output_format not in {"npy", "npz", "jsonl", "csv"} or not pending.is_file():
         raise JobFailed("the job's process finished without writing its output file")
-    job.output_format = output_format
-    target = files.output_path(job)
-    os.replace(pending, target)
-    job.output_bytes = target.stat().st_size
-    _held(job).update(output_format=job.output_format, output_bytes=job.output_bytes)
+    job.output_format, job.output_bytes = output_format, pending.stat().st_size
+    # The claim and the rename are one step: the sweep, taking the job between a check and
+    # the rename, waits on the row until both are done, or finds them undone.
+    with transaction.atomic():
+        if _held(job).update(output_format=job.output_format, output_bytes=job.output_bytes) != 1:
+            raise _lost(pending)
+        os.replace(pending, files.output_path(job))
+
+
+def _lost(pending) -> JobFailed:
+    pending.unlink(missing_ok=True)
+    return JobFailed("this runner no longer holds the job (it was queued again or finished elsewhere)")
 
 
 def _held(job):
