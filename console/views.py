@@ -921,12 +921,11 @@ def ask_worker(version: ModelVersion, inputs) -> dict:
     started = time.monotonic()
     try:
         with httpx.stream("POST", f"{url}/predict", json=body, timeout=TRY_TIMEOUT_S) as response:
-            content = _read_at_most(response, TRY_ANSWER_MAX_BYTES)
+            content = _read_at_most(response, TRY_ANSWER_MAX_BYTES, started + TRY_TIMEOUT_S)
     except httpx.HTTPError as error:
         return {"ok": False, "worker_url": url, "error": f"no answer from the worker at {url}: {error}"}
-    if content is None:
-        return {"ok": False, "worker_url": url, "error": f"the worker's answer is larger than this form shows ({TRY_ANSWER_MAX_BYTES:,} bytes): "
-                                                        "ask the worker's /predict or /v2 API for it"}
+    except _TryAnswerRefused as refusal:
+        return {"ok": False, "worker_url": url, "error": str(refusal)}
     try:
         answer = json.loads(content)
     except ValueError:
@@ -935,13 +934,22 @@ def ask_worker(version: ModelVersion, inputs) -> dict:
     return {"ok": response.status_code == 200, "status": response.status_code, "worker_url": url, "round_trip_ms": round_trip_ms, "answer": answer}
 
 
-def _read_at_most(response: httpx.Response, max_bytes: int) -> bytes | None:
-    """The body, or None as soon as it passes ``max_bytes`` (the rest is never read)."""
+class _TryAnswerRefused(Exception):
+    """A worker's answer the form stops reading; the message says why."""
+
+
+def _read_at_most(response: httpx.Response, max_bytes: int, deadline: float) -> bytes:
+    """The body, refused as soon as it passes ``max_bytes`` or ``deadline`` (monotonic; the
+    rest is never read). httpx's timeout bounds each read, not the answer: a worker sending
+    a byte every 9 s held the console's thread, and its changes slot, for as long as it liked."""
     chunks, size = [], 0
     for chunk in response.iter_bytes():
         size += len(chunk)
         if size > max_bytes:
-            return None
+            raise _TryAnswerRefused(f"the worker's answer is larger than this form shows ({max_bytes:,} bytes): "
+                                    "ask the worker's /predict or /v2 API for it")
+        if time.monotonic() > deadline:
+            raise _TryAnswerRefused(f"the worker's answer took longer than this form waits ({TRY_TIMEOUT_S:g} s) to arrive")
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 from django.contrib.messages import get_messages
 
+from console import views
 from registry.actions import releases
 from registry.building.onnx_build import random_mlp, to_bytes
 from registry.models import AuditEvent, Drill, DrillStatus, Job, ModelVersion, Release
@@ -460,6 +462,45 @@ def test_try_it_refuses_an_answer_larger_than_the_form_shows_without_passing_it_
     assert response.json()["error"] == ("the worker's answer is larger than this form shows (1,048,576 bytes): "
                                         "ask the worker's /predict or /v2 API for it")
     assert len(response.content) < 10_000
+
+
+def test_try_it_stops_reading_an_answer_that_drips_past_its_wait(viewer_page, digits, settings, monkeypatch):
+    """httpx's timeout bounds each read: a worker sending a byte a second held the console's
+    thread for as long as it went on."""
+    monkeypatch.setattr(views, "TRY_TIMEOUT_S", 1.0)
+    stop = threading.Event()
+
+    class Drip(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            try:
+                while not stop.wait(0.3):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+            except OSError:  # the console stopped reading
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings.SERVING_PUBLIC_URL = f"http://127.0.0.1:{server.server_port}"
+    try:
+        started = time.monotonic()
+        response = viewer_page.post("/models/digits/versions/1/try/", {"inputs": "[1, 2, 3, 4]"}, HTTP_ACCEPT="application/json")
+        waited_s = time.monotonic() - started
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+    assert response.json()["error"] == "the worker's answer took longer than this form waits (1 s) to arrive"
+    assert waited_s < 5  # 1 s and a read or two, not the 30,000 s the drip would take
 
 
 def test_try_it_shows_an_answer_within_what_the_form_shows(viewer_page, digits, worker_answering):
