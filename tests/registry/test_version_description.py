@@ -52,10 +52,20 @@ def test_a_viewer_may_not_change_a_description(viewer_client, three_versions):
     assert description() == before and changes() == []
 
 
+def test_the_worker_token_may_not_change_a_description(worker_client, three_versions):
+    # It opens the serving routes and artifacts, nothing else.
+    before = description()
+
+    response = worker_client.patch(VERSION, {"description": "mine"}, format="json")
+
+    assert response.status_code in (401, 403)
+    assert description() == before and changes() == []
+
+
 @pytest.mark.parametrize(("body", "error"), [
     ({"description": "x" * 2001}, "description: Ensure this field has no more than 2000 characters."),
     ({"description": "\u202egnp.exe"}, "description: must not hold "),
-    ({"description": 7}, "description: "),
+    ({"description": 7}, "description: Not a valid string."),
     ({"status": "ready"}, "status"),
     ({"sha256": "0" * 64}, "sha256"),
 ])
