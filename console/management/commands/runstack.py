@@ -54,19 +54,12 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo", action="store_true", help="skip registering the demo models")
 
     def handle(self, *args, host, port, serving_port, no_demo, **options):
-        # Where each port came from, for the refusal of the same port twice: the flag, the
-        # variable, or its default (a SERVING_PORT=8000 beside an unset CONSOLE_PORT).
-        sources = (_port_source("--port", port, "CONSOLE_PORT", os.environ.get("CONSOLE_PORT", "")),
-                   _port_source("--serving-port", serving_port, "SERVING_PORT", os.environ.get("SERVING_PORT", "")))
-        port = port or env_port("CONSOLE_PORT", 8000)
-        serving_port = serving_port or env_port("SERVING_PORT", 8001)
+        port, serving_port = _ports(port, serving_port)
         # Explicit handlers: a shell starting us in the background ignores SIGINT, and
         # SIGTERM (docker stop, CI) should stop the stack as cleanly as Ctrl-C.
         # The children run in their own sessions, so a terminal's hangup reaches only us.
         for stop_signal in STOP_SIGNALS:
             signal.signal(stop_signal, _stops.interrupt)
-        if port == serving_port:
-            raise CommandError(f"{sources[0]} and {sources[1]} are both {port}: the console and the worker need a port each")
         for taken in (port, serving_port):
             _check_free(host, taken)
         # A REDIS_URL given must answer before anything is recorded or started (the embedded
@@ -299,6 +292,18 @@ def _http_url(host: str, port: int) -> str:
     """http://HOST:PORT, an IPv6 address in brackets (``--host ::1`` made http://::1:8000,
     which no client reads as a host and a port: the stack never came up)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _ports(port: int | None, serving_port: int | None) -> tuple[int, int]:
+    """The console's and the worker's ports (the flags, else the settings); the same port
+    twice is refused naming where each came from: the flag, the variable, or its default
+    (a SERVING_PORT=8000 beside an unset CONSOLE_PORT)."""
+    chosen = (port or env_port("CONSOLE_PORT", 8000), serving_port or env_port("SERVING_PORT", 8001))
+    if chosen[0] == chosen[1]:
+        sources = (_port_source("--port", port, "CONSOLE_PORT", os.environ.get("CONSOLE_PORT", "")),
+                   _port_source("--serving-port", serving_port, "SERVING_PORT", os.environ.get("SERVING_PORT", "")))
+        raise CommandError(f"{sources[0]} and {sources[1]} are both {chosen[0]}: the console and the worker need a port each")
+    return chosen
 
 
 def _port_source(flag: str, given: int | None, variable: str, value: str) -> str:
